@@ -1,0 +1,15 @@
+"""kvpool: plan and manage the paged KV cache of LLM serving engines.
+
+Layers (imports point downwards only): cli -> engine | sim -> cache -> plan ->
+spec -> presets. `spec`, `plan` and `cache` need only NumPy.
+"""
+
+from kvpool.errors import InfeasiblePlanError, KvpoolError, OutOfPagesError, SpecError
+from kvpool.spec import LayerGroup, ModelSpec, load_model_spec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "InfeasiblePlanError", "KvpoolError", "LayerGroup", "ModelSpec", "OutOfPagesError",
+    "SpecError", "load_model_spec",
+]

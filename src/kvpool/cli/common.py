@@ -1,0 +1,73 @@
+"""Helpers shared by subcommands: model options, JSON and table output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from kvpool.errors import KvpoolError
+from kvpool.spec import KV_DTYPES, ModelSpec, load_model_spec
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """MODEL plus the options that shape its KV spec."""
+    p.add_argument("model", metavar="MODEL", help="preset name (kvpool models) or path to a config.json")
+    p.add_argument("--kv-dtype", default="auto", help=f"KV storage dtype: {', '.join(KV_DTYPES)} (default auto)")
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size; the spec is one rank's")
+    p.add_argument("--tokens-per-block", type=positive_int, default=None, metavar="T",
+                   help="page size in positions (default 32; 128 for DeepSeek-V4)")
+
+
+def add_json_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def spec_from_args(args: argparse.Namespace) -> ModelSpec:
+    return load_model_spec(
+        args.model, kv_dtype=args.kv_dtype, tp_size=args.tp, tokens_per_block=args.tokens_per_block
+    )
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain text table: numbers right-aligned, text left-aligned."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    numeric = [all(_is_number(r[i]) for r in cells[1:]) and len(cells) > 1 for i in range(len(headers))]
+    lines = []
+    for k, r in enumerate(cells):
+        parts = [c.rjust(w) if numeric[i] and k else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
+        lines.append("  ".join(parts).rstrip())
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text.replace(",", "").split(" ")[0])
+    except ValueError:
+        return text == "-"
+    return True
+
+
+def fail(message: str) -> KvpoolError:
+    """A user error for the CLI to report (raise the result)."""
+    return KvpoolError(message)

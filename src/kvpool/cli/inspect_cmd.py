@@ -1,0 +1,61 @@
+"""`kvpool inspect MODEL`: the layer groups of a model's KV cache."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvpool.cli.common import add_json_arg, add_model_args, print_json, spec_from_args, table
+from kvpool.spec import ModelSpec
+from kvpool.units import format_bytes
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("inspect", help="show the layer groups (pools) of a model's KV cache",
+                       description="Show which pool groups a model's KV cache splits into and their bytes.")
+    add_model_args(p)
+    add_json_arg(p)
+    p.set_defaults(func=run)
+
+
+def inspect_json(spec: ModelSpec) -> dict[str, Any]:
+    return {
+        "model": spec.name,
+        "kv_dtype": spec.kv_dtype,
+        "tp_size": spec.tp_size,
+        "tokens_per_block": spec.tokens_per_block,
+        "groups": [
+            {
+                "name": g.name,
+                "kind": g.kind,
+                "window": g.window,
+                "ratio": g.ratio,
+                "num_layers": len(g.layers),
+                "page_bytes": g.page_bytes,
+                "bytes_per_request": g.state_bytes,
+            }
+            for g in spec.groups
+        ],
+        "full_attention_bytes_per_token": spec.full_attention_bytes_per_token,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args)
+    if args.json:
+        print_json(inspect_json(spec))
+        return 0
+    print(f"{spec.name}  ({spec.family}, kv {spec.kv_dtype}, tp {spec.tp_size}, "
+          f"{spec.tokens_per_block} tokens per page, {spec.num_layers} layers)")
+    rows = []
+    for g in spec.groups:
+        life = {"sliding": f"window {g.window}", "chunked": f"chunk {g.window}",
+                "compressed": f"1 row / {g.ratio} tokens", "state": "per request",
+                "full": "whole sequence"}[g.kind]
+        rows.append([g.name, g.kind, life, len(g.layers),
+                     f"{g.bytes_per_token:,.1f}" if g.kind != "state" else "-",
+                     f"{g.page_bytes:,}" if g.kind != "state" else "-",
+                     format_bytes(g.state_bytes) if g.kind == "state" else "-"])
+    print(table(["group", "kind", "life cycle", "layers", "bytes/token", "bytes/page", "state/request"], rows))
+    print(f"full-attention bytes per token: {spec.full_attention_bytes_per_token:,}")
+    return 0

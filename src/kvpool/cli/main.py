@@ -1,0 +1,65 @@
+"""`kvpool` command line: one module per subcommand, registered here.
+
+Exit codes: 0 success, 2 user error (one line on stderr), 1 internal failure.
+Set KVPOOL_DEBUG=1 to see tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from kvpool.errors import KvpoolError
+
+# Subcommand modules, each with `register(subparsers)`; imported lazily so that
+# `kvpool inspect` never pays for torch.
+COMMANDS = {
+    "inspect": "kvpool.cli.inspect_cmd",
+    "models": "kvpool.cli.presets_cmd",
+    "gpus": "kvpool.cli.presets_cmd",
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="kvpool", description="Plan and manage the paged KV cache of LLM serving engines.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
+    seen = set()
+    for module_name in COMMANDS.values():
+        if module_name not in seen:
+            seen.add(module_name)
+            importlib.import_module(module_name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+        return code
+    except KvpoolError as e:
+        print(f"kvpool {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kvpool: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # an internal failure: say so, keep the traceback opt-in
+        if os.environ.get("KVPOOL_DEBUG"):
+            raise
+        print(f"kvpool {args.command}: internal error: {type(e).__name__}: {e} "
+              "(set KVPOOL_DEBUG=1 for a traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Typed exceptions. Every user-facing failure is a `KvpoolError`; the CLI turns
+one into a single line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+
+class KvpoolError(Exception):
+    """Base class: a problem with the input, not a bug in kvpool."""
+
+
+class SpecError(KvpoolError, ValueError):
+    """A model config cannot be turned into a KV spec (missing field, bad value)."""
+
+
+class UnknownPresetError(SpecError):
+    """A preset name that is not bundled; `suggestions` holds the closest names."""
+
+    def __init__(self, kind: str, name: str, suggestions: list[str], available: list[str]):
+        self.kind, self.name, self.suggestions = kind, name, suggestions
+        hint = (
+            f"did you mean {', '.join(suggestions)}?"
+            if suggestions
+            else f"available: {', '.join(available)}"
+        )
+        super().__init__(f"unknown {kind} preset {name!r}; {hint}")
+
+
+class LimitsError(KvpoolError, ValueError):
+    """Serving limits that contradict each other or are out of range."""
+
+
+class InfeasiblePlanError(KvpoolError):
+    """The memory budget cannot hold a constraint's pages.
+
+    Attributes name what failed and what would fit: `constraint`, `group`,
+    `short_pages` (pages missing in `group`), `max_batch_size` and
+    `max_seq_len` (the largest values that would fit, 0 if none).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        constraint: str = "",
+        group: str = "",
+        short_pages: int = 0,
+        max_batch_size: int = 0,
+        max_seq_len: int = 0,
+    ):
+        super().__init__(message)
+        self.constraint, self.group, self.short_pages = constraint, group, short_pages
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+
+
+class OutOfPagesError(KvpoolError):
+    """A pool has no free page for an allocation that was required to succeed."""

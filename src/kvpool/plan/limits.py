@@ -1,0 +1,70 @@
+"""`ServingLimits`: the engine limits a plan must honour."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpool.errors import LimitsError
+
+
+def default_cuda_graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
+    """1, 2, 4, then every multiple of 8 up to min(max_batch_size, 256)."""
+    top = min(max_batch_size, 256)
+    return tuple(b for b in (1, 2, 4, *range(8, top + 1, 8)) if b <= top)
+
+
+@dataclass(frozen=True)
+class ServingLimits:
+    """Limits of one serving engine (one rank).
+
+    `max_batch_size` B, `max_seq_len` L, `max_num_tokens` N (per-iteration token
+    budget; None = no chunked-prefill budget), `tokens_per_block` (None = the
+    spec's), `max_draft_len` d, `num_extra_kv_tokens` E, `avg_seq_len` S (None =
+    unknown: the plan then stays on the reference request),
+    `cuda_graph_batch_sizes` (None = the default list).
+    """
+
+    max_batch_size: int = 256
+    max_seq_len: int = 8192
+    max_num_tokens: int | None = 8192
+    tokens_per_block: int | None = None
+    max_draft_len: int = 0
+    num_extra_kv_tokens: int = 0
+    avg_seq_len: int | None = None
+    cuda_graph_batch_sizes: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        positive = {"max_batch_size": self.max_batch_size, "max_seq_len": self.max_seq_len}
+        optional = {"max_num_tokens": self.max_num_tokens, "tokens_per_block": self.tokens_per_block,
+                    "avg_seq_len": self.avg_seq_len}
+        for name, value in {**positive, **{k: v for k, v in optional.items() if v is not None}}.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise LimitsError(f"{name} must be a positive integer, got {value!r}")
+        for name, value in {"max_draft_len": self.max_draft_len,
+                            "num_extra_kv_tokens": self.num_extra_kv_tokens}.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise LimitsError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.avg_seq_len is not None and self.avg_seq_len > self.max_seq_len:
+            raise LimitsError(
+                f"avg_seq_len {self.avg_seq_len} exceeds max_seq_len {self.max_seq_len}; "
+                "lower --avg-seq-len or raise --max-seq-len"
+            )
+        if self.cuda_graph_batch_sizes is not None:
+            sizes = tuple(self.cuda_graph_batch_sizes)
+            if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+                raise LimitsError(f"cuda_graph_batch_sizes must be positive integers, got {sizes!r}")
+            if max(sizes) > self.max_batch_size:
+                raise LimitsError(
+                    f"cuda graph batch size {max(sizes)} exceeds max_batch_size {self.max_batch_size}"
+                )
+            object.__setattr__(self, "cuda_graph_batch_sizes", tuple(sorted(set(sizes))))
+
+    @property
+    def headroom(self) -> int:
+        """Most that capacity leads history in a decode step: 1 + d + E."""
+        return 1 + self.max_draft_len + self.num_extra_kv_tokens
+
+    @property
+    def graph_batch_sizes(self) -> tuple[int, ...]:
+        """The CUDA-graph batch sizes in force (explicit or default), ascending."""
+        return self.cuda_graph_batch_sizes or default_cuda_graph_batch_sizes(self.max_batch_size)

@@ -1,0 +1,244 @@
+"""Per-family rules: what each layer of a Hugging Face config stores.
+
+Each rule turns a config into one `LayerCache` per stored tensor kind and layer;
+`loader.build_groups` then merges layers with the same life cycle and bytes into
+pool groups. The byte rule of each family is written where it is applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvpool.errors import SpecError
+from kvpool.spec.dtypes import fp8_with_block_scales, model_dtype, row_bytes
+from kvpool.spec.groups import Kind
+
+Config = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """One layer's share of one pool group: `row_bytes` per stored row (or
+    `state_bytes` per request); `tag` names the group it belongs to."""
+
+    tag: str
+    kind: Kind
+    layer: int
+    row_bytes: int = 0
+    state_bytes: int = 0
+    window: int | None = None
+    ratio: int | None = None
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every family rule needs besides the config."""
+
+    kv_dtype: str
+    tp_size: int
+    max_seq_len: int | None
+
+
+def need(config: Config, key: str) -> Any:
+    """`config[key]`, or a SpecError that names the missing field."""
+    if config.get(key) is None:
+        raise SpecError(f"config is missing field {key!r}, which this model family needs")
+    return config[key]
+
+
+def split_heads(heads: int, tp_size: int) -> int:
+    """Heads per tensor-parallel rank: ceil(heads / tp), at least one. With fewer
+    KV heads than ranks each rank keeps a replica of one head."""
+    return max(1, -(-heads // tp_size))
+
+
+def head_dim(config: Config) -> int:
+    if config.get("head_dim"):
+        return int(config["head_dim"])
+    return int(need(config, "hidden_size")) // int(need(config, "num_attention_heads"))
+
+
+def kv_heads(config: Config) -> int:
+    return int(config.get("num_key_value_heads") or need(config, "num_attention_heads"))
+
+
+def attention_kv(heads: int, dim: int, ctx: Context) -> int:
+    """Bytes per position per layer of ordinary MHA/GQA/MQA: K and V, each
+    `heads_per_rank x head_dim` values in the KV dtype."""
+    return 2 * row_bytes(split_heads(heads, ctx.tp_size) * dim, ctx.kv_dtype)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def layer_types(config: Config) -> list[str]:
+    """Per-layer attention type, from the most explicit field the config has."""
+    n = int(need(config, "num_hidden_layers"))
+    if config.get("layer_types"):
+        types = [str(t) for t in config["layer_types"]]
+        if len(types) < n:
+            raise SpecError(f"layer_types has {len(types)} entries for {n} layers")
+        return types[:n]
+    if config.get("full_attention_interval"):
+        # Qwen3-Next: every `interval`-th layer is full attention, the rest linear.
+        k = int(config["full_attention_interval"])
+        return ["full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(n)]
+    if config.get("sliding_window_pattern") and config.get("sliding_window"):
+        # Gemma 3 style: every `pattern`-th layer is global.
+        p = int(config["sliding_window_pattern"])
+        return ["full_attention" if (i + 1) % p == 0 else "sliding_attention" for i in range(n)]
+    if config.get("attention_chunk_size"):
+        # Llama 4: layers with RoPE use chunked local attention, NoPE layers are global.
+        rope = config.get("no_rope_layers") or [
+            int((i + 1) % int(config.get("no_rope_layer_interval", 4)) != 0) for i in range(n)
+        ]
+        return ["chunked_attention" if rope[i] else "full_attention" for i in range(n)]
+    if config.get("use_sliding_window") is False or not config.get("sliding_window"):
+        return ["full_attention"] * n
+    if "max_window_layers" in config and config.get("use_sliding_window"):
+        # Qwen2/3 style: layers from `max_window_layers` on use the window.
+        m = int(config["max_window_layers"])
+        return ["sliding_attention" if i >= m else "full_attention" for i in range(n)]
+    return ["sliding_attention"] * n  # Mistral style: one window on every layer
+
+
+def standard_attention(config: Config, ctx: Context) -> list[LayerCache]:
+    """Full, sliding and chunked attention layers, including Gemma 4's global
+    layers that have their own KV head count and head size."""
+    heads, dim = kv_heads(config), head_dim(config)
+    out = []
+    for i, t in enumerate(layer_types(config)):
+        if t in ("full_attention", "global_attention", "attention"):
+            if config.get("global_head_dim") or config.get("num_global_key_value_heads"):
+                # Gemma 4 global layers: 2 x 512 instead of 8 x 256. With
+                # attention_k_eq_v the V projection is shared with K, but K is
+                # normalised and rotated and V is not, so both are cached.
+                g_heads = int(config.get("num_global_key_value_heads") or heads)
+                g_dim = int(config.get("global_head_dim") or dim)
+                out.append(LayerCache("full", "full", i, attention_kv(g_heads, g_dim, ctx)))
+            else:
+                out.append(LayerCache("full", "full", i, attention_kv(heads, dim, ctx)))
+        elif t == "sliding_attention":
+            w = int(need(config, "sliding_window"))
+            kv = attention_kv(heads, dim, ctx)
+            if ctx.max_seq_len is not None and w >= ctx.max_seq_len:
+                # A window no request can outgrow is full attention.
+                out.append(LayerCache("full", "full", i, kv))
+            else:
+                out.append(LayerCache("sliding", "sliding", i, kv, window=w))
+        elif t == "chunked_attention":
+            c = int(need(config, "attention_chunk_size"))
+            out.append(LayerCache("chunked", "chunked", i, attention_kv(heads, dim, ctx), window=c))
+        elif t != "linear_attention":
+            raise SpecError(f"layer {i}: unsupported layer type {t!r}")
+    return out
+
+
+# --------------------------------------------------------------------------- MLA / DSA
+
+
+def mla(config: Config, ctx: Context) -> list[LayerCache]:
+    """DeepSeek-V3 MLA: one latent row of `kv_lora_rank + qk_rope_head_dim`
+    values per position per layer, shared by all heads, so tensor parallelism
+    does not split it. DeepSeek-V3.2 adds the sparse-attention indexer key: an
+    FP8 `index_head_dim` key plus one FP32 scale per 128 values, per position
+    per layer, whatever the KV dtype."""
+    n = int(need(config, "num_hidden_layers"))
+    latent = int(need(config, "kv_lora_rank")) + int(need(config, "qk_rope_head_dim"))
+    out = [LayerCache("mla", "full", i, row_bytes(latent, ctx.kv_dtype)) for i in range(n)]
+    if config.get("index_head_dim"):
+        idx = fp8_with_block_scales(int(config["index_head_dim"]))
+        out += [LayerCache("indexer", "full", i, idx) for i in range(n)]
+    return out
+
+
+# --------------------------------------------------------------------------- DeepSeek-V4
+
+
+def deepseek_v4(config: Config, ctx: Context) -> list[LayerCache]:
+    """DeepSeek-V4 hybrid attention (byte rules of TRT-LLM's V4 cache manager,
+    see research/trtllm-kvcm-v2.md §5), with h = head_dim, ih = index_head_dim:
+
+    - every layer keeps a raw sliding window of `sliding_window` positions,
+      h values per position (MQA, one KV head: not split by tensor parallelism);
+    - a layer with ratio r > 0 keeps one compressed row of h values per r
+      positions; ratio-4 layers add an indexer row (FP8 ih + FP32 scale / 128);
+    - the compressors keep fixed FP32 state per request: ratio-4 layers an
+      overlapping window of 2r positions, each 2h (KV) + 2h (score) + 2ih + 2ih
+      values; ratio-128 layers r positions of h (KV) + h (score) values.
+    """
+    ratios = [int(r) for r in need(config, "compress_ratios")]
+    n = int(need(config, "num_hidden_layers"))
+    if len(ratios) < n:
+        raise SpecError(f"compress_ratios has {len(ratios)} entries for {n} layers")
+    h, w = int(need(config, "head_dim")), int(need(config, "sliding_window"))
+    ih = int(config.get("index_head_dim") or 0)
+    out = []
+    for i, r in enumerate(ratios[:n]):
+        out.append(LayerCache("sliding", "sliding", i, row_bytes(h, ctx.kv_dtype), window=w))
+        if r <= 0:
+            continue
+        out.append(LayerCache(f"compressed{r}", "compressed", i, row_bytes(h, ctx.kv_dtype), ratio=r))
+        if r == 4:
+            if not ih:
+                raise SpecError("config is missing field 'index_head_dim', which ratio-4 layers need")
+            out.append(LayerCache(f"indexer{r}", "compressed", i, fp8_with_block_scales(ih), ratio=r))
+            state = 2 * r * 4 * (2 * h + 2 * h + 2 * ih + 2 * ih)
+        else:
+            state = r * 4 * (h + h)
+        out.append(LayerCache("compressor_state", "state", i, state_bytes=state))
+    return out
+
+
+# --------------------------------------------------------------------------- linear attention
+
+
+def gated_deltanet(config: Config, ctx: Context) -> list[LayerCache]:
+    """Qwen3-Next: full-attention layers plus Gated DeltaNet layers whose state
+    per request is a recurrent matrix (v_heads x k_dim x v_dim) and a causal
+    convolution window of (kernel - 1) steps over 2*k_heads*k_dim + v_heads*v_dim
+    channels. Heads split across tensor-parallel ranks. States stay in the model
+    dtype: engines do not quantise recurrent state with the KV dtype."""
+    lin = dict(config.get("linear_attention") or {})
+
+    def get(key: str) -> Any:  # nested (`linear_attention: {...}`) or top-level HF keys
+        return lin.get(key, lin.get(key.removeprefix("linear_"), config.get(key)))
+
+    fields = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+              "linear_value_head_dim", "linear_conv_kernel_dim")
+    values: dict[str, int] = {}
+    for f in fields:
+        value = get(f)
+        if value is None:
+            raise SpecError(f"config is missing field {f!r}, which linear-attention layers need")
+        values[f] = int(value)
+    kh = split_heads(values["linear_num_key_heads"], ctx.tp_size)
+    vh = split_heads(values["linear_num_value_heads"], ctx.tp_size)
+    kd, vd = values["linear_key_head_dim"], values["linear_value_head_dim"]
+    dtype = model_dtype(config)
+    state = row_bytes(vh * kd * vd, dtype)
+    state += row_bytes((2 * kh * kd + vh * vd) * (values["linear_conv_kernel_dim"] - 1), dtype)
+    out = standard_attention(config, ctx)
+    for i, t in enumerate(layer_types(config)):
+        if t == "linear_attention":
+            out.append(LayerCache("linear_state", "state", i, state_bytes=state))
+    return out
+
+
+Rule = Callable[[Config, Context], list[LayerCache]]
+
+
+def family_of(config: Config) -> tuple[str, Rule]:
+    """Pick the family rule from the fields a config has."""
+    if config.get("compress_ratios"):
+        return "deepseek_v4", deepseek_v4
+    if config.get("kv_lora_rank"):
+        return ("deepseek_v32" if config.get("index_head_dim") else "deepseek_v3"), mla
+    types = config.get("layer_types") or []
+    if "linear_attention" in types or config.get("linear_attention") or config.get(
+        "linear_num_value_heads"
+    ):
+        return "qwen3_next", gated_deltanet
+    return "attention", standard_attention

@@ -1,0 +1,121 @@
+"""What a model keeps per token and per request: layer groups and the model spec."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kvpool.errors import SpecError
+
+Kind = Literal["full", "sliding", "chunked", "compressed", "state"]
+KINDS: tuple[Kind, ...] = ("full", "sliding", "chunked", "compressed", "state")
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """Layers that share one page pool: same life cycle, same bytes per page.
+
+    `row_bytes` is one stored row summed over the group's layers: one position
+    for `full`/`sliding`/`chunked`, one compressed row (covering `ratio`
+    positions) for `compressed`. A page covers `tokens_per_block` positions.
+    `state` groups hold `state_bytes` per request and no pages of positions.
+    `window` is the sliding window W or the chunk size C.
+    """
+
+    name: str
+    kind: Kind
+    layers: tuple[int, ...]
+    tokens_per_block: int
+    row_bytes: int = 0
+    state_bytes: int = 0
+    window: int | None = None
+    ratio: int | None = None
+
+    def __post_init__(self) -> None:
+        tpb = self.tokens_per_block
+        if self.kind not in KINDS:
+            raise SpecError(f"group {self.name}: unknown kind {self.kind!r}")
+        if tpb <= 0:
+            raise SpecError(f"tokens_per_block must be positive, got {tpb}")
+        if self.kind in ("sliding", "chunked") and not (self.window and self.window > 0):
+            raise SpecError(f"group {self.name}: a {self.kind} group needs a positive window")
+        if self.kind == "compressed":
+            if not (self.ratio and self.ratio > 0):
+                raise SpecError(f"group {self.name}: a compressed group needs a positive ratio")
+            if tpb % self.ratio:
+                raise SpecError(
+                    f"tokens_per_block {tpb} is not a multiple of compress ratio {self.ratio} "
+                    f"(group {self.name}); use a multiple of {self.ratio}"
+                )
+        if self.kind == "state" and self.state_bytes <= 0:
+            raise SpecError(f"group {self.name}: a state group needs state_bytes > 0")
+        if self.kind != "state" and self.row_bytes <= 0:
+            raise SpecError(f"group {self.name}: row_bytes must be positive")
+
+    @property
+    def rows_per_page(self) -> int:
+        """Stored rows in one page (tpb, or tpb / ratio for compressed groups)."""
+        if self.kind == "state":
+            return 0
+        return self.tokens_per_block // (self.ratio or 1)
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one page (0 for state groups, whose slot is `state_bytes`)."""
+        return self.row_bytes * self.rows_per_page
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of one slot of this group's pool: a page, or one request's state."""
+        return self.state_bytes if self.kind == "state" else self.page_bytes
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Average bytes per position (0 for state groups)."""
+        return self.page_bytes / self.tokens_per_block
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model's KV layout at one dtype, tensor-parallel size and page size."""
+
+    name: str
+    family: str
+    groups: tuple[LayerGroup, ...]
+    tokens_per_block: int
+    kv_dtype: str
+    tp_size: int
+    num_layers: int
+    max_position_embeddings: int | None = None
+    config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        names = [g.name for g in self.groups]
+        if len(set(names)) != len(names):
+            raise SpecError(f"duplicate group names in {names}")
+        if not self.groups:
+            raise SpecError(f"model {self.name} keeps no KV state")
+
+    def group(self, name: str) -> LayerGroup:
+        for g in self.groups:
+            if g.name == name:
+                return g
+        raise SpecError(f"model {self.name} has no group {name!r}; groups: {self.group_names}")
+
+    @property
+    def group_names(self) -> list[str]:
+        return [g.name for g in self.groups]
+
+    @property
+    def full_attention_bytes_per_token(self) -> int:
+        """Bytes per position summed over `full` groups."""
+        return sum(g.row_bytes for g in self.groups if g.kind == "full")
+
+    def with_tokens_per_block(self, tokens_per_block: int) -> ModelSpec:
+        """The same model with another page size (re-validates compressed ratios)."""
+        if tokens_per_block == self.tokens_per_block:
+            return self
+        groups = tuple(dataclasses.replace(g, tokens_per_block=tokens_per_block) for g in self.groups)
+        return dataclasses.replace(self, groups=groups, tokens_per_block=tokens_per_block)

@@ -1,0 +1,126 @@
+"""`load_model_spec`: a preset name, a config.json path or a dict -> `ModelSpec`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kvpool import presets
+from kvpool.errors import SpecError
+from kvpool.spec.dtypes import resolve_kv_dtype
+from kvpool.spec.families import Context, LayerCache, family_of
+from kvpool.spec.groups import LayerGroup, ModelSpec
+
+DEFAULT_TOKENS_PER_BLOCK = 32
+# DeepSeek-V4 keeps ratio-128 compressed rows, so its pages must cover 128 positions.
+FAMILY_TOKENS_PER_BLOCK = {"deepseek_v4": 128}
+
+
+def read_config(source: str | Path | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(name, config dict) from a preset name, a path to a config.json (or its
+    folder), or a dict; a nested `text_config` is followed."""
+    if isinstance(source, Mapping):
+        name, config = str(source.get("_name_or_path") or source.get("model_type") or "model"), dict(source)
+    else:
+        path = Path(source)
+        if path.is_dir():
+            path = path / "config.json"
+        if path.suffix == ".json" or path.exists():
+            try:
+                config = json.loads(path.read_text())
+            except FileNotFoundError:
+                raise SpecError(f"config file {path} does not exist") from None
+            except (OSError, UnicodeDecodeError) as e:
+                raise SpecError(f"cannot read config file {path}: {e}") from None
+            except json.JSONDecodeError as e:
+                raise SpecError(f"config file {path} is not valid JSON: {e}") from None
+            name = path.parent.name if path.name == "config.json" else path.stem
+        else:
+            name, config = str(source), presets.load_model_config(str(source))
+    if not isinstance(config, dict):
+        raise SpecError(f"config of {name} must be a JSON object")
+    text = config.get("text_config")
+    if isinstance(text, Mapping):
+        merged = {k: v for k, v in config.items() if k != "text_config"}
+        merged.update(text)
+        config = merged
+    return name, config
+
+
+def build_groups(caches: list[LayerCache], tokens_per_block: int) -> tuple[LayerGroup, ...]:
+    """Merge per-layer caches into pool groups: same tag, life cycle and bytes
+    per row. State groups merge by tag alone: one slot holds every layer's state."""
+    merged: dict[tuple[Any, ...], list[LayerCache]] = {}
+    for c in caches:
+        key = (c.tag, c.kind) if c.kind == "state" else (c.tag, c.kind, c.window, c.ratio, c.row_bytes)
+        merged.setdefault(key, []).append(c)
+    tags = [key[0] for key in merged]
+    groups = []
+    for members in merged.values():
+        first = members[0]
+        name = first.tag
+        if tags.count(first.tag) > 1:  # e.g. two sliding windows: sliding_512, sliding_4096
+            name = f"{first.tag}_{first.window or first.ratio or first.row_bytes}"
+        groups.append(
+            LayerGroup(
+                name=name,
+                kind=first.kind,
+                layers=tuple(c.layer for c in members),
+                tokens_per_block=tokens_per_block,
+                row_bytes=sum(c.row_bytes for c in members),
+                state_bytes=sum(c.state_bytes for c in members),
+                window=first.window,
+                ratio=first.ratio,
+            )
+        )
+    return tuple(groups)
+
+
+def load_model_spec(
+    source: str | Path | Mapping[str, Any],
+    *,
+    kv_dtype: str = "auto",
+    tp_size: int = 1,
+    tokens_per_block: int | None = None,
+    max_seq_len: int | None = None,
+) -> ModelSpec:
+    """The KV layout of a model.
+
+    `source` is a bundled preset name (`kvpool models`), a path to a
+    `config.json` (or its folder), or a config dict. `kv_dtype` is `auto` (the
+    config's dtype), `bf16`, `fp16`, `fp32`, `fp8` or `nvfp4`. Under tensor
+    parallelism (`tp_size`) the spec is one rank's share. `tokens_per_block`
+    defaults to 32 (128 for DeepSeek-V4). A sliding window of at least
+    `max_seq_len` (default: the config's `max_position_embeddings`) is full
+    attention. Raises `SpecError` (a `KvpoolError`) on anything it cannot read.
+    """
+    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        raise SpecError(f"tp_size must be a positive integer, got {tp_size!r}")
+    name, config = read_config(source)
+    family, rule = family_of(config)
+    tpb = tokens_per_block or FAMILY_TOKENS_PER_BLOCK.get(family, DEFAULT_TOKENS_PER_BLOCK)
+    if tpb <= 0:
+        raise SpecError(f"tokens_per_block must be positive, got {tpb}")
+    dtype = resolve_kv_dtype(kv_dtype, config)
+    max_pos = config.get("max_position_embeddings")
+    ctx = Context(kv_dtype=dtype, tp_size=tp_size, max_seq_len=max_seq_len or max_pos)
+    try:
+        caches = rule(config, ctx)
+        num_layers = int(config.get("num_hidden_layers") or 0)
+    except (TypeError, ValueError, KeyError) as e:
+        if isinstance(e, SpecError):
+            raise
+        raise SpecError(f"config of {name} has a malformed field: {e}") from None
+    return ModelSpec(
+        name=name,
+        family=family,
+        groups=build_groups(caches, tpb),
+        tokens_per_block=tpb,
+        kv_dtype=dtype,
+        tp_size=tp_size,
+        num_layers=num_layers,
+        max_position_embeddings=int(max_pos) if max_pos else None,
+        config=config,
+    )

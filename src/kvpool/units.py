@@ -1,0 +1,39 @@
+"""Byte sizes as people write them (`40GiB`, `512MiB`, `1.5e9`) and back."""
+
+from __future__ import annotations
+
+import re
+
+from kvpool.errors import KvpoolError
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in `text`: a plain integer, or a number with a unit (KiB/MiB/GiB/TiB
+    are powers of 2; KB/MB/GB/TB powers of 10; a bare K/M/G/T means KiB/MiB/GiB/TiB)."""
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _SIZE.match(text)
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise KvpoolError(f"cannot read size {text!r}; write e.g. 40GiB, 512MiB or 1073741824")
+        value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise KvpoolError(f"size {text!r} must be positive")
+    return value
+
+
+def format_bytes(n: float) -> str:
+    """`n` bytes in the largest binary unit that keeps the number ≥ 1."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
