@@ -29,6 +29,7 @@ class SimResult:
     `decode_steps`: steps replayed as CUDA graphs / steps with decode rows;
     `padding_failures`: decode-only steps that needed a padding dummy and had
     none (the Gemma 4 failure). `captured` / `skipped`: warmup shapes.
+    `end_used` equals `reserved` when no page leaked.
     """
 
     policy: str
@@ -51,7 +52,8 @@ class SimResult:
     skipped: int = 0
     reuse_hit_rate: float = 0.0
     wall_s: float = 0.0
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    end_used: dict[str, int] = field(default_factory=dict)   # pages used after the last request
+    reserved: dict[str, int] = field(default_factory=dict)   # of which padding reservations
 
     @property
     def output_tokens_per_s(self) -> float:

@@ -49,6 +49,7 @@ def simulate(
     progress: Callable[[Progress], None] | None = None,
     progress_every: int = 2000,
     fast: bool = True,
+    check: bool = False,
 ) -> SimResult:
     """Replay `trace` (arrival times already set, see `Trace.with_rate`)
     against `plan`. `padding=False` drops the persistent padding dummies that
@@ -56,7 +57,8 @@ def simulate(
     when the trace has prefix hash ids. Returns the run's metrics; the plan is
     not changed. `fast` runs stretches of identical decode-only steps with one
     manager call (`Scheduler.advance_decodes`); the result is the same up to
-    floating-point rounding."""
+    floating-point rounding. `check` runs the manager's integrity check at
+    the end (O(pages); for tests)."""
     limits = plan.limits
     use_reuse = trace.hash_ids is not None if reuse is None else reuse
     manager = KVCacheManager(plan, enable_reuse=use_reuse)
@@ -167,6 +169,8 @@ def simulate(
 
     makespan = last_finish - float(arrivals[0]) if n else 0.0
     stats = manager.stats()
+    if check:
+        manager.check_integrity()
     usage = {g: GroupUsage(totals[k], peak[k], used_time[k] / now if now > 0 else 0.0)
              for k, g in enumerate(groups)}
     return SimResult(
@@ -177,6 +181,8 @@ def simulate(
         graph_steps=graph_steps, padding_failures=pad_fail, pages=usage,
         captured=len(report.captured), skipped=len(report.skipped),
         reuse_hit_rate=stats.hit_rate, wall_s=time.perf_counter() - wall0,
+        end_used={g: totals[k] - manager.free_pages(g) for k, g in enumerate(groups)},
+        reserved={g: stats.groups[g].reserved for g in groups},
     )
 
 

@@ -1,0 +1,217 @@
+"""`kvpool simulate MODEL --gpu NAME --trace NAME|PATH`: replay a request trace
+against the plans of one or more sizing policies and compare the throughput
+they buy."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from typing import Any
+
+from kvpool import presets
+from kvpool.cli.common import add_json_arg, positive_int, print_json, table
+from kvpool.cli.plan_args import add_plan_args, limits_from_args, parse_pool_ratio, spec_for_plan
+from kvpool.errors import KvpoolError
+from kvpool.presets.traces import load_trace
+from kvpool.sim import Progress, SimResult, StepTimeModel, load_weights, simulate
+from kvpool.sim.policies import parse_policies, plan_for, ratio_policy, resolve_group, sweep_shares
+from kvpool.units import format_bytes, parse_size
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "simulate", help="replay a request trace against sizing policies (simulated throughput)",
+        description="Replay a trace through the shared scheduler and the real KV cache manager "
+                    "with a roofline step-time model; compare sizing policies by the throughput "
+                    "they buy. The budget is --kv-memory, or (GPU memory - non-KV memory) x F "
+                    "where non-KV memory defaults to the model's weights.")
+    add_plan_args(p)
+    s = p.add_argument_group("simulation")
+    s.add_argument("--trace", required=True, metavar="NAME|PATH",
+                   help=f"bundled trace ({', '.join(presets.trace_names())}) or a trace file")
+    s.add_argument("--policy", default=None, metavar="P",
+                   help="reference (default), typical, workload or ratio:GROUP=SHARE,...")
+    s.add_argument("--compare", default=None, metavar="P1,P2,...",
+                   help="run several policies on the same trace, side by side")
+    s.add_argument("--sweep-ratio", default=None, metavar="GROUP",
+                   help="scan GROUP's byte share (a group name, or a kind one group has) "
+                        "to find the best split; the policies are placed on the curve")
+    s.add_argument("--sweep-points", type=positive_int, default=10, metavar="K",
+                   help="shares in the sweep, evenly from 0.05 to 0.95 (default 10)")
+    s.add_argument("--rate", default=None, metavar="R",
+                   help="requests/s on average (rescaled trace times, or Poisson when the trace "
+                        "has none); 'inf' sends all at time 0; default: the trace's own times")
+    s.add_argument("--max-requests", type=positive_int, default=None, metavar="N",
+                   help="only the first N requests of the trace")
+    s.add_argument("--seed", type=int, default=0, help="seed of Poisson arrivals (default 0)")
+    s.add_argument("--no-padding-reservation", action="store_true",
+                   help="no persistent CUDA-graph padding dummies: allocate one per padded step "
+                        "(as engines that allocate it lazily do); it fails when the pool is full")
+    s.add_argument("--weights-bytes", default=None, metavar="SIZE",
+                   help="model weights size (default: data/model_params.json for bundled models)")
+    s.add_argument("--active-params", type=float, default=None, metavar="N",
+                   help="active parameters per token (MoE), e.g. 3.8e9")
+    s.add_argument("--plot", default=None, metavar="OUT.png", help="write a plot (needs matplotlib)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_json_arg(p)
+    p.set_defaults(func=run)
+
+
+def parse_rate(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        rate = float(text)
+    except ValueError:
+        raise KvpoolError(f"cannot read --rate {text!r}; give requests/s, e.g. 8, or inf") from None
+    if math.isnan(rate) or rate <= 0:
+        raise KvpoolError(f"--rate must be positive or inf, got {text}")
+    return rate
+
+
+def budget(args: argparse.Namespace, gpu: presets.GpuSpec, weights_bytes: float) -> tuple[int, str]:
+    """KV bytes and how they were derived."""
+    if args.kv_memory is not None:
+        if args.non_kv_memory is not None:
+            raise KvpoolError("give --kv-memory or --non-kv-memory, not both")
+        return parse_size(args.kv_memory), f"--kv-memory {args.kv_memory}"
+    if not 0 < args.memory_fraction <= 1:
+        raise KvpoolError(f"--memory-fraction must be in (0, 1], got {args.memory_fraction}")
+    if args.non_kv_memory is not None:
+        non_kv, how = parse_size(args.non_kv_memory), f"--non-kv-memory {args.non_kv_memory}"
+    else:
+        non_kv, how = int(weights_bytes), f"non-KV memory = weights {format_bytes(weights_bytes)}"
+    rest = gpu.memory_bytes - non_kv
+    if rest <= 0:
+        raise KvpoolError(f"{how} leaves no memory on {gpu.name} ({format_bytes(gpu.memory_bytes)})")
+    return int(rest * args.memory_fraction), f"({gpu.key} - {how}) x {args.memory_fraction:g}"
+
+
+class ProgressBar:
+    """Progress on stderr: redrawn in place on a terminal; otherwise one line
+    every 15 s, only for runs that take that long."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.tty = enabled, sys.stderr.isatty()
+        self.last = time.monotonic()
+
+    def __call__(self, p: Progress) -> None:
+        if not self.enabled:
+            return
+        line = (f"simulate {p.policy}: {p.done}/{p.total} requests, "
+                f"{p.sim_time_s:,.1f} s simulated, {p.wall_s:.0f} s")
+        if self.tty:
+            sys.stderr.write("\r" + line[:100].ljust(100))
+            sys.stderr.flush()
+        elif time.monotonic() - self.last >= 15:
+            self.last = time.monotonic()
+            print(line, file=sys.stderr)
+
+    def done(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\r" + " " * 100 + "\r")
+            sys.stderr.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.gpu is None:
+        raise KvpoolError("simulate needs --gpu NAME for its step times (kvpool gpus)")
+    if args.phase != "final":
+        raise KvpoolError("simulate runs final plans; drop --phase profile")
+    spec = spec_for_plan(args)
+    limits = limits_from_args(args, spec)
+    spec = spec.with_tokens_per_block(limits.tokens_per_block or spec.tokens_per_block)
+    gpu = presets.load_gpu(args.gpu)
+    weights = load_weights(args.model, weights_bytes=parse_size(args.weights_bytes)
+                           if args.weights_bytes else None, active_params=args.active_params)
+    kv_bytes, how = budget(args, gpu, weights.total_params * weights.bytes_per_param)
+    rate = parse_rate(args.rate)
+    trace = load_trace(args.trace, max_requests=args.max_requests).with_rate(rate, args.seed)
+    model = StepTimeModel.build(spec, gpu, weights)
+
+    if args.compare:
+        policies = parse_policies(args.compare)
+    elif args.policy:
+        policies = parse_policies(args.policy)
+    elif args.pool_ratio:
+        ratio = parse_pool_ratio(args.pool_ratio) or {}
+        policies = ["ratio:" + ",".join(f"{k}={v:g}" for k, v in ratio.items())]
+    elif args.sweep_ratio:
+        policies = ["reference", "typical", "workload"]
+    else:
+        policies = ["reference"]
+    padding = not args.no_padding_reservation
+    bar = ProgressBar(not args.quiet)
+    notes: list[str] = []
+
+    def one(policy: str) -> SimResult:
+        pp = plan_for(spec, limits, policy, kv_memory_bytes=kv_bytes, trace=trace, fit=args.fit)
+        notes.extend(n for n in pp.notes if n not in notes)
+        result = simulate(pp.plan, trace, model, policy=policy, padding=padding, progress=bar)
+        bar.done()
+        return result
+
+    runs = [one(p) for p in policies]
+    sweep: list[tuple[float, SimResult]] = []
+    group = None
+    if args.sweep_ratio:
+        group = resolve_group(spec, args.sweep_ratio)
+        if len(spec.groups) < 2:
+            raise KvpoolError(f"{spec.name} has one pool group; there is no split to sweep")
+        for share in sweep_shares(args.sweep_points):
+            try:
+                sweep.append((share, one(ratio_policy(group, share))))
+            except KvpoolError as e:  # a share that cannot hold one request: note it, go on
+                notes.append(f"share {share:g} of {group} skipped: {e}")
+
+    everything = runs + [r for _, r in sweep]
+    if args.plot:
+        from kvpool.sim.plot import plot_runs
+
+        title = f"{spec.name} on {gpu.key}, {trace.name}" + (f" @ {args.rate}/s" if args.rate else "")
+        plot_runs(args.plot, runs, title=title, sweep_group=group, sweep=sweep)
+    if args.json:
+        print_json({"runs": [r.to_json() for r in everything]})
+        return 0
+    print(f"{spec.name} on {gpu.name}: KV {format_bytes(kv_bytes)} ({how}), B={limits.max_batch_size} "
+          f"L={limits.max_seq_len} N={limits.max_num_tokens}; trace {trace.name}: {len(trace)} requests, "
+          f"rate {args.rate or 'trace times'}; padding dummies {'reserved' if padding else 'lazy'}")
+    print(results_table(everything, [g.name for g in spec.groups]))
+    if sweep and group:
+        best = max(everything, key=lambda r: r.output_tokens_per_s)
+        print(f"\nbest split: {best.policy} ({best.plan.group(group).share:.1%} to {group}), "
+              f"{best.output_tokens_per_s:,.0f} tok/s")
+        for r in runs:
+            print(f"  {r.policy}: {r.plan.group(group).share:.1%} to {group}, "
+                  f"{r.output_tokens_per_s:,.0f} tok/s = "
+                  f"{r.output_tokens_per_s / best.output_tokens_per_s:.1%} of the best")
+    for n in notes:
+        print(f"note: {n}")
+    if args.plot:
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def results_table(runs: list[SimResult], groups: list[str]) -> str:
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x * 1e3:,.1f}"
+
+    rows = []
+    for r in runs:
+        row: list[Any] = [r.policy]
+        row += [f"{r.pages[g].total:,}" for g in groups]
+        row += [f"{r.output_tokens_per_s:,.0f}", f"{r.requests_per_s:.2f}",
+                ms(r.percentile(r.ttft_s, 50)), ms(r.percentile(r.ttft_s, 99)),
+                ms(r.percentile(r.tpot_s, 50)), ms(r.percentile(r.tpot_s, 99)),
+                r.preemptions, f"{r.graph_step_share:.0%}", r.padding_failures]
+        row += [f"{r.pages[g].peak_used / max(r.pages[g].total, 1):.0%}/"
+                f"{r.pages[g].mean_used / max(r.pages[g].total, 1):.0%}" for g in groups]
+        row += [f"{r.finished}/{r.num_requests}"]
+        rows.append(row)
+    headers = (["policy"] + [f"{g} pages" for g in groups]
+               + ["tok/s", "req/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
+                  "preempt", "graphs", "pad fails"]
+               + [f"{g} peak/mean" for g in groups] + ["done"])
+    return table(headers, rows)

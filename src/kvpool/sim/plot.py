@@ -1,0 +1,61 @@
+"""Plots of simulation results (matplotlib, imported only here and only when a
+plot is asked for)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvpool.errors import KvpoolError
+from kvpool.sim.metrics import SimResult
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise KvpoolError("--plot needs matplotlib: pip install 'kvpool[sim]'") from None
+    return plt
+
+
+def plot_runs(path: str | Path, runs: Sequence[SimResult], *, title: str = "",
+              sweep_group: str | None = None, sweep: Sequence[tuple[float, SimResult]] = ()) -> Path:
+    """Write a PNG to `path` (side effect). With a sweep: output tokens/s against
+    the swept group's byte share, the named policies marked on the curve; else
+    one bar per run (tokens/s) with its CUDA-graph step share. Returns the path."""
+    plt = _pyplot()
+    out = Path(path)
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    if sweep_group and sweep:
+        xs = [share for share, _ in sweep]
+        ax.plot(xs, [r.output_tokens_per_s for _, r in sweep], "-o", color="0.45", ms=3.5,
+                label=f"ratio:{sweep_group}=share")
+        markers = iter("s^Dvp*")
+        for r in runs:
+            x = r.plan.group(sweep_group).share
+            ax.plot([x], [r.output_tokens_per_s], next(markers, "o"), ms=9, label=r.policy)
+        ax.set_xlabel(f"byte share of group '{sweep_group}'")
+    else:
+        names = [r.policy for r in runs]
+        bars = ax.bar(names, [r.output_tokens_per_s for r in runs], color="0.6")
+        for bar, r in zip(bars, runs, strict=True):
+            ax.annotate(f"graphs {r.graph_step_share:.0%}\npreempt {r.preemptions}",
+                        (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=8)
+        ax.tick_params(axis="x", labelrotation=15)
+    ax.set_ylabel("output tokens / s (simulated)")
+    ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.12)
+    if title:
+        ax.set_title(title, fontsize=10)
+    if sweep_group and sweep:
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out

@@ -1,0 +1,152 @@
+"""Sizing policies by name: the plans a simulation compares.
+
+- `reference`: the boring default, ratio from the reference request (capacity
+  2049, history 2048); `avg_seq_len` is ignored (family rules still apply:
+  DeepSeek-V4 always plans its typical step).
+- `typical`: the typical step at S = `avg_seq_len`, else the model family's
+  default, else S = `max_seq_len` (what TensorRT-LLM's estimation forced; a note
+  says so), with the constraints that come with it.
+- `workload`: `kvpool.plan.Workload` over the trace's (prompt, output) lengths.
+- `ratio:GROUP=SHARE,...`: an explicit byte share per group (no constraints).
+  Groups left out share the rest in the proportions of the reference split,
+  so `ratio:full=0.3` is enough for a two-group model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from kvpool.errors import KvpoolError
+from kvpool.plan import PoolPlan, ServingLimits, plan_pools
+from kvpool.plan.batches import reference_batch
+from kvpool.plan.families import rules_for
+from kvpool.plan.sizing import ratio_from_batch
+from kvpool.plan.workload import Workload
+from kvpool.presets.traces import Trace
+from kvpool.spec import ModelSpec
+
+POLICIES = ("reference", "typical", "workload")
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyPlan:
+    """A named policy's plan, and notes on how it was read."""
+
+    name: str
+    plan: PoolPlan
+    notes: tuple[str, ...] = ()
+
+
+def parse_policies(text: str) -> list[str]:
+    """`reference,typical,ratio:full=0.3` -> names; a `ratio:` entry keeps its
+    commas (`ratio:full=0.3,sliding=0.7`) until the next known policy name."""
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if out and out[-1].startswith("ratio:") and "=" in part and not part.startswith("ratio:"):
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    for name in out:
+        if name not in POLICIES and not name.startswith("ratio:"):
+            raise KvpoolError(
+                f"unknown policy {name!r}; use reference, typical, workload or ratio:GROUP=SHARE,..."
+            )
+    return out
+
+
+def resolve_group(spec: ModelSpec, name: str) -> str:
+    """A group name, or a kind (`full`, `sliding`, ...) that exactly one group has."""
+    if name in spec.group_names:
+        return name
+    kinds = [g.name for g in spec.groups if g.kind == name]
+    if len(kinds) == 1:
+        return kinds[0]
+    raise KvpoolError(
+        f"{spec.name} has no group {name!r} (groups: {', '.join(spec.group_names)})"
+        + (f"; kind {name!r} matches {len(kinds)} groups" if kinds else "")
+    )
+
+
+def full_ratio(spec: ModelSpec, shares: dict[str, float]) -> dict[str, float]:
+    """Complete a partial ratio: the groups not named share `1 - sum(shares)`
+    in their reference proportions."""
+    given = {resolve_group(spec, k): v for k, v in shares.items()}
+    rest = [g for g in spec.group_names if g not in given]
+    left = 1.0 - sum(given.values())
+    if rest:
+        if left <= 0:
+            raise KvpoolError(f"ratio {shares} leaves nothing for groups {rest}")
+        ref = ratio_from_batch(spec, reference_batch())
+        weight = sum(ref[g] for g in rest) or float(len(rest))
+        for g in rest:
+            given[g] = left * (ref[g] / weight if weight else 1.0 / len(rest))
+    return given
+
+
+def parse_ratio(spec: ModelSpec, text: str) -> dict[str, float]:
+    body = text.removeprefix("ratio:")
+    shares: dict[str, float] = {}
+    for part in body.split(","):
+        name, eq, value = part.partition("=")
+        try:
+            share = float(value)
+        except ValueError:
+            share = float("nan")
+        if not eq or not name.strip() or share != share:
+            raise KvpoolError(f"cannot read policy {text!r}; write e.g. ratio:full=0.3,sliding=0.7")
+        shares[name.strip()] = share
+    return full_ratio(spec, shares)
+
+
+def plan_for(spec: ModelSpec, limits: ServingLimits, policy: str, *, kv_memory_bytes: int,
+             trace: Trace | None = None, fit: bool = False) -> PolicyPlan:
+    """The plan `policy` gives for this budget (see the module docstring).
+    Raises KvpoolError subclasses (unknown policy, bad ratio, infeasible plan)."""
+    notes: list[str] = []
+    if policy == "reference":
+        lim = dataclasses.replace(limits, avg_seq_len=None)
+        plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, fit=fit)
+    elif policy == "typical":
+        avg = limits.avg_seq_len
+        if avg is None and rules_for(spec).typical_seq_len(limits) is None:
+            avg = limits.max_seq_len
+            notes.append(f"typical: no --avg-seq-len and no family default, so S = max_seq_len = {avg}")
+        lim = dataclasses.replace(limits, avg_seq_len=avg)
+        plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, fit=fit)
+    elif policy == "workload":
+        if trace is None:
+            raise KvpoolError("policy workload needs a trace")
+        lim = dataclasses.replace(limits, avg_seq_len=None)
+        plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes,
+                          policy=Workload(trace.lengths()), fit=fit)
+    elif policy.startswith("ratio:"):
+        lim = dataclasses.replace(limits, avg_seq_len=None)
+        plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes,
+                          pool_ratio=parse_ratio(spec, policy), fit=fit)
+    else:
+        parse_policies(policy)  # raises with the list of known policies
+        raise AssertionError(policy)  # pragma: no cover
+    return PolicyPlan(policy, plan, tuple(notes))
+
+
+def sweep_shares(points: int, low: float = 0.05, high: float = 0.95) -> list[float]:
+    """`points` evenly spaced shares in [low, high], rounded to 3 decimals."""
+    if points < 2:
+        raise KvpoolError(f"a sweep needs at least 2 points, got {points}")
+    return [round(low + (high - low) * i / (points - 1), 3) for i in range(points)]
+
+
+def ratio_policy(group: str, share: float) -> str:
+    return f"ratio:{group}={share:g}"
+
+
+def policy_share(plan: PoolPlan, group: str) -> float:
+    """The byte share `plan` gives `group` (where a policy sits on a sweep)."""
+    return plan.group(group).share
+
+
+def names_for(policies: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(policies))

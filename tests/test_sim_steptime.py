@@ -1,0 +1,133 @@
+"""The step-time model, with every number derived by hand in the test."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvpool.errors import KvpoolError
+from kvpool.presets import GpuSpec
+from kvpool.sim.steptime import (
+    KERNELS_PER_LAYER,
+    KERNELS_PER_STEP,
+    LAUNCH_S,
+    REPLAY_S,
+    StepTimeModel,
+    Weights,
+    load_weights,
+)
+from kvpool.spec import ModelSpec, load_model_spec
+
+# A GPU with round numbers: 100 TFLOPS BF16, 1 TB/s.
+GPU = GpuSpec(key="toy", name="toy", memory_bytes=10 * 2**30, hbm_bandwidth_bytes_per_s=1e12,
+              bf16_flops=1e14, fp8_flops=2e14, memory_source="marketed", source="test")
+
+
+def toy_spec(**extra: object) -> ModelSpec:
+    # 2 layers, 4 query heads, 2 KV heads of dim 16, BF16:
+    # K and V = 2 x 2 heads x 16 values x 2 bytes = 128 bytes per position per layer.
+    config = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 16, "hidden_size": 64, "max_position_embeddings": 4096,
+              "torch_dtype": "bfloat16", **extra}
+    return load_model_spec(config, tokens_per_block=4)
+
+
+def toy_model(weights: Weights | None = None, **extra: object) -> StepTimeModel:
+    return StepTimeModel.build(toy_spec(**extra), GPU, weights or Weights(1e9, 1e9, 2.0))
+
+
+EAGER = LAUNCH_S * (KERNELS_PER_LAYER * 2 + KERNELS_PER_STEP)
+
+
+def test_decode_step_is_memory_bound_by_hand() -> None:
+    model = toy_model()
+    (group,) = model.groups
+    assert group.row_bytes == 2 * 128  # both layers
+    # attention FLOPs per (query, key) pair: 4 x 4 heads x 16 dims x 2 layers = 512
+    assert group.flops_per_pair == 512
+    # Two rows at history 10 and 20 read 11 + 21 = 32 keys.
+    flops = 2 * 1e9 * 2 + 512 * 32                       # 4.000016384e9 -> 40.0 us
+    bytes_ = 2e9 + 256 * (32 + 2)                        # weights + KV read + 2 rows written
+    expected = max(flops / 1e14, bytes_ / 1e12)          # memory: 2.000008704 ms
+    assert bytes_ / 1e12 > flops / 1e14
+    assert model.time([(10, 0), (20, 0)], []) == pytest.approx(expected + EAGER, rel=1e-12)
+    assert model.time([(10, 0), (20, 0)], [], graph=True, padded_batch=2) == pytest.approx(
+        expected + REPLAY_S, rel=1e-12)
+
+
+def test_eager_overhead_is_launches_per_kernel() -> None:
+    # 2 layers x 10 kernels + 6 per step = 26 launches of 10 us
+    assert toy_model().eager_overhead_s == pytest.approx(26 * 10e-6)
+
+
+def test_graph_step_computes_its_padding_rows() -> None:
+    model = toy_model(Weights(1e12, 1e12, 2.0))  # make compute matter: 2 TB of weights, 1e12 params
+    # 3 rows padded to 4: compute counts 4 tokens; bytes are dominated by 2e12 weight bytes
+    t = model.time([(0, 0)] * 3, [], graph=True, padded_batch=4)
+    flops = 2 * 1e12 * 4 + 512 * 3
+    bytes_ = 2e12 + 256 * (3 + 4)
+    assert t == pytest.approx(max(flops / 1e14, bytes_ / 1e12) + REPLAY_S, rel=1e-12)
+
+
+def test_prefill_chunk_is_compute_bound_by_hand() -> None:
+    model = toy_model()
+    # 1000 prompt tokens from position 0: causal pairs = 1 + 2 + ... + 1000 = 500500
+    flops = 2 * 1e9 * 1000 + 512 * 500500
+    bytes_ = 2e9 + 256 * (1000 + 1000)  # keys read once (1000) + 1000 rows written
+    assert flops / 1e14 > bytes_ / 1e12
+    assert model.time([], [(0, 1000)]) == pytest.approx(flops / 1e14 + EAGER, rel=1e-12)
+    # a second chunk of 500 after 1000: pairs = 1001 + ... + 1500 = 500 x 2501 / 2
+    assert model.chunk_pairs(model.groups[0], 1000, 500) == 500 * 2501 / 2
+
+
+def test_sliding_chunk_pairs_match_brute_force() -> None:
+    model = toy_model(sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    sliding = next(g for g in model.groups if g.kind == "sliding")
+    for start in range(0, 20):
+        for n in range(1, 20):
+            brute = sum(min(start + j + 1, 8) for j in range(n))
+            assert model.chunk_pairs(sliding, start, n) == brute, (start, n)
+
+
+def test_decode_run_times_equal_single_steps() -> None:
+    model = toy_model(sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    hist = [3, 9, 30]
+    run = model.decode_run_times(hist, 5, graph=True, padded_batch=4)
+    for j in range(5):
+        single = model.time([(h + j, 0) for h in hist], [], graph=True, padded_batch=4)
+        assert run[j] == pytest.approx(single, rel=1e-12), j
+
+
+def test_moe_reads_the_experts_its_tokens_touch() -> None:
+    # 4 experts, 1 per token: expert = (5e9 - 2e9) / 3 = 1e9 params, dense part 1e9
+    w = Weights(5e9, 2e9, 1.0, num_experts=4, experts_per_token=1)
+    model = toy_model(w)
+    assert model.weight_bytes(1) == pytest.approx(2e9)  # one token: the active parameters
+    # two tokens touch 4 x (1 - (3/4)^2) = 1.75 experts on average
+    assert model.weight_bytes(2) == pytest.approx(1e9 + 1.75e9)
+    assert model.weight_bytes(10_000) == pytest.approx(5e9)  # everything
+    assert model.peak_flops == 2e14  # 1 byte per parameter: FP8 peak
+
+
+def test_load_weights_from_facts_and_flags() -> None:
+    w = load_weights("gemma-4-26b-a4b")
+    assert (w.total_params, w.active_params, w.num_experts, w.experts_per_token) == (25.2e9, 3.8e9, 128, 8)
+    w = load_weights("some/local/model", weights_bytes=16e9)
+    assert (w.total_params, w.active_params, w.bytes_per_param) == (8e9, 8e9, 2.0)
+    # a known MoE at another size keeps its active share: 3.8/25.2 of 12.6e9 params
+    w = load_weights("gemma-4-26b-a4b", weights_bytes=25.2e9)
+    assert w.total_params == pytest.approx(12.6e9) and w.active_params == pytest.approx(1.9e9)
+    with pytest.raises(KvpoolError, match="--weights-bytes"):
+        load_weights("no-such-model")
+    with pytest.raises(KvpoolError, match="active params"):
+        load_weights("qwen3-8b", active_params=1e12)
+
+
+def test_every_bundled_model_with_params_builds() -> None:
+    from kvpool.presets import load_gpu
+    from kvpool.sim.steptime import _params_table
+
+    for name in _params_table():
+        model = StepTimeModel.build(load_model_spec(name), load_gpu("h100"), load_weights(name))
+        t = model.decode_run_times([100, 2000], 3)
+        assert np.all(t > 0) and np.all(np.diff(t) >= 0), name
