@@ -1,0 +1,100 @@
+"""`kvpool simulate`: JSON shape, policies, sweep, plot, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+RUN_KEYS = {"policy", "output_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p99_s",
+            "tpot_p50_s", "preemptions", "graph_step_share", "pages"}
+
+
+@pytest.fixture
+def small_trace(tmp_path: Path) -> str:
+    path = tmp_path / "small.csv"
+    rows = [f"{200 + 37 * i % 900},{5 + 13 * i % 60},{0.01 * i:.2f}" for i in range(40)]
+    path.write_text("prompt_len,output_len,arrival_s\n" + "\n".join(rows) + "\n")
+    return str(path)
+
+
+BASE = ["--gpu", "h100", "--kv-memory", "4GiB", "--max-seq-len", "4096", "--max-batch-size", "16",
+        "--max-num-tokens", "1024", "--quiet"]
+
+
+def test_json_has_exactly_the_issue_shape(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli("simulate", "qwen3-0.6b", *BASE, "--trace", small_trace, "--json")
+    assert code == 0, err
+    runs = json.loads(out)["runs"]
+    assert len(runs) == 1 and set(runs[0]) == RUN_KEYS
+    run = runs[0]
+    assert run["policy"] == "reference" and run["output_tokens_per_s"] > 0
+    assert set(run["pages"]) == {"full"} and set(run["pages"]["full"]) == {"total", "peak_used"}
+    assert 0 <= run["graph_step_share"] <= 1
+
+
+def test_compare_runs_policies_side_by_side(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli("simulate", "gemma-3-27b", *BASE, "--trace", small_trace, "--rate", "inf",
+                         "--compare", "reference,typical,workload,ratio:full=0.5", "--json")
+    assert code == 0, err
+    runs = json.loads(out)["runs"]
+    assert [r["policy"] for r in runs] == ["reference", "typical", "workload", "ratio:full=0.5"]
+    # typical without --avg-seq-len falls back to S = L: more full-attention pages
+    assert runs[1]["pages"]["full"]["total"] > runs[0]["pages"]["full"]["total"]
+
+
+def test_text_output_and_sweep_with_plot(cli, small_trace: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    png = tmp_path / "sweep.png"
+    code, out, err = cli("simulate", "gemma-3-27b", *BASE, "--trace", small_trace, "--rate", "inf",
+                         "--sweep-ratio", "sliding", "--sweep-points", "3", "--plot", str(png))
+    assert code == 0, err
+    assert "best split: " in out and "of the best" in out
+    for policy in ("reference", "typical", "workload"):
+        assert f"\n  {policy}: " in out
+    assert "ratio:sliding=0.05" in out and "ratio:sliding=0.95" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_json_adds_one_run_per_share(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = cli("simulate", "gemma-3-27b", *BASE, "--trace", small_trace, "--rate", "inf",
+                       "--policy", "reference", "--sweep-ratio", "full", "--sweep-points", "2",
+                       "--json")
+    assert code == 0
+    names = [r["policy"] for r in json.loads(out)["runs"]]
+    assert names == ["reference", "ratio:full=0.05", "ratio:full=0.95"]
+
+
+def test_no_padding_reservation_flag(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = cli("simulate", "qwen3-0.6b", *BASE, "--trace", small_trace,
+                       "--no-padding-reservation")
+    assert code == 0 and "padding dummies lazy" in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--kv-memory", "1GiB"], "needs --gpu"),
+    (["--gpu", "h100", "--kv-memory", "1GiB", "--rate", "fast"], "cannot read --rate"),
+    (["--gpu", "h100", "--kv-memory", "1GiB", "--rate", "0"], "must be positive"),
+    (["--gpu", "h100", "--kv-memory", "1GiB", "--policy", "best"], "unknown policy"),
+    (["--gpu", "h100", "--kv-memory", "1GiB", "--policy", "ratio:full"], "cannot read policy"),
+    (["--gpu", "h100", "--kv-memory", "1GiB", "--sweep-ratio", "sliding"], "no group 'sliding'"),
+    (["--gpu", "h200x", "--kv-memory", "1GiB"], "unknown gpu preset"),
+])
+def test_errors_are_one_line_and_exit_2(cli, small_trace: str, args: list[str], message: str) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli("simulate", "qwen3-0.6b", "--trace", small_trace, "--quiet", *args)
+    assert code == 2, (out, err)
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_unknown_trace_and_model_without_weights(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    code, _, err = cli("simulate", "qwen3-0.6b", *BASE, "--trace", "azure-chat")
+    assert code == 2 and "neither a bundled trace" in err
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 4,
+                                  "num_key_value_heads": 2, "hidden_size": 64,
+                                  "max_position_embeddings": 4096}))
+    code, _, err = cli("simulate", str(config), *BASE, "--trace", "azure-code", "--max-requests", "5")
+    assert code == 2 and "--weights-bytes" in err
+    code, out, err = cli("simulate", str(config), *BASE, "--trace", "azure-code", "--max-requests",
+                         "5", "--weights-bytes", "1GB", "--json")
+    assert code == 0, err
