@@ -16,7 +16,14 @@ from kvpool.cli.plan_args import add_plan_args, limits_from_args, parse_pool_rat
 from kvpool.errors import KvpoolError
 from kvpool.presets.traces import load_trace
 from kvpool.sim import Progress, SimResult, StepTimeModel, load_weights, simulate
-from kvpool.sim.policies import parse_policies, plan_for, ratio_policy, resolve_group, sweep_shares
+from kvpool.sim.policies import (
+    parse_policies,
+    parse_range,
+    plan_for,
+    ratio_policy,
+    resolve_group,
+    sweep_shares,
+)
 from kvpool.units import format_bytes, parse_size
 
 
@@ -39,7 +46,10 @@ def register(sub: Any) -> None:
                    help="scan GROUP's byte share (a group name, or a kind one group has) "
                         "to find the best split; the policies are placed on the curve")
     s.add_argument("--sweep-points", type=positive_int, default=10, metavar="K",
-                   help="shares in the sweep, evenly from 0.05 to 0.95 (default 10)")
+                   help="shares in the sweep (default 10)")
+    s.add_argument("--sweep-range", default="0.05:0.95", metavar="LOW:HIGH",
+                   help="shares swept (default 0.05:0.95; evenly spaced, geometric when "
+                        "HIGH/LOW >= 20, e.g. 0.002:0.2 for a small window)")
     s.add_argument("--rate", default=None, metavar="R",
                    help="requests/s on average (rescaled trace times, or Poisson when the trace "
                         "has none); 'inf' sends all at time 0; default: the trace's own times")
@@ -160,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         group = resolve_group(spec, args.sweep_ratio)
         if len(spec.groups) < 2:
             raise KvpoolError(f"{spec.name} has one pool group; there is no split to sweep")
-        for share in sweep_shares(args.sweep_points):
+        for share in sweep_shares(args.sweep_points, *parse_range(args.sweep_range)):
             try:
                 sweep.append((share, one(ratio_policy(group, share))))
             except KvpoolError as e:  # a share that cannot hold one request: note it, go on

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
@@ -133,10 +132,30 @@ def plan_for(spec: ModelSpec, limits: ServingLimits, policy: str, *, kv_memory_b
 
 
 def sweep_shares(points: int, low: float = 0.05, high: float = 0.95) -> list[float]:
-    """`points` evenly spaced shares in [low, high], rounded to 3 decimals."""
+    """`points` shares from `low` to `high`: evenly spaced, or geometrically when
+    `high / low` is 20 or more (a small window's pool wants fine steps near 0);
+    rounded to 4 significant digits."""
     if points < 2:
         raise KvpoolError(f"a sweep needs at least 2 points, got {points}")
-    return [round(low + (high - low) * i / (points - 1), 3) for i in range(points)]
+    if not 0 < low < high < 1:
+        raise KvpoolError(f"a sweep range needs 0 < low < high < 1, got {low:g}:{high:g}")
+    if high / low >= 20:
+        shares = [low * (high / low) ** (i / (points - 1)) for i in range(points)]
+    else:
+        shares = [low + (high - low) * i / (points - 1) for i in range(points)]
+    return [float(f"{x:.4g}") for x in shares]
+
+
+def parse_range(text: str) -> tuple[float, float]:
+    """`0.05:0.95` -> (0.05, 0.95)."""
+    low, sep, high = text.partition(":")
+    try:
+        lo, hi = float(low), float(high)
+    except ValueError:
+        raise KvpoolError(f"cannot read sweep range {text!r}; write e.g. 0.05:0.95") from None
+    if not sep or not 0 < lo < hi < 1:
+        raise KvpoolError(f"sweep range {text!r} needs 0 < LOW < HIGH < 1")
+    return lo, hi
 
 
 def ratio_policy(group: str, share: float) -> str:
@@ -146,7 +165,3 @@ def ratio_policy(group: str, share: float) -> str:
 def policy_share(plan: PoolPlan, group: str) -> float:
     """The byte share `plan` gives `group` (where a policy sits on a sweep)."""
     return plan.group(group).share
-
-
-def names_for(policies: Sequence[str]) -> list[str]:
-    return list(dict.fromkeys(policies))
