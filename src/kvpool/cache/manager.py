@@ -52,7 +52,6 @@ class _Request:
 class _Change:
     """How one request's table in one group moves (planned, not yet applied)."""
 
-    group: int
     slot: int
     nblk: int
     nstale: int
@@ -208,74 +207,92 @@ class KVCacheManager:
     def _resize_slots(self, slots: npt.NDArray[np.intp], caps: IntArray, hists: IntArray) -> bool:
         c, h = caps[None, :], hists[None, :]
         crossing = ((c > self._cap_hi[:, slots]) | (c <= self._cap_lo[:, slots])
-                    | (h >= self._stale_next[:, slots])).any(axis=0)
-        idx = np.flatnonzero(crossing)
-        if idx.size and not self._apply(slots[idx].tolist(), caps[idx].tolist(), hists[idx].tolist()):
+                    | (h >= self._stale_next[:, slots]))
+        idx = np.flatnonzero(crossing.any(axis=0))
+        if idx.size and not self._apply(slots[idx].tolist(), caps[idx].tolist(), hists[idx].tolist(),
+                                        crossing[:, idx].tolist()):
             return False
         self._cap[slots] = caps
         self._hist[slots] = hists
         return True
 
-    def _plan(self, gi: int, slot: int, cap: int, hist: int) -> _Change | None:
-        g = self.groups[gi]
-        nblk, nstale = int(self._nblk[gi, slot]), int(self._nstale[gi, slot])
-        stale = stale_pages(g, hist)
-        total = pages_needed(g, cap, hist) + stale
-        if total == nblk and stale == nstale:
-            return None
-        row = self._tables[gi][slot]
-        release = row[nstale:min(stale, nblk)].tolist() if stale > nstale else []
-        if total < nblk:
-            release += row[total:nblk].tolist()
-        first_new = max(nblk, stale)
-        return _Change(gi, slot, total, stale, first_new, max(0, total - first_new), release,
-                       nstale, nblk, hist)
-
-    def _apply(self, slots: Sequence[int], caps: Sequence[int], hists: Sequence[int]) -> bool:
-        """Plan every (slot, capacity, history) in every group; if all groups
-        have the pages, apply (releases first, then allocations); else change
-        nothing and return False."""
-        changes: list[_Change] = []
-        need = [0] * len(self.groups)
-        released: list[list[int]] | None = None
-        for slot, cap, hist in zip(slots, caps, hists, strict=True):
-            for gi in range(len(self.groups)):
-                ch = self._plan(gi, slot, cap, hist)
-                if ch is not None:
-                    changes.append(ch)
-                    need[gi] += ch.new
-                    if ch.release:
-                        if released is None:
-                            released = [[] for _ in self.groups]
-                        released[gi] += ch.release
+    def _apply(self, slots: list[int], caps: list[int], hists: list[int],
+               mask: list[list[bool]] | None = None) -> bool:
+        """Move each (slot, capacity, history) to its target in every group
+        (or only where `mask[group][i]`): plan with `pages_needed`/`stale_pages`;
+        if every group has the pages, apply (all releases first, then the
+        allocations); else change nothing, set `last_shortfall`, return False."""
+        old_nblk = self._nblk[:, slots].tolist()
+        old_nstale = self._nstale[:, slots].tolist()
+        plans: list[list[_Change]] = []
         short = {}
-        for gi, pool in enumerate(self._pools):
-            if need[gi] and need[gi] > pool.num_free:
-                freed = self._freed(pool, released[gi]) if released else 0
-                if need[gi] > pool.num_free + freed:
-                    short[pool.name] = need[gi] - pool.num_free - freed
+        for gi, g in enumerate(self.groups):
+            row_mask, table = mask[gi] if mask else None, self._tables[gi]
+            nblks, nstales = old_nblk[gi], old_nstale[gi]
+            changes: list[_Change] = []
+            need = 0
+            released: list[int] = []
+            for j, slot in enumerate(slots):
+                if row_mask is not None and not row_mask[j]:
+                    continue
+                hist, nblk, nstale = hists[j], nblks[j], nstales[j]
+                stale = stale_pages(g, hist)
+                total = pages_needed(g, caps[j], hist) + stale
+                if total == nblk and stale == nstale:
+                    continue
+                release = table[slot, nstale:min(stale, nblk)].tolist() if stale > nstale else []
+                if total < nblk:
+                    release += table[slot, total:nblk].tolist()
+                first_new = max(nblk, stale)
+                new = total - first_new if total > first_new else 0
+                need += new
+                released += release
+                changes.append(_Change(slot, total, stale, first_new, new, release, nstale, nblk,
+                                       hist))
+            pool = self._pools[gi]
+            if need > pool.num_free:
+                missing = need - pool.num_free - self._freed(pool, released)
+                if missing > 0:
+                    short[pool.name] = missing
+            plans.append(changes)
         if short:
             self.last_shortfall = short
             return False
-        for ch in changes:
-            if ch.release:
-                row = self._tables[ch.group][ch.slot]
-                if ch.nstale > ch.old_nstale:
-                    row[ch.old_nstale:min(ch.nstale, ch.old_nblk)] = STALE
-                if ch.nblk < ch.old_nblk:
-                    row[ch.nblk:ch.old_nblk] = STALE
-                self._pools[ch.group].release(ch.release)
-        for ch in changes:
-            gi, slot = ch.group, ch.slot
-            if ch.new:
-                table = self._tables[gi]
-                if ch.nblk > table.shape[1]:
-                    table = self._widen(gi, ch.nblk)
-                table[slot, ch.first_new:ch.nblk] = self._pools[gi].take(ch.new)
-            self._set_blocks(gi, slot, ch.nblk, ch.nstale)
-            if ch.nstale != ch.old_nstale:
-                self._stale_next[gi, slot] = self._next_stale(gi, ch.hist)
+        for gi, changes in enumerate(plans):
+            table, pool = self._tables[gi], self._pools[gi]
+            for ch in changes:
+                if ch.release:
+                    if ch.nstale > ch.old_nstale:
+                        table[ch.slot, ch.old_nstale:min(ch.nstale, ch.old_nblk)] = STALE
+                    if ch.nblk < ch.old_nblk:
+                        table[ch.slot, ch.nblk:ch.old_nblk] = STALE
+                    pool.release(ch.release)
+        for gi, changes in enumerate(plans):
+            if changes:
+                self._allocate(gi, changes)
         return True
+
+    def _allocate(self, gi: int, changes: list[_Change]) -> None:
+        """Apply planned changes of one group after the releases: new pages
+        into the tables, block counts and thresholds."""
+        table, pool = self._tables[gi], self._pools[gi]
+        width = max(ch.nblk for ch in changes)
+        if width > table.shape[1]:
+            table = self._widen(gi, width)
+        rows, cols = [], []
+        for ch in changes:
+            if ch.new == 1:  # the common decode case: one fancy assignment for all
+                rows.append(ch.slot)
+                cols.append(ch.first_new)
+            elif ch.new:
+                table[ch.slot, ch.first_new:ch.nblk] = pool.take(ch.new)
+        if rows:
+            table[rows, cols] = pool.take(len(rows))
+        self._set_blocks(gi, [ch.slot for ch in changes], [ch.nblk for ch in changes],
+                         [ch.nstale for ch in changes])
+        for ch in changes:
+            if ch.nstale != ch.old_nstale:
+                self._stale_next[gi, ch.slot] = self._next_stale(gi, ch.hist)
 
     @staticmethod
     def _freed(pool: PagePool, pages: list[int]) -> int:
@@ -285,16 +302,18 @@ class KVCacheManager:
             count[p] = count.get(p, 0) + 1
         return sum(1 for p, c in count.items() if pool.ref[p] == c)
 
-    def _set_blocks(self, gi: int, slot: int, nblk: int, nstale: int) -> None:
-        """Record a table's block count and the capacities that keep it."""
-        self._nblk[gi, slot] = nblk
-        self._nstale[gi, slot] = nstale
+    def _set_blocks(self, gi: int, slots: int | list[int], nblk: int | list[int],
+                    nstale: int | list[int]) -> None:
+        """Record tables' block counts and the capacities that keep them."""
+        count = np.asarray(nblk, np.int64)
+        self._nblk[gi, slots] = count
+        self._nstale[gi, slots] = nstale
         if self._is_state[gi]:
-            self._cap_hi[gi, slot] = _BIG if nblk else 0
-            self._cap_lo[gi, slot] = 0 if nblk else -1
+            self._cap_hi[gi, slots] = np.where(count > 0, _BIG, 0)
+            self._cap_lo[gi, slots] = np.where(count > 0, 0, -1)
         else:  # block j covers positions [j*tpb, (j+1)*tpb)
-            self._cap_hi[gi, slot] = nblk * self.tokens_per_block
-            self._cap_lo[gi, slot] = (nblk - 1) * self.tokens_per_block if nblk else -1
+            self._cap_hi[gi, slots] = count * self.tokens_per_block
+            self._cap_lo[gi, slots] = np.where(count > 0, (count - 1) * self.tokens_per_block, -1)
 
     def _next_stale(self, gi: int, hist: int) -> int:
         """Smallest history above `hist` at which `stale_pages` grows; searched
@@ -304,6 +323,9 @@ class KVCacheManager:
             return _BIG
         g = self.groups[gi]
         now = stale_pages(g, hist)
+        guess = hist + self.tokens_per_block  # right at a crossing, the next is a page later
+        if stale_pages(g, guess) > now and stale_pages(g, guess - 1) == now:
+            return guess
         lo, step = hist, self.tokens_per_block
         while stale_pages(g, hist + step) == now:
             lo, step = hist + step, step * 2
