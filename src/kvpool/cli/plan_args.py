@@ -184,7 +184,3 @@ def plan_from_args(args: argparse.Namespace) -> PoolPlan:
         fit=args.fit, phase=args.phase,
     )
 
-
-def plan_summary(plan: PoolPlan) -> dict[str, Any]:
-    """The plan as `kvpool plan --json` prints it."""
-    return plan.to_json()
