@@ -184,3 +184,8 @@ def plan_from_args(args: argparse.Namespace) -> PoolPlan:
         fit=args.fit, phase=args.phase,
     )
 
+
+
+def plan_summary(plan: PoolPlan) -> dict[str, Any]:
+    """The plan as `kvpool plan --json` prints it (same as `plan.to_json()`)."""
+    return plan.to_json()
