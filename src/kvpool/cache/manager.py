@@ -101,6 +101,7 @@ class KVCacheManager:
         self._slot_of: dict[int, int] = {}
         self._padding: dict[int, int] = {}  # draft length -> persistent padding dummy id
         self._next_dummy = -1
+        self._free_dummy_ids: list[int] = []
         self.reuse_queried_tokens = 0
         self.reuse_hit_tokens = 0
         self.last_shortfall: dict[str, int] = {}  # pages missing per group at the last refusal
@@ -141,6 +142,8 @@ class KVCacheManager:
         del self._requests[rid]
         del self._slot_of[rid]
         self._free_slots.append(slot)
+        if req.dummy:
+            self._free_dummy_ids.append(rid)
         for d, pad in list(self._padding.items()):
             if pad == rid:
                 del self._padding[d]
@@ -350,7 +353,7 @@ class KVCacheManager:
         warmup_mod._check_counts(batch_size, token_num, draft_len)
         cap, hist = warmup_mod.dummy_shape(token_num, draft_len, self.limits.num_extra_kv_tokens,
                                            is_gen)
-        next_dummy = self._next_dummy
+        next_dummy, free_ids = self._next_dummy, list(self._free_dummy_ids)
         reqs = [self._new_request(self._dummy_id(), dummy=True) for _ in range(batch_size)]
         slots = [r.slot for r in reqs]
         if self._apply(slots, [cap] * batch_size, [hist] * batch_size):
@@ -359,7 +362,7 @@ class KVCacheManager:
             return [r.rid for r in reqs]
         for r in reqs:
             self.free(r.rid)
-        self._next_dummy = next_dummy
+        self._next_dummy, self._free_dummy_ids = next_dummy, free_ids
         return None
 
     def max_generation_length(self, batch_size: int, draft_len: int = 0) -> int:
@@ -394,6 +397,10 @@ class KVCacheManager:
         return self._padding.get(draft_len)
 
     def _dummy_id(self) -> int:
+        while self._free_dummy_ids:  # reuse the ids of freed dummies, so ids stay small
+            rid = self._free_dummy_ids.pop()
+            if rid not in self._requests:
+                return rid
         while self._next_dummy in self._requests:
             self._next_dummy -= 1
         rid = self._next_dummy

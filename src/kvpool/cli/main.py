@@ -22,6 +22,7 @@ COMMANDS = {
     "models": "kvpool.cli.presets_cmd",
     "gpus": "kvpool.cli.presets_cmd",
     "plan": "kvpool.cli.plan_cmd",
+    "warmup": "kvpool.cli.warmup_cmd",
 }
 
 
