@@ -87,9 +87,12 @@ class KVCacheManager:
         self._hist: IntArray = np.zeros(slots, np.int64)
         self._nblk: IntArray = np.zeros((n_groups, slots), np.int64)
         self._nstale: IntArray = np.zeros((n_groups, slots), np.int64)
-        self._cap_hi: IntArray = np.zeros((n_groups, slots), np.int64)
-        self._cap_lo: IntArray = np.full((n_groups, slots), -1, np.int64)
-        self._stale_next: IntArray = np.full((n_groups, slots), _BIG, np.int64)
+        # per group and slot: a step keeps the table as is while capacity stays in
+        # (cap_lo, cap_hi] and history below stale_next; one array so that the
+        # scalar path reads all three with one index
+        self._thresholds: IntArray = np.zeros((3, n_groups, slots), np.int64)
+        self._thresholds[1], self._thresholds[2] = -1, _BIG
+        self._cap_hi, self._cap_lo, self._stale_next = self._thresholds
         longest = self.limits.max_seq_len + self.limits.headroom
         self._tables = [
             np.full((slots, pages_needed(g, longest) if self._is_state[i] else
@@ -178,7 +181,9 @@ class KVCacheManager:
             raise CacheUsageError(
                 f"request {rid}: need capacity >= history >= previous history, got capacity {cap}, "
                 f"history {hist}, previous history {old}")
-        if not self._apply([slot], [cap], [hist]):
+        hi, lo, nxt = self._thresholds[:, :, slot].tolist()
+        if (cap > min(hi) or cap <= max(lo) or hist >= min(nxt)) and not self._apply(
+                [slot], [cap], [hist]):
             return False
         self._cap[slot] = cap
         self._hist[slot] = hist
@@ -533,8 +538,9 @@ class KVCacheManager:
 
         self._cap, self._hist = more(self._cap, 0), more(self._hist, 0)
         self._nblk, self._nstale = more(self._nblk, 0), more(self._nstale, 0)
-        self._cap_hi, self._cap_lo = more(self._cap_hi, 0), more(self._cap_lo, -1)
-        self._stale_next = more(self._stale_next, _BIG)
+        self._thresholds = np.concatenate(
+            [more(self._thresholds[i], fill)[None] for i, fill in enumerate((0, -1, _BIG))])
+        self._cap_hi, self._cap_lo, self._stale_next = self._thresholds
         self._tables = [np.concatenate([t, np.full_like(t, STALE)]) for t in self._tables]
         self._free_slots = list(range(2 * old - 1, old - 1, -1)) + self._free_slots
 
