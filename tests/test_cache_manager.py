@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvpool.cache import STALE, CacheUsageError
+from kvpool.cache import STALE, CacheUsageError, GroupStats
 from kvpool.errors import KvpoolError
 from test_cache_factories import (
     assert_table,
@@ -163,3 +163,41 @@ def test_more_requests_than_slots_and_longer_than_max_seq_len() -> None:
     assert m.resize(0, 16 * 150, 0)  # 150 pages, far past the 64-token limit
     assert m.live_pages(0, "full") == 150 and m.free_pages("full") == 200 - 150 - 19
     m.check_integrity()
+
+
+def test_check_integrity_names_the_offending_pages() -> None:
+    from kvpool.cache import CacheIntegrityError
+
+    m = manager(full_spec(tpb=16), {"full": 6})
+    m.create(1)
+    assert m.resize(1, 32, 0)  # pages 0 and 1
+    m._pools[0].ref[1] = 2  # a lost owner
+    with pytest.raises(CacheIntegrityError) as err:
+        m.check_integrity()
+    assert err.value.pages == {"full": [1]} and "[1]" in str(err.value)
+    m._pools[0].ref[1] = 1
+    m._pools[0].free_stack.append(0)  # owned and free at once
+    with pytest.raises(CacheIntegrityError) as err:
+        m.check_integrity()
+    assert err.value.pages == {"full": [0]}
+    m._pools[0].free_stack.remove(0)
+    m._pools[0].free_stack.remove(5)  # leaked: neither owned nor allocatable
+    with pytest.raises(CacheIntegrityError) as err:
+        m.check_integrity()
+    assert err.value.pages == {"full": [5]}
+
+
+def test_stats_count_dummies_and_events_are_taken_once() -> None:
+    m = manager(full_spec(tpb=16), {"full": 10})
+    m.create(1, list(range(40)))
+    assert m.resize(1, 33, 32)
+    m.commit(1, 32)
+    ids = m.add_dummy_requests(2, 20)  # capacity 20, history 19: 2 pages each
+    assert ids is not None
+    s = m.stats()
+    assert (s.num_requests, s.num_dummies) == (1, 2)
+    # request 1: 3 pages, dummies 2 x 2; 10 - 7 = 3 free
+    assert s.groups["full"] == GroupStats(total=10, free=3, used=7, cached=0, dummy=4, reserved=0)
+    assert len(m.take_events()) == 2 and m.take_events() == []
+    m.free(1)
+    assert m.stats().groups["full"].cached == 2  # its two committed pages
