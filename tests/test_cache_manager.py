@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kvpool.cache import STALE, CacheUsageError, GroupStats
+from kvpool.cache import STALE, CacheUsageError, GroupStats, KVCacheManager
 from kvpool.errors import KvpoolError
+from kvpool.plan import PoolPlan
+from kvpool.spec import LayerGroup, ModelSpec, stale_pages
 from test_cache_factories import (
     assert_table,
     assert_unchanged,
@@ -201,3 +205,27 @@ def test_stats_count_dummies_and_events_are_taken_once() -> None:
     assert len(m.take_events()) == 2 and m.take_events() == []
     m.free(1)
     assert m.stats().groups["full"].cached == 2  # its two committed pages
+
+
+@settings(max_examples=200, deadline=None)
+@given(kind=st.sampled_from(["sliding", "chunked"]), tpb=st.integers(1, 64),
+       window=st.integers(1, 300), hist=st.integers(0, 2000))
+def test_next_stale_history_is_never_late(kind: str, tpb: int, window: int, hist: int) -> None:
+    """The batch path skips a request until its history reaches `stale_next`:
+    that must be the first history at which `stale_pages` grows (brute force)."""
+    group = LayerGroup(name="g", kind=kind, layers=(0,), tokens_per_block=tpb,  # type: ignore[arg-type]
+                       row_bytes=8, window=window)
+    spec = ModelSpec("m", "test", (group,), tpb, "bf16", 1, 1)
+    m = KVCacheManager(PoolPlan.from_pages(spec, {"g": 1}))
+    now = stale_pages(group, hist)
+    first = next(h for h in range(hist + 1, hist + 2 * (window + tpb) + 2)
+                 if stale_pages(group, h) > now)
+    assert m._next_stale(0, hist) == first
+
+
+def test_extend_rejects_negative_steps() -> None:
+    m = manager(full_spec(), {"full": 4})
+    m.create(1)
+    with pytest.raises(CacheUsageError):
+        m.extend([1], -1)
+    assert m.extend([], 1) and m.resize_many([], [])

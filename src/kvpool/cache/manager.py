@@ -93,12 +93,11 @@ class KVCacheManager:
         self._thresholds: IntArray = np.zeros((3, n_groups, slots), np.int64)
         self._thresholds[1], self._thresholds[2] = -1, _BIG
         self._cap_hi, self._cap_lo, self._stale_next = self._thresholds
+        # tables start wide enough for max_seq_len (at most 1024 blocks; `_widen`
+        # doubles them on demand)
         longest = self.limits.max_seq_len + self.limits.headroom
-        self._tables = [
-            np.full((slots, pages_needed(g, longest) if self._is_state[i] else
-                     pages_needed(g, longest) + stale_pages(g, 0) + 1), STALE, np.int32)
-            for i, g in enumerate(self.groups)
-        ]
+        self._tables = [np.full((slots, min(1024, pages_needed(g, longest) + 1)), STALE, np.int32)
+                        for g in self.groups]
         self._free_slots = list(range(slots - 1, -1, -1))
         self._requests: dict[int, _Request] = {}
         self._slot_of: dict[int, int] = {}
@@ -209,6 +208,8 @@ class KVCacheManager:
         """One decode step for a batch: capacity and history of each request
         both advance by `num_tokens` (the tokens in flight become computed and
         as many new ones get slots). Atomic over the batch like `resize_many`."""
+        if num_tokens < 0:
+            raise CacheUsageError(f"extend needs num_tokens >= 0, got {num_tokens}")
         slots = self._slots(rids)
         return self._resize_slots(slots, self._cap[slots] + num_tokens, self._hist[slots] + num_tokens)
 
