@@ -15,6 +15,7 @@ scalar planner only on those.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -103,7 +104,7 @@ class KVCacheManager:
         self._slot_of: dict[int, int] = {}
         self._padding: dict[int, int] = {}  # draft length -> persistent padding dummy id
         self._next_dummy = -1
-        self._free_dummy_ids: list[int] = []
+        self._free_dummy_ids: list[int] = []  # heap of -id
         self.reuse_queried_tokens = 0
         self.reuse_hit_tokens = 0
         self.last_shortfall: dict[str, int] = {}  # pages missing per group at the last refusal
@@ -145,7 +146,7 @@ class KVCacheManager:
         del self._slot_of[rid]
         self._free_slots.append(slot)
         if req.dummy:
-            self._free_dummy_ids.append(rid)
+            heapq.heappush(self._free_dummy_ids, -rid)
         for d, pad in list(self._padding.items()):
             if pad == rid:
                 del self._padding[d]
@@ -403,8 +404,8 @@ class KVCacheManager:
         return self._padding.get(draft_len)
 
     def _dummy_id(self) -> int:
-        while self._free_dummy_ids:  # reuse the ids of freed dummies, so ids stay small
-            rid = self._free_dummy_ids.pop()
+        while self._free_dummy_ids:  # reuse freed dummy ids, closest to -1 first
+            rid = -heapq.heappop(self._free_dummy_ids)
             if rid not in self._requests:
                 return rid
         while self._next_dummy in self._requests:
