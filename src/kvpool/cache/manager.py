@@ -69,13 +69,20 @@ class KVCacheManager:
 
     Not thread-safe. Request ids are ints chosen by the caller (use
     non-negative ones: dummies get negative ids from the manager).
+
+    `state_snapshots=True` lets `commit` snapshot state groups (recurrent
+    state) so that models with a state group can reuse prefixes at all; the
+    engine must then copy each snapshot (see `CacheEvent.source_page`). Off by
+    default: a hit on a snapshot the engine never filled would be silently wrong.
     """
 
-    def __init__(self, plan: PoolPlan, *, enable_reuse: bool = True) -> None:
+    def __init__(self, plan: PoolPlan, *, enable_reuse: bool = True,
+                 state_snapshots: bool = False) -> None:
         self.plan = plan
         self.spec = plan.spec
         self.limits = plan.limits
         self.enable_reuse = enable_reuse
+        self.state_snapshots = state_snapshots
         self.tokens_per_block = self.spec.tokens_per_block
         self.groups = self.spec.groups
         self._index = {g.name: i for i, g in enumerate(self.groups)}

@@ -7,9 +7,10 @@ request then has capacity = history = n):
   still cover tpb positions, so only whole pages are ever reused);
 - sliding and chunked groups need only the pages that are live at history n,
   i.e. pages `stale_pages(group, n)`..k-1 (the last window of the hit);
-- a state group needs a snapshot taken when a request's history was exactly n;
-  the snapshot page becomes the new request's state slot (its hash is dropped,
-  since the request will overwrite it).
+- a state group needs a snapshot taken when a request's history was exactly n
+  (only with `state_snapshots=True`; without, a model with a state group
+  never reuses); the snapshot page becomes the new request's state slot (its
+  hash is dropped, since the request will overwrite it).
 
 The longest k that satisfies every group wins.
 """
@@ -121,7 +122,8 @@ def commit(mgr: KVCacheManager, req: _Request, num_tokens: int,
         nblk = int(mgr._nblk[gi, slot])
         if mgr._is_state[gi]:
             # the state slot holds the state after exactly `hist` positions
-            if k * tpb == hist and nblk == 1 and hashes[k - 1] not in pool.cached and pool.num_free:
+            if (mgr.state_snapshots and k * tpb == hist and nblk == 1
+                    and hashes[k - 1] not in pool.cached and pool.num_free):
                 page = pool.take(1)[0]
                 pool.store(page, hashes[k - 1], hashes[k - 2] if k > 1 else None, k * tpb,
                            source_page=int(row[0]))
