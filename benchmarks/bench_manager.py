@@ -5,6 +5,8 @@ W1: 256 requests with 1,000-token prompts, then 200 decode steps of +1 token
 W2: W1 with a 4,096-token system prompt shared by every request, reuse on
     (the first request computes and commits it; the rest hit it).
 W3: W1 on a full + sliding-window (W=512) model.
+W1/W3 are also timed with one `resize` call per request per step (the
+single-request path a scheduler uses), for comparison with `extend`.
 
 An admission is `create(rid, prompt)` + `resize(rid, len, hit)` (the prefill
 chunk) + `resize(rid, len + 1, len)` + `commit(rid, len)`. Prints median and
@@ -37,7 +39,7 @@ def spec(sliding: bool):  # type: ignore[no-untyped-def]
     return load_model_spec(config, tokens_per_block=TPB)
 
 
-def run(name: str, sliding: bool, shared: int, reuse: bool) -> dict[str, float]:
+def run(name: str, sliding: bool, shared: int, reuse: bool, single: bool = False) -> dict[str, float]:
     s = spec(sliding)
     per_request = -(-(shared + PROMPT + STEPS + 1) // TPB)
     pages = {g.name: BATCH * per_request + 64 for g in s.groups}
@@ -59,7 +61,10 @@ def run(name: str, sliding: bool, shared: int, reuse: bool) -> dict[str, float]:
     step_us = []
     for _ in range(STEPS):
         t0 = time.perf_counter()
-        ok = m.extend(rids, 1)
+        if single:  # one `resize` per request, as a scheduler without the batch path does
+            ok = all([m.resize(r, m.capacity(r) + 1, m.history(r) + 1) for r in rids])
+        else:
+            ok = m.extend(rids, 1)
         step_us.append((time.perf_counter() - t0) * 1e6)
         assert ok
     m.check_integrity()
@@ -78,11 +83,13 @@ def main() -> None:
     print(f"{BATCH} requests x {PROMPT}-token prompts, {STEPS} decode steps, {TPB}-token pages")
     print(f"{'workload':<34} {'admit med':>10} {'admit p99':>10} {'step med':>9} {'step p99':>9} "
           f"{'step mean':>9}  (us)")
-    workloads = [("W1 full attention", False, 0, False),
-                 ("W2 + 4096 shared prompt, reuse", False, 4096, True),
-                 ("W3 full + sliding(512)", True, 0, False)]
-    for name, sliding, shared, reuse in workloads:
-        best = min((run(name, sliding, shared, reuse) for _ in range(args.repeat)),
+    workloads = [("W1 full attention", False, 0, False, False),
+                 ("W2 + 4096 shared prompt, reuse", False, 4096, True, False),
+                 ("W3 full + sliding(512)", True, 0, False, False),
+                 ("W1 via 256 resize() calls", False, 0, False, True),
+                 ("W3 via 256 resize() calls", True, 0, False, True)]
+    for name, sliding, shared, reuse, single in workloads:
+        best = min((run(name, sliding, shared, reuse, single) for _ in range(args.repeat)),
                    key=lambda r: r["step_median"])
         extra = f"  hit tokens {int(best['hit_tokens'])}" if reuse else ""
         print(f"{name:<34} {best['admit_median']:>10.1f} {best['admit_p99']:>10.1f} "

@@ -239,8 +239,12 @@ class KVCacheManager:
         (or only where `mask[group][i]`): plan with `pages_needed`/`stale_pages`;
         if every group has the pages, apply (all releases first, then the
         allocations); else change nothing, set `last_shortfall`, return False."""
-        old_nblk = self._nblk[:, slots].tolist()
-        old_nstale = self._nstale[:, slots].tolist()
+        if len(slots) == 1:  # a view and a flat list: cheaper than fancy indexing
+            old_nblk = [[n] for n in self._nblk[:, slots[0]].tolist()]
+            old_nstale = [[n] for n in self._nstale[:, slots[0]].tolist()]
+        else:
+            old_nblk = self._nblk[:, slots].tolist()
+            old_nstale = self._nstale[:, slots].tolist()
         plans: list[list[_Change]] = []
         short = {}
         for gi, g in enumerate(self.groups):
@@ -303,7 +307,9 @@ class KVCacheManager:
                 cols.append(ch.first_new)
             elif ch.new:
                 table[ch.slot, ch.first_new:ch.nblk] = pool.take(ch.new)
-        if rows:
+        if len(rows) == 1:
+            table[rows[0], cols[0]] = pool.take(1)[0]
+        elif rows:
             table[rows, cols] = pool.take(len(rows))
         self._set_blocks(gi, [ch.slot for ch in changes], [ch.nblk for ch in changes],
                          [ch.nstale for ch in changes])
@@ -319,18 +325,28 @@ class KVCacheManager:
             count[p] = count.get(p, 0) + 1
         return sum(1 for p, c in count.items() if pool.ref[p] == c)
 
-    def _set_blocks(self, gi: int, slots: int | list[int], nblk: int | list[int],
-                    nstale: int | list[int]) -> None:
+    def _set_blocks(self, gi: int, slots: list[int], nblk: list[int], nstale: list[int]) -> None:
         """Record tables' block counts and the capacities that keep them."""
+        tpb, state = self.tokens_per_block, self._is_state[gi]
+        if len(slots) < 8:  # scalar writes beat building arrays for a few requests
+            for slot, n, stale in zip(slots, nblk, nstale, strict=True):
+                self._nblk[gi, slot] = n
+                self._nstale[gi, slot] = stale
+                if state:
+                    self._cap_hi[gi, slot], self._cap_lo[gi, slot] = (_BIG, 0) if n else (0, -1)
+                else:  # block j covers positions [j*tpb, (j+1)*tpb)
+                    self._cap_hi[gi, slot] = n * tpb
+                    self._cap_lo[gi, slot] = (n - 1) * tpb if n else -1
+            return
         count = np.asarray(nblk, np.int64)
         self._nblk[gi, slots] = count
         self._nstale[gi, slots] = nstale
-        if self._is_state[gi]:
+        if state:
             self._cap_hi[gi, slots] = np.where(count > 0, _BIG, 0)
             self._cap_lo[gi, slots] = np.where(count > 0, 0, -1)
-        else:  # block j covers positions [j*tpb, (j+1)*tpb)
-            self._cap_hi[gi, slots] = count * self.tokens_per_block
-            self._cap_lo[gi, slots] = np.where(count > 0, (count - 1) * self.tokens_per_block, -1)
+        else:
+            self._cap_hi[gi, slots] = count * tpb
+            self._cap_lo[gi, slots] = np.where(count > 0, (count - 1) * tpb, -1)
 
     def _next_stale(self, gi: int, hist: int) -> int:
         """Smallest history above `hist` at which `stale_pages` grows; searched

@@ -87,7 +87,7 @@ def attach_prefix(mgr: KVCacheManager, req: _Request) -> int:
         if nblk > table.shape[1]:
             table = mgr._widen(gi, nblk)
         table[slot, nblk - len(pages):nblk] = pages
-        mgr._set_blocks(gi, slot, nblk, stale)
+        mgr._set_blocks(gi, [slot], [nblk], [stale])
         mgr._stale_next[gi, slot] = mgr._next_stale(gi, n)
     mgr._cap[slot] = mgr._hist[slot] = n
     req.committed = k
