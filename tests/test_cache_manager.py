@@ -220,7 +220,7 @@ def test_next_stale_history_is_never_late(kind: str, tpb: int, window: int, hist
     now = stale_pages(group, hist)
     first = next(h for h in range(hist + 1, hist + 2 * (window + tpb) + 2)
                  if stale_pages(group, h) > now)
-    assert m._next_stale(0, hist) == first
+    assert m._t.next_stale(0, hist) == first
 
 
 def test_extend_rejects_negative_steps() -> None:

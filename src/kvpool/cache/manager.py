@@ -1,16 +1,9 @@
-"""`KVCacheManager`: per-request page tables over one page pool per group.
+"""`KVCacheManager`: the public face of the run-time page manager.
 
-A request is a (capacity, history) pair (DESIGN vocabulary). Its page table in
-a group has one entry per page-sized block of positions; blocks that fell out
-of a sliding window or a finished chunk hold `STALE`. Every page count comes
-from `kvpool.spec.pages`: a resize asks `pages_needed` and `stale_pages` for
-the target and moves the table there, all groups or none (rule 6).
-
-Per-request numbers live in NumPy arrays indexed by a slot id, so the batched
-decode path (`resize_many`, `extend`) finds with a few vector comparisons the
-requests whose step crosses a page boundary (capacity past the last page,
-capacity below it, or history reaching the next stale page) and runs the same
-scalar planner only on those.
+It keeps the requests (ids, prompt tokens and hashes for reuse, dummies and
+padding reservations), the page pools and the event buffer; the shapes and
+page tables themselves live in `SlotTables` (`cache/slots.py`), reuse rules in
+`cache/reuse.py`, dummies and the capacity query in `cache/warmup.py`.
 """
 
 from __future__ import annotations
@@ -27,15 +20,13 @@ from kvpool.cache import integrity, reuse
 from kvpool.cache import warmup as warmup_mod
 from kvpool.cache.events import CacheEvent, CacheStats, CacheUsageError, GroupStats
 from kvpool.cache.pool import PagePool
+from kvpool.cache.slots import STALE, SlotTables
 from kvpool.cache.warmup import WarmupReport
 from kvpool.plan.result import PoolPlan
-from kvpool.spec.pages import pages_needed, stale_pages
 
-STALE = -1  # block-table entry of a block that has no page (stale or never needed)
-_BIG = 1 << 62  # "never": threshold of groups that never go stale
+__all__ = ["STALE", "KVCacheManager"]
+
 EVENT_BUFFER = 1 << 16  # events kept until `take_events`; older ones are dropped
-
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(slots=True)
@@ -47,21 +38,6 @@ class _Request:
     hashes: list[int] = field(default_factory=list)
     committed: int = 0  # leading whole pages already offered for reuse
     dummy: bool = False
-
-
-@dataclass(slots=True)
-class _Change:
-    """How one request's table in one group moves (planned, not yet applied)."""
-
-    slot: int
-    nblk: int
-    nstale: int
-    first_new: int
-    new: int
-    release: list[int]
-    old_nstale: int
-    old_nblk: int
-    hist: int
 
 
 class KVCacheManager:
@@ -88,25 +64,8 @@ class KVCacheManager:
         self._index = {g.name: i for i, g in enumerate(self.groups)}
         self._events: deque[CacheEvent] = deque(maxlen=EVENT_BUFFER)
         self._pools = [PagePool(g.name, plan.pages(g.name), self._events) for g in self.groups]
-        self._is_state = [g.kind == "state" for g in self.groups]
-        self._never_stale = [stale_pages(g, _BIG) == 0 for g in self.groups]
-        n_groups, slots = len(self.groups), max(8, self.limits.max_batch_size + 8)
-        self._cap: IntArray = np.zeros(slots, np.int64)
-        self._hist: IntArray = np.zeros(slots, np.int64)
-        self._nblk: IntArray = np.zeros((n_groups, slots), np.int64)
-        self._nstale: IntArray = np.zeros((n_groups, slots), np.int64)
-        # per group and slot: a step keeps the table as is while capacity stays in
-        # (cap_lo, cap_hi] and history below stale_next; one array so that the
-        # scalar path reads all three with one index
-        self._thresholds: IntArray = np.zeros((3, n_groups, slots), np.int64)
-        self._thresholds[1], self._thresholds[2] = -1, _BIG
-        self._cap_hi, self._cap_lo, self._stale_next = self._thresholds
-        # tables start wide enough for max_seq_len (at most 1024 blocks; `_widen`
-        # doubles them on demand)
-        longest = self.limits.max_seq_len + self.limits.headroom
-        self._tables = [np.full((slots, min(1024, pages_needed(g, longest) + 1)), STALE, np.int32)
-                        for g in self.groups]
-        self._free_slots = list(range(slots - 1, -1, -1))
+        self._t = SlotTables(self.groups, self._pools, max(8, self.limits.max_batch_size + 8),
+                             self.limits.max_seq_len + self.limits.headroom)
         self._requests: dict[int, _Request] = {}
         self._slot_of: dict[int, int] = {}
         self._padding: dict[int, int] = {}  # draft length -> persistent padding dummy id
@@ -114,7 +73,11 @@ class KVCacheManager:
         self._free_dummy_ids: list[int] = []  # heap of -id
         self.reuse_queried_tokens = 0
         self.reuse_hit_tokens = 0
-        self.last_shortfall: dict[str, int] = {}  # pages missing per group at the last refusal
+
+    @property
+    def last_shortfall(self) -> dict[str, int]:
+        """Pages missing per group at the last refused resize or dummy batch."""
+        return self._t.last_shortfall
 
     # ------------------------------------------------------------------ requests
 
@@ -139,19 +102,9 @@ class KVCacheManager:
         """Release every page of `rid` (cached content stays reusable until
         evicted) and forget the request; a padding dummy stops being reserved."""
         req = self._get(rid)
-        slot = req.slot
-        for gi, pool in enumerate(self._pools):
-            nblk, nstale = int(self._nblk[gi, slot]), int(self._nstale[gi, slot])
-            if nblk:
-                row = self._tables[gi][slot]
-                pages = row[nstale:nblk].tolist()
-                pages.reverse()  # the tail is evicted first, the shared prefix last
-                pool.release(pages)
-                row[:nblk] = STALE
-        self._reset_slot(slot)
+        self._t.release(req.slot)
         del self._requests[rid]
         del self._slot_of[rid]
-        self._free_slots.append(slot)
         if req.dummy:
             heapq.heappush(self._free_dummy_ids, -rid)
         for d, pad in list(self._padding.items()):
@@ -162,10 +115,10 @@ class KVCacheManager:
         return rid in self._requests
 
     def capacity(self, rid: int) -> int:
-        return int(self._cap[self._get(rid).slot])
+        return int(self._t.cap[self._get(rid).slot])
 
     def history(self, rid: int) -> int:
-        return int(self._hist[self._get(rid).slot])
+        return int(self._t.hist[self._get(rid).slot])
 
     @property
     def num_requests(self) -> int:
@@ -181,20 +134,14 @@ class KVCacheManager:
         group lacks pages (`last_shortfall` then says how many). Raises
         `CacheUsageError` if capacity < history or history decreases."""
         slot = self._get(rid).slot
-        old = int(self._hist[slot])
+        old = int(self._t.hist[slot])
         cap = int(capacity)
         hist = old if history is None else int(history)
         if cap < hist or hist < old:
             raise CacheUsageError(
                 f"request {rid}: need capacity >= history >= previous history, got capacity {cap}, "
                 f"history {hist}, previous history {old}")
-        hi, lo, nxt = self._thresholds[:, :, slot].tolist()
-        if (cap > min(hi) or cap <= max(lo) or hist >= min(nxt)) and not self._apply(
-                [slot], [cap], [hist]):
-            return False
-        self._cap[slot] = cap
-        self._hist[slot] = hist
-        return True
+        return self._t.resize_one(slot, cap, hist)
 
     def resize_many(self, rids: Sequence[int], capacities: npt.ArrayLike,
                     histories: npt.ArrayLike | None = None) -> bool:
@@ -202,7 +149,7 @@ class KVCacheManager:
         whole batch (False: nothing changed). The per-step decode path."""
         slots = self._slots(rids)
         caps = np.broadcast_to(np.asarray(capacities, np.int64), slots.shape)
-        old = self._hist[slots]
+        old = self._t.hist[slots]
         hists = old if histories is None else np.broadcast_to(np.asarray(histories, np.int64),
                                                               slots.shape)
         if (caps < hists).any() or (hists < old).any():
@@ -210,7 +157,7 @@ class KVCacheManager:
             raise CacheUsageError(
                 f"request {rids[bad]}: need capacity >= history >= previous history, got capacity "
                 f"{int(caps[bad])}, history {int(hists[bad])}, previous history {int(old[bad])}")
-        return self._resize_slots(slots, caps, hists)
+        return self._t.resize_batch(slots, caps, hists)
 
     def extend(self, rids: Sequence[int], num_tokens: int = 1) -> bool:
         """One decode step for a batch: capacity and history of each request
@@ -219,157 +166,8 @@ class KVCacheManager:
         if num_tokens < 0:
             raise CacheUsageError(f"extend needs num_tokens >= 0, got {num_tokens}")
         slots = self._slots(rids)
-        return self._resize_slots(slots, self._cap[slots] + num_tokens, self._hist[slots] + num_tokens)
-
-    def _resize_slots(self, slots: npt.NDArray[np.intp], caps: IntArray, hists: IntArray) -> bool:
-        c, h = caps[None, :], hists[None, :]
-        crossing = ((c > self._cap_hi[:, slots]) | (c <= self._cap_lo[:, slots])
-                    | (h >= self._stale_next[:, slots]))
-        idx = np.flatnonzero(crossing.any(axis=0))
-        if idx.size and not self._apply(slots[idx].tolist(), caps[idx].tolist(), hists[idx].tolist(),
-                                        crossing[:, idx].tolist()):
-            return False
-        self._cap[slots] = caps
-        self._hist[slots] = hists
-        return True
-
-    def _apply(self, slots: list[int], caps: list[int], hists: list[int],
-               mask: list[list[bool]] | None = None) -> bool:
-        """Move each (slot, capacity, history) to its target in every group
-        (or only where `mask[group][i]`): plan with `pages_needed`/`stale_pages`;
-        if every group has the pages, apply (all releases first, then the
-        allocations); else change nothing, set `last_shortfall`, return False."""
-        if len(slots) == 1:  # a view and a flat list: cheaper than fancy indexing
-            old_nblk = [[n] for n in self._nblk[:, slots[0]].tolist()]
-            old_nstale = [[n] for n in self._nstale[:, slots[0]].tolist()]
-        else:
-            old_nblk = self._nblk[:, slots].tolist()
-            old_nstale = self._nstale[:, slots].tolist()
-        plans: list[list[_Change]] = []
-        short = {}
-        for gi, g in enumerate(self.groups):
-            row_mask, table = mask[gi] if mask else None, self._tables[gi]
-            nblks, nstales = old_nblk[gi], old_nstale[gi]
-            changes: list[_Change] = []
-            need = 0
-            released: list[int] = []
-            for j, slot in enumerate(slots):
-                if row_mask is not None and not row_mask[j]:
-                    continue
-                hist, nblk, nstale = hists[j], nblks[j], nstales[j]
-                stale = stale_pages(g, hist)
-                total = pages_needed(g, caps[j], hist) + stale
-                if total == nblk and stale == nstale:
-                    continue
-                release = table[slot, nstale:min(stale, nblk)].tolist() if stale > nstale else []
-                if total < nblk:
-                    release += table[slot, total:nblk].tolist()
-                first_new = max(nblk, stale)
-                new = total - first_new if total > first_new else 0
-                need += new
-                released += release
-                changes.append(_Change(slot, total, stale, first_new, new, release, nstale, nblk,
-                                       hist))
-            pool = self._pools[gi]
-            if need > pool.num_free:
-                missing = need - pool.num_free - self._freed(pool, released)
-                if missing > 0:
-                    short[pool.name] = missing
-            plans.append(changes)
-        if short:
-            self.last_shortfall = short
-            return False
-        for gi, changes in enumerate(plans):
-            table, pool = self._tables[gi], self._pools[gi]
-            for ch in changes:
-                if ch.release:
-                    if ch.nstale > ch.old_nstale:
-                        table[ch.slot, ch.old_nstale:min(ch.nstale, ch.old_nblk)] = STALE
-                    if ch.nblk < ch.old_nblk:
-                        table[ch.slot, ch.nblk:ch.old_nblk] = STALE
-                    pool.release(ch.release)
-        for gi, changes in enumerate(plans):
-            if changes:
-                self._allocate(gi, changes)
-        return True
-
-    def _allocate(self, gi: int, changes: list[_Change]) -> None:
-        """Apply planned changes of one group after the releases: new pages
-        into the tables, block counts and thresholds."""
-        table, pool = self._tables[gi], self._pools[gi]
-        width = max(ch.nblk for ch in changes)
-        if width > table.shape[1]:
-            table = self._widen(gi, width)
-        rows, cols = [], []
-        for ch in changes:
-            if ch.new == 1:  # the common decode case: one fancy assignment for all
-                rows.append(ch.slot)
-                cols.append(ch.first_new)
-            elif ch.new:
-                table[ch.slot, ch.first_new:ch.nblk] = pool.take(ch.new)
-        if len(rows) == 1:
-            table[rows[0], cols[0]] = pool.take(1)[0]
-        elif rows:
-            table[rows, cols] = pool.take(len(rows))
-        self._set_blocks(gi, [ch.slot for ch in changes], [ch.nblk for ch in changes],
-                         [ch.nstale for ch in changes])
-        for ch in changes:
-            if ch.nstale != ch.old_nstale:
-                self._stale_next[gi, ch.slot] = self._next_stale(gi, ch.hist)
-
-    @staticmethod
-    def _freed(pool: PagePool, pages: list[int]) -> int:
-        """How many of `pages` (one entry per owner released) end unowned."""
-        count: dict[int, int] = {}
-        for p in pages:
-            count[p] = count.get(p, 0) + 1
-        return sum(1 for p, c in count.items() if pool.ref[p] == c)
-
-    def _set_blocks(self, gi: int, slots: list[int], nblk: list[int], nstale: list[int]) -> None:
-        """Record tables' block counts and the capacities that keep them."""
-        tpb, state = self.tokens_per_block, self._is_state[gi]
-        if len(slots) < 8:  # scalar writes beat building arrays for a few requests
-            for slot, n, stale in zip(slots, nblk, nstale, strict=True):
-                self._nblk[gi, slot] = n
-                self._nstale[gi, slot] = stale
-                if state:
-                    self._cap_hi[gi, slot], self._cap_lo[gi, slot] = (_BIG, 0) if n else (0, -1)
-                else:  # block j covers positions [j*tpb, (j+1)*tpb)
-                    self._cap_hi[gi, slot] = n * tpb
-                    self._cap_lo[gi, slot] = (n - 1) * tpb if n else -1
-            return
-        count = np.asarray(nblk, np.int64)
-        self._nblk[gi, slots] = count
-        self._nstale[gi, slots] = nstale
-        if state:
-            self._cap_hi[gi, slots] = np.where(count > 0, _BIG, 0)
-            self._cap_lo[gi, slots] = np.where(count > 0, 0, -1)
-        else:
-            self._cap_hi[gi, slots] = count * tpb
-            self._cap_lo[gi, slots] = np.where(count > 0, (count - 1) * tpb, -1)
-
-    def _next_stale(self, gi: int, hist: int) -> int:
-        """Smallest history above `hist` at which `stale_pages` grows; searched
-        with `stale_pages` itself (galloping, then bisection) so there is no
-        second copy of the arithmetic."""
-        if self._never_stale[gi]:
-            return _BIG
-        g = self.groups[gi]
-        now = stale_pages(g, hist)
-        guess = hist + self.tokens_per_block  # right at a crossing, the next is a page later
-        if stale_pages(g, guess) > now and stale_pages(g, guess - 1) == now:
-            return guess
-        lo, step = hist, self.tokens_per_block
-        while stale_pages(g, hist + step) == now:
-            lo, step = hist + step, step * 2
-        hi = hist + step
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if stale_pages(g, mid) == now:
-                lo = mid
-            else:
-                hi = mid
-        return hi
+        t = self._t
+        return t.resize_batch(slots, t.cap[slots] + num_tokens, t.hist[slots] + num_tokens)
 
     # ------------------------------------------------------------------ dummies and warmup
 
@@ -386,9 +184,9 @@ class KVCacheManager:
         next_dummy, free_ids = self._next_dummy, list(self._free_dummy_ids)
         reqs = [self._new_request(self._dummy_id(), dummy=True) for _ in range(batch_size)]
         slots = [r.slot for r in reqs]
-        if self._apply(slots, [cap] * batch_size, [hist] * batch_size):
-            self._cap[slots] = cap
-            self._hist[slots] = hist
+        if self._t.apply(slots, [cap] * batch_size, [hist] * batch_size):
+            self._t.cap[slots] = cap
+            self._t.hist[slots] = hist
             return [r.rid for r in reqs]
         for r in reqs:
             self.free(r.rid)
@@ -470,14 +268,14 @@ class KVCacheManager:
         `STALE` (-1) marks blocks without a page. A state group has one entry."""
         gi = self._group(group)
         slot = self._get(rid).slot
-        return self._tables[gi][slot, :int(self._nblk[gi, slot])].copy()
+        return self._t.tables[gi][slot, :int(self._t.nblk[gi, slot])].copy()
 
     def block_tables(self, rids: Sequence[int], group: str) -> npt.NDArray[np.int32]:
         """Block tables of a batch as one 2-D array padded with `STALE`."""
         gi = self._group(group)
         slots = self._slots(rids)
-        width = int(self._nblk[gi, slots].max()) if len(slots) else 0
-        return self._tables[gi][slots, :width]
+        width = int(self._t.nblk[gi, slots].max()) if len(slots) else 0
+        return self._t.tables[gi][slots, :width]
 
     def free_pages(self, group: str) -> int:
         """Pages of `group` an allocation can take now (evictable cached ones included)."""
@@ -488,8 +286,7 @@ class KVCacheManager:
 
     def live_pages(self, rid: int, group: str) -> int:
         """Pages `rid` holds in `group` now."""
-        gi, slot = self._group(group), self._get(rid).slot
-        return int(self._nblk[gi, slot] - self._nstale[gi, slot])
+        return self._t.live(self._group(group), self._get(rid).slot)
 
     def stats(self) -> CacheStats:
         """Pages per group (total, free, used, cached, dummy, reserved) and
@@ -499,7 +296,7 @@ class KVCacheManager:
         pad_slots = [self._requests[r].slot for r in padding]
         groups = {}
         for gi, pool in enumerate(self._pools):
-            live = self._nblk[gi] - self._nstale[gi]
+            live = self._t.nblk[gi] - self._t.nstale[gi]
             groups[pool.name] = GroupStats(
                 total=pool.num_pages, free=pool.num_free, used=pool.num_pages - pool.num_free,
                 cached=pool.num_cached, dummy=int(live[dummy_slots].sum()),
@@ -535,46 +332,11 @@ class KVCacheManager:
     def _new_request(self, rid: int, *, dummy: bool) -> _Request:
         if rid in self._requests:
             raise CacheUsageError(f"request id {rid!r} already exists")
-        if not self._free_slots:
-            self._grow()
-        slot = self._free_slots.pop()
+        slot = self._t.acquire()
         req = _Request(rid, slot, dummy=dummy)
         self._requests[rid] = req
         self._slot_of[rid] = slot
-        for gi in range(len(self.groups)):
-            self._stale_next[gi, slot] = self._next_stale(gi, 0)
         return req
-
-    def _reset_slot(self, slot: int) -> None:
-        self._cap[slot] = self._hist[slot] = 0
-        self._nblk[:, slot] = 0
-        self._nstale[:, slot] = 0
-        self._cap_hi[:, slot] = 0
-        self._cap_lo[:, slot] = -1
-        self._stale_next[:, slot] = _BIG
-
-    def _grow(self) -> None:
-        """Double the slot arrays (more live requests than planned for)."""
-        old = self._cap.shape[0]
-
-        def more(a: IntArray, fill: int) -> IntArray:
-            extra = np.full(a.shape[:-1] + (old,), fill, a.dtype)
-            return np.concatenate([a, extra], axis=-1)
-
-        self._cap, self._hist = more(self._cap, 0), more(self._hist, 0)
-        self._nblk, self._nstale = more(self._nblk, 0), more(self._nstale, 0)
-        self._thresholds = np.concatenate(
-            [more(self._thresholds[i], fill)[None] for i, fill in enumerate((0, -1, _BIG))])
-        self._cap_hi, self._cap_lo, self._stale_next = self._thresholds
-        self._tables = [np.concatenate([t, np.full_like(t, STALE)]) for t in self._tables]
-        self._free_slots = list(range(2 * old - 1, old - 1, -1)) + self._free_slots
-
-    def _widen(self, gi: int, width: int) -> npt.NDArray[np.int32]:
-        t = self._tables[gi]
-        wide = np.full((t.shape[0], max(width, 2 * t.shape[1])), STALE, np.int32)
-        wide[:, :t.shape[1]] = t
-        self._tables[gi] = wide
-        return wide
 
     def iter_requests(self) -> Iterable[tuple[int, bool]]:
         """(rid, is_dummy) of every registered request."""

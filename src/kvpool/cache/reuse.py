@@ -33,20 +33,21 @@ __all__ = ["attach_prefix", "commit", "longest_hit", "salt_seed"]
 def longest_hit(mgr: KVCacheManager, hashes: Sequence[int]) -> int:
     """Largest k <= len(hashes) such that a request can reuse k whole pages."""
     k = len(hashes)
-    pools = mgr._pools
+    t = mgr._t
+    pools = t.pools
     for gi, pool in enumerate(pools):
-        if mgr._never_stale[gi] and not mgr._is_state[gi]:
+        if t.never_stale[gi] and not t.is_state[gi]:
             j = 0
             while j < k and hashes[j] in pool.cached:
                 j += 1
             k = j
     tpb = mgr.tokens_per_block
-    checks = [gi for gi in range(len(pools)) if mgr._is_state[gi] or not mgr._never_stale[gi]]
+    checks = [gi for gi in range(len(pools)) if t.is_state[gi] or not t.never_stale[gi]]
     while k > 0:
         ok = True
         for gi in checks:
             cached = pools[gi].cached
-            if mgr._is_state[gi]:
+            if t.is_state[gi]:
                 ok = hashes[k - 1] in cached
             else:
                 first = stale_pages(mgr.groups[gi], k * tpb)
@@ -70,11 +71,11 @@ def attach_prefix(mgr: KVCacheManager, req: _Request) -> int:
     k = longest_hit(mgr, req.hashes)
     if k == 0:
         return 0
-    n, slot = k * tpb, req.slot
-    for gi, (group, pool) in enumerate(zip(mgr.groups, mgr._pools, strict=True)):
+    n, slot, t = k * tpb, req.slot, mgr._t
+    for gi, (group, pool) in enumerate(zip(t.groups, t.pools, strict=True)):
         stale = stale_pages(group, n)
         nblk = pages_needed(group, n, n) + stale
-        if mgr._is_state[gi]:
+        if t.is_state[gi]:
             page = pool.cached[req.hashes[k - 1]]
             pool.take_cached(page)
             pool.forget(page)
@@ -83,13 +84,13 @@ def attach_prefix(mgr: KVCacheManager, req: _Request) -> int:
             pages = [pool.cached[h] for h in req.hashes[stale:k]]
             for page in pages:
                 pool.take_cached(page)
-        table = mgr._tables[gi]
+        table = t.tables[gi]
         if nblk > table.shape[1]:
-            table = mgr._widen(gi, nblk)
+            table = t.widen(gi, nblk)
         table[slot, nblk - len(pages):nblk] = pages
-        mgr._set_blocks(gi, [slot], [nblk], [stale])
-        mgr._stale_next[gi, slot] = mgr._next_stale(gi, n)
-    mgr._cap[slot] = mgr._hist[slot] = n
+        t.set_blocks(gi, [slot], [nblk], [stale])
+        t.stale_next[gi, slot] = t.next_stale(gi, n)
+    t.cap[slot] = t.hist[slot] = n
     req.committed = k
     return n
 
@@ -103,8 +104,8 @@ def commit(mgr: KVCacheManager, req: _Request, num_tokens: int,
             req.tokens = []
         req.tokens.extend(int(t) for t in tokens)
     known = len(req.tokens) if req.tokens is not None else 0
-    slot = req.slot
-    hist = int(mgr._hist[slot])
+    slot, t = req.slot, mgr._t
+    hist = int(t.hist[slot])
     if not 0 <= num_tokens <= min(known, hist):
         raise CacheUsageError(
             f"request {req.rid}: cannot commit {num_tokens} tokens: {known} token ids known, "
@@ -117,10 +118,10 @@ def commit(mgr: KVCacheManager, req: _Request, num_tokens: int,
     assert req.tokens is not None
     hashes = req.hashes
     extend_hashes(hashes, req.tokens, tpb, req.seed, k)
-    for gi, pool in enumerate(mgr._pools):
-        row = mgr._tables[gi][slot]
-        nblk = int(mgr._nblk[gi, slot])
-        if mgr._is_state[gi]:
+    for gi, pool in enumerate(t.pools):
+        row = t.tables[gi][slot]
+        nblk = int(t.nblk[gi, slot])
+        if t.is_state[gi]:
             # the state slot holds the state after exactly `hist` positions
             if (mgr.state_snapshots and k * tpb == hist and nblk == 1
                     and hashes[k - 1] not in pool.cached and pool.num_free):
