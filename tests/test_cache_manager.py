@@ -229,3 +229,35 @@ def test_extend_rejects_negative_steps() -> None:
     with pytest.raises(CacheUsageError):
         m.extend([1], -1)
     assert m.extend([], 1) and m.resize_many([], [])
+
+
+def test_chunked_group_drops_whole_chunks() -> None:
+    group = LayerGroup(name="chunked", kind="chunked", layers=(0,), tokens_per_block=16,
+                       row_bytes=8, window=32)
+    m = KVCacheManager(PoolPlan.from_pages(ModelSpec("m", "test", (group,), 16, "bf16", 1, 1),
+                                           {"chunked": 8}))
+    m.create(1)
+    assert m.resize(1, 41, 31)
+    assert_table(m, 1, "chunked", [0, 1, 2])  # history 31 is still in chunk 0: nothing stale
+    # history 40: the in-flight token's chunk starts at 32 = page 2, so pages 0 and 1
+    # go; capacity 41 needs ceil(41/16) = 3 blocks -> one live page
+    assert m.resize(1, 41, 40)
+    assert_table(m, 1, "chunked", [STALE, STALE, 2])
+    assert m.free_pages("chunked") == 8 - 1
+
+
+def test_resize_many_keeps_history_when_not_given() -> None:
+    m = manager(full_spec(tpb=16), {"full": 10})
+    m.create(1)
+    assert m.resize(1, 20, 10)
+    assert m.resize_many([1], [40])
+    assert (m.capacity(1), m.history(1), m.live_pages(1, "full")) == (40, 10, 3)
+
+
+def test_freeing_a_padding_dummy_drops_the_reservation() -> None:
+    m = manager(full_spec(tpb=16), {"full": 3})
+    rid = m.reserve_padding_dummy(2)
+    assert rid is not None and m.padding_dummy(2) == rid and m.reserve_padding_dummy(2) == rid
+    assert m.stats().groups["full"].reserved == 1
+    m.free(rid)
+    assert m.padding_dummy(2) is None and m.free_pages("full") == 3
