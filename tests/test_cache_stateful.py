@@ -162,6 +162,6 @@ class ManagerMachine(RuleBasedStateMachine):
 
 
 ManagerMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=30, deadline=None,
+    max_examples=100, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestManagerMachine = ManagerMachine.TestCase
