@@ -261,3 +261,14 @@ def test_freeing_a_padding_dummy_drops_the_reservation() -> None:
     assert m.stats().groups["full"].reserved == 1
     m.free(rid)
     assert m.padding_dummy(2) is None and m.free_pages("full") == 3
+
+
+def test_can_resize_answers_without_changing_anything() -> None:
+    m = manager(full_spec(tpb=16), {"full": 3})
+    m.create(1)
+    before = snapshot(m)
+    assert m.can_resize(1, 48, 0) and not m.can_resize(1, 49, 0)  # 3 pages fit, 4 do not
+    assert m.last_shortfall == {"full": 1}
+    assert_unchanged(before, snapshot(m))
+    with pytest.raises(CacheUsageError):
+        m.can_resize(1, 5, 6)

@@ -137,11 +137,24 @@ class KVCacheManager:
         old = int(self._t.hist[slot])
         cap = int(capacity)
         hist = old if history is None else int(history)
+        self._check_shape(rid, cap, hist, old)
+        return self._t.resize_one(slot, cap, hist)
+
+    @staticmethod
+    def _check_shape(rid: int, cap: int, hist: int, old: int) -> None:
         if cap < hist or hist < old:
             raise CacheUsageError(
                 f"request {rid}: need capacity >= history >= previous history, got capacity {cap}, "
                 f"history {hist}, previous history {old}")
-        return self._t.resize_one(slot, cap, hist)
+
+    def can_resize(self, rid: int, capacity: int, history: int | None = None) -> bool:
+        """Whether `resize(rid, capacity, history)` would succeed now; changes
+        nothing (but `last_shortfall` on False)."""
+        slot = self._get(rid).slot
+        old = int(self._t.hist[slot])
+        hist = old if history is None else int(history)
+        self._check_shape(rid, int(capacity), hist, old)
+        return self._t.apply([slot], [int(capacity)], [hist], dry_run=True)
 
     def resize_many(self, rids: Sequence[int], capacities: npt.ArrayLike,
                     histories: npt.ArrayLike | None = None) -> bool:

@@ -99,17 +99,18 @@ def commit(mgr: KVCacheManager, req: _Request, num_tokens: int,
            tokens: Sequence[int] | None) -> int:
     """Store the hashes of the whole pages among the first `num_tokens`
     positions (see `KVCacheManager.commit`)."""
-    if tokens is not None:
-        if req.tokens is None:
-            req.tokens = []
-        req.tokens.extend(int(t) for t in tokens)
-    known = len(req.tokens) if req.tokens is not None else 0
+    fresh = [int(x) for x in tokens] if tokens is not None else []
+    known = (len(req.tokens) if req.tokens is not None else 0) + len(fresh)
     slot, t = req.slot, mgr._t
     hist = int(t.hist[slot])
-    if not 0 <= num_tokens <= min(known, hist):
+    if not 0 <= num_tokens <= min(known, hist):  # checked before anything changes
         raise CacheUsageError(
             f"request {req.rid}: cannot commit {num_tokens} tokens: {known} token ids known, "
             f"history {hist} (commit only computed, verified tokens)")
+    if fresh:
+        if req.tokens is None:
+            req.tokens = []
+        req.tokens.extend(fresh)
     tpb = mgr.tokens_per_block
     k = num_tokens // tpb  # whole pages only
     done = req.committed

@@ -128,12 +128,12 @@ class SlotTables:
         return True
 
     def apply(self, slots: list[int], caps: list[int], hists: list[int],
-              mask: list[list[bool]] | None = None) -> bool:
+              mask: list[list[bool]] | None = None, *, dry_run: bool = False) -> bool:
         """Move the tables of each (slot, capacity, history) in every group (or
         only where `mask[group][i]`): plan with `pages_needed`/`stale_pages`;
         if every group has the pages, apply (all releases first, then the
         allocations); else change nothing, set `last_shortfall`, return False.
-        Does not write `cap`/`hist` (the callers do)."""
+        Does not write `cap`/`hist` (the callers do). `dry_run`: only answer."""
         if len(slots) == 1:  # a view and a flat list: cheaper than fancy indexing
             old_nblk = [[n] for n in self.nblk[:, slots[0]].tolist()]
             old_nstale = [[n] for n in self.nstale[:, slots[0]].tolist()]
@@ -174,6 +174,8 @@ class SlotTables:
         if short:
             self.last_shortfall = short
             return False
+        if dry_run:
+            return True
         for gi, changes in enumerate(plans):
             table, pool = self.tables[gi], self.pools[gi]
             for ch in changes:
