@@ -191,7 +191,7 @@ class KVCacheManager:
         and history `token_num - 1` (rule 2; sliding groups then hold only the
         window), a context dummy capacity `token_num + E` and history 0. Returns
         their (negative) ids, released with `free`, or None (nothing changed)."""
-        warmup_mod._check_counts(batch_size, token_num, draft_len)
+        warmup_mod.check_dummy_args(batch_size, token_num, draft_len)
         cap, hist = warmup_mod.dummy_shape(token_num, draft_len, self.limits.num_extra_kv_tokens,
                                            is_gen)
         next_dummy, free_ids = self._next_dummy, list(self._free_dummy_ids)
@@ -201,7 +201,7 @@ class KVCacheManager:
             self._t.cap[slots] = cap
             self._t.hist[slots] = hist
             return [r.rid for r in reqs]
-        for r in reqs:
+        for r in reversed(reqs):  # slots go back in the order they came
             self.free(r.rid)
         self._next_dummy, self._free_dummy_ids = next_dummy, free_ids
         return None
