@@ -135,6 +135,9 @@ class WarmupReport:
 
 
 def _worst(short: dict[str, int]) -> tuple[str, int]:
+    """The group missing the most pages."""
+    if not short:
+        return "", 0
     name = max(short, key=lambda k: short[k])
     return name, short[name]
 
