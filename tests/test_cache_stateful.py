@@ -79,8 +79,11 @@ class ManagerMachine(RuleBasedStateMachine):
         cap, hist = self.shapes[rid]
         new_hist = min(hist + advance, cap + grow)
         new_cap = max(new_hist, cap + grow - data.draw(st.integers(0, 20)))
-        self.refused_or_applied(lambda: self.m.resize(rid, new_cap, new_hist),
+        expected = self.m.can_resize(rid, new_cap, new_hist)
+        ok = []
+        self.refused_or_applied(lambda: ok.append(self.m.resize(rid, new_cap, new_hist)) or ok[0],
                                 {rid: (new_cap, new_hist)})
+        assert ok == [expected], f"can_resize said {expected}, resize did {ok}"
 
     @precondition(lambda self: self.shapes)
     @rule(data=st.data())
