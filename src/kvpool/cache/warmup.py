@@ -28,7 +28,7 @@ def dummy_shape(token_num: int, draft_len: int, extra: int, is_gen: bool = True)
     return token_num + extra, 0
 
 
-def _check_counts(batch_size: int, token_num: int, draft_len: int) -> None:
+def check_dummy_args(batch_size: int, token_num: int, draft_len: int) -> None:
     for name, value, low in (("batch_size", batch_size, 1), ("token_num", token_num, 1),
                              ("draft_len", draft_len, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -62,7 +62,7 @@ def max_generation_length(mgr: KVCacheManager, batch_size: int, draft_len: int =
     chunked, state) are then checked downward from there, since their need
     rises and falls with the offset inside a page or chunk.
     """
-    _check_counts(batch_size, 1, draft_len)
+    check_dummy_args(batch_size, 1, draft_len)
     extra = mgr.limits.num_extra_kv_tokens
     short_c, short_h = dummy_shape(1, draft_len, extra)
     free = {g.name: mgr.free_pages(g.name) - (batch_size - 1) * pages_needed(g, short_c, short_h)
@@ -135,6 +135,9 @@ class WarmupReport:
 
 
 def _worst(short: dict[str, int]) -> tuple[str, int]:
+    """The group missing the most pages."""
+    if not short:
+        return "", 0
     name = max(short, key=lambda k: short[k])
     return name, short[name]
 
@@ -149,7 +152,7 @@ def warmup(mgr: KVCacheManager, batch_sizes: Iterable[int],
     extra = mgr.limits.num_extra_kv_tokens
     for d in drafts:
         for b in sorted(set(batch_sizes)):
-            _check_counts(b, 1, d)
+            check_dummy_args(b, 1, d)
             shorts = mgr.add_dummy_requests(b - 1, 1, d) if b > 1 else []
             if shorts is None:
                 group, pages = _worst(shortfall(mgr, [dummy_shape(1, d, extra)] * b))

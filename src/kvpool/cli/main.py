@@ -23,6 +23,7 @@ COMMANDS = {
     "gpus": "kvpool.cli.presets_cmd",
     "plan": "kvpool.cli.plan_cmd",
     "simulate": "kvpool.cli.simulate_cmd",
+    "warmup": "kvpool.cli.warmup_cmd",
 }
 
 
