@@ -104,9 +104,10 @@ def layer_types(config: Config) -> list[str]:
     return ["sliding_attention"] * n  # Mistral style: one window on every layer
 
 
-def standard_attention(config: Config, ctx: Context) -> list[LayerCache]:
+def standard_attention(config: Config, ctx: Context, *, linear_ok: bool = False) -> list[LayerCache]:
     """Full, sliding and chunked attention layers, including Gemma 4's global
-    layers that have their own KV head count and head size."""
+    layers that have their own KV head count and head size. Linear-attention
+    layers are left to `gated_deltanet` (`linear_ok`), never silently dropped."""
     heads, dim = kv_heads(config), head_dim(config)
     out = []
     for i, t in enumerate(layer_types(config)):
@@ -131,7 +132,7 @@ def standard_attention(config: Config, ctx: Context) -> list[LayerCache]:
         elif t == "chunked_attention":
             c = int(need(config, "attention_chunk_size"))
             out.append(LayerCache("chunked", "chunked", i, attention_kv(heads, dim, ctx), window=c))
-        elif t != "linear_attention":
+        elif t != "linear_attention" or not linear_ok:
             raise SpecError(f"layer {i}: unsupported layer type {t!r}")
     return out
 
@@ -220,7 +221,7 @@ def gated_deltanet(config: Config, ctx: Context) -> list[LayerCache]:
     dtype = model_dtype(config)
     state = row_bytes(vh * kd * vd, dtype)
     state += row_bytes((2 * kh * kd + vh * vd) * (values["linear_conv_kernel_dim"] - 1), dtype)
-    out = standard_attention(config, ctx)
+    out = standard_attention(config, ctx, linear_ok=True)
     for i, t in enumerate(layer_types(config)):
         if t == "linear_attention":
             out.append(LayerCache("linear_state", "state", i, state_bytes=state))
@@ -237,8 +238,8 @@ def family_of(config: Config) -> tuple[str, Rule]:
     if config.get("kv_lora_rank"):
         return ("deepseek_v32" if config.get("index_head_dim") else "deepseek_v3"), mla
     types = config.get("layer_types") or []
-    if "linear_attention" in types or config.get("linear_attention") or config.get(
-        "linear_num_value_heads"
+    if "linear_attention" in types or any(
+        config.get(k) for k in ("linear_attention", "full_attention_interval", "linear_num_value_heads")
     ):
         return "qwen3_next", gated_deltanet
     return "attention", standard_attention

@@ -1,0 +1,37 @@
+"""Shared test factories."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+def attention_config(**overrides: Any) -> dict[str, Any]:
+    """A small Llama-like config dict; override any field."""
+    config: dict[str, Any] = {
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "hidden_size": 256,
+        "max_position_embeddings": 4096,
+        "torch_dtype": "bfloat16",
+    }
+    config.update(overrides)
+    return config
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+    """Run `kvpool ARGS...` in-process: returns (exit code, stdout, stderr)."""
+    from kvpool.cli.main import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse usage errors
+            code = int(e.code or 0)
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return run

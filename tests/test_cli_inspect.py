@@ -1,0 +1,84 @@
+"""`kvpool inspect | models | gpus` and their error paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+def test_inspect_json_shape(cli) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli("inspect", "gemma-4-26b-a4b", "--kv-dtype", "fp8", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert set(data) == {"model", "kv_dtype", "tp_size", "tokens_per_block", "groups",
+                         "full_attention_bytes_per_token"}
+    assert (data["model"], data["kv_dtype"], data["tp_size"], data["tokens_per_block"]) == (
+        "gemma-4-26b-a4b", "fp8", 1, 32)
+    by_name = {g["name"]: g for g in data["groups"]}
+    assert by_name["sliding"] == {"name": "sliding", "kind": "sliding", "window": 1024, "ratio": None,
+                                  "num_layers": 25, "page_bytes": 32 * 25 * 2 * 8 * 256,
+                                  "bytes_per_request": 0}
+    # 5 global layers x (K + V) x 2 heads x 512 x 1 byte
+    assert data["full_attention_bytes_per_token"] == 5 * 2 * 2 * 512
+
+
+def test_inspect_state_group_json(cli) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = cli("inspect", "qwen3-next-80b-a3b", "--json")
+    state = next(g for g in json.loads(out)["groups"] if g["kind"] == "state")
+    assert code == 0 and state["page_bytes"] == 0 and state["bytes_per_request"] > 0
+
+
+def test_inspect_table(cli) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = cli("inspect", "deepseek-v4-flash", "--tp", "2")
+    assert code == 0
+    assert "compressor_state" in out and "1 row / 128 tokens" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("inspect", "qwen-8b"), "qwen3-8b"),
+        (("inspect", "qwen3-8b", "--kv-dtype", "int3"), "unsupported kv dtype"),
+        (("inspect", "qwen3-8b", "--tp", "0"), "--tp"),
+        (("inspect", "deepseek-v4-flash", "--tokens-per-block", "32"), "multiple of compress ratio"),
+    ],
+)
+def test_inspect_errors_are_one_line_exit_2(cli, args, needle) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli(*args)
+    assert code == 2 and out == ""
+    assert needle in err and err.count("\n") == 1, err
+    assert "Traceback" not in err
+
+
+def test_inspect_malformed_file(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "config.json"
+    bad.write_text("{")
+    code, _, err = cli("inspect", str(bad))
+    assert code == 2 and str(bad) in err and err.count("\n") == 1
+
+
+def test_inspect_missing_field(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 2}))
+    code, _, err = cli("inspect", str(cfg))
+    assert code == 2 and "num_attention_heads" in err
+
+
+def test_models_and_gpus_json(cli) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = cli("models", "--json")
+    names = [m["name"] for m in json.loads(out)["models"]]
+    assert code == 0 and "qwen3-8b" in names and len(names) == 17
+    code, out, _ = cli("gpus", "--json")
+    gpus = {g["name"]: g for g in json.loads(out)["gpus"]}
+    assert code == 0 and sorted(gpus) == sorted(["a10", "l40s", "a100", "h100", "h200", "b200",
+                                                 "gb200", "mi300x"])
+    # H100 SXM reports 81559 MiB to nvidia-smi
+    assert gpus["h100"]["memory_bytes"] == 81559 * 2**20
+
+
+def test_gpu_names_are_case_insensitive() -> None:
+    from kvpool.presets import load_gpu
+
+    assert load_gpu("H200").key == load_gpu("h200").key == "h200"
