@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from kvpool.errors import LimitsError
@@ -68,3 +69,20 @@ class ServingLimits:
     def graph_batch_sizes(self) -> tuple[int, ...]:
         """The CUDA-graph batch sizes in force (explicit or default), ascending."""
         return self.cuda_graph_batch_sizes or default_cuda_graph_batch_sizes(self.max_batch_size)
+
+    @property
+    def largest_graph_batch(self) -> int:
+        """The largest CUDA-graph batch size: the most padded decodes warmup runs at once."""
+        return max(self.graph_batch_sizes)
+
+    def clamped(self, *, max_batch_size: int | None = None, max_seq_len: int | None = None) -> ServingLimits:
+        """These limits with a smaller B and/or L; `avg_seq_len` and the CUDA-graph
+        batch sizes are clamped so that the result stays valid. Returns a new object."""
+        b = self.max_batch_size if max_batch_size is None else max_batch_size
+        seq = self.max_seq_len if max_seq_len is None else max_seq_len
+        avg = None if self.avg_seq_len is None else min(self.avg_seq_len, seq)
+        graphs = None
+        if self.cuda_graph_batch_sizes is not None:
+            graphs = tuple(g for g in self.cuda_graph_batch_sizes if g <= b) or (b,)
+        return dataclasses.replace(self, max_batch_size=b, max_seq_len=seq, avg_seq_len=avg,
+                                   cuda_graph_batch_sizes=graphs)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvpool.errors import SpecError
+from kvpool.plan.batches import REFERENCE_REQUEST, decode_shape
 from kvpool.plan.limits import ServingLimits
-from kvpool.spec import ModelSpec, Shape
+from kvpool.spec import ModelSpec, Shape, pages_needed, pages_per_group
 
 
 @dataclass(frozen=True)
@@ -30,17 +32,26 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class ConstraintResult:
-    """A batch that must fit, and whether it does (`short`: pages missing per group)."""
+    """A batch that must fit, and whether it does (`short`: pages missing per
+    group). `shrunk_from` is the longest request as the constraint asked for it
+    when `fit=True` shrank it to the one in `batch`."""
 
     name: str
     batch: tuple[Shape, ...]
     satisfied: bool
     short: Mapping[str, int] = field(default_factory=dict)
+    shrunk_from: Shape | None = None
 
 
 @dataclass(frozen=True)
 class PoolPlan:
-    """How a KV budget is split into page pools. `spec` is at the plan's page size."""
+    """How a KV budget is split into page pools. `spec` is at the plan's page size.
+
+    `policy` names where the ratio came from (`reference`, `typical_step`,
+    `pool_ratio`, `workload`, `profile`, `manual`); `avg_seq_len` is the S in
+    force (given, or a family's fallback), `typical_step` the batch the ratio
+    came from when there was one; `ratio` the target byte share per group.
+    """
 
     spec: ModelSpec
     limits: ServingLimits
@@ -50,6 +61,10 @@ class PoolPlan:
     constraints: tuple[ConstraintResult, ...] = ()
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    avg_seq_len: int | None = None
+    typical_step: tuple[Shape, ...] | None = None
+    ratio: Mapping[str, float] = field(default_factory=dict)
+    phase: str = "final"
 
     @property
     def total_bytes(self) -> int:
@@ -92,3 +107,48 @@ class PoolPlan:
             for g in groups
         )
         return cls(spec, limits, sum(g.bytes for g in groups), policy, groups)
+
+    def max_requests(self, shape: tuple[int, int]) -> int:
+        """How many requests of one (capacity, history) shape the pools hold at
+        once: the smallest `pages // pages_needed` over groups."""
+        counts = []
+        for g in self.spec.groups:
+            need = pages_needed(g, shape[0], shape[1])
+            if need:
+                counts.append(self.pages(g.name) // need)
+        return min(counts) if counts else 0
+
+    def max_concurrency(self) -> dict[str, int | None]:
+        """Requests that fit at once: of the reference shape, decoding at S (None
+        without S) and decoding at L. A decode at length n has history n - 1 - d."""
+        s, limits = self.avg_seq_len, self.limits
+        return {
+            "reference": self.max_requests(REFERENCE_REQUEST),
+            "avg_seq_len": None if s is None else self.max_requests(decode_shape(s, limits)),
+            "max_seq_len": self.max_requests(decode_shape(limits.max_seq_len, limits)),
+        }
+
+    def check(self, name: str, batch: tuple[Shape, ...]) -> ConstraintResult:
+        """Whether `batch` fits the pools all at once, and the pages short per group."""
+        need = pages_per_group(self.spec, batch)
+        short = {k: v - self.pages(k) for k, v in need.items() if v > self.pages(k)}
+        return ConstraintResult(name, tuple(batch), not short, short)
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan in the `kvpool plan --json` shape."""
+        return {
+            "policy": self.policy,
+            "budget_bytes": self.budget_bytes,
+            "total_bytes": self.total_bytes,
+            "groups": [
+                {"name": g.name, "kind": g.kind, "window": g.window, "page_bytes": g.page_bytes,
+                 "pages": g.pages, "bytes": g.bytes}
+                for g in self.groups
+            ],
+            "constraints": [
+                {"name": c.name, "satisfied": c.satisfied, "short": dict(c.short)}
+                for c in self.constraints
+            ],
+            "max_concurrency": self.max_concurrency(),
+            "warnings": list(self.warnings),
+        }

@@ -1,0 +1,177 @@
+"""The plan options shared by `kvpool plan`, `kvpool warmup` and `kvpool simulate`:
+model, budget, serving limits and sizing policy -> `PoolPlan`.
+
+Budget: `--kv-memory SIZE`, or `--gpu NAME --non-kv-memory SIZE
+[--memory-fraction F]`, meaning (GPU memory - non-KV memory) x F, F = 0.9 by
+default (the GPU's memory is what the device reports, see `kvpool gpus`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvpool import presets
+from kvpool.cli.common import add_model_args, positive_int
+from kvpool.errors import KvpoolError, LimitsError
+from kvpool.plan import PoolPlan, ServingLimits, plan_pools
+from kvpool.plan.workload import Workload
+from kvpool.spec import ModelSpec, load_model_spec
+from kvpool.units import format_bytes, parse_size
+
+DEFAULT_MAX_BATCH_SIZE = 256
+DEFAULT_MAX_SEQ_LEN = 8192
+DEFAULT_MAX_NUM_TOKENS = 8192
+DEFAULT_MEMORY_FRACTION = 0.9
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def optional_tokens(text: str) -> int | None:
+    """A positive token count, or `none` for no per-iteration budget."""
+    if text.lower() in ("none", "0"):
+        return None
+    return positive_int(text)
+
+
+def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True) -> None:
+    """Add MODEL (unless `model=False`), budget, limit and policy options to `p`."""
+    if model:
+        add_model_args(p)
+    b = p.add_argument_group("budget (give --kv-memory, or --gpu with --non-kv-memory)")
+    b.add_argument("--kv-memory", metavar="SIZE", help="KV cache budget, e.g. 40GiB, 512MiB or bytes")
+    b.add_argument("--gpu", metavar="NAME", help="GPU preset (kvpool gpus); budget = "
+                   "(GPU memory - non-KV memory) x memory fraction")
+    b.add_argument("--non-kv-memory", metavar="SIZE",
+                   help="with --gpu: memory used by weights, activations, graphs (e.g. 20GiB)")
+    b.add_argument("--memory-fraction", type=float, default=DEFAULT_MEMORY_FRACTION, metavar="F",
+                   help=f"with --gpu: share of the rest given to KV (default {DEFAULT_MEMORY_FRACTION})")
+    lim = p.add_argument_group("serving limits")
+    lim.add_argument("--max-batch-size", type=positive_int, default=DEFAULT_MAX_BATCH_SIZE, metavar="B",
+                     help=f"most requests per step (default {DEFAULT_MAX_BATCH_SIZE})")
+    lim.add_argument("--max-seq-len", type=positive_int, default=None, metavar="L",
+                     help=f"longest request, prompt plus output (default: the model's max "
+                          f"positions, at most {DEFAULT_MAX_SEQ_LEN})")
+    lim.add_argument("--max-num-tokens", type=optional_tokens, default=DEFAULT_MAX_NUM_TOKENS,
+                     metavar="N", help=f"per-iteration token budget (default {DEFAULT_MAX_NUM_TOKENS}; "
+                     "'none' for no chunked-prefill budget)")
+    lim.add_argument("--draft-len", type=non_negative_int, default=0, metavar="D",
+                     help="speculative draft tokens per step (default 0)")
+    lim.add_argument("--extra-kv-tokens", type=non_negative_int, default=0, metavar="E",
+                     help="extra KV tokens per request, e.g. for MTP/Eagle (default 0)")
+    lim.add_argument("--avg-seq-len", type=positive_int, default=None, metavar="S",
+                     help="typical request length; enables the typical step and its constraints "
+                          "(must be <= --max-seq-len; default: unknown, ratio from the reference "
+                          "request of 2049 positions)")
+    lim.add_argument("--cuda-graph-batch-sizes", default=None, metavar="B1,B2,...",
+                     help="CUDA-graph batch sizes (default 1, 2, 4, then multiples of 8 up to "
+                          "min(B, 256))")
+    pol = p.add_argument_group("sizing policy")
+    pol.add_argument("--pool-ratio", default=None, metavar="NAME=SHARE,...",
+                     help="explicit byte share per group (summing to 1); drops all constraints")
+    pol.add_argument("--fit", action="store_true",
+                     help="shrink the longest request of a constraint that does not fit, "
+                          "instead of failing")
+    pol.add_argument("--phase", choices=("final", "profile"), default="final",
+                     help="final (default) or profile: the temporary plan sized for warmup shapes")
+
+
+def parse_pool_ratio(text: str | None) -> dict[str, float] | None:
+    """`full=0.3,sliding=0.7` -> {"full": 0.3, "sliding": 0.7}."""
+    if text is None:
+        return None
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        name, eq, value = part.partition("=")
+        try:
+            share = float(value)
+        except ValueError:
+            share = float("nan")
+        if not eq or not name.strip() or share != share:
+            raise LimitsError(f"cannot read pool ratio {text!r}; write e.g. full=0.3,sliding=0.7")
+        out[name.strip()] = share
+    return out
+
+
+def parse_batch_sizes(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise LimitsError(f"cannot read CUDA-graph batch sizes {text!r}; write e.g. 1,2,4,8") from None
+
+
+def budget_from_args(args: argparse.Namespace) -> int:
+    """KV bytes from --kv-memory, or from --gpu, --non-kv-memory and --memory-fraction."""
+    if args.kv_memory is not None:
+        if args.gpu is not None or args.non_kv_memory is not None:
+            raise KvpoolError("give either --kv-memory or --gpu with --non-kv-memory, not both")
+        return parse_size(args.kv_memory)
+    if args.gpu is None:
+        raise KvpoolError("no KV budget: give --kv-memory SIZE, or --gpu NAME --non-kv-memory SIZE")
+    if args.non_kv_memory is None:
+        raise KvpoolError("--gpu needs --non-kv-memory SIZE (weights, activations, CUDA graphs)")
+    if not 0 < args.memory_fraction <= 1:
+        raise KvpoolError(f"--memory-fraction must be in (0, 1], got {args.memory_fraction}")
+    gpu = presets.load_gpu(args.gpu)
+    rest = gpu.memory_bytes - parse_size(args.non_kv_memory)
+    if rest <= 0:
+        raise KvpoolError(f"--non-kv-memory {args.non_kv_memory} leaves no memory on {gpu.name} "
+                          f"({format_bytes(gpu.memory_bytes)})")
+    return int(rest * args.memory_fraction)
+
+
+def spec_for_plan(args: argparse.Namespace) -> ModelSpec:
+    """The model spec at the plan's max_seq_len (a window of at least L is full
+    attention). Sets `args.max_seq_len` to its default when it was not given."""
+    spec = load_model_spec(args.model, kv_dtype=args.kv_dtype, tp_size=args.tp,
+                           tokens_per_block=args.tokens_per_block)
+    if args.max_seq_len is None:
+        args.max_seq_len = min(spec.max_position_embeddings or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
+    return load_model_spec(args.model, kv_dtype=args.kv_dtype, tp_size=args.tp,
+                           tokens_per_block=args.tokens_per_block, max_seq_len=args.max_seq_len)
+
+
+def limits_from_args(args: argparse.Namespace, spec: ModelSpec) -> ServingLimits:
+    """ServingLimits from the parsed options (call `spec_for_plan` first)."""
+    return ServingLimits(
+        max_batch_size=args.max_batch_size,
+        max_seq_len=args.max_seq_len,
+        max_num_tokens=args.max_num_tokens,
+        tokens_per_block=spec.tokens_per_block,
+        max_draft_len=args.draft_len,
+        num_extra_kv_tokens=args.extra_kv_tokens,
+        avg_seq_len=args.avg_seq_len,
+        cuda_graph_batch_sizes=parse_batch_sizes(args.cuda_graph_batch_sizes),
+    )
+
+
+def workload_from_args(args: argparse.Namespace) -> Workload | None:
+    """The `--workload` policy, when the command has that option and it is given."""
+    return None
+
+
+def plan_from_args(args: argparse.Namespace) -> PoolPlan:
+    """The plan the options describe. Raises KvpoolError subclasses on bad input
+    or an infeasible plan."""
+    spec = spec_for_plan(args)
+    limits = limits_from_args(args, spec)
+    return plan_pools(
+        spec, limits, kv_memory_bytes=budget_from_args(args),
+        pool_ratio=parse_pool_ratio(args.pool_ratio), policy=workload_from_args(args),
+        fit=args.fit, phase=args.phase,
+    )
+
+
+def plan_summary(plan: PoolPlan) -> dict[str, Any]:
+    """The plan as `kvpool plan --json` prints it."""
+    return plan.to_json()

@@ -1,0 +1,64 @@
+"""`kvpool plan MODEL ...`: split a KV budget between a model's page pools."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvpool.cli.common import add_json_arg, print_json, table
+from kvpool.cli.plan_args import add_plan_args, plan_from_args
+from kvpool.plan import PoolPlan
+from kvpool.units import format_bytes
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "plan", help="split a KV memory budget between a model's page pools",
+        description="Split a KV memory budget between the page pools of a model, check the "
+                    "batches that must fit, and report how many requests fit at once. "
+                    "Exit code 2 (one line on stderr) when a constraint does not fit.",
+    )
+    add_plan_args(p)
+    add_json_arg(p)
+    p.set_defaults(func=run)
+
+
+def render(plan: PoolPlan) -> str:
+    """The plan as text: a header, one row per pool, constraints, concurrency, warnings."""
+    lim = plan.limits
+    lines = [
+        f"{plan.spec.name}: {format_bytes(plan.total_bytes)} of {format_bytes(plan.budget_bytes)} "
+        f"in {len(plan.groups)} pools (policy {plan.policy}, phase {plan.phase}, "
+        f"{plan.spec.tokens_per_block} tokens per page)",
+        f"limits: B={lim.max_batch_size} L={lim.max_seq_len} N={lim.max_num_tokens} "
+        f"d={lim.max_draft_len} E={lim.num_extra_kv_tokens} S={plan.avg_seq_len}",
+        "",
+        table(["group", "kind", "window", "page bytes", "pages", "bytes", "share"],
+              [[g.name, g.kind, g.window, f"{g.page_bytes:,}", f"{g.pages:,}", format_bytes(g.bytes),
+                f"{100 * g.share:.1f}%"] for g in plan.groups]),
+    ]
+    if plan.typical_step:
+        step = plan.typical_step
+        lines.append(f"\ntypical step: {step[0].capacity}/{step[0].history}"
+                     + (f" + {len(step) - 1} x {step[1].capacity}/{step[1].history}"
+                        if len(step) > 1 else "") + " (capacity/history)")
+    for c in plan.constraints:
+        state = "fits" if c.satisfied else f"short {dict(c.short)}"
+        lines.append(f"constraint {c.name}: {len(c.batch)} requests, longest "
+                     f"{max(s.capacity for s in c.batch)} positions: {state}")
+    conc = plan.max_concurrency()
+    lines.append(f"\nrequests that fit at once: reference (2049) {conc['reference']}, "
+                 f"avg_seq_len {conc['avg_seq_len'] if conc['avg_seq_len'] is not None else '-'}, "
+                 f"max_seq_len {conc['max_seq_len']}")
+    lines += [f"warning: {w}" for w in plan.warnings]
+    lines += [f"note: {n}" for n in plan.notes if not n.startswith("fit:")]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_from_args(args)
+    if args.json:
+        print_json(plan.to_json())
+    else:
+        print(render(plan))
+    return 0

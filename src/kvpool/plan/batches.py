@@ -1,0 +1,68 @@
+"""The batches a plan is derived from: the reference request, the typical step,
+and the generic constraints. Pure functions of the limits; each returns a tuple
+of `Shape`s (capacity, history) for `kvpool.spec.pages` to count."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from kvpool.plan.limits import ServingLimits
+from kvpool.spec import Shape
+
+# One request just past 2K tokens, in its first decode step: the shape the pool
+# ratio comes from when nothing is known about the workload (DESIGN rule 4).
+REFERENCE_REQUEST = Shape(2049, 2048)
+
+
+class Constraint(NamedTuple):
+    """A batch that must fit at once: its pages in every group are a floor."""
+
+    name: str
+    batch: tuple[Shape, ...]
+
+
+def reference_batch() -> tuple[Shape, ...]:
+    """The default ratio batch: one reference request."""
+    return (REFERENCE_REQUEST,)
+
+
+def decode_shape(length: int, limits: ServingLimits) -> Shape:
+    """A request of `length` total positions in a decode step: the last `1 + d`
+    positions (input token plus drafts) are in flight, the rest is history."""
+    return Shape(length, max(0, length - limits.max_draft_len - 1))
+
+
+def minimal_decode(limits: ServingLimits) -> Shape:
+    """The smallest decode (a CUDA-graph padding dummy): no history, one input
+    token plus d drafts plus E extra KV tokens (DESIGN rule 2)."""
+    return Shape(limits.headroom, 0)
+
+
+def context_shape(limits: ServingLimits, fallback_len: int) -> Shape:
+    """One fresh context request of the per-iteration token budget N (or
+    `fallback_len` when there is none) plus the E extra KV tokens."""
+    return Shape((limits.max_num_tokens or fallback_len) + limits.num_extra_kv_tokens, 0)
+
+
+def typical_step(limits: ServingLimits, avg_seq_len: int) -> tuple[Shape, ...]:
+    """One context request of `(N or S) + E` positions plus `B - 1` decodes at S.
+
+    >>> typical_step(ServingLimits(max_batch_size=3, max_seq_len=1024,
+    ...                            max_num_tokens=2048, max_draft_len=2), 1024)
+    (Shape(capacity=2048, history=0), Shape(capacity=1024, history=1021), Shape(capacity=1024, history=1021))
+    """
+    decode = decode_shape(avg_seq_len, limits)
+    return (context_shape(limits, avg_seq_len),) + (decode,) * (limits.max_batch_size - 1)
+
+
+def context_constraint(limits: ServingLimits) -> Constraint | None:
+    """The generic chunked-prefill constraint: one iteration's token budget
+    `[(N + E, 0)]`; None without a token budget."""
+    if limits.max_num_tokens is None:
+        return None
+    return Constraint("context", (context_shape(limits, limits.max_num_tokens),))
+
+
+def graph_decodes_constraint(limits: ServingLimits) -> Constraint:
+    """The largest CUDA-graph batch of minimal decodes, as warmup captures it."""
+    return Constraint("graph_decodes", (minimal_decode(limits),) * limits.largest_graph_batch)
