@@ -75,10 +75,16 @@ class Engine:
         self.store = KVStore(plan, model.cfg, model.dtype, self.device)
         self.manager = KVCacheManager(plan, enable_reuse=enable_reuse)
         self.warmup_report = None
+        captured: list[tuple[int, int]] = []
+        padding_rids: dict[int, int] = {}
         if warmup:
             drafts = (0, speculate) if speculate else (0,)
-            self.warmup_report = self.manager.warmup(plan.limits.graph_batch_sizes, draft_lens=drafts)
-        self.scheduler = Scheduler(self.manager, plan.limits, padding=padding)
+            report = self.manager.warmup(plan.limits.graph_batch_sizes, draft_lens=drafts)
+            self.warmup_report = report
+            captured = list(report.captured)
+            padding_rids = {d: rid for d, rid in report.padding.items() if rid is not None}
+        self.scheduler = Scheduler(self.manager, plan.limits, padding=padding, captured=captured,
+                                   padding_rids=padding_rids, enable_reuse=enable_reuse)
         self.drafter = NgramDrafter(speculate) if speculate else None
         self.stats = EngineStats(peak_pages={g.name: 0 for g in self.spec.groups})
         self._num_pages = {g.name: plan.pages(g.name) for g in self.spec.groups}
