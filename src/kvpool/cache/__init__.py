@@ -1,0 +1,21 @@
+"""cache: the run-time page manager (pure Python + NumPy, no GPU).
+
+`KVCacheManager(plan)` owns one page pool per group of a `PoolPlan` and keeps,
+for each request, which pages hold its positions (`block_table`). Every page
+count comes from `kvpool.spec.pages` (DESIGN rule 1).
+"""
+
+from kvpool.cache.events import (
+    CacheEvent,
+    CacheIntegrityError,
+    CacheStats,
+    CacheUsageError,
+    GroupStats,
+)
+from kvpool.cache.manager import STALE, KVCacheManager
+from kvpool.cache.warmup import SkippedShape, WarmupReport
+
+__all__ = [
+    "STALE", "CacheEvent", "CacheIntegrityError", "CacheStats", "CacheUsageError", "GroupStats",
+    "KVCacheManager", "SkippedShape", "WarmupReport",
+]

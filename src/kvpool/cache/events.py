@@ -1,0 +1,83 @@
+"""What the manager reports: page events for KV-aware routers, statistics,
+and the exceptions of the cache layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+from kvpool.errors import KvpoolError
+
+
+class CacheEvent(NamedTuple):
+    """One page gained (`stored`) or lost (`removed`) reusable content.
+
+    `block_hash` is the chained hash of the page's tokens (and every token
+    before it, and the salt); `parent_hash` the previous page's hash (None for
+    the first page). `num_tokens` is the tokens the page covers. For a `state`
+    group a stored event is a snapshot: the engine copies the request's state
+    slot `source_page` into `page`.
+    """
+
+    kind: Literal["stored", "removed"]
+    group: str
+    block_hash: int
+    parent_hash: int | None
+    page: int
+    num_tokens: int
+    source_page: int | None = None
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Pages of one pool group right now. `total = free + used`; `cached` of
+    the free pages still hold reusable content; `dummy` and `reserved` of the
+    used pages belong to dummy requests and to persistent padding dummies."""
+
+    total: int
+    free: int
+    used: int
+    cached: int
+    dummy: int
+    reserved: int
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """`groups` per group name; reuse counters are cumulative token counts over
+    every `create` with tokens (queried) and the tokens it reused (hit)."""
+
+    groups: dict[str, GroupStats]
+    reuse_queried_tokens: int
+    reuse_hit_tokens: int
+    num_requests: int
+    num_dummies: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.reuse_hit_tokens / self.reuse_queried_tokens if self.reuse_queried_tokens else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "groups": {name: vars(g).copy() for name, g in self.groups.items()},
+            "reuse_queried_tokens": self.reuse_queried_tokens,
+            "reuse_hit_tokens": self.reuse_hit_tokens,
+            "hit_rate": self.hit_rate,
+            "num_requests": self.num_requests,
+            "num_dummies": self.num_dummies,
+        }
+
+
+class CacheUsageError(KvpoolError, ValueError):
+    """A call the manager cannot honour: unknown or duplicate request id,
+    capacity below history, history moving backwards, bad counts."""
+
+
+class CacheIntegrityError(AssertionError):
+    """The page bookkeeping is inconsistent (a kvpool bug); `pages` maps each
+    group name to the offending page ids."""
+
+    def __init__(self, message: str, pages: dict[str, list[int]]) -> None:
+        super().__init__(message)
+        self.pages = pages

@@ -1,0 +1,153 @@
+"""`PagePool`: the slots of one pool group and the state of each page.
+
+A page is in exactly one of three states:
+
+- **free**: no owner and no reusable content; on the free stack;
+- **owned**: `ref[page] > 0` requests hold it (it may also carry a hash when its
+  content was committed, and then other requests may share it);
+- **cached**: no owner but a committed hash, so a later request with the same
+  prefix can take it back; kept in an LRU list and evicted (hash dropped) when
+  the pool needs a page and the free stack is empty.
+
+The LRU is an intrusive doubly linked list over two integer lists (`prev`,
+`nxt`) with a sentinel at index `num_pages`, so unlinking a cached page that a
+request hits, appending a released page and evicting the oldest are O(1) and
+allocate no Python objects.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from kvpool.cache.events import CacheEvent
+
+
+class PagePool:
+    """Slots of one pool group. Methods mutate the pool; callers check
+    `num_free` first (nothing here fails half-way)."""
+
+    __slots__ = ("name", "num_pages", "ref", "page_hash", "free_stack", "prev", "nxt",
+                 "lru_len", "cached", "events", "record_events")
+
+    def __init__(self, name: str, num_pages: int, events: deque[CacheEvent]) -> None:
+        n = num_pages
+        self.name = name
+        self.num_pages = n
+        self.ref = [0] * n
+        self.page_hash: list[int | None] = [None] * n
+        # popped from the end, so page 0 is handed out first
+        self.free_stack = list(range(n - 1, -1, -1))
+        self.prev = [n] * (n + 1)
+        self.nxt = [n] * (n + 1)
+        self.lru_len = 0
+        self.cached: dict[int, int] = {}  # block hash -> page holding it
+        self.events = events
+        self.record_events = True
+
+    @property
+    def num_free(self) -> int:
+        """Pages an allocation can take now: free ones plus evictable cached ones."""
+        return len(self.free_stack) + self.lru_len
+
+    @property
+    def num_cached(self) -> int:
+        """Unowned pages that still hold reusable content (evictable)."""
+        return self.lru_len
+
+    # ------------------------------------------------------------------ LRU list
+
+    def _lru_append(self, page: int) -> None:
+        sentinel = self.num_pages
+        last = self.prev[sentinel]
+        self.prev[page] = last
+        self.nxt[page] = sentinel
+        self.nxt[last] = page
+        self.prev[sentinel] = page
+        self.lru_len += 1
+
+    def _lru_unlink(self, page: int) -> None:
+        p, n = self.prev[page], self.nxt[page]
+        self.nxt[p] = n
+        self.prev[n] = p
+        self.lru_len -= 1
+
+    def lru_order(self) -> list[int]:
+        """Cached pages, least recently released first (the eviction order)."""
+        out: list[int] = []
+        sentinel = self.num_pages
+        page = self.nxt[sentinel]
+        while page != sentinel and len(out) <= self.num_pages:
+            out.append(page)
+            page = self.nxt[page]
+        return out
+
+    # ------------------------------------------------------------------ pages
+
+    def take(self, count: int) -> list[int]:
+        """Hand out `count` pages (ref 1): free ones first, then evict the least
+        recently used cached pages (each eviction drops its hash and records a
+        `removed` event). The caller has checked `count <= num_free`."""
+        stack = self.free_stack
+        n_stack = min(count, len(stack))
+        pages = stack[len(stack) - n_stack:]
+        del stack[len(stack) - n_stack:]
+        pages.reverse()
+        for _ in range(count - n_stack):
+            page = self.nxt[self.num_pages]
+            self._lru_unlink(page)
+            self._forget(page)
+            pages.append(page)
+        ref = self.ref
+        for page in pages:
+            ref[page] = 1
+        return pages
+
+    def take_cached(self, page: int) -> None:
+        """Add an owner to a page holding reusable content (a prefix hit)."""
+        if self.ref[page] == 0:
+            self._lru_unlink(page)
+        self.ref[page] += 1
+
+    def release(self, pages: Iterable[int]) -> None:
+        """Drop one owner of each page; an unowned page becomes cached (if it has
+        a hash: appended to the LRU tail) or free."""
+        ref, page_hash = self.ref, self.page_hash
+        for page in pages:
+            left = ref[page] - 1
+            ref[page] = left
+            if left == 0:
+                if page_hash[page] is None:
+                    self.free_stack.append(page)
+                else:
+                    self._lru_append(page)
+
+    def store(self, page: int, block_hash: int, parent_hash: int | None, num_tokens: int,
+              source_page: int | None = None) -> bool:
+        """Mark an owned page's content reusable under `block_hash`; False (no
+        change) if the page already has a hash or another page holds this one."""
+        if self.page_hash[page] is not None or block_hash in self.cached:
+            return False
+        self.page_hash[page] = block_hash
+        self.cached[block_hash] = page
+        if self.record_events:
+            self.events.append(CacheEvent("stored", self.name, block_hash, parent_hash, page,
+                                          num_tokens, source_page))
+        return True
+
+    def lookup(self, block_hash: int) -> int | None:
+        """The page holding `block_hash`, or None."""
+        return self.cached.get(block_hash)
+
+    def forget(self, page: int) -> None:
+        """Drop a page's hash (its content is about to change); it stays owned."""
+        if self.page_hash[page] is not None:
+            self._forget(page)
+
+    def _forget(self, page: int) -> None:
+        block_hash = self.page_hash[page]
+        assert block_hash is not None
+        del self.cached[block_hash]
+        self.page_hash[page] = None
+        if self.record_events:
+            self.events.append(CacheEvent("removed", self.name, block_hash, None, page, 0, None))

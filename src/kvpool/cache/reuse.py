@@ -1,0 +1,134 @@
+"""Prefix reuse: finding a cached prefix for a new request, committing pages.
+
+Per-group rules for a hit of k whole pages (n = k * tpb reused positions; the
+request then has capacity = history = n):
+
+- full and compressed groups need every page 0..k-1 cached (compressed pages
+  still cover tpb positions, so only whole pages are ever reused);
+- sliding and chunked groups need only the pages that are live at history n,
+  i.e. pages `stale_pages(group, n)`..k-1 (the last window of the hit);
+- a state group needs a snapshot taken when a request's history was exactly n;
+  the snapshot page becomes the new request's state slot (its hash is dropped,
+  since the request will overwrite it).
+
+The longest k that satisfies every group wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from kvpool.cache.events import CacheUsageError
+from kvpool.cache.hashing import extend_hashes, salt_seed
+from kvpool.spec.pages import pages_needed, stale_pages
+
+if TYPE_CHECKING:
+    from kvpool.cache.manager import KVCacheManager, _Request
+
+__all__ = ["attach_prefix", "commit", "longest_hit", "salt_seed"]
+
+
+def longest_hit(mgr: KVCacheManager, hashes: Sequence[int]) -> int:
+    """Largest k <= len(hashes) such that a request can reuse k whole pages."""
+    k = len(hashes)
+    pools = mgr._pools
+    for gi, pool in enumerate(pools):
+        if mgr._never_stale[gi] and not mgr._is_state[gi]:
+            j = 0
+            while j < k and hashes[j] in pool.cached:
+                j += 1
+            k = j
+    tpb = mgr.tokens_per_block
+    checks = [gi for gi in range(len(pools)) if mgr._is_state[gi] or not mgr._never_stale[gi]]
+    while k > 0:
+        ok = True
+        for gi in checks:
+            cached = pools[gi].cached
+            if mgr._is_state[gi]:
+                ok = hashes[k - 1] in cached
+            else:
+                first = stale_pages(mgr.groups[gi], k * tpb)
+                ok = all(h in cached for h in hashes[first:k])
+            if not ok:
+                break
+        if ok:
+            return k
+        k -= 1
+    return 0
+
+
+def attach_prefix(mgr: KVCacheManager, req: _Request) -> int:
+    """Attach the longest cached prefix of `req.tokens` to a fresh request;
+    returns the reused tokens. The last prompt token is never reused."""
+    tokens = req.tokens
+    tpb = mgr.tokens_per_block
+    if not tokens:
+        return 0
+    extend_hashes(req.hashes, tokens, tpb, req.seed, (len(tokens) - 1) // tpb)
+    k = longest_hit(mgr, req.hashes)
+    if k == 0:
+        return 0
+    n, slot = k * tpb, req.slot
+    for gi, (group, pool) in enumerate(zip(mgr.groups, mgr._pools, strict=True)):
+        stale = stale_pages(group, n)
+        nblk = pages_needed(group, n, n) + stale
+        if mgr._is_state[gi]:
+            page = pool.cached[req.hashes[k - 1]]
+            pool.take_cached(page)
+            pool.forget(page)
+            pages = [page]
+        else:
+            pages = [pool.cached[h] for h in req.hashes[stale:k]]
+            for page in pages:
+                pool.take_cached(page)
+        table = mgr._tables[gi]
+        if nblk > table.shape[1]:
+            table = mgr._widen(gi, nblk)
+        table[slot, nblk - len(pages):nblk] = pages
+        mgr._set_blocks(gi, slot, nblk, stale)
+        mgr._stale_next[gi, slot] = mgr._next_stale(gi, n)
+    mgr._cap[slot] = mgr._hist[slot] = n
+    req.committed = k
+    return n
+
+
+def commit(mgr: KVCacheManager, req: _Request, num_tokens: int,
+           tokens: Sequence[int] | None) -> int:
+    """Store the hashes of the whole pages among the first `num_tokens`
+    positions (see `KVCacheManager.commit`)."""
+    if tokens is not None:
+        if req.tokens is None:
+            req.tokens = []
+        req.tokens.extend(int(t) for t in tokens)
+    known = len(req.tokens) if req.tokens is not None else 0
+    slot = req.slot
+    hist = int(mgr._hist[slot])
+    if not 0 <= num_tokens <= min(known, hist):
+        raise CacheUsageError(
+            f"request {req.rid}: cannot commit {num_tokens} tokens: {known} token ids known, "
+            f"history {hist} (commit only computed, verified tokens)")
+    tpb = mgr.tokens_per_block
+    k = num_tokens // tpb  # whole pages only
+    done = req.committed
+    if k <= done:
+        return done * tpb
+    assert req.tokens is not None
+    hashes = req.hashes
+    extend_hashes(hashes, req.tokens, tpb, req.seed, k)
+    for gi, pool in enumerate(mgr._pools):
+        row = mgr._tables[gi][slot]
+        nblk = int(mgr._nblk[gi, slot])
+        if mgr._is_state[gi]:
+            # the state slot holds the state after exactly `hist` positions
+            if k * tpb == hist and nblk == 1 and hashes[k - 1] not in pool.cached and pool.num_free:
+                page = pool.take(1)[0]
+                pool.store(page, hashes[k - 1], hashes[k - 2] if k > 1 else None, k * tpb,
+                           source_page=int(row[0]))
+                pool.release([page])
+            continue
+        for b, page in enumerate(row[done:min(k, nblk)].tolist(), start=done):
+            if page >= 0:
+                pool.store(page, hashes[b], hashes[b - 1] if b else None, tpb)
+    req.committed = k
+    return k * tpb

@@ -1,0 +1,181 @@
+"""Dummy requests, the capacity query and the CUDA-graph warmup dry run.
+
+A generation dummy of `token_num` (= history + the current input token) has
+capacity `token_num + draft_len + E` and history `token_num - 1` (DESIGN
+rule 2): the current input is inside `token_num` and is not counted again, so
+a `token_num` from `max_generation_length` that ends on a page boundary still
+fits. A context dummy of `token_num` has capacity `token_num + E`, history 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kvpool.cache.events import CacheUsageError
+from kvpool.errors import OutOfPagesError
+from kvpool.spec.pages import decode_worst_case_pages, pages_needed
+
+if TYPE_CHECKING:
+    from kvpool.cache.manager import KVCacheManager
+
+
+def dummy_shape(token_num: int, draft_len: int, extra: int, is_gen: bool = True) -> tuple[int, int]:
+    """(capacity, history) of a dummy request (rule 2)."""
+    if is_gen:
+        return token_num + draft_len + extra, token_num - 1
+    return token_num + extra, 0
+
+
+def _check_counts(batch_size: int, token_num: int, draft_len: int) -> None:
+    for name, value, low in (("batch_size", batch_size, 1), ("token_num", token_num, 1),
+                             ("draft_len", draft_len, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise CacheUsageError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def shortfall(mgr: KVCacheManager, batch: Iterable[tuple[int, int]]) -> dict[str, int]:
+    """Pages missing per group (only groups that lack pages) for new requests
+    of the given (capacity, history) shapes, against the pages free now."""
+    shapes = list(batch)
+    short = {}
+    for g in mgr.groups:
+        need = sum(pages_needed(g, c, h) for c, h in shapes)
+        free = mgr.free_pages(g.name)
+        if need > free:
+            short[g.name] = need - free
+    return short
+
+
+def max_generation_length(mgr: KVCacheManager, batch_size: int, draft_len: int = 0) -> int:
+    """Largest `token_num` of the longest row of a decode batch of `batch_size`
+    whose other rows are minimal decodes (token_num 1), given the pages free
+    now; 0 if even token_num 1 does not fit. Capped at `limits.max_seq_len`: a
+    sequence never holds more tokens than that (its drafts and extra KV tokens
+    get capacity beyond it, as they do in a real step).
+
+    Page-exact: `add_dummy_requests(batch_size - 1, 1, d)` plus
+    `add_dummy_requests(1, answer, d)` succeeds, and the answer plus one page
+    does not fit unless the cap bound it. Groups whose need grows with length
+    (full, compressed) are bisected; groups with a bounded need (sliding,
+    chunked, state) are then checked downward from there, since their need
+    rises and falls with the offset inside a page or chunk.
+    """
+    _check_counts(batch_size, 1, draft_len)
+    extra = mgr.limits.num_extra_kv_tokens
+    short_c, short_h = dummy_shape(1, draft_len, extra)
+    free = {g.name: mgr.free_pages(g.name) - (batch_size - 1) * pages_needed(g, short_c, short_h)
+            for g in mgr.groups}
+    headroom = 1 + draft_len + extra
+    growing = [g for g in mgr.groups if decode_worst_case_pages(g, headroom) is None]
+    bounded = [g for g in mgr.groups if g not in growing]
+
+    def fits(groups: Iterable[Any], token_num: int) -> bool:
+        c, h = dummy_shape(token_num, draft_len, extra)
+        return all(pages_needed(g, c, h) <= free[g.name] for g in groups)
+
+    cap = mgr.limits.max_seq_len
+    if not fits(growing, 1):
+        return 0
+    lo, hi = 1, cap  # fits(growing, lo) holds; find the largest such token_num
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(growing, mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    bounded_fit = [g for g in bounded
+                   if (decode_worst_case_pages(g, headroom) or 0) <= free[g.name]]
+    rest = [g for g in bounded if g not in bounded_fit]
+    for token_num in range(lo, 0, -1):
+        if fits(rest, token_num):
+            return token_num
+    return 0
+
+
+@dataclass(frozen=True)
+class SkippedShape:
+    """A (batch size, draft length) warmup shape that did not fit: `group`
+    lacked `short_pages` pages."""
+
+    batch_size: int
+    draft_len: int
+    group: str
+    short_pages: int
+
+
+@dataclass(frozen=True)
+class WarmupReport:
+    """Result of `KVCacheManager.warmup`.
+
+    `captured`: (batch size, draft length) shapes whose dummies all fit;
+    `lengths[(b, d)]`: the token_num of the longest dummy of a captured shape;
+    `skipped`: the shapes that did not fit and why; `padding`: draft length ->
+    id of the persistent padding dummy (a minimal generation dummy kept
+    allocated; pad a decode batch by repeating that id) or None when it could
+    not be reserved; `reserved_pages`: pages those dummies hold per group.
+    """
+
+    captured: list[tuple[int, int]]
+    skipped: list[SkippedShape]
+    lengths: dict[tuple[int, int], int]
+    padding: dict[int, int | None]
+    reserved_pages: dict[str, int]
+    padding_short: dict[int, dict[str, int]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "captured": [[b, d] for b, d in self.captured],
+            "skipped": [vars(s).copy() for s in self.skipped],
+            "reserved_pages": dict(self.reserved_pages),
+            "padding": {str(d): rid for d, rid in self.padding.items()},
+            "lengths": [[b, d, t] for (b, d), t in self.lengths.items()],
+        }
+
+
+def _worst(short: dict[str, int]) -> tuple[str, int]:
+    name = max(short, key=lambda k: short[k])
+    return name, short[name]
+
+
+def warmup(mgr: KVCacheManager, batch_sizes: Iterable[int],
+           draft_lens: Iterable[int] = (0,)) -> WarmupReport:
+    """Dry-run CUDA-graph warmup: for each (b, d), b - 1 minimal generation
+    dummies plus one of `max_generation_length`, then free them. Then keep one
+    padding dummy per draft length (a reservation counted in the pools)."""
+    captured, skipped, lengths = [], [], {}
+    drafts = sorted(set(draft_lens))
+    extra = mgr.limits.num_extra_kv_tokens
+    for d in drafts:
+        for b in sorted(set(batch_sizes)):
+            _check_counts(b, 1, d)
+            shorts = mgr.add_dummy_requests(b - 1, 1, d) if b > 1 else []
+            if shorts is None:
+                group, pages = _worst(shortfall(mgr, [dummy_shape(1, d, extra)] * b))
+                skipped.append(SkippedShape(b, d, group, pages))
+                continue
+            longest = max_generation_length(mgr, 1, d)
+            if longest == 0:
+                group, pages = _worst(shortfall(mgr, [dummy_shape(1, d, extra)]))
+                skipped.append(SkippedShape(b, d, group, pages))
+            else:
+                long_ids = mgr.add_dummy_requests(1, longest, d)
+                if long_ids is None:  # the query promised this fits
+                    raise OutOfPagesError(
+                        f"warmup dummy of {longest} tokens (batch {b}, draft {d}) did not fit "
+                        f"although max_generation_length allowed it; short: {mgr.last_shortfall}")
+                captured.append((b, d))
+                lengths[(b, d)] = longest
+                shorts += long_ids
+            for rid in shorts:
+                mgr.free(rid)
+    padding: dict[int, int | None] = {}
+    padding_short = {}
+    for d in drafts:
+        padding[d] = mgr.reserve_padding_dummy(d)
+        if padding[d] is None:
+            padding_short[d] = shortfall(mgr, [dummy_shape(1, d, extra)])
+    reserved = {g.name: sum(mgr.live_pages(r, g.name) for r in padding.values() if r is not None)
+                for g in mgr.groups}
+    return WarmupReport(captured, skipped, lengths, padding, reserved, padding_short)

@@ -1,0 +1,69 @@
+"""Factories and assertion helpers shared by the cache tests (plus checks of the
+factories themselves)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kvpool.cache import KVCacheManager
+from kvpool.plan import PoolPlan, ServingLimits
+from kvpool.spec import ModelSpec, load_model_spec
+
+
+def full_spec(tpb: int = 16) -> ModelSpec:
+    """Two full-attention layers (one pool group `full`)."""
+    return load_model_spec({"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                            "hidden_size": 128, "max_position_embeddings": 1 << 20,
+                            "torch_dtype": "bfloat16"}, tokens_per_block=tpb)
+
+
+def hybrid_spec(tpb: int = 16, window: int = 40) -> ModelSpec:
+    """Qwen3-Next-like: groups `full`, `sliding` (window W) and `linear_state`."""
+    return load_model_spec({
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "hidden_size": 128, "max_position_embeddings": 1 << 20, "torch_dtype": "bfloat16",
+        "layer_types": ["full_attention", "sliding_attention", "linear_attention"],
+        "sliding_window": window, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
+        "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+    }, tokens_per_block=tpb)
+
+
+def manager(spec: ModelSpec, pages: dict[str, int], *, reuse: bool = True,
+            **limits: Any) -> KVCacheManager:
+    """A manager over hand-sized pools (every group of `spec` must be named)."""
+    limits.setdefault("max_batch_size", 8)
+    limits.setdefault("max_seq_len", 4096)
+    return KVCacheManager(PoolPlan.from_pages(spec, pages, ServingLimits(**limits)), enable_reuse=reuse)
+
+
+def snapshot(m: KVCacheManager) -> dict[str, Any]:
+    """Everything observable about a manager, to compare before/after a refused call."""
+    tables = {(rid, g.name): m.block_table(rid, g.name).tolist()
+              for rid, _ in m.iter_requests() for g in m.groups}
+    shapes = {rid: (m.capacity(rid), m.history(rid)) for rid, _ in m.iter_requests()}
+    pools = {p.name: (list(p.ref), list(p.page_hash), list(p.free_stack), p.lru_order())
+             for p in m._pools}
+    return {"tables": tables, "shapes": shapes, "pools": pools, "stats": m.stats(),
+            "events": list(m._events)}
+
+
+def assert_unchanged(before: dict[str, Any], after: dict[str, Any]) -> None:
+    for key in before:
+        assert before[key] == after[key], f"{key} changed:\nbefore {before[key]}\nafter  {after[key]}"
+
+
+def assert_table(m: KVCacheManager, rid: int, group: str, expected: list[int]) -> None:
+    got = m.block_table(rid, group).tolist()
+    assert got == expected, f"request {rid} group {group}: table {got}, expected {expected}"
+
+
+def test_factories_build_the_groups_the_tests_expect() -> None:
+    assert full_spec().group_names == ["full"]
+    spec = hybrid_spec(tpb=16, window=40)
+    assert [(g.name, g.kind, g.window) for g in spec.groups] == [
+        ("full", "full", None), ("sliding", "sliding", 40), ("linear_state", "state", None)]
+    m = manager(spec, {"full": 3, "sliding": 2, "linear_state": 1})
+    assert [m.total_pages(g) for g in ("full", "sliding", "linear_state")] == [3, 2, 1]
+    assert np.array_equal(m.block_table(m.add_dummy_requests(1, 1)[0], "full"), [0])  # type: ignore[index]

@@ -1,0 +1,165 @@
+"""KVCacheManager core: resizes, stale pages, atomicity, batch path, errors.
+Every expected number is worked out by hand in the test."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvpool.cache import STALE, CacheUsageError
+from kvpool.errors import KvpoolError
+from test_cache_factories import (
+    assert_table,
+    assert_unchanged,
+    full_spec,
+    hybrid_spec,
+    manager,
+    snapshot,
+)
+
+
+def test_resize_grows_and_shrinks_by_whole_pages() -> None:
+    m = manager(full_spec(tpb=16), {"full": 10})
+    m.create(1)
+    assert m.block_table(1, "full").size == 0 and m.free_pages("full") == 10
+    # capacity 33 -> ceil(33/16) = 3 pages; the pool hands out 0, 1, 2
+    assert m.resize(1, 33, 0)
+    assert_table(m, 1, "full", [0, 1, 2])
+    assert m.free_pages("full") == 10 - 3
+    # capacity 32 -> 2 pages: the tail page 2 goes back
+    assert m.resize(1, 32, 16)
+    assert_table(m, 1, "full", [0, 1])
+    assert (m.capacity(1), m.history(1)) == (32, 16) and m.free_pages("full") == 8
+    m.free(1)
+    assert m.free_pages("full") == 10 and 1 not in m
+    m.check_integrity()
+
+
+def test_sliding_pages_go_stale_when_history_rises() -> None:
+    m = manager(hybrid_spec(tpb=16, window=40), {"full": 20, "sliding": 20, "linear_state": 4})
+    m.create(7)
+    assert m.resize(7, 100, 0)
+    # nothing computed: ceil(100/16) = 7 pages in both attention groups, one state slot
+    assert [m.live_pages(7, g) for g in ("full", "sliding", "linear_state")] == [7, 7, 1]
+    assert m.resize(7, 101, 100)
+    # stale = floor((100 + 1 - 40)/16) = floor(61/16) = 3 -> blocks 0..2 released, 7 - 3 = 4 live
+    assert_table(m, 7, "sliding", [STALE, STALE, STALE, 3, 4, 5, 6])
+    assert_table(m, 7, "full", [0, 1, 2, 3, 4, 5, 6])
+    assert m.free_pages("sliding") == 20 - 4 and m.free_pages("full") == 20 - 7
+    assert_table(m, 7, "linear_state", [0])
+    m.check_integrity()
+
+
+def test_released_stale_pages_pay_for_new_ones_in_the_same_resize() -> None:
+    # sliding pool of exactly 4 pages: (capacity 64, history 63) holds
+    # ceil(64/16) - floor((63+1-40)/16) = 4 - 1 = 3 pages; moving to (80, 79) needs
+    # ceil(80/16) - floor((79+1-40)/16) = 5 - 2 = 3: one released, one new, never 5 at once
+    m = manager(hybrid_spec(tpb=16, window=40), {"full": 5, "sliding": 3, "linear_state": 1})
+    m.create(1)
+    assert m.resize(1, 64, 63) and m.free_pages("sliding") == 0
+    assert m.resize(1, 80, 79)
+    assert m.live_pages(1, "sliding") == 3 and m.free_pages("sliding") == 0
+    m.check_integrity()
+
+
+def test_failed_resize_changes_nothing_in_any_group() -> None:
+    # full has room (20 pages), sliding only 2: a resize to 48 needs 3 sliding pages
+    m = manager(hybrid_spec(tpb=16, window=40), {"full": 20, "sliding": 2, "linear_state": 2})
+    m.create(1)
+    m.create(2)
+    assert m.resize(1, 16, 0)  # 1 page per attention group
+    before = snapshot(m)
+    assert not m.resize(2, 48, 0)
+    assert_unchanged(before, snapshot(m))
+    # free sliding pages: 2 - 1 = 1, needed 3 -> short by 2
+    assert m.last_shortfall == {"sliding": 2}
+
+
+def test_resize_many_is_atomic_over_the_batch() -> None:
+    m = manager(full_spec(tpb=16), {"full": 5})
+    for rid in (1, 2, 3):
+        m.create(rid)
+        assert m.resize(rid, 16, 15)
+    # all three cross into a second page: 3 more pages, only 5 - 3 = 2 free
+    before = snapshot(m)
+    assert not m.extend([1, 2, 3])
+    assert_unchanged(before, snapshot(m))
+    assert m.last_shortfall == {"full": 1}
+    assert m.extend([1, 2])
+    assert [m.live_pages(r, "full") for r in (1, 2, 3)] == [2, 2, 1]
+    m.check_integrity()
+
+
+def test_batch_path_matches_single_resizes() -> None:
+    """200 decode steps through `extend` give the same tables (up to which page
+    ids were handed out: the batch releases all stale pages before allocating)
+    as per-request `resize`."""
+    spec = hybrid_spec(tpb=16, window=40)
+    pages = {"full": 400, "sliding": 80, "linear_state": 8}
+    batch, single = manager(spec, pages), manager(spec, pages)
+    prompts = [5, 16, 17, 39, 40, 64, 100]
+    for rid, n in enumerate(prompts):
+        for m in (batch, single):
+            m.create(rid)
+            assert m.resize(rid, n + 1, n)
+    rids = list(range(len(prompts)))
+    for _ in range(200):
+        assert batch.extend(rids)
+        for rid in rids:
+            assert single.resize(rid, single.capacity(rid) + 1, single.history(rid) + 1)
+    for rid in rids:
+        for g in ("full", "sliding", "linear_state"):
+            a, b = batch.block_table(rid, g), single.block_table(rid, g)
+            assert (a >= 0).tolist() == (b >= 0).tolist(), (rid, g, a, b)
+    batch.check_integrity()
+    single.check_integrity()
+    # request 0: history 5 + 200 = 205, capacity 206: full ceil(206/16) = 13 pages,
+    # sliding 13 - floor((205 + 1 - 40)/16) = 13 - 10 = 3
+    assert (batch.live_pages(0, "full"), batch.live_pages(0, "sliding")) == (13, 3)
+
+
+def test_resize_many_takes_explicit_shapes() -> None:
+    m = manager(full_spec(tpb=16), {"full": 10})
+    m.create(1)
+    m.create(2)
+    assert m.resize_many([1, 2], np.array([17, 33]), np.array([0, 0]))
+    assert [m.live_pages(r, "full") for r in (1, 2)] == [2, 3]
+    tables = m.block_tables([1, 2], "full")
+    assert tables.tolist() == [[0, 1, STALE], [2, 3, 4]]
+
+
+@pytest.mark.parametrize(("capacity", "history"), [(10, 11), (5, 3)])
+def test_bad_shapes_raise_typed_errors(capacity: int, history: int) -> None:
+    m = manager(full_spec(), {"full": 4})
+    m.create(1)
+    assert m.resize(1, 8, 4)
+    with pytest.raises(CacheUsageError):  # capacity < history, or history going back
+        m.resize(1, capacity, history)
+    with pytest.raises(CacheUsageError):
+        m.resize_many([1], [capacity], [history])
+
+
+def test_unknown_and_duplicate_ids_raise() -> None:
+    m = manager(full_spec(), {"full": 4})
+    m.create(1)
+    with pytest.raises(CacheUsageError, match="already exists"):
+        m.create(1)
+    for call in (lambda: m.resize(9, 1), lambda: m.free(9), lambda: m.block_table(9, "full"),
+                 lambda: m.extend([1, 9]), lambda: m.commit(9, 0)):
+        with pytest.raises(KvpoolError, match="unknown request id 9"):
+            call()
+    with pytest.raises(CacheUsageError, match="same request twice"):
+        m.extend([1, 1])
+    with pytest.raises(CacheUsageError, match="no group"):
+        m.free_pages("sliding")
+
+
+def test_more_requests_than_slots_and_longer_than_max_seq_len() -> None:
+    # slot arrays start at max_batch_size + 8 = 9 rows and tables at ~max_seq_len: both grow
+    m = manager(full_spec(tpb=16), {"full": 200}, max_batch_size=1, max_seq_len=64)
+    for rid in range(20):
+        m.create(rid)
+        assert m.resize(rid, 16, 0)
+    assert m.resize(0, 16 * 150, 0)  # 150 pages, far past the 64-token limit
+    assert m.live_pages(0, "full") == 150 and m.free_pages("full") == 200 - 150 - 19
+    m.check_integrity()

@@ -1,0 +1,145 @@
+"""Prefix reuse: commit, hits, the last-token rule, salts, LRU eviction,
+per-group rules (sliding needs only the window, state needs a snapshot)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpool.cache import STALE, CacheUsageError
+from kvpool.spec import load_model_spec
+from test_cache_factories import assert_table, full_spec, hybrid_spec, manager
+
+PROMPT = list(range(1000, 1100))  # 100 tokens = 6 whole pages of 16 + 4
+
+
+def prefilled(m, rid: int, tokens: list[int], salt: str | None = None) -> int:  # type: ignore[no-untyped-def]
+    """Admit `tokens`, compute them all (history = len), commit them."""
+    hit = m.create(rid, tokens, salt=salt)
+    assert m.resize(rid, len(tokens) + 1, len(tokens))
+    m.commit(rid, len(tokens))
+    return hit
+
+
+def test_commit_then_hit_shares_whole_pages() -> None:
+    m = manager(full_spec(tpb=16), {"full": 20})
+    assert prefilled(m, 1, PROMPT) == 0
+    # capacity 101 -> 7 pages; 100 // 16 = 6 whole pages committed
+    events = m.take_events()
+    assert [(e.kind, e.page, e.num_tokens) for e in events] == [("stored", p, 16) for p in range(6)]
+    assert [e.parent_hash for e in events[1:]] == [e.block_hash for e in events[:-1]]
+    assert events[0].parent_hash is None
+    # the same prompt: (100 - 1) // 16 = 6 pages reusable -> 96 tokens
+    assert m.create(2, PROMPT) == 96
+    assert_table(m, 2, "full", [0, 1, 2, 3, 4, 5])
+    assert (m.capacity(2), m.history(2)) == (96, 96)
+    assert m.free_pages("full") == 20 - 7  # shared pages are not taken twice
+    s = m.stats()
+    assert (s.reuse_queried_tokens, s.reuse_hit_tokens) == (200, 96)
+    m.check_integrity()
+
+
+def test_last_prompt_token_is_never_reused() -> None:
+    m = manager(full_spec(tpb=16), {"full": 20})
+    prefilled(m, 1, PROMPT)
+    # a 96-token prompt is 6 whole pages, but its last token must be computed:
+    # (96 - 1) // 16 = 5 pages -> 80 tokens
+    assert m.create(2, PROMPT[:96]) == 80
+    assert m.create(3, PROMPT[:97]) == 96
+
+
+def test_divergence_inside_a_page_stops_the_hit_before_it() -> None:
+    m = manager(full_spec(tpb=16), {"full": 20})
+    prefilled(m, 1, PROMPT)
+    other = PROMPT[:40] + [7] + PROMPT[41:]  # differs at position 40, inside page 2 (32..47)
+    assert m.create(2, other) == 32
+
+
+def test_salt_separates_tenants() -> None:
+    m = manager(full_spec(tpb=16), {"full": 30})
+    prefilled(m, 1, PROMPT, salt="tenant-a")
+    assert m.create(2, PROMPT) == 0
+    assert m.create(3, PROMPT, salt="tenant-b") == 0
+    assert m.create(4, PROMPT, salt="tenant-a") == 96
+
+
+def test_freed_pages_stay_cached_and_are_evicted_tail_first() -> None:
+    m = manager(full_spec(tpb=16), {"full": 8})
+    prefilled(m, 1, PROMPT)  # 7 pages (0..6), 0..5 hashed
+    m.take_events()
+    m.free(1)
+    s = m.stats().groups["full"]
+    assert (s.free, s.cached, s.used) == (8, 6, 0)
+    # a new request needing 4 pages: the 2 unhashed pages (6 and 7) first, then the
+    # 2 least recently released cached ones; freeing walks the table backwards,
+    # so those are the prefix's tail pages 5 and 4
+    m.create(2, [1, 2, 3])
+    assert m.resize(2, 64, 0)
+    removed = m.take_events()
+    assert [(e.kind, e.page) for e in removed] == [("removed", 5), ("removed", 4)]
+    assert sorted(m.block_table(2, "full").tolist()) == [4, 5, 6, 7]
+    assert m.create(3, PROMPT) == 64  # pages 0..3 survived
+    m.check_integrity()
+
+
+def test_reuse_off_ignores_tokens() -> None:
+    m = manager(full_spec(tpb=16), {"full": 20}, reuse=False)
+    assert prefilled(m, 1, PROMPT) == 0
+    assert m.create(2, PROMPT) == 0 and m.take_events() == []
+    assert m.commit(2, 0) == 0
+
+
+def test_commit_checks_history_and_takes_generated_tokens() -> None:
+    m = manager(full_spec(tpb=16), {"full": 20})
+    m.create(1, PROMPT[:20])
+    assert m.resize(1, 21, 20)
+    with pytest.raises(CacheUsageError, match="cannot commit 21"):
+        m.commit(1, 21)  # beyond history (and beyond known tokens)
+    assert m.commit(1, 20) == 16
+    assert m.resize(1, 33, 32)
+    assert m.commit(1, 32, tokens=PROMPT[20:32]) == 32  # 12 generated tokens appended
+    assert m.create(2, PROMPT[:33]) == 32
+    m.create(3)
+    assert m.resize(3, 16, 16)
+    with pytest.raises(CacheUsageError):
+        m.commit(3, 16)  # no token ids known
+
+
+def full_sliding_spec(tpb: int = 16, window: int = 40):  # type: ignore[no-untyped-def]
+    return load_model_spec({
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "hidden_size": 128, "max_position_embeddings": 1 << 20, "torch_dtype": "bfloat16",
+        "layer_types": ["full_attention", "sliding_attention"], "sliding_window": window,
+    }, tokens_per_block=tpb)
+
+
+def test_sliding_group_needs_only_the_last_window_of_a_hit() -> None:
+    m = manager(full_sliding_spec(tpb=16, window=40), {"full": 20, "sliding": 20})
+    prefilled(m, 1, PROMPT)
+    # at history 100 request 1 holds sliding blocks floor((100+1-40)/16) = 3 .. 6, so
+    # blocks 0..2 were never stored there; a 96-token hit needs blocks
+    # floor((96+1-40)/16) = 3 .. 5 only
+    assert m.create(2, PROMPT) == 96
+    assert_table(m, 2, "sliding", [STALE, STALE, STALE] + m.block_table(1, "sliding")[3:6].tolist())
+    assert m.live_pages(2, "sliding") == 3 and m.live_pages(2, "full") == 6
+    m.check_integrity()
+
+
+def test_state_group_reuses_only_a_snapshot_at_the_hit() -> None:
+    m = manager(hybrid_spec(tpb=16, window=40), {"full": 30, "sliding": 30, "linear_state": 4})
+    # history 100 is not a page boundary: no snapshot, so no hit for a state model
+    prefilled(m, 1, PROMPT)
+    assert m.create(2, PROMPT) == 0
+    # history exactly 96 = 6 pages: commit stores a snapshot of request 3's state slot
+    m.create(3, PROMPT[:96] + [1, 2])
+    assert m.resize(3, 96, 96)
+    m.take_events()
+    assert m.commit(3, 96) == 96
+    snap = [e for e in m.take_events() if e.group == "linear_state"]
+    assert len(snap) == 1 and snap[0].num_tokens == 96
+    assert snap[0].source_page == m.block_table(3, "linear_state")[0]
+    # the hit takes the snapshot page as its own state slot, which drops its hash
+    assert m.create(4, PROMPT) == 96
+    assert_table(m, 4, "linear_state", [snap[0].page])
+    assert [e.kind for e in m.take_events() if e.group == "linear_state"] == ["removed"]
+    assert m.create(5, PROMPT) == 0  # the snapshot is gone
+    m.check_integrity()
