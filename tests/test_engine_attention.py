@@ -7,15 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from engine_helpers import ARCHS, assert_close_logits, manual_plan, tiny, tiny_spec  # noqa: E402
-
-from kvpool.engine.arch import EngineError, StalePageError  # noqa: E402
-from kvpool.engine.attention import PagedBatch, Row, attention_mask  # noqa: E402
-from kvpool.engine.kv_store import KVStore  # noqa: E402
-from kvpool.spec import stale_pages  # noqa: E402
+from engine_helpers import ARCHS, assert_close_logits, manual_plan, tiny, tiny_spec
+from kvpool.engine.arch import EngineError, StalePageError
+from kvpool.engine.attention import PagedBatch, Row, attention_mask
+from kvpool.engine.kv_store import KVStore
+from kvpool.spec import stale_pages
 
 
 def test_masks_by_hand() -> None:

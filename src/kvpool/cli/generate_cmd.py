@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         if tokenizer is not None:
             print(f"  {tokenizer.decode(o.output_ids)!r}")
     print(table(["group", "pages used (peak)", "pages"],
-                [[g, kv["pages_used"][g], kv["total_pages"][g]] for g in kv["pages_used"]]))  # type: ignore[index]
+                [[g, kv["pages_used"][g], kv["total_pages"][g]] for g in kv["pages_used"]]))
     print(f"reuse hits: {kv['reuse_hit_tokens']} tokens, preemptions: {kv['preemptions']}, "
           f"steps: {kv['steps']}, drafts accepted: {kv['draft_tokens_accepted']}/{kv['draft_tokens_proposed']}")
     return 0

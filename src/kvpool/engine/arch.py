@@ -131,8 +131,8 @@ class ArchConfig:
         # The same per-layer reading kvpool.spec uses to build the pool groups,
         # so the engine's windows and the manager's groups cannot disagree.
         types = layer_types(config)
-        window = config.get("sliding_window")
-        windows = tuple(int(window) if t == "sliding_attention" else None for t in types)
+        window = int(config["sliding_window"]) if "sliding_attention" in types else None
+        windows = tuple(window if t == "sliding_attention" else None for t in types)
         gemma = arch == "gemma3"
         ropes = cls._ropes(config, types, gemma)
         eos = config.get("eos_token_id")
