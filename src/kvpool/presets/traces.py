@@ -1,0 +1,288 @@
+"""Request traces: (prompt length, output length, arrival time, prefix blocks).
+
+`load_trace` reads the bundled traces by name (`azure-conv`, `azure-code`,
+`mooncake-conv`) or a file in one of these formats, told apart by extension
+and header:
+
+- Azure LLM inference trace 2023 CSV: `TIMESTAMP,ContextTokens,GeneratedTokens`
+  (absolute wall-clock timestamps such as `2023-11-16 18:15:46.6805900`);
+- Mooncake JSONL: one object per line with `timestamp` (milliseconds),
+  `input_length`, `output_length` and `hash_ids` (prefix-block hashes of 512
+  tokens each; equal ids mean a reusable prefix block);
+- a length-only CSV: any header naming a prompt and an output column
+  (`ContextTokens`/`GeneratedTokens`, `input_length`/`output_length`,
+  `Request tokens`/`Response tokens`, ...) and no time column;
+- a plain CSV `prompt_len,output_len[,arrival_s]`, with or without that header.
+
+Arrival times are seconds relative to the first request; rows are sorted by
+arrival (stable, so equal times keep file order). Bad files raise `TraceError`
+(a `KvpoolError`) naming the file and line.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from kvpool.errors import KvpoolError
+
+MOONCAKE_BLOCK_TOKENS = 512
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+# Header spellings (lower-cased, spaces/dashes as underscores) per column role.
+_PROMPT = ("prompt_len", "prompt_length", "prompt_tokens", "input_len", "input_length",
+           "input_tokens", "contexttokens", "context_tokens", "request_tokens")
+_OUTPUT = ("output_len", "output_length", "output_tokens", "generatedtokens",
+           "generated_tokens", "response_tokens", "completion_tokens")
+# time column -> unit: seconds, milliseconds, or "datetime" (absolute wall clock string)
+_TIME = {"arrival_s": "s", "arrival_time": "s", "time_s": "s", "timestamp_s": "s",
+         "timestamp_ms": "ms", "timestamp": "auto", "time": "auto"}
+
+
+class TraceError(KvpoolError, ValueError):
+    """A trace file that cannot be read (missing, malformed, impossible lengths)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """A request trace. `prompt_len` and `output_len` are int64 arrays (each ≥ 1),
+    `arrival_s` float64 seconds from the first request (sorted, finite) or None
+    when the trace has no times; `hash_ids` per request (Mooncake prefix blocks
+    of `hash_block_tokens` tokens) or None."""
+
+    name: str
+    prompt_len: IntArray
+    output_len: IntArray
+    arrival_s: FloatArray | None = None
+    hash_ids: tuple[tuple[int, ...], ...] | None = None
+    hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS
+
+    def __post_init__(self) -> None:
+        n = len(self.prompt_len)
+        if len(self.output_len) != n or (self.arrival_s is not None and len(self.arrival_s) != n) or (
+            self.hash_ids is not None and len(self.hash_ids) != n
+        ):
+            raise TraceError(f"trace {self.name}: columns have different lengths")
+
+    def __len__(self) -> int:
+        return len(self.prompt_len)
+
+    def lengths(self) -> list[tuple[int, int]]:
+        """(prompt, output) pairs, e.g. for `plan_pools(policy=Workload(...))`."""
+        return list(zip(self.prompt_len.tolist(), self.output_len.tolist(), strict=True))
+
+    def head(self, n: int | None) -> Trace:
+        """The first `n` requests (all when `n` is None)."""
+        if n is None or n >= len(self):
+            return self
+        if n < 1:
+            raise TraceError(f"max requests must be positive, got {n}")
+        return replace(
+            self,
+            prompt_len=self.prompt_len[:n],
+            output_len=self.output_len[:n],
+            arrival_s=None if self.arrival_s is None else self.arrival_s[:n],
+            hash_ids=None if self.hash_ids is None else self.hash_ids[:n],
+        )
+
+    def with_rate(self, rate: float | None, seed: int = 0) -> Trace:
+        """Arrivals at `rate` requests/s on average. None: the trace's own times
+        (all at 0 when it has none); inf: all at 0 (offline throughput); a finite
+        rate rescales the trace's times so that n requests span n / rate
+        seconds, or draws Poisson arrivals (seeded) when the trace has no times
+        or all its times are equal. Returns a new trace."""
+        n = len(self)
+        if rate is None:
+            return self if self.arrival_s is not None else replace(self, arrival_s=np.zeros(n))
+        if math.isnan(rate) or rate <= 0:
+            raise TraceError(f"rate must be positive (or inf), got {rate}")
+        if math.isinf(rate):
+            return replace(self, arrival_s=np.zeros(n))
+        span = float(self.arrival_s[-1]) if self.arrival_s is not None and n > 1 else 0.0
+        if span > 0:
+            assert self.arrival_s is not None
+            # Observed mean rate is n / span; scale times so it becomes `rate`.
+            return replace(self, arrival_s=self.arrival_s * (n / rate / span))
+        gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
+        gaps[0] = 0.0
+        return replace(self, arrival_s=np.cumsum(gaps))
+
+
+def load_trace(name_or_path: str | Path, *, max_requests: int | None = None) -> Trace:
+    """Read a bundled trace by name or a trace file (formats: module docstring).
+    `max_requests` keeps the first N requests in arrival order. Raises TraceError."""
+    from kvpool.presets import TRACES, trace_path
+
+    text = str(name_or_path)
+    if text.lower() in TRACES:
+        path, name = trace_path(text), text.lower()
+    else:
+        path, name = Path(text), Path(text).stem
+        if not path.is_file():
+            raise TraceError(
+                f"trace {text!r} is neither a bundled trace ({', '.join(TRACES)}) nor a file"
+            )
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            if path.suffix.lower() in (".jsonl", ".json"):
+                trace = _read_jsonl(f.read().splitlines(), name, path)
+            else:
+                trace = _read_csv(list(csv.reader(f)), name, path)
+    except UnicodeDecodeError as e:
+        raise TraceError(f"trace {path} is not UTF-8 text: {e}") from None
+    except OSError as e:
+        raise TraceError(f"cannot read trace {path}: {e}") from None
+    return trace.head(max_requests)
+
+
+def _key(header: str) -> str:
+    return header.strip().lower().replace(" ", "_").replace("-", "_")
+
+
+def _int(value: object, path: Path, line: int, column: str) -> int:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        number = float(value) if isinstance(value, str) else value
+        if not isinstance(number, int | float) or not float(number).is_integer():
+            raise ValueError
+        result = int(number)
+    except (TypeError, ValueError):
+        raise TraceError(f"{path}:{line}: {column} must be a whole number, got {value!r}") from None
+    if result < 1:
+        raise TraceError(f"{path}:{line}: {column} must be at least 1, got {result}")
+    return result
+
+
+def _seconds(value: str, unit: str, path: Path, line: int) -> float:
+    """A time cell as seconds (datetime strings as seconds since the epoch)."""
+    try:
+        seconds = float(value) / (1000.0 if unit == "ms" else 1.0)
+    except ValueError:
+        try:
+            stamp = np.datetime64(value.strip().replace(" ", "T"), "ns")
+        except ValueError:
+            raise TraceError(f"{path}:{line}: cannot read time {value!r}") from None
+        seconds = float(stamp.astype(np.int64)) / 1e9
+    if not math.isfinite(seconds):
+        raise TraceError(f"{path}:{line}: time {value!r} is not finite")
+    return seconds
+
+
+def _finish(name: str, prompt: list[int], output: list[int], times: list[float] | None,
+            hashes: list[tuple[int, ...]] | None, path: Path) -> Trace:
+    if not prompt:
+        raise TraceError(f"trace {path} has no requests")
+    order = np.argsort(np.asarray(times), kind="stable") if times is not None else None
+    p, o = np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64)
+    arrival = None
+    if times is not None and order is not None:
+        t = np.asarray(times, dtype=np.float64)[order]
+        arrival = t - t[0]
+        p, o = p[order], o[order]
+        if hashes is not None:
+            hashes = [hashes[i] for i in order.tolist()]
+    return Trace(name, p, o, arrival, tuple(hashes) if hashes is not None else None)
+
+
+def _read_csv(rows: Sequence[Sequence[str]], name: str, path: Path) -> Trace:
+    rows = [r for r in rows if any(c.strip() for c in r)]
+    if not rows:
+        raise TraceError(f"trace {path} is empty")
+    header = [_key(c) for c in rows[0]]
+    if all(_is_number(c) for c in rows[0]):  # headerless plain CSV
+        if len(header) not in (2, 3):
+            raise TraceError(f"{path}:1: a headerless trace needs prompt_len,output_len[,arrival_s]")
+        cols: dict[str, int | None] = {"prompt": 0, "output": 1, "time": 2 if len(header) == 3 else None}
+        first, unit, data_start = 1, "s", 0
+    else:
+        def find(names: Sequence[str]) -> int | None:
+            return next((i for i, h in enumerate(header) if h in names), None)
+
+        cols = {"prompt": find(_PROMPT), "output": find(_OUTPUT), "time": find(tuple(_TIME))}
+        if cols["prompt"] is None or cols["output"] is None:
+            raise TraceError(
+                f"{path}:1: header {rows[0]} names no prompt-length and output-length columns "
+                "(e.g. prompt_len,output_len[,arrival_s] or TIMESTAMP,ContextTokens,GeneratedTokens)"
+            )
+        time_col = cols["time"]
+        unit = _TIME[header[time_col]] if time_col is not None else "s"
+        first, data_start = 2, 1
+    prompt: list[int] = []
+    output: list[int] = []
+    times: list[float] | None = [] if cols["time"] is not None else None
+    width = max(c for c in cols.values() if c is not None) + 1
+    for k, row in enumerate(rows[data_start:]):
+        line = k + first
+        if len(row) < width:
+            raise TraceError(f"{path}:{line}: expected at least {width} columns, got {len(row)}")
+        prompt.append(_int(row[cols["prompt"] or 0], path, line, "prompt length"))
+        output.append(_int(row[cols["output"] or 0], path, line, "output length"))
+        if times is not None and cols["time"] is not None:
+            times.append(_seconds(row[cols["time"]], unit, path, line))
+    return _finish(name, prompt, output, times, None, path)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_jsonl(lines: Sequence[str], name: str, path: Path) -> Trace:
+    prompt: list[int] = []
+    output: list[int] = []
+    times: list[float] = []
+    hashes: list[tuple[int, ...]] = []
+    has_time = has_hash = None
+    for k, text in enumerate(lines):
+        line = k + 1
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{path}:{line}: not valid JSON: {e.msg}") from None
+        if not isinstance(obj, dict):
+            raise TraceError(f"{path}:{line}: expected a JSON object")
+        keys = {_key(key): value for key, value in obj.items()}
+        p_key = next((c for c in _PROMPT if c in keys), None)
+        o_key = next((c for c in _OUTPUT if c in keys), None)
+        if p_key is None or o_key is None:
+            raise TraceError(f"{path}:{line}: needs input_length and output_length fields")
+        prompt.append(_int(keys[p_key], path, line, p_key))
+        output.append(_int(keys[o_key], path, line, o_key))
+        t_key = "timestamp" if "timestamp" in keys else next((c for c in _TIME if c in keys), None)
+        if has_time is None:
+            has_time, has_hash = t_key is not None, "hash_ids" in keys
+        if has_time != (t_key is not None) or has_hash != ("hash_ids" in keys):
+            raise TraceError(f"{path}:{line}: fields differ from the first request's")
+        if t_key is not None:
+            # Mooncake's `timestamp` is in milliseconds; `*_s` keys are seconds.
+            unit = "ms" if t_key in ("timestamp", "timestamp_ms") else "s"
+            times.append(_seconds(str(keys[t_key]), unit, path, line))
+        if "hash_ids" in keys:
+            ids = keys["hash_ids"]
+            if not isinstance(ids, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in ids
+            ):
+                raise TraceError(f"{path}:{line}: hash_ids must be a list of integers")
+            if len(ids) != -(-prompt[-1] // MOONCAKE_BLOCK_TOKENS):
+                raise TraceError(
+                    f"{path}:{line}: {len(ids)} hash_ids for {prompt[-1]} prompt tokens; expected "
+                    f"ceil({prompt[-1]}/{MOONCAKE_BLOCK_TOKENS}) = {-(-prompt[-1] // MOONCAKE_BLOCK_TOKENS)}"
+                )
+            hashes.append(tuple(ids))
+    return _finish(name, prompt, output, times if has_time else None,
+                   hashes if has_hash else None, path)

@@ -1,0 +1,172 @@
+"""Trace readers: bundled traces, each file format, rates, and bad files."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvpool.errors import KvpoolError
+from kvpool.presets.traces import Trace, TraceError, load_trace
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def assert_arrays(actual: np.ndarray | None, expected: list[float]) -> None:
+    assert actual is not None, "expected arrival times, got None"
+    assert np.allclose(actual, expected), f"got {actual.tolist()}, expected {expected}"
+
+
+# ----------------------------------------------------------------------------- bundled
+
+
+@pytest.mark.parametrize(
+    ("name", "rows", "first"),
+    [
+        # Row counts and first rows from the traces README / the files' first lines.
+        ("azure-conv", 19366, (374, 44)),
+        ("azure-code", 8819, (4808, 10)),
+        ("mooncake-conv", 12031, (6758, 500)),
+    ],
+)
+def test_bundled_traces_load(name: str, rows: int, first: tuple[int, int]) -> None:
+    trace = load_trace(name)
+    assert len(trace) == rows
+    assert (int(trace.prompt_len[0]), int(trace.output_len[0])) == first
+    assert trace.arrival_s is not None and trace.arrival_s[0] == 0.0
+    assert np.all(np.diff(trace.arrival_s) >= 0)
+    assert trace.prompt_len.min() >= 1 and trace.output_len.min() >= 1
+
+
+def test_azure_timestamps_are_seconds_from_first_request() -> None:
+    trace = load_trace("azure-conv", max_requests=2)
+    # 18:15:50.9951690 - 18:15:46.6805900 = 4.314579 s
+    assert_arrays(trace.arrival_s, [0.0, 4.314579])
+
+
+def test_mooncake_hash_ids_cover_prompt_in_512_token_blocks() -> None:
+    trace = load_trace("mooncake-conv", max_requests=50)
+    assert trace.hash_ids is not None and trace.hash_block_tokens == 512
+    for p, ids in zip(trace.prompt_len.tolist(), trace.hash_ids, strict=True):
+        assert len(ids) == -(-p // 512), (p, len(ids))
+    # the first two requests share their first block (hash 0): a reusable prefix
+    assert trace.hash_ids[0][0] == trace.hash_ids[1][0] == 0
+
+
+# ----------------------------------------------------------------------------- formats
+
+
+def test_plain_csv_with_header_and_arrivals(tmp_path: Path) -> None:
+    path = write(tmp_path, "t.csv", "prompt_len,output_len,arrival_s\n10,5,2.5\n20,1,0.5\n")
+    trace = load_trace(path)
+    # sorted by arrival, times relative to the first: 0.5 -> 0, 2.5 -> 2.0
+    assert trace.prompt_len.tolist() == [20, 10] and trace.output_len.tolist() == [1, 5]
+    assert_arrays(trace.arrival_s, [0.0, 2.0])
+    assert trace.name == "t"
+
+
+def test_plain_csv_without_header(tmp_path: Path) -> None:
+    trace = load_trace(write(tmp_path, "t.csv", "7,3\n8,4\n"))
+    assert trace.lengths() == [(7, 3), (8, 4)]
+    assert trace.arrival_s is None
+
+
+def test_length_only_csv(tmp_path: Path) -> None:
+    trace = load_trace(write(tmp_path, "l.csv", "ContextTokens,GeneratedTokens\n100,9\n"))
+    assert trace.lengths() == [(100, 9)] and trace.arrival_s is None
+
+
+def test_burstgpt_style_columns(tmp_path: Path) -> None:
+    text = "Timestamp,Model,Request tokens,Response tokens\n5,gpt,30,2\n7,gpt,40,3\n"
+    trace = load_trace(write(tmp_path, "b.csv", text))
+    assert trace.lengths() == [(30, 2), (40, 3)]
+    assert_arrays(trace.arrival_s, [0.0, 2.0])
+
+
+def test_jsonl_without_hashes(tmp_path: Path) -> None:
+    path = write(tmp_path, "m.jsonl", '{"timestamp": 1000, "input_length": 3, "output_length": 2}\n'
+                                      '{"timestamp": 2500, "input_length": 4, "output_length": 1}\n')
+    trace = load_trace(path)
+    assert trace.hash_ids is None
+    assert_arrays(trace.arrival_s, [0.0, 1.5])  # milliseconds
+
+
+# ----------------------------------------------------------------------------- rates
+
+
+def make(n: int, times: list[float] | None) -> Trace:
+    return Trace("t", np.full(n, 10, dtype=np.int64), np.full(n, 2, dtype=np.int64),
+                 None if times is None else np.asarray(times, dtype=np.float64))
+
+
+def test_rate_rescales_trace_times() -> None:
+    # 4 requests over 2 s = 2 req/s observed; at rate 8 they span 4 / 8 = 0.5 s
+    trace = make(4, [0.0, 1.0, 1.5, 2.0]).with_rate(8.0)
+    assert_arrays(trace.arrival_s, [0.0, 0.25, 0.375, 0.5])
+
+
+def test_rate_inf_sends_everything_at_zero() -> None:
+    assert_arrays(make(3, [0.0, 1.0, 2.0]).with_rate(math.inf).arrival_s, [0.0, 0.0, 0.0])
+
+
+def test_rate_without_times_is_seeded_poisson() -> None:
+    a = make(20000, None).with_rate(4.0, seed=1)
+    b = make(20000, None).with_rate(4.0, seed=1)
+    assert a.arrival_s is not None and b.arrival_s is not None
+    assert np.array_equal(a.arrival_s, b.arrival_s)
+    mean_gap = float(np.diff(a.arrival_s).mean())
+    assert abs(mean_gap - 0.25) < 0.01, mean_gap  # exponential gaps of mean 1/4 s
+
+
+def test_default_rate_without_times_is_offline() -> None:
+    assert_arrays(make(2, None).with_rate(None).arrival_s, [0.0, 0.0])
+
+
+def test_head_keeps_first_requests() -> None:
+    trace = make(5, [0, 1, 2, 3, 4]).head(2)
+    assert len(trace) == 2
+    assert_arrays(trace.arrival_s, [0.0, 1.0])
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("e.csv", "", "empty"),
+        ("h.csv", "prompt_len,output_len\n", "no requests"),
+        ("c.csv", "a,b\n1,2\n", "names no prompt-length"),
+        ("n.csv", "prompt_len,output_len\n10,x\n", ":2: output length"),
+        ("z.csv", "prompt_len,output_len\n0,5\n", "at least 1"),
+        ("f.csv", "prompt_len,output_len\n1.5,5\n", "whole number"),
+        ("s.csv", "prompt_len,output_len\n5\n", "expected at least 2 columns"),
+        ("w.csv", "1,2,3,4\n", "headerless"),
+        ("t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,1\n", "cannot read time"),
+        ("j.jsonl", "{not json\n", "not valid JSON"),
+        ("k.jsonl", '{"input_length": 3}\n', "needs input_length and output_length"),
+        ("m.jsonl", '{"input_length": 1000, "output_length": 1, "hash_ids": [1]}\n', "expected ceil"),
+        ("x.jsonl", '{"input_length": 3, "output_length": 1, "hash_ids": ["a"]}\n', "list of integers"),
+    ],
+)
+def test_bad_files_raise_trace_error(tmp_path: Path, name: str, text: str, message: str) -> None:
+    with pytest.raises(TraceError, match=message) as info:
+        load_trace(write(tmp_path, name, text))
+    assert isinstance(info.value, KvpoolError)
+
+
+def test_missing_file_and_unknown_name() -> None:
+    with pytest.raises(TraceError, match="neither a bundled trace"):
+        load_trace("azure-chat-does-not-exist")
+
+
+@pytest.mark.parametrize("rate", [0.0, -1.0, math.nan])
+def test_bad_rate(rate: float) -> None:
+    with pytest.raises(TraceError, match="rate must be positive"):
+        make(2, None).with_rate(rate)
