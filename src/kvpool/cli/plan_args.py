@@ -11,11 +11,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import numpy as np
+
 from kvpool import presets
 from kvpool.cli.common import add_model_args, positive_int
 from kvpool.errors import KvpoolError, LimitsError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
 from kvpool.plan.workload import Workload
+from kvpool.presets.traces import load_trace
 from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.units import format_bytes, parse_size
 
@@ -42,8 +45,9 @@ def optional_tokens(text: str) -> int | None:
     return positive_int(text)
 
 
-def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True) -> None:
-    """Add MODEL (unless `model=False`), budget, limit and policy options to `p`."""
+def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True, workload: bool = True) -> None:
+    """Add MODEL (unless `model=False`), budget, limit and policy options to `p`
+    (`--workload` unless `workload=False`, for commands that take a trace otherwise)."""
     if model:
         add_model_args(p)
     b = p.add_argument_group("budget (give --kv-memory, or --gpu with --non-kv-memory)")
@@ -77,6 +81,11 @@ def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True) -> None:
     pol = p.add_argument_group("sizing policy")
     pol.add_argument("--pool-ratio", default=None, metavar="NAME=SHARE,...",
                      help="explicit byte share per group (summing to 1); drops all constraints")
+    if workload:
+        pol.add_argument("--workload", default=None, metavar="TRACE",
+                         help="set the ratio from the expected pages of a trace's (prompt, output) "
+                              "lengths: a bundled trace (azure-conv, azure-code, mooncake-conv) "
+                              "or a trace file")
     pol.add_argument("--fit", action="store_true",
                      help="shrink the longest request of a constraint that does not fit, "
                           "instead of failing")
@@ -157,7 +166,11 @@ def limits_from_args(args: argparse.Namespace, spec: ModelSpec) -> ServingLimits
 
 def workload_from_args(args: argparse.Namespace) -> Workload | None:
     """The `--workload` policy, when the command has that option and it is given."""
-    return None
+    source = getattr(args, "workload", None)
+    if source is None:
+        return None
+    trace = load_trace(source)
+    return Workload(np.stack([trace.prompt_len, trace.output_len], axis=1))
 
 
 def plan_from_args(args: argparse.Namespace) -> PoolPlan:
@@ -172,6 +185,7 @@ def plan_from_args(args: argparse.Namespace) -> PoolPlan:
     )
 
 
+
 def plan_summary(plan: PoolPlan) -> dict[str, Any]:
-    """The plan as `kvpool plan --json` prints it."""
+    """The plan as `kvpool plan --json` prints it (same as `plan.to_json()`)."""
     return plan.to_json()

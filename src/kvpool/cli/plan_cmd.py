@@ -44,6 +44,8 @@ def render(plan: PoolPlan) -> str:
                         if len(step) > 1 else "") + " (capacity/history)")
     for c in plan.constraints:
         state = "fits" if c.satisfied else f"short {dict(c.short)}"
+        if c.shrunk_from is not None:
+            state += f" after shrinking its longest request from {c.shrunk_from.capacity}"
         lines.append(f"constraint {c.name}: {len(c.batch)} requests, longest "
                      f"{max(s.capacity for s in c.batch)} positions: {state}")
     conc = plan.max_concurrency()

@@ -9,13 +9,14 @@ the longest that fits.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from kvpool.errors import InfeasiblePlanError
 from kvpool.plan.batches import Constraint
 from kvpool.plan.limits import ServingLimits
 from kvpool.plan.result import ConstraintResult
-from kvpool.spec import ModelSpec, Shape, pages_per_group
+from kvpool.spec import ModelSpec, Shape, pages_needed
 from kvpool.units import format_bytes
 
 ConstraintBuilder = Callable[[ServingLimits], Sequence[Constraint]]
@@ -24,6 +25,14 @@ ConstraintBuilder = Callable[[ServingLimits], Sequence[Constraint]]
 def pages_bytes(spec: ModelSpec, pages: Mapping[str, int]) -> int:
     """Bytes of `pages` slots per group."""
     return sum(g.slot_bytes * pages.get(g.name, 0) for g in spec.groups)
+
+
+def batch_floors(spec: ModelSpec, batch: Sequence[Shape]) -> dict[str, int]:
+    """Pages per group that `batch` needs at once; equal shapes are counted once
+    and multiplied (warmup batches repeat one shape hundreds of times)."""
+    runs = Counter(batch)
+    return {g.name: sum(n * pages_needed(g, s.capacity, s.history) for s, n in runs.items())
+            for g in spec.groups}
 
 
 def merge_floors(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
@@ -40,13 +49,14 @@ def floors_fit(spec: ModelSpec, constraints: Sequence[Constraint], budget: int) 
     """Whether every constraint's pages (and one page per group) fit `budget` together."""
     floors = base_floors(spec)
     for c in constraints:
-        floors = merge_floors(floors, pages_per_group(spec, c.batch))
+        floors = merge_floors(floors, batch_floors(spec, c.batch))
     return pages_bytes(spec, floors) <= budget
 
 
 def largest_fitting(lo: int, hi: int, fits: Callable[[int], bool]) -> int:
-    """Largest x in [lo, hi] with fits(x), assuming fits is monotone; lo - 1 if none."""
-    if not fits(lo):
+    """Largest x in [lo, hi] with fits(x), for fits monotone (true up to some
+    point, false after); lo - 1 if none."""
+    if hi < lo or not fits(lo):
         return lo - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -55,6 +65,29 @@ def largest_fitting(lo: int, hi: int, fits: Callable[[int], bool]) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def largest_fitting_length(lo: int, hi: int, tpb: int, fits: Callable[[int], bool]) -> int:
+    """Largest request length x in [lo, hi] with fits(x); lo - 1 if none.
+
+    Page needs are not monotone in the length: a decode one position past a
+    page boundary can hold one more sliding page than one exactly at the
+    boundary, so bisection alone can miss the answer. They are monotone over
+    page-aligned lengths (a shift by tpb shifts the window by whole pages), and
+    no length inside a page needs fewer pages than the page's aligned start.
+    So: bisect over multiples of tpb, then scan down the page above the last
+    fitting one. Exact for full, sliding, compressed and state groups.
+    """
+    if hi < lo:
+        return lo - 1
+    k_lo, k_hi = -(-lo // tpb), hi // tpb
+    k = largest_fitting(k_lo, k_hi, lambda j: fits(j * tpb)) if k_lo <= k_hi else k_lo - 1
+    top = min(hi, (k + 1) * tpb - 1)
+    bottom = max(lo, k * tpb)
+    for x in range(top, bottom - 1, -1):
+        if fits(x):
+            return x
+    return lo - 1
 
 
 def resolve_floors(
@@ -82,7 +115,7 @@ def resolve_floors(
     results: list[ConstraintResult] = []
     notes: list[str] = []
     for c in build(limits):
-        merged = merge_floors(floors, pages_per_group(spec, c.batch))
+        merged = merge_floors(floors, batch_floors(spec, c.batch))
         if pages_bytes(spec, merged) <= budget:
             floors = merged
             results.append(ConstraintResult(c.name, c.batch, True))
@@ -92,7 +125,7 @@ def resolve_floors(
             raise infeasible(spec, limits, budget, build, c, floors, merged, fit=fit)
         longest = max(c.batch, key=lambda s: s.capacity)
         new_longest = max(shrunk, key=lambda s: s.capacity)
-        floors = merge_floors(floors, pages_per_group(spec, shrunk))
+        floors = merge_floors(floors, batch_floors(spec, shrunk))
         results.append(ConstraintResult(c.name, shrunk, True, shrunk_from=longest))
         notes.append(
             f"fit: constraint '{c.name}' longest request shrunk from capacity {longest.capacity} "
@@ -116,11 +149,11 @@ def shrink_longest(
         return batch[:index] + (Shape(cap, cap - gap),) + batch[index + 1:]
 
     def fits(cap: int) -> bool:
-        merged = merge_floors(floors, pages_per_group(spec, with_capacity(cap)))
+        merged = merge_floors(floors, batch_floors(spec, with_capacity(cap)))
         return pages_bytes(spec, merged) <= budget
 
     lo = max(1, gap)
-    best = largest_fitting(lo, longest.capacity, fits)
+    best = largest_fitting_length(lo, longest.capacity, spec.tokens_per_block, fits)
     return with_capacity(best) if best >= lo else None
 
 
@@ -147,7 +180,8 @@ def infeasible(
         return floors_fit(spec, build(changed), budget)
 
     best_b = largest_fitting(1, limits.max_batch_size, lambda b: fits_with(max_batch_size=b))
-    best_l = largest_fitting(1, limits.max_seq_len, lambda n: fits_with(max_seq_len=n))
+    best_l = largest_fitting_length(1, limits.max_seq_len, spec.tokens_per_block,
+                                    lambda n: fits_with(max_seq_len=n))
     what = ", ".join(f"{n}x{s.capacity}/{s.history}" for s, n in _runs(constraint.batch))
     hint = "" if fit else "; or pass --fit to shrink its longest request"
     return InfeasiblePlanError(

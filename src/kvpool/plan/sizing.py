@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
@@ -102,9 +103,10 @@ def plan_pools(
         raise LimitsError("give pool_ratio or a policy, not both")
     if limits.tokens_per_block is not None:
         spec = spec.with_tokens_per_block(limits.tokens_per_block)
+    shares = None if pool_ratio is None else check_pool_ratio(spec, pool_ratio)
     rules = rules_for(spec)
     avg = rules.typical_seq_len(limits)
-    explicit = pool_ratio is not None and phase == "final"
+    explicit = shares is not None and phase == "final"
 
     def build(lim: ServingLimits) -> tuple[Constraint, ...]:
         return plan_constraints(lim, rules, phase, explicit_ratio=explicit)
@@ -116,8 +118,8 @@ def plan_pools(
         ratio: dict[str, float] = {g.name: floors[g.name] * g.slot_bytes for g in spec.groups}
         notes += ("profile phase: sized for the warmup shapes; pool_ratio, policy and "
                   "avg_seq_len are not used",)
-    elif pool_ratio is not None:
-        name, ratio = "pool_ratio", check_pool_ratio(spec, pool_ratio)
+    elif shares is not None:
+        name, ratio = "pool_ratio", shares
     elif policy is not None:
         name, ratio = policy.name, policy.ratio(spec, limits)
     elif avg is not None:
@@ -144,11 +146,8 @@ def plan_pools(
         phase=phase,
     )
     if phase == "final":
-        warnings = plan_warnings(plan) + tuple(n for n in notes if n.startswith("fit:"))
-        plan = PoolPlan(
-            spec, limits, kv_memory_bytes, name, groups, results, warnings, notes,
-            avg_seq_len=avg, typical_step=step, ratio=ratio, phase=phase,
-        )
+        fitted = tuple(n for n in notes if n.startswith("fit:"))
+        plan = dataclasses.replace(plan, warnings=plan_warnings(plan) + fitted)
     return plan
 
 

@@ -1,0 +1,126 @@
+"""`kvpool plan`: exit codes, the --json shape, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvpool.cli.main import main
+from kvpool.presets import load_gpu
+
+GiB = 2**30
+GEMMA = ["plan", "gemma-4-26b-a4b", "--kv-dtype", "fp8", "--max-seq-len", "32768"]
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, object]:
+    assert main([*argv, "--json"]) == 0
+    out: dict[str, object] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def run_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Run a command that must fail as a user error: exit 2, one line on stderr."""
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_json_has_exactly_the_issue_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, *GEMMA, "--kv-memory", "60GiB")
+    assert set(out) == {"policy", "budget_bytes", "total_bytes", "groups", "constraints",
+                        "max_concurrency", "warnings"}
+    assert out["policy"] == "reference" and out["budget_bytes"] == 60 * GiB
+    assert isinstance(out["total_bytes"], int) and out["total_bytes"] <= 60 * GiB
+    groups = out["groups"]
+    assert isinstance(groups, list)
+    assert [set(g) for g in groups] == [{"name", "kind", "window", "page_bytes", "pages", "bytes"}] * 2
+    assert [(g["name"], g["kind"], g["window"]) for g in groups] == [
+        ("sliding", "sliding", 1024), ("full", "full", None)]
+    assert all(g["bytes"] == g["pages"] * g["page_bytes"] for g in groups)
+    assert out["constraints"] == [] and out["warnings"] == []
+    conc = out["max_concurrency"]
+    assert isinstance(conc, dict) and set(conc) == {"reference", "avg_seq_len", "max_seq_len"}
+    assert conc["avg_seq_len"] is None and conc["reference"] > 256
+
+
+def test_avg_seq_len_adds_constraints_and_the_gemma_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, *GEMMA, "--kv-memory", "60GiB", "--avg-seq-len", "32768")
+    assert out["policy"] == "typical_step"
+    assert out["constraints"] == [{"name": "context", "satisfied": True, "short": {}}]
+    warnings = out["warnings"]
+    assert isinstance(warnings, list) and any("sliding" in w for w in warnings)
+    conc = out["max_concurrency"]
+    assert isinstance(conc, dict) and isinstance(conc["avg_seq_len"], int)
+
+
+def test_gpu_budget_is_memory_minus_non_kv_times_fraction(capsys: pytest.CaptureFixture[str]) -> None:
+    gpu = load_gpu("h100")
+    out = run_json(capsys, "plan", "llama-3.1-8b-instruct", "--gpu", "h100", "--non-kv-memory", "20GiB",
+                   "--memory-fraction", "0.5")
+    assert out["budget_bytes"] == int((gpu.memory_bytes - 20 * GiB) * 0.5)
+    out = run_json(capsys, "plan", "llama-3.1-8b-instruct", "--gpu", "h100", "--non-kv-memory", "20GiB")
+    assert out["budget_bytes"] == int((gpu.memory_bytes - 20 * GiB) * 0.9)
+
+
+def test_pool_ratio_and_profile_phase(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, *GEMMA, "--kv-memory", "1GiB", "--avg-seq-len", "4096",
+                   "--pool-ratio", "full=0.5,sliding=0.5")
+    assert out["policy"] == "pool_ratio" and out["constraints"] == []
+    out = run_json(capsys, "plan", "llama-3.1-8b-instruct", "--kv-memory", "2GiB", "--phase", "profile",
+                   "--max-batch-size", "1024")
+    assert out["policy"] == "profile"
+    assert [c["name"] for c in out["constraints"]] == ["context", "graph_decodes"]  # type: ignore[index]
+
+
+def test_workload_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, *GEMMA, "--kv-memory", "60GiB", "--workload", "azure-conv")
+    assert out["policy"] == "workload"
+
+
+def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*GEMMA, "--kv-memory", "60GiB", "--avg-seq-len", "32768"]) == 0
+    out = capsys.readouterr().out
+    assert "page bytes" in out and "typical step: 8192/0 + 255 x 32768/32767" in out
+    assert "warning: group 'sliding'" in out
+
+
+def test_infeasible_plan_exits_2_with_one_line_naming_group_b_and_l(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    err = run_error(capsys, "plan", "deepseek-v4-flash", "--kv-memory", "1GiB", "--max-seq-len", "65536")
+    assert "'longest_decode'" in err and "group '" in err
+    assert "largest max_batch_size that fits" in err and "largest max_seq_len that fits" in err
+
+
+def test_fit_turns_the_failure_into_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "plan", "deepseek-v4-flash", "--kv-memory", "4GiB", "--max-seq-len",
+                   "1000000", "--max-batch-size", "8", "--fit")
+    assert out["total_bytes"] <= 4 * GiB  # type: ignore[operator]
+    assert any("shrunk" in w for w in out["warnings"])  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "llama-3.1-8b-instruct"],  # no budget
+    ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--gpu", "h100"],
+    ["plan", "llama-3.1-8b-instruct", "--gpu", "h100"],
+    ["plan", "llama-3.1-8b-instruct", "--gpu", "h100", "--non-kv-memory", "200GiB"],
+    ["plan", "llama-3.1-8b-instruct", "--kv-memory", "lots"],
+    ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--avg-seq-len", "9000"],
+    ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--pool-ratio", "full=0.4"],
+    ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--pool-ratio", "full"],
+    ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--cuda-graph-batch-sizes", "1,x"],
+    ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--workload", "nope"],
+    ["plan", "no-such-model", "--kv-memory", "1GiB"],
+])
+def test_user_errors_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    run_error(capsys, *argv)
+
+
+def test_bad_flag_values_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--phase", "warm"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
