@@ -90,3 +90,21 @@ def test_user_errors_exit_2(cli, tmp_path: Path) -> None:  # type: ignore[no-unt
         assert message in err, (args, err)
         assert len(err.strip().splitlines()) == 1, err
         assert out == ""
+
+
+def test_prompts_keep_command_line_order_and_folder_tokenizer(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    _, hf, config = tiny("llama")
+    folder = save_folder(hf, config, tmp_path / "llama")
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 40, "pages": 41}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(folder)
+    code, out, err = cli("generate", str(folder), "--prompt", "hello pages", "--prompt-ids", "7,8",
+                         "--prompt", "pages", "--max-new-tokens", "2", "--json")
+    assert code == 0, err
+    assert [r["prompt_ids"] for r in json.loads(out)["requests"]] == [[40, 41], [7, 8], [41]]
+    code, out, err = cli("generate", str(folder), "--prompt", "hello", "--max-new-tokens", "2")
+    assert code == 0, err
+    assert "request 0: 1 prompt tokens" in out and "'" in out  # decoded text printed

@@ -25,10 +25,11 @@ def register(sub: Any) -> None:
     p.add_argument("--tiny", choices=ARCHS, metavar="ARCH",
                    help=f"random tiny model instead of MODEL_DIR: {', '.join(ARCHS)}")
     p.add_argument("--seed", type=int, default=0, help="seed of the --tiny weights (default 0)")
-    p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
-                   help="a prompt (repeat to batch requests)")
-    p.add_argument("--prompt-ids", action="append", default=[], metavar="1,2,3",
-                   help="a prompt as token ids (repeat to batch requests)")
+    # One list in command-line order, so requests come out in the order given.
+    p.add_argument("--prompt", dest="prompts", action="append", default=[], metavar="TEXT",
+                   type=lambda s: ("text", s), help="a prompt (repeat to batch requests)")
+    p.add_argument("--prompt-ids", dest="prompts", action="append", metavar="1,2,3",
+                   type=lambda s: ("ids", s), help="a prompt as token ids (repeat to batch requests)")
     p.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N",
                    help="tokens to generate per request (default 32)")
     p.add_argument("--tokens-per-block", type=positive_int, default=16, metavar="T",
@@ -49,18 +50,19 @@ def register(sub: Any) -> None:
 
 def _prompts(args: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
     prompts: list[list[int]] = []
-    for text in args.prompt_ids:
-        try:
-            ids = [int(t) for t in text.replace(" ", "").split(",") if t]
-        except ValueError:
-            raise KvpoolError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
-        if not ids:
-            raise KvpoolError("--prompt-ids needs at least one id")
-        prompts.append(ids)
-    for text in args.prompt:
-        if not text:
+    for kind, text in args.prompts:
+        if kind == "ids":
+            try:
+                ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+            except ValueError:
+                raise KvpoolError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
+            if not ids:
+                raise KvpoolError("--prompt-ids needs at least one id")
+            prompts.append(ids)
+        elif not text:
             raise KvpoolError("--prompt needs some text")
-        prompts.append(list(text.encode()) if tokenizer is None else list(tokenizer.encode(text)))
+        else:
+            prompts.append(list(text.encode()) if tokenizer is None else list(tokenizer.encode(text)))
     if not prompts:
         raise KvpoolError("give at least one --prompt or --prompt-ids")
     return prompts
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                                         dtype=dtype or torch.float32, device=args.device)
     else:
         model, config = weights.load_folder(args.model_dir, dtype=dtype, device=args.device)
-        if args.prompt:
+        if any(kind == "text" for kind, _ in args.prompts):
             tokenizer = _tokenizer(args.model_dir)
     prompts = _prompts(args, tokenizer)
     engine = _engine(args, model, config, prompts)
