@@ -136,6 +136,8 @@ class DecoderLM(nn.Module):
         self._rope_of_layer = [self._ropes.index(r) for r in cfg.ropes]
         for i, rope in enumerate(self._ropes):
             self.register_buffer(f"inv_freq_{i}", rope.inv_freq(cfg.head_dim), persistent=False)
+        # A buffer, not a tensor made per call: no host-to-device copy inside a CUDA graph.
+        self.register_buffer("embed_scale", torch.tensor(cfg.hidden_size**0.5), persistent=False)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -151,7 +153,8 @@ class DecoderLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         if cfg.gemma:
             # Gemma scales embeddings by sqrt(hidden) rounded to the weight dtype.
-            x = x * torch.tensor(cfg.hidden_size**0.5, dtype=x.dtype, device=x.device)
+            scale: torch.Tensor = self.embed_scale
+            x = x * scale.to(x.dtype)
         tables = []
         for i in range(len(self._ropes)):
             inv_freq: torch.Tensor = getattr(self, f"inv_freq_{i}")

@@ -94,7 +94,12 @@ def from_state_dict(config: Mapping[str, Any], state: Mapping[str, torch.Tensor]
         model.load_state_dict(clean, strict=True)
     except RuntimeError as e:
         raise EngineError(f"checkpoint does not fit the config: {str(e).splitlines()[0]}") from None
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device)
+    # Cast parameters only: RoPE frequencies and the embedding scale stay in
+    # float32 buffers, as transformers keeps them.
+    for param in model.parameters():
+        param.data = param.data.to(dtype)
+    return model.eval()
 
 
 def tiny_model(arch: str, seed: int = 0, **overrides: Any) -> tuple[DecoderLM, Any, dict[str, Any]]:
