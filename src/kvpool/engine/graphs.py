@@ -76,7 +76,8 @@ class _Static:
             return batch.attend(store.group_of_layer[layer], store.layer(layer), q, k, v,
                                 cfg.attn_scale, cfg.attn_logit_softcap)
 
-        return engine.model(self.ids, self.positions, attend)
+        logits: torch.Tensor = engine.model(self.ids, self.positions, attend)
+        return logits
 
 
 class DecodeGraphs:
@@ -113,7 +114,7 @@ class DecodeGraphs:
         # Warm up on a side stream (allocator, lazy kernels), then capture. The
         # capture writes K/V into the rows' current pages: those are the pages
         # this very step writes anyway, so capturing changes nothing visible.
-        stream = torch.cuda.Stream()
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             static.forward(self.engine)

@@ -72,7 +72,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         out = attend(layer, q, k, v)
-        return self.o_proj(out.reshape(t, self.heads * self.head_dim))
+        projected: torch.Tensor = self.o_proj(out.reshape(t, self.heads * self.head_dim))
+        return projected
 
 
 class MLP(nn.Module):
@@ -90,7 +91,8 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate = self.gate_proj(x)
         act = F.gelu(gate, approximate="tanh") if self.tanh_gelu else F.silu(gate)
-        return self.down_proj(act * self.up_proj(x))
+        down: torch.Tensor = self.down_proj(act * self.up_proj(x))
+        return down
 
 
 class DecoderLayer(nn.Module):
@@ -110,9 +112,11 @@ class DecoderLayer(nn.Module):
         attn = self.self_attn(self.input_layernorm(x), cos, sin, layer, attend)
         if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
             x = x + attn
-            return x + self.mlp(self.post_attention_layernorm(x))
+            mlp: torch.Tensor = self.mlp(self.post_attention_layernorm(x))
+            return x + mlp
         x = x + self.post_attention_layernorm(attn)
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        sandwiched: torch.Tensor = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        return x + sandwiched
 
 
 class Backbone(nn.Module):
@@ -153,11 +157,11 @@ class DecoderLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         if cfg.gemma:
             # Gemma scales embeddings by sqrt(hidden) rounded to the weight dtype.
-            scale: torch.Tensor = self.embed_scale
+            scale = self.get_buffer("embed_scale")
             x = x * scale.to(x.dtype)
         tables = []
         for i in range(len(self._ropes)):
-            inv_freq: torch.Tensor = getattr(self, f"inv_freq_{i}")
+            inv_freq = self.get_buffer(f"inv_freq_{i}")
             freqs = positions[:, None].float() * inv_freq[None].float()
             emb = torch.cat((freqs, freqs), dim=-1)
             tables.append((emb.cos().to(x.dtype), emb.sin().to(x.dtype)))

@@ -242,10 +242,10 @@ class Engine:
 
     def _forward(self, rows: list[Row], ids: list[int], step: Step, wanted: list[int]) -> torch.Tensor:
         if self.graphs is not None and step.graph and not step.prefills:
-            logits = self.graphs.run(rows, ids, wanted)
-            if logits is not None:
+            replayed = self.graphs.run(rows, ids, wanted)
+            if replayed is not None:
                 self.stats.graph_steps += 1
-                return logits
+                return replayed
         batch = PagedBatch(rows, self.spec.groups, self._num_pages, self.device)
         store, cfg = self.store, self.model.cfg
 
@@ -255,7 +255,8 @@ class Engine:
 
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         index = torch.tensor(wanted, dtype=torch.long, device=self.device)
-        return self.model(input_ids, batch.positions, attend, index)
+        logits: torch.Tensor = self.model(input_ids, batch.positions, attend, index)
+        return logits
 
     # ------------------------------------------------------------------ report
 
