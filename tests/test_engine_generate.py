@@ -121,6 +121,15 @@ def test_static_decode_path_parity(arch: str) -> None:
     assert engine.stats.graph_steps > 0
 
 
+@pytest.mark.parametrize("options", [{"padding": False}, {"warmup": False}])
+def test_lazy_padding_and_no_warmup_parity(options: dict[str, bool]) -> None:
+    # padding=False: the scheduler asks for a fresh padding dummy each padded
+    # step (history = its draft length, not 0); warmup=False: nothing captured,
+    # so no step pads at all.
+    engine = run_engine("gemma3", **options)
+    assert (engine.stats.padding_rows > 0) == options.get("warmup", True)
+
+
 def test_sliding_page_released_one_step_early_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     # A deliberately broken manager that releases sliding pages one step early:
     # stale(h) computed as stale(h + 1). Attention must notice.
