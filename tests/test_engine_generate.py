@@ -95,6 +95,7 @@ def test_reuse_hit_exact() -> None:
     before = engine.manager.stats().reuse_hit_tokens
     out = engine.generate([b], MAX_NEW, eos_token_id=config["eos_token_id"])[0]
     assert engine.manager.stats().reuse_hit_tokens - before == 20
+    assert out.num_cached == 20
     assert_same_tokens(out.output_ids, reference("llama", tuple(b))[0], "reused request")
     assert_no_leak(engine)
 

@@ -39,6 +39,7 @@ class Output:
     prompt_ids: list[int]
     output_ids: list[int]
     last_logits: torch.Tensor | None = None
+    num_cached: int = 0  # prompt tokens reused from the prefix cache (last admission)
 
 
 @dataclass
@@ -68,7 +69,7 @@ class Engine:
     def __init__(self, model: DecoderLM, plan: PoolPlan, *, speculate: int = 0, enable_reuse: bool = True,
                  padding: bool = True, warmup: bool = True, cuda_graphs: bool | None = None):
         if speculate > plan.limits.max_draft_len:
-            raise EngineError(f"--speculate {speculate} exceeds the plan's max_draft_len "
+            raise EngineError(f"speculate={speculate} exceeds the plan's max_draft_len "
                               f"{plan.limits.max_draft_len}")
         self.model, self.plan, self.spec = model, plan, plan.spec
         self.device = model.device
@@ -129,7 +130,7 @@ class Engine:
         checks the manager's integrity (no leaked pages) at the end."""
         rids = [self.add(p, max_new_tokens, eos_token_id) for p in prompts]
         self.run()
-        return [self._outputs[r] for r in rids]
+        return [self._outputs.pop(r) for r in rids]
 
     def run(self) -> None:
         """Step until every queued request has finished."""
@@ -209,7 +210,9 @@ class Engine:
             out.last_logits = chosen[len(accepted) - 1].clone()
         finished = self.scheduler.update(step, sampled)
         for seq in finished:
-            self._outputs[seq.rid].output_ids = list(seq.output_ids)
+            out = self._outputs[seq.rid]
+            out.output_ids, out.num_cached = list(seq.output_ids), seq.num_cached
+            del self._seqs[seq.rid]
         for g in self.spec.groups:
             used = self._num_pages[g.name] - self.manager.free_pages(g.name)
             self.stats.peak_pages[g.name] = max(self.stats.peak_pages[g.name], used)
