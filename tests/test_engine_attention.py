@@ -117,3 +117,33 @@ def test_two_rows_in_one_step() -> None:
         logits = run([Row(0, 9, tab_a), Row(5, 1, tab_b)], torch.cat([a, b[5:]]))
     assert_close_logits(logits[:9], model.dense_logits(a), "row a")
     assert_close_logits(logits[9:], model.dense_logits(b)[5:], "row b")
+
+
+@pytest.mark.parametrize(("kind", "window"), [("chunked", 8), ("sliding", 6), ("full", None)])
+def test_paged_attend_matches_masked_dense(kind: str, window: int | None) -> None:
+    # Raw q/k/v (no model): 22 positions fed as chunks 5, 7, 1, 9 through a
+    # scrambled 4-token page table whose stale pages (chunked: pages wholly
+    # before the in-flight token's chunk; sliding: behind the window) are -1.
+    from kvpool.engine.attention import scaled_attention
+    from kvpool.spec import LayerGroup
+
+    group = LayerGroup("g", kind, (0,), 4, row_bytes=2 * 2 * 8 * 4, window=window)  # type: ignore[arg-type]
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(22, h, 8, generator=gen) for h in (4, 2, 2))
+    table = np.array([5, 0, 3, 7, 1, 6], dtype=np.int32)
+    kv = torch.zeros(8, 2, 4, 2, 8)
+    out, start = [], 0
+    for n in (5, 7, 1, 9):
+        live = table.copy()
+        live[: stale_pages(group, start)] = -1
+        batch = PagedBatch([Row(start, n, {"g": live})], [group], {"g": 8})
+        out.append(batch.attend("g", kv, q[start:start + n], k[start:start + n], v[start:start + n], 0.3))
+        start += n
+    pos = torch.arange(22)
+    mask = attention_mask(kind, window, pos, pos)[None, None]
+    want = scaled_attention(q[None], k[None], v[None], mask, 0.3)[0]
+    assert_close_logits(torch.cat(out), want, f"{kind} attention")
+    # By hand: the last chunk starts at history 13; chunked(8) makes pages
+    # wholly before chunk 8..15 stale: floor(13 / 8) * 8 / 4 = 2 pages (0..7).
+    if kind == "chunked":
+        assert stale_pages(group, 13) == 2
