@@ -31,11 +31,13 @@ def hybrid_spec(tpb: int = 16, window: int = 40) -> ModelSpec:
 
 
 def manager(spec: ModelSpec, pages: dict[str, int], *, reuse: bool = True,
-            **limits: Any) -> KVCacheManager:
-    """A manager over hand-sized pools (every group of `spec` must be named)."""
+            snapshots: bool = True, **limits: Any) -> KVCacheManager:
+    """A manager over hand-sized pools (every group of `spec` must be named);
+    state snapshots on unless `snapshots=False`."""
     limits.setdefault("max_batch_size", 8)
     limits.setdefault("max_seq_len", 4096)
-    return KVCacheManager(PoolPlan.from_pages(spec, pages, ServingLimits(**limits)), enable_reuse=reuse)
+    return KVCacheManager(PoolPlan.from_pages(spec, pages, ServingLimits(**limits)),
+                          enable_reuse=reuse, state_snapshots=snapshots)
 
 
 def snapshot(m: KVCacheManager) -> dict[str, Any]:

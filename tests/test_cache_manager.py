@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kvpool.cache import STALE, CacheUsageError
+from kvpool.cache import STALE, CacheUsageError, GroupStats, KVCacheManager
 from kvpool.errors import KvpoolError
+from kvpool.plan import PoolPlan
+from kvpool.spec import LayerGroup, ModelSpec, stale_pages
 from test_cache_factories import (
     assert_table,
     assert_unchanged,
@@ -163,3 +167,108 @@ def test_more_requests_than_slots_and_longer_than_max_seq_len() -> None:
     assert m.resize(0, 16 * 150, 0)  # 150 pages, far past the 64-token limit
     assert m.live_pages(0, "full") == 150 and m.free_pages("full") == 200 - 150 - 19
     m.check_integrity()
+
+
+def test_check_integrity_names_the_offending_pages() -> None:
+    from kvpool.cache import CacheIntegrityError
+
+    m = manager(full_spec(tpb=16), {"full": 6})
+    m.create(1)
+    assert m.resize(1, 32, 0)  # pages 0 and 1
+    m._pools[0].ref[1] = 2  # a lost owner
+    with pytest.raises(CacheIntegrityError) as err:
+        m.check_integrity()
+    assert err.value.pages == {"full": [1]} and "[1]" in str(err.value)
+    m._pools[0].ref[1] = 1
+    m._pools[0].free_stack.append(0)  # owned and free at once
+    with pytest.raises(CacheIntegrityError) as err:
+        m.check_integrity()
+    assert err.value.pages == {"full": [0]}
+    m._pools[0].free_stack.remove(0)
+    m._pools[0].free_stack.remove(5)  # leaked: neither owned nor allocatable
+    with pytest.raises(CacheIntegrityError) as err:
+        m.check_integrity()
+    assert err.value.pages == {"full": [5]}
+
+
+def test_stats_count_dummies_and_events_are_taken_once() -> None:
+    m = manager(full_spec(tpb=16), {"full": 10})
+    m.create(1, list(range(40)))
+    assert m.resize(1, 33, 32)
+    m.commit(1, 32)
+    ids = m.add_dummy_requests(2, 20)  # capacity 20, history 19: 2 pages each
+    assert ids is not None
+    s = m.stats()
+    assert (s.num_requests, s.num_dummies) == (1, 2)
+    # request 1: 3 pages, dummies 2 x 2; 10 - 7 = 3 free
+    assert s.groups["full"] == GroupStats(total=10, free=3, used=7, cached=0, dummy=4, reserved=0)
+    assert len(m.take_events()) == 2 and m.take_events() == []
+    m.free(1)
+    assert m.stats().groups["full"].cached == 2  # its two committed pages
+
+
+@settings(max_examples=200, deadline=None)
+@given(kind=st.sampled_from(["sliding", "chunked"]), tpb=st.integers(1, 64),
+       window=st.integers(1, 300), hist=st.integers(0, 2000))
+def test_next_stale_history_is_never_late(kind: str, tpb: int, window: int, hist: int) -> None:
+    """The batch path skips a request until its history reaches `stale_next`:
+    that must be the first history at which `stale_pages` grows (brute force)."""
+    group = LayerGroup(name="g", kind=kind, layers=(0,), tokens_per_block=tpb,  # type: ignore[arg-type]
+                       row_bytes=8, window=window)
+    spec = ModelSpec("m", "test", (group,), tpb, "bf16", 1, 1)
+    m = KVCacheManager(PoolPlan.from_pages(spec, {"g": 1}))
+    now = stale_pages(group, hist)
+    first = next(h for h in range(hist + 1, hist + 2 * (window + tpb) + 2)
+                 if stale_pages(group, h) > now)
+    assert m._t.next_stale(0, hist) == first
+
+
+def test_extend_rejects_negative_steps() -> None:
+    m = manager(full_spec(), {"full": 4})
+    m.create(1)
+    with pytest.raises(CacheUsageError):
+        m.extend([1], -1)
+    assert m.extend([], 1) and m.resize_many([], [])
+
+
+def test_chunked_group_drops_whole_chunks() -> None:
+    group = LayerGroup(name="chunked", kind="chunked", layers=(0,), tokens_per_block=16,
+                       row_bytes=8, window=32)
+    m = KVCacheManager(PoolPlan.from_pages(ModelSpec("m", "test", (group,), 16, "bf16", 1, 1),
+                                           {"chunked": 8}))
+    m.create(1)
+    assert m.resize(1, 41, 31)
+    assert_table(m, 1, "chunked", [0, 1, 2])  # history 31 is still in chunk 0: nothing stale
+    # history 40: the in-flight token's chunk starts at 32 = page 2, so pages 0 and 1
+    # go; capacity 41 needs ceil(41/16) = 3 blocks -> one live page
+    assert m.resize(1, 41, 40)
+    assert_table(m, 1, "chunked", [STALE, STALE, 2])
+    assert m.free_pages("chunked") == 8 - 1
+
+
+def test_resize_many_keeps_history_when_not_given() -> None:
+    m = manager(full_spec(tpb=16), {"full": 10})
+    m.create(1)
+    assert m.resize(1, 20, 10)
+    assert m.resize_many([1], [40])
+    assert (m.capacity(1), m.history(1), m.live_pages(1, "full")) == (40, 10, 3)
+
+
+def test_freeing_a_padding_dummy_drops_the_reservation() -> None:
+    m = manager(full_spec(tpb=16), {"full": 3})
+    rid = m.reserve_padding_dummy(2)
+    assert rid is not None and m.padding_dummy(2) == rid and m.reserve_padding_dummy(2) == rid
+    assert m.stats().groups["full"].reserved == 1
+    m.free(rid)
+    assert m.padding_dummy(2) is None and m.free_pages("full") == 3
+
+
+def test_can_resize_answers_without_changing_anything() -> None:
+    m = manager(full_spec(tpb=16), {"full": 3})
+    m.create(1)
+    before = snapshot(m)
+    assert m.can_resize(1, 48, 0) and not m.can_resize(1, 49, 0)  # 3 pages fit, 4 do not
+    assert m.last_shortfall == {"full": 1}
+    assert_unchanged(before, snapshot(m))
+    with pytest.raises(CacheUsageError):
+        m.can_resize(1, 5, 6)

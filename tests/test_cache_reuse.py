@@ -143,3 +143,22 @@ def test_state_group_reuses_only_a_snapshot_at_the_hit() -> None:
     assert [e.kind for e in m.take_events() if e.group == "linear_state"] == ["removed"]
     assert m.create(5, PROMPT) == 0  # the snapshot is gone
     m.check_integrity()
+
+
+def test_without_state_snapshots_a_state_model_never_reuses() -> None:
+    m = manager(hybrid_spec(tpb=16, window=40), {"full": 30, "sliding": 30, "linear_state": 4},
+                snapshots=False)
+    m.create(1, PROMPT[:96] + [1, 2])
+    assert m.resize(1, 96, 96) and m.commit(1, 96) == 96
+    assert {e.group for e in m.take_events()} == {"full", "sliding"}  # no snapshot stored
+    assert m.create(2, PROMPT) == 0
+
+
+def test_a_refused_commit_appends_no_tokens() -> None:
+    m = manager(full_spec(tpb=16), {"full": 20})
+    m.create(1, PROMPT[:20])
+    assert m.resize(1, 33, 32)
+    with pytest.raises(CacheUsageError):
+        m.commit(1, 33, tokens=PROMPT[20:33])  # beyond history 32
+    assert m.commit(1, 32, tokens=PROMPT[20:32]) == 32  # the ids of the refused call were not kept
+    assert m.create(2, PROMPT[:33]) == 32

@@ -104,7 +104,7 @@ def test_warmup_reports_a_padding_dummy_that_does_not_fit() -> None:
     assert report.padding_short == {2: {"full": 1}}
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(tpb=st.sampled_from([1, 4, 16, 32]), draft=st.integers(0, 6), extra=st.integers(0, 2),
        window=st.integers(1, 90), batch=st.integers(1, 5), held=st.integers(0, 120),
        pages=st.tuples(st.integers(1, 40), st.integers(1, 40), st.integers(1, 8)),

@@ -21,16 +21,17 @@ def check_integrity(mgr: KVCacheManager) -> None:
     table matches `pages_needed`/`stale_pages` of its request's shape."""
     bad: dict[str, list[int]] = {}
     reasons: list[str] = []
+    t = mgr._t
     slots = [mgr._slot_of[rid] for rid in mgr._requests]
-    for gi, pool in enumerate(mgr._pools):
-        group = mgr.groups[gi]
+    for gi, pool in enumerate(t.pools):
+        group = t.groups[gi]
         n = pool.num_pages
         owners = np.zeros(n, np.int64)
         offending: set[int] = set()
-        table = mgr._tables[gi]
+        table = t.tables[gi]
         for slot in slots:
-            nblk, nstale = int(mgr._nblk[gi, slot]), int(mgr._nstale[gi, slot])
-            cap, hist = int(mgr._cap[slot]), int(mgr._hist[slot])
+            nblk, nstale = int(t.nblk[gi, slot]), int(t.nstale[gi, slot])
+            cap, hist = int(t.cap[slot]), int(t.hist[slot])
             row = table[slot]
             want_stale = stale_pages(group, hist)
             if (nstale != want_stale or nblk != pages_needed(group, cap, hist) + want_stale

@@ -1,20 +1,14 @@
-"""`KVCacheManager`: per-request page tables over one page pool per group.
+"""`KVCacheManager`: the public face of the run-time page manager.
 
-A request is a (capacity, history) pair (DESIGN vocabulary). Its page table in
-a group has one entry per page-sized block of positions; blocks that fell out
-of a sliding window or a finished chunk hold `STALE`. Every page count comes
-from `kvpool.spec.pages`: a resize asks `pages_needed` and `stale_pages` for
-the target and moves the table there, all groups or none (rule 6).
-
-Per-request numbers live in NumPy arrays indexed by a slot id, so the batched
-decode path (`resize_many`, `extend`) finds with a few vector comparisons the
-requests whose step crosses a page boundary (capacity past the last page,
-capacity below it, or history reaching the next stale page) and runs the same
-scalar planner only on those.
+It keeps the requests (ids, prompt tokens and hashes for reuse, dummies and
+padding reservations), the page pools and the event buffer; the shapes and
+page tables themselves live in `SlotTables` (`cache/slots.py`), reuse rules in
+`cache/reuse.py`, dummies and the capacity query in `cache/warmup.py`.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -26,15 +20,13 @@ from kvpool.cache import integrity, reuse
 from kvpool.cache import warmup as warmup_mod
 from kvpool.cache.events import CacheEvent, CacheStats, CacheUsageError, GroupStats
 from kvpool.cache.pool import PagePool
+from kvpool.cache.slots import STALE, SlotTables
 from kvpool.cache.warmup import WarmupReport
 from kvpool.plan.result import PoolPlan
-from kvpool.spec.pages import pages_needed, stale_pages
 
-STALE = -1  # block-table entry of a block that has no page (stale or never needed)
-_BIG = 1 << 62  # "never": threshold of groups that never go stale
+__all__ = ["STALE", "KVCacheManager"]
+
 EVENT_BUFFER = 1 << 16  # events kept until `take_events`; older ones are dropped
-
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(slots=True)
@@ -48,63 +40,44 @@ class _Request:
     dummy: bool = False
 
 
-@dataclass(slots=True)
-class _Change:
-    """How one request's table in one group moves (planned, not yet applied)."""
-
-    group: int
-    slot: int
-    nblk: int
-    nstale: int
-    first_new: int
-    new: int
-    release: list[int]
-    old_nstale: int
-    old_nblk: int
-    hist: int
-
-
 class KVCacheManager:
     """Run-time pages of a `PoolPlan`: one pool per group, page tables per request.
 
     Not thread-safe. Request ids are ints chosen by the caller (use
     non-negative ones: dummies get negative ids from the manager).
+
+    `state_snapshots=True` lets `commit` snapshot state groups (recurrent
+    state) so that models with a state group can reuse prefixes at all; the
+    engine must then copy each snapshot (see `CacheEvent.source_page`). Off by
+    default: a hit on a snapshot the engine never filled would be silently wrong.
     """
 
-    def __init__(self, plan: PoolPlan, *, enable_reuse: bool = True) -> None:
+    def __init__(self, plan: PoolPlan, *, enable_reuse: bool = True,
+                 state_snapshots: bool = False) -> None:
         self.plan = plan
         self.spec = plan.spec
         self.limits = plan.limits
         self.enable_reuse = enable_reuse
+        self.state_snapshots = state_snapshots
         self.tokens_per_block = self.spec.tokens_per_block
         self.groups = self.spec.groups
         self._index = {g.name: i for i, g in enumerate(self.groups)}
         self._events: deque[CacheEvent] = deque(maxlen=EVENT_BUFFER)
         self._pools = [PagePool(g.name, plan.pages(g.name), self._events) for g in self.groups]
-        self._is_state = [g.kind == "state" for g in self.groups]
-        self._never_stale = [stale_pages(g, _BIG) == 0 for g in self.groups]
-        n_groups, slots = len(self.groups), max(8, self.limits.max_batch_size + 8)
-        self._cap: IntArray = np.zeros(slots, np.int64)
-        self._hist: IntArray = np.zeros(slots, np.int64)
-        self._nblk: IntArray = np.zeros((n_groups, slots), np.int64)
-        self._nstale: IntArray = np.zeros((n_groups, slots), np.int64)
-        self._cap_hi: IntArray = np.zeros((n_groups, slots), np.int64)
-        self._cap_lo: IntArray = np.full((n_groups, slots), -1, np.int64)
-        self._stale_next: IntArray = np.full((n_groups, slots), _BIG, np.int64)
-        longest = self.limits.max_seq_len + self.limits.headroom
-        self._tables = [
-            np.full((slots, pages_needed(g, longest) if self._is_state[i] else
-                     pages_needed(g, longest) + stale_pages(g, 0) + 1), STALE, np.int32)
-            for i, g in enumerate(self.groups)
-        ]
-        self._free_slots = list(range(slots - 1, -1, -1))
+        self._t = SlotTables(self.groups, self._pools, max(8, self.limits.max_batch_size + 8),
+                             self.limits.max_seq_len + self.limits.headroom)
         self._requests: dict[int, _Request] = {}
         self._slot_of: dict[int, int] = {}
         self._padding: dict[int, int] = {}  # draft length -> persistent padding dummy id
         self._next_dummy = -1
+        self._free_dummy_ids: list[int] = []  # heap of -id
         self.reuse_queried_tokens = 0
         self.reuse_hit_tokens = 0
-        self.last_shortfall: dict[str, int] = {}  # pages missing per group at the last refusal
+
+    @property
+    def last_shortfall(self) -> dict[str, int]:
+        """Pages missing per group at the last refused resize or dummy batch."""
+        return self._t.last_shortfall
 
     # ------------------------------------------------------------------ requests
 
@@ -129,19 +102,11 @@ class KVCacheManager:
         """Release every page of `rid` (cached content stays reusable until
         evicted) and forget the request; a padding dummy stops being reserved."""
         req = self._get(rid)
-        slot = req.slot
-        for gi, pool in enumerate(self._pools):
-            nblk, nstale = int(self._nblk[gi, slot]), int(self._nstale[gi, slot])
-            if nblk:
-                row = self._tables[gi][slot]
-                pages = row[nstale:nblk].tolist()
-                pages.reverse()  # the tail is evicted first, the shared prefix last
-                pool.release(pages)
-                row[:nblk] = STALE
-        self._reset_slot(slot)
+        self._t.release(req.slot)
         del self._requests[rid]
         del self._slot_of[rid]
-        self._free_slots.append(slot)
+        if req.dummy:
+            heapq.heappush(self._free_dummy_ids, -rid)
         for d, pad in list(self._padding.items()):
             if pad == rid:
                 del self._padding[d]
@@ -150,10 +115,10 @@ class KVCacheManager:
         return rid in self._requests
 
     def capacity(self, rid: int) -> int:
-        return int(self._cap[self._get(rid).slot])
+        return int(self._t.cap[self._get(rid).slot])
 
     def history(self, rid: int) -> int:
-        return int(self._hist[self._get(rid).slot])
+        return int(self._t.hist[self._get(rid).slot])
 
     @property
     def num_requests(self) -> int:
@@ -169,18 +134,27 @@ class KVCacheManager:
         group lacks pages (`last_shortfall` then says how many). Raises
         `CacheUsageError` if capacity < history or history decreases."""
         slot = self._get(rid).slot
-        old = int(self._hist[slot])
+        old = int(self._t.hist[slot])
         cap = int(capacity)
         hist = old if history is None else int(history)
+        self._check_shape(rid, cap, hist, old)
+        return self._t.resize_one(slot, cap, hist)
+
+    @staticmethod
+    def _check_shape(rid: int, cap: int, hist: int, old: int) -> None:
         if cap < hist or hist < old:
             raise CacheUsageError(
                 f"request {rid}: need capacity >= history >= previous history, got capacity {cap}, "
                 f"history {hist}, previous history {old}")
-        if not self._apply([slot], [cap], [hist]):
-            return False
-        self._cap[slot] = cap
-        self._hist[slot] = hist
-        return True
+
+    def can_resize(self, rid: int, capacity: int, history: int | None = None) -> bool:
+        """Whether `resize(rid, capacity, history)` would succeed now; changes
+        nothing (but `last_shortfall` on False)."""
+        slot = self._get(rid).slot
+        old = int(self._t.hist[slot])
+        hist = old if history is None else int(history)
+        self._check_shape(rid, int(capacity), hist, old)
+        return self._t.apply([slot], [int(capacity)], [hist], dry_run=True)
 
     def resize_many(self, rids: Sequence[int], capacities: npt.ArrayLike,
                     histories: npt.ArrayLike | None = None) -> bool:
@@ -188,7 +162,7 @@ class KVCacheManager:
         whole batch (False: nothing changed). The per-step decode path."""
         slots = self._slots(rids)
         caps = np.broadcast_to(np.asarray(capacities, np.int64), slots.shape)
-        old = self._hist[slots]
+        old = self._t.hist[slots]
         hists = old if histories is None else np.broadcast_to(np.asarray(histories, np.int64),
                                                               slots.shape)
         if (caps < hists).any() or (hists < old).any():
@@ -196,125 +170,17 @@ class KVCacheManager:
             raise CacheUsageError(
                 f"request {rids[bad]}: need capacity >= history >= previous history, got capacity "
                 f"{int(caps[bad])}, history {int(hists[bad])}, previous history {int(old[bad])}")
-        return self._resize_slots(slots, caps, hists)
+        return self._t.resize_batch(slots, caps, hists)
 
     def extend(self, rids: Sequence[int], num_tokens: int = 1) -> bool:
         """One decode step for a batch: capacity and history of each request
         both advance by `num_tokens` (the tokens in flight become computed and
         as many new ones get slots). Atomic over the batch like `resize_many`."""
+        if num_tokens < 0:
+            raise CacheUsageError(f"extend needs num_tokens >= 0, got {num_tokens}")
         slots = self._slots(rids)
-        return self._resize_slots(slots, self._cap[slots] + num_tokens, self._hist[slots] + num_tokens)
-
-    def _resize_slots(self, slots: npt.NDArray[np.intp], caps: IntArray, hists: IntArray) -> bool:
-        c, h = caps[None, :], hists[None, :]
-        crossing = ((c > self._cap_hi[:, slots]) | (c <= self._cap_lo[:, slots])
-                    | (h >= self._stale_next[:, slots])).any(axis=0)
-        idx = np.flatnonzero(crossing)
-        if idx.size and not self._apply(slots[idx].tolist(), caps[idx].tolist(), hists[idx].tolist()):
-            return False
-        self._cap[slots] = caps
-        self._hist[slots] = hists
-        return True
-
-    def _plan(self, gi: int, slot: int, cap: int, hist: int) -> _Change | None:
-        g = self.groups[gi]
-        nblk, nstale = int(self._nblk[gi, slot]), int(self._nstale[gi, slot])
-        stale = stale_pages(g, hist)
-        total = pages_needed(g, cap, hist) + stale
-        if total == nblk and stale == nstale:
-            return None
-        row = self._tables[gi][slot]
-        release = row[nstale:min(stale, nblk)].tolist() if stale > nstale else []
-        if total < nblk:
-            release += row[total:nblk].tolist()
-        first_new = max(nblk, stale)
-        return _Change(gi, slot, total, stale, first_new, max(0, total - first_new), release,
-                       nstale, nblk, hist)
-
-    def _apply(self, slots: Sequence[int], caps: Sequence[int], hists: Sequence[int]) -> bool:
-        """Plan every (slot, capacity, history) in every group; if all groups
-        have the pages, apply (releases first, then allocations); else change
-        nothing and return False."""
-        changes: list[_Change] = []
-        need = [0] * len(self.groups)
-        released: list[list[int]] | None = None
-        for slot, cap, hist in zip(slots, caps, hists, strict=True):
-            for gi in range(len(self.groups)):
-                ch = self._plan(gi, slot, cap, hist)
-                if ch is not None:
-                    changes.append(ch)
-                    need[gi] += ch.new
-                    if ch.release:
-                        if released is None:
-                            released = [[] for _ in self.groups]
-                        released[gi] += ch.release
-        short = {}
-        for gi, pool in enumerate(self._pools):
-            if need[gi] and need[gi] > pool.num_free:
-                freed = self._freed(pool, released[gi]) if released else 0
-                if need[gi] > pool.num_free + freed:
-                    short[pool.name] = need[gi] - pool.num_free - freed
-        if short:
-            self.last_shortfall = short
-            return False
-        for ch in changes:
-            if ch.release:
-                row = self._tables[ch.group][ch.slot]
-                if ch.nstale > ch.old_nstale:
-                    row[ch.old_nstale:min(ch.nstale, ch.old_nblk)] = STALE
-                if ch.nblk < ch.old_nblk:
-                    row[ch.nblk:ch.old_nblk] = STALE
-                self._pools[ch.group].release(ch.release)
-        for ch in changes:
-            gi, slot = ch.group, ch.slot
-            if ch.new:
-                table = self._tables[gi]
-                if ch.nblk > table.shape[1]:
-                    table = self._widen(gi, ch.nblk)
-                table[slot, ch.first_new:ch.nblk] = self._pools[gi].take(ch.new)
-            self._set_blocks(gi, slot, ch.nblk, ch.nstale)
-            if ch.nstale != ch.old_nstale:
-                self._stale_next[gi, slot] = self._next_stale(gi, ch.hist)
-        return True
-
-    @staticmethod
-    def _freed(pool: PagePool, pages: list[int]) -> int:
-        """How many of `pages` (one entry per owner released) end unowned."""
-        count: dict[int, int] = {}
-        for p in pages:
-            count[p] = count.get(p, 0) + 1
-        return sum(1 for p, c in count.items() if pool.ref[p] == c)
-
-    def _set_blocks(self, gi: int, slot: int, nblk: int, nstale: int) -> None:
-        """Record a table's block count and the capacities that keep it."""
-        self._nblk[gi, slot] = nblk
-        self._nstale[gi, slot] = nstale
-        if self._is_state[gi]:
-            self._cap_hi[gi, slot] = _BIG if nblk else 0
-            self._cap_lo[gi, slot] = 0 if nblk else -1
-        else:  # block j covers positions [j*tpb, (j+1)*tpb)
-            self._cap_hi[gi, slot] = nblk * self.tokens_per_block
-            self._cap_lo[gi, slot] = (nblk - 1) * self.tokens_per_block if nblk else -1
-
-    def _next_stale(self, gi: int, hist: int) -> int:
-        """Smallest history above `hist` at which `stale_pages` grows; searched
-        with `stale_pages` itself (galloping, then bisection) so there is no
-        second copy of the arithmetic."""
-        if self._never_stale[gi]:
-            return _BIG
-        g = self.groups[gi]
-        now = stale_pages(g, hist)
-        lo, step = hist, self.tokens_per_block
-        while stale_pages(g, hist + step) == now:
-            lo, step = hist + step, step * 2
-        hi = hist + step
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if stale_pages(g, mid) == now:
-                lo = mid
-            else:
-                hi = mid
-        return hi
+        t = self._t
+        return t.resize_batch(slots, t.cap[slots] + num_tokens, t.hist[slots] + num_tokens)
 
     # ------------------------------------------------------------------ dummies and warmup
 
@@ -328,16 +194,16 @@ class KVCacheManager:
         warmup_mod._check_counts(batch_size, token_num, draft_len)
         cap, hist = warmup_mod.dummy_shape(token_num, draft_len, self.limits.num_extra_kv_tokens,
                                            is_gen)
-        next_dummy = self._next_dummy
+        next_dummy, free_ids = self._next_dummy, list(self._free_dummy_ids)
         reqs = [self._new_request(self._dummy_id(), dummy=True) for _ in range(batch_size)]
         slots = [r.slot for r in reqs]
-        if self._apply(slots, [cap] * batch_size, [hist] * batch_size):
-            self._cap[slots] = cap
-            self._hist[slots] = hist
+        if self._t.apply(slots, [cap] * batch_size, [hist] * batch_size):
+            self._t.cap[slots] = cap
+            self._t.hist[slots] = hist
             return [r.rid for r in reqs]
         for r in reqs:
             self.free(r.rid)
-        self._next_dummy = next_dummy
+        self._next_dummy, self._free_dummy_ids = next_dummy, free_ids
         return None
 
     def max_generation_length(self, batch_size: int, draft_len: int = 0) -> int:
@@ -372,6 +238,10 @@ class KVCacheManager:
         return self._padding.get(draft_len)
 
     def _dummy_id(self) -> int:
+        while self._free_dummy_ids:  # reuse freed dummy ids, closest to -1 first
+            rid = -heapq.heappop(self._free_dummy_ids)
+            if rid not in self._requests:
+                return rid
         while self._next_dummy in self._requests:
             self._next_dummy -= 1
         rid = self._next_dummy
@@ -411,14 +281,14 @@ class KVCacheManager:
         `STALE` (-1) marks blocks without a page. A state group has one entry."""
         gi = self._group(group)
         slot = self._get(rid).slot
-        return self._tables[gi][slot, :int(self._nblk[gi, slot])].copy()
+        return self._t.tables[gi][slot, :int(self._t.nblk[gi, slot])].copy()
 
     def block_tables(self, rids: Sequence[int], group: str) -> npt.NDArray[np.int32]:
         """Block tables of a batch as one 2-D array padded with `STALE`."""
         gi = self._group(group)
         slots = self._slots(rids)
-        width = int(self._nblk[gi, slots].max()) if len(slots) else 0
-        return self._tables[gi][slots, :width]
+        width = int(self._t.nblk[gi, slots].max()) if len(slots) else 0
+        return self._t.tables[gi][slots, :width]
 
     def free_pages(self, group: str) -> int:
         """Pages of `group` an allocation can take now (evictable cached ones included)."""
@@ -429,8 +299,7 @@ class KVCacheManager:
 
     def live_pages(self, rid: int, group: str) -> int:
         """Pages `rid` holds in `group` now."""
-        gi, slot = self._group(group), self._get(rid).slot
-        return int(self._nblk[gi, slot] - self._nstale[gi, slot])
+        return self._t.live(self._group(group), self._get(rid).slot)
 
     def stats(self) -> CacheStats:
         """Pages per group (total, free, used, cached, dummy, reserved) and
@@ -440,7 +309,7 @@ class KVCacheManager:
         pad_slots = [self._requests[r].slot for r in padding]
         groups = {}
         for gi, pool in enumerate(self._pools):
-            live = self._nblk[gi] - self._nstale[gi]
+            live = self._t.nblk[gi] - self._t.nstale[gi]
             groups[pool.name] = GroupStats(
                 total=pool.num_pages, free=pool.num_free, used=pool.num_pages - pool.num_free,
                 cached=pool.num_cached, dummy=int(live[dummy_slots].sum()),
@@ -476,45 +345,11 @@ class KVCacheManager:
     def _new_request(self, rid: int, *, dummy: bool) -> _Request:
         if rid in self._requests:
             raise CacheUsageError(f"request id {rid!r} already exists")
-        if not self._free_slots:
-            self._grow()
-        slot = self._free_slots.pop()
+        slot = self._t.acquire()
         req = _Request(rid, slot, dummy=dummy)
         self._requests[rid] = req
         self._slot_of[rid] = slot
-        for gi in range(len(self.groups)):
-            self._stale_next[gi, slot] = self._next_stale(gi, 0)
         return req
-
-    def _reset_slot(self, slot: int) -> None:
-        self._cap[slot] = self._hist[slot] = 0
-        self._nblk[:, slot] = 0
-        self._nstale[:, slot] = 0
-        self._cap_hi[:, slot] = 0
-        self._cap_lo[:, slot] = -1
-        self._stale_next[:, slot] = _BIG
-
-    def _grow(self) -> None:
-        """Double the slot arrays (more live requests than planned for)."""
-        old = self._cap.shape[0]
-
-        def more(a: IntArray, fill: int) -> IntArray:
-            extra = np.full(a.shape[:-1] + (old,), fill, a.dtype)
-            return np.concatenate([a, extra], axis=-1)
-
-        self._cap, self._hist = more(self._cap, 0), more(self._hist, 0)
-        self._nblk, self._nstale = more(self._nblk, 0), more(self._nstale, 0)
-        self._cap_hi, self._cap_lo = more(self._cap_hi, 0), more(self._cap_lo, -1)
-        self._stale_next = more(self._stale_next, _BIG)
-        self._tables = [np.concatenate([t, np.full_like(t, STALE)]) for t in self._tables]
-        self._free_slots = list(range(2 * old - 1, old - 1, -1)) + self._free_slots
-
-    def _widen(self, gi: int, width: int) -> npt.NDArray[np.int32]:
-        t = self._tables[gi]
-        wide = np.full((t.shape[0], max(width, 2 * t.shape[1])), STALE, np.int32)
-        wide[:, :t.shape[1]] = t
-        self._tables[gi] = wide
-        return wide
 
     def iter_requests(self) -> Iterable[tuple[int, bool]]:
         """(rid, is_dummy) of every registered request."""

@@ -7,9 +7,10 @@ request then has capacity = history = n):
   still cover tpb positions, so only whole pages are ever reused);
 - sliding and chunked groups need only the pages that are live at history n,
   i.e. pages `stale_pages(group, n)`..k-1 (the last window of the hit);
-- a state group needs a snapshot taken when a request's history was exactly n;
-  the snapshot page becomes the new request's state slot (its hash is dropped,
-  since the request will overwrite it).
+- a state group needs a snapshot taken when a request's history was exactly n
+  (only with `state_snapshots=True`; without, a model with a state group
+  never reuses); the snapshot page becomes the new request's state slot (its
+  hash is dropped, since the request will overwrite it).
 
 The longest k that satisfies every group wins.
 """
@@ -32,20 +33,21 @@ __all__ = ["attach_prefix", "commit", "longest_hit", "salt_seed"]
 def longest_hit(mgr: KVCacheManager, hashes: Sequence[int]) -> int:
     """Largest k <= len(hashes) such that a request can reuse k whole pages."""
     k = len(hashes)
-    pools = mgr._pools
+    t = mgr._t
+    pools = t.pools
     for gi, pool in enumerate(pools):
-        if mgr._never_stale[gi] and not mgr._is_state[gi]:
+        if t.never_stale[gi] and not t.is_state[gi]:
             j = 0
             while j < k and hashes[j] in pool.cached:
                 j += 1
             k = j
     tpb = mgr.tokens_per_block
-    checks = [gi for gi in range(len(pools)) if mgr._is_state[gi] or not mgr._never_stale[gi]]
+    checks = [gi for gi in range(len(pools)) if t.is_state[gi] or not t.never_stale[gi]]
     while k > 0:
         ok = True
         for gi in checks:
             cached = pools[gi].cached
-            if mgr._is_state[gi]:
+            if t.is_state[gi]:
                 ok = hashes[k - 1] in cached
             else:
                 first = stale_pages(mgr.groups[gi], k * tpb)
@@ -69,11 +71,11 @@ def attach_prefix(mgr: KVCacheManager, req: _Request) -> int:
     k = longest_hit(mgr, req.hashes)
     if k == 0:
         return 0
-    n, slot = k * tpb, req.slot
-    for gi, (group, pool) in enumerate(zip(mgr.groups, mgr._pools, strict=True)):
+    n, slot, t = k * tpb, req.slot, mgr._t
+    for gi, (group, pool) in enumerate(zip(t.groups, t.pools, strict=True)):
         stale = stale_pages(group, n)
         nblk = pages_needed(group, n, n) + stale
-        if mgr._is_state[gi]:
+        if t.is_state[gi]:
             page = pool.cached[req.hashes[k - 1]]
             pool.take_cached(page)
             pool.forget(page)
@@ -82,13 +84,13 @@ def attach_prefix(mgr: KVCacheManager, req: _Request) -> int:
             pages = [pool.cached[h] for h in req.hashes[stale:k]]
             for page in pages:
                 pool.take_cached(page)
-        table = mgr._tables[gi]
+        table = t.tables[gi]
         if nblk > table.shape[1]:
-            table = mgr._widen(gi, nblk)
+            table = t.widen(gi, nblk)
         table[slot, nblk - len(pages):nblk] = pages
-        mgr._set_blocks(gi, slot, nblk, stale)
-        mgr._stale_next[gi, slot] = mgr._next_stale(gi, n)
-    mgr._cap[slot] = mgr._hist[slot] = n
+        t.set_blocks(gi, [slot], [nblk], [stale])
+        t.stale_next[gi, slot] = t.next_stale(gi, n)
+    t.cap[slot] = t.hist[slot] = n
     req.committed = k
     return n
 
@@ -97,17 +99,18 @@ def commit(mgr: KVCacheManager, req: _Request, num_tokens: int,
            tokens: Sequence[int] | None) -> int:
     """Store the hashes of the whole pages among the first `num_tokens`
     positions (see `KVCacheManager.commit`)."""
-    if tokens is not None:
-        if req.tokens is None:
-            req.tokens = []
-        req.tokens.extend(int(t) for t in tokens)
-    known = len(req.tokens) if req.tokens is not None else 0
-    slot = req.slot
-    hist = int(mgr._hist[slot])
-    if not 0 <= num_tokens <= min(known, hist):
+    fresh = [int(x) for x in tokens] if tokens is not None else []
+    known = (len(req.tokens) if req.tokens is not None else 0) + len(fresh)
+    slot, t = req.slot, mgr._t
+    hist = int(t.hist[slot])
+    if not 0 <= num_tokens <= min(known, hist):  # checked before anything changes
         raise CacheUsageError(
             f"request {req.rid}: cannot commit {num_tokens} tokens: {known} token ids known, "
             f"history {hist} (commit only computed, verified tokens)")
+    if fresh:
+        if req.tokens is None:
+            req.tokens = []
+        req.tokens.extend(fresh)
     tpb = mgr.tokens_per_block
     k = num_tokens // tpb  # whole pages only
     done = req.committed
@@ -116,12 +119,13 @@ def commit(mgr: KVCacheManager, req: _Request, num_tokens: int,
     assert req.tokens is not None
     hashes = req.hashes
     extend_hashes(hashes, req.tokens, tpb, req.seed, k)
-    for gi, pool in enumerate(mgr._pools):
-        row = mgr._tables[gi][slot]
-        nblk = int(mgr._nblk[gi, slot])
-        if mgr._is_state[gi]:
+    for gi, pool in enumerate(t.pools):
+        row = t.tables[gi][slot]
+        nblk = int(t.nblk[gi, slot])
+        if t.is_state[gi]:
             # the state slot holds the state after exactly `hist` positions
-            if k * tpb == hist and nblk == 1 and hashes[k - 1] not in pool.cached and pool.num_free:
+            if (mgr.state_snapshots and k * tpb == hist and nblk == 1
+                    and hashes[k - 1] not in pool.cached and pool.num_free):
                 page = pool.take(1)[0]
                 pool.store(page, hashes[k - 1], hashes[k - 2] if k > 1 else None, k * tpb,
                            source_page=int(row[0]))

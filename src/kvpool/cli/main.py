@@ -23,6 +23,7 @@ COMMANDS = {
     "gpus": "kvpool.cli.presets_cmd",
     "generate": "kvpool.cli.generate_cmd",
     "plan": "kvpool.cli.plan_cmd",
+    "warmup": "kvpool.cli.warmup_cmd",
 }
 
 

@@ -1,0 +1,84 @@
+"""`kvpool warmup MODEL ...`: dry-run CUDA-graph warmup against a plan's pools."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvpool.cache import KVCacheManager, WarmupReport
+from kvpool.cli.common import add_json_arg, print_json, table
+from kvpool.cli.plan_args import add_plan_args, plan_from_args
+from kvpool.errors import LimitsError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "warmup", help="dry-run CUDA-graph warmup: which (batch size, draft length) shapes fit",
+        description="Plan the pools (same options as `kvpool plan`), then allocate the warmup "
+                    "dummies of every CUDA-graph batch size and draft length on an empty cache: "
+                    "b - 1 minimal decodes plus the longest decode that fits. Lists the shapes "
+                    "captured and, for a skipped one, the group and pages short; then reserves "
+                    "one padding dummy per draft length.",
+    )
+    add_plan_args(p)
+    p.add_argument("--draft-lens", default=None, metavar="D1,D2,...",
+                   help="draft lengths to warm up (default: 0 and --draft-len)")
+    add_json_arg(p)
+    p.set_defaults(func=run)
+
+
+def parse_draft_lens(text: str | None, max_draft_len: int) -> tuple[int, ...]:
+    if text is None:
+        return tuple(sorted({0, max_draft_len}))
+    try:
+        values = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise LimitsError(f"cannot read draft lengths {text!r}; write e.g. 0,4") from None
+    if not values or min(values) < 0:
+        raise LimitsError(f"draft lengths must be non-negative integers, got {text!r}")
+    return values
+
+
+def render(report: WarmupReport, batch_sizes: tuple[int, ...], drafts: tuple[int, ...]) -> str:
+    """One row per run of consecutive batch sizes with the same outcome."""
+    skipped = {(s.batch_size, s.draft_len): s for s in report.skipped}
+    rows: list[list[Any]] = []
+    for d in drafts:
+        runs: list[tuple[list[int], str, Any]] = []
+        for b in batch_sizes:
+            s = skipped.get((b, d))
+            outcome = (f"skipped: {s.group} short {s.short_pages} pages" if s else "captured")
+            longest = "-" if s else report.lengths[(b, d)]
+            if runs and runs[-1][1] == outcome and runs[-1][2] == longest:
+                runs[-1][0].append(b)
+            else:
+                runs.append(([b], outcome, longest))
+        for sizes, outcome, longest in runs:
+            label = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}..{sizes[-1]} ({len(sizes)})"
+            rows.append([label, d, longest, outcome])
+    lines = [table(["batch sizes", "draft", "longest tokens", "shape"], rows)]
+    n_skipped = len(report.skipped)
+    lines.append(f"\n{len(report.captured)} of {len(report.captured) + n_skipped} shapes captured"
+                 + (f", {n_skipped} would run eager" if n_skipped else ""))
+    pads = ", ".join(f"draft {d}: {'request ' + str(r) if r is not None else 'NOT RESERVED'}"
+                     for d, r in report.padding.items())
+    reserved = ", ".join(f"{g} {n}" for g, n in report.reserved_pages.items())
+    lines.append(f"padding dummies ({pads}) reserve pages: {reserved}")
+    for d, short in report.padding_short.items():
+        lines.append(f"warning: no pages for the draft-{d} padding dummy (short {short}): padded "
+                     "batches of that draft length fall back to eager")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_from_args(args)
+    drafts = parse_draft_lens(args.draft_lens, plan.limits.max_draft_len)
+    sizes = plan.limits.graph_batch_sizes
+    report = KVCacheManager(plan, enable_reuse=False).warmup(sizes, drafts)
+    if args.json:
+        print_json({"model": plan.spec.name, **report.to_json()})
+    else:
+        print(f"{plan.spec.name}: warmup on {', '.join(f'{g.name} {g.pages:,}' for g in plan.groups)}"
+              f" pages (max_seq_len {plan.limits.max_seq_len})")
+        print(render(report, sizes, drafts))
+    return 0
