@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from kvpool.errors import KvpoolError
 from kvpool.plan.limits import ServingLimits
 from kvpool.sched.sequence import Sequence, Status
 from kvpool.sched.step import Step
+from kvpool.spec import LayerGroup, decode_worst_case_pages
 
 
 class SchedulerError(KvpoolError, ValueError):
@@ -337,6 +338,11 @@ class Scheduler:
         if self._lazy_dummy is not None:
             self.manager.free(self._lazy_dummy)
             self._lazy_dummy = None
+        self._release(finished)
+        return finished
+
+    def _release(self, finished: list[Sequence]) -> None:
+        """Commit and free the pages of finished requests."""
         if finished:
             done = {s.rid for s in finished}
             self.running = [s for s in self.running if s.rid not in done]
@@ -345,11 +351,70 @@ class Scheduler:
                 self._known.pop(seq.rid, None)
                 self.manager.free(seq.rid)
                 self._rids.discard(seq.rid)
+
+    def decode_run_limit(self, step: Step) -> int:
+        """How many times in a row `step` can run unchanged: the steps until its
+        first row finishes (by length), if it is a decode-only step without
+        drafts or lazy padding and nothing waits; else 0. See `advance_decodes`."""
+        if step.prefills or not step.decodes or step.draft_len or self.waiting or self._lazy_dummy:
+            return 0
+        if step.preempted or step.rejected:
+            return 0
+        max_len = self.limits.max_seq_len
+        return min(min(s.max_new_tokens - len(s.output_ids), max_len - s.num_tokens)
+                   for s, _ in step.decodes)
+
+    def advance_decodes(self, step: Step, steps: int, token: int, *,
+                        on_extended: Callable[[], None] | None = None) -> list[Sequence] | None:
+        """Run the decode-only `step` `steps` times in a row, every row sampling
+        `token` each time: one `manager.extend` call covers steps 2..`steps`
+        (the first was resized by `schedule`). Equivalent to `steps` rounds of
+        `schedule()` + `update()` when nothing else can happen meanwhile: nothing
+        waits, no row finishes before the last step (`steps <=
+        decode_run_limit(step)`), and the pools can hold every intermediate
+        state: for groups whose need is not monotone in length (sliding,
+        chunked) the free pages must cover every row at its worst-case decode
+        pages (`kvpool.spec.decode_worst_case_pages`). Returns the finished
+        requests, or None when the run is not possible (nothing changed).
+        `on_extended` is called once the pages of the last step are allocated,
+        before finished requests free theirs (to measure peak usage)."""
+        limit = self.decode_run_limit(step)
+        if steps < 2 or steps > limit or any(
+            s.eos_token_id == token for s, _ in step.decodes
+        ):
+            return None
+        rows = len(step.decodes)
+        for g in self._spec_groups():
+            worst = decode_worst_case_pages(g, self.limits.headroom)
+            if worst is not None and g.kind != "state" and self.manager.free_pages(g.name) < rows * worst:
+                return None
+        extend = getattr(self.manager, "extend", None)
+        if extend is None or not extend([s.rid for s, _ in step.decodes], steps - 1):
+            return None
+        if on_extended is not None:
+            on_extended()
+        finished = []
+        run = [token] * steps
+        for seq, _ in step.decodes:
+            seq.num_computed += steps
+            if self._append(seq, run):
+                finished.append(seq)
+        self._release(finished)
         return finished
+
+    def _spec_groups(self) -> tuple[LayerGroup, ...]:
+        spec = getattr(self.manager, "spec", None)
+        return tuple(spec.groups) if spec is not None else ()
 
     def _append(self, seq: Sequence, tokens: list[int]) -> bool:
         """Append sampled tokens up to a stop; True when `seq` finished."""
         out = seq.output_ids
+        if len(tokens) == 1 and tokens[0] != seq.eos_token_id:  # the common decode step
+            out.append(tokens[0])
+            n = len(out)
+            if n < seq.max_new_tokens and seq.prompt_len + n < self.limits.max_seq_len:
+                return False
+            out.pop()
         room = min(seq.max_new_tokens - len(out), self.limits.max_seq_len - seq.num_tokens)
         reason = None
         for t in tokens[:room]:

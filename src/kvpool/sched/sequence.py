@@ -38,11 +38,15 @@ class Sequence:
     num_preemptions: int = 0
     first_token_s: float | None = None
     finish_s: float | None = None
+    prompt_len: int = field(init=False, repr=False)  # len(prompt_ids); the prompt never changes
+
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.prompt_ids)
 
     @property
     def num_tokens(self) -> int:
         """Prompt plus output tokens so far."""
-        return len(self.prompt_ids) + len(self.output_ids)
+        return self.prompt_len + len(self.output_ids)
 
     @property
     def all_ids(self) -> list[int]:
@@ -55,4 +59,5 @@ class Sequence:
 
     @property
     def is_decoding(self) -> bool:
-        return bool(self.output_ids) and self.num_computed == self.num_tokens - 1
+        out = len(self.output_ids)
+        return out > 0 and self.num_computed == self.prompt_len + out - 1

@@ -48,12 +48,15 @@ def simulate(
     reuse: bool | None = None,
     progress: Callable[[Progress], None] | None = None,
     progress_every: int = 2000,
+    fast: bool = True,
 ) -> SimResult:
     """Replay `trace` (arrival times already set, see `Trace.with_rate`)
     against `plan`. `padding=False` drops the persistent padding dummies that
     warmup reserves (engines that allocate them lazily); `reuse` defaults to on
     when the trace has prefix hash ids. Returns the run's metrics; the plan is
-    not changed."""
+    not changed. `fast` runs stretches of identical decode-only steps with one
+    manager call (`Scheduler.advance_decodes`); the result is the same up to
+    floating-point rounding."""
     limits = plan.limits
     use_reuse = trace.hash_ids is not None if reuse is None else reuse
     manager = KVCacheManager(plan, enable_reuse=use_reuse)
@@ -106,13 +109,34 @@ def simulate(
                 raise KvpoolError("simulation made no progress: no request can be scheduled")
             continue
         idle_steps = 0
-        for k, g in enumerate(groups):
-            used = totals[k] - manager.free_pages(g)
-            if used > peak[k]:
-                peak[k] = used
+        used_now = [totals[k] - manager.free_pages(g) for k, g in enumerate(groups)]
+        peak = [max(p, u) for p, u in zip(peak, used_now, strict=True)]
+        if fast and (run := _decode_run(sched, step, model, now, arrival_list, nxt, manager,
+                                        groups)) is not None:
+            times, done, free_after = run
+            dt = float(times.sum())
+            for k in range(len(groups)):  # pages grow about linearly over a run: trapezoid
+                after = totals[k] - free_after[k]
+                peak[k] = max(peak[k], after)
+                used_time[k] += (used_now[k] + after) / 2 * dt
+            now += dt
+            steps += len(times)
+            decode_steps += len(times)
+            decode_only += len(times)
+            if step.graph:
+                graph_steps += len(times)
+            elif step.padded_batch_size is None and _needs_padding(sched, step):
+                pad_fail += len(times)
+            for s in done:
+                s.finish_s = now
+                finished += 1
+                out_tokens += len(s.output_ids)
+                _record(s, ttft, tpot)
+                last_finish = now
+            continue
         dt = model.step_time(step)
-        for k, g in enumerate(groups):
-            used_time[k] += (totals[k] - manager.free_pages(g)) * dt
+        for k in range(len(groups)):
+            used_time[k] += used_now[k] * dt
         now += dt
         steps += 1
         if step.decodes:
@@ -154,6 +178,33 @@ def simulate(
         captured=len(report.captured), skipped=len(report.skipped),
         reuse_hit_rate=stats.hit_rate, wall_s=time.perf_counter() - wall0,
     )
+
+
+def _decode_run(sched: Scheduler, step: Step, model: StepTimeModel, now: float,
+                arrivals: list[float], nxt: int, manager: KVCacheManager, groups: list[str],
+                ) -> tuple[np.ndarray, list[Sequence], list[int]] | None:
+    """Run `step` and the identical steps after it at once, up to the first
+    finish and not past the next arrival (a request arriving during a step
+    joins at the next one). Returns (per-step times, finished, free pages per
+    group during the last step) or None."""
+    limit = sched.decode_run_limit(step)
+    if limit < 2:
+        return None
+    times = model.decode_run_times([s.num_computed for s, _ in step.decodes], limit,
+                                   graph=step.graph, padded_batch=step.padded_batch_size)
+    if nxt < len(arrivals):
+        starts = now + np.cumsum(times[:-1])  # start times of steps 2..limit
+        limit = 1 + int(np.searchsorted(starts, arrivals[nxt], side="left"))
+        if limit < 2:
+            return None
+        times = times[:limit]
+    free: list[int] = []
+
+    def measure() -> None:
+        free.extend(manager.free_pages(g) for g in groups)
+
+    done = sched.advance_decodes(step, limit, OUTPUT_TOKEN, on_extended=measure)
+    return None if done is None else (times, done, free)
 
 
 def _needs_padding(sched: Scheduler, step: Step) -> bool:

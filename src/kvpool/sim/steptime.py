@@ -45,6 +45,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from kvpool.errors import KvpoolError
 from kvpool.presets import DATA, GpuSpec
 from kvpool.sched import Step
@@ -208,6 +211,36 @@ class StepTimeModel:
             [(start, n) for _, start, n in step.prefills],
             graph=step.graph, padded_batch=step.padded_batch_size,
         )
+
+    def decode_run_times(self, histories: Seq[int], steps: int, *, graph: bool = False,
+                         padded_batch: int | None = None) -> npt.NDArray[np.float64]:
+        """Seconds of each of `steps` decode-only steps in a row (no drafts), the
+        rows starting at `histories` and each step adding one position: the
+        same arithmetic as `time`, vectorised over the steps."""
+        h = np.asarray(histories, dtype=np.float64)[None, :] + np.arange(steps, dtype=np.float64)[:, None]
+        rows = h.shape[1]
+        tokens = padded_batch if graph and padded_batch else rows
+        flops = np.full(steps, 2.0 * self.weights.active_params * tokens)
+        kv_bytes = np.zeros(steps)
+        for g in self.groups:
+            if g.kind == "state":
+                kv_bytes += 2.0 * g.state_bytes * rows
+                continue
+            if g.kind == "sliding":
+                keys = np.minimum(h + 1, g.window).sum(axis=1)
+            elif g.kind == "chunked":
+                keys = (np.mod(h, g.window) + 1).sum(axis=1)
+            elif g.kind == "compressed":
+                keys = (h + 1).sum(axis=1) / g.ratio
+            else:
+                keys = (h + 1).sum(axis=1)
+            flops += g.flops_per_pair * keys
+            written = tokens / (g.ratio if g.kind == "compressed" else 1)
+            kv_bytes += g.row_bytes * (keys + written)
+        bytes_moved = self.weight_bytes(tokens) + kv_bytes
+        roofline = np.maximum(flops / self.peak_flops, bytes_moved / self.gpu.hbm_bandwidth_bytes_per_s)
+        result: npt.NDArray[np.float64] = roofline + (self.replay_s if graph else self.eager_overhead_s)
+        return result
 
     def time(self, decodes: Seq[tuple[int, int]], prefills: Seq[tuple[int, int]], *,
              graph: bool = False, padded_batch: int | None = None) -> float:
