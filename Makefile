@@ -19,6 +19,12 @@ $(STAMP): pyproject.toml requirements-pins.txt
 demo: setup
 	$(BIN)/kvpool inspect gemma-4-26b-a4b
 	$(BIN)/kvpool inspect deepseek-v4-flash
+	@echo; echo "== Gemma 4 on 60 GiB: default split (reference request) vs sizing from avg_seq_len = max_seq_len"
+	$(BIN)/kvpool plan gemma-4-26b-a4b --kv-dtype fp8 --kv-memory 60GiB --max-seq-len 32768
+	$(BIN)/kvpool plan gemma-4-26b-a4b --kv-dtype fp8 --kv-memory 60GiB --max-seq-len 32768 --avg-seq-len 32768
+	@echo; echo "== DeepSeek-V4 at 1M context on 2 GiB: infeasible (exit 2, one line), then --fit shrinks its longest request"
+	-$(BIN)/kvpool plan deepseek-v4-flash --kv-dtype fp8 --kv-memory 2GiB --max-seq-len 1048576 --max-batch-size 16
+	$(BIN)/kvpool plan deepseek-v4-flash --kv-dtype fp8 --kv-memory 2GiB --max-seq-len 1048576 --max-batch-size 16 --fit
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks

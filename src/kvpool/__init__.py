@@ -5,11 +5,12 @@ spec -> presets. `spec`, `plan` and `cache` need only NumPy.
 """
 
 from kvpool.errors import InfeasiblePlanError, KvpoolError, OutOfPagesError, SpecError
+from kvpool.plan import PoolPlan, ServingLimits, Workload, plan_pools
 from kvpool.spec import LayerGroup, ModelSpec, load_model_spec
 
 __version__ = "0.1.0"
 
 __all__ = [
     "InfeasiblePlanError", "KvpoolError", "LayerGroup", "ModelSpec", "OutOfPagesError",
-    "SpecError", "load_model_spec",
+    "PoolPlan", "ServingLimits", "SpecError", "Workload", "load_model_spec", "plan_pools",
 ]
