@@ -108,3 +108,24 @@ def test_prompts_keep_command_line_order_and_folder_tokenizer(cli, tmp_path: Pat
     code, out, err = cli("generate", str(folder), "--prompt", "hello", "--max-new-tokens", "2")
     assert code == 0, err
     assert "request 0: 1 prompt tokens" in out and "'" in out  # decoded text printed
+
+
+def test_hybrid_kv_memory_splits_by_the_requests(cli) -> None:  # type: ignore[no-untyped-def]
+    # Gemma 3 pages at 4 tokens: sliding = 4 x 5 layers x (K+V) x 2 heads x 16
+    # dims x 4 bytes = 5120 B, full (1 layer) = 1024 B. Split by the requests'
+    # own lengths, 64 KiB holds both groups (the 2049-token reference request
+    # would give the sliding group almost nothing); three requests still
+    # contend, so some are preempted and recomputed.
+    prompts = ["the cat sat on the mat; the cat", "the cat sat on the mat; a dog", "hello kvpool"]
+    args = [a for p in prompts for a in ("--prompt", p)]
+    code, out, err = cli("generate", "--tiny", "gemma3", *args, "--max-new-tokens", "16",
+                         "--tokens-per-block", "4", "--speculate", "3", "--kv-memory", "64KiB",
+                         "--max-num-tokens", "16", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    pages = data["kv"]["total_pages"]
+    assert pages["sliding"] > 0 and pages["full"] > 0
+    assert pages["sliding"] * 5120 + pages["full"] * 1024 <= 64 * 1024
+    assert data["kv"]["preemptions"] > 0
+    for req, p in zip(data["requests"], prompts, strict=True):
+        assert_same_tokens(req["output_ids"], hf_greedy("gemma3", list(p.encode()), 16), "cli hybrid")

@@ -34,8 +34,9 @@ def register(sub: Any) -> None:
                    help="tokens to generate per request (default 32)")
     p.add_argument("--tokens-per-block", type=positive_int, default=16, metavar="T",
                    help="page size in positions (default 16)")
-    p.add_argument("--kv-memory", metavar="SIZE", help="KV budget split by `kvpool plan` rules "
-                   "(default: pools that hold every request at full length)")
+    p.add_argument("--kv-memory", metavar="SIZE", help="KV budget, split between the pools by "
+                   "`plan_pools` with the requests' lengths as workload (default: pools that hold "
+                   "every request at full length)")
     p.add_argument("--speculate", type=int, default=0, metavar="K",
                    help="draft up to K tokens per step by n-gram prompt lookup (default 0: off)")
     p.add_argument("--max-num-tokens", type=positive_int, default=2048, metavar="N",
@@ -117,7 +118,7 @@ def _tokenizer(folder: str) -> Any:
 
 def _engine(args: argparse.Namespace, model: Any, config: dict[str, Any], prompts: list[list[int]]) -> Any:
     from kvpool.engine.runner import Engine
-    from kvpool.plan import PoolPlan, ServingLimits, plan_pools
+    from kvpool.plan import PoolPlan, ServingLimits, Workload, plan_pools
     from kvpool.spec import load_model_spec, pages_per_group
     from kvpool.units import parse_size
 
@@ -128,7 +129,10 @@ def _engine(args: argparse.Namespace, model: Any, config: dict[str, Any], prompt
                            max_num_tokens=args.max_num_tokens, tokens_per_block=args.tokens_per_block,
                            max_draft_len=args.speculate)
     if args.kv_memory:
-        plan = plan_pools(spec, limits, kv_memory_bytes=parse_size(args.kv_memory))
+        # The requests are known, so the pools split by their lengths (the
+        # Workload policy) rather than by the 2049-token reference request.
+        workload = Workload([(len(p), args.max_new_tokens) for p in prompts])
+        plan = plan_pools(spec, limits, kv_memory_bytes=parse_size(args.kv_memory), policy=workload)
     else:
         # Every request at full length, plus room for the padding dummies.
         shapes = [(len(p) + args.max_new_tokens + args.speculate, 0) for p in prompts]
