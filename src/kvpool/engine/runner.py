@@ -173,6 +173,9 @@ class Engine:
                               f"{seq.finish_reason}; raise --kv-memory")
         self.stats.steps += 1
         self.stats.preemptions += len(step.preempted)
+        for g in self.spec.groups:  # every resize of the step is in place now: the peak
+            used = self._num_pages[g.name] - self.manager.free_pages(g.name)
+            self.stats.peak_pages[g.name] = max(self.stats.peak_pages[g.name], used)
         rows: list[Row] = []
         ids: list[int] = []
         # (rid, flat indices whose logits are needed, draft tokens) per sampling row
@@ -213,9 +216,6 @@ class Engine:
             out = self._outputs[seq.rid]
             out.output_ids, out.num_cached = list(seq.output_ids), seq.num_cached
             del self._seqs[seq.rid]
-        for g in self.spec.groups:
-            used = self._num_pages[g.name] - self.manager.free_pages(g.name)
-            self.stats.peak_pages[g.name] = max(self.stats.peak_pages[g.name], used)
         return True
 
     def _accept(self, seq: SchedSequence, preds: list[int], draft: list[int]) -> list[int]:
