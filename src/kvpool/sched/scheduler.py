@@ -1,0 +1,433 @@
+"""The shared scheduler: FCFS admission, chunked prefill, preemption by
+recompute, and padding of decode batches to captured CUDA-graph sizes.
+
+The engine and the simulator both drive this class, so both apply the same
+rules to the same `KVCacheManager`. Every page count comes from the manager
+(`create`, `resize`, `commit`, `free`, `add_dummy_requests`); the scheduler
+only decides which request gets how many positions. See docs/sched.md.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
+
+from kvpool.errors import KvpoolError
+from kvpool.plan.limits import ServingLimits
+from kvpool.sched.sequence import Sequence, Status
+from kvpool.sched.step import Step
+from kvpool.spec import LayerGroup, decode_worst_case_pages
+
+
+class SchedulerError(KvpoolError, ValueError):
+    """A request or a step result the scheduler cannot accept."""
+
+
+class PagedCache(Protocol):
+    """The part of `kvpool.cache.KVCacheManager` the scheduler uses."""
+
+    def create(self, rid: int, tokens: list[int] | None = None, salt: int | None = None) -> int: ...
+    def resize(self, rid: int, capacity: int, history: int | None = None) -> bool: ...
+    def commit(self, rid: int, num_tokens: int, tokens: list[int] | None = None) -> int: ...
+    def free(self, rid: int) -> None: ...
+    def capacity(self, rid: int) -> int: ...
+    def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0,
+                           is_gen: bool = True) -> list[int] | None: ...
+
+
+class Scheduler:
+    """Decides each iteration's batch and keeps the manager's pages in step with it.
+
+    `captured`: the (batch size, draft length) CUDA-graph shapes warmup captured
+    (None: every `limits.graph_batch_sizes` size with draft length 0).
+    `padding_rids`: the persistent padding dummy per draft length that warmup
+    reserved. With `padding=False` the scheduler emulates engines that allocate
+    the padding dummy lazily: it asks the manager for a fresh one-token dummy in
+    each padded step and frees it after the step; when the pool is full that
+    fails and the step runs eagerly.
+    """
+
+    def __init__(
+        self,
+        manager: PagedCache,
+        limits: ServingLimits,
+        *,
+        padding: bool = True,
+        captured: Iterable[tuple[int, int]] | None = None,
+        padding_rids: Mapping[int, int] | None = None,
+        enable_reuse: bool = True,
+    ) -> None:
+        self.manager, self.limits, self.padding = manager, limits, padding
+        self.enable_reuse = enable_reuse
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # admission order: the last one is preempted first
+        shapes = set(captured) if captured is not None else {(b, 0) for b in limits.graph_batch_sizes}
+        self._graph_sizes: dict[int, list[int]] = {}
+        for b, d in sorted(shapes):
+            self._graph_sizes.setdefault(d, []).append(b)
+        self.padding_rids = dict(padding_rids or {})
+        self.num_preemptions = 0
+        self._lazy_dummy: int | None = None
+        # the step being built by `schedule`
+        self._step_prefills: list[tuple[Sequence, int, int]] = []
+        self._step_decodes: list[tuple[Sequence, int]] = []
+        self._preempted: list[Sequence] = []
+        self._rejected: list[Sequence] = []
+        self._rids: set[int] = set()
+        self._known: dict[int, int] = {}  # tokens of each running request the manager has seen
+
+    # ------------------------------------------------------------------ queue
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a request (FCFS). Raises SchedulerError for an empty prompt, a
+        prompt of at least `max_seq_len` tokens, or a duplicate rid."""
+        if not seq.prompt_ids:
+            raise SchedulerError(f"request {seq.rid}: empty prompt")
+        if len(seq.prompt_ids) >= self.limits.max_seq_len:
+            raise SchedulerError(
+                f"request {seq.rid}: prompt of {len(seq.prompt_ids)} tokens leaves no room to "
+                f"generate within max_seq_len {self.limits.max_seq_len}"
+            )
+        if seq.max_new_tokens < 1:
+            raise SchedulerError(f"request {seq.rid}: max_new_tokens must be at least 1")
+        if seq.rid in self._rids:
+            raise SchedulerError(f"request id {seq.rid} is already queued or running")
+        self._rids.add(seq.rid)
+        seq.status = Status.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ schedule
+
+    def schedule(self, draft_lens: Mapping[int, int] | None = None) -> Step | None:
+        """The next iteration's batch, with every scheduled request resized in the
+        manager (side effect), or None when there is nothing to run. Decodes come
+        first, then running prefills, then new admissions, within
+        `max_num_tokens` tokens and `max_batch_size` requests."""
+        if not self.has_work():
+            return None
+        limits = self.limits
+        extra = limits.num_extra_kv_tokens
+        budget = limits.max_num_tokens if limits.max_num_tokens is not None else 1 << 62
+        self._step_prefills, self._step_decodes = [], []
+        self._preempted, self._rejected = [], []
+        decodes, prefills = self._step_decodes, self._step_prefills
+
+        budget = self._schedule_decodes(draft_lens, budget)
+        i = 0
+        while i < len(self.running) and budget > 0:  # chunks of prompts already admitted
+            seq = self.running[i]
+            if seq.is_decoding:
+                i += 1
+                continue
+            h, chunk = seq.num_computed, min(seq.num_pending, budget)
+            n = self._largest_chunk(seq.rid, h, chunk)
+            if not n and self._resize_or_preempt(seq, h + chunk + extra, h):
+                n = chunk  # room was made by preempting later requests
+            if n:
+                prefills.append((seq, h, n))
+                budget -= n
+                i += 1  # else `seq` itself left the running list
+        budget = self._admit(budget)
+
+        # A victim preempted after it was scheduled gives its slot back.
+        if self._preempted:
+            gone = {s.rid for s in self._preempted}
+            decodes[:] = [d for d in decodes if d[0].rid not in gone]
+            prefills[:] = [p for p in prefills if p[0].rid not in gone]
+        step = self._pad(decodes, prefills)
+        return step
+
+    def _schedule_decodes(self, draft_lens: Mapping[int, int] | None, budget: int) -> int:
+        """Resize every decoding request for one more token (+ drafts + E): first
+        all at once through the manager's batch path, and only when that fails
+        one by one, preempting from the back of the running list."""
+        limits, extra = self.limits, self.limits.num_extra_kv_tokens
+        rows: list[tuple[Sequence, int]] = []
+        for seq in self.running:
+            if not seq.is_decoding:
+                continue
+            k = 0
+            if draft_lens:
+                room = seq.max_new_tokens - len(seq.output_ids) - 1
+                k = max(0, min(draft_lens.get(seq.rid, 0), limits.max_draft_len, room))
+            if 1 + k > budget:
+                continue
+            rows.append((seq, k))
+            budget -= 1 + k
+        if not rows:
+            return budget
+        resize_many = getattr(self.manager, "resize_many", None)
+        if resize_many is not None:
+            hists = [s.num_computed for s, _ in rows]
+            caps = [h + 1 + k + extra for h, (_, k) in zip(hists, rows, strict=True)]
+            if resize_many([s.rid for s, _ in rows], caps, hists):
+                self._step_decodes.extend(rows)
+                return budget
+        for seq, k in rows:
+            if seq.status is not Status.RUNNING:  # preempted for an earlier row
+                budget += 1 + k
+                continue
+            h = seq.num_computed
+            if self._resize_or_preempt(seq, h + 1 + k + extra, h):
+                self._step_decodes.append((seq, k))
+            else:
+                budget += 1 + k
+        return budget
+
+    def _admit(self, budget: int) -> int:
+        preempted = {s.rid for s in self._preempted}
+        while self.waiting and budget > 0 and len(self.running) < self.limits.max_batch_size:
+            seq = self.waiting[0]
+            if seq.rid in preempted:  # not recomputed in the step that evicted it
+                break
+            tokens = seq.all_ids
+            reused = self.manager.create(seq.rid, tokens if self.enable_reuse else None, seq.salt)
+            reused = min(reused, len(tokens) - 1)  # the last token is computed for its logits
+            n = self._largest_chunk(seq.rid, reused, min(len(tokens) - reused, budget))
+            if not n:
+                self.manager.free(seq.rid)
+                if not self.running:  # alone and still no room: it never fits
+                    self.waiting.popleft()
+                    self._reject(seq, "needs more pages than the pools hold")
+                    continue
+                break  # head-of-line: wait until running requests free pages
+            self.waiting.popleft()
+            self._known[seq.rid] = len(tokens)
+            seq.status, seq.num_computed, seq.num_cached = Status.RUNNING, reused, reused
+            self.running.append(seq)
+            self._step_prefills.append((seq, reused, n))
+            budget -= n
+        return budget
+
+    def _largest_chunk(self, rid: int, history: int, tokens: int) -> int:
+        """Resize `rid` for the longest prefill chunk of at most `tokens` tokens
+        after `history` that the free pages hold, and return its length (0: not
+        even one token; nothing changed). Packing chunks this way fills the
+        pools the way engines that admit until the pages run out do."""
+        extra = self.limits.num_extra_kv_tokens
+        if self.manager.resize(rid, history + tokens + extra, history):
+            return tokens
+        lo, hi = 0, tokens - 1  # pages needed grow with the chunk: bisect on the manager's answer
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.manager.resize(rid, history + mid + extra, history):
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo and not self.manager.resize(rid, history + lo + extra, history):  # pragma: no cover
+            return 0
+        return lo
+
+    def _resize_or_preempt(self, seq: Sequence, capacity: int, history: int) -> bool:
+        """Resize `seq`; while that fails, preempt the most recently admitted
+        running request. False when `seq` itself was preempted or rejected."""
+        while not self.manager.resize(seq.rid, capacity, history):
+            victim = self.running[-1]
+            if victim is seq and len(self.running) == 1:
+                self._reject(seq, "needs more pages than the pools hold")
+                return False
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _commit_computed(self, seq: Sequence) -> None:
+        """Offer every computed page of `seq` for reuse before its pages are
+        freed, passing the generated tokens the manager has not seen, so that a
+        recomputed or follow-up request hits them."""
+        known = self._known.get(seq.rid, 0)
+        if self.enable_reuse and seq.num_computed > 0:
+            self._advance_history(seq)
+            fresh = seq.all_ids[known:seq.num_computed] if seq.num_computed > known else None
+            self.manager.commit(seq.rid, seq.num_computed, fresh)
+            self._known[seq.rid] = max(known, seq.num_computed)
+
+    def _advance_history(self, seq: Sequence) -> None:
+        """Tell the manager the positions `seq` has computed (commit may not run
+        ahead of history); keeps the capacity, so no page is allocated."""
+        cap = max(self.manager.capacity(seq.rid), seq.num_computed)
+        if not self.manager.resize(seq.rid, cap, seq.num_computed):  # pragma: no cover
+            raise SchedulerError(f"request {seq.rid}: raising history needed pages")
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._commit_computed(seq)
+        self.manager.free(seq.rid)
+        self.running.remove(seq)
+        seq.status, seq.num_computed, seq.num_cached = Status.WAITING, 0, 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        self._preempted.append(seq)
+
+    def _reject(self, seq: Sequence, reason: str) -> None:
+        if seq.status is Status.RUNNING:
+            self.manager.free(seq.rid)
+            self.running.remove(seq)
+        seq.status, seq.finish_reason = Status.REJECTED, reason
+        self._rids.discard(seq.rid)
+        self._rejected.append(seq)
+
+    def graph_size_for(self, batch_size: int, draft_len: int = 0) -> int | None:
+        """The smallest captured CUDA-graph batch size ≥ `batch_size` for
+        `draft_len`, or None when no captured graph is that large."""
+        sizes = self._graph_sizes.get(draft_len, [])
+        j = bisect.bisect_left(sizes, batch_size)
+        return sizes[j] if j < len(sizes) else None
+
+    def _pad(self, decodes: list[tuple[Sequence, int]], prefills: list[tuple[Sequence, int, int]]) -> Step:
+        """Pad a decode-only batch to the smallest captured size ≥ its size."""
+        batch = len(decodes)
+        draft = max((k for _, k in decodes), default=0)
+        padded = pad_rid = None
+        graph = False
+        if decodes and not prefills:
+            padded = self.graph_size_for(batch, draft)
+            if padded is not None:
+                if padded == batch:
+                    graph = True
+                elif self.padding:
+                    pad_rid = self.padding_rids.get(draft)
+                    graph = pad_rid is not None
+                else:
+                    ids = self.manager.add_dummy_requests(1, 1 + draft, draft_len=draft)
+                    if ids:
+                        pad_rid = self._lazy_dummy = ids[0]
+                        graph = True
+            if not graph:
+                padded = None
+        return Step(prefills=list(prefills), decodes=list(decodes), preempted=list(self._preempted),
+                    batch_size=batch, padded_batch_size=padded, padding_rid=pad_rid, graph=graph,
+                    rejected=list(self._rejected), draft_len=draft)
+
+    # ------------------------------------------------------------------ update
+
+    def update(self, step: Step, sampled: Mapping[int, list[int]]) -> list[Sequence]:
+        """Apply a step's results: advance each request's history by the tokens
+        it computed and verified, append sampled tokens, commit verified full
+        pages for reuse, and free finished requests (side effects on the
+        manager). `sampled[rid]`: one token for a prefill chunk that ends its
+        sequence (ignored for other chunks); 1..k+1 accepted tokens for a decode
+        row with k drafts. Returns the requests that finished."""
+        finished: list[Sequence] = []
+        for seq, start, n in step.prefills:
+            seq.num_computed = start + n
+            if self.enable_reuse:
+                self._advance_history(seq)
+                self.manager.commit(seq.rid, seq.num_computed)
+            if seq.num_computed == seq.num_tokens:
+                tokens = sampled.get(seq.rid)
+                if not tokens:
+                    raise SchedulerError(f"request {seq.rid} finished its prefill but no token was sampled")
+                if self._append(seq, tokens[:1]):
+                    finished.append(seq)
+        for seq, k in step.decodes:
+            tokens = sampled.get(seq.rid)
+            if not tokens or len(tokens) > k + 1:
+                raise SchedulerError(
+                    f"request {seq.rid}: decode with {k} drafts must accept 1..{k + 1} tokens, "
+                    f"got {0 if not tokens else len(tokens)}"
+                )
+            seq.num_computed += len(tokens)
+            if self._append(seq, tokens):
+                finished.append(seq)
+        if self._lazy_dummy is not None:
+            self.manager.free(self._lazy_dummy)
+            self._lazy_dummy = None
+        self._release(finished)
+        return finished
+
+    def _release(self, finished: list[Sequence]) -> None:
+        """Commit and free the pages of finished requests."""
+        if finished:
+            done = {s.rid for s in finished}
+            self.running = [s for s in self.running if s.rid not in done]
+            for seq in finished:
+                self._commit_computed(seq)
+                self._known.pop(seq.rid, None)
+                self.manager.free(seq.rid)
+                self._rids.discard(seq.rid)
+
+    def decode_run_limit(self, step: Step) -> int:
+        """How many times in a row `step` can run unchanged: the steps until its
+        first row finishes (by length), if it is a decode-only step without
+        drafts or lazy padding and nothing waits; else 0. See `advance_decodes`."""
+        if step.prefills or not step.decodes or step.draft_len or self.waiting or self._lazy_dummy:
+            return 0
+        if step.preempted or step.rejected:
+            return 0
+        max_len = self.limits.max_seq_len
+        return min(min(s.max_new_tokens - len(s.output_ids), max_len - s.num_tokens)
+                   for s, _ in step.decodes)
+
+    def advance_decodes(self, step: Step, steps: int, token: int, *,
+                        on_extended: Callable[[], None] | None = None) -> list[Sequence] | None:
+        """Run the decode-only `step` `steps` times in a row, every row sampling
+        `token` each time: one `manager.extend` call covers steps 2..`steps`
+        (the first was resized by `schedule`). Equivalent to `steps` rounds of
+        `schedule()` + `update()` when nothing else can happen meanwhile: nothing
+        waits, no row finishes before the last step (`steps <=
+        decode_run_limit(step)`), and the pools can hold every intermediate
+        state: for groups whose need is not monotone in length (sliding,
+        chunked) the free pages must cover every row at its worst-case decode
+        pages (`kvpool.spec.decode_worst_case_pages`). Returns the finished
+        requests, or None when the run is not possible (nothing changed).
+        `on_extended` is called once the pages of the last step are allocated,
+        before finished requests free theirs (to measure peak usage)."""
+        limit = self.decode_run_limit(step)
+        if steps < 2 or steps > limit or any(
+            s.eos_token_id == token for s, _ in step.decodes
+        ):
+            return None
+        rows = len(step.decodes)
+        for g in self._spec_groups():
+            worst = decode_worst_case_pages(g, self.limits.headroom)
+            if worst is not None and g.kind != "state" and self.manager.free_pages(g.name) < rows * worst:
+                return None
+        extend = getattr(self.manager, "extend", None)
+        if extend is None or not extend([s.rid for s, _ in step.decodes], steps - 1):
+            return None
+        if on_extended is not None:
+            on_extended()
+        finished = []
+        run = [token] * steps
+        for seq, _ in step.decodes:
+            seq.num_computed += steps
+            if self._append(seq, run):
+                finished.append(seq)
+        self._release(finished)
+        return finished
+
+    def _spec_groups(self) -> tuple[LayerGroup, ...]:
+        spec = getattr(self.manager, "spec", None)
+        return tuple(spec.groups) if spec is not None else ()
+
+    def _append(self, seq: Sequence, tokens: list[int]) -> bool:
+        """Append sampled tokens up to a stop; True when `seq` finished."""
+        out = seq.output_ids
+        if len(tokens) == 1 and tokens[0] != seq.eos_token_id:  # the common decode step
+            out.append(tokens[0])
+            n = len(out)
+            if n < seq.max_new_tokens and seq.prompt_len + n < self.limits.max_seq_len:
+                return False
+            out.pop()
+        room = min(seq.max_new_tokens - len(out), self.limits.max_seq_len - seq.num_tokens)
+        reason = None
+        for t in tokens[:room]:
+            out.append(t)
+            if t == seq.eos_token_id:
+                reason = "stop"
+                break
+        if reason is None:
+            if len(out) >= seq.max_new_tokens:
+                reason = "length"
+            elif seq.num_tokens >= self.limits.max_seq_len:
+                reason = "max_seq_len"
+            else:
+                return False
+        seq.status, seq.finish_reason = Status.FINISHED, reason
+        return True

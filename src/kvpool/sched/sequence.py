@@ -1,0 +1,63 @@
+"""One request as the scheduler sees it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Status(Enum):
+    WAITING = "waiting"    # queued (new, or preempted and waiting to be recomputed)
+    RUNNING = "running"    # admitted: holds pages in the manager
+    FINISHED = "finished"  # max_new_tokens reached, EOS, or max_seq_len reached
+    REJECTED = "rejected"  # can never fit: prompt too long, or pages even when alone
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A request: its prompt, what it generated so far, and how far its KV is computed.
+
+    `num_computed` is the history: positions whose KV is written. Tokens
+    `all_ids[num_computed:]` are pending; a running request with output and one
+    pending token is decoding, otherwise it is (re)filling its prompt. Times
+    (`arrival_s`, `first_token_s`, `finish_s`) belong to the caller (engine or
+    simulator); the scheduler never reads a clock.
+    """
+
+    rid: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    eos_token_id: int | None = None
+    arrival_s: float = 0.0
+    salt: int | None = None
+    output_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_cached: int = 0          # tokens reused from the prefix cache at the last admission
+    status: Status = Status.WAITING
+    finish_reason: str | None = None  # "length", "stop", "max_seq_len", or why it was rejected
+    num_preemptions: int = 0
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    prompt_len: int = field(init=False, repr=False)  # len(prompt_ids); the prompt never changes
+
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens so far."""
+        return self.prompt_len + len(self.output_ids)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens whose KV is not written yet (1 for a decoding request)."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        out = len(self.output_ids)
+        return out > 0 and self.num_computed == self.prompt_len + out - 1

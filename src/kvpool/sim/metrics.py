@@ -1,0 +1,85 @@
+"""What one simulated run measured, and its JSON form."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvpool.plan import PoolPlan
+
+
+@dataclass(frozen=True)
+class GroupUsage:
+    """Pages of one pool group: `total`, most used at once, time-weighted mean used."""
+
+    total: int
+    peak_used: int
+    mean_used: float
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """One run of a trace against one plan. Times are simulated seconds.
+
+    `ttft_s` / `tpot_s`: per finished request (TPOT only for requests with at
+    least two output tokens). `rejected`: requests whose prompt leaves no room
+    under max_seq_len or that never fit in the pools. `graph_steps` /
+    `decode_steps`: steps replayed as CUDA graphs / steps with decode rows;
+    `padding_failures`: decode-only steps that needed a padding dummy and had
+    none (the Gemma 4 failure). `captured` / `skipped`: warmup shapes.
+    """
+
+    policy: str
+    plan: PoolPlan
+    num_requests: int
+    finished: int
+    rejected: int
+    output_tokens: int
+    makespan_s: float
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray
+    preemptions: int
+    steps: int
+    decode_steps: int
+    decode_only_steps: int
+    graph_steps: int
+    padding_failures: int
+    pages: dict[str, GroupUsage]
+    captured: int = 0
+    skipped: int = 0
+    reuse_hit_rate: float = 0.0
+    wall_s: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.makespan_s if self.makespan_s > 0 else 0.0
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.finished / self.makespan_s if self.makespan_s > 0 else 0.0
+
+    @property
+    def graph_step_share(self) -> float:
+        """Share of the steps with decode rows that replayed a CUDA graph."""
+        return self.graph_steps / self.decode_steps if self.decode_steps else 0.0
+
+    def percentile(self, values: np.ndarray, q: float) -> float | None:
+        return float(np.percentile(values, q)) if values.size else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The run as `kvpool simulate --json` prints it (issue 6 shape)."""
+        return {
+            "policy": self.policy,
+            "output_tokens_per_s": self.output_tokens_per_s,
+            "requests_per_s": self.requests_per_s,
+            "ttft_p50_s": self.percentile(self.ttft_s, 50),
+            "ttft_p99_s": self.percentile(self.ttft_s, 99),
+            "tpot_p50_s": self.percentile(self.tpot_s, 50),
+            "preemptions": self.preemptions,
+            "graph_step_share": self.graph_step_share,
+            "pages": {name: {"total": u.total, "peak_used": u.peak_used}
+                      for name, u in self.pages.items()},
+        }

@@ -1,0 +1,221 @@
+"""The discrete-event loop: a trace replayed through the shared scheduler and
+the real `KVCacheManager`, with step times from `steptime`.
+
+Each iteration: requests that have arrived join the queue, the scheduler picks
+the step (resizing pages in the manager), the clock advances by the step's
+modelled time, every row samples one token, and the scheduler applies it
+(finished requests free their pages). When nothing is running the clock jumps
+to the next arrival. No randomness: a run is a pure function of its inputs
+(the arrival times of a Poisson `--rate` are drawn, seeded, by the trace).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvpool.cache import KVCacheManager
+from kvpool.errors import KvpoolError
+from kvpool.plan import PoolPlan
+from kvpool.presets.traces import Trace
+from kvpool.sched import Scheduler, Sequence, Step
+from kvpool.sim.metrics import GroupUsage, SimResult
+from kvpool.sim.requests import OUTPUT_TOKEN, make_sequence
+from kvpool.sim.steptime import StepTimeModel
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Handed to the progress callback every `progress_every` steps."""
+
+    policy: str
+    done: int
+    total: int
+    sim_time_s: float
+    wall_s: float
+
+
+def simulate(
+    plan: PoolPlan,
+    trace: Trace,
+    model: StepTimeModel,
+    *,
+    policy: str | None = None,
+    padding: bool = True,
+    reuse: bool | None = None,
+    progress: Callable[[Progress], None] | None = None,
+    progress_every: int = 2000,
+    fast: bool = True,
+) -> SimResult:
+    """Replay `trace` (arrival times already set, see `Trace.with_rate`)
+    against `plan`. `padding=False` drops the persistent padding dummies that
+    warmup reserves (engines that allocate them lazily); `reuse` defaults to on
+    when the trace has prefix hash ids. Returns the run's metrics; the plan is
+    not changed. `fast` runs stretches of identical decode-only steps with one
+    manager call (`Scheduler.advance_decodes`); the result is the same up to
+    floating-point rounding."""
+    limits = plan.limits
+    use_reuse = trace.hash_ids is not None if reuse is None else reuse
+    manager = KVCacheManager(plan, enable_reuse=use_reuse)
+    report = manager.warmup(limits.graph_batch_sizes, draft_lens=(0,))
+    pads = {d: r for d, r in report.padding.items() if r is not None}
+    if not padding:
+        for rid in pads.values():
+            manager.free(rid)
+        pads = {}
+    sched = Scheduler(manager, limits, padding=padding, captured=report.captured,
+                      padding_rids=pads, enable_reuse=use_reuse)
+
+    n = len(trace)
+    arrivals = trace.arrival_s if trace.arrival_s is not None else np.zeros(n)
+    arrival_list = arrivals.tolist()
+    groups = [g.name for g in plan.spec.groups]
+    totals = [manager.total_pages(g) for g in groups]
+    peak = [0] * len(groups)
+    used_time = [0.0] * len(groups)
+    ttft: list[float] = []
+    tpot: list[float] = []
+    one = [OUTPUT_TOKEN]
+    feed_cap = 2 * limits.max_batch_size  # arrived requests beyond this wait outside the queue
+    now = 0.0
+    nxt = rejected = finished = out_tokens = 0
+    steps = decode_steps = decode_only = graph_steps = pad_fail = 0
+    last_finish, idle_steps = 0.0, 0
+    wall0 = time.perf_counter()
+
+    while True:
+        while nxt < n and arrival_list[nxt] <= now and len(sched.waiting) < feed_cap:
+            seq = make_sequence(trace, nxt, limits.max_seq_len)
+            nxt += 1
+            if seq is None:
+                rejected += 1
+            else:
+                sched.add(seq)
+        if not sched.has_work():
+            if nxt >= n:
+                break
+            now = max(now, arrival_list[nxt])
+            continue
+        step = sched.schedule()
+        if step is None:  # pragma: no cover - has_work() was checked
+            break
+        rejected += len(step.rejected)
+        if step.is_empty:
+            idle_steps += 1
+            if idle_steps > 2:
+                raise KvpoolError("simulation made no progress: no request can be scheduled")
+            continue
+        idle_steps = 0
+        used_now = [totals[k] - manager.free_pages(g) for k, g in enumerate(groups)]
+        peak = [max(p, u) for p, u in zip(peak, used_now, strict=True)]
+        if fast and (run := _decode_run(sched, step, model, now, arrival_list, nxt, manager,
+                                        groups)) is not None:
+            times, done, free_after = run
+            dt = float(times.sum())
+            for k in range(len(groups)):  # pages grow about linearly over a run: trapezoid
+                after = totals[k] - free_after[k]
+                peak[k] = max(peak[k], after)
+                used_time[k] += (used_now[k] + after) / 2 * dt
+            now += dt
+            steps += len(times)
+            decode_steps += len(times)
+            decode_only += len(times)
+            if step.graph:
+                graph_steps += len(times)
+            elif step.padded_batch_size is None and _needs_padding(sched, step):
+                pad_fail += len(times)
+            for s in done:
+                s.finish_s = now
+                finished += 1
+                out_tokens += len(s.output_ids)
+                _record(s, ttft, tpot)
+                last_finish = now
+            continue
+        dt = model.step_time(step)
+        for k in range(len(groups)):
+            used_time[k] += used_now[k] * dt
+        now += dt
+        steps += 1
+        if step.decodes:
+            decode_steps += 1
+            if not step.prefills:
+                decode_only += 1
+                if step.graph:
+                    graph_steps += 1
+                elif step.padded_batch_size is None and _needs_padding(sched, step):
+                    pad_fail += 1
+        sampled = {s.rid: one for s, _ in step.decodes}
+        for s, start, num in step.prefills:
+            if start + num == s.num_tokens:
+                sampled[s.rid] = one
+        done = sched.update(step, sampled)
+        for s, _, _ in step.prefills:
+            if s.first_token_s is None and s.output_ids:
+                s.first_token_s = now
+        for s in done:
+            s.finish_s = now
+            finished += 1
+            out_tokens += len(s.output_ids)
+            _record(s, ttft, tpot)
+            last_finish = now
+        if progress is not None and steps % progress_every == 0:
+            progress(Progress(policy or plan.policy, finished + rejected, n, now,
+                              time.perf_counter() - wall0))
+
+    makespan = last_finish - float(arrivals[0]) if n else 0.0
+    stats = manager.stats()
+    usage = {g: GroupUsage(totals[k], peak[k], used_time[k] / now if now > 0 else 0.0)
+             for k, g in enumerate(groups)}
+    return SimResult(
+        policy=policy or plan.policy, plan=plan, num_requests=n, finished=finished,
+        rejected=rejected, output_tokens=out_tokens, makespan_s=makespan,
+        ttft_s=np.asarray(ttft), tpot_s=np.asarray(tpot), preemptions=sched.num_preemptions,
+        steps=steps, decode_steps=decode_steps, decode_only_steps=decode_only,
+        graph_steps=graph_steps, padding_failures=pad_fail, pages=usage,
+        captured=len(report.captured), skipped=len(report.skipped),
+        reuse_hit_rate=stats.hit_rate, wall_s=time.perf_counter() - wall0,
+    )
+
+
+def _decode_run(sched: Scheduler, step: Step, model: StepTimeModel, now: float,
+                arrivals: list[float], nxt: int, manager: KVCacheManager, groups: list[str],
+                ) -> tuple[np.ndarray, list[Sequence], list[int]] | None:
+    """Run `step` and the identical steps after it at once, up to the first
+    finish and not past the next arrival (a request arriving during a step
+    joins at the next one). Returns (per-step times, finished, free pages per
+    group during the last step) or None."""
+    limit = sched.decode_run_limit(step)
+    if limit < 2:
+        return None
+    times = model.decode_run_times([s.num_computed for s, _ in step.decodes], limit,
+                                   graph=step.graph, padded_batch=step.padded_batch_size)
+    if nxt < len(arrivals):
+        starts = now + np.cumsum(times[:-1])  # start times of steps 2..limit
+        limit = 1 + int(np.searchsorted(starts, arrivals[nxt], side="left"))
+        if limit < 2:
+            return None
+        times = times[:limit]
+    free: list[int] = []
+
+    def measure() -> None:
+        free.extend(manager.free_pages(g) for g in groups)
+
+    done = sched.advance_decodes(step, limit, OUTPUT_TOKEN, on_extended=measure)
+    return None if done is None else (times, done, free)
+
+
+def _needs_padding(sched: Scheduler, step: Step) -> bool:
+    """A decode-only step ran eagerly although its batch size has a captured
+    graph to pad to: the padding dummy was missing."""
+    return sched.graph_size_for(step.batch_size, step.draft_len) is not None
+
+
+def _record(seq: Sequence, ttft: list[float], tpot: list[float]) -> None:
+    if seq.first_token_s is None or seq.finish_s is None:
+        return
+    ttft.append(seq.first_token_s - seq.arrival_s)
+    if len(seq.output_ids) > 1:
+        tpot.append((seq.finish_s - seq.first_token_s) / (len(seq.output_ids) - 1))

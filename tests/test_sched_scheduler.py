@@ -1,0 +1,373 @@
+"""The shared scheduler against the real KVCacheManager: admission, chunked
+prefill, preemption by recompute, padding, drafts, reuse and conservation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvpool.cache import KVCacheManager
+from kvpool.plan import PoolPlan, ServingLimits
+from kvpool.sched import Scheduler, SchedulerError, Sequence, Status, Step
+from kvpool.spec import ModelSpec, load_model_spec
+
+TPB = 4
+
+
+def full_spec() -> ModelSpec:
+    return load_model_spec({"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                            "hidden_size": 64, "max_position_embeddings": 1 << 16,
+                            "torch_dtype": "bfloat16"}, tokens_per_block=TPB)
+
+
+def hybrid_spec(window: int = 8) -> ModelSpec:
+    return load_model_spec({"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                            "hidden_size": 64, "max_position_embeddings": 1 << 16,
+                            "torch_dtype": "bfloat16", "sliding_window": window,
+                            "layer_types": ["full_attention", "sliding_attention"]},
+                           tokens_per_block=TPB)
+
+
+def make(pages: dict[str, int], spec: ModelSpec | None = None, *, reuse: bool = False,
+         padding: bool = True, captured: Any = None, pads: Any = None,
+         **limits: Any) -> tuple[KVCacheManager, Scheduler]:
+    limits.setdefault("max_batch_size", 8)
+    limits.setdefault("max_seq_len", 256)
+    limits.setdefault("max_num_tokens", 64)
+    lim = ServingLimits(tokens_per_block=TPB, **limits)
+    mgr = KVCacheManager(PoolPlan.from_pages(spec or full_spec(), pages, lim), enable_reuse=reuse)
+    return mgr, Scheduler(mgr, lim, padding=padding, captured=captured, padding_rids=pads,
+                          enable_reuse=reuse)
+
+
+def seq(rid: int, prompt: int, out: int, first_token: int = 1000) -> Sequence:
+    # distinct token ids per request unless the caller shares them on purpose
+    return Sequence(rid=rid, prompt_ids=list(range(first_token * rid, first_token * rid + prompt)),
+                    max_new_tokens=out)
+
+
+def chunks(step: Step) -> list[tuple[int, int, int]]:
+    return [(s.rid, start, n) for s, start, n in step.prefills]
+
+
+def rows(step: Step) -> list[int]:
+    return [s.rid for s, _ in step.decodes]
+
+
+def run_step(sched: Scheduler, step: Step, token: int = 7) -> list[Sequence]:
+    sampled = {s.rid: [token] for s, _ in step.decodes}
+    sampled.update({s.rid: [token] for s, st_, n in step.prefills if st_ + n == s.num_tokens})
+    return sched.update(step, sampled)
+
+
+def drain(sched: Scheduler, limit: int = 10_000) -> list[Sequence]:
+    done: list[Sequence] = []
+    for _ in range(limit):
+        step = sched.schedule()
+        if step is None:
+            return done
+        done += run_step(sched, step)
+    raise AssertionError("scheduler did not drain")
+
+
+# ----------------------------------------------------------------------------- admission
+
+
+def test_chunked_prefill_fcfs_under_token_budget() -> None:
+    mgr, sched = make({"full": 100}, max_num_tokens=8)
+    sched.add(seq(1, 10, 3))
+    sched.add(seq(2, 5, 3))
+    s1 = sched.schedule()
+    assert s1 is not None and chunks(s1) == [(1, 0, 8)] and not s1.decodes
+    assert mgr.capacity(1) == 8  # history 0 + 8 tokens (E = 0)
+    run_step(sched, s1)
+    s2 = sched.schedule()
+    # request 1 finishes its prompt (2 tokens), request 2 gets the other 6 of the budget (needs 5)
+    assert s2 is not None and chunks(s2) == [(1, 8, 2), (2, 0, 5)]
+    run_step(sched, s2)
+    s3 = sched.schedule()
+    assert s3 is not None and rows(s3) == [1, 2] and not s3.prefills
+    # decode: capacity = history + 1 -> 10 + 1 and 5 + 1
+    assert (mgr.capacity(1), mgr.capacity(2)) == (11, 6)
+
+
+def test_decodes_take_the_budget_before_prefill_chunks() -> None:
+    _, sched = make({"full": 100}, max_num_tokens=4)
+    sched.add(seq(1, 3, 5))
+    sched.add(seq(2, 3, 5))
+    step = sched.schedule()
+    assert step is not None and chunks(step) == [(1, 0, 3), (2, 0, 1)]
+    run_step(sched, step)
+    step = sched.schedule()
+    # request 1 decodes (1 token), request 2 continues its prompt with the 3 left
+    assert step is not None and rows(step) == [1] and chunks(step) == [(2, 1, 2)]
+
+
+def test_max_batch_size_limits_running_requests() -> None:
+    _, sched = make({"full": 100}, max_batch_size=2)
+    for rid in range(3):
+        sched.add(seq(rid, 2, 2))
+    step = sched.schedule()
+    assert step is not None and [r for r, _, _ in chunks(step)] == [0, 1]
+    assert [s.rid for s in sched.waiting] == [2]
+
+
+def test_extra_kv_tokens_and_drafts_reserve_capacity() -> None:
+    mgr, sched = make({"full": 100}, num_extra_kv_tokens=2, max_draft_len=3)
+    sched.add(seq(1, 6, 10))
+    step = sched.schedule()
+    assert step is not None and mgr.capacity(1) == 6 + 2  # prompt + E
+    run_step(sched, step)
+    step = sched.schedule(draft_lens={1: 3})
+    assert step is not None and step.decodes[0][1] == 3
+    assert mgr.capacity(1) == 6 + 1 + 3 + 2  # history + input + drafts + E
+    assert step.num_tokens == 4
+    # two of three drafts accepted plus the bonus token: 3 tokens, history 6 -> 9
+    sched.update(step, {1: [5, 5, 5]})
+    s = step.decodes[0][0]
+    assert s.num_computed == 9 and len(s.output_ids) == 4
+    step = sched.schedule()
+    assert step is not None and mgr.capacity(1) == 9 + 1 + 2 and mgr.history(1) == 9
+
+
+def test_decode_must_accept_between_one_and_k_plus_one_tokens() -> None:
+    _, sched = make({"full": 100}, max_draft_len=2)
+    sched.add(seq(1, 4, 10))
+    run_step(sched, sched.schedule())  # type: ignore[arg-type]
+    step = sched.schedule(draft_lens={1: 2})
+    assert step is not None
+    with pytest.raises(SchedulerError, match="must accept 1..3 tokens, got 4"):
+        sched.update(step, {1: [1, 2, 3, 4]})
+
+
+# ----------------------------------------------------------------------------- bad requests
+
+
+def test_add_rejects_bad_requests() -> None:
+    _, sched = make({"full": 100}, max_seq_len=16)
+    with pytest.raises(SchedulerError, match="empty prompt"):
+        sched.add(Sequence(rid=1, prompt_ids=[], max_new_tokens=1))
+    with pytest.raises(SchedulerError, match="max_seq_len 16"):
+        sched.add(seq(2, 16, 1))
+    with pytest.raises(SchedulerError, match="max_new_tokens"):
+        sched.add(seq(3, 4, 0))
+    sched.add(seq(4, 4, 1))
+    with pytest.raises(SchedulerError, match="already queued"):
+        sched.add(seq(4, 4, 1))
+
+
+def test_request_larger_than_the_pool_is_rejected_not_looped() -> None:
+    # 3 pages of 4 tokens hold 12 positions; a 20-token prompt never fits, even chunked
+    mgr, sched = make({"full": 3})
+    big = seq(1, 20, 2)
+    sched.add(big)
+    sched.add(seq(2, 4, 2))
+    rejected, done = [], []
+    while (step := sched.schedule()) is not None:
+        rejected += step.rejected
+        done += run_step(sched, step)
+    assert rejected == [big] and big.status is Status.REJECTED
+    assert [s.rid for s in done] == [2]
+    assert mgr.free_pages("full") == 3 and mgr.num_requests == 0
+
+
+def test_max_seq_len_stops_generation() -> None:
+    _, sched = make({"full": 100}, max_seq_len=10)
+    sched.add(seq(1, 7, 50))
+    (done,) = drain(sched)
+    # 7 prompt tokens + 3 generated = 10 = max_seq_len
+    assert len(done.output_ids) == 3 and done.finish_reason == "max_seq_len"
+
+
+# ----------------------------------------------------------------------------- preemption
+
+
+def test_preemption_recomputes_the_most_recent_request() -> None:
+    # 6 pages x 4 tokens = 24 positions. Two requests of 8-token prompts take 2 pages
+    # each; decoding, each needs a 3rd page at position 8, and a 4th at position 12.
+    mgr, sched = make({"full": 6})
+    sched.add(seq(1, 8, 10))
+    sched.add(seq(2, 8, 10))
+    step = sched.schedule()
+    assert step is not None and chunks(step) == [(1, 0, 8), (2, 0, 8)]
+    run_step(sched, step)
+    step = sched.schedule()  # both decode at history 8: pages 3 + 3 = 6, fits
+    assert step is not None and rows(step) == [1, 2] and mgr.free_pages("full") == 0
+    for _ in range(3):  # positions 9..11 stay within page 3
+        run_step(sched, step)
+        step = sched.schedule()
+        assert step is not None and rows(step) == [1, 2]
+    run_step(sched, step)
+    # history 12: each needs a 4th page; none free -> request 2 (admitted last) is preempted
+    step = sched.schedule()
+    assert step is not None
+    assert [s.rid for s in step.preempted] == [2] and rows(step) == [1]
+    victim = step.preempted[0]
+    assert victim.status is Status.WAITING and victim.num_computed == 0
+    assert len(victim.output_ids) == 5 and sched.waiting[0] is victim
+    assert sched.num_preemptions == 1 and victim.num_preemptions == 1
+    assert mgr.free_pages("full") == 6 - 4  # request 1 holds 4 pages, request 2 none
+    run_step(sched, step)
+    # next step: request 2 comes back and prefills prompt + its 5 outputs = 13 tokens,
+    # but only 2 pages (8 positions) are free: the chunk is packed to what fits
+    step = sched.schedule()
+    assert step is not None and rows(step) == [1] and chunks(step) == [(2, 0, 8)]
+
+
+def test_everything_finishes_and_no_page_leaks_under_pressure() -> None:
+    mgr, sched = make({"full": 12}, max_num_tokens=8)
+    lengths = [(5, 9), (13, 3), (2, 17), (9, 9), (20, 1), (3, 12)]
+    for rid, (p, o) in enumerate(lengths):
+        sched.add(seq(rid, p, o))
+    done = drain(sched)
+    assert sorted((s.rid, len(s.output_ids)) for s in done) == [(r, o) for r, (_, o) in enumerate(lengths)]
+    assert sched.num_preemptions > 0, "the pool was meant to be tight enough to preempt"
+    assert mgr.free_pages("full") == 12 and mgr.num_requests == 0
+    mgr.check_integrity()
+
+
+# ----------------------------------------------------------------------------- padding
+
+
+def decoding(sched: Scheduler, n: int) -> Step:
+    for rid in range(n):
+        sched.add(seq(rid, 2, 50))
+    step = sched.schedule()
+    assert step is not None
+    run_step(sched, step)
+    step = sched.schedule()
+    assert step is not None and len(step.decodes) == n and not step.prefills
+    return step
+
+
+def test_decode_batch_pads_to_the_smallest_captured_size() -> None:
+    mgr, sched = make({"full": 100}, captured=[(1, 0), (2, 0), (4, 0), (8, 0)])
+    pads = mgr.add_dummy_requests(1, 1)
+    assert pads is not None
+    sched.padding_rids = {0: pads[0]}
+    step = decoding(sched, 3)
+    assert (step.batch_size, step.padded_batch_size, step.padding_rid, step.graph) == (3, 4, pads[0], True)
+
+
+def test_exact_captured_size_needs_no_padding() -> None:
+    _, sched = make({"full": 100}, captured=[(1, 0), (2, 0), (4, 0)])
+    step = decoding(sched, 4)
+    assert (step.padded_batch_size, step.padding_rid, step.graph) == (4, None, True)
+
+
+def test_no_padding_dummy_or_no_captured_size_runs_eager() -> None:
+    _, sched = make({"full": 100}, captured=[(1, 0), (2, 0), (4, 0)])
+    step = decoding(sched, 3)  # pads to 4, but no padding dummy was reserved
+    assert (step.padded_batch_size, step.graph) == (None, False)
+    _, sched = make({"full": 100}, captured=[(1, 0), (2, 0)])
+    step = decoding(sched, 3)  # no captured graph holds 3 rows
+    assert (step.padded_batch_size, step.graph) == (None, False)
+
+
+def test_mixed_steps_never_replay_a_graph() -> None:
+    _, sched = make({"full": 100}, captured=[(1, 0), (2, 0)])
+    sched.add(seq(1, 2, 5))
+    run_step(sched, sched.schedule())  # type: ignore[arg-type]
+    sched.add(seq(2, 2, 5))
+    step = sched.schedule()
+    assert step is not None and rows(step) == [1] and chunks(step) == [(2, 0, 2)]
+    assert not step.graph and step.padded_batch_size is None
+
+
+def test_lazy_padding_dummy_comes_from_the_pool_and_fails_when_it_is_full() -> None:
+    # 3 decodes of 2-token prompts hold one page each (capacity 3 <= 4)
+    mgr, sched = make({"full": 4}, padding=False, captured=[(1, 0), (2, 0), (4, 0)])
+    step = decoding(sched, 3)
+    assert step.graph and step.padding_rid is not None and step.padding_rid < 0
+    assert mgr.free_pages("full") == 0  # the dummy took the last page
+    run_step(sched, step)
+    assert mgr.free_pages("full") == 1  # freed after the step
+    mgr2, sched2 = make({"full": 3}, padding=False, captured=[(1, 0), (2, 0), (4, 0)])
+    step = decoding(sched2, 3)
+    assert not step.graph and step.padding_rid is None and mgr2.free_pages("full") == 0
+
+
+def test_warmup_report_feeds_the_scheduler() -> None:
+    mgr, _ = make({"full": 100}, max_batch_size=8)
+    report = mgr.warmup()
+    pads = {d: r for d, r in report.padding.items() if r is not None}
+    sched = Scheduler(mgr, mgr.limits, captured=report.captured, padding_rids=pads)
+    step = decoding(sched, 5)  # default sizes 1, 2, 4, 8: pads to 8
+    assert (step.padded_batch_size, step.graph) == (8, True)
+
+
+# ----------------------------------------------------------------------------- reuse
+
+
+def test_shared_prefix_is_reused_after_the_first_request_commits() -> None:
+    mgr, sched = make({"full": 100}, reuse=True)
+    prompt = list(range(100, 110))  # 10 tokens: two full pages of 4, then 2 tokens
+    sched.add(Sequence(rid=1, prompt_ids=prompt, max_new_tokens=2))
+    run_step(sched, sched.schedule())  # type: ignore[arg-type]
+    sched.add(Sequence(rid=2, prompt_ids=prompt + [5, 6], max_new_tokens=2))
+    step = sched.schedule()
+    assert step is not None
+    # request 2 reuses the two committed full pages (8 tokens) and computes 4 more
+    assert chunks(step) == [(2, 8, 4)] and step.prefills[0][0].num_cached == 8
+    drain(sched)
+    mgr.check_integrity()
+
+
+def test_preempted_request_hits_its_own_pages_when_readmitted() -> None:
+    mgr, sched = make({"full": 6}, reuse=True)
+    sched.add(seq(1, 8, 10))
+    sched.add(seq(2, 8, 10))
+    step = sched.schedule()
+    for _ in range(5):  # the prefill, then decodes at history 8..11
+        assert step is not None
+        run_step(sched, step)
+        step = sched.schedule()
+    assert step is not None and [s.rid for s in step.preempted] == [2]
+    # Its 12 computed tokens (8 prompt + 4 generated = 3 pages) were committed
+    # before the free. Request 1 then evicts the least recently used of them
+    # (the tail first) as it grows; when request 2 comes back, what is left of
+    # its prefix is reused and its prefill starts after it.
+    while not any(s.rid == 2 for s, _, _ in step.prefills):
+        run_step(sched, step)
+        step = sched.schedule()
+        assert step is not None
+    (again, start, _), = [p for p in step.prefills if p[0].rid == 2]
+    assert start == again.num_cached and start in (4, 8, 12), start
+    drain(sched)
+    mgr.check_integrity()
+
+
+# ----------------------------------------------------------------------------- invariants
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.tuples(st.integers(1, 30), st.integers(1, 20)), min_size=1, max_size=10),
+    pages=st.integers(8, 40),
+    budget=st.integers(1, 32),
+    hybrid=st.booleans(),
+    reuse=st.booleans(),
+)
+def test_conservation(lengths: list[tuple[int, int]], pages: int, budget: int, hybrid: bool,
+                      reuse: bool) -> None:
+    """Every request either finishes with exactly its tokens or is rejected as
+    unfittable; afterwards every page is free and the bookkeeping is intact."""
+    spec = hybrid_spec() if hybrid else full_spec()
+    groups = {g.name: pages for g in spec.groups}
+    mgr, sched = make(groups, spec, reuse=reuse, max_num_tokens=budget, max_seq_len=64)
+    seqs = [Sequence(rid=r, prompt_ids=[r % 3] * p, max_new_tokens=o) for r, (p, o) in enumerate(lengths)]
+    for s in seqs:
+        sched.add(s)
+    done = drain(sched)
+    for s in seqs:
+        if s.status is Status.FINISHED:
+            assert len(s.output_ids) == s.max_new_tokens, (s.rid, len(s.output_ids), s.max_new_tokens)
+        else:
+            assert s.status is Status.REJECTED, (s.rid, s.status)
+    assert {s.rid for s in done} == {s.rid for s in seqs if s.status is Status.FINISHED}
+    for g in spec.groups:
+        assert mgr.free_pages(g.name) == pages, (g.name, mgr.free_pages(g.name))
+    mgr.check_integrity()
