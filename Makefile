@@ -25,6 +25,12 @@ demo: setup
 	@echo; echo "== DeepSeek-V4 at 1M context on 2 GiB: infeasible (exit 2, one line), then --fit shrinks its longest request"
 	-$(BIN)/kvpool plan deepseek-v4-flash --kv-dtype fp8 --kv-memory 2GiB --max-seq-len 1048576 --max-batch-size 16
 	$(BIN)/kvpool plan deepseek-v4-flash --kv-dtype fp8 --kv-memory 2GiB --max-seq-len 1048576 --max-batch-size 16 --fit
+	@echo; echo "== CUDA-graph warmup dry run on the default Gemma 4 plan: every shape captured, padding dummies reserved"
+	$(BIN)/kvpool warmup gemma-4-26b-a4b --kv-dtype fp8 --kv-memory 60GiB --max-seq-len 32768 --draft-lens 0,4
+	@echo; echo "== A pool too small for big batches: the skipped shape names the group and the pages short"
+	$(BIN)/kvpool warmup llama-3.1-8b-instruct --kv-memory 64MiB --max-seq-len 4096 --max-batch-size 32 --max-num-tokens none --cuda-graph-batch-sizes 1,2,4,8,16,32
+	@echo; echo "== Reference engine on a tiny random Gemma 3 (5 local : 1 global): reuse, chunked prefill, drafts, preemption"
+	$(BIN)/kvpool generate --tiny gemma3 --prompt "the cat sat on the mat; the cat" --prompt "the cat sat on the mat; a dog" --prompt "hello kvpool" --max-new-tokens 16 --tokens-per-block 4 --speculate 3 --kv-memory 64KiB --max-num-tokens 16
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks

@@ -21,6 +21,7 @@ COMMANDS = {
     "inspect": "kvpool.cli.inspect_cmd",
     "models": "kvpool.cli.presets_cmd",
     "gpus": "kvpool.cli.presets_cmd",
+    "generate": "kvpool.cli.generate_cmd",
     "plan": "kvpool.cli.plan_cmd",
     "simulate": "kvpool.cli.simulate_cmd",
     "warmup": "kvpool.cli.warmup_cmd",

@@ -1,0 +1,141 @@
+"""`kvpool generate MODEL_DIR|--tiny ARCH`: greedy generation on the reference
+engine, KV in kvpool pages."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvpool.cli.common import add_json_arg, positive_int, print_json, table
+from kvpool.errors import KvpoolError
+
+ARCHS = ("llama", "qwen3", "mistral", "gemma3")
+DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "generate", help="greedy generation on the reference PyTorch engine (KV in kvpool pages)",
+        description="Greedy generation with the reference engine: continuous batching, chunked "
+                    "prefill, prefix reuse, preemption by recompute and optional n-gram speculative "
+                    "decoding, all over kvpool's page pools. MODEL_DIR is a local Hugging Face folder "
+                    "(config.json + *.safetensors; its tokenizer for --prompt). --tiny ARCH builds a "
+                    "random tiny model instead; its --prompt text is encoded as UTF-8 bytes.")
+    p.add_argument("model_dir", nargs="?", metavar="MODEL_DIR", help="local Hugging Face model folder")
+    p.add_argument("--tiny", choices=ARCHS, metavar="ARCH",
+                   help=f"random tiny model instead of MODEL_DIR: {', '.join(ARCHS)}")
+    p.add_argument("--seed", type=int, default=0, help="seed of the --tiny weights (default 0)")
+    # One list in command-line order, so requests come out in the order given.
+    p.add_argument("--prompt", dest="prompts", action="append", default=[], metavar="TEXT",
+                   type=lambda s: ("text", s), help="a prompt (repeat to batch requests)")
+    p.add_argument("--prompt-ids", dest="prompts", action="append", metavar="1,2,3",
+                   type=lambda s: ("ids", s), help="a prompt as token ids (repeat to batch requests)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N",
+                   help="tokens to generate per request (default 32)")
+    p.add_argument("--tokens-per-block", type=positive_int, default=16, metavar="T",
+                   help="page size in positions (default 16)")
+    p.add_argument("--kv-memory", metavar="SIZE", help="KV budget, split between the pools by "
+                   "`plan_pools` with the requests' lengths as workload (default: pools that hold "
+                   "every request at full length)")
+    p.add_argument("--speculate", type=int, default=0, metavar="K",
+                   help="draft up to K tokens per step by n-gram prompt lookup (default 0: off)")
+    p.add_argument("--max-num-tokens", type=positive_int, default=2048, metavar="N",
+                   help="per-iteration token budget for chunked prefill (default 2048)")
+    p.add_argument("--no-reuse", action="store_true", help="turn prefix reuse off")
+    p.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
+                   help="compute and KV dtype (default: the checkpoint's; float32 for --tiny)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    add_json_arg(p)
+    p.set_defaults(func=run)
+
+
+def _prompts(args: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
+    prompts: list[list[int]] = []
+    for kind, text in args.prompts:
+        if kind == "ids":
+            try:
+                ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+            except ValueError:
+                raise KvpoolError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
+            if not ids:
+                raise KvpoolError("--prompt-ids needs at least one id")
+            prompts.append(ids)
+        elif not text:
+            raise KvpoolError("--prompt needs some text")
+        else:
+            prompts.append(list(text.encode()) if tokenizer is None else list(tokenizer.encode(text)))
+    if not prompts:
+        raise KvpoolError("give at least one --prompt or --prompt-ids")
+    return prompts
+
+
+def run(args: argparse.Namespace) -> int:
+    if (args.model_dir is None) == (args.tiny is None):
+        raise KvpoolError("give a MODEL_DIR or --tiny ARCH (exactly one)")
+    if args.speculate < 0:
+        raise KvpoolError(f"--speculate must be >= 0, got {args.speculate}")
+    import torch
+
+    from kvpool.engine import weights
+
+    dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+    tokenizer = None
+    if args.tiny:
+        config = weights.tiny_config(args.tiny)
+        model = weights.from_state_dict(config, weights.hf_model(config, args.seed).state_dict(),
+                                        dtype=dtype or torch.float32, device=args.device)
+    else:
+        model, config = weights.load_folder(args.model_dir, dtype=dtype, device=args.device)
+        if any(kind == "text" for kind, _ in args.prompts):
+            tokenizer = _tokenizer(args.model_dir)
+    prompts = _prompts(args, tokenizer)
+    engine = _engine(args, model, config, prompts)
+    outputs = engine.generate(prompts, args.max_new_tokens, eos_token_id=model.cfg.eos_token_id)
+    kv = engine.kv_report()
+    if args.json:
+        print_json({"requests": [{"prompt_ids": o.prompt_ids, "output_ids": o.output_ids} for o in outputs],
+                    "kv": kv})
+        return 0
+    for i, o in enumerate(outputs):
+        print(f"request {i}: {len(o.prompt_ids)} prompt tokens -> {o.output_ids}")
+        if tokenizer is not None:
+            print(f"  {tokenizer.decode(o.output_ids)!r}")
+    print(table(["group", "pages used (peak)", "pages"],
+                [[g, kv["pages_used"][g], kv["total_pages"][g]] for g in kv["pages_used"]]))
+    print(f"reuse hits: {kv['reuse_hit_tokens']} tokens, preemptions: {kv['preemptions']}, "
+          f"steps: {kv['steps']}, drafts accepted: {kv['draft_tokens_accepted']}/{kv['draft_tokens_proposed']}")
+    return 0
+
+
+def _tokenizer(folder: str) -> Any:
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception as e:  # any loader failure is a problem with the folder
+        raise KvpoolError(f"cannot load a tokenizer from {folder}: {e}; use --prompt-ids") from None
+
+
+def _engine(args: argparse.Namespace, model: Any, config: dict[str, Any], prompts: list[list[int]]) -> Any:
+    from kvpool.engine.runner import Engine
+    from kvpool.plan import PoolPlan, ServingLimits, Workload, plan_pools
+    from kvpool.spec import load_model_spec, pages_per_group
+    from kvpool.units import parse_size
+
+    longest = max(len(p) for p in prompts) + args.max_new_tokens
+    kv_dtype = DTYPES[str(model.dtype).removeprefix("torch.")]
+    spec = load_model_spec(config, kv_dtype=kv_dtype, tokens_per_block=args.tokens_per_block)
+    limits = ServingLimits(max_batch_size=len(prompts), max_seq_len=longest,
+                           max_num_tokens=args.max_num_tokens, tokens_per_block=args.tokens_per_block,
+                           max_draft_len=args.speculate)
+    if args.kv_memory:
+        # The requests are known, so the pools split by their lengths (the
+        # Workload policy) rather than by the 2049-token reference request.
+        workload = Workload([(len(p), args.max_new_tokens) for p in prompts])
+        plan = plan_pools(spec, limits, kv_memory_bytes=parse_size(args.kv_memory), policy=workload)
+    else:
+        # Every request at full length, plus room for the padding dummies.
+        shapes = [(len(p) + args.max_new_tokens + args.speculate, 0) for p in prompts]
+        shapes += [(longest + args.speculate, 0)] * 2
+        plan = PoolPlan.from_pages(spec, pages_per_group(spec, shapes), limits)
+    return Engine(model, plan, speculate=args.speculate, enable_reuse=not args.no_reuse)

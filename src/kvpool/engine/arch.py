@@ -1,0 +1,189 @@
+"""What the reference decoder needs to know about an architecture, read from a
+Hugging Face config dict: sizes, per-layer attention window, RoPE tables and the
+handful of switches that tell Llama, Qwen3, Mistral and Gemma 3 apart."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvpool.errors import KvpoolError
+from kvpool.spec.families import layer_types
+
+ARCHS = ("llama", "qwen3", "mistral", "gemma3")
+
+# model_type (config.json) -> our architecture switch
+_MODEL_TYPES = {
+    "llama": "llama", "qwen3": "qwen3", "qwen2": "llama", "mistral": "mistral",
+    "gemma3_text": "gemma3", "gemma3": "gemma3",
+}
+
+
+class EngineError(KvpoolError):
+    """A model folder or engine setting the reference engine cannot use."""
+
+
+class StalePageError(RuntimeError):
+    """Attention needed a position whose page the manager already released (or
+    never allocated): a paging bug, never a user error."""
+
+
+@dataclass(frozen=True)
+class Rope:
+    """One RoPE table: `rope_theta` plus an optional scaling rule."""
+
+    theta: float
+    kind: str = "default"  # default | linear | llama3
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_positions: int = 8192
+
+    def inv_freq(self, head_dim: int) -> torch.Tensor:
+        """Inverse frequencies in float32 (the dtype transformers computes them in)."""
+        inv = 1.0 / (self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        if self.kind == "linear":
+            return inv / self.factor
+        if self.kind == "llama3":
+            # Llama 3.1: long wavelengths are divided by `factor`, short ones kept,
+            # the band in between blends the two linearly in 1/wavelength.
+            low_wavelen = self.original_max_positions / self.low_freq_factor
+            high_wavelen = self.original_max_positions / self.high_freq_factor
+            wavelen = 2 * math.pi / inv
+            scaled = torch.where(wavelen > low_wavelen, inv / self.factor, inv)
+            smooth = (self.original_max_positions / wavelen - self.low_freq_factor) / (
+                self.high_freq_factor - self.low_freq_factor
+            )
+            blended = (1 - smooth) * scaled / self.factor + smooth * scaled
+            medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+            return torch.where(medium, blended, scaled)
+        return inv
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], default_theta: float) -> Rope:
+        kind = str(params.get("rope_type") or params.get("type") or "default")
+        if kind not in ("default", "linear", "llama3"):
+            raise EngineError(f"RoPE type {kind!r} is not supported by the reference engine")
+        return cls(
+            theta=float(params.get("rope_theta", default_theta)),
+            kind=kind,
+            factor=float(params.get("factor", 1.0)),
+            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+            original_max_positions=int(params.get("original_max_position_embeddings", 8192)),
+        )
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """Everything the decoder reads from a config; `windows[i]` is layer i's
+    sliding window (None = full attention) and `ropes[i]` its RoPE table."""
+
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    windows: tuple[int | None, ...]
+    ropes: tuple[Rope, ...]
+    attn_scale: float
+    activation: str = "silu"
+    qk_norm: bool = False
+    gemma: bool = False  # (1+w) norms, sandwich norms, sqrt(hidden) embedding scale
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    final_logit_softcap: float | None = None
+    attn_logit_softcap: float | None = None
+    eos_token_id: int | None = None
+
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any]) -> ArchConfig:
+        """Read a Hugging Face config dict (a Gemma 3 `text_config` is followed).
+        Raises `EngineError` for an architecture the engine does not implement."""
+        if isinstance(config.get("text_config"), Mapping):
+            config = {**{k: v for k, v in config.items() if k != "text_config"}, **config["text_config"]}
+        model_type = str(config.get("model_type", ""))
+        arch = _MODEL_TYPES.get(model_type)
+        if arch is None:
+            raise EngineError(
+                f"model_type {model_type!r} is not supported by the reference engine; "
+                f"supported: {', '.join(sorted(_MODEL_TYPES))}"
+            )
+        try:
+            return cls._build(arch, config)
+        except (KeyError, TypeError, ValueError) as e:
+            raise EngineError(f"config of a {model_type} model has a missing or bad field: {e}") from None
+
+    @classmethod
+    def _build(cls, arch: str, config: Mapping[str, Any]) -> ArchConfig:
+        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        head_dim = int(config.get("head_dim") or hidden // heads)
+        n = int(config["num_hidden_layers"])
+        # The same per-layer reading kvpool.spec uses to build the pool groups,
+        # so the engine's windows and the manager's groups cannot disagree.
+        types = layer_types(config)
+        window = int(config["sliding_window"]) if "sliding_attention" in types else None
+        windows = tuple(window if t == "sliding_attention" else None for t in types)
+        gemma = arch == "gemma3"
+        ropes = cls._ropes(config, types, gemma)
+        eos = config.get("eos_token_id")
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        return cls(
+            arch=arch,
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(config["intermediate_size"]),
+            num_layers=n,
+            num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=head_dim,
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            windows=windows,
+            ropes=ropes,
+            attn_scale=float(config.get("query_pre_attn_scalar", 256)) ** -0.5 if gemma else head_dim**-0.5,
+            activation=str(config.get("hidden_activation") or config.get("hidden_act") or "silu"),
+            qk_norm=arch in ("qwen3", "gemma3"),
+            gemma=gemma,
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", gemma)),
+            attention_bias=bool(config.get("attention_bias", False)),
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            final_logit_softcap=config.get("final_logit_softcapping"),
+            attn_logit_softcap=config.get("attn_logit_softcapping"),
+            eos_token_id=int(eos) if eos is not None else None,
+        )
+
+    @staticmethod
+    def _ropes(config: Mapping[str, Any], types: list[str], gemma: bool) -> tuple[Rope, ...]:
+        params = config.get("rope_parameters")
+        if gemma:
+            # Local layers rotate with base 10k, global ones with 1M (+ scaling):
+            # transformers 5 keeps one dict per layer type, older configs use
+            # rope_local_base_freq / rope_theta / rope_scaling.
+            if isinstance(params, Mapping) and "full_attention" in params:
+                local = Rope.from_params(params.get("sliding_attention") or {}, 10_000.0)
+                glob = Rope.from_params(params.get("full_attention") or {}, 1_000_000.0)
+            else:
+                local = Rope(float(config.get("rope_local_base_freq", 10_000.0)))
+                glob = Rope.from_params(
+                    {**(config.get("rope_scaling") or {}), "rope_theta": config.get("rope_theta", 1_000_000.0)},
+                    1_000_000.0,
+                )
+            return tuple(local if t == "sliding_attention" else glob for t in types)
+        if isinstance(params, Mapping):
+            rope = Rope.from_params(params, 10_000.0)
+        else:
+            rope = Rope.from_params(
+                {**(config.get("rope_scaling") or {}), "rope_theta": config.get("rope_theta", 10_000.0)},
+                10_000.0,
+            )
+        return tuple(rope for _ in types)

@@ -1,0 +1,125 @@
+"""Decode steps on static buffers: captured and replayed as CUDA graphs on a
+CUDA device, run eagerly (same buffers, same shapes, same padding rows) on CPU.
+
+A decode step of batch size b is padded by the scheduler to a captured size B
+with rows of the persistent padding dummy, so every step of size B has the
+same tensor shapes once the key width is fixed: the widest span one request
+can see in each group (`max_seq_len` positions for full attention, the window
+plus the step's tokens for sliding). Each step copies its indices into the
+static buffers (keys past a row's span are masked) and replays.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvpool.engine.attention import GroupIndex, PagedBatch, Row
+
+if TYPE_CHECKING:
+    from kvpool.engine.runner import Engine
+
+
+class _Static:
+    """Static buffers and (on CUDA) the captured graph of one (B, tokens per row) shape."""
+
+    def __init__(self, engine: Engine, rows: int, per_row: int):
+        dev, spec = engine.device, engine.spec
+        limits = engine.plan.limits
+        t = rows * per_row
+        self.rows, self.per_row = rows, per_row
+        self.ids = torch.zeros(t, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(t, dtype=torch.long, device=dev)
+        self.row_index = torch.arange(rows, device=dev).repeat_interleave(per_row)
+        self.col_index = torch.arange(per_row, device=dev).repeat(rows)
+        self.index: dict[str, GroupIndex] = {}
+        for g in spec.groups:
+            span = limits.max_seq_len if g.kind == "full" else (g.window or 0) + per_row - 1
+            width = -(-min(span, limits.max_seq_len) // g.tokens_per_block) * g.tokens_per_block
+            self.index[g.name] = GroupIndex(
+                write_pages=torch.zeros(t, dtype=torch.long, device=dev),
+                write_offsets=torch.zeros(t, dtype=torch.long, device=dev),
+                read_pages=torch.zeros(rows, width, dtype=torch.long, device=dev),
+                read_offsets=torch.zeros(rows, width, dtype=torch.long, device=dev),
+                mask=torch.zeros(rows, 1, per_row, width, dtype=torch.bool, device=dev),
+            )
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+
+    def load(self, batch: PagedBatch, ids: list[int]) -> bool:
+        """Copy one step into the buffers; False if a span is wider than captured."""
+        for name, ix in batch.groups.items():
+            static = self.index[name]
+            width = ix.read_pages.shape[1]
+            if width > static.read_pages.shape[1]:
+                return False
+            static.write_pages.copy_(ix.write_pages)
+            static.write_offsets.copy_(ix.write_offsets)
+            static.read_pages.zero_()
+            static.read_offsets.zero_()
+            static.mask.zero_()
+            static.read_pages[:, :width].copy_(ix.read_pages)
+            static.read_offsets[:, :width].copy_(ix.read_offsets)
+            static.mask[..., :width].copy_(ix.mask)
+        self.ids.copy_(torch.as_tensor(ids, dtype=torch.long))
+        self.positions.copy_(batch.positions)
+        return True
+
+    def forward(self, engine: Engine) -> torch.Tensor:
+        store, cfg = engine.store, engine.model.cfg
+        batch = PagedBatch.__new__(PagedBatch)  # a view of the static buffers
+        batch.num_rows, batch.max_queries = self.rows, self.per_row
+        batch.row_index, batch.col_index, batch.groups = self.row_index, self.col_index, self.index
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return batch.attend(store.group_of_layer[layer], store.layer(layer), q, k, v,
+                                cfg.attn_scale, cfg.attn_logit_softcap)
+
+        logits: torch.Tensor = engine.model(self.ids, self.positions, attend)
+        return logits
+
+
+class DecodeGraphs:
+    """Per (padded batch size, tokens per row): static buffers, captured lazily
+    on first use as a CUDA graph when the device is CUDA."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.shapes: dict[tuple[int, int], _Static] = {}
+        self.use_cuda = engine.device.type == "cuda"
+
+    def run(self, rows: list[Row], ids: list[int], wanted: list[int]) -> torch.Tensor | None:
+        """Logits of `wanted` flat tokens, or None when this step's shape does
+        not fit static buffers (ragged draft lengths, a span wider than captured)."""
+        per_row = rows[0].num_tokens
+        if any(r.num_tokens != per_row for r in rows):
+            return None
+        key = (len(rows), per_row)
+        static = self.shapes.get(key) or self.shapes.setdefault(key, _Static(self.engine, *key))
+        batch = PagedBatch(rows, self.engine.spec.groups, self.engine._num_pages, self.engine.device)
+        if not static.load(batch, ids):
+            return None
+        if not self.use_cuda:
+            logits = static.forward(self.engine)
+        else:
+            if static.graph is None:
+                self._capture(static)
+            assert static.graph is not None and static.logits is not None
+            static.graph.replay()
+            logits = static.logits
+        return logits[torch.tensor(wanted, dtype=torch.long, device=logits.device)]
+
+    def _capture(self, static: _Static) -> None:
+        # Warm up on a side stream (allocator, lazy kernels), then capture. The
+        # capture writes K/V into the rows' current pages: those are the pages
+        # this very step writes anyway, so capturing changes nothing visible.
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            static.forward(self.engine)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static.logits = static.forward(self.engine)
+        static.graph = graph

@@ -1,0 +1,55 @@
+"""KV storage: one torch tensor per pool group, shaped from the `PoolPlan`.
+
+Group g's tensor is [pages, layers_in_g, 2 (K, V), tpb, kv_heads, head_dim]:
+page-major, so one page of the plan is one contiguous slab of `page_bytes`
+holding every layer of the group, exactly as the planner counted it. The bytes
+allocated equal the plan's bytes; the constructor asserts it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvpool.engine.arch import ArchConfig, EngineError
+from kvpool.plan import PoolPlan
+
+
+class KVStore:
+    """Page pools of one model on one device. `layer(i)` is layer i's view
+    [pages, 2, tpb, kv_heads, head_dim] into its group's tensor."""
+
+    def __init__(self, plan: PoolPlan, cfg: ArchConfig, dtype: torch.dtype,
+                 device: torch.device | str = "cpu"):
+        spec = plan.spec
+        self.plan = plan
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.group_of_layer: dict[int, str] = {}
+        self._views: dict[int, torch.Tensor] = {}
+        for group in spec.groups:
+            if group.kind not in ("full", "sliding", "chunked"):
+                raise EngineError(f"group {group.name}: {group.kind} state is not stored by the reference engine")
+            pages = plan.pages(group.name)
+            shape = (pages, len(group.layers), 2, group.tokens_per_block, cfg.num_kv_heads, cfg.head_dim)
+            tensor = torch.zeros(shape, dtype=dtype, device=device)
+            allocated = tensor.numel() * tensor.element_size()
+            expected = plan.group(group.name).bytes
+            if allocated != expected:
+                raise EngineError(
+                    f"group {group.name}: {allocated} bytes allocated but the plan has {expected} "
+                    f"(plan kv dtype {spec.kv_dtype}, engine dtype {dtype})"
+                )
+            self.tensors[group.name] = tensor
+            for j, layer in enumerate(group.layers):
+                self.group_of_layer[layer] = group.name
+                self._views[layer] = tensor[:, j]
+        missing = set(range(cfg.num_layers)) - set(self._views)
+        if missing:
+            raise EngineError(f"layers {sorted(missing)} have no pool group in the plan")
+
+    def layer(self, index: int) -> torch.Tensor:
+        return self._views[index]
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes held by all pools (equals `plan.total_bytes`)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
