@@ -39,6 +39,8 @@ def plot_runs(path: str | Path, runs: Sequence[SimResult], *, title: str = "",
             x = r.plan.group(sweep_group).share
             ax.plot([x], [r.output_tokens_per_s], next(markers, "o"), ms=9, label=r.policy)
         ax.set_xlabel(f"byte share of group '{sweep_group}'")
+        if max(xs) / min(xs) >= 20:  # a geometric sweep (sim.policies.sweep_shares)
+            ax.set_xscale("log")
     else:
         names = [r.policy for r in runs]
         bars = ax.bar(names, [r.output_tokens_per_s for r in runs], color="0.6")
