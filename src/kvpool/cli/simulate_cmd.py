@@ -197,6 +197,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {r.policy}: {r.plan.group(group).share:.1%} to {group}, "
                   f"{r.output_tokens_per_s:,.0f} tok/s = "
                   f"{r.output_tokens_per_s / best.output_tokens_per_s:.1%} of the best")
+    rejected = max(r.rejected for r in everything)
+    if rejected:
+        notes.append(f"requests not done were rejected: a prompt of at least max_seq_len "
+                     f"({limits.max_seq_len}) tokens, or more pages than the pools hold")
     for n in notes:
         print(f"note: {n}")
     if args.plot:
@@ -218,10 +222,10 @@ def results_table(runs: list[SimResult], groups: list[str]) -> str:
                 r.preemptions, f"{r.graph_step_share:.0%}", r.padding_failures]
         row += [f"{r.pages[g].peak_used / max(r.pages[g].total, 1):.0%}/"
                 f"{r.pages[g].mean_used / max(r.pages[g].total, 1):.0%}" for g in groups]
-        row += [f"{r.finished}/{r.num_requests}"]
+        row += [f"{r.reuse_hit_rate:.0%}" if r.reuse_hit_rate else "-", f"{r.finished}/{r.num_requests}"]
         rows.append(row)
     headers = (["policy"] + [f"{g} pages" for g in groups]
                + ["tok/s", "req/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
                   "preempt", "graphs", "pad fails"]
-               + [f"{g} peak/mean" for g in groups] + ["done"])
+               + [f"{g} peak/mean" for g in groups] + ["reuse hits", "done"])
     return table(headers, rows)
