@@ -34,7 +34,7 @@ def register(sub: Any) -> None:
                     "with a roofline step-time model; compare sizing policies by the throughput "
                     "they buy. The budget is --kv-memory, or (GPU memory - non-KV memory) x F "
                     "where non-KV memory defaults to the model's weights.")
-    add_plan_args(p)
+    add_plan_args(p, workload=False)  # the trace is --trace; `--policy workload` uses it
     s = p.add_argument_group("simulation")
     s.add_argument("--trace", required=True, metavar="NAME|PATH",
                    help=f"bundled trace ({', '.join(presets.trace_names())}) or a trace file")
