@@ -9,16 +9,16 @@ only decides which request gets how many positions. See docs/sched.md.
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from kvpool.errors import KvpoolError
 from kvpool.plan.limits import ServingLimits
+from kvpool.sched import runs
+from kvpool.sched.padding import GraphPadding
 from kvpool.sched.sequence import Sequence, Status
 from kvpool.sched.step import Step
-from kvpool.spec import LayerGroup, decode_worst_case_pages
 
 
 class SchedulerError(KvpoolError, ValueError):
@@ -60,17 +60,13 @@ class Scheduler:
         padding_rids: Mapping[int, int] | None = None,
         enable_reuse: bool = True,
     ) -> None:
-        self.manager, self.limits, self.padding = manager, limits, padding
+        self.manager, self.limits = manager, limits
         self.enable_reuse = enable_reuse
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the last one is preempted first
-        shapes = set(captured) if captured is not None else {(b, 0) for b in limits.graph_batch_sizes}
-        self._graph_sizes: dict[int, list[int]] = {}
-        for b, d in sorted(shapes):
-            self._graph_sizes.setdefault(d, []).append(b)
-        self.padding_rids = dict(padding_rids or {})
+        shapes = captured if captured is not None else [(b, 0) for b in limits.graph_batch_sizes]
+        self.graphs = GraphPadding(manager, shapes, padding_rids, reserved=padding)
         self.num_preemptions = 0
-        self._lazy_dummy: int | None = None
         # the step being built by `schedule`
         self._step_prefills: list[tuple[Sequence, int, int]] = []
         self._step_decodes: list[tuple[Sequence, int]] = []
@@ -276,31 +272,25 @@ class Scheduler:
     def graph_size_for(self, batch_size: int, draft_len: int = 0) -> int | None:
         """The smallest captured CUDA-graph batch size ≥ `batch_size` for
         `draft_len`, or None when no captured graph is that large."""
-        sizes = self._graph_sizes.get(draft_len, [])
-        j = bisect.bisect_left(sizes, batch_size)
-        return sizes[j] if j < len(sizes) else None
+        return self.graphs.size_for(batch_size, draft_len)
+
+    @property
+    def padding_rids(self) -> dict[int, int]:
+        """The persistent padding dummy per draft length (settable)."""
+        return self.graphs.padding_rids
+
+    @padding_rids.setter
+    def padding_rids(self, rids: Mapping[int, int]) -> None:
+        self.graphs.padding_rids = dict(rids)
 
     def _pad(self, decodes: list[tuple[Sequence, int]], prefills: list[tuple[Sequence, int, int]]) -> Step:
         """Pad a decode-only batch to the smallest captured size ≥ its size."""
         batch = len(decodes)
         draft = max((k for _, k in decodes), default=0)
         padded = pad_rid = None
-        graph = False
         if decodes and not prefills:
-            padded = self.graph_size_for(batch, draft)
-            if padded is not None:
-                if padded == batch:
-                    graph = True
-                elif self.padding:
-                    pad_rid = self.padding_rids.get(draft)
-                    graph = pad_rid is not None
-                else:
-                    ids = self.manager.add_dummy_requests(1, 1 + draft, draft_len=draft)
-                    if ids:
-                        pad_rid = self._lazy_dummy = ids[0]
-                        graph = True
-            if not graph:
-                padded = None
+            padded, pad_rid = self.graphs.pad(batch, draft)
+        graph = padded is not None
         return Step(prefills=list(prefills), decodes=list(decodes), preempted=list(self._preempted),
                     batch_size=batch, padded_batch_size=padded, padding_rid=pad_rid, graph=graph,
                     rejected=list(self._rejected), draft_len=draft)
@@ -336,9 +326,7 @@ class Scheduler:
             seq.num_computed += len(tokens)
             if self._append(seq, tokens):
                 finished.append(seq)
-        if self._lazy_dummy is not None:
-            self.manager.free(self._lazy_dummy)
-            self._lazy_dummy = None
+        self.graphs.release()
         self._release(finished)
         return finished
 
@@ -354,58 +342,15 @@ class Scheduler:
                 self._rids.discard(seq.rid)
 
     def decode_run_limit(self, step: Step) -> int:
-        """How many times in a row `step` can run unchanged: the steps until its
-        first row finishes (by length), if it is a decode-only step without
-        drafts or lazy padding and nothing waits; else 0. See `advance_decodes`."""
-        if step.prefills or not step.decodes or step.draft_len or self.waiting or self._lazy_dummy:
-            return 0
-        if step.preempted or step.rejected:
-            return 0
-        max_len = self.limits.max_seq_len
-        return min(min(s.max_new_tokens - len(s.output_ids), max_len - s.num_tokens)
-                   for s, _ in step.decodes)
+        """How many times in a row `step` can run unchanged (see `sched.runs`)."""
+        return runs.decode_run_limit(self, step)
 
     def advance_decodes(self, step: Step, steps: int, token: int, *,
                         on_extended: Callable[[], None] | None = None) -> list[Sequence] | None:
-        """Run the decode-only `step` `steps` times in a row, every row sampling
-        `token` each time: one `manager.extend` call covers steps 2..`steps`
-        (the first was resized by `schedule`). Equivalent to `steps` rounds of
-        `schedule()` + `update()` when nothing else can happen meanwhile: nothing
-        waits, no row finishes before the last step (`steps <=
-        decode_run_limit(step)`), and the pools can hold every intermediate
-        state: for groups whose need is not monotone in length (sliding,
-        chunked) the free pages must cover every row at its worst-case decode
-        pages (`kvpool.spec.decode_worst_case_pages`). Returns the finished
-        requests, or None when the run is not possible (nothing changed).
-        `on_extended` is called once the pages of the last step are allocated,
-        before finished requests free theirs (to measure peak usage)."""
-        limit = self.decode_run_limit(step)
-        if steps < 2 or steps > limit or any(
-            s.eos_token_id == token for s, _ in step.decodes
-        ):
-            return None
-        rows = len(step.decodes)
-        for g in self._spec_groups():
-            worst = decode_worst_case_pages(g, self.limits.headroom)
-            if worst is not None and g.kind != "state" and self.manager.free_pages(g.name) < rows * worst:
-                return None
-        extend = getattr(self.manager, "extend", None)
-        if extend is None or not extend([s.rid for s, _ in step.decodes], steps - 1):
-            return None
-        if on_extended is not None:
-            on_extended()
-        finished = []
-        run = [token] * steps
-        for seq, _ in step.decodes:
-            seq.num_computed += steps
-            if self._append(seq, run):
-                finished.append(seq)
-        self._release(finished)
-        return finished
-
-    def _spec_groups(self) -> tuple[LayerGroup, ...]:
-        spec = getattr(self.manager, "spec", None)
-        return tuple(spec.groups) if spec is not None else ()
+        """Run the decode-only `step` `steps` times at once, every row sampling
+        `token` (see `sched.runs.advance_decodes`); the finished requests, or
+        None when that is not possible (nothing changed)."""
+        return runs.advance_decodes(self, step, steps, token, on_extended=on_extended)
 
     def _append(self, seq: Sequence, tokens: list[int]) -> bool:
         """Append sampled tokens up to a stop; True when `seq` finished."""

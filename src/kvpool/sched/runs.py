@@ -1,0 +1,74 @@
+"""Runs of identical decode steps at once (the simulator's fast path).
+
+Between two events (an arrival, a finish, a page shortage) a decode-only step
+repeats unchanged except that every row is one token longer. `advance_decodes`
+applies k such steps with one `manager.extend` call; the result equals k
+rounds of `Scheduler.schedule()` + `update()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from kvpool.sched.sequence import Sequence
+from kvpool.sched.step import Step
+from kvpool.spec import LayerGroup, decode_worst_case_pages
+
+if TYPE_CHECKING:
+    from kvpool.sched.scheduler import Scheduler
+
+
+def decode_run_limit(sched: Scheduler, step: Step) -> int:
+    """How many times in a row `step` can run unchanged: the steps until its
+    first row finishes (by length), if it is a decode-only step without drafts
+    or lazy padding, nothing was preempted or rejected and nothing waits; else 0."""
+    if step.prefills or not step.decodes or step.draft_len or sched.waiting:
+        return 0
+    if sched.graphs.lazy_dummy is not None or step.preempted or step.rejected:
+        return 0
+    max_len = sched.limits.max_seq_len
+    return min(min(s.max_new_tokens - len(s.output_ids), max_len - s.num_tokens)
+               for s, _ in step.decodes)
+
+
+def advance_decodes(sched: Scheduler, step: Step, steps: int, token: int, *,
+                    on_extended: Callable[[], None] | None = None) -> list[Sequence] | None:
+    """Run the decode-only `step` `steps` times in a row, every row sampling
+    `token` each time: one `manager.extend` call covers steps 2..`steps` (the
+    first was resized by `schedule`). Only when nothing else can happen
+    meanwhile: `steps <= decode_run_limit(step)`, `token` is no row's EOS, and
+    the pools hold every intermediate state: for groups whose need is not
+    monotone in length (sliding, chunked) the free pages must cover every row
+    at its worst-case decode pages (`spec.decode_worst_case_pages`); full and
+    compressed groups only grow, so the final state is the largest. Returns the
+    finished requests (their pages freed), or None (nothing changed).
+    `on_extended` is called once the last step's pages are allocated, before
+    finished requests free theirs (to measure peak usage)."""
+    if steps < 2 or steps > decode_run_limit(sched, step):
+        return None
+    if any(s.eos_token_id == token for s, _ in step.decodes):
+        return None
+    rows = len(step.decodes)
+    for g in _groups(sched):
+        worst = decode_worst_case_pages(g, sched.limits.headroom)
+        if worst is not None and g.kind != "state" and sched.manager.free_pages(g.name) < rows * worst:
+            return None
+    extend = getattr(sched.manager, "extend", None)
+    if extend is None or not extend([s.rid for s, _ in step.decodes], steps - 1):
+        return None
+    if on_extended is not None:
+        on_extended()
+    finished = []
+    run = [token] * steps
+    for seq, _ in step.decodes:
+        seq.num_computed += steps
+        if sched._append(seq, run):
+            finished.append(seq)
+    sched._release(finished)
+    return finished
+
+
+def _groups(sched: Scheduler) -> tuple[LayerGroup, ...]:
+    spec = getattr(sched.manager, "spec", None)
+    return tuple(spec.groups) if spec is not None else ()
