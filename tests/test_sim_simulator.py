@@ -205,3 +205,15 @@ def test_lazy_padding_dummy_fails_when_the_pool_is_full() -> None:
     assert lazy.padding_failures > 0 and lazy.reserved == {"sliding": 0, "full": 0}
     assert lazy.graph_steps + lazy.padding_failures <= lazy.decode_only_steps
     assert_no_leak(lazy)
+
+
+def test_progress_is_reported_every_n_steps() -> None:
+    seen = []
+    p = plan({"full": 100})
+    model = StepTimeModel.build(p.spec, GPU, WEIGHTS)
+    r = simulate(p, trace([(4, 3)] * 5, [0.0, 1.0, 2.0, 3.0, 4.0]), model, fast=False,
+                 progress=seen.append, progress_every=2)
+    # 5 requests x (1 prefill + 2 decodes) = 15 steps, reported after steps 2, 4, ..., 14
+    assert r.steps == 15 and len(seen) == 7
+    assert seen[-1].total == 5 and seen[-1].done <= 5
+    assert all(a.sim_time_s <= b.sim_time_s for a, b in zip(seen, seen[1:], strict=False))
