@@ -98,3 +98,11 @@ def test_unknown_trace_and_model_without_weights(cli, tmp_path: Path) -> None:  
     code, out, err = cli("simulate", str(config), *BASE, "--trace", "azure-code", "--max-requests",
                          "5", "--weights-bytes", "1GB", "--json")
     assert code == 0, err
+
+
+def test_pool_ratio_flag_is_a_ratio_policy(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli("simulate", "gemma-3-27b", *BASE, "--trace", small_trace,
+                         "--pool-ratio", "full=0.4,sliding=0.6", "--json")
+    assert code == 0, err
+    (run,) = json.loads(out)["runs"]
+    assert run["policy"] == "ratio:full=0.4,sliding=0.6"
