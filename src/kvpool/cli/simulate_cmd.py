@@ -209,23 +209,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def results_table(runs: list[SimResult], groups: list[str]) -> str:
-    def ms(x: float | None) -> str:
-        return "-" if x is None else f"{x * 1e3:,.1f}"
+    def num(x: float | None, scale: float, digits: int) -> str:
+        return "-" if x is None else f"{x * scale:,.{digits}f}"
 
+    reuse = any(r.reuse_hit_rate for r in runs)
     rows = []
     for r in runs:
         row: list[Any] = [r.policy]
         row += [f"{r.pages[g].total:,}" for g in groups]
         row += [f"{r.output_tokens_per_s:,.0f}", f"{r.requests_per_s:.2f}",
-                ms(r.percentile(r.ttft_s, 50)), ms(r.percentile(r.ttft_s, 99)),
-                ms(r.percentile(r.tpot_s, 50)), ms(r.percentile(r.tpot_s, 99)),
+                num(r.percentile(r.ttft_s, 50), 1, 2), num(r.percentile(r.ttft_s, 99), 1, 2),
+                num(r.percentile(r.tpot_s, 50), 1e3, 1), num(r.percentile(r.tpot_s, 99), 1e3, 1),
                 r.preemptions, f"{r.graph_step_share:.0%}", r.padding_failures]
         row += [f"{r.pages[g].peak_used / max(r.pages[g].total, 1):.0%}/"
                 f"{r.pages[g].mean_used / max(r.pages[g].total, 1):.0%}" for g in groups]
-        row += [f"{r.reuse_hit_rate:.0%}" if r.reuse_hit_rate else "-", f"{r.finished}/{r.num_requests}"]
+        row += ([f"{r.reuse_hit_rate:.0%}"] if reuse else []) + [f"{r.finished}/{r.num_requests}"]
         rows.append(row)
     headers = (["policy"] + [f"{g} pages" for g in groups]
-               + ["tok/s", "req/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
+               + ["tok/s", "req/s", "TTFT p50 s", "TTFT p99 s", "TPOT p50 ms", "TPOT p99 ms",
                   "preempt", "graphs", "pad fails"]
-               + [f"{g} peak/mean" for g in groups] + ["reuse hits", "done"])
+               + [f"{g} peak/mean" for g in groups] + (["reuse hits"] if reuse else []) + ["done"])
     return table(headers, rows)
