@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from kvpool.cache import KVCacheManager
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.sched import Scheduler, SchedulerError, Sequence, Status, Step
+from kvpool.sched.padding import GraphPadding
 from kvpool.spec import ModelSpec, load_model_spec
 
 TPB = 4
@@ -288,6 +289,19 @@ def test_lazy_padding_dummy_comes_from_the_pool_and_fails_when_it_is_full() -> N
     mgr2, sched2 = make({"full": 3}, padding=False, captured=[(1, 0), (2, 0), (4, 0)])
     step = decoding(sched2, 3)
     assert not step.graph and step.padding_rid is None and mgr2.free_pages("full") == 0
+
+
+def test_lazy_padding_dummy_with_drafts_counts_them_once() -> None:
+    # Rule 2: a minimal generation dummy with d = 3 drafts needs capacity 1 + 3 = 4
+    # positions = exactly one 4-token page; asking for token_num 1 + d as well
+    # would need 1 + 3 + 3 = 7 positions = two pages and fail on a pool with one.
+    mgr, _ = make({"full": 1}, max_draft_len=3)
+    padding = GraphPadding(mgr, [(2, 3)], reserved=False)
+    padded, rid = padding.pad(1, 3)
+    assert padded == 2 and rid is not None, f"lazy dummy refused: {mgr.last_shortfall}"
+    assert (mgr.capacity(rid), mgr.history(rid)) == (4, 0)
+    padding.release()
+    assert mgr.free_pages("full") == 1
 
 
 def test_warmup_report_feeds_the_scheduler() -> None:

@@ -49,7 +49,9 @@ class GraphPadding:
         if self.reserved:
             rid = self.padding_rids.get(draft_len)
             return (padded, rid) if rid is not None else (None, None)
-        ids = self.manager.add_dummy_requests(1, 1 + draft_len, draft_len=draft_len)
+        # A minimal generation dummy: token_num 1 (its input token); the drafts
+        # are added by the manager once (rule 2), not folded into token_num too.
+        ids = self.manager.add_dummy_requests(1, 1, draft_len=draft_len)
         if not ids:
             return None, None
         self.lazy_dummy = ids[0]
