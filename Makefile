@@ -29,9 +29,9 @@ demo: setup
 	$(BIN)/kvpool warmup gemma-4-26b-a4b --kv-dtype fp8 --kv-memory 60GiB --max-seq-len 32768 --draft-lens 0,4
 	@echo; echo "== A pool too small for big batches: the skipped shape names the group and the pages short"
 	$(BIN)/kvpool warmup llama-3.1-8b-instruct --kv-memory 64MiB --max-seq-len 4096 --max-batch-size 32 --max-num-tokens none --cuda-graph-batch-sizes 1,2,4,8,16,32
-	@echo; echo "== Reference engine on a tiny random Gemma 3 (5 local : 1 global): reuse, chunked prefill, drafts, preemption"
 	@echo; echo "== Simulated throughput of the Gemma 4 splits on 2,000 Azure chat requests (B200, offline)"
 	$(BIN)/kvpool simulate gemma-4-26b-a4b --gpu b200 --kv-dtype fp8 --kv-memory 60GiB --max-seq-len 32768 --avg-seq-len 32768 --trace azure-conv --rate inf --max-requests 2000 --compare reference,typical,workload --quiet
+	@echo; echo "== Reference engine on a tiny random Gemma 3 (5 local : 1 global): reuse, chunked prefill, drafts, preemption"
 	$(BIN)/kvpool generate --tiny gemma3 --prompt "the cat sat on the mat; the cat" --prompt "the cat sat on the mat; a dog" --prompt "hello kvpool" --max-new-tokens 16 --tokens-per-block 4 --speculate 3 --kv-memory 64KiB --max-num-tokens 16
 
 lint: setup
