@@ -5,21 +5,30 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvpool.errors import KvpoolError
 from kvpool.spec import KV_DTYPES, ModelSpec, load_model_spec
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `low` (one clear message otherwise)."""
+    what = "a positive integer" if low == 1 else f"an integer >= {low}" if low else "a non-negative integer"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+positive_int = int_at_least(1)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

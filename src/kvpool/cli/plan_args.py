@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from kvpool import presets
-from kvpool.cli.common import add_model_args, positive_int
+from kvpool.cli.common import add_model_args, int_at_least, positive_int
 from kvpool.errors import KvpoolError, LimitsError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
+from kvpool.plan.sizing import parse_shares
 from kvpool.plan.workload import Workload
 from kvpool.presets.traces import load_trace
 from kvpool.spec import ModelSpec, load_model_spec
@@ -28,14 +29,7 @@ DEFAULT_MAX_NUM_TOKENS = 8192
 DEFAULT_MEMORY_FRACTION = 0.9
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
+non_negative_int = int_at_least(0)
 
 
 def optional_tokens(text: str) -> int | None:
@@ -94,20 +88,8 @@ def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True, workload: b
 
 
 def parse_pool_ratio(text: str | None) -> dict[str, float] | None:
-    """`full=0.3,sliding=0.7` -> {"full": 0.3, "sliding": 0.7}."""
-    if text is None:
-        return None
-    out: dict[str, float] = {}
-    for part in text.split(","):
-        name, eq, value = part.partition("=")
-        try:
-            share = float(value)
-        except ValueError:
-            share = float("nan")
-        if not eq or not name.strip() or share != share:
-            raise LimitsError(f"cannot read pool ratio {text!r}; write e.g. full=0.3,sliding=0.7")
-        out[name.strip()] = share
-    return out
+    """`--pool-ratio full=0.3,sliding=0.7` -> {"full": 0.3, "sliding": 0.7}."""
+    return None if text is None else parse_shares(text)
 
 
 def parse_batch_sizes(text: str | None) -> tuple[int, ...] | None:

@@ -51,6 +51,22 @@ def check_pool_ratio(spec: ModelSpec, pool_ratio: Mapping[str, float]) -> dict[s
     return {k: v / total for k, v in shares.items()}
 
 
+def parse_shares(text: str) -> dict[str, float]:
+    """`full=0.3,sliding=0.7` -> {"full": 0.3, "sliding": 0.7} (not yet checked
+    against a spec: see `check_pool_ratio`). Raises LimitsError on bad text."""
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        name, eq, value = part.partition("=")
+        try:
+            share = float(value)
+        except ValueError:
+            share = math.nan
+        if not eq or not name.strip() or math.isnan(share):
+            raise LimitsError(f"cannot read pool ratio {text!r}; write e.g. full=0.3,sliding=0.7")
+        out[name.strip()] = share
+    return out
+
+
 def plan_constraints(
     limits: ServingLimits, rules: FamilyRules, phase: Phase, *, explicit_ratio: bool
 ) -> tuple[Constraint, ...]:

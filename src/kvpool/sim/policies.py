@@ -20,7 +20,7 @@ from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
 from kvpool.plan.batches import reference_batch
 from kvpool.plan.families import rules_for
-from kvpool.plan.sizing import ratio_from_batch
+from kvpool.plan.sizing import parse_shares, ratio_from_batch
 from kvpool.plan.workload import Workload
 from kvpool.presets.traces import Trace
 from kvpool.spec import ModelSpec
@@ -86,17 +86,11 @@ def full_ratio(spec: ModelSpec, shares: dict[str, float]) -> dict[str, float]:
 
 
 def parse_ratio(spec: ModelSpec, text: str) -> dict[str, float]:
-    body = text.removeprefix("ratio:")
-    shares: dict[str, float] = {}
-    for part in body.split(","):
-        name, eq, value = part.partition("=")
-        try:
-            share = float(value)
-        except ValueError:
-            share = float("nan")
-        if not eq or not name.strip() or share != share:
-            raise KvpoolError(f"cannot read policy {text!r}; write e.g. ratio:full=0.3,sliding=0.7")
-        shares[name.strip()] = share
+    """`ratio:full=0.3,...` -> a share for every group (see `full_ratio`)."""
+    try:
+        shares = parse_shares(text.removeprefix("ratio:"))
+    except KvpoolError:
+        raise KvpoolError(f"cannot read policy {text!r}; write e.g. ratio:full=0.3,sliding=0.7") from None
     return full_ratio(spec, shares)
 
 
