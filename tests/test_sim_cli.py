@@ -106,3 +106,21 @@ def test_pool_ratio_flag_is_a_ratio_policy(cli, small_trace: str) -> None:  # ty
     assert code == 0, err
     (run,) = json.loads(out)["runs"]
     assert run["policy"] == "ratio:full=0.4,sliding=0.6"
+
+
+@pytest.mark.parametrize("args", [
+    ["--sweep-ratio", "nope"],                                   # unknown group
+    ["--compare", "reference,typical", "--avg-seq-len", "4096",  # typical's context floor
+     "--max-num-tokens", "1000000", "--max-seq-len", "1000000"],  # cannot fit 1 GiB
+])
+def test_bad_sweep_group_or_infeasible_policy_fails_before_any_run(  # type: ignore[no-untyped-def]
+        cli, small_trace: str, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    import kvpool.cli.simulate_cmd as cmd
+
+    def no_run(*a: object, **k: object) -> None:
+        raise AssertionError("a simulation ran before the bad input was reported")
+
+    monkeypatch.setattr(cmd, "simulate", no_run)
+    code, out, err = cli("simulate", "gemma-3-27b", "--gpu", "h100", "--kv-memory", "1GiB",
+                         "--trace", small_trace, "--quiet", *args)
+    assert code == 2 and out == "" and err.count("\n") == 1, err

@@ -17,6 +17,7 @@ from kvpool.errors import KvpoolError
 from kvpool.presets.traces import load_trace
 from kvpool.sim import Progress, SimResult, StepTimeModel, load_weights, simulate
 from kvpool.sim.policies import (
+    PolicyPlan,
     parse_policies,
     parse_range,
     plan_for,
@@ -156,25 +157,33 @@ def run(args: argparse.Namespace) -> int:
     bar = ProgressBar(not args.quiet)
     notes: list[str] = []
 
-    def one(policy: str) -> SimResult:
-        pp = plan_for(spec, limits, policy, kv_memory_bytes=kv_bytes, trace=trace, fit=args.fit)
+    group = None
+    shares: list[float] = []
+    if args.sweep_ratio:  # checked before anything runs: a typo should not cost a whole run
+        group = resolve_group(spec, args.sweep_ratio)
+        if len(spec.groups) < 2:
+            raise KvpoolError(f"{spec.name} has one pool group; there is no split to sweep")
+        shares = sweep_shares(args.sweep_points, *parse_range(args.sweep_range))
+    # Plan every named policy first, so that an infeasible one fails in a second, not
+    # after the runs before it.
+    plans = [plan_for(spec, limits, p, kv_memory_bytes=kv_bytes, trace=trace, fit=args.fit)
+             for p in policies]
+
+    def one(policy: str, pp: PolicyPlan | None = None) -> SimResult:
+        pp = pp or plan_for(spec, limits, policy, kv_memory_bytes=kv_bytes, trace=trace, fit=args.fit)
         notes.extend(n for n in pp.notes if n not in notes)
         result = simulate(pp.plan, trace, model, policy=policy, padding=padding, progress=bar)
         bar.done()
         return result
 
-    runs = [one(p) for p in policies]
+    runs = [one(p, pp) for p, pp in zip(policies, plans, strict=True)]
     sweep: list[tuple[float, SimResult]] = []
-    group = None
-    if args.sweep_ratio:
-        group = resolve_group(spec, args.sweep_ratio)
-        if len(spec.groups) < 2:
-            raise KvpoolError(f"{spec.name} has one pool group; there is no split to sweep")
-        for share in sweep_shares(args.sweep_points, *parse_range(args.sweep_range)):
-            try:
-                sweep.append((share, one(ratio_policy(group, share))))
-            except KvpoolError as e:  # a share that cannot hold one request: note it, go on
-                notes.append(f"share {share:g} of {group} skipped: {e}")
+    for share in shares:
+        assert group is not None
+        try:
+            sweep.append((share, one(ratio_policy(group, share))))
+        except KvpoolError as e:  # a share that cannot hold one request: note it, go on
+            notes.append(f"share {share:g} of {group} skipped: {e}")
 
     everything = runs + [r for _, r in sweep]
     if args.plot:
