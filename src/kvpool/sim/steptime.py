@@ -52,6 +52,7 @@ from kvpool.errors import KvpoolError
 from kvpool.presets import DATA, GpuSpec
 from kvpool.sched import Step
 from kvpool.spec import LayerGroup, ModelSpec
+from kvpool.spec.families import head_dim, split_heads
 
 LAUNCH_S = 10e-6          # one eager op: Python dispatch + cudaLaunchKernel
 KERNELS_PER_LAYER = 10    # norms, QKV, RoPE, attention, O, residuals, gate/up, act, down
@@ -125,14 +126,13 @@ class GroupCost:
 def _attention_dims(spec: ModelSpec, group: LayerGroup) -> tuple[int, int]:
     """(query heads per rank, head dim) of a group's attention."""
     c = spec.config
-    heads = max(1, -(-int(c.get("num_attention_heads") or 1) // spec.tp_size))
+    heads = split_heads(int(c.get("num_attention_heads") or 1), spec.tp_size)
     if spec.family in ("deepseek_v3", "deepseek_v32"):
         # absorbed MLA: each head attends over the latent (kv_lora_rank + rope) row
         return heads, int(c.get("kv_lora_rank", 512)) + int(c.get("qk_rope_head_dim", 64))
     if group.kind == "full" and c.get("global_head_dim"):
         return heads, int(c["global_head_dim"])
-    dim = c.get("head_dim") or int(c.get("hidden_size", 4096)) // int(c.get("num_attention_heads") or 32)
-    return heads, int(dim)
+    return heads, head_dim(c)
 
 
 @dataclass(frozen=True)
