@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,6 +36,43 @@ class Progress:
     total: int
     sim_time_s: float
     wall_s: float
+
+
+@dataclass
+class _Tally:
+    """The run's counters; one place that counts a step and a finish."""
+
+    steps: int = 0
+    decode_steps: int = 0
+    decode_only: int = 0
+    graph_steps: int = 0
+    pad_fail: int = 0
+    finished: int = 0
+    out_tokens: int = 0
+    last_finish: float = 0.0
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+
+    def count(self, sched: Scheduler, step: Step, n: int = 1) -> None:
+        """`n` steps shaped like `step` ran."""
+        self.steps += n
+        if not step.decodes:
+            return
+        self.decode_steps += n
+        if step.prefills:
+            return
+        self.decode_only += n
+        if step.graph:
+            self.graph_steps += n
+        elif step.padded_batch_size is None and _needs_padding(sched, step):
+            self.pad_fail += n
+
+    def finish(self, done: list[Sequence], now: float) -> None:
+        for s in done:
+            s.finish_s = self.last_finish = now
+            self.finished += 1
+            self.out_tokens += len(s.output_ids)
+            _record(s, self.ttft, self.tpot)
 
 
 def simulate(
@@ -78,14 +115,11 @@ def simulate(
     totals = [manager.total_pages(g) for g in groups]
     peak = [0] * len(groups)
     used_time = [0.0] * len(groups)
-    ttft: list[float] = []
-    tpot: list[float] = []
     one = [OUTPUT_TOKEN]
     feed_cap = 2 * limits.max_batch_size  # arrived requests beyond this wait outside the queue
     now = 0.0
-    nxt = rejected = finished = out_tokens = 0
-    steps = decode_steps = decode_only = graph_steps = pad_fail = 0
-    last_finish, idle_steps = 0.0, 0
+    nxt = rejected = idle_steps = 0
+    tally = _Tally()
     wall0 = time.perf_counter()
 
     while True:
@@ -122,33 +156,14 @@ def simulate(
                 peak[k] = max(peak[k], after)
                 used_time[k] += (used_now[k] + after) / 2 * dt
             now += dt
-            steps += len(times)
-            decode_steps += len(times)
-            decode_only += len(times)
-            if step.graph:
-                graph_steps += len(times)
-            elif step.padded_batch_size is None and _needs_padding(sched, step):
-                pad_fail += len(times)
-            for s in done:
-                s.finish_s = now
-                finished += 1
-                out_tokens += len(s.output_ids)
-                _record(s, ttft, tpot)
-                last_finish = now
+            tally.count(sched, step, len(times))
+            tally.finish(done, now)
             continue
         dt = model.step_time(step)
         for k in range(len(groups)):
             used_time[k] += used_now[k] * dt
         now += dt
-        steps += 1
-        if step.decodes:
-            decode_steps += 1
-            if not step.prefills:
-                decode_only += 1
-                if step.graph:
-                    graph_steps += 1
-                elif step.padded_batch_size is None and _needs_padding(sched, step):
-                    pad_fail += 1
+        tally.count(sched, step)
         sampled = {s.rid: one for s, _ in step.decodes}
         for s, start, num in step.prefills:
             if start + num == s.num_tokens:
@@ -157,28 +172,24 @@ def simulate(
         for s, _, _ in step.prefills:
             if s.first_token_s is None and s.output_ids:
                 s.first_token_s = now
-        for s in done:
-            s.finish_s = now
-            finished += 1
-            out_tokens += len(s.output_ids)
-            _record(s, ttft, tpot)
-            last_finish = now
-        if progress is not None and steps % progress_every == 0:
-            progress(Progress(policy or plan.policy, finished + rejected, n, now,
+        tally.finish(done, now)
+        if progress is not None and tally.steps % progress_every == 0:
+            progress(Progress(policy or plan.policy, tally.finished + rejected, n, now,
                               time.perf_counter() - wall0))
 
-    makespan = last_finish - float(arrivals[0]) if n else 0.0
+    t = tally
+    makespan = t.last_finish - float(arrivals[0]) if n else 0.0
     stats = manager.stats()
     if check:
         manager.check_integrity()
     usage = {g: GroupUsage(totals[k], peak[k], used_time[k] / now if now > 0 else 0.0)
              for k, g in enumerate(groups)}
     return SimResult(
-        policy=policy or plan.policy, plan=plan, num_requests=n, finished=finished,
-        rejected=rejected, output_tokens=out_tokens, makespan_s=makespan,
-        ttft_s=np.asarray(ttft), tpot_s=np.asarray(tpot), preemptions=sched.num_preemptions,
-        steps=steps, decode_steps=decode_steps, decode_only_steps=decode_only,
-        graph_steps=graph_steps, padding_failures=pad_fail, pages=usage,
+        policy=policy or plan.policy, plan=plan, num_requests=n, finished=t.finished,
+        rejected=rejected, output_tokens=t.out_tokens, makespan_s=makespan,
+        ttft_s=np.asarray(t.ttft), tpot_s=np.asarray(t.tpot), preemptions=sched.num_preemptions,
+        steps=t.steps, decode_steps=t.decode_steps, decode_only_steps=t.decode_only,
+        graph_steps=t.graph_steps, padding_failures=t.pad_fail, pages=usage,
         captured=len(report.captured), skipped=len(report.skipped),
         reuse_hit_rate=stats.hit_rate, wall_s=time.perf_counter() - wall0,
         end_used={g: totals[k] - manager.free_pages(g) for k, g in enumerate(groups)},
