@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# CI replays the same examples every run (a red CI then always means a real
+# change); local runs explore new ones.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 def attention_config(**overrides: Any) -> dict[str, Any]:
