@@ -124,6 +124,37 @@ def test_sliding_group_needs_only_the_last_window_of_a_hit() -> None:
     m.check_integrity()
 
 
+def test_pages_leaving_the_window_stay_reusable() -> None:
+    # Prefill 64 of the 100 tokens (4 pages), then raise history to 64: sliding
+    # pages [0, floor((64 + 1 - 40)/16)) = 0..0 leave the window. They are stored
+    # before release, so a request sharing only the first 48 tokens hits them:
+    # 2 whole pages (the last prompt token is never reused), sliding pages
+    # floor((32 + 1 - 40)/16) = 0 .. 1 needed.
+    m = manager(full_sliding_spec(tpb=16, window=40), {"full": 20, "sliding": 20})
+    m.create(1, PROMPT)
+    assert m.resize(1, 64, 0)
+    first_sliding_page = int(m.block_table(1, "sliding")[0])
+    assert m.resize(1, 64, 64)
+    assert m.block_table(1, "sliding")[0] == STALE
+    assert m.stats().groups["sliding"].cached >= 1
+    assert m.create(2, PROMPT[:33]) == 32
+    assert int(m.block_table(2, "sliding")[0]) == first_sliding_page
+    m.check_integrity()
+
+
+def test_refused_resize_stores_nothing_before_release() -> None:
+    # the history raise would release sliding page 0, but the full pool cannot
+    # grow to 80 positions (5 pages, 4 in the pool): nothing may change
+    m = manager(full_sliding_spec(tpb=16, window=40), {"full": 4, "sliding": 20})
+    m.create(1, PROMPT)
+    assert m.resize(1, 64, 0)
+    m.take_events()
+    assert not m.resize(1, 80, 64)
+    assert m.take_events() == [] and m.stats().groups["sliding"].cached == 0
+    assert m.history(1) == 0 and m.block_table(1, "sliding")[0] != STALE
+    m.check_integrity()
+
+
 def test_state_group_reuses_only_a_snapshot_at_the_hit() -> None:
     m = manager(hybrid_spec(tpb=16, window=40), {"full": 30, "sliding": 30, "linear_state": 4})
     # history 100 is not a page boundary: no snapshot, so no hit for a state model

@@ -330,6 +330,26 @@ def test_shared_prefix_is_reused_after_the_first_request_commits() -> None:
     mgr.check_integrity()
 
 
+@pytest.mark.parametrize("chunk", [64, 8])  # the prompt in one step, or in chunks of 8
+def test_shared_system_prompt_is_reused_on_a_sliding_model(chunk: int) -> None:
+    # window 8 = 2 pages of 4. A = 16-token system prompt + 16 tokens of its own:
+    # while A computes past the system prompt, its pages 2..3 (positions 8..15)
+    # leave the window. B shares only the system prompt: a hit of 4 pages needs
+    # full pages 0..3 and the sliding pages live at history 16 (stale(16) =
+    # floor((16 + 1 - 8)/4) = 2, so pages 2..3) -- exactly the pages A released.
+    mgr, sched = make({"full": 100, "sliding": 100}, hybrid_spec(window=8), reuse=True,
+                      max_num_tokens=chunk)
+    system = list(range(500, 516))
+    sched.add(Sequence(rid=1, prompt_ids=system + list(range(16)), max_new_tokens=1))
+    drain(sched)
+    sched.add(Sequence(rid=2, prompt_ids=system + [7, 7, 7], max_new_tokens=1))
+    step = sched.schedule()
+    assert step is not None
+    assert step.prefills[0][0].num_cached == 16, chunks(step)
+    drain(sched)
+    mgr.check_integrity()
+
+
 def test_preempted_request_hits_its_own_pages_when_readmitted() -> None:
     mgr, sched = make({"full": 6}, reuse=True)
     sched.add(seq(1, 8, 10))

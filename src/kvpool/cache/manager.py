@@ -62,6 +62,10 @@ class KVCacheManager:
         self.tokens_per_block = self.spec.tokens_per_block
         self.groups = self.spec.groups
         self._index = {g.name: i for i, g in enumerate(self.groups)}
+        # With reuse on, pages that leave a sliding window or a finished chunk
+        # are stored before they are released (see `reuse.store_before_release`).
+        self._keeps_stale = enable_reuse and any(
+            g.kind in ("sliding", "chunked") for g in self.groups)
         self._events: deque[CacheEvent] = deque(maxlen=EVENT_BUFFER)
         self._pools = [PagePool(g.name, plan.pages(g.name), self._events) for g in self.groups]
         self._t = SlotTables(self.groups, self._pools, max(8, self.limits.max_batch_size + 8),
@@ -133,12 +137,18 @@ class KVCacheManager:
         stale. All groups or nothing: returns False and changes nothing when a
         group lacks pages (`last_shortfall` then says how many). Raises
         `CacheUsageError` if capacity < history or history decreases."""
-        slot = self._get(rid).slot
-        old = int(self._t.hist[slot])
+        req = self._get(rid)
+        slot, t = req.slot, self._t
+        old = int(t.hist[slot])
         cap = int(capacity)
         hist = old if history is None else int(history)
         self._check_shape(rid, cap, hist, old)
-        return self._t.resize_one(slot, cap, hist)
+        if (self._keeps_stale and req.tokens is not None and not req.dummy
+                and hist >= int(t.stale_next[:, slot].min())):
+            if not t.apply([slot], [cap], [hist], dry_run=True):
+                return False
+            reuse.store_before_release(self, req, hist)
+        return t.resize_one(slot, cap, hist)
 
     @staticmethod
     def _check_shape(rid: int, cap: int, hist: int, old: int) -> None:
@@ -170,7 +180,7 @@ class KVCacheManager:
             raise CacheUsageError(
                 f"request {rids[bad]}: need capacity >= history >= previous history, got capacity "
                 f"{int(caps[bad])}, history {int(hists[bad])}, previous history {int(old[bad])}")
-        return self._t.resize_batch(slots, caps, hists)
+        return self._resize_batch(rids, slots, caps, hists)
 
     def extend(self, rids: Sequence[int], num_tokens: int = 1) -> bool:
         """One decode step for a batch: capacity and history of each request
@@ -180,7 +190,21 @@ class KVCacheManager:
             raise CacheUsageError(f"extend needs num_tokens >= 0, got {num_tokens}")
         slots = self._slots(rids)
         t = self._t
-        return t.resize_batch(slots, t.cap[slots] + num_tokens, t.hist[slots] + num_tokens)
+        return self._resize_batch(rids, slots, t.cap[slots] + num_tokens, t.hist[slots] + num_tokens)
+
+    def _resize_batch(self, rids: Sequence[int], slots: npt.NDArray[np.intp],
+                      caps: npt.NDArray[np.int64], hists: npt.NDArray[np.int64]) -> bool:
+        t = self._t
+        if self._keeps_stale:
+            going = [(self._requests[rids[j]], int(hists[j])) for j in
+                     np.flatnonzero(hists >= t.stale_next[:, slots].min(axis=0)).tolist()]
+            going = [(req, h) for req, h in going if req.tokens is not None and not req.dummy]
+            if going:
+                if not t.resize_batch(slots, caps, hists, dry_run=True):
+                    return False
+                for req, h in going:
+                    reuse.store_before_release(self, req, h)
+        return t.resize_batch(slots, caps, hists)
 
     # ------------------------------------------------------------------ dummies and warmup
 

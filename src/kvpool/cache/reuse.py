@@ -27,7 +27,7 @@ from kvpool.spec.pages import pages_needed, stale_pages
 if TYPE_CHECKING:
     from kvpool.cache.manager import KVCacheManager, _Request
 
-__all__ = ["attach_prefix", "commit", "longest_hit", "salt_seed"]
+__all__ = ["attach_prefix", "commit", "longest_hit", "salt_seed", "store_before_release"]
 
 
 def longest_hit(mgr: KVCacheManager, hashes: Sequence[int]) -> int:
@@ -95,15 +95,33 @@ def attach_prefix(mgr: KVCacheManager, req: _Request) -> int:
     return n
 
 
+def store_before_release(mgr: KVCacheManager, req: _Request, history: int) -> None:
+    """A resize is about to raise `req`'s history to `history` (so positions
+    below it are computed) and release the pages that leave a sliding window or
+    a finished chunk. Store the whole pages whose token ids are known first, so
+    that they go to the cache, not the free list: a later request that shares
+    only an early prefix (a system prompt) needs exactly those pages. Call only
+    when the resize is known to succeed; state groups are left alone (their
+    snapshots follow `commit`)."""
+    if req.dummy or req.tokens is None:
+        return
+    # only pages that exist now can be stored: those below the current capacity
+    n = min(len(req.tokens), history, int(mgr._t.cap[req.slot]))
+    if n // mgr.tokens_per_block > req.committed:
+        commit(mgr, req, n, None, computed=history)
+
+
 def commit(mgr: KVCacheManager, req: _Request, num_tokens: int,
-           tokens: Sequence[int] | None) -> int:
+           tokens: Sequence[int] | None, *, computed: int | None = None) -> int:
     """Store the hashes of the whole pages among the first `num_tokens`
-    positions (see `KVCacheManager.commit`)."""
+    positions (see `KVCacheManager.commit`). `computed` (default: the
+    request's history) bounds `num_tokens`; a caller that passes it is about to
+    raise history there, and state snapshots are then skipped."""
     fresh = [int(x) for x in tokens] if tokens is not None else []
     known = (len(req.tokens) if req.tokens is not None else 0) + len(fresh)
     slot, t = req.slot, mgr._t
     hist = int(t.hist[slot])
-    if not 0 <= num_tokens <= min(known, hist):  # checked before anything changes
+    if not 0 <= num_tokens <= min(known, hist if computed is None else computed):
         raise CacheUsageError(
             f"request {req.rid}: cannot commit {num_tokens} tokens: {known} token ids known, "
             f"history {hist} (commit only computed, verified tokens)")
@@ -124,7 +142,7 @@ def commit(mgr: KVCacheManager, req: _Request, num_tokens: int,
         nblk = int(t.nblk[gi, slot])
         if t.is_state[gi]:
             # the state slot holds the state after exactly `hist` positions
-            if (mgr.state_snapshots and k * tpb == hist and nblk == 1
+            if (computed is None and mgr.state_snapshots and k * tpb == hist and nblk == 1
                     and hashes[k - 1] not in pool.cached and pool.num_free):
                 page = pool.take(1)[0]
                 pool.store(page, hashes[k - 1], hashes[k - 2] if k > 1 else None, k * tpb,

@@ -114,15 +114,19 @@ class SlotTables:
         self.hist[slot] = hist
         return True
 
-    def resize_batch(self, slots: npt.NDArray[np.intp], caps: IntArray, hists: IntArray) -> bool:
-        """Move a batch of distinct requests (validated shapes), all or none."""
+    def resize_batch(self, slots: npt.NDArray[np.intp], caps: IntArray, hists: IntArray, *,
+                     dry_run: bool = False) -> bool:
+        """Move a batch of distinct requests (validated shapes), all or none
+        (`dry_run`: only answer)."""
         c, h = caps[None, :], hists[None, :]
         crossing = ((c > self.cap_hi[:, slots]) | (c <= self.cap_lo[:, slots])
                     | (h >= self.stale_next[:, slots]))
         idx = np.flatnonzero(crossing.any(axis=0))
         if idx.size and not self.apply(slots[idx].tolist(), caps[idx].tolist(), hists[idx].tolist(),
-                                       crossing[:, idx].tolist()):
+                                       crossing[:, idx].tolist(), dry_run=dry_run):
             return False
+        if dry_run:
+            return True
         self.cap[slots] = caps
         self.hist[slots] = hists
         return True
