@@ -33,9 +33,24 @@ def test_commit_then_hit_shares_whole_pages() -> None:
     assert_table(m, 2, "full", [0, 1, 2, 3, 4, 5])
     assert (m.capacity(2), m.history(2)) == (96, 96)
     assert m.free_pages("full") == 20 - 7  # shared pages are not taken twice
+    # a lookup counts once the request is admitted (its first resize succeeds)
+    assert (m.stats().reuse_queried_tokens, m.stats().reuse_hit_tokens) == (100, 0)
+    assert m.resize(2, 101, 96)
     s = m.stats()
     assert (s.reuse_queried_tokens, s.reuse_hit_tokens) == (200, 96)
     m.check_integrity()
+
+
+def test_lookups_of_requests_freed_before_admission_do_not_count() -> None:
+    # a scheduler that creates the queue head, finds no room and frees it again,
+    # step after step, must not inflate the reuse counters
+    m = manager(full_spec(tpb=16), {"full": 20})
+    prefilled(m, 1, PROMPT)
+    for _ in range(3):
+        assert m.create(2, PROMPT) == 96
+        m.free(2)
+    s = m.stats()
+    assert (s.reuse_queried_tokens, s.reuse_hit_tokens) == (100, 0)
 
 
 def test_last_prompt_token_is_never_reused() -> None:

@@ -77,6 +77,7 @@ class KVCacheManager:
         self._free_dummy_ids: list[int] = []  # heap of -id
         self.reuse_queried_tokens = 0
         self.reuse_hit_tokens = 0
+        self._lookups: dict[int, tuple[int, int]] = {}  # rid -> (queried, hit) not yet counted
 
     @property
     def last_shortfall(self) -> dict[str, int]:
@@ -90,23 +91,32 @@ class KVCacheManager:
         """Register request `rid` (capacity 0). With reuse on and `tokens` (the
         prompt) given, attach the longest cached prefix of whole pages (never
         the last prompt token, which must be computed for logits): capacity and
-        history become the reused length, which is returned. Raises
-        `CacheUsageError` for a duplicate id."""
+        history become the reused length, which is returned. The lookup counts
+        in `stats()` once the request's first resize succeeds: a scheduler that
+        creates, finds no room and frees again does not inflate the hit rate.
+        Raises `CacheUsageError` for a duplicate id."""
         req = self._new_request(rid, dummy=False)
         if not (self.enable_reuse and tokens is not None):
             return 0
         req.tokens = list(tokens)
         req.seed = reuse.salt_seed(salt)
-        self.reuse_queried_tokens += len(req.tokens)
         hit = reuse.attach_prefix(self, req)
-        self.reuse_hit_tokens += hit
+        self._lookups[rid] = (len(req.tokens), hit)
         return hit
+
+    def _count_lookups(self, rids: Iterable[int]) -> None:
+        """Count the pending prefix lookups of `rids` (their first resize succeeded)."""
+        for rid in rids:
+            if (lookup := self._lookups.pop(rid, None)) is not None:
+                self.reuse_queried_tokens += lookup[0]
+                self.reuse_hit_tokens += lookup[1]
 
     def free(self, rid: int) -> None:
         """Release every page of `rid` (cached content stays reusable until
         evicted) and forget the request; a padding dummy stops being reserved."""
         req = self._get(rid)
         self._t.release(req.slot)
+        self._lookups.pop(rid, None)
         del self._requests[rid]
         del self._slot_of[rid]
         if req.dummy:
@@ -148,7 +158,11 @@ class KVCacheManager:
             if not t.apply([slot], [cap], [hist], dry_run=True):
                 return False
             reuse.store_before_release(self, req, hist)
-        return t.resize_one(slot, cap, hist)
+        if not t.resize_one(slot, cap, hist):
+            return False
+        if self._lookups:
+            self._count_lookups((rid,))
+        return True
 
     @staticmethod
     def _check_shape(rid: int, cap: int, hist: int, old: int) -> None:
@@ -204,7 +218,11 @@ class KVCacheManager:
                     return False
                 for req, h in going:
                     reuse.store_before_release(self, req, h)
-        return t.resize_batch(slots, caps, hists)
+        if not t.resize_batch(slots, caps, hists):
+            return False
+        if self._lookups:
+            self._count_lookups(rids)
+        return True
 
     # ------------------------------------------------------------------ dummies and warmup
 
