@@ -3,6 +3,9 @@ are checked against a brute-force scan of every candidate."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,7 +21,7 @@ from kvpool.plan.feasibility import (
     merge_floors,
     pages_bytes,
 )
-from kvpool.spec import ModelSpec
+from kvpool.spec import ModelSpec, load_model_spec
 from test_plan_helpers import group, model
 
 
@@ -113,3 +116,29 @@ def test_fit_shrinks_to_the_exact_longest_length_that_fits(
     assert fits_at(spec, limits.clamped(max_seq_len=got), budget)
     longer = [n for n in range(got + 1, seq + 1) if fits_at(spec, limits.clamped(max_seq_len=n), budget)]
     assert not longer, f"shrunk to {got} but {longer[:5]} also fit"
+
+
+def test_context_constraint_error_names_the_largest_token_budget_and_never_offers_fit() -> None:
+    # qwen3-8b, bf16, 32-token pages: 36 x 2 x 8 x 128 x 2 B x 32 = 4.5 MiB a page, so
+    # 100 MiB hold 22 pages = 704 positions: the context floor [(N, 0)] fits up to N = 704.
+    # Its gap (capacity - history) is its whole capacity, so --fit cannot shrink it.
+    spec = load_model_spec("qwen3-8b")
+    limits = ServingLimits(max_batch_size=8, max_seq_len=4096, max_num_tokens=8192, avg_seq_len=1024)
+    for fit in (False, True):
+        with pytest.raises(InfeasiblePlanError) as e:
+            plan_pools(spec, limits, kv_memory_bytes=100 * 2**20, fit=fit)
+        assert e.value.constraint == "context" and e.value.max_num_tokens == 704, str(e.value)
+        assert "--fit" not in str(e.value)
+    plan_pools(spec, dataclasses.replace(limits, max_num_tokens=704), kv_memory_bytes=100 * 2**20)
+    with pytest.raises(InfeasiblePlanError):
+        plan_pools(spec, dataclasses.replace(limits, max_num_tokens=705), kv_memory_bytes=100 * 2**20)
+
+
+def test_fit_is_offered_where_shrinking_the_longest_request_helps() -> None:
+    spec = load_model_spec("deepseek-v4-flash", kv_dtype="fp8")
+    limits = ServingLimits(max_batch_size=16, max_seq_len=1 << 20)
+    with pytest.raises(InfeasiblePlanError) as e:
+        plan_pools(spec, limits, kv_memory_bytes=2 * 2**30)
+    assert e.value.constraint == "longest_decode" and "--fit" in str(e.value)
+    plan = plan_pools(spec, limits, kv_memory_bytes=2 * 2**30, fit=True)
+    assert plan.total_bytes <= 2 * 2**30

@@ -33,8 +33,9 @@ class InfeasiblePlanError(KvpoolError):
     """The memory budget cannot hold a constraint's pages.
 
     Attributes name what failed and what would fit: `constraint`, `group`,
-    `short_pages` (pages missing in `group`), `max_batch_size` and
-    `max_seq_len` (the largest values that would fit, 0 if none).
+    `short_pages` (pages missing in `group`), `max_batch_size`, `max_seq_len`
+    and `max_num_tokens` (the largest values that would fit, each with the
+    others unchanged; 0 if none).
     """
 
     def __init__(
@@ -46,10 +47,12 @@ class InfeasiblePlanError(KvpoolError):
         short_pages: int = 0,
         max_batch_size: int = 0,
         max_seq_len: int = 0,
+        max_num_tokens: int = 0,
     ):
         super().__init__(message)
         self.constraint, self.group, self.short_pages = constraint, group, short_pages
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        self.max_num_tokens = max_num_tokens
 
 
 class OutOfPagesError(KvpoolError):

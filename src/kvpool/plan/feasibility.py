@@ -9,6 +9,7 @@ the longest that fits.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
@@ -182,15 +183,24 @@ def infeasible(
     best_b = largest_fitting(1, limits.max_batch_size, lambda b: fits_with(max_batch_size=b))
     best_l = largest_fitting_length(1, limits.max_seq_len, spec.tokens_per_block,
                                     lambda n: fits_with(max_seq_len=n))
+    best_n = 0
+    if limits.max_num_tokens is not None:  # the context constraint grows with N
+        best_n = max(0, largest_fitting(1, limits.max_num_tokens, lambda n: floors_fit(
+            spec, build(dataclasses.replace(limits, max_num_tokens=n)), budget)))
     what = ", ".join(f"{n}x{s.capacity}/{s.history}" for s, n in _runs(constraint.batch))
-    hint = "" if fit else "; or pass --fit to shrink its longest request"
+    hints = [f"largest max_batch_size that fits: {best_b or 'none'}",
+             f"largest max_seq_len that fits: {best_l or 'none'}"]
+    if limits.max_num_tokens is not None:
+        hints.append(f"largest max_num_tokens that fits: {best_n or 'none'}")
+    # offer --fit only where shrinking the longest request would find an answer
+    if not fit and shrink_longest(spec, constraint, floors, budget) is not None:
+        hints.append("or pass --fit to shrink its longest request")
     return InfeasiblePlanError(
         f"budget {format_bytes(budget)} cannot hold constraint '{constraint.name}' "
         f"[{what} capacity/history]: group '{group.name}' is {short} pages "
-        f"({format_bytes(excess)}) short; largest max_batch_size that fits: "
-        f"{best_b or 'none'}, largest max_seq_len that fits: {best_l or 'none'}{hint}",
+        f"({format_bytes(excess)}) short; {'; '.join(hints)}",
         constraint=constraint.name, group=group.name, short_pages=short,
-        max_batch_size=max(best_b, 0), max_seq_len=max(best_l, 0),
+        max_batch_size=max(best_b, 0), max_seq_len=max(best_l, 0), max_num_tokens=best_n,
     )
 
 
