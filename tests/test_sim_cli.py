@@ -110,6 +110,8 @@ def test_pool_ratio_flag_is_a_ratio_policy(cli, small_trace: str) -> None:  # ty
 
 @pytest.mark.parametrize("args", [
     ["--sweep-ratio", "nope"],                                   # unknown group
+    ["--plot", "/tmp/kvpool-plot.txt"],                          # a type matplotlib cannot write
+    ["--plot", "/nonexistent-folder/plot.png"],
     ["--compare", "reference,typical", "--avg-seq-len", "4096",  # typical's context floor
      "--max-num-tokens", "1000000", "--max-seq-len", "1000000"],  # cannot fit 1 GiB
 ])

@@ -157,6 +157,10 @@ def run(args: argparse.Namespace) -> int:
     bar = ProgressBar(not args.quiet)
     notes: list[str] = []
 
+    if args.plot:  # a bad plot path should not cost every run
+        from kvpool.sim.plot import check_target
+
+        check_target(args.plot)
     group = None
     shares: list[float] = []
     if args.sweep_ratio:  # checked before anything runs: a typo should not cost a whole run

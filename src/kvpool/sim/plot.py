@@ -22,6 +22,18 @@ def _pyplot() -> Any:
     return plt
 
 
+def check_target(path: str | Path) -> None:
+    """Raise KvpoolError now, before any run, if `path` cannot be written as a
+    plot (matplotlib missing, or a file type it does not write)."""
+    kinds = _pyplot().gcf().canvas.get_supported_filetypes()
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in kinds:
+        raise KvpoolError(f"--plot {path}: cannot write a .{suffix or '(no suffix)'} file; "
+                          f"use one of .{', .'.join(sorted(kinds))}")
+    if not Path(path).resolve().parent.is_dir():
+        raise KvpoolError(f"--plot {path}: folder {Path(path).parent} does not exist")
+
+
 def plot_runs(path: str | Path, runs: Sequence[SimResult], *, title: str = "",
               sweep_group: str | None = None, sweep: Sequence[tuple[float, SimResult]] = ()) -> Path:
     """Write a PNG to `path` (side effect). With a sweep: output tokens/s against
