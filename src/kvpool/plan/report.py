@@ -29,10 +29,10 @@ def plan_warnings(plan: PoolPlan) -> tuple[str, ...]:
         per = graph_padding_pages(plan, g.name)
         if graph * per > g.pages:
             out.append(
-                f"group '{g.name}' holds {g.pages // per} decodes of {per} pages each but the "
+                f"group '{g.name}' holds {g.pages // per} decodes of {per} page{'s' * (per != 1)} each but the "
                 f"largest CUDA-graph batch is {graph}: padded decode batches may not fit and "
-                "fall back to eager mode (raise its share, lower the graph batch sizes, or "
-                "drop avg_seq_len)"
+                "fall back to eager mode (raise its share or lower the graph batch sizes"
+                + (", or drop avg_seq_len)" if plan.limits.avg_seq_len is not None else ")")
             )
     longest = decode_shape(plan.limits.max_seq_len, plan.limits)
     if plan.max_requests(longest) == 0:
