@@ -8,6 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpool.cache import CacheUsageError, KVCacheManager, SkippedShape
+from kvpool.plan import PoolPlan, ServingLimits
+from kvpool.spec import LayerGroup, ModelSpec
 from test_cache_factories import assert_unchanged, full_spec, hybrid_spec, manager, snapshot
 
 
@@ -137,6 +139,50 @@ def test_query_is_page_exact(tpb: int, draft: int, extra: int, window: int, batc
         assert not allocates(answer + tpb), f"answer {answer} + one page allocates"
     longer = [t for t in range(answer + 1, max_seq_len + 1) if allocates(t)]
     assert not longer, f"answer {answer} but {longer[:3]} allocate"
+
+
+def bounded_spec(tpb: int, w1: int, w2: int, chunk: int) -> ModelSpec:
+    """Only bounded groups: two sliding windows and a chunked group (the query
+    then has no growing group to bisect and relies on its scan)."""
+    groups = (
+        LayerGroup("sliding_a", "sliding", (0,), tpb, row_bytes=8, window=w1),
+        LayerGroup("sliding_b", "sliding", (1,), tpb, row_bytes=16, window=w2),
+        LayerGroup("chunked", "chunked", (2,), tpb, row_bytes=8, window=chunk),
+    )
+    return ModelSpec("bounded", "test", groups, tpb, "bf16", 1, 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(tpb=st.sampled_from([1, 4, 8, 16]), draft=st.integers(0, 3), w1=st.integers(1, 60),
+       w2=st.integers(1, 120), chunk=st.integers(1, 100), batch=st.integers(1, 3),
+       pages=st.tuples(st.integers(0, 30), st.integers(0, 30), st.integers(0, 30)),
+       max_seq_len=st.integers(1, 400))
+def test_query_is_exact_with_only_bounded_groups(tpb: int, draft: int, w1: int, w2: int, chunk: int,
+                                                 batch: int, pages: tuple[int, int, int],
+                                                 max_seq_len: int) -> None:
+    plan = PoolPlan.from_pages(bounded_spec(tpb, w1, w2, chunk),
+                               dict(zip(("sliding_a", "sliding_b", "chunked"), pages, strict=True)),
+                               ServingLimits(max_batch_size=8, max_seq_len=max_seq_len))
+    m = KVCacheManager(plan)
+    answer = m.max_generation_length(batch, draft)
+
+    def allocates(token_num: int) -> bool:
+        shorts = m.add_dummy_requests(batch - 1, 1, draft) if batch > 1 else []
+        longest = m.add_dummy_requests(1, token_num, draft) if shorts is not None else None
+        for rid in (shorts or []) + (longest or []):
+            m.free(rid)
+        return shorts is not None and longest is not None
+
+    fitting = [t for t in range(1, max_seq_len + 1) if allocates(t)]
+    assert answer == max(fitting, default=0), f"answer {answer}, brute force {fitting[-3:]}"
+
+
+def test_query_is_fast_when_a_window_pool_is_empty_at_a_million_tokens() -> None:
+    # used to scan a million lengths one by one; the answer (0) is the same
+    plan = PoolPlan.from_pages(bounded_spec(128, 128, 256, 8192),
+                               {"sliding_a": 0, "sliding_b": 5, "chunked": 100},
+                               ServingLimits(max_batch_size=8, max_seq_len=1 << 20))
+    assert KVCacheManager(plan).max_generation_length(1) == 0
 
 
 def test_manager_signature_matches_the_issue() -> None:

@@ -9,6 +9,7 @@ fits. A context dummy of `token_num` has capacity `token_num + E`, history 0.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -88,10 +89,40 @@ def max_generation_length(mgr: KVCacheManager, batch_size: int, draft_len: int =
     bounded_fit = [g for g in bounded
                    if (decode_worst_case_pages(g, headroom) or 0) <= free[g.name]]
     rest = [g for g in bounded if g not in bounded_fit]
-    for token_num in range(lo, 0, -1):
+    if not rest or fits(rest, lo):
+        return lo
+    # A bounded group's need repeats with a period once its window is full
+    # (tpb for sliding(W) from W on, lcm(C, tpb) for chunked(C) everywhere) and
+    # only grows with length before any page is stale (up to W + tpb - 1, or C).
+    # So: scan one period below `lo` where every group repeats (nothing there
+    # means nothing longer fits either), then the stretch between the two
+    # regions, then bisect. Fast at million-token limits, exact everywhere.
+    tpb = mgr.tokens_per_block
+    period, periodic_from, monotone_to = 1, 1, lo
+    for g in rest:
+        if g.kind in ("sliding", "chunked"):
+            assert g.window is not None
+            sliding = g.kind == "sliding"
+            period = math.lcm(period, tpb if sliding else math.lcm(g.window, tpb))
+            periodic_from = max(periodic_from, g.window if sliding else 1)
+            monotone_to = min(monotone_to, g.window + tpb - 1 if sliding else g.window)
+    top = lo - 1
+    if lo - period >= periodic_from:
+        for token_num in range(top, lo - period, -1):
+            if fits(rest, token_num):
+                return token_num
+        top = periodic_from - 1
+    for token_num in range(top, monotone_to, -1):
         if fits(rest, token_num):
             return token_num
-    return 0
+    low, high = 0, min(top, monotone_to)  # 0 = none fits
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(rest, mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 @dataclass(frozen=True)
