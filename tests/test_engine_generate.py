@@ -100,6 +100,28 @@ def test_reuse_hit_exact() -> None:
     assert_no_leak(engine)
 
 
+@pytest.mark.parametrize("speculate", [0, 3])
+def test_any_of_several_eos_ids_stops_like_transformers(speculate: int) -> None:
+    # Llama 3 instruct checkpoints list several stop ids: generation must end at
+    # the first of any of them (it used to stop only at the first listed id).
+    model, hf, config = tiny("llama")
+    prompt = prompts()[3]
+    free_run = reference("llama", tuple(prompt))[0]
+    stop = free_run[2]
+    assert stop not in free_run[:2]
+    eos = [255 if stop != 255 else 254, stop]  # the first id is never generated early
+    ids = torch.tensor([prompt])
+    want = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                       max_new_tokens=MAX_NEW, pad_token_id=0, eos_token_id=eos)[0, len(prompt):].tolist()
+    assert want == free_run[:3]
+    plan = manual_plan(tiny_spec(config), 100, max_batch_size=8, max_seq_len=64, max_num_tokens=16,
+                       max_draft_len=3)
+    engine = Engine(model, plan, speculate=speculate)
+    out = engine.generate([prompt], MAX_NEW, eos_token_id=eos)[0]
+    assert_same_tokens(out.output_ids, want, "several eos ids")
+    assert_no_leak(engine)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_speculative_parity(arch: str) -> None:
     engine = run_engine(arch, speculate=3)

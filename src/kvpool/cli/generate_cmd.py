@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             tokenizer = _tokenizer(args.model_dir)
     prompts = _prompts(args, tokenizer)
     engine = _engine(args, model, config, prompts)
-    outputs = engine.generate(prompts, args.max_new_tokens, eos_token_id=model.cfg.eos_token_id)
+    outputs = engine.generate(prompts, args.max_new_tokens, eos_token_id=model.cfg.eos_token_ids or None)
     kv = engine.kv_report()
     if args.json:
         print_json({"requests": [{"prompt_ids": o.prompt_ids, "output_ids": o.output_ids} for o in outputs],

@@ -103,7 +103,7 @@ class ArchConfig:
     mlp_bias: bool = False
     final_logit_softcap: float | None = None
     attn_logit_softcap: float | None = None
-    eos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()  # every stop id (config.json, generation_config.json)
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> ArchConfig:
@@ -136,8 +136,7 @@ class ArchConfig:
         gemma = arch == "gemma3"
         ropes = cls._ropes(config, types, gemma)
         eos = config.get("eos_token_id")
-        if isinstance(eos, list):
-            eos = eos[0] if eos else None
+        eos_ids = tuple(int(t) for t in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
         return cls(
             arch=arch,
             vocab_size=int(config["vocab_size"]),
@@ -159,7 +158,7 @@ class ArchConfig:
             mlp_bias=bool(config.get("mlp_bias", False)),
             final_logit_softcap=config.get("final_logit_softcapping"),
             attn_logit_softcap=config.get("attn_logit_softcapping"),
-            eos_token_id=int(eos) if eos is not None else None,
+            eos_token_ids=eos_ids,
         )
 
     @staticmethod

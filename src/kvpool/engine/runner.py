@@ -102,8 +102,10 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
 
-    def add(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: int | None = None) -> int:
-        """Queue one request (FCFS); returns its request id."""
+    def add(self, prompt_ids: Sequence[int], max_new_tokens: int,
+            eos_token_id: int | Sequence[int] | None = None) -> int:
+        """Queue one request (FCFS); returns its request id. `eos_token_id`: one
+        stop id or several."""
         if not prompt_ids:
             raise EngineError("a prompt needs at least one token")
         if max_new_tokens < 1:
@@ -118,14 +120,15 @@ class Engine:
         rid = self._next_rid
         self._next_rid += 1
         seq = SchedSequence(rid=rid, prompt_ids=[int(t) for t in prompt_ids], max_new_tokens=max_new_tokens,
-                            eos_token_id=eos_token_id)
+                            eos_token_id=eos_token_id if eos_token_id is None or isinstance(
+                                eos_token_id, int) else tuple(int(t) for t in eos_token_id))
         self._seqs[rid] = seq
         self._outputs[rid] = Output(rid, list(seq.prompt_ids), [])
         self.scheduler.add(seq)
         return rid
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 eos_token_id: int | None = None) -> list[Output]:
+                 eos_token_id: int | Sequence[int] | None = None) -> list[Output]:
         """Greedy-generate every prompt; returns outputs in prompt order and
         checks the manager's integrity (no leaked pages) at the end."""
         rids = [self.add(p, max_new_tokens, eos_token_id) for p in prompts]
@@ -228,8 +231,9 @@ class Engine:
                 break
         room = seq.max_new_tokens - len(seq.output_ids)
         accepted = accepted[:room]
-        if seq.eos_token_id is not None and seq.eos_token_id in accepted:
-            accepted = accepted[:accepted.index(seq.eos_token_id) + 1]
+        stops = [i for i, t in enumerate(accepted) if t in seq.stop_ids]
+        if stops:
+            accepted = accepted[:stops[0] + 1]
         return accepted
 
     def _padding_rows(self, step: Step) -> list[Row]:

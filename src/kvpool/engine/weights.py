@@ -121,6 +121,16 @@ def load_folder(path: str | Path, dtype: torch.dtype | None = None,
         raise EngineError(f"{folder} has no config.json") from None
     except (OSError, json.JSONDecodeError) as e:
         raise EngineError(f"cannot read {folder / 'config.json'}: {e}") from None
+    generation = folder / "generation_config.json"
+    if generation.is_file():  # stop ids often live here (Llama 3 instruct lists three)
+        try:
+            eos = json.loads(generation.read_text()).get("eos_token_id")
+        except (OSError, json.JSONDecodeError) as e:
+            raise EngineError(f"cannot read {generation}: {e}") from None
+        if eos is not None:
+            ids = [config.get("eos_token_id")] + (eos if isinstance(eos, list) else [eos])
+            flat = [t for x in ids if x is not None for t in (x if isinstance(x, list) else [x])]
+            config["eos_token_id"] = sorted(set(flat))
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise EngineError(f"{folder} has no *.safetensors weights")

@@ -47,7 +47,7 @@ def advance_decodes(sched: Scheduler, step: Step, steps: int, token: int, *,
     finished requests free theirs (to measure peak usage)."""
     if steps < 2 or steps > decode_run_limit(sched, step):
         return None
-    if any(s.eos_token_id == token for s, _ in step.decodes):
+    if any(token in s.stop_ids for s, _ in step.decodes):
         return None
     rows = len(step.decodes)
     for g in _groups(sched):

@@ -355,7 +355,7 @@ class Scheduler:
     def _append(self, seq: Sequence, tokens: list[int]) -> bool:
         """Append sampled tokens up to a stop; True when `seq` finished."""
         out = seq.output_ids
-        if len(tokens) == 1 and tokens[0] != seq.eos_token_id:  # the common decode step
+        if len(tokens) == 1 and tokens[0] not in seq.stop_ids:  # the common decode step
             out.append(tokens[0])
             n = len(out)
             if n < seq.max_new_tokens and seq.prompt_len + n < self.limits.max_seq_len:
@@ -365,7 +365,7 @@ class Scheduler:
         reason = None
         for t in tokens[:room]:
             out.append(t)
-            if t == seq.eos_token_id:
+            if t in seq.stop_ids:
                 reason = "stop"
                 break
         if reason is None:

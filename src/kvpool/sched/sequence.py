@@ -27,7 +27,7 @@ class Sequence:
     rid: int
     prompt_ids: list[int]
     max_new_tokens: int
-    eos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None  # one stop id or several (Llama 3 lists 3)
     arrival_s: float = 0.0
     salt: int | None = None
     output_ids: list[int] = field(default_factory=list)
@@ -39,9 +39,12 @@ class Sequence:
     first_token_s: float | None = None
     finish_s: float | None = None
     prompt_len: int = field(init=False, repr=False)  # len(prompt_ids); the prompt never changes
+    stop_ids: frozenset[int] = field(init=False, repr=False)  # eos_token_id as a set
 
     def __post_init__(self) -> None:
         self.prompt_len = len(self.prompt_ids)
+        eos = self.eos_token_id
+        self.stop_ids = frozenset(() if eos is None else (eos,) if isinstance(eos, int) else eos)
 
     @property
     def num_tokens(self) -> int:
