@@ -134,6 +134,17 @@ def test_extra_kv_tokens_and_drafts_reserve_capacity() -> None:
     assert step is not None and mgr.capacity(1) == 9 + 1 + 2 and mgr.history(1) == 9
 
 
+def test_drafts_shrink_to_the_token_budget_instead_of_dropping_the_row() -> None:
+    # budget 2 tokens per step, 3 drafts asked: the row decodes with 1 draft
+    # (1 + 1 = 2 tokens); it used to be skipped, leaving an empty step forever
+    mgr, sched = make({"full": 100}, max_draft_len=3, max_num_tokens=2)
+    sched.add(seq(1, 2, 10))
+    run_step(sched, sched.schedule())  # type: ignore[arg-type]
+    step = sched.schedule(draft_lens={1: 3})
+    assert step is not None and not step.is_empty
+    assert [(s.rid, k) for s, k in step.decodes] == [(1, 1)] and step.num_tokens == 2
+
+
 def test_decode_must_accept_between_one_and_k_plus_one_tokens() -> None:
     _, sched = make({"full": 100}, max_draft_len=2)
     sched.add(seq(1, 4, 10))

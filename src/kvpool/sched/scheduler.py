@@ -151,7 +151,8 @@ class Scheduler:
             k = 0
             if draft_lens:
                 room = seq.max_new_tokens - len(seq.output_ids) - 1
-                k = max(0, min(draft_lens.get(seq.rid, 0), limits.max_draft_len, room))
+                # drafts only take what the token budget leaves: fewer, not none
+                k = max(0, min(draft_lens.get(seq.rid, 0), limits.max_draft_len, room, budget - 1))
             if 1 + k > budget:
                 continue
             rows.append((seq, k))
