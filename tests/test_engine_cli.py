@@ -83,6 +83,7 @@ def test_user_errors_exit_2(cli, tmp_path: Path) -> None:  # type: ignore[no-unt
         (("generate", "--tiny", "llama", "--prompt-ids", "1,999"), "outside the vocabulary"),
         (("generate", "--tiny", "llama", "--prompt-ids", "1", "--kv-memory", "lots"), "cannot read size"),
         (("generate", "--tiny", "llama", "--prompt-ids", "1", "--speculate", "-1"), "--speculate"),
+        (("generate", "--tiny", "llama", "--prompt-ids", "1", "--device", "nope"), "not a torch device"),
     ]
     for args, message in cases:
         code, out, err = cli(*args)
@@ -90,6 +91,14 @@ def test_user_errors_exit_2(cli, tmp_path: Path) -> None:  # type: ignore[no-unt
         assert message in err, (args, err)
         assert len(err.strip().splitlines()) == 1, err
         assert out == ""
+
+
+def test_text_prompt_on_a_folder_without_tokenizer_is_one_line(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _, hf, config = tiny("qwen3")
+    folder = save_folder(hf, config, tmp_path / "qwen3")
+    code, out, err = cli("generate", str(folder), "--prompt", "hello world")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "no tokenizer" in err and "--prompt-ids" in err
 
 
 def test_prompts_keep_command_line_order_and_folder_tokenizer(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

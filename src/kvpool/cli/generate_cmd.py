@@ -4,6 +4,7 @@ engine, KV in kvpool pages."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from kvpool.cli.common import add_json_arg, positive_int, print_json, table
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from kvpool.engine import weights
 
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+    _check_device(torch, args.device)
     tokenizer = None
     if args.tiny:
         config = weights.tiny_config(args.tiny)
@@ -107,13 +109,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_device(torch: Any, name: str) -> None:
+    """One clear line for a device this torch build cannot use."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise KvpoolError(f"--device {name!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise KvpoolError(f"--device {name}: this torch build sees no CUDA device; use --device cpu")
+
+
+# Files a Hugging Face tokenizer is loaded from; a folder with none has no tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def _tokenizer(folder: str) -> Any:
+    if not any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
+        raise KvpoolError(f"{folder} has no tokenizer ({', '.join(TOKENIZER_FILES)}); use --prompt-ids")
     try:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except Exception as e:  # any loader failure is a problem with the folder
-        raise KvpoolError(f"cannot load a tokenizer from {folder}: {e}; use --prompt-ids") from None
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise KvpoolError(f"cannot load a tokenizer from {folder}: {first}; use --prompt-ids") from None
+    if len(tokenizer) == 0:
+        raise KvpoolError(f"the tokenizer in {folder} is empty; use --prompt-ids")
+    return tokenizer
 
 
 def _engine(args: argparse.Namespace, model: Any, config: dict[str, Any], prompts: list[list[int]]) -> Any:

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from kvpool import presets
-from kvpool.cli.common import add_json_arg, positive_int, print_json, table
+from kvpool.cli.common import add_json_arg, int_at_least, positive_int, print_json, table
 from kvpool.cli.plan_args import add_plan_args, limits_from_args, parse_pool_ratio, spec_for_plan
 from kvpool.errors import KvpoolError
 from kvpool.presets.traces import load_trace
@@ -56,7 +56,7 @@ def register(sub: Any) -> None:
                         "has none); 'inf' sends all at time 0; default: the trace's own times")
     s.add_argument("--max-requests", type=positive_int, default=None, metavar="N",
                    help="only the first N requests of the trace")
-    s.add_argument("--seed", type=int, default=0, help="seed of Poisson arrivals (default 0)")
+    s.add_argument("--seed", type=int_at_least(0), default=0, help="seed of Poisson arrivals (default 0)")
     s.add_argument("--no-padding-reservation", action="store_true",
                    help="no persistent CUDA-graph padding dummies: allocate one per padded step "
                         "(as engines that allocate it lazily do); it fails when the pool is full")
