@@ -134,3 +134,41 @@ def test_paged_equals_dense_for_any_chunking(arch: str, tpb: int, chunks: list[i
                 store.group_of_layer[layer], store.layer(layer), q, k, v, model.cfg.attn_scale)))
             start += n
     assert_close_logits(torch.cat(logits), model.dense_logits(ids), f"{arch} tpb {tpb} chunks {chunks}")
+
+
+def test_qwen2_qkv_biases_load_and_match_transformers() -> None:
+    # Qwen2 has q/k/v biases (no attention_bias field) and no o_proj bias; they
+    # used to be dropped silently and the tokens differed from transformers.
+    from kvpool.engine.runner import Engine
+    from kvpool.engine.weights import from_state_dict, hf_model, tiny_config
+    from kvpool.plan import PoolPlan, ServingLimits
+    from kvpool.spec import load_model_spec
+
+    config = tiny_config("mistral") | {"model_type": "qwen2", "use_sliding_window": False,
+                                       "sliding_window": None}
+    hf = hf_model(config, seed=3)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    model = from_state_dict(config, hf.state_dict())
+    prompt = list(range(5, 14))
+    ids = torch.tensor([prompt])
+    want = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
+                       pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+    spec = load_model_spec(config, tokens_per_block=4)
+    plan = PoolPlan.from_pages(spec, {g.name: 40 for g in spec.groups},
+                               ServingLimits(max_batch_size=4, max_seq_len=64, max_num_tokens=16))
+    got = Engine(model, plan).generate([prompt], 12)[0].output_ids
+    assert got == want, (got, want)
+
+
+def test_unknown_decoder_tensors_are_refused_not_dropped() -> None:
+    from kvpool.engine.arch import EngineError
+    from kvpool.engine.weights import from_state_dict, hf_model, tiny_config
+
+    config = tiny_config("llama")
+    state = dict(hf_model(config).state_dict())
+    state["model.layers.0.self_attn.o_proj.bias"] = torch.zeros(64)
+    with pytest.raises(EngineError, match="does not implement"):
+        from_state_dict(config, state)

@@ -100,6 +100,7 @@ class ArchConfig:
     gemma: bool = False  # (1+w) norms, sandwich norms, sqrt(hidden) embedding scale
     tie_word_embeddings: bool = False
     attention_bias: bool = False
+    qkv_bias: bool = False  # Qwen2: q/k/v projections have a bias, o_proj none
     mlp_bias: bool = False
     final_logit_softcap: float | None = None
     attn_logit_softcap: float | None = None
@@ -155,6 +156,7 @@ class ArchConfig:
             gemma=gemma,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", gemma)),
             attention_bias=bool(config.get("attention_bias", False)),
+            qkv_bias=bool(config.get("attention_bias", False)) or config.get("model_type") == "qwen2",
             mlp_bias=bool(config.get("mlp_bias", False)),
             final_logit_softcap=config.get("final_logit_softcapping"),
             attn_logit_softcap=config.get("attn_logit_softcapping"),

@@ -55,9 +55,9 @@ class Attention(nn.Module):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
-        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.attention_bias)
+        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=cfg.attention_bias)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.gemma) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.gemma) if cfg.qk_norm else None

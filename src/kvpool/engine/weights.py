@@ -59,7 +59,7 @@ def hf_model(config: Mapping[str, Any], seed: int = 0) -> Any:
 
     classes = {
         "llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-        "mistral": ("MistralConfig", "MistralForCausalLM"),
+        "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
         "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
     }
     if config.get("model_type") not in classes:
@@ -80,6 +80,7 @@ def from_state_dict(config: Mapping[str, Any], state: Mapping[str, torch.Tensor]
     model = DecoderLM(cfg)
     wanted = set(model.state_dict())
     clean: dict[str, torch.Tensor] = {}
+    unused: list[str] = []
     for key, tensor in state.items():
         for prefix in _PREFIXES:
             if key.startswith(prefix):
@@ -87,9 +88,16 @@ def from_state_dict(config: Mapping[str, Any], state: Mapping[str, torch.Tensor]
                 break
         if key in wanted:
             clean[key] = tensor
+        elif key.startswith(("model.layers.", "model.norm")) and not key.endswith("inv_freq"):
+            # a decoder tensor this model does not use would change its output:
+            # refuse rather than drop it silently
+            unused.append(key)
     missing = sorted(wanted - set(clean))
     if missing:
         raise EngineError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    if unused:
+        raise EngineError(f"checkpoint has {len(unused)} decoder tensors the reference engine does "
+                          f"not implement, e.g. {sorted(unused)[:3]}")
     try:
         model.load_state_dict(clean, strict=True)
     except RuntimeError as e:
