@@ -98,6 +98,17 @@ def test_warmup_reports_captured_and_skipped_shapes() -> None:
     assert m.warmup([1], (0, 2)).padding == report.padding  # idempotent reservation
 
 
+def test_no_padding_dummy_when_every_batch_size_has_its_graph() -> None:
+    # B = 2 and graphs for 1 and 2: no decode batch is ever padded, so a
+    # reserved dummy would only take pages from real requests
+    m = manager(full_spec(tpb=16), {"full": 4}, max_batch_size=2)
+    report = m.warmup([1, 2], draft_lens=(0, 3))
+    assert report.captured == [(1, 0), (2, 0), (1, 3), (2, 3)]
+    assert report.padding == {0: None, 3: None} and report.padding_short == {}
+    assert report.reserved_pages == {"full": 0} and m.free_pages("full") == 4
+    assert m.warmup([1], draft_lens=(0,)).reserved_pages == {"full": 1}  # b = 2 not captured
+
+
 def test_warmup_reports_a_padding_dummy_that_does_not_fit() -> None:
     m = manager(full_spec(tpb=16), {"full": 1})
     report = m.warmup([1], draft_lens=(0, 2))

@@ -144,8 +144,9 @@ class WarmupReport:
     `lengths[(b, d)]`: the token_num of the longest dummy of a captured shape;
     `skipped`: the shapes that did not fit and why; `padding`: draft length ->
     id of the persistent padding dummy (a minimal generation dummy kept
-    allocated; pad a decode batch by repeating that id) or None when it could
-    not be reserved; `reserved_pages`: pages those dummies hold per group.
+    allocated; pad a decode batch by repeating that id) or None when none is
+    needed (every batch size 1..B captured) or it could not be reserved (then
+    `padding_short[d]` says which group lacked pages); `reserved_pages`: pages those dummies hold per group.
     """
 
     captured: list[tuple[int, int]]
@@ -206,7 +207,11 @@ def warmup(mgr: KVCacheManager, batch_sizes: Iterable[int],
                 mgr.free(rid)
     padding: dict[int, int | None] = {}
     padding_short = {}
+    every_size = set(range(1, mgr.limits.max_batch_size + 1))
     for d in drafts:
+        if {b for b, dd in captured if dd == d} >= every_size:
+            padding[d] = None  # every batch size has its own graph: nothing is ever padded
+            continue
         padding[d] = mgr.reserve_padding_dummy(d)
         if padding[d] is None:
             padding_short[d] = shortfall(mgr, [dummy_shape(1, d, extra)])

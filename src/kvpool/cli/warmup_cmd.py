@@ -60,8 +60,12 @@ def render(report: WarmupReport, batch_sizes: tuple[int, ...], drafts: tuple[int
     n_skipped = len(report.skipped)
     lines.append(f"\n{len(report.captured)} of {len(report.captured) + n_skipped} shapes captured"
                  + (f", {n_skipped} would run eager" if n_skipped else ""))
-    pads = ", ".join(f"draft {d}: {'request ' + str(r) if r is not None else 'NOT RESERVED'}"
-                     for d, r in report.padding.items())
+    def pad(d: int, rid: int | None) -> str:
+        if rid is not None:
+            return f"draft {d}: request {rid}"
+        return f"draft {d}: {'NOT RESERVED' if d in report.padding_short else 'not needed'}"
+
+    pads = ", ".join(pad(d, r) for d, r in report.padding.items())
     reserved = ", ".join(f"{g} {n}" for g, n in report.reserved_pages.items())
     lines.append(f"padding dummies ({pads}) reserve pages: {reserved}")
     for d, short in report.padding_short.items():
