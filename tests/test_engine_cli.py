@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from engine_helpers import assert_same_tokens, tiny
@@ -138,3 +139,12 @@ def test_hybrid_kv_memory_splits_by_the_requests(cli) -> None:  # type: ignore[n
     assert data["kv"]["preemptions"] > 0
     for req, p in zip(data["requests"], prompts, strict=True):
         assert_same_tokens(req["output_ids"], hf_greedy("gemma3", list(p.encode()), 16), "cli hybrid")
+
+
+def test_generate_without_the_engine_extra_says_what_to_install(  # type: ignore[no-untyped-def]
+        cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
+    code, out, err = cli("generate", "--tiny", "llama", "--prompt-ids", "1,2")
+    assert code == 2 and out == "" and "kvpool[engine]" in err and len(err.splitlines()) == 1, err

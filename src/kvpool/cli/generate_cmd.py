@@ -75,7 +75,12 @@ def run(args: argparse.Namespace) -> int:
         raise KvpoolError("give a MODEL_DIR or --tiny ARCH (exactly one)")
     if args.speculate < 0:
         raise KvpoolError(f"--speculate must be >= 0, got {args.speculate}")
-    import torch
+    try:
+        import torch
+        import transformers  # noqa: F401  (tiny models and tokenizers come from it)
+    except ImportError as e:
+        raise KvpoolError(f"kvpool generate needs the engine extra ({e.name} is missing): "
+                          "pip install 'kvpool[engine]'") from None
 
     from kvpool.engine import weights
 
