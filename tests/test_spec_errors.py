@@ -85,3 +85,9 @@ def test_compressed_ratio_must_divide_page() -> None:
 def test_malformed_field_value() -> None:
     with pytest.raises(SpecError, match="malformed"):
         load_model_spec(attention_config(num_key_value_heads="many"))
+
+
+def test_short_no_rope_layers_is_named() -> None:
+    cfg = attention_config(attention_chunk_size=64, no_rope_layers=[1, 1])
+    with pytest.raises(SpecError, match="no_rope_layers has 2 entries for 4 layers"):
+        load_model_spec(cfg)

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import attention_config
 from kvpool import load_model_spec
-from kvpool.presets import model_names
+from kvpool.presets import load_model_config, model_names
 from kvpool.spec import LayerGroup, ModelSpec
 
 
@@ -199,3 +199,13 @@ def test_every_preset_loads(name: str) -> None:
     spec = load_model_spec(name)
     assert spec.groups and all(g.slot_bytes > 0 for g in spec.groups)
     assert all(0 <= i < spec.num_layers for g in spec.groups for i in g.layers)
+
+
+def test_gemma2_released_config_without_layer_types_alternates() -> None:
+    # the config Google released has no layer_types; transformers alternates
+    # (even layers sliding, odd layers global): 21 + 21 of the 42 layers
+    cfg = {k: v for k, v in load_model_config("gemma-2-9b").items() if k != "layer_types"}
+    for marker in ({"model_type": "gemma2"}, {}):  # the preset keeps cache_implementation=hybrid
+        g = groups_by_name(load_model_spec({**cfg, **marker}))
+        assert g["sliding"].layers == tuple(range(0, 42, 2)), marker
+        assert g["full"].layers == tuple(range(1, 42, 2)), marker

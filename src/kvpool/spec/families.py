@@ -94,9 +94,15 @@ def layer_types(config: Config) -> list[str]:
         rope = config.get("no_rope_layers") or [
             int((i + 1) % int(config.get("no_rope_layer_interval", 4)) != 0) for i in range(n)
         ]
+        if len(rope) < n:
+            raise SpecError(f"no_rope_layers has {len(rope)} entries for {n} layers")
         return ["chunked_attention" if rope[i] else "full_attention" for i in range(n)]
     if config.get("use_sliding_window") is False or not config.get("sliding_window"):
         return ["full_attention"] * n
+    if config.get("model_type") == "gemma2" or config.get("cache_implementation") == "hybrid":
+        # Gemma 2's released config has no layer_types: transformers alternates,
+        # even layers sliding and odd layers global.
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
     if "max_window_layers" in config and config.get("use_sliding_window"):
         # Qwen2/3 style: layers from `max_window_layers` on use the window.
         m = int(config["max_window_layers"])

@@ -109,7 +109,7 @@ def load_model_spec(
     try:
         caches = rule(config, ctx)
         num_layers = int(config.get("num_hidden_layers") or 0)
-    except (TypeError, ValueError, KeyError) as e:
+    except (TypeError, ValueError, KeyError, IndexError) as e:
         if isinstance(e, SpecError):
             raise
         raise SpecError(f"config of {name} has a malformed field: {e}") from None
