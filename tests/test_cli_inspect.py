@@ -82,3 +82,15 @@ def test_gpu_names_are_case_insensitive() -> None:
     from kvpool.presets import load_gpu
 
     assert load_gpu("H200").key == load_gpu("h200").key == "h200"
+
+
+def test_a_reader_that_leaves_early_is_not_an_error(cli, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    # `kvpool inspect ... --json | head -1`: the pipe closes under the writer
+    import kvpool.cli.inspect_cmd as cmd
+
+    def closed_pipe(obj: object) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cmd, "print_json", closed_pipe)
+    code, _, err = cli("inspect", "qwen3-8b", "--json")
+    assert code == 0 and err == ""

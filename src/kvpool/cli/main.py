@@ -7,6 +7,7 @@ Set KVPOOL_DEBUG=1 to see tracebacks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -57,6 +58,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kvpool: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader left (`kvpool ... | head`): not an error. Point stdout at
+        # devnull so that the interpreter's final flush does not fail again.
+        with contextlib.suppress(OSError, ValueError):  # stdout may not be a real file
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:  # an internal failure: say so, keep the traceback opt-in
         if os.environ.get("KVPOOL_DEBUG"):
             raise
