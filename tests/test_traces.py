@@ -170,3 +170,33 @@ def test_missing_file_and_unknown_name() -> None:
 def test_bad_rate(rate: float) -> None:
     with pytest.raises(TraceError, match="rate must be positive"):
         make(2, None).with_rate(rate)
+
+
+def test_error_line_numbers_count_blank_lines(tmp_path: Path) -> None:
+    path = write(tmp_path, "b.csv", "prompt_len,output_len\n100,10\n\n\n200,x\n")
+    with pytest.raises(TraceError, match=r"b\.csv:5: output length"):
+        load_trace(path)
+
+
+def test_excel_bom_and_trailing_commas(tmp_path: Path) -> None:
+    bom = write(tmp_path, "bom.csv", "\ufeffprompt_len,output_len\n100,10\n")
+    assert load_trace(bom).prompt_len.tolist() == [100]
+    trailing = write(tmp_path, "t.csv", "100,10,\n200,20,\n")
+    assert load_trace(trailing).output_len.tolist() == [10, 20]
+    jsonl = write(tmp_path, "bom.jsonl", '\ufeff{"input_length": 5, "output_length": 2}\n')
+    assert load_trace(jsonl).prompt_len.tolist() == [5]
+
+
+def test_millisecond_columns_and_unknown_time_columns(tmp_path: Path) -> None:
+    ms = write(tmp_path, "ms.csv", "prompt_len,output_len,arrival_ms\n100,10,0\n200,20,5000\n")
+    assert_arrays(load_trace(ms).arrival_s, [0.0, 5.0])
+    odd = write(tmp_path, "odd.csv", "prompt_len,output_len,arrival_minutes\n100,10,0\n")
+    with pytest.raises(TraceError, match="looks like a time"):
+        load_trace(odd)
+
+
+def test_utc_offset_timestamps_convert_quietly(tmp_path: Path, recwarn: pytest.WarningsRecorder) -> None:
+    path = write(tmp_path, "tz.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2024-05-10 00:00:00.5+00:00,100,10\n2024-05-10 00:00:02+00:00,200,20\n")
+    assert_arrays(load_trace(path).arrival_s, [0.0, 1.5])
+    assert not [w for w in recwarn if "timezone" in str(w.message)]

@@ -14,6 +14,12 @@ and header:
   `Request tokens`/`Response tokens`, ...) and no time column;
 - a plain CSV `prompt_len,output_len[,arrival_s]`, with or without that header.
 
+In a CSV a numeric `timestamp` / `time` column is seconds (name it
+`arrival_ms` or `timestamp_ms` for milliseconds; a date-time string is read as
+wall-clock time); Mooncake JSONL `timestamp` is milliseconds, as that trace
+defines it. A column that looks like a time but is none of these is refused
+rather than ignored.
+
 Arrival times are seconds relative to the first request; rows are sorted by
 arrival (stable, so equal times keep file order). Bad files raise `TraceError`
 (a `KvpoolError`) naming the file and line.
@@ -24,6 +30,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -44,7 +51,8 @@ _PROMPT = ("prompt_len", "prompt_length", "prompt_tokens", "input_len", "input_l
 _OUTPUT = ("output_len", "output_length", "output_tokens", "generatedtokens",
            "generated_tokens", "response_tokens", "completion_tokens")
 # time column -> unit: seconds, milliseconds, or "datetime" (absolute wall clock string)
-_TIME = {"arrival_s": "s", "arrival_time": "s", "time_s": "s", "timestamp_s": "s",
+_TIME = {"arrival_s": "s", "arrival_time": "s", "arrival_time_s": "s", "time_s": "s",
+         "timestamp_s": "s", "arrival_ms": "ms", "arrival_time_ms": "ms", "time_ms": "ms",
          "timestamp_ms": "ms", "timestamp": "auto", "time": "auto"}
 
 
@@ -132,7 +140,7 @@ def load_trace(name_or_path: str | Path, *, max_requests: int | None = None) -> 
                 f"trace {text!r} is neither a bundled trace ({', '.join(TRACES)}) nor a file"
             )
     try:
-        with path.open(newline="", encoding="utf-8") as f:
+        with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: Excel's BOM
             if path.suffix.lower() in (".jsonl", ".json"):
                 trace = _read_jsonl(f.read().splitlines(), name, path)
             else:
@@ -169,7 +177,9 @@ def _seconds(value: str, unit: str, path: Path, line: int) -> float:
         seconds = float(value) / (1000.0 if unit == "ms" else 1.0)
     except ValueError:
         try:
-            stamp = np.datetime64(value.strip().replace(" ", "T"), "ns")
+            with warnings.catch_warnings():  # a UTC offset is applied; numpy only warns
+                warnings.simplefilter("ignore")
+                stamp = np.datetime64(value.strip().replace(" ", "T"), "ns")
         except ValueError:
             raise TraceError(f"{path}:{line}: cannot read time {value!r}") from None
         seconds = float(stamp.astype(np.int64)) / 1e9
@@ -195,15 +205,16 @@ def _finish(name: str, prompt: list[int], output: list[int], times: list[float] 
 
 
 def _read_csv(rows: Sequence[Sequence[str]], name: str, path: Path) -> Trace:
-    rows = [r for r in rows if any(c.strip() for c in r)]
-    if not rows:
+    numbered = [(i + 1, _trim(r)) for i, r in enumerate(rows) if any(c.strip() for c in r)]
+    if not numbered:
         raise TraceError(f"trace {path} is empty")
+    lines, rows = [n for n, _ in numbered], [r for _, r in numbered]
     header = [_key(c) for c in rows[0]]
     if all(_is_number(c) for c in rows[0]):  # headerless plain CSV
         if len(header) not in (2, 3):
             raise TraceError(f"{path}:1: a headerless trace needs prompt_len,output_len[,arrival_s]")
         cols: dict[str, int | None] = {"prompt": 0, "output": 1, "time": 2 if len(header) == 3 else None}
-        first, unit, data_start = 1, "s", 0
+        unit, data_start = "s", 0
     else:
         def find(names: Sequence[str]) -> int | None:
             return next((i for i, h in enumerate(header) if h in names), None)
@@ -215,14 +226,17 @@ def _read_csv(rows: Sequence[Sequence[str]], name: str, path: Path) -> Trace:
                 "(e.g. prompt_len,output_len[,arrival_s] or TIMESTAMP,ContextTokens,GeneratedTokens)"
             )
         time_col = cols["time"]
+        timeish = [c for c, h in zip(rows[0], header, strict=True) if "time" in h or "arrival" in h]
+        if time_col is None and timeish:
+            raise TraceError(f"{path}:1: column {timeish[0]!r} looks like a time but is not one kvpool "
+                             f"reads; name it arrival_s or arrival_ms (or timestamp, in seconds)")
         unit = _TIME[header[time_col]] if time_col is not None else "s"
-        first, data_start = 2, 1
+        data_start = 1
     prompt: list[int] = []
     output: list[int] = []
     times: list[float] | None = [] if cols["time"] is not None else None
     width = max(c for c in cols.values() if c is not None) + 1
-    for k, row in enumerate(rows[data_start:]):
-        line = k + first
+    for line, row in zip(lines[data_start:], rows[data_start:], strict=True):
         if len(row) < width:
             raise TraceError(f"{path}:{line}: expected at least {width} columns, got {len(row)}")
         prompt.append(_int(row[cols["prompt"] or 0], path, line, "prompt length"))
@@ -230,6 +244,14 @@ def _read_csv(rows: Sequence[Sequence[str]], name: str, path: Path) -> Trace:
         if times is not None and cols["time"] is not None:
             times.append(_seconds(row[cols["time"]], unit, path, line))
     return _finish(name, prompt, output, times, None, path)
+
+
+def _trim(row: Sequence[str]) -> list[str]:
+    """A CSV row without empty trailing cells (`100,10,` is two cells)."""
+    cells = list(row)
+    while cells and not cells[-1].strip():
+        cells.pop()
+    return cells
 
 
 def _is_number(text: str) -> bool:
