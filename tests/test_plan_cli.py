@@ -105,6 +105,7 @@ def test_fit_turns_the_failure_into_a_warning(capsys: pytest.CaptureFixture[str]
 @pytest.mark.parametrize("argv", [
     ["plan", "llama-3.1-8b-instruct"],  # no budget
     ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--gpu", "h100"],
+    ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--memory-fraction", "7"],
     ["plan", "llama-3.1-8b-instruct", "--gpu", "h100"],
     ["plan", "llama-3.1-8b-instruct", "--gpu", "h100", "--non-kv-memory", "200GiB"],
     ["plan", "llama-3.1-8b-instruct", "--kv-memory", "lots"],

@@ -50,7 +50,7 @@ def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True, workload: b
                    "(GPU memory - non-KV memory) x memory fraction")
     b.add_argument("--non-kv-memory", metavar="SIZE",
                    help="with --gpu: memory used by weights, activations, graphs (e.g. 20GiB)")
-    b.add_argument("--memory-fraction", type=float, default=DEFAULT_MEMORY_FRACTION, metavar="F",
+    b.add_argument("--memory-fraction", type=float, default=None, metavar="F",
                    help=f"with --gpu: share of the rest given to KV (default {DEFAULT_MEMORY_FRACTION})")
     lim = p.add_argument_group("serving limits")
     lim.add_argument("--max-batch-size", type=positive_int, default=DEFAULT_MAX_BATCH_SIZE, metavar="B",
@@ -104,21 +104,29 @@ def parse_batch_sizes(text: str | None) -> tuple[int, ...] | None:
 def budget_from_args(args: argparse.Namespace) -> int:
     """KV bytes from --kv-memory, or from --gpu, --non-kv-memory and --memory-fraction."""
     if args.kv_memory is not None:
-        if args.gpu is not None or args.non_kv_memory is not None:
-            raise KvpoolError("give either --kv-memory or --gpu with --non-kv-memory, not both")
+        if args.gpu is not None or args.non_kv_memory is not None or args.memory_fraction is not None:
+            raise KvpoolError("give either --kv-memory or --gpu with --non-kv-memory "
+                              "[--memory-fraction], not both")
         return parse_size(args.kv_memory)
     if args.gpu is None:
         raise KvpoolError("no KV budget: give --kv-memory SIZE, or --gpu NAME --non-kv-memory SIZE")
     if args.non_kv_memory is None:
         raise KvpoolError("--gpu needs --non-kv-memory SIZE (weights, activations, CUDA graphs)")
-    if not 0 < args.memory_fraction <= 1:
-        raise KvpoolError(f"--memory-fraction must be in (0, 1], got {args.memory_fraction}")
+    fraction = memory_fraction(args)
     gpu = presets.load_gpu(args.gpu)
     rest = gpu.memory_bytes - parse_size(args.non_kv_memory)
     if rest <= 0:
         raise KvpoolError(f"--non-kv-memory {args.non_kv_memory} leaves no memory on {gpu.name} "
                           f"({format_bytes(gpu.memory_bytes)})")
-    return int(rest * args.memory_fraction)
+    return int(rest * fraction)
+
+
+def memory_fraction(args: argparse.Namespace) -> float:
+    """--memory-fraction (default 0.9), checked to lie in (0, 1]."""
+    fraction = DEFAULT_MEMORY_FRACTION if args.memory_fraction is None else args.memory_fraction
+    if not 0 < fraction <= 1:
+        raise KvpoolError(f"--memory-fraction must be in (0, 1], got {fraction}")
+    return float(fraction)
 
 
 def spec_for_plan(args: argparse.Namespace) -> ModelSpec:

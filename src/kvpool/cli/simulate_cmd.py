@@ -12,7 +12,13 @@ from typing import Any
 
 from kvpool import presets
 from kvpool.cli.common import add_json_arg, int_at_least, positive_int, print_json, table
-from kvpool.cli.plan_args import add_plan_args, limits_from_args, parse_pool_ratio, spec_for_plan
+from kvpool.cli.plan_args import (
+    add_plan_args,
+    limits_from_args,
+    memory_fraction,
+    parse_pool_ratio,
+    spec_for_plan,
+)
 from kvpool.errors import KvpoolError
 from kvpool.presets.traces import load_trace
 from kvpool.sim import Progress, SimResult, StepTimeModel, load_weights, simulate
@@ -85,11 +91,10 @@ def parse_rate(text: str | None) -> float | None:
 def budget(args: argparse.Namespace, gpu: presets.GpuSpec, weights_bytes: float) -> tuple[int, str]:
     """KV bytes and how they were derived."""
     if args.kv_memory is not None:
-        if args.non_kv_memory is not None:
-            raise KvpoolError("give --kv-memory or --non-kv-memory, not both")
+        if args.non_kv_memory is not None or args.memory_fraction is not None:
+            raise KvpoolError("give --kv-memory, or --non-kv-memory / --memory-fraction, not both")
         return parse_size(args.kv_memory), f"--kv-memory {args.kv_memory}"
-    if not 0 < args.memory_fraction <= 1:
-        raise KvpoolError(f"--memory-fraction must be in (0, 1], got {args.memory_fraction}")
+    fraction = memory_fraction(args)
     if args.non_kv_memory is not None:
         non_kv, how = parse_size(args.non_kv_memory), f"--non-kv-memory {args.non_kv_memory}"
     else:
@@ -97,7 +102,7 @@ def budget(args: argparse.Namespace, gpu: presets.GpuSpec, weights_bytes: float)
     rest = gpu.memory_bytes - non_kv
     if rest <= 0:
         raise KvpoolError(f"{how} leaves no memory on {gpu.name} ({format_bytes(gpu.memory_bytes)})")
-    return int(rest * args.memory_fraction), f"({gpu.key} - {how}) x {args.memory_fraction:g}"
+    return int(rest * fraction), f"({gpu.key} - {how}) x {fraction:g}"
 
 
 class ProgressBar:
