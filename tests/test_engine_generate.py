@@ -144,6 +144,23 @@ def test_static_decode_path_parity(arch: str) -> None:
     assert engine.stats.graph_steps > 0
 
 
+def test_static_decode_width_follows_the_requests_not_max_seq_len() -> None:
+    # 8 requests of 20 + 12 tokens under max_seq_len 8192, 16-token pages: the
+    # graph buffers for the full-attention group must be sized by the longest
+    # span (<= 32 positions -> a 32-key bucket), not by 8192 keys per row.
+    model, _, config = tiny("llama")
+    plan = manual_plan(tiny_spec(config, 16), 400, max_batch_size=8, max_seq_len=8192,
+                       max_num_tokens=256)
+    engine = Engine(model, plan, cuda_graphs=True)
+    outs = engine.generate([[1, 2, 3, 4, 5] * 4] * 8, 12)
+    eager = Engine(model, plan).generate([[1, 2, 3, 4, 5] * 4] * 8, 12)
+    assert [o.output_ids for o in outs] == [o.output_ids for o in eager]
+    assert engine.graphs is not None and engine.stats.graph_steps > 0
+    widths = {s.index["full"].read_pages.shape[1] for s in engine.graphs.shapes.values()}
+    assert widths and max(widths) <= 32, widths
+    assert engine.graphs.width_bucket(33) == 64 and engine.graphs.width_bucket(10**6) == 8192
+
+
 @pytest.mark.parametrize("options", [{"padding": False}, {"warmup": False}])
 def test_lazy_padding_and_no_warmup_parity(options: dict[str, bool]) -> None:
     # padding=False: the scheduler asks for a fresh padding dummy each padded

@@ -3,10 +3,13 @@ CUDA device, run eagerly (same buffers, same shapes, same padding rows) on CPU.
 
 A decode step of batch size b is padded by the scheduler to a captured size B
 with rows of the persistent padding dummy, so every step of size B has the
-same tensor shapes once the key width is fixed: the widest span one request
-can see in each group (`max_seq_len` positions for full attention, the window
-plus the step's tokens for sliding). Each step copies its indices into the
-static buffers (keys past a row's span are masked) and replays.
+same tensor shapes once the key width is fixed: for sliding groups the window
+plus the step's tokens, for full attention the step's longest span rounded up
+to a power-of-two number of pages (so a graph for short requests does not read
+`max_seq_len` keys per row; one graph per width bucket). Each step copies its
+indices into the static buffers (keys past a row's span are masked) and
+replays. All graphs share one CUDA memory pool: a step's logits are copied out
+right after its replay, so one graph's outputs never need to outlive the next.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ if TYPE_CHECKING:
 
 
 class _Static:
-    """Static buffers and (on CUDA) the captured graph of one (B, tokens per row) shape."""
+    """Static buffers and (on CUDA) the captured graph of one (B, tokens per
+    row, full-attention key width) shape."""
 
-    def __init__(self, engine: Engine, rows: int, per_row: int):
+    def __init__(self, engine: Engine, rows: int, per_row: int, full_width: int):
         dev, spec = engine.device, engine.spec
         limits = engine.plan.limits
         t = rows * per_row
@@ -35,7 +39,7 @@ class _Static:
         self.col_index = torch.arange(per_row, device=dev).repeat(rows)
         self.index: dict[str, GroupIndex] = {}
         for g in spec.groups:
-            span = limits.max_seq_len if g.kind == "full" else (g.window or 0) + per_row - 1
+            span = full_width if g.kind == "full" else (g.window or 0) + per_row - 1
             width = -(-min(span, limits.max_seq_len) // g.tokens_per_block) * g.tokens_per_block
             self.index[g.name] = GroupIndex(
                 write_pages=torch.zeros(t, dtype=torch.long, device=dev),
@@ -86,8 +90,20 @@ class DecodeGraphs:
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self.shapes: dict[tuple[int, int], _Static] = {}
+        self.shapes: dict[tuple[int, int, int], _Static] = {}
         self.use_cuda = engine.device.type == "cuda"
+        self.pool = torch.cuda.graph_pool_handle() if self.use_cuda else None
+        limits, tpb = engine.plan.limits, engine.spec.tokens_per_block
+        self.max_width = -(-limits.max_seq_len // tpb) * tpb
+        self.full_groups = [g.name for g in engine.spec.groups if g.kind == "full"]
+
+    def width_bucket(self, need: int) -> int:
+        """Full-attention key width of the graph for a step that reads `need`
+        keys: a power-of-two number of pages, at most `max_seq_len` rounded up."""
+        width = self.engine.spec.tokens_per_block
+        while width < need:
+            width *= 2
+        return min(width, self.max_width)
 
     def run(self, rows: list[Row], ids: list[int], wanted: list[int]) -> torch.Tensor | None:
         """Logits of `wanted` flat tokens, or None when this step's shape does
@@ -95,9 +111,10 @@ class DecodeGraphs:
         per_row = rows[0].num_tokens
         if any(r.num_tokens != per_row for r in rows):
             return None
-        key = (len(rows), per_row)
-        static = self.shapes.get(key) or self.shapes.setdefault(key, _Static(self.engine, *key))
         batch = PagedBatch(rows, self.engine.spec.groups, self.engine._num_pages, self.engine.device)
+        need = max((batch.groups[g].read_pages.shape[1] for g in self.full_groups), default=0)
+        key = (len(rows), per_row, self.width_bucket(need))
+        static = self.shapes.get(key) or self.shapes.setdefault(key, _Static(self.engine, *key))
         if not static.load(batch, ids):
             return None
         if not self.use_cuda:
@@ -120,6 +137,6 @@ class DecodeGraphs:
             static.forward(self.engine)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=self.pool):
             static.logits = static.forward(self.engine)
         static.graph = graph
