@@ -191,6 +191,31 @@ def test_check_integrity_names_the_offending_pages() -> None:
     assert err.value.pages == {"full": [5]}
 
 
+def test_check_integrity_reports_foreign_and_aliased_pages() -> None:
+    from kvpool.cache import CacheIntegrityError
+
+    m = manager(full_spec(tpb=16), {"full": 8})
+    m.create(1)
+    assert m.resize(1, 32, 0)
+    m._t.tables[0][m._slot_of[1], 1] = 99  # a page id the pool does not have
+    with pytest.raises(CacheIntegrityError) as err:
+        m.check_integrity()
+    assert 99 in err.value.pages["full"] and "outside the pool" in str(err.value)
+
+    m = manager(full_spec(tpb=16), {"full": 8})
+    for rid in (1, 2):
+        m.create(rid)
+        assert m.resize(rid, 32, 0)
+    t, pool = m._t, m._pools[0]
+    mine, theirs = int(t.tables[0][m._slot_of[2], 0]), int(t.tables[0][m._slot_of[1], 0])
+    t.tables[0][m._slot_of[2], 0] = theirs  # request 2 now writes request 1's page
+    pool.ref[theirs], pool.ref[mine] = 2, 0
+    pool.free_stack.append(mine)
+    with pytest.raises(CacheIntegrityError) as err:
+        m.check_integrity()
+    assert theirs in err.value.pages["full"] and "without a prefix hash" in str(err.value)
+
+
 def test_stats_count_dummies_and_events_are_taken_once() -> None:
     m = manager(full_spec(tpb=16), {"full": 10})
     m.create(1, list(range(40)))

@@ -17,6 +17,8 @@ def check_integrity(mgr: KVCacheManager) -> None:
     """Raise `CacheIntegrityError` naming the offending pages per group unless:
     ref counts equal the number of table entries naming each page; unowned
     pages are on the free stack (no hash) or in the LRU (hash) exactly once;
+    table entries name pages of the pool; a page shared by several requests
+    carries a prefix hash (only reuse shares pages);
     owned pages are in neither; the hash map and page hashes agree; every
     table matches `pages_needed`/`stale_pages` of its request's shape."""
     bad: dict[str, list[int]] = {}
@@ -42,12 +44,24 @@ def check_integrity(mgr: KVCacheManager) -> None:
                 reasons.append(f"{group.name}: slot {slot} table {row[:nblk + 1].tolist()} does not "
                                f"match capacity {cap}, history {hist}")
             live_pages = row[nstale:nblk]
-            np.add.at(owners, live_pages[live_pages >= 0], 1)
+            out_of_range = live_pages[(live_pages >= n) | (live_pages < -1)].tolist()
+            if out_of_range:
+                reasons.append(f"{group.name}: slot {slot} names pages {out_of_range} outside the "
+                               f"pool of {n}")
+                offending.update(out_of_range)
+            np.add.at(owners, live_pages[(live_pages >= 0) & (live_pages < n)], 1)
         ref = np.asarray(pool.ref, np.int64)
         wrong_ref = np.flatnonzero(ref != owners).tolist()
         if wrong_ref:
             reasons.append(f"{group.name}: ref counts differ from owners at pages {wrong_ref}")
             offending.update(wrong_ref)
+        if group.kind != "state":
+            # only a prefix hit shares a page, and a hit page carries its hash:
+            # a shared page without one means two requests write the same page
+            shared = [p for p in np.flatnonzero(ref > 1).tolist() if pool.page_hash[p] is None]
+            if shared:
+                reasons.append(f"{group.name}: pages {shared} are shared without a prefix hash")
+                offending.update(shared)
         free = pool.free_stack
         lru = pool.lru_order()
         seen: dict[int, int] = {}
