@@ -26,7 +26,7 @@ demo: setup
 	-$(BIN)/kvpool plan deepseek-v4-flash --kv-dtype fp8 --kv-memory 2GiB --max-seq-len 1048576 --max-batch-size 16
 	$(BIN)/kvpool plan deepseek-v4-flash --kv-dtype fp8 --kv-memory 2GiB --max-seq-len 1048576 --max-batch-size 16 --fit
 	@echo; echo "== CUDA-graph warmup dry run on the default Gemma 4 plan: every shape captured, padding dummies reserved"
-	$(BIN)/kvpool warmup gemma-4-26b-a4b --kv-dtype fp8 --kv-memory 60GiB --max-seq-len 32768 --draft-lens 0,4
+	$(BIN)/kvpool warmup gemma-4-26b-a4b --kv-dtype fp8 --kv-memory 60GiB --max-seq-len 32768 --draft-len 4 --draft-lens 0,4
 	@echo; echo "== A pool too small for big batches: the skipped shape names the group and the pages short"
 	$(BIN)/kvpool warmup llama-3.1-8b-instruct --kv-memory 64MiB --max-seq-len 4096 --max-batch-size 32 --max-num-tokens none --cuda-graph-batch-sizes 1,2,4,8,16,32
 	@echo; echo "== Simulated throughput of the Gemma 4 splits on 2,000 Azure chat requests (B200, offline)"

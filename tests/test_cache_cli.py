@@ -12,7 +12,7 @@ ARGS = ["warmup", "llama-3.1-8b-instruct", "--kv-memory", "64MiB", "--max-seq-le
 
 
 def test_warmup_json_lists_captured_and_skipped_shapes(cli) -> None:  # type: ignore[no-untyped-def]
-    code, out, err = cli(*ARGS, "--draft-lens", "0,3", "--json")
+    code, out, err = cli(*ARGS, "--draft-len", "3", "--draft-lens", "0,3", "--json")
     assert code == 0, err
     report = json.loads(out)
     # batch b: b - 1 one-page minimal rows; b = 32 needs 32 pages of 16 -> 16 short
@@ -38,3 +38,8 @@ def test_warmup_bad_draft_lengths_exit_2(cli) -> None:  # type: ignore[no-untype
     code, out, err = cli(*ARGS, "--draft-lens", "0,x")
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "draft lengths" in err
+
+
+def test_draft_lengths_beyond_the_plans_are_refused(cli) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli(*ARGS, "--draft-lens", "0,64")
+    assert code == 2 and out == "" and "exceeds --draft-len 0" in err and err.count("\n") == 1

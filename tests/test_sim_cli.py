@@ -126,3 +126,10 @@ def test_bad_sweep_group_or_infeasible_policy_fails_before_any_run(  # type: ign
     code, out, err = cli("simulate", "gemma-3-27b", "--gpu", "h100", "--kv-memory", "1GiB",
                          "--trace", small_trace, "--quiet", *args)
     assert code == 2 and out == "" and err.count("\n") == 1, err
+
+
+def test_policy_flags_that_would_override_each_other_are_refused(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
+    for extra in (["--policy", "typical", "--pool-ratio", "full=0.5"],
+                  ["--compare", "reference,typical", "--policy", "workload"]):
+        code, out, err = cli("simulate", "gemma-3-27b", *BASE, "--trace", small_trace, *extra)
+        assert code == 2 and out == "" and "give one of" in err and err.count("\n") == 1, err

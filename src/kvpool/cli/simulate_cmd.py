@@ -147,6 +147,11 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace, max_requests=args.max_requests).with_rate(rate, args.seed)
     model = StepTimeModel.build(spec, gpu, weights)
 
+    given = [flag for flag, value in (("--compare", args.compare), ("--policy", args.policy),
+                                      ("--pool-ratio", args.pool_ratio)) if value]
+    if len(given) > 1:  # one would silently win over the other
+        raise KvpoolError(f"give one of {' / '.join(given)}; to run several, list them all "
+                          "in --compare (e.g. --compare reference,ratio:full=0.3)")
     if args.compare:
         policies = parse_policies(args.compare)
     elif args.policy:

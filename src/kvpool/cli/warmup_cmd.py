@@ -36,6 +36,10 @@ def parse_draft_lens(text: str | None, max_draft_len: int) -> tuple[int, ...]:
         raise LimitsError(f"cannot read draft lengths {text!r}; write e.g. 0,4") from None
     if not values or min(values) < 0:
         raise LimitsError(f"draft lengths must be non-negative integers, got {text!r}")
+    if max(values) > max_draft_len:
+        # the plan reserves nothing for longer drafts, and engines refuse them
+        raise LimitsError(f"draft length {max(values)} exceeds --draft-len {max_draft_len}; "
+                          "raise --draft-len to warm it up")
     return values
 
 
