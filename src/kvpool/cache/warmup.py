@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvpool.cache.events import CacheUsageError
 from kvpool.errors import OutOfPagesError
+from kvpool.plan.feasibility import largest_fitting
 from kvpool.spec.pages import decode_worst_case_pages, pages_needed
 
 if TYPE_CHECKING:
@@ -76,16 +77,9 @@ def max_generation_length(mgr: KVCacheManager, batch_size: int, draft_len: int =
         c, h = dummy_shape(token_num, draft_len, extra)
         return all(pages_needed(g, c, h) <= free[g.name] for g in groups)
 
-    cap = mgr.limits.max_seq_len
-    if not fits(growing, 1):
+    lo = largest_fitting(1, mgr.limits.max_seq_len, lambda n: fits(growing, n))
+    if lo < 1:
         return 0
-    lo, hi = 1, cap  # fits(growing, lo) holds; find the largest such token_num
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(growing, mid):
-            lo = mid
-        else:
-            hi = mid - 1
     bounded_fit = [g for g in bounded
                    if (decode_worst_case_pages(g, headroom) or 0) <= free[g.name]]
     rest = [g for g in bounded if g not in bounded_fit]
@@ -115,14 +109,7 @@ def max_generation_length(mgr: KVCacheManager, batch_size: int, draft_len: int =
     for token_num in range(top, monotone_to, -1):
         if fits(rest, token_num):
             return token_num
-    low, high = 0, min(top, monotone_to)  # 0 = none fits
-    while low < high:
-        mid = (low + high + 1) // 2
-        if fits(rest, mid):
-            low = mid
-        else:
-            high = mid - 1
-    return low
+    return max(0, largest_fitting(1, min(top, monotone_to), lambda n: fits(rest, n)))
 
 
 @dataclass(frozen=True)
