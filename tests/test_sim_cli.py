@@ -133,3 +133,9 @@ def test_policy_flags_that_would_override_each_other_are_refused(cli, small_trac
                   ["--compare", "reference,typical", "--policy", "workload"]):
         code, out, err = cli("simulate", "gemma-3-27b", *BASE, "--trace", small_trace, *extra)
         assert code == 2 and out == "" and "give one of" in err and err.count("\n") == 1, err
+
+
+def test_pool_ratio_is_checked_as_in_plan(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli("simulate", "gemma-3-27b", *BASE, "--trace", small_trace,
+                         "--pool-ratio", "sliding=0.3")
+    assert code == 2 and "a share for each group" in err and err.count("\n") == 1, err

@@ -20,6 +20,7 @@ from kvpool.cli.plan_args import (
     spec_for_plan,
 )
 from kvpool.errors import KvpoolError
+from kvpool.plan.sizing import check_pool_ratio
 from kvpool.presets.traces import load_trace
 from kvpool.sim import Progress, SimResult, StepTimeModel, load_weights, simulate
 from kvpool.sim.policies import (
@@ -157,7 +158,9 @@ def run(args: argparse.Namespace) -> int:
     elif args.policy:
         policies = parse_policies(args.policy)
     elif args.pool_ratio:
-        ratio = parse_pool_ratio(args.pool_ratio) or {}
+        # as in `kvpool plan`: a share for every group, summing to 1 (the
+        # `ratio:` policy of --compare may name only some groups)
+        ratio = check_pool_ratio(spec, parse_pool_ratio(args.pool_ratio) or {})
         policies = ["ratio:" + ",".join(f"{k}={v:g}" for k, v in ratio.items())]
     elif args.sweep_ratio:
         policies = ["reference", "typical", "workload"]
