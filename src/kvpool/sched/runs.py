@@ -54,8 +54,7 @@ def advance_decodes(sched: Scheduler, step: Step, steps: int, token: int, *,
         worst = decode_worst_case_pages(g, sched.limits.headroom)
         if worst is not None and g.kind != "state" and sched.manager.free_pages(g.name) < rows * worst:
             return None
-    extend = getattr(sched.manager, "extend", None)
-    if extend is None or not extend([s.rid for s, _ in step.decodes], steps - 1):
+    if not sched.manager.extend([s.rid for s, _ in step.decodes], steps - 1):
         return None
     if on_extended is not None:
         on_extended()
@@ -70,5 +69,4 @@ def advance_decodes(sched: Scheduler, step: Step, steps: int, token: int, *,
 
 
 def _groups(sched: Scheduler) -> tuple[LayerGroup, ...]:
-    spec = getattr(sched.manager, "spec", None)
-    return tuple(spec.groups) if spec is not None else ()
+    return sched.manager.spec.groups

@@ -19,6 +19,7 @@ from kvpool.sched import runs
 from kvpool.sched.padding import GraphPadding
 from kvpool.sched.sequence import Sequence, Status
 from kvpool.sched.step import Step
+from kvpool.spec import ModelSpec
 
 
 class SchedulerError(KvpoolError, ValueError):
@@ -28,10 +29,15 @@ class SchedulerError(KvpoolError, ValueError):
 class PagedCache(Protocol):
     """The part of `kvpool.cache.KVCacheManager` the scheduler uses."""
 
+    spec: ModelSpec
+
     def create(self, rid: int, tokens: list[int] | None = None, salt: int | None = None) -> int: ...
     def resize(self, rid: int, capacity: int, history: int | None = None) -> bool: ...
     def commit(self, rid: int, num_tokens: int, tokens: list[int] | None = None) -> int: ...
     def free(self, rid: int) -> None: ...
+    def resize_many(self, rids: list[int], capacities: list[int],
+                    histories: list[int] | None = None) -> bool: ...
+    def extend(self, rids: list[int], num_tokens: int = 1) -> bool: ...
     def capacity(self, rid: int) -> int: ...
     def free_pages(self, group: str) -> int: ...
     def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0,
@@ -159,13 +165,11 @@ class Scheduler:
             budget -= 1 + k
         if not rows:
             return budget
-        resize_many = getattr(self.manager, "resize_many", None)
-        if resize_many is not None:
-            hists = [s.num_computed for s, _ in rows]
-            caps = [h + 1 + k + extra for h, (_, k) in zip(hists, rows, strict=True)]
-            if resize_many([s.rid for s, _ in rows], caps, hists):
-                self._step_decodes.extend(rows)
-                return budget
+        hists = [s.num_computed for s, _ in rows]
+        caps = [h + 1 + k + extra for h, (_, k) in zip(hists, rows, strict=True)]
+        if self.manager.resize_many([s.rid for s, _ in rows], caps, hists):
+            self._step_decodes.extend(rows)
+            return budget
         for seq, k in rows:
             if seq.status is not Status.RUNNING:  # preempted for an earlier row
                 budget += 1 + k
