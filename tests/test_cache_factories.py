@@ -46,9 +46,9 @@ def snapshot(m: KVCacheManager) -> dict[str, Any]:
               for rid, _ in m.iter_requests() for g in m.groups}
     shapes = {rid: (m.capacity(rid), m.history(rid)) for rid, _ in m.iter_requests()}
     pools = {p.name: (list(p.ref), list(p.page_hash), list(p.free_stack), p.lru_order())
-             for p in m._pools}
+             for p in m.pools}
     return {"tables": tables, "shapes": shapes, "pools": pools, "stats": m.stats(),
-            "events": list(m._events)}
+            "events": list(m.events)}
 
 
 def assert_unchanged(before: dict[str, Any], after: dict[str, Any]) -> None:
@@ -68,4 +68,4 @@ def test_factories_build_the_groups_the_tests_expect() -> None:
         ("full", "full", None), ("sliding", "sliding", 40), ("linear_state", "state", None)]
     m = manager(spec, {"full": 3, "sliding": 2, "linear_state": 1})
     assert [m.total_pages(g) for g in ("full", "sliding", "linear_state")] == [3, 2, 1]
-    assert np.array_equal(m.block_table(m.add_dummy_requests(1, 1)[0], "full"), [0])  # type: ignore[index]
+    assert np.array_equal(m.block_table(m.add_dummy_requests(1, 1).ids[0], "full"), [0])

@@ -73,10 +73,11 @@ def test_failed_resize_changes_nothing_in_any_group() -> None:
     m.create(2)
     assert m.resize(1, 16, 0)  # 1 page per attention group
     before = snapshot(m)
-    assert not m.resize(2, 48, 0)
+    refused = m.resize(2, 48, 0)
+    assert not refused
     assert_unchanged(before, snapshot(m))
     # free sliding pages: 2 - 1 = 1, needed 3 -> short by 2
-    assert m.last_shortfall == {"sliding": 2}
+    assert refused.short == {"sliding": 2}
 
 
 def test_resize_many_is_atomic_over_the_batch() -> None:
@@ -86,9 +87,10 @@ def test_resize_many_is_atomic_over_the_batch() -> None:
         assert m.resize(rid, 16, 15)
     # all three cross into a second page: 3 more pages, only 5 - 3 = 2 free
     before = snapshot(m)
-    assert not m.extend([1, 2, 3])
+    refused = m.extend([1, 2, 3])
+    assert not refused
     assert_unchanged(before, snapshot(m))
-    assert m.last_shortfall == {"full": 1}
+    assert refused.short == {"full": 1}
     assert m.extend([1, 2])
     assert [m.live_pages(r, "full") for r in (1, 2, 3)] == [2, 2, 1]
     m.check_integrity()
@@ -175,17 +177,17 @@ def test_check_integrity_names_the_offending_pages() -> None:
     m = manager(full_spec(tpb=16), {"full": 6})
     m.create(1)
     assert m.resize(1, 32, 0)  # pages 0 and 1
-    m._pools[0].ref[1] = 2  # a lost owner
+    m.pools[0].ref[1] = 2  # a lost owner
     with pytest.raises(CacheIntegrityError) as err:
         m.check_integrity()
     assert err.value.pages == {"full": [1]} and "[1]" in str(err.value)
-    m._pools[0].ref[1] = 1
-    m._pools[0].free_stack.append(0)  # owned and free at once
+    m.pools[0].ref[1] = 1
+    m.pools[0].free_stack.append(0)  # owned and free at once
     with pytest.raises(CacheIntegrityError) as err:
         m.check_integrity()
     assert err.value.pages == {"full": [0]}
-    m._pools[0].free_stack.remove(0)
-    m._pools[0].free_stack.remove(5)  # leaked: neither owned nor allocatable
+    m.pools[0].free_stack.remove(0)
+    m.pools[0].free_stack.remove(5)  # leaked: neither owned nor allocatable
     with pytest.raises(CacheIntegrityError) as err:
         m.check_integrity()
     assert err.value.pages == {"full": [5]}
@@ -197,7 +199,7 @@ def test_check_integrity_reports_foreign_and_aliased_pages() -> None:
     m = manager(full_spec(tpb=16), {"full": 8})
     m.create(1)
     assert m.resize(1, 32, 0)
-    m._t.tables[0][m._slot_of[1], 1] = 99  # a page id the pool does not have
+    m.tables.tables[0][m.requests.get(1).slot, 1] = 99  # a page id the pool does not have
     with pytest.raises(CacheIntegrityError) as err:
         m.check_integrity()
     assert 99 in err.value.pages["full"] and "outside the pool" in str(err.value)
@@ -206,9 +208,9 @@ def test_check_integrity_reports_foreign_and_aliased_pages() -> None:
     for rid in (1, 2):
         m.create(rid)
         assert m.resize(rid, 32, 0)
-    t, pool = m._t, m._pools[0]
-    mine, theirs = int(t.tables[0][m._slot_of[2], 0]), int(t.tables[0][m._slot_of[1], 0])
-    t.tables[0][m._slot_of[2], 0] = theirs  # request 2 now writes request 1's page
+    t, pool = m.tables, m.pools[0]
+    mine, theirs = int(t.tables[0][m.requests.get(2).slot, 0]), int(t.tables[0][m.requests.get(1).slot, 0])
+    t.tables[0][m.requests.get(2).slot, 0] = theirs  # request 2 now writes request 1's page
     pool.ref[theirs], pool.ref[mine] = 2, 0
     pool.free_stack.append(mine)
     with pytest.raises(CacheIntegrityError) as err:
@@ -221,8 +223,7 @@ def test_stats_count_dummies_and_events_are_taken_once() -> None:
     m.create(1, list(range(40)))
     assert m.resize(1, 33, 32)
     m.commit(1, 32)
-    ids = m.add_dummy_requests(2, 20)  # capacity 20, history 19: 2 pages each
-    assert ids is not None
+    assert m.add_dummy_requests(2, 20)  # capacity 20, history 19: 2 pages each
     s = m.stats()
     assert (s.num_requests, s.num_dummies) == (1, 2)
     # request 1: 3 pages, dummies 2 x 2; 10 - 7 = 3 free
@@ -245,7 +246,7 @@ def test_next_stale_history_is_never_late(kind: str, tpb: int, window: int, hist
     now = stale_pages(group, hist)
     first = next(h for h in range(hist + 1, hist + 2 * (window + tpb) + 2)
                  if stale_pages(group, h) > now)
-    assert m._t.next_stale(0, hist) == first
+    assert m.tables.next_stale(0, hist) == first
 
 
 def test_extend_rejects_negative_steps() -> None:
@@ -292,8 +293,9 @@ def test_can_resize_answers_without_changing_anything() -> None:
     m = manager(full_spec(tpb=16), {"full": 3})
     m.create(1)
     before = snapshot(m)
-    assert m.can_resize(1, 48, 0) and not m.can_resize(1, 49, 0)  # 3 pages fit, 4 do not
-    assert m.last_shortfall == {"full": 1}
+    assert m.can_resize(1, 48, 0)  # 3 pages fit, 4 do not
+    refused = m.can_resize(1, 49, 0)
+    assert not refused and refused.short == {"full": 1}
     assert_unchanged(before, snapshot(m))
     with pytest.raises(CacheUsageError):
         m.can_resize(1, 5, 6)

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvpool.cache import KVCacheManager
+from kvpool.cache import Dummies, KVCacheManager
 from kvpool.cache.hashing import extend_hashes
 from kvpool.spec import pages_needed
 from test_cache_factories import assert_unchanged, hybrid_spec, manager, snapshot
@@ -58,8 +58,8 @@ class ManagerMachine(RuleBasedStateMachine):
         assert hit % tpb == 0 and 0 <= hit < len(tokens), (hit, len(tokens))
         if hit:  # the shared full-attention pages hold exactly this prefix's hashes
             want: list[int] = []
-            extend_hashes(want, tokens, tpb, self.m._requests[rid].seed, hit // tpb)
-            pool = self.m._pools[0]
+            extend_hashes(want, tokens, tpb, self.m.requests.get(rid).seed, hit // tpb)
+            pool = self.m.pools[0]
             got = [pool.page_hash[p] for p in self.m.block_table(rid, "full").tolist()]
             assert got == want, (got, want)
         self.shapes[rid] = (hit, hit)
@@ -132,22 +132,23 @@ class ManagerMachine(RuleBasedStateMachine):
           is_gen=st.booleans())
     def dummies(self, batch: int, token_num: int, draft: int, is_gen: bool) -> None:
         before = snapshot(self.m)
-        ids = self.m.add_dummy_requests(batch, token_num, draft, is_gen)
-        if ids is None:
+        dummies = self.m.add_dummy_requests(batch, token_num, draft, is_gen)
+        if not dummies:
+            assert dummies.short and not dummies.ids
             assert_unchanged(before, snapshot(self.m))
             return
-        for rid in ids:
+        for rid in dummies.ids:
             self.m.free(rid)
 
     @rule(draft=st.integers(0, 3), batch=st.integers(1, 3))
     def query(self, draft: int, batch: int) -> None:
         answer = self.m.max_generation_length(batch, draft)
         if answer:
-            shorts = self.m.add_dummy_requests(batch - 1, 1, draft) if batch > 1 else []
-            assert shorts is not None
+            shorts = self.m.add_dummy_requests(batch - 1, 1, draft) if batch > 1 else Dummies()
+            assert shorts
             longest = self.m.add_dummy_requests(1, answer, draft)
-            assert longest is not None, f"max_generation_length {answer} does not allocate"
-            for rid in shorts + longest:
+            assert longest, f"max_generation_length {answer} does not allocate: {longest.short}"
+            for rid in shorts.ids + longest.ids:
                 self.m.free(rid)
 
     @invariant()

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpool.cache import CacheUsageError, KVCacheManager, SkippedShape
+from kvpool.cache import CacheUsageError, Dummies, KVCacheManager, SkippedShape
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.spec import LayerGroup, ModelSpec
 from test_cache_factories import assert_unchanged, full_spec, hybrid_spec, manager, snapshot
@@ -22,14 +22,14 @@ def test_generation_dummy_at_a_page_boundary_fits(draft_len: int, expected: int)
     token plus d drafts), so it fits; the old double count asked for 129."""
     m = manager(full_spec(tpb=32), {"full": 6})
     assert m.max_generation_length(3, draft_len) == expected
-    shorts = m.add_dummy_requests(2, 1, draft_len)
-    assert shorts is not None
+    assert m.add_dummy_requests(2, 1, draft_len)
     before = snapshot(m)
-    assert m.add_dummy_requests(1, expected + 1, draft_len) is None  # one token more: a 5th page
+    refused = m.add_dummy_requests(1, expected + 1, draft_len)  # one token more: a 5th page
+    assert not refused and refused.short == {"full": 1} and refused.ids == ()
     assert_unchanged(before, snapshot(m))
-    long_ids = m.add_dummy_requests(1, expected, draft_len)
-    assert long_ids is not None
-    (rid,) = long_ids
+    long_row = m.add_dummy_requests(1, expected, draft_len)
+    assert long_row
+    (rid,) = long_row.ids
     assert (m.capacity(rid), m.history(rid)) == (128, expected - 1)
     assert m.live_pages(rid, "full") == 4 and m.free_pages("full") == 0
     m.check_integrity()
@@ -37,7 +37,7 @@ def test_generation_dummy_at_a_page_boundary_fits(draft_len: int, expected: int)
 
 def test_dummies_hold_only_the_window_in_sliding_groups() -> None:
     m = manager(hybrid_spec(tpb=16, window=40), {"full": 100, "sliding": 10, "linear_state": 4})
-    (rid,) = m.add_dummy_requests(1, 1000) or []
+    (rid,) = m.add_dummy_requests(1, 1000).ids
     # capacity 1000, history 999: full ceil(1000/16) = 63 pages; sliding
     # 63 - floor((999 + 1 - 40)/16) = 63 - 60 = 3; one state slot
     assert [m.live_pages(rid, g) for g in ("full", "sliding", "linear_state")] == [63, 3, 1]
@@ -45,10 +45,10 @@ def test_dummies_hold_only_the_window_in_sliding_groups() -> None:
 
 def test_context_dummy_counts_extra_kv_tokens_once() -> None:
     m = manager(full_spec(tpb=16), {"full": 10}, num_extra_kv_tokens=2)
-    (rid,) = m.add_dummy_requests(1, 30, draft_len=5, is_gen=False) or []
+    (rid,) = m.add_dummy_requests(1, 30, draft_len=5, is_gen=False).ids
     # context: capacity 30 + E = 32 -> 2 pages, history 0 (drafts play no part)
     assert (m.capacity(rid), m.history(rid), m.live_pages(rid, "full")) == (32, 0, 2)
-    (gen,) = m.add_dummy_requests(1, 30, draft_len=5) or []
+    (gen,) = m.add_dummy_requests(1, 30, draft_len=5).ids
     # generation: capacity 30 + 5 + 2 = 37 -> 3 pages, history 29
     assert (m.capacity(gen), m.history(gen), m.live_pages(gen, "full")) == (37, 29, 3)
 
@@ -56,11 +56,11 @@ def test_context_dummy_counts_extra_kv_tokens_once() -> None:
 def test_dummy_batches_are_all_or_nothing() -> None:
     m = manager(full_spec(tpb=16), {"full": 5})
     before = snapshot(m)
-    assert m.add_dummy_requests(3, 32) is None  # 3 x ceil(32/16) = 6 > 5 pages
+    assert not m.add_dummy_requests(3, 32)  # 3 x ceil(32/16) = 6 > 5 pages
     assert_unchanged(before, snapshot(m))
     assert m.num_requests == 0
-    ids = m.add_dummy_requests(2, 32)
-    assert ids is not None and len(ids) == 2 and all(r < 0 for r in ids)
+    ids = m.add_dummy_requests(2, 32).ids
+    assert len(ids) == 2 and all(r < 0 for r in ids)
     for rid in ids:
         m.free(rid)
     assert m.free_pages("full") == 5
@@ -135,13 +135,13 @@ def test_query_is_page_exact(tpb: int, draft: int, extra: int, window: int, batc
 
     def allocates(token_num: int) -> bool:
         before = snapshot(m)
-        shorts = m.add_dummy_requests(batch - 1, 1, draft) if batch > 1 else []
-        longest = m.add_dummy_requests(1, token_num, draft) if shorts is not None else None
-        for rid in (shorts or []) + (longest or []):
+        shorts = m.add_dummy_requests(batch - 1, 1, draft) if batch > 1 else Dummies()
+        longest = m.add_dummy_requests(1, token_num, draft) if shorts else Dummies(short={"-": 1})
+        for rid in shorts.ids + longest.ids:
             m.free(rid)
         m.take_events()
         assert_unchanged({"stats": before["stats"]}, {"stats": m.stats()})
-        return shorts is not None and longest is not None
+        return bool(shorts and longest)
 
     assert 0 <= answer <= max_seq_len
     if answer:
@@ -178,11 +178,11 @@ def test_query_is_exact_with_only_bounded_groups(tpb: int, draft: int, w1: int, 
     answer = m.max_generation_length(batch, draft)
 
     def allocates(token_num: int) -> bool:
-        shorts = m.add_dummy_requests(batch - 1, 1, draft) if batch > 1 else []
-        longest = m.add_dummy_requests(1, token_num, draft) if shorts is not None else None
-        for rid in (shorts or []) + (longest or []):
+        shorts = m.add_dummy_requests(batch - 1, 1, draft) if batch > 1 else Dummies()
+        longest = m.add_dummy_requests(1, token_num, draft) if shorts else Dummies(short={"-": 1})
+        for rid in shorts.ids + longest.ids:
             m.free(rid)
-        return shorts is not None and longest is not None
+        return bool(shorts and longest)
 
     fitting = [t for t in range(1, max_seq_len + 1) if allocates(t)]
     assert answer == max(fitting, default=0), f"answer {answer}, brute force {fitting[-3:]}"

@@ -2,9 +2,10 @@
 
 `KVCacheManager(plan)` owns one page pool per group of a `PoolPlan` and keeps,
 for each request, which pages hold its positions (`block_table`). Every page
-count comes from `kvpool.spec.pages` (DESIGN rule 1).
+count comes from `kvpool.spec.pages` (docs/design.md, rule 1).
 """
 
+from kvpool.cache.core import KVCacheCore
 from kvpool.cache.events import (
     CacheEvent,
     CacheIntegrityError,
@@ -13,9 +14,11 @@ from kvpool.cache.events import (
     GroupStats,
 )
 from kvpool.cache.manager import STALE, KVCacheManager
+from kvpool.cache.request import Request
+from kvpool.cache.results import Dummies, Resize
 from kvpool.cache.warmup import SkippedShape, WarmupReport
 
 __all__ = [
-    "STALE", "CacheEvent", "CacheIntegrityError", "CacheStats", "CacheUsageError", "GroupStats",
-    "KVCacheManager", "SkippedShape", "WarmupReport",
+    "STALE", "CacheEvent", "CacheIntegrityError", "CacheStats", "CacheUsageError", "Dummies",
+    "GroupStats", "KVCacheCore", "KVCacheManager", "Request", "Resize", "SkippedShape", "WarmupReport",
 ]

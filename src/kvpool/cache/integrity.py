@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
 import numpy as np
 
 from kvpool.cache.events import CacheIntegrityError
+from kvpool.cache.request import Request
+from kvpool.cache.slots import SlotTables
 from kvpool.spec.pages import pages_needed, stale_pages
 
-if TYPE_CHECKING:
-    from kvpool.cache.manager import KVCacheManager
 
-
-def check_integrity(mgr: KVCacheManager) -> None:
+def check_integrity(t: SlotTables, requests: Iterable[Request]) -> None:
     """Raise `CacheIntegrityError` naming the offending pages per group unless:
     ref counts equal the number of table entries naming each page; unowned
     pages are on the free stack (no hash) or in the LRU (hash) exactly once;
@@ -23,8 +22,7 @@ def check_integrity(mgr: KVCacheManager) -> None:
     table matches `pages_needed`/`stale_pages` of its request's shape."""
     bad: dict[str, list[int]] = {}
     reasons: list[str] = []
-    t = mgr._t
-    slots = [mgr._slot_of[rid] for rid in mgr._requests]
+    slots = [req.slot for req in requests]
     for gi, pool in enumerate(t.pools):
         group = t.groups[gi]
         n = pool.num_pages
@@ -55,7 +53,7 @@ def check_integrity(mgr: KVCacheManager) -> None:
         if wrong_ref:
             reasons.append(f"{group.name}: ref counts differ from owners at pages {wrong_ref}")
             offending.update(wrong_ref)
-        if group.kind != "state":
+        if not group.rule.per_request:
             # only a prefix hit shares a page, and a hit page carries its hash:
             # a shared page without one means two requests write the same page
             shared = [p for p in np.flatnonzero(ref > 1).tolist() if pool.page_hash[p] is None]

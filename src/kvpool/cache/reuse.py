@@ -3,37 +3,35 @@
 Per-group rules for a hit of k whole pages (n = k * tpb reused positions; the
 request then has capacity = history = n):
 
-- full and compressed groups need every page 0..k-1 cached (compressed pages
-  still cover tpb positions, so only whole pages are ever reused);
-- sliding and chunked groups need only the pages that are live at history n,
-  i.e. pages `stale_pages(group, n)`..k-1 (the last window of the hit);
-- a state group needs a snapshot taken when a request's history was exactly n
+- a group of pages needs the pages that are live at history n, i.e. pages
+  `stale_pages(group, n)`..k-1: every page 0..k-1 for full and compressed
+  groups (compressed pages still cover tpb positions, so only whole pages are
+  ever reused), the last window of the hit for sliding and chunked ones;
+- a per-request (state) group needs a snapshot taken when a request's history was exactly n
   (only with `state_snapshots=True`; without, a model with a state group
   never reuses); the snapshot page becomes the new request's state slot (its
   hash is dropped, since the request will overwrite it).
 
-The longest k that satisfies every group wins.
+The longest k that satisfies every group wins. The functions take the slot
+tables and the request record, never the manager.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from kvpool.cache.events import CacheUsageError
 from kvpool.cache.hashing import extend_hashes, salt_seed
+from kvpool.cache.request import Request
+from kvpool.cache.slots import SlotTables
 from kvpool.spec.pages import pages_needed, stale_pages
-
-if TYPE_CHECKING:
-    from kvpool.cache.manager import KVCacheManager, _Request
 
 __all__ = ["attach_prefix", "commit", "longest_hit", "salt_seed", "store_before_release"]
 
 
-def longest_hit(mgr: KVCacheManager, hashes: Sequence[int]) -> int:
+def longest_hit(t: SlotTables, hashes: Sequence[int]) -> int:
     """Largest k <= len(hashes) such that a request can reuse k whole pages."""
     k = len(hashes)
-    t = mgr._t
     pools = t.pools
     for gi, pool in enumerate(pools):
         if t.never_stale[gi] and not t.is_state[gi]:
@@ -41,7 +39,7 @@ def longest_hit(mgr: KVCacheManager, hashes: Sequence[int]) -> int:
             while j < k and hashes[j] in pool.cached:
                 j += 1
             k = j
-    tpb = mgr.tokens_per_block
+    tpb = t.tokens_per_block
     checks = [gi for gi in range(len(pools)) if t.is_state[gi] or not t.never_stale[gi]]
     while k > 0:
         ok = True
@@ -50,7 +48,7 @@ def longest_hit(mgr: KVCacheManager, hashes: Sequence[int]) -> int:
             if t.is_state[gi]:
                 ok = hashes[k - 1] in cached
             else:
-                first = stale_pages(mgr.groups[gi], k * tpb)
+                first = stale_pages(t.groups[gi], k * tpb)
                 ok = all(h in cached for h in hashes[first:k])
             if not ok:
                 break
@@ -60,18 +58,18 @@ def longest_hit(mgr: KVCacheManager, hashes: Sequence[int]) -> int:
     return 0
 
 
-def attach_prefix(mgr: KVCacheManager, req: _Request) -> int:
+def attach_prefix(t: SlotTables, req: Request) -> int:
     """Attach the longest cached prefix of `req.tokens` to a fresh request;
     returns the reused tokens. The last prompt token is never reused."""
     tokens = req.tokens
-    tpb = mgr.tokens_per_block
+    tpb = t.tokens_per_block
     if not tokens:
         return 0
     extend_hashes(req.hashes, tokens, tpb, req.seed, (len(tokens) - 1) // tpb)
-    k = longest_hit(mgr, req.hashes)
+    k = longest_hit(t, req.hashes)
     if k == 0:
         return 0
-    n, slot, t = k * tpb, req.slot, mgr._t
+    n, slot = k * tpb, req.slot
     for gi, (group, pool) in enumerate(zip(t.groups, t.pools, strict=True)):
         stale = stale_pages(group, n)
         nblk = pages_needed(group, n, n) + stale
@@ -95,7 +93,7 @@ def attach_prefix(mgr: KVCacheManager, req: _Request) -> int:
     return n
 
 
-def store_before_release(mgr: KVCacheManager, req: _Request, history: int) -> None:
+def store_before_release(t: SlotTables, req: Request, history: int) -> None:
     """A resize is about to raise `req`'s history to `history` (so positions
     below it are computed) and release the pages that leave a sliding window or
     a finished chunk. Store the whole pages whose token ids are known first, so
@@ -106,20 +104,21 @@ def store_before_release(mgr: KVCacheManager, req: _Request, history: int) -> No
     if req.dummy or req.tokens is None:
         return
     # only pages that exist now can be stored: those below the current capacity
-    n = min(len(req.tokens), history, int(mgr._t.cap[req.slot]))
-    if n // mgr.tokens_per_block > req.committed:
-        commit(mgr, req, n, None, computed=history)
+    n = min(len(req.tokens), history, int(t.cap[req.slot]))
+    if n // t.tokens_per_block > req.committed:
+        commit(t, req, n, None, computed=history)
 
 
-def commit(mgr: KVCacheManager, req: _Request, num_tokens: int,
-           tokens: Sequence[int] | None, *, computed: int | None = None) -> int:
+def commit(t: SlotTables, req: Request, num_tokens: int, tokens: Sequence[int] | None, *,
+           computed: int | None = None, state_snapshots: bool = False) -> int:
     """Store the hashes of the whole pages among the first `num_tokens`
     positions (see `KVCacheManager.commit`). `computed` (default: the
     request's history) bounds `num_tokens`; a caller that passes it is about to
-    raise history there, and state snapshots are then skipped."""
+    raise history there, and state snapshots are then skipped. Without
+    `state_snapshots` state groups are never snapshotted."""
     fresh = [int(x) for x in tokens] if tokens is not None else []
     known = (len(req.tokens) if req.tokens is not None else 0) + len(fresh)
-    slot, t = req.slot, mgr._t
+    slot = req.slot
     hist = int(t.hist[slot])
     if not 0 <= num_tokens <= min(known, hist if computed is None else computed):
         raise CacheUsageError(
@@ -129,7 +128,7 @@ def commit(mgr: KVCacheManager, req: _Request, num_tokens: int,
         if req.tokens is None:
             req.tokens = []
         req.tokens.extend(fresh)
-    tpb = mgr.tokens_per_block
+    tpb = t.tokens_per_block
     k = num_tokens // tpb  # whole pages only
     done = req.committed
     if k <= done:
@@ -142,7 +141,7 @@ def commit(mgr: KVCacheManager, req: _Request, num_tokens: int,
         nblk = int(t.nblk[gi, slot])
         if t.is_state[gi]:
             # the state slot holds the state after exactly `hist` positions
-            if (computed is None and mgr.state_snapshots and k * tpb == hist and nblk == 1
+            if (computed is None and state_snapshots and k * tpb == hist and nblk == 1
                     and hashes[k - 1] not in pool.cached and pool.num_free):
                 page = pool.take(1)[0]
                 pool.store(page, hashes[k - 1], hashes[k - 2] if k > 1 else None, k * tpb,

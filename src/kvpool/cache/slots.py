@@ -23,11 +23,12 @@ import numpy as np
 import numpy.typing as npt
 
 from kvpool.cache.pool import PagePool
+from kvpool.cache.results import RESIZED, Resize
 from kvpool.spec.groups import LayerGroup
+from kvpool.spec.kinds import NEVER  # threshold of a group that never goes stale
 from kvpool.spec.pages import pages_needed, stale_pages
 
 STALE = -1  # block-table entry of a block that has no page (stale or never needed)
-NEVER = 1 << 62  # threshold of a group that never goes stale
 IntArray = npt.NDArray[np.int64]
 
 
@@ -48,14 +49,14 @@ class _Change:
 
 class SlotTables:
     """Shapes and page tables of up to `len(cap)` requests (grows on demand).
-    Methods that return bool change nothing when they return False."""
+    Methods that return a `Resize` change nothing when it is falsy."""
 
     def __init__(self, groups: Sequence[LayerGroup], pools: list[PagePool], slots: int,
                  longest: int) -> None:
         self.groups = tuple(groups)
         self.pools = pools
         self.tokens_per_block = groups[0].tokens_per_block
-        self.is_state = [g.kind == "state" for g in groups]
+        self.is_state = [g.rule.per_request for g in groups]
         self.never_stale = [stale_pages(g, NEVER) == 0 for g in groups]
         n_groups = len(groups)
         self.cap: IntArray = np.zeros(slots, np.int64)
@@ -70,7 +71,6 @@ class SlotTables:
         self.tables = [np.full((slots, min(1024, pages_needed(g, longest) + 1)), STALE, np.int32)
                        for g in groups]
         self.free_slots = list(range(slots - 1, -1, -1))
-        self.last_shortfall: dict[str, int] = {}
 
     # ------------------------------------------------------------------ slots
 
@@ -104,39 +104,41 @@ class SlotTables:
 
     # ------------------------------------------------------------------ moving shapes
 
-    def resize_one(self, slot: int, cap: int, hist: int) -> bool:
+    def resize_one(self, slot: int, cap: int, hist: int) -> Resize:
         """Move one request (validated shape) unless a group lacks pages."""
         hi, lo, nxt = self.thresholds[:, :, slot].tolist()
-        if (cap > min(hi) or cap <= max(lo) or hist >= min(nxt)) and not self.apply(
-                [slot], [cap], [hist]):
-            return False
+        if cap > min(hi) or cap <= max(lo) or hist >= min(nxt):
+            done = self.apply([slot], [cap], [hist])
+            if not done:
+                return done
         self.cap[slot] = cap
         self.hist[slot] = hist
-        return True
+        return RESIZED
 
     def resize_batch(self, slots: npt.NDArray[np.intp], caps: IntArray, hists: IntArray, *,
-                     dry_run: bool = False) -> bool:
+                     dry_run: bool = False) -> Resize:
         """Move a batch of distinct requests (validated shapes), all or none
         (`dry_run`: only answer)."""
         c, h = caps[None, :], hists[None, :]
         crossing = ((c > self.cap_hi[:, slots]) | (c <= self.cap_lo[:, slots])
                     | (h >= self.stale_next[:, slots]))
         idx = np.flatnonzero(crossing.any(axis=0))
-        if idx.size and not self.apply(slots[idx].tolist(), caps[idx].tolist(), hists[idx].tolist(),
-                                       crossing[:, idx].tolist(), dry_run=dry_run):
-            return False
-        if dry_run:
-            return True
-        self.cap[slots] = caps
-        self.hist[slots] = hists
-        return True
+        if idx.size:
+            done = self.apply(slots[idx].tolist(), caps[idx].tolist(), hists[idx].tolist(),
+                              crossing[:, idx].tolist(), dry_run=dry_run)
+            if not done:
+                return done
+        if not dry_run:
+            self.cap[slots] = caps
+            self.hist[slots] = hists
+        return RESIZED
 
     def apply(self, slots: list[int], caps: list[int], hists: list[int],
-              mask: list[list[bool]] | None = None, *, dry_run: bool = False) -> bool:
+              mask: list[list[bool]] | None = None, *, dry_run: bool = False) -> Resize:
         """Move the tables of each (slot, capacity, history) in every group (or
         only where `mask[group][i]`): plan with `pages_needed`/`stale_pages`;
         if every group has the pages, apply (all releases first, then the
-        allocations); else change nothing, set `last_shortfall`, return False.
+        allocations); else change nothing and say which groups lacked pages.
         Does not write `cap`/`hist` (the callers do). `dry_run`: only answer."""
         if len(slots) == 1:  # a view and a flat list: cheaper than fancy indexing
             old_nblk = [[n] for n in self.nblk[:, slots[0]].tolist()]
@@ -176,10 +178,9 @@ class SlotTables:
                     short[pool.name] = missing
             plans.append(changes)
         if short:
-            self.last_shortfall = short
-            return False
+            return Resize(short)
         if dry_run:
-            return True
+            return RESIZED
         for gi, changes in enumerate(plans):
             table, pool = self.tables[gi], self.pools[gi]
             for ch in changes:
@@ -192,7 +193,7 @@ class SlotTables:
         for gi, changes in enumerate(plans):
             if changes:
                 self._allocate(gi, changes)
-        return True
+        return RESIZED
 
     def _allocate(self, gi: int, changes: list[_Change]) -> None:
         """Apply planned changes of one group after the releases: new pages

@@ -10,17 +10,32 @@ fits. A context dummy of `token_num` has capacity `token_num + E`, history 0.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kvpool.cache.events import CacheUsageError
+from kvpool.cache.results import Dummies
 from kvpool.errors import OutOfPagesError
 from kvpool.plan.feasibility import largest_fitting
+from kvpool.plan.limits import ServingLimits
+from kvpool.spec.groups import LayerGroup
 from kvpool.spec.pages import decode_worst_case_pages, pages_needed
 
-if TYPE_CHECKING:
-    from kvpool.cache.manager import KVCacheManager
+
+class DummyPages(Protocol):
+    """What the capacity query and the warmup use of `KVCacheManager`."""
+
+    @property
+    def groups(self) -> Sequence[LayerGroup]: ...
+    @property
+    def limits(self) -> ServingLimits: ...
+    def free_pages(self, group: str) -> int: ...
+    def live_pages(self, rid: int, group: str) -> int: ...
+    def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0,
+                           is_gen: bool = True) -> Dummies: ...
+    def reserve_padding_dummy(self, draft_len: int = 0) -> int | None: ...
+    def free(self, rid: int) -> None: ...
 
 
 def dummy_shape(token_num: int, draft_len: int, extra: int, is_gen: bool = True) -> tuple[int, int]:
@@ -37,7 +52,7 @@ def check_dummy_args(batch_size: int, token_num: int, draft_len: int) -> None:
             raise CacheUsageError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
-def shortfall(mgr: KVCacheManager, batch: Iterable[tuple[int, int]]) -> dict[str, int]:
+def shortfall(mgr: DummyPages, batch: Iterable[tuple[int, int]]) -> dict[str, int]:
     """Pages missing per group (only groups that lack pages) for new requests
     of the given (capacity, history) shapes, against the pages free now."""
     shapes = list(batch)
@@ -50,7 +65,7 @@ def shortfall(mgr: KVCacheManager, batch: Iterable[tuple[int, int]]) -> dict[str
     return short
 
 
-def max_generation_length(mgr: KVCacheManager, batch_size: int, draft_len: int = 0) -> int:
+def max_generation_length(mgr: DummyPages, batch_size: int, draft_len: int = 0) -> int:
     """Largest `token_num` of the longest row of a decode batch of `batch_size`
     whose other rows are minimal decodes (token_num 1), given the pages free
     now; 0 if even token_num 1 does not fit. Capped at `limits.max_seq_len`: a
@@ -86,20 +101,17 @@ def max_generation_length(mgr: KVCacheManager, batch_size: int, draft_len: int =
     if not rest or fits(rest, lo):
         return lo
     # A bounded group's need repeats with a period once its window is full
-    # (tpb for sliding(W) from W on, lcm(C, tpb) for chunked(C) everywhere) and
-    # only grows with length before any page is stale (up to W + tpb - 1, or C).
+    # and only grows with length before any page is stale (`KindRule.need_period`:
+    # tpb from W on and up to W + tpb - 1 for sliding(W), lcm(C, tpb) and C for chunked(C)).
     # So: scan one period below `lo` where every group repeats (nothing there
     # means nothing longer fits either), then the stretch between the two
     # regions, then bisect. Fast at million-token limits, exact everywhere.
-    tpb = mgr.tokens_per_block
     period, periodic_from, monotone_to = 1, 1, lo
     for g in rest:
-        if g.kind in ("sliding", "chunked"):
-            assert g.window is not None
-            sliding = g.kind == "sliding"
-            period = math.lcm(period, tpb if sliding else math.lcm(g.window, tpb))
-            periodic_from = max(periodic_from, g.window if sliding else 1)
-            monotone_to = min(monotone_to, g.window + tpb - 1 if sliding else g.window)
+        p, since, until = g.rule.need_period(g)
+        period = math.lcm(period, p)
+        periodic_from = max(periodic_from, since)
+        monotone_to = min(monotone_to, until)
     top = lo - 1
     if lo - period >= periodic_from:
         for token_num in range(top, lo - period, -1):
@@ -161,7 +173,7 @@ def _worst(short: dict[str, int]) -> tuple[str, int]:
     return name, short[name]
 
 
-def warmup(mgr: KVCacheManager, batch_sizes: Iterable[int],
+def warmup(mgr: DummyPages, batch_sizes: Iterable[int],
            draft_lens: Iterable[int] = (0,)) -> WarmupReport:
     """Dry-run CUDA-graph warmup: for each (b, d), b - 1 minimal generation
     dummies plus one of `max_generation_length`, then free them. Then keep one
@@ -172,25 +184,26 @@ def warmup(mgr: KVCacheManager, batch_sizes: Iterable[int],
     for d in drafts:
         for b in sorted(set(batch_sizes)):
             check_dummy_args(b, 1, d)
-            shorts = mgr.add_dummy_requests(b - 1, 1, d) if b > 1 else []
-            if shorts is None:
+            short_rows = mgr.add_dummy_requests(b - 1, 1, d) if b > 1 else Dummies()
+            if not short_rows:
                 group, pages = _worst(shortfall(mgr, [dummy_shape(1, d, extra)] * b))
                 skipped.append(SkippedShape(b, d, group, pages))
                 continue
+            taken = list(short_rows.ids)
             longest = max_generation_length(mgr, 1, d)
             if longest == 0:
                 group, pages = _worst(shortfall(mgr, [dummy_shape(1, d, extra)]))
                 skipped.append(SkippedShape(b, d, group, pages))
             else:
-                long_ids = mgr.add_dummy_requests(1, longest, d)
-                if long_ids is None:  # the query promised this fits
+                long_row = mgr.add_dummy_requests(1, longest, d)
+                if not long_row:  # the query promised this fits
                     raise OutOfPagesError(
                         f"warmup dummy of {longest} tokens (batch {b}, draft {d}) did not fit "
-                        f"although max_generation_length allowed it; short: {mgr.last_shortfall}")
+                        f"although max_generation_length allowed it; short: {dict(long_row.short)}")
                 captured.append((b, d))
                 lengths[(b, d)] = longest
-                shorts += long_ids
-            for rid in shorts:
+                taken += long_row.ids
+            for rid in taken:
                 mgr.free(rid)
     padding: dict[int, int | None] = {}
     padding_short = {}

@@ -2,8 +2,13 @@
 (FCFS admission, chunked prefill, preemption by recompute, CUDA-graph padding).
 NumPy-free; drives a `kvpool.cache.KVCacheManager`."""
 
-from kvpool.sched.scheduler import PagedCache, Scheduler, SchedulerError
-from kvpool.sched.sequence import Sequence, Status
+from kvpool.sched.paged_cache import PagedCache
+from kvpool.sched.runs import advance_decodes, decode_run_limit
+from kvpool.sched.scheduler import Scheduler
+from kvpool.sched.sequence import SchedulerError, Sequence, Status
 from kvpool.sched.step import Step
 
-__all__ = ["PagedCache", "Scheduler", "SchedulerError", "Sequence", "Status", "Step"]
+__all__ = [
+    "PagedCache", "Scheduler", "SchedulerError", "Sequence", "Status", "Step", "advance_decodes",
+    "decode_run_limit",
+]

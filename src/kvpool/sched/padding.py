@@ -7,10 +7,14 @@ import bisect
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
+from kvpool.cache.results import Dummies
+
 
 class DummySource(Protocol):
+    """Where lazy padding dummies come from (a `PagedCache`)."""
+
     def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0,
-                           is_gen: bool = True) -> list[int] | None: ...
+                           is_gen: bool = True) -> Dummies: ...
     def free(self, rid: int) -> None: ...
 
 
@@ -51,11 +55,11 @@ class GraphPadding:
             return (padded, rid) if rid is not None else (None, None)
         # A minimal generation dummy: token_num 1 (its input token); the drafts
         # are added by the manager once (rule 2), not folded into token_num too.
-        ids = self.manager.add_dummy_requests(1, 1, draft_len=draft_len)
-        if not ids:
+        dummy = self.manager.add_dummy_requests(1, 1, draft_len=draft_len)
+        if not dummy:
             return None, None
-        self.lazy_dummy = ids[0]
-        return padded, ids[0]
+        self.lazy_dummy = dummy.ids[0]
+        return padded, dummy.ids[0]
 
     def release(self) -> None:
         """Free this step's lazy dummy, if any."""

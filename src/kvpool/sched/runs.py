@@ -3,20 +3,18 @@
 Between two events (an arrival, a finish, a page shortage) a decode-only step
 repeats unchanged except that every row is one token longer. `advance_decodes`
 applies k such steps with one `manager.extend` call; the result equals k
-rounds of `Scheduler.schedule()` + `update()`.
+rounds of `Scheduler.schedule()` + `update()`. Only public methods of the
+scheduler are used (`finish`), so the two modules import one way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from kvpool.sched.sequence import Sequence
+from kvpool.sched.scheduler import Scheduler
+from kvpool.sched.sequence import Sequence, append_tokens
 from kvpool.sched.step import Step
-from kvpool.spec import LayerGroup, decode_worst_case_pages
-
-if TYPE_CHECKING:
-    from kvpool.sched.scheduler import Scheduler
+from kvpool.spec import decode_worst_case_pages
 
 
 def decode_run_limit(sched: Scheduler, step: Step) -> int:
@@ -50,9 +48,10 @@ def advance_decodes(sched: Scheduler, step: Step, steps: int, token: int, *,
     if any(token in s.stop_ids for s, _ in step.decodes):
         return None
     rows = len(step.decodes)
-    for g in _groups(sched):
+    for g in sched.manager.spec.groups:
         worst = decode_worst_case_pages(g, sched.limits.headroom)
-        if worst is not None and g.kind != "state" and sched.manager.free_pages(g.name) < rows * worst:
+        if (worst is not None and not g.rule.per_request  # a state slot never grows
+                and sched.manager.free_pages(g.name) < rows * worst):
             return None
     if not sched.manager.extend([s.rid for s, _ in step.decodes], steps - 1):
         return None
@@ -62,11 +61,7 @@ def advance_decodes(sched: Scheduler, step: Step, steps: int, token: int, *,
     run = [token] * steps
     for seq, _ in step.decodes:
         seq.num_computed += steps
-        if sched._append(seq, run):
+        if append_tokens(seq, run, sched.limits.max_seq_len):
             finished.append(seq)
-    sched._release(finished)
+    sched.finish(finished)
     return finished
-
-
-def _groups(sched: Scheduler) -> tuple[LayerGroup, ...]:
-    return sched.manager.spec.groups

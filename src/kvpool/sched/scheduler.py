@@ -10,38 +10,14 @@ only decides which request gets how many positions. See docs/sched.md.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from collections.abc import Iterable, Mapping
 
-from kvpool.errors import KvpoolError
+from kvpool.plan.feasibility import largest_fitting
 from kvpool.plan.limits import ServingLimits
-from kvpool.sched import runs
 from kvpool.sched.padding import GraphPadding
-from kvpool.sched.sequence import Sequence, Status
+from kvpool.sched.paged_cache import PagedCache
+from kvpool.sched.sequence import SchedulerError, Sequence, Status, append_tokens, check_request
 from kvpool.sched.step import Step
-from kvpool.spec import ModelSpec
-
-
-class SchedulerError(KvpoolError, ValueError):
-    """A request or a step result the scheduler cannot accept."""
-
-
-class PagedCache(Protocol):
-    """The part of `kvpool.cache.KVCacheManager` the scheduler uses."""
-
-    spec: ModelSpec
-
-    def create(self, rid: int, tokens: list[int] | None = None, salt: int | None = None) -> int: ...
-    def resize(self, rid: int, capacity: int, history: int | None = None) -> bool: ...
-    def commit(self, rid: int, num_tokens: int, tokens: list[int] | None = None) -> int: ...
-    def free(self, rid: int) -> None: ...
-    def resize_many(self, rids: list[int], capacities: list[int],
-                    histories: list[int] | None = None) -> bool: ...
-    def extend(self, rids: list[int], num_tokens: int = 1) -> bool: ...
-    def capacity(self, rid: int) -> int: ...
-    def free_pages(self, group: str) -> int: ...
-    def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0,
-                           is_gen: bool = True) -> list[int] | None: ...
 
 
 class Scheduler:
@@ -86,15 +62,7 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         """Queue a request (FCFS). Raises SchedulerError for an empty prompt, a
         prompt of at least `max_seq_len` tokens, or a duplicate rid."""
-        if not seq.prompt_ids:
-            raise SchedulerError(f"request {seq.rid}: empty prompt")
-        if len(seq.prompt_ids) >= self.limits.max_seq_len:
-            raise SchedulerError(
-                f"request {seq.rid}: prompt of {len(seq.prompt_ids)} tokens leaves no room to "
-                f"generate within max_seq_len {self.limits.max_seq_len}"
-            )
-        if seq.max_new_tokens < 1:
-            raise SchedulerError(f"request {seq.rid}: max_new_tokens must be at least 1")
+        check_request(seq, self.limits.max_seq_len)
         if seq.rid in self._rids:
             raise SchedulerError(f"request id {seq.rid} is already queued or running")
         self._rids.add(seq.rid)
@@ -214,16 +182,12 @@ class Scheduler:
         extra = self.limits.num_extra_kv_tokens
         if self.manager.resize(rid, history + tokens + extra, history):
             return tokens
-        lo, hi = 0, tokens - 1  # pages needed grow with the chunk: bisect on the manager's answer
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.manager.resize(rid, history + mid + extra, history):
-                lo = mid
-            else:
-                hi = mid - 1
-        if lo and not self.manager.resize(rid, history + lo + extra, history):  # pragma: no cover
+        # pages needed grow with the chunk: bisect on the manager's own answer
+        n = largest_fitting(1, tokens - 1,
+                            lambda m: bool(self.manager.resize(rid, history + m + extra, history)))
+        if n > 0 and not self.manager.resize(rid, history + n + extra, history):  # pragma: no cover
             return 0
-        return lo
+        return max(n, 0)
 
     def _resize_or_preempt(self, seq: Sequence, capacity: int, history: int) -> bool:
         """Resize `seq`; while that fails, preempt the most recently admitted
@@ -274,20 +238,6 @@ class Scheduler:
         self._rids.discard(seq.rid)
         self._rejected.append(seq)
 
-    def graph_size_for(self, batch_size: int, draft_len: int = 0) -> int | None:
-        """The smallest captured CUDA-graph batch size ≥ `batch_size` for
-        `draft_len`, or None when no captured graph is that large."""
-        return self.graphs.size_for(batch_size, draft_len)
-
-    @property
-    def padding_rids(self) -> dict[int, int]:
-        """The persistent padding dummy per draft length (settable)."""
-        return self.graphs.padding_rids
-
-    @padding_rids.setter
-    def padding_rids(self, rids: Mapping[int, int]) -> None:
-        self.graphs.padding_rids = dict(rids)
-
     def _pad(self, decodes: list[tuple[Sequence, int]], prefills: list[tuple[Sequence, int, int]]) -> Step:
         """Pad a decode-only batch to the smallest captured size ≥ its size."""
         batch = len(decodes)
@@ -319,7 +269,7 @@ class Scheduler:
                 tokens = sampled.get(seq.rid)
                 if not tokens:
                     raise SchedulerError(f"request {seq.rid} finished its prefill but no token was sampled")
-                if self._append(seq, tokens[:1]):
+                if append_tokens(seq, tokens[:1], self.limits.max_seq_len):
                     finished.append(seq)
         for seq, k in step.decodes:
             tokens = sampled.get(seq.rid)
@@ -329,14 +279,15 @@ class Scheduler:
                     f"got {0 if not tokens else len(tokens)}"
                 )
             seq.num_computed += len(tokens)
-            if self._append(seq, tokens):
+            if append_tokens(seq, tokens, self.limits.max_seq_len):
                 finished.append(seq)
         self.graphs.release()
-        self._release(finished)
+        self.finish(finished)
         return finished
 
-    def _release(self, finished: list[Sequence]) -> None:
-        """Commit and free the pages of finished requests."""
+    def finish(self, finished: list[Sequence]) -> None:
+        """Commit and free the pages of requests that finished (their status
+        already says so): they leave the running list and the manager."""
         if finished:
             done = {s.rid for s in finished}
             self.running = [s for s in self.running if s.rid not in done]
@@ -345,40 +296,3 @@ class Scheduler:
                 self._known.pop(seq.rid, None)
                 self.manager.free(seq.rid)
                 self._rids.discard(seq.rid)
-
-    def decode_run_limit(self, step: Step) -> int:
-        """How many times in a row `step` can run unchanged (see `sched.runs`)."""
-        return runs.decode_run_limit(self, step)
-
-    def advance_decodes(self, step: Step, steps: int, token: int, *,
-                        on_extended: Callable[[], None] | None = None) -> list[Sequence] | None:
-        """Run the decode-only `step` `steps` times at once, every row sampling
-        `token` (see `sched.runs.advance_decodes`); the finished requests, or
-        None when that is not possible (nothing changed)."""
-        return runs.advance_decodes(self, step, steps, token, on_extended=on_extended)
-
-    def _append(self, seq: Sequence, tokens: list[int]) -> bool:
-        """Append sampled tokens up to a stop; True when `seq` finished."""
-        out = seq.output_ids
-        if len(tokens) == 1 and tokens[0] not in seq.stop_ids:  # the common decode step
-            out.append(tokens[0])
-            n = len(out)
-            if n < seq.max_new_tokens and seq.prompt_len + n < self.limits.max_seq_len:
-                return False
-            out.pop()
-        room = min(seq.max_new_tokens - len(out), self.limits.max_seq_len - seq.num_tokens)
-        reason = None
-        for t in tokens[:room]:
-            out.append(t)
-            if t in seq.stop_ids:
-                reason = "stop"
-                break
-        if reason is None:
-            if len(out) >= seq.max_new_tokens:
-                reason = "length"
-            elif seq.num_tokens >= self.limits.max_seq_len:
-                reason = "max_seq_len"
-            else:
-                return False
-        seq.status, seq.finish_reason = Status.FINISHED, reason
-        return True

@@ -5,6 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from kvpool.errors import KvpoolError
+
+
+class SchedulerError(KvpoolError, ValueError):
+    """A request or a step result the scheduler cannot accept."""
+
 
 class Status(Enum):
     WAITING = "waiting"    # queued (new, or preempted and waiting to be recomputed)
@@ -64,3 +70,45 @@ class Sequence:
     def is_decoding(self) -> bool:
         out = len(self.output_ids)
         return out > 0 and self.num_computed == self.prompt_len + out - 1
+
+
+def append_tokens(seq: Sequence, tokens: list[int], max_seq_len: int) -> bool:
+    """Append sampled tokens to `seq` up to a stop id, `max_new_tokens` or
+    `max_seq_len`; True (and `seq` marked finished, with its reason) when it ended."""
+    out = seq.output_ids
+    if len(tokens) == 1 and tokens[0] not in seq.stop_ids:  # the common decode step
+        out.append(tokens[0])
+        n = len(out)
+        if n < seq.max_new_tokens and seq.prompt_len + n < max_seq_len:
+            return False
+        out.pop()
+    room = min(seq.max_new_tokens - len(out), max_seq_len - seq.num_tokens)
+    reason = None
+    for t in tokens[:room]:
+        out.append(t)
+        if t in seq.stop_ids:
+            reason = "stop"
+            break
+    if reason is None:
+        if len(out) >= seq.max_new_tokens:
+            reason = "length"
+        elif seq.num_tokens >= max_seq_len:
+            reason = "max_seq_len"
+        else:
+            return False
+    seq.status, seq.finish_reason = Status.FINISHED, reason
+    return True
+
+
+def check_request(seq: Sequence, max_seq_len: int) -> None:
+    """SchedulerError for an empty prompt, a prompt of at least `max_seq_len`
+    tokens (no room to generate) or `max_new_tokens` below 1."""
+    if not seq.prompt_ids:
+        raise SchedulerError(f"request {seq.rid}: empty prompt")
+    if len(seq.prompt_ids) >= max_seq_len:
+        raise SchedulerError(
+            f"request {seq.rid}: prompt of {len(seq.prompt_ids)} tokens leaves no room to "
+            f"generate within max_seq_len {max_seq_len}"
+        )
+    if seq.max_new_tokens < 1:
+        raise SchedulerError(f"request {seq.rid}: max_new_tokens must be at least 1")

@@ -21,7 +21,7 @@ from kvpool.cache import KVCacheManager
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
 from kvpool.presets.traces import Trace
-from kvpool.sched import Scheduler, Sequence, Step
+from kvpool.sched import Scheduler, Sequence, Step, advance_decodes, decode_run_limit
 from kvpool.sim.metrics import GroupUsage, SimResult
 from kvpool.sim.requests import OUTPUT_TOKEN, make_sequence
 from kvpool.sim.steptime import StepTimeModel
@@ -93,7 +93,7 @@ def simulate(
     warmup reserves (engines that allocate them lazily); `reuse` defaults to on
     when the trace has prefix hash ids. Returns the run's metrics; the plan is
     not changed. `fast` runs stretches of identical decode-only steps with one
-    manager call (`Scheduler.advance_decodes`); the result is the same up to
+    manager call (`sched.advance_decodes`); the result is the same up to
     floating-point rounding. `check` runs the manager's integrity check at
     the end (O(pages); for tests)."""
     limits = plan.limits
@@ -204,7 +204,7 @@ def _decode_run(sched: Scheduler, step: Step, model: StepTimeModel, now: float,
     finish and not past the next arrival (a request arriving during a step
     joins at the next one). Returns (per-step times, finished, free pages per
     group during the last step) or None."""
-    limit = sched.decode_run_limit(step)
+    limit = decode_run_limit(sched, step)
     if limit < 2:
         return None
     times = model.decode_run_times([s.num_computed for s, _ in step.decodes], limit,
@@ -220,14 +220,14 @@ def _decode_run(sched: Scheduler, step: Step, model: StepTimeModel, now: float,
     def measure() -> None:
         free.extend(manager.free_pages(g) for g in groups)
 
-    done = sched.advance_decodes(step, limit, OUTPUT_TOKEN, on_extended=measure)
+    done = advance_decodes(sched, step, limit, OUTPUT_TOKEN, on_extended=measure)
     return None if done is None else (times, done, free)
 
 
 def _needs_padding(sched: Scheduler, step: Step) -> bool:
     """A decode-only step ran eagerly although its batch size has a captured
     graph to pad to: the padding dummy was missing."""
-    return sched.graph_size_for(step.batch_size, step.draft_len) is not None
+    return sched.graphs.size_for(step.batch_size, step.draft_len) is not None
 
 
 def _record(seq: Sequence, ttft: list[float], tpot: list[float]) -> None:

@@ -1,7 +1,8 @@
 """spec: what a model keeps per token and per request (NumPy-free, pure data)."""
 
 from kvpool.spec.dtypes import KV_DTYPES
-from kvpool.spec.groups import KINDS, Kind, LayerGroup, ModelSpec
+from kvpool.spec.groups import Kind, LayerGroup, ModelSpec
+from kvpool.spec.kinds import RULES, KindRule, kind_rule, register_kind
 from kvpool.spec.loader import load_model_spec
 from kvpool.spec.pages import (
     Shape,
@@ -13,6 +14,7 @@ from kvpool.spec.pages import (
 )
 
 __all__ = [
-    "KINDS", "KV_DTYPES", "Kind", "LayerGroup", "ModelSpec", "Shape", "batch_pages",
-    "decode_worst_case_pages", "load_model_spec", "pages_needed", "pages_per_group", "stale_pages",
+    "KV_DTYPES", "RULES", "Kind", "KindRule", "LayerGroup", "ModelSpec", "Shape", "batch_pages",
+    "decode_worst_case_pages", "kind_rule", "load_model_spec", "pages_needed", "pages_per_group", "register_kind",
+    "stale_pages",
 ]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from kvpool.errors import SpecError
+from kvpool.spec.kinds import KindRule, kind_rule
 
-Kind = Literal["full", "sliding", "chunked", "compressed", "state"]
-KINDS: tuple[Kind, ...] = ("full", "sliding", "chunked", "compressed", "state")
+Kind = str  # a name registered in `spec.kinds.RULES`: full, sliding, chunked, compressed, state
 
 
 @dataclass(frozen=True)
@@ -32,34 +32,24 @@ class LayerGroup:
     state_bytes: int = 0
     window: int | None = None
     ratio: int | None = None
+    # the kind's rule, looked up once: the page arithmetic asks it on every resize
+    rule: KindRule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        tpb = self.tokens_per_block
-        if self.kind not in KINDS:
-            raise SpecError(f"group {self.name}: unknown kind {self.kind!r}")
-        if tpb <= 0:
-            raise SpecError(f"tokens_per_block must be positive, got {tpb}")
-        if self.kind in ("sliding", "chunked") and not (self.window and self.window > 0):
-            raise SpecError(f"group {self.name}: a {self.kind} group needs a positive window")
-        if self.kind == "compressed":
-            if not (self.ratio and self.ratio > 0):
-                raise SpecError(f"group {self.name}: a compressed group needs a positive ratio")
-            if tpb % self.ratio:
-                raise SpecError(
-                    f"tokens_per_block {tpb} is not a multiple of compress ratio {self.ratio} "
-                    f"(group {self.name}); use a multiple of {self.ratio}"
-                )
-        if self.kind == "state" and self.state_bytes <= 0:
-            raise SpecError(f"group {self.name}: a state group needs state_bytes > 0")
-        if self.kind != "state" and self.row_bytes <= 0:
+        rule = kind_rule(self.kind)
+        object.__setattr__(self, "rule", rule)
+        if self.tokens_per_block <= 0:
+            raise SpecError(f"tokens_per_block must be positive, got {self.tokens_per_block}")
+        rule.validate(self)
+        if rule.per_request and self.state_bytes <= 0:
+            raise SpecError(f"group {self.name}: a {self.kind} group needs state_bytes > 0")
+        if not rule.per_request and self.row_bytes <= 0:
             raise SpecError(f"group {self.name}: row_bytes must be positive")
 
     @property
     def rows_per_page(self) -> int:
         """Stored rows in one page (tpb, or tpb / ratio for compressed groups)."""
-        if self.kind == "state":
-            return 0
-        return self.tokens_per_block // (self.ratio or 1)
+        return self.rule.rows_per_page(self)
 
     @property
     def page_bytes(self) -> int:
@@ -69,7 +59,7 @@ class LayerGroup:
     @property
     def slot_bytes(self) -> int:
         """Bytes of one slot of this group's pool: a page, or one request's state."""
-        return self.state_bytes if self.kind == "state" else self.page_bytes
+        return self.state_bytes if self.rule.per_request else self.page_bytes
 
     @property
     def bytes_per_token(self) -> float:

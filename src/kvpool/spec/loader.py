@@ -12,6 +12,7 @@ from kvpool.errors import SpecError
 from kvpool.spec.dtypes import resolve_kv_dtype
 from kvpool.spec.families import Context, LayerCache, family_of
 from kvpool.spec.groups import LayerGroup, ModelSpec
+from kvpool.spec.kinds import kind_rule
 
 DEFAULT_TOKENS_PER_BLOCK = 32
 # DeepSeek-V4 keeps ratio-128 compressed rows, so its pages must cover 128 positions.
@@ -54,7 +55,8 @@ def build_groups(caches: list[LayerCache], tokens_per_block: int) -> tuple[Layer
     per row. State groups merge by tag alone: one slot holds every layer's state."""
     merged: dict[tuple[Any, ...], list[LayerCache]] = {}
     for c in caches:
-        key = (c.tag, c.kind) if c.kind == "state" else (c.tag, c.kind, c.window, c.ratio, c.row_bytes)
+        per_request = kind_rule(c.kind).per_request
+        key = (c.tag, c.kind) if per_request else (c.tag, c.kind, c.window, c.ratio, c.row_bytes)
         merged.setdefault(key, []).append(c)
     tags = [key[0] for key in merged]
     groups = []

@@ -1,0 +1,264 @@
+"""`KVCacheCore`: requests and their pages, the part of the manager every
+allocation goes through.
+
+It keeps the request records (`cache/request.py`), one page pool per group and
+the slot tables (`cache/slots.py`); reuse rules live in `cache/reuse.py`.
+`KVCacheManager` (`cache/manager.py`) adds dummies, the capacity query, warmup
+and statistics on top.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from kvpool.cache import reuse
+from kvpool.cache.events import CacheEvent, CacheUsageError
+from kvpool.cache.pool import PagePool
+from kvpool.cache.request import Request, Requests
+from kvpool.cache.results import Resize
+from kvpool.cache.slots import SlotTables
+from kvpool.plan.result import PoolPlan
+
+EVENT_BUFFER = 1 << 16  # events kept until `take_events`; older ones are dropped
+
+
+class KVCacheCore:
+    """Run-time pages of a `PoolPlan`: one pool per group, page tables per request.
+
+    Not thread-safe. Request ids are ints chosen by the caller (use
+    non-negative ones: negative ids are the dummies').
+
+    Every method that allocates returns a `Resize` that is truthy on success
+    and, on refusal, names the pages short per group and has changed nothing
+    (`cache.results`). `tables`, `pools`, `requests` and `events` are the
+    bookkeeping itself, public for the integrity checker, tools and tests:
+    read them, never write them.
+
+    `state_snapshots=True` lets `commit` snapshot state groups (recurrent
+    state) so that models with a state group can reuse prefixes at all; the
+    engine must then copy each snapshot (see `CacheEvent.source_page`). Off by
+    default: a hit on a snapshot the engine never filled would be silently wrong.
+    """
+
+    def __init__(self, plan: PoolPlan, *, enable_reuse: bool = True,
+                 state_snapshots: bool = False) -> None:
+        self.plan = plan
+        self.spec = plan.spec
+        self.limits = plan.limits
+        self.enable_reuse = enable_reuse
+        self.state_snapshots = state_snapshots
+        self.tokens_per_block = self.spec.tokens_per_block
+        self.groups = self.spec.groups
+        self._index = {g.name: i for i, g in enumerate(self.groups)}
+        # With reuse on, pages that leave a sliding window or a finished chunk
+        # are stored before they are released (see `reuse.store_before_release`).
+        self.events: deque[CacheEvent] = deque(maxlen=EVENT_BUFFER)
+        self.pools = [PagePool(g.name, plan.pages(g.name), self.events) for g in self.groups]
+        self.tables = SlotTables(self.groups, self.pools, max(8, self.limits.max_batch_size + 8),
+                                 self.limits.max_seq_len + self.limits.headroom)
+        self._keeps_stale = enable_reuse and not all(self.tables.never_stale)
+        self.requests = Requests()
+        self.reuse_queried_tokens = 0
+        self.reuse_hit_tokens = 0
+        self._lookups: dict[int, tuple[int, int]] = {}  # rid -> (queried, hit) not yet counted
+
+    # ------------------------------------------------------------------ requests
+
+    def create(self, rid: int, tokens: Sequence[int] | None = None,
+               salt: str | bytes | int | None = None) -> int:
+        """Register request `rid` (capacity 0). With reuse on and `tokens` (the
+        prompt) given, attach the longest cached prefix of whole pages (never
+        the last prompt token, which must be computed for logits): capacity and
+        history become the reused length, which is returned. The lookup counts
+        in `stats()` once the request's first resize succeeds: a scheduler that
+        creates, finds no room and frees again does not inflate the hit rate.
+        Raises `CacheUsageError` for a duplicate id."""
+        req = self._new_request(rid, dummy=False)
+        if not (self.enable_reuse and tokens is not None):
+            return 0
+        req.tokens = list(tokens)
+        req.seed = reuse.salt_seed(salt)
+        hit = reuse.attach_prefix(self.tables, req)
+        self._lookups[rid] = (len(req.tokens), hit)
+        return hit
+
+    def _count_lookups(self, rids: Iterable[int]) -> None:
+        """Count the pending prefix lookups of `rids` (their first resize succeeded)."""
+        for rid in rids:
+            if (lookup := self._lookups.pop(rid, None)) is not None:
+                self.reuse_queried_tokens += lookup[0]
+                self.reuse_hit_tokens += lookup[1]
+
+    def free(self, rid: int) -> None:
+        """Release every page of `rid` (cached content stays reusable until
+        evicted) and forget the request."""
+        req = self.requests.get(rid)
+        self.tables.release(req.slot)
+        self._lookups.pop(rid, None)
+        self.requests.remove(rid)
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self.requests
+
+    def capacity(self, rid: int) -> int:
+        return int(self.tables.cap[self.requests.get(rid).slot])
+
+    def history(self, rid: int) -> int:
+        return int(self.tables.hist[self.requests.get(rid).slot])
+
+    @property
+    def num_requests(self) -> int:
+        """Registered requests, dummies included."""
+        return len(self.requests)
+
+    # ------------------------------------------------------------------ resizing
+
+    def resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
+        """Give `rid` pages for `capacity` positions with `history` of them
+        computed (None: unchanged); raising history releases pages that went
+        stale. All groups or nothing: a falsy result, naming the pages short
+        per group, changed nothing. Raises `CacheUsageError` if capacity <
+        history or history decreases."""
+        req = self.requests.get(rid)
+        slot, t = req.slot, self.tables
+        old = int(t.hist[slot])
+        cap = int(capacity)
+        hist = old if history is None else int(history)
+        self._check_shape(rid, cap, hist, old)
+        if (self._keeps_stale and req.tokens is not None and not req.dummy
+                and hist >= int(t.stale_next[:, slot].min())):
+            dry = t.apply([slot], [cap], [hist], dry_run=True)
+            if not dry:
+                return dry
+            reuse.store_before_release(t, req, hist)
+        done = t.resize_one(slot, cap, hist)
+        if done and self._lookups:
+            self._count_lookups((rid,))
+        return done
+
+    @staticmethod
+    def _check_shape(rid: int, cap: int, hist: int, old: int) -> None:
+        if cap < hist or hist < old:
+            raise CacheUsageError(
+                f"request {rid}: need capacity >= history >= previous history, got capacity {cap}, "
+                f"history {hist}, previous history {old}")
+
+    def can_resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
+        """What `resize(rid, capacity, history)` would answer now; changes nothing."""
+        slot = self.requests.get(rid).slot
+        old = int(self.tables.hist[slot])
+        hist = old if history is None else int(history)
+        self._check_shape(rid, int(capacity), hist, old)
+        return self.tables.apply([slot], [int(capacity)], [hist], dry_run=True)
+
+    def resize_many(self, rids: Sequence[int], capacities: npt.ArrayLike,
+                    histories: npt.ArrayLike | None = None) -> Resize:
+        """`resize` for a batch of distinct requests in one call, atomic over the
+        whole batch (falsy: nothing changed). The per-step decode path."""
+        slots = self.requests.slots(rids)
+        caps = np.broadcast_to(np.asarray(capacities, np.int64), slots.shape)
+        old = self.tables.hist[slots]
+        hists = old if histories is None else np.broadcast_to(np.asarray(histories, np.int64),
+                                                              slots.shape)
+        if (caps < hists).any() or (hists < old).any():
+            bad = int(np.flatnonzero((caps < hists) | (hists < old))[0])
+            raise CacheUsageError(
+                f"request {rids[bad]}: need capacity >= history >= previous history, got capacity "
+                f"{int(caps[bad])}, history {int(hists[bad])}, previous history {int(old[bad])}")
+        return self._resize_batch(rids, slots, caps, hists)
+
+    def extend(self, rids: Sequence[int], num_tokens: int = 1) -> Resize:
+        """One decode step for a batch: capacity and history of each request
+        both advance by `num_tokens` (the tokens in flight become computed and
+        as many new ones get slots). Atomic over the batch like `resize_many`."""
+        if num_tokens < 0:
+            raise CacheUsageError(f"extend needs num_tokens >= 0, got {num_tokens}")
+        slots = self.requests.slots(rids)
+        t = self.tables
+        return self._resize_batch(rids, slots, t.cap[slots] + num_tokens, t.hist[slots] + num_tokens)
+
+    def _resize_batch(self, rids: Sequence[int], slots: npt.NDArray[np.intp],
+                      caps: npt.NDArray[np.int64], hists: npt.NDArray[np.int64]) -> Resize:
+        t = self.tables
+        if self._keeps_stale:
+            going = [(self.requests.get(rids[j]), int(hists[j])) for j in
+                     np.flatnonzero(hists >= t.stale_next[:, slots].min(axis=0)).tolist()]
+            going = [(req, h) for req, h in going if req.tokens is not None and not req.dummy]
+            if going:
+                dry = t.resize_batch(slots, caps, hists, dry_run=True)
+                if not dry:
+                    return dry
+                for req, h in going:
+                    reuse.store_before_release(t, req, h)
+        done = t.resize_batch(slots, caps, hists)
+        if done and self._lookups:
+            self._count_lookups(rids)
+        return done
+
+    def commit(self, rid: int, num_tokens: int, tokens: Sequence[int] | None = None) -> int:
+        """Offer the whole pages among the first `num_tokens` positions of `rid`
+        for reuse (chained hashes of token ids and the salt; records `stored`
+        events). `tokens` appends token ids the manager has not seen yet (the
+        prompt came with `create`; pass generated tokens here). Commit only
+        verified tokens, never drafts: `num_tokens` may not exceed history.
+        Returns the tokens now reusable; a no-op (0) with reuse off or for dummies."""
+        req = self.requests.get(rid)
+        if not self.enable_reuse or req.dummy:
+            return 0
+        return reuse.commit(self.tables, req, int(num_tokens), tokens,
+                            state_snapshots=self.state_snapshots)
+
+    def take_events(self) -> list[CacheEvent]:
+        """Stored/removed page events since the last call (oldest first); clears them."""
+        events = list(self.events)
+        self.events.clear()
+        return events
+
+    # ------------------------------------------------------------------ tables and pools
+
+    def block_table(self, rid: int, group: str) -> npt.NDArray[np.int32]:
+        """Page ids of `rid` in `group`, one per block of positions (a copy);
+        `STALE` (-1) marks blocks without a page. A state group has one entry."""
+        gi = self._group(group)
+        slot = self.requests.get(rid).slot
+        return self.tables.tables[gi][slot, :int(self.tables.nblk[gi, slot])].copy()
+
+    def block_tables(self, rids: Sequence[int], group: str) -> npt.NDArray[np.int32]:
+        """Block tables of a batch as one 2-D array padded with `STALE`."""
+        gi = self._group(group)
+        slots = self.requests.slots(rids)
+        width = int(self.tables.nblk[gi, slots].max()) if len(slots) else 0
+        return self.tables.tables[gi][slots, :width]
+
+    def free_pages(self, group: str) -> int:
+        """Pages of `group` an allocation can take now (evictable cached ones included)."""
+        return self.pools[self._group(group)].num_free
+
+    def total_pages(self, group: str) -> int:
+        return self.pools[self._group(group)].num_pages
+
+    def live_pages(self, rid: int, group: str) -> int:
+        """Pages `rid` holds in `group` now."""
+        return self.tables.live(self._group(group), self.requests.get(rid).slot)
+
+    # ------------------------------------------------------------------ internals
+
+    def _group(self, name: str) -> int:
+        try:
+            return self._index[name]
+        except KeyError:
+            raise CacheUsageError(f"no group {name!r}; groups: {list(self._index)}") from None
+
+    def _new_request(self, rid: int, *, dummy: bool) -> Request:
+        if rid in self.requests:
+            raise CacheUsageError(f"request id {rid!r} already exists")
+        return self.requests.add(rid, self.tables.acquire(), dummy=dummy)
+
+    def iter_requests(self) -> Iterable[tuple[int, bool]]:
+        """(rid, is_dummy) of every registered request."""
+        return ((r.rid, r.dummy) for r in self.requests)
+

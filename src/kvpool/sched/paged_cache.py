@@ -1,0 +1,63 @@
+"""`PagedCache`: the part of `kvpool.cache.KVCacheManager` the scheduler drives.
+
+Each method states what it changes and what it never changes. The safety rule
+throughout: a call that refuses for lack of pages returns a falsy result
+(`cache.results`) naming the pages short per group, and has changed nothing;
+only usage errors (unknown ids, a shrinking history) raise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from kvpool.cache.results import Dummies, Resize
+from kvpool.spec import ModelSpec
+
+
+class PagedCache(Protocol):
+    """What the scheduler needs of a page manager."""
+
+    spec: ModelSpec
+
+    def create(self, rid: int, tokens: Sequence[int] | None = None,
+               salt: str | bytes | int | None = None) -> int:
+        """Register `rid` with no pages, or with the longest cached prefix of
+        `tokens` attached (returns its length; capacity = history = it)."""
+        ...
+
+    def resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
+        """Move `rid` to (capacity, history): allocates and releases pages in
+        every group, or changes nothing."""
+        ...
+
+    def resize_many(self, rids: Sequence[int], capacities: Sequence[int],
+                    histories: Sequence[int] | None = None) -> Resize:
+        """`resize` for a batch, atomic over the whole batch."""
+        ...
+
+    def extend(self, rids: Sequence[int], num_tokens: int = 1) -> Resize:
+        """Advance capacity and history of each of `rids` by `num_tokens`, atomically."""
+        ...
+
+    def commit(self, rid: int, num_tokens: int, tokens: Sequence[int] | None = None) -> int:
+        """Offer the computed whole pages among the first `num_tokens` for reuse;
+        allocates nothing and never changes a request's shape."""
+        ...
+
+    def free(self, rid: int) -> None:
+        """Release every page of `rid` and forget it (cached pages stay reusable)."""
+        ...
+
+    def capacity(self, rid: int) -> int:
+        """Positions `rid` has slots for (no side effects)."""
+        ...
+
+    def free_pages(self, group: str) -> int:
+        """Pages an allocation in `group` could take now (no side effects)."""
+        ...
+
+    def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0,
+                           is_gen: bool = True) -> Dummies:
+        """Register `batch_size` dummies, all or none (each freed with `free`)."""
+        ...
