@@ -27,7 +27,7 @@ BATCH, PROMPT, NEW, TPB = 8, 48, 64, 16
 def engine_for(model: torch.nn.Module, config: dict[str, object], graphs: bool, speculate: int) -> Engine:
     spec = load_model_spec(config, kv_dtype="fp32", tokens_per_block=TPB)
     limits = ServingLimits(max_batch_size=BATCH, max_seq_len=PROMPT + NEW + 8, max_num_tokens=512,
-                           tokens_per_block=TPB, max_draft_len=speculate)
+                           max_draft_len=speculate)
     pages = pages_per_group(spec, [(PROMPT + NEW + speculate, 0)] * (BATCH + 2))
     # Reuse off: every run recomputes its prompts, so runs are comparable.
     return Engine(model, PoolPlan.from_pages(spec, pages, limits), speculate=speculate,  # type: ignore[arg-type]

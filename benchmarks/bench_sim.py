@@ -29,8 +29,7 @@ GiB = 2**30
 def replay(model: str, gpu: str, kv_dtype: str, kv_gib: int, max_seq_len: int,
            rate: float | None, max_requests: int | None) -> SimResult:
     spec = load_model_spec(model, kv_dtype=kv_dtype, max_seq_len=max_seq_len)
-    limits = ServingLimits(max_batch_size=256, max_seq_len=max_seq_len, max_num_tokens=8192,
-                           tokens_per_block=spec.tokens_per_block)
+    limits = ServingLimits(max_batch_size=256, max_seq_len=max_seq_len, max_num_tokens=8192)
     plan = plan_pools(spec, limits, kv_memory_bytes=kv_gib * GiB)
     step_model = StepTimeModel.build(plan.spec, load_gpu(gpu), load_weights(model))
     trace = load_trace("azure-conv", max_requests=max_requests).with_rate(rate)

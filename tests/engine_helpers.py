@@ -13,7 +13,6 @@ from kvpool.engine.weights import tiny_model
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.spec import ModelSpec, load_model_spec
 
-ARCHS = ("llama", "qwen3", "mistral", "gemma3")
 # Float32 on CPU; batching and paging reorder the sums, so logits match to
 # ~1e-6 of magnitudes ~3. The stated tolerance leaves two orders of margin.
 LOGIT_ATOL = 1e-4
@@ -34,7 +33,7 @@ def tiny_spec(config: dict[str, Any], tokens_per_block: int = 4) -> ModelSpec:
 def manual_plan(spec: ModelSpec, pages: int, **limits: Any) -> PoolPlan:
     """A plan with `pages` slots in every group."""
     return PoolPlan.from_pages(spec, {g.name: pages for g in spec.groups},
-                               ServingLimits(tokens_per_block=spec.tokens_per_block, **limits))
+                               ServingLimits(**limits))
 
 
 def assert_close_logits(got: torch.Tensor, want: torch.Tensor, what: str, atol: float = LOGIT_ATOL) -> None:

@@ -25,8 +25,7 @@ GiB = 2**30
 
 # --------------------------------------------------------------------------- Gemma 4
 
-GEMMA_LIMITS = {"max_batch_size": 256, "max_seq_len": 32768, "max_num_tokens": 8192,
-                "tokens_per_block": 32}
+GEMMA_LIMITS = {"max_batch_size": 256, "max_seq_len": 32768, "max_num_tokens": 8192}
 # gemma-4-26b-a4b, FP8 KV, 32-token pages: 25 sliding layers x 2 (K, V) x 8 heads
 # x 256 dims x 1 byte = 102,400 B per position -> 3,276,800 B per page; 5 global
 # layers x 2 x 2 heads x 512 dims = 10,240 B per position -> 327,680 B per page.

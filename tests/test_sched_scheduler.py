@@ -38,7 +38,7 @@ def make(pages: dict[str, int], spec: ModelSpec | None = None, *, reuse: bool = 
     limits.setdefault("max_batch_size", 8)
     limits.setdefault("max_seq_len", 256)
     limits.setdefault("max_num_tokens", 64)
-    lim = ServingLimits(tokens_per_block=TPB, **limits)
+    lim = ServingLimits(**limits)
     mgr = KVCacheManager(PoolPlan.from_pages(spec or full_spec(), pages, lim), enable_reuse=reuse)
     return mgr, Scheduler(mgr, lim, padding=padding, captured=captured, padding_rids=pads,
                           enable_reuse=reuse)

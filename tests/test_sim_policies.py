@@ -7,7 +7,6 @@ import pytest
 
 from kvpool.errors import KvpoolError
 from kvpool.plan import ServingLimits
-from kvpool.presets.traces import Trace
 from kvpool.sim.policies import (
     full_ratio,
     parse_policies,
@@ -18,6 +17,7 @@ from kvpool.sim.policies import (
 )
 from kvpool.sim.requests import make_sequence, prompt_ids
 from kvpool.spec import load_model_spec
+from kvpool.trace import Trace
 
 GiB = 2**30
 
@@ -49,14 +49,13 @@ def test_partial_ratio_splits_the_rest() -> None:
 
 def test_policies_give_their_plans() -> None:
     spec = gemma()
-    limits = ServingLimits(max_batch_size=64, max_seq_len=8192, max_num_tokens=4096, avg_seq_len=2048,
-                           tokens_per_block=32)
+    limits = ServingLimits(max_batch_size=64, max_seq_len=8192, max_num_tokens=4096, avg_seq_len=2048)
     trace = Trace("t", np.array([1000, 3000]), np.array([100, 200]))
     ref = plan_for(spec, limits, "reference", kv_memory_bytes=20 * GiB)
     assert ref.plan.policy == "reference" and ref.plan.limits.avg_seq_len is None
     typ = plan_for(spec, limits, "typical", kv_memory_bytes=20 * GiB)
     assert typ.plan.policy == "typical_step" and typ.plan.limits.avg_seq_len == 2048 and not typ.notes
-    no_s = plan_for(spec, ServingLimits(max_seq_len=8192, tokens_per_block=32), "typical",
+    no_s = plan_for(spec, ServingLimits(max_seq_len=8192), "typical",
                     kv_memory_bytes=20 * GiB)
     assert no_s.plan.limits.avg_seq_len == 8192 and "S = max_seq_len = 8192" in no_s.notes[0]
     wl = plan_for(spec, limits, "workload", kv_memory_bytes=20 * GiB, trace=trace)

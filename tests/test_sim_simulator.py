@@ -37,8 +37,7 @@ def plan(pages: dict[str, int], spec: ModelSpec | None = None, **limits: object)
     limits.setdefault("max_seq_len", 64)
     limits.setdefault("max_num_tokens", 16)
     spec = spec or toy_spec()
-    return PoolPlan.from_pages(spec, pages, ServingLimits(tokens_per_block=spec.tokens_per_block,
-                                                          **limits))  # type: ignore[arg-type]
+    return PoolPlan.from_pages(spec, pages, ServingLimits(**limits))  # type: ignore[arg-type]
 
 
 def trace(lengths: list[tuple[int, int]], arrivals: list[float] | None = None) -> Trace:

@@ -82,7 +82,7 @@ def test_prefill_chunk_is_compute_bound_by_hand() -> None:
 
 def test_sliding_chunk_pairs_match_brute_force() -> None:
     model = toy_model(sliding_window=8, layer_types=["sliding_attention", "full_attention"])
-    sliding = next(g for g in model.groups if g.kind == "sliding")
+    sliding = next(g for g in model.groups if g.group.kind == "sliding")
     for start in range(0, 20):
         for n in range(1, 20):
             brute = sum(min(start + j + 1, 8) for j in range(n))

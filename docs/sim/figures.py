@@ -39,8 +39,7 @@ SWEEPS = [
 def setup(model: str, gpu: str, dtype: str, kv_gib: int, b: int, max_len: int, n: int, s: int | None,
           trace_name: str, max_requests: int | None):
     spec = load_model_spec(model, kv_dtype=dtype, max_seq_len=max_len)
-    limits = ServingLimits(max_batch_size=b, max_seq_len=max_len, max_num_tokens=n, avg_seq_len=s,
-                           tokens_per_block=spec.tokens_per_block)
+    limits = ServingLimits(max_batch_size=b, max_seq_len=max_len, max_num_tokens=n, avg_seq_len=s)
     trace = load_trace(trace_name, max_requests=max_requests).with_rate(math.inf)
     step_model = StepTimeModel.build(spec, load_gpu(gpu), load_weights(model))
     return spec, limits, trace, step_model

@@ -8,7 +8,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvpool.errors import KvpoolError
 from kvpool.spec import KV_DTYPES, ModelSpec, load_model_spec
 
 
@@ -76,7 +75,3 @@ def _is_number(text: str) -> bool:
         return text == "-"
     return True
 
-
-def fail(message: str) -> KvpoolError:
-    """A user error for the CLI to report (raise the result)."""
-    return KvpoolError(message)

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from kvpool.cli.common import add_json_arg, positive_int, print_json, table
+from kvpool.engine.names import ARCHS
 from kvpool.errors import KvpoolError
 
-ARCHS = ("llama", "qwen3", "mistral", "gemma3")
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
@@ -153,7 +153,7 @@ def _engine(args: argparse.Namespace, model: Any, config: dict[str, Any], prompt
     kv_dtype = DTYPES[str(model.dtype).removeprefix("torch.")]
     spec = load_model_spec(config, kv_dtype=kv_dtype, tokens_per_block=args.tokens_per_block)
     limits = ServingLimits(max_batch_size=len(prompts), max_seq_len=longest,
-                           max_num_tokens=args.max_num_tokens, tokens_per_block=args.tokens_per_block,
+                           max_num_tokens=args.max_num_tokens,
                            max_draft_len=args.speculate)
     if args.kv_memory:
         # The requests are known, so the pools split by their lengths (the

@@ -1,32 +1,28 @@
 """The plan options shared by `kvpool plan`, `kvpool warmup` and `kvpool simulate`:
 model, budget, serving limits and sizing policy -> `PoolPlan`.
 
-Budget: `--kv-memory SIZE`, or `--gpu NAME --non-kv-memory SIZE
-[--memory-fraction F]`, meaning (GPU memory - non-KV memory) x F, F = 0.9 by
-default (the GPU's memory is what the device reports, see `kvpool gpus`).
+The budget options are read by `cli/budget.py`, the one budget function.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 import numpy as np
 
-from kvpool import presets
+from kvpool.cli.budget import DEFAULT_MEMORY_FRACTION, kv_budget
 from kvpool.cli.common import add_model_args, int_at_least, positive_int
-from kvpool.errors import KvpoolError, LimitsError
+from kvpool.errors import LimitsError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
 from kvpool.plan.sizing import parse_shares
 from kvpool.plan.workload import Workload
 from kvpool.presets.traces import load_trace
 from kvpool.spec import ModelSpec, load_model_spec
-from kvpool.units import format_bytes, parse_size
+from kvpool.spec.loader import read_config
 
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_SEQ_LEN = 8192
 DEFAULT_MAX_NUM_TOKENS = 8192
-DEFAULT_MEMORY_FRACTION = 0.9
 
 
 non_negative_int = int_at_least(0)
@@ -101,52 +97,27 @@ def parse_batch_sizes(text: str | None) -> tuple[int, ...] | None:
         raise LimitsError(f"cannot read CUDA-graph batch sizes {text!r}; write e.g. 1,2,4,8") from None
 
 
-def budget_from_args(args: argparse.Namespace) -> int:
-    """KV bytes from --kv-memory, or from --gpu, --non-kv-memory and --memory-fraction."""
-    if args.kv_memory is not None:
-        if args.gpu is not None or args.non_kv_memory is not None or args.memory_fraction is not None:
-            raise KvpoolError("give either --kv-memory or --gpu with --non-kv-memory "
-                              "[--memory-fraction], not both")
-        return parse_size(args.kv_memory)
-    if args.gpu is None:
-        raise KvpoolError("no KV budget: give --kv-memory SIZE, or --gpu NAME --non-kv-memory SIZE")
-    if args.non_kv_memory is None:
-        raise KvpoolError("--gpu needs --non-kv-memory SIZE (weights, activations, CUDA graphs)")
-    fraction = memory_fraction(args)
-    gpu = presets.load_gpu(args.gpu)
-    rest = gpu.memory_bytes - parse_size(args.non_kv_memory)
-    if rest <= 0:
-        raise KvpoolError(f"--non-kv-memory {args.non_kv_memory} leaves no memory on {gpu.name} "
-                          f"({format_bytes(gpu.memory_bytes)})")
-    return int(rest * fraction)
-
-
-def memory_fraction(args: argparse.Namespace) -> float:
-    """--memory-fraction (default 0.9), checked to lie in (0, 1]."""
-    fraction = DEFAULT_MEMORY_FRACTION if args.memory_fraction is None else args.memory_fraction
-    if not 0 < fraction <= 1:
-        raise KvpoolError(f"--memory-fraction must be in (0, 1], got {fraction}")
-    return float(fraction)
-
-
-def spec_for_plan(args: argparse.Namespace) -> ModelSpec:
+def spec_for_plan(args: argparse.Namespace) -> tuple[ModelSpec, int]:
     """The model spec at the plan's max_seq_len (a window of at least L is full
-    attention). Sets `args.max_seq_len` to its default when it was not given."""
+    attention) and that L: --max-seq-len, else the model's max positions capped
+    at 8192. The config is read once; `args` is never written."""
+    _, config = read_config(args.model)
+    max_len = args.max_seq_len
+    if max_len is None:
+        max_pos = config.get("max_position_embeddings")
+        max_len = min(int(max_pos) if max_pos else DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
     spec = load_model_spec(args.model, kv_dtype=args.kv_dtype, tp_size=args.tp,
-                           tokens_per_block=args.tokens_per_block)
-    if args.max_seq_len is None:
-        args.max_seq_len = min(spec.max_position_embeddings or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
-    return load_model_spec(args.model, kv_dtype=args.kv_dtype, tp_size=args.tp,
-                           tokens_per_block=args.tokens_per_block, max_seq_len=args.max_seq_len)
+                           tokens_per_block=args.tokens_per_block, max_seq_len=max_len)
+    return spec, max_len
 
 
-def limits_from_args(args: argparse.Namespace, spec: ModelSpec) -> ServingLimits:
-    """ServingLimits from the parsed options (call `spec_for_plan` first)."""
+def limits_from_args(args: argparse.Namespace, max_seq_len: int) -> ServingLimits:
+    """ServingLimits from the parsed options, at the `max_seq_len` that
+    `spec_for_plan` resolved."""
     return ServingLimits(
         max_batch_size=args.max_batch_size,
-        max_seq_len=args.max_seq_len,
+        max_seq_len=max_seq_len,
         max_num_tokens=args.max_num_tokens,
-        tokens_per_block=spec.tokens_per_block,
         max_draft_len=args.draft_len,
         num_extra_kv_tokens=args.extra_kv_tokens,
         avg_seq_len=args.avg_seq_len,
@@ -166,16 +137,11 @@ def workload_from_args(args: argparse.Namespace) -> Workload | None:
 def plan_from_args(args: argparse.Namespace) -> PoolPlan:
     """The plan the options describe. Raises KvpoolError subclasses on bad input
     or an infeasible plan."""
-    spec = spec_for_plan(args)
-    limits = limits_from_args(args, spec)
+    spec, max_len = spec_for_plan(args)
+    limits = limits_from_args(args, max_len)
     return plan_pools(
-        spec, limits, kv_memory_bytes=budget_from_args(args),
+        spec, limits, kv_memory_bytes=kv_budget(args).kv_bytes,
         pool_ratio=parse_pool_ratio(args.pool_ratio), policy=workload_from_args(args),
         fit=args.fit, phase=args.phase,
     )
 
-
-
-def plan_summary(plan: PoolPlan) -> dict[str, Any]:
-    """The plan as `kvpool plan --json` prints it (same as `plan.to_json()`)."""
-    return plan.to_json()

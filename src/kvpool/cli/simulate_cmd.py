@@ -11,11 +11,11 @@ import time
 from typing import Any
 
 from kvpool import presets
+from kvpool.cli.budget import kv_budget
 from kvpool.cli.common import add_json_arg, int_at_least, positive_int, print_json, table
 from kvpool.cli.plan_args import (
     add_plan_args,
     limits_from_args,
-    memory_fraction,
     parse_pool_ratio,
     spec_for_plan,
 )
@@ -89,23 +89,6 @@ def parse_rate(text: str | None) -> float | None:
     return rate
 
 
-def budget(args: argparse.Namespace, gpu: presets.GpuSpec, weights_bytes: float) -> tuple[int, str]:
-    """KV bytes and how they were derived."""
-    if args.kv_memory is not None:
-        if args.non_kv_memory is not None or args.memory_fraction is not None:
-            raise KvpoolError("give --kv-memory, or --non-kv-memory / --memory-fraction, not both")
-        return parse_size(args.kv_memory), f"--kv-memory {args.kv_memory}"
-    fraction = memory_fraction(args)
-    if args.non_kv_memory is not None:
-        non_kv, how = parse_size(args.non_kv_memory), f"--non-kv-memory {args.non_kv_memory}"
-    else:
-        non_kv, how = int(weights_bytes), f"non-KV memory = weights {format_bytes(weights_bytes)}"
-    rest = gpu.memory_bytes - non_kv
-    if rest <= 0:
-        raise KvpoolError(f"{how} leaves no memory on {gpu.name} ({format_bytes(gpu.memory_bytes)})")
-    return int(rest * fraction), f"({gpu.key} - {how}) x {fraction:g}"
-
-
 class ProgressBar:
     """Progress on stderr: redrawn in place on a terminal; otherwise one line
     every 15 s, only for runs that take that long."""
@@ -137,13 +120,13 @@ def run(args: argparse.Namespace) -> int:
         raise KvpoolError("simulate needs --gpu NAME for its step times (kvpool gpus)")
     if args.phase != "final":
         raise KvpoolError("simulate runs final plans; drop --phase profile")
-    spec = spec_for_plan(args)
-    limits = limits_from_args(args, spec)
-    spec = spec.with_tokens_per_block(limits.tokens_per_block or spec.tokens_per_block)
+    spec, max_len = spec_for_plan(args)
+    limits = limits_from_args(args, max_len)
     gpu = presets.load_gpu(args.gpu)
     weights = load_weights(args.model, weights_bytes=parse_size(args.weights_bytes)
                            if args.weights_bytes else None, active_params=args.active_params)
-    kv_bytes, how = budget(args, gpu, weights.total_params * weights.bytes_per_param)
+    kv_bytes, how = kv_budget(
+        args, weights_bytes=weights.total_params * weights.bytes_per_param, gpu_only_for_budget=False)
     rate = parse_rate(args.rate)
     trace = load_trace(args.trace, max_requests=args.max_requests).with_rate(rate, args.seed)
     model = StepTimeModel.build(spec, gpu, weights)

@@ -11,10 +11,9 @@ from typing import Any
 
 import torch
 
+from kvpool.engine.names import ARCHS as ARCHS
 from kvpool.errors import KvpoolError
 from kvpool.spec.families import layer_types
-
-ARCHS = ("llama", "qwen3", "mistral", "gemma3")
 
 # model_type (config.json) -> our architecture switch
 _MODEL_TYPES = {

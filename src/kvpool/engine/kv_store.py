@@ -26,7 +26,7 @@ class KVStore:
         self.group_of_layer: dict[int, str] = {}
         self._views: dict[int, torch.Tensor] = {}
         for group in spec.groups:
-            if group.kind not in ("full", "sliding", "chunked"):
+            if not group.rule.dense_rows:  # compressed rows and recurrent state are not modelled
                 raise EngineError(f"group {group.name}: {group.kind} state is not stored by the reference engine")
             pages = plan.pages(group.name)
             shape = (pages, len(group.layers), 2, group.tokens_per_block, cfg.num_kv_heads, cfg.head_dim)

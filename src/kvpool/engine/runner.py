@@ -19,15 +19,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from kvpool.cache import KVCacheManager
 from kvpool.engine.arch import EngineError
 from kvpool.engine.attention import PagedBatch, Row
 from kvpool.engine.drafter import NgramDrafter
 from kvpool.engine.kv_store import KVStore
 from kvpool.engine.model import DecoderLM
 from kvpool.plan import PoolPlan
-from kvpool.sched import Scheduler, Step
 from kvpool.sched import Sequence as SchedSequence
+from kvpool.sched import Step, session
 
 
 @dataclass
@@ -74,18 +73,9 @@ class Engine:
         self.model, self.plan, self.spec = model, plan, plan.spec
         self.device = model.device
         self.store = KVStore(plan, model.cfg, model.dtype, self.device)
-        self.manager = KVCacheManager(plan, enable_reuse=enable_reuse)
-        self.warmup_report = None
-        captured: list[tuple[int, int]] = []
-        padding_rids: dict[int, int] = {}
-        if warmup:
-            drafts = (0, speculate) if speculate else (0,)
-            report = self.manager.warmup(plan.limits.graph_batch_sizes, draft_lens=drafts)
-            self.warmup_report = report
-            captured = list(report.captured)
-            padding_rids = {d: rid for d, rid in report.padding.items() if rid is not None}
-        self.scheduler = Scheduler(self.manager, plan.limits, padding=padding, captured=captured,
-                                   padding_rids=padding_rids, enable_reuse=enable_reuse)
+        self.manager, self.scheduler, self.warmup_report = session(
+            plan, enable_reuse=enable_reuse, padding=padding, warmup=warmup,
+            draft_lens=(0, speculate) if speculate else (0,))
         self.drafter = NgramDrafter(speculate) if speculate else None
         self.stats = EngineStats(peak_pages={g.name: 0 for g in self.spec.groups})
         self._num_pages = {g.name: plan.pages(g.name) for g in self.spec.groups}

@@ -19,8 +19,7 @@ class ServingLimits:
     """Limits of one serving engine (one rank).
 
     `max_batch_size` B, `max_seq_len` L, `max_num_tokens` N (per-iteration token
-    budget; None = no chunked-prefill budget), `tokens_per_block` (None = the
-    spec's), `max_draft_len` d, `num_extra_kv_tokens` E, `avg_seq_len` S (None =
+    budget; None = no chunked-prefill budget), `max_draft_len` d, `num_extra_kv_tokens` E, `avg_seq_len` S (None =
     unknown: the plan then stays on the reference request),
     `cuda_graph_batch_sizes` (None = the default list).
     """
@@ -28,7 +27,6 @@ class ServingLimits:
     max_batch_size: int = 256
     max_seq_len: int = 8192
     max_num_tokens: int | None = 8192
-    tokens_per_block: int | None = None
     max_draft_len: int = 0
     num_extra_kv_tokens: int = 0
     avg_seq_len: int | None = None
@@ -36,7 +34,7 @@ class ServingLimits:
 
     def __post_init__(self) -> None:
         positive = {"max_batch_size": self.max_batch_size, "max_seq_len": self.max_seq_len}
-        optional = {"max_num_tokens": self.max_num_tokens, "tokens_per_block": self.tokens_per_block,
+        optional = {"max_num_tokens": self.max_num_tokens,
                     "avg_seq_len": self.avg_seq_len}
         for name, value in {**positive, **{k: v for k, v in optional.items() if v is not None}}.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

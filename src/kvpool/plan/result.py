@@ -92,8 +92,6 @@ class PoolPlan:
         """A plan with hand-chosen pool sizes (tests, engines that size pools
         themselves). Every group of `spec` must be given."""
         limits = limits or ServingLimits()
-        if limits.tokens_per_block is not None:
-            spec = spec.with_tokens_per_block(limits.tokens_per_block)
         missing = set(spec.group_names) - set(pages)
         if missing:
             raise SpecError(f"no page count given for groups {sorted(missing)}")

@@ -117,8 +117,6 @@ def plan_pools(
         raise LimitsError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
     if pool_ratio is not None and policy is not None:
         raise LimitsError("give pool_ratio or a policy, not both")
-    if limits.tokens_per_block is not None:
-        spec = spec.with_tokens_per_block(limits.tokens_per_block)
     shares = None if pool_ratio is None else check_pool_ratio(spec, pool_ratio)
     rules = rules_for(spec)
     avg = rules.typical_seq_len(limits)
@@ -172,8 +170,6 @@ def estimate_profile_bytes(spec: ModelSpec, limits: ServingLimits) -> int:
     N + E, the largest CUDA-graph batch of minimal decodes, and the family's
     profile constraints, all at once. A profile plan given at least this budget
     always succeeds and never allocates more than it is given."""
-    if limits.tokens_per_block is not None:
-        spec = spec.with_tokens_per_block(limits.tokens_per_block)
     floors = base_floors(spec)
     for c in plan_constraints(limits, rules_for(spec), "profile", explicit_ratio=False):
         floors = merge_floors(floors, pages_per_group(spec, c.batch))

@@ -32,18 +32,13 @@ import json
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
 
-from kvpool.errors import KvpoolError
+from kvpool.trace import MOONCAKE_BLOCK_TOKENS, Trace, TraceError
 
-MOONCAKE_BLOCK_TOKENS = 512
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
+__all__ = ["MOONCAKE_BLOCK_TOKENS", "Trace", "TraceError", "load_trace"]
 
 # Header spellings (lower-cased, spaces/dashes as underscores) per column role.
 _PROMPT = ("prompt_len", "prompt_length", "prompt_tokens", "input_len", "input_length",
@@ -54,75 +49,6 @@ _OUTPUT = ("output_len", "output_length", "output_tokens", "generatedtokens",
 _TIME = {"arrival_s": "s", "arrival_time": "s", "arrival_time_s": "s", "time_s": "s",
          "timestamp_s": "s", "arrival_ms": "ms", "arrival_time_ms": "ms", "time_ms": "ms",
          "timestamp_ms": "ms", "timestamp": "auto", "time": "auto"}
-
-
-class TraceError(KvpoolError, ValueError):
-    """A trace file that cannot be read (missing, malformed, impossible lengths)."""
-
-
-@dataclass(frozen=True, eq=False)
-class Trace:
-    """A request trace. `prompt_len` and `output_len` are int64 arrays (each ≥ 1),
-    `arrival_s` float64 seconds from the first request (sorted, finite) or None
-    when the trace has no times; `hash_ids` per request (Mooncake prefix blocks
-    of `hash_block_tokens` tokens) or None."""
-
-    name: str
-    prompt_len: IntArray
-    output_len: IntArray
-    arrival_s: FloatArray | None = None
-    hash_ids: tuple[tuple[int, ...], ...] | None = None
-    hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS
-
-    def __post_init__(self) -> None:
-        n = len(self.prompt_len)
-        if len(self.output_len) != n or (self.arrival_s is not None and len(self.arrival_s) != n) or (
-            self.hash_ids is not None and len(self.hash_ids) != n
-        ):
-            raise TraceError(f"trace {self.name}: columns have different lengths")
-
-    def __len__(self) -> int:
-        return len(self.prompt_len)
-
-    def lengths(self) -> list[tuple[int, int]]:
-        """(prompt, output) pairs, e.g. for `plan_pools(policy=Workload(...))`."""
-        return list(zip(self.prompt_len.tolist(), self.output_len.tolist(), strict=True))
-
-    def head(self, n: int | None) -> Trace:
-        """The first `n` requests (all when `n` is None)."""
-        if n is None or n >= len(self):
-            return self
-        if n < 1:
-            raise TraceError(f"max requests must be positive, got {n}")
-        return replace(
-            self,
-            prompt_len=self.prompt_len[:n],
-            output_len=self.output_len[:n],
-            arrival_s=None if self.arrival_s is None else self.arrival_s[:n],
-            hash_ids=None if self.hash_ids is None else self.hash_ids[:n],
-        )
-
-    def with_rate(self, rate: float | None, seed: int = 0) -> Trace:
-        """Arrivals at `rate` requests/s on average. None: the trace's own times
-        (all at 0 when it has none); inf: all at 0 (offline throughput); a finite
-        rate rescales the trace's times so that n requests span n / rate
-        seconds, or draws Poisson arrivals (seeded) when the trace has no times
-        or all its times are equal. Returns a new trace."""
-        n = len(self)
-        if rate is None:
-            return self if self.arrival_s is not None else replace(self, arrival_s=np.zeros(n))
-        if math.isnan(rate) or rate <= 0:
-            raise TraceError(f"rate must be positive (or inf), got {rate}")
-        if math.isinf(rate):
-            return replace(self, arrival_s=np.zeros(n))
-        span = float(self.arrival_s[-1]) if self.arrival_s is not None and n > 1 else 0.0
-        if span > 0:
-            assert self.arrival_s is not None
-            # Observed mean rate is n / span; scale times so it becomes `rate`.
-            return replace(self, arrival_s=self.arrival_s * (n / rate / span))
-        gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
-        gaps[0] = 0.0
-        return replace(self, arrival_s=np.cumsum(gaps))
 
 
 def load_trace(name_or_path: str | Path, *, max_requests: int | None = None) -> Trace:

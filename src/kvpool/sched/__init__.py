@@ -6,9 +6,10 @@ from kvpool.sched.paged_cache import PagedCache
 from kvpool.sched.runs import advance_decodes, decode_run_limit
 from kvpool.sched.scheduler import Scheduler
 from kvpool.sched.sequence import SchedulerError, Sequence, Status
+from kvpool.sched.session import Session, session
 from kvpool.sched.step import Step
 
 __all__ = [
-    "PagedCache", "Scheduler", "SchedulerError", "Sequence", "Status", "Step", "advance_decodes",
-    "decode_run_limit",
+    "PagedCache", "Scheduler", "SchedulerError", "Sequence", "Session", "Status", "Step",
+    "advance_decodes", "decode_run_limit", "session",
 ]

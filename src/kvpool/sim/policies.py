@@ -22,8 +22,8 @@ from kvpool.plan.batches import reference_batch
 from kvpool.plan.families import rules_for
 from kvpool.plan.sizing import parse_shares, ratio_from_batch
 from kvpool.plan.workload import Workload
-from kvpool.presets.traces import Trace
 from kvpool.spec import ModelSpec
+from kvpool.trace import Trace
 
 POLICIES = ("reference", "typical", "workload")
 
@@ -155,7 +155,3 @@ def parse_range(text: str) -> tuple[float, float]:
 def ratio_policy(group: str, share: float) -> str:
     return f"ratio:{group}={share:g}"
 
-
-def policy_share(plan: PoolPlan, group: str) -> float:
-    """The byte share `plan` gives `group` (where a policy sits on a sweep)."""
-    return plan.group(group).share

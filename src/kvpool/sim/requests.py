@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvpool.presets.traces import Trace
 from kvpool.sched import Sequence
+from kvpool.trace import Trace
 
 OUTPUT_TOKEN = 1  # what every simulated decode step samples (no EOS: lengths come from the trace)
 

@@ -20,11 +20,11 @@ import numpy as np
 from kvpool.cache import KVCacheManager
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
-from kvpool.presets.traces import Trace
-from kvpool.sched import Scheduler, Sequence, Step, advance_decodes, decode_run_limit
+from kvpool.sched import Scheduler, Sequence, Step, advance_decodes, decode_run_limit, session
 from kvpool.sim.metrics import GroupUsage, SimResult
 from kvpool.sim.requests import OUTPUT_TOKEN, make_sequence
 from kvpool.sim.steptime import StepTimeModel
+from kvpool.trace import Trace
 
 
 @dataclass(frozen=True)
@@ -98,15 +98,8 @@ def simulate(
     the end (O(pages); for tests)."""
     limits = plan.limits
     use_reuse = trace.hash_ids is not None if reuse is None else reuse
-    manager = KVCacheManager(plan, enable_reuse=use_reuse)
-    report = manager.warmup(limits.graph_batch_sizes, draft_lens=(0,))
-    pads = {d: r for d, r in report.padding.items() if r is not None}
-    if not padding:
-        for rid in pads.values():
-            manager.free(rid)
-        pads = {}
-    sched = Scheduler(manager, limits, padding=padding, captured=report.captured,
-                      padding_rids=pads, enable_reuse=use_reuse)
+    manager, sched, report = session(plan, enable_reuse=use_reuse, padding=padding)
+    assert report is not None  # warmup ran
 
     n = len(trace)
     arrivals = trace.arrival_s if trace.arrival_s is not None else np.zeros(n)

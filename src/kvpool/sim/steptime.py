@@ -112,15 +112,17 @@ def load_weights(model: str, *, weights_bytes: float | None = None,
 
 @dataclass(frozen=True)
 class GroupCost:
-    """Per pool group: FLOPs per (query, key) pair, bytes per key row, life cycle."""
+    """Per pool group: FLOPs per (query, key) pair, bytes per key row; what a
+    step reads and writes follows the group's kind rule (`spec.kinds`)."""
 
-    name: str
-    kind: str
-    window: int
-    ratio: int
+    group: LayerGroup
     flops_per_pair: float
     row_bytes: float
     state_bytes: float
+
+    @property
+    def name(self) -> str:
+        return self.group.name
 
 
 def _attention_dims(spec: ModelSpec, group: LayerGroup) -> tuple[int, int]:
@@ -151,9 +153,8 @@ class StepTimeModel:
         groups = []
         for g in spec.groups:
             heads, dim = _attention_dims(spec, g)
-            pair = 4.0 * heads * dim * len(g.layers) if g.kind != "state" else 0.0
-            groups.append(GroupCost(g.name, g.kind, g.window or 0, g.ratio or 1, pair,
-                                    float(g.row_bytes), float(g.state_bytes)))
+            pair = 0.0 if g.rule.per_request else 4.0 * heads * dim * len(g.layers)
+            groups.append(GroupCost(g, pair, float(g.row_bytes), float(g.state_bytes)))
         return cls(gpu, weights, tuple(groups), spec.num_layers)
 
     @property
@@ -179,30 +180,17 @@ class StepTimeModel:
         return (dense + touched * per_expert) * w.bytes_per_param
 
     def keys(self, g: GroupCost, history: int) -> float:
-        """Key positions a query at position `history` reads in group `g`."""
-        if g.kind == "sliding":
-            return float(min(history + 1, g.window))
-        if g.kind == "chunked":
-            return float(history % g.window + 1)
-        if g.kind == "compressed":
-            return (history + 1) / g.ratio
-        return float(history + 1)
+        """Key rows a query at position `history` reads in group `g`."""
+        return float(g.group.rule.keys_read(g.group, history))
 
     def chunk_pairs(self, g: GroupCost, start: int, n: int) -> float:
         """(query, key) pairs of a causal prefill chunk of `n` tokens after `start`."""
-        a, b = start + 1, start + n  # keys seen by the chunk's first and last query
-        if g.kind == "sliding":
-            w = g.window
-            if b <= w:
-                return n * (a + b) / 2.0
-            if a >= w:
-                return float(n * w)
-            return (w - a + 1) * (a + w) / 2.0 + (b - w) * w
-        if g.kind == "chunked":
-            return float(sum(self.keys(g, start + j) for j in range(n))) if n <= 4096 else n * g.window / 2.0
-        if g.kind == "compressed":
-            return n * (a + b) / 2.0 / g.ratio
-        return n * (a + b) / 2.0
+        return g.group.rule.prefill_pairs(g.group, start, n)
+
+    @staticmethod
+    def written(g: GroupCost, tokens: float) -> float:
+        """Rows a step of `tokens` tokens writes in `g`."""
+        return tokens / g.group.rule.rows_per_position(g.group)
 
     def step_time(self, step: Step) -> float:
         """Seconds that `step` takes (no side effects)."""
@@ -223,20 +211,12 @@ class StepTimeModel:
         flops = np.full(steps, 2.0 * self.weights.active_params * tokens)
         kv_bytes = np.zeros(steps)
         for g in self.groups:
-            if g.kind == "state":
+            if g.group.rule.per_request:  # the state is read and written once per row
                 kv_bytes += 2.0 * g.state_bytes * rows
                 continue
-            if g.kind == "sliding":
-                keys = np.minimum(h + 1, g.window).sum(axis=1)
-            elif g.kind == "chunked":
-                keys = (np.mod(h, g.window) + 1).sum(axis=1)
-            elif g.kind == "compressed":
-                keys = (h + 1).sum(axis=1) / g.ratio
-            else:
-                keys = (h + 1).sum(axis=1)
+            keys = g.group.rule.keys_read(g.group, h).sum(axis=1)
             flops += g.flops_per_pair * keys
-            written = tokens / (g.ratio if g.kind == "compressed" else 1)
-            kv_bytes += g.row_bytes * (keys + written)
+            kv_bytes += g.row_bytes * (keys + self.written(g, tokens))
         bytes_moved = self.weight_bytes(tokens) + kv_bytes
         roofline = np.maximum(flops / self.peak_flops, bytes_moved / self.gpu.hbm_bandwidth_bytes_per_s)
         result: npt.NDArray[np.float64] = roofline + (self.replay_s if graph else self.eager_overhead_s)
@@ -253,7 +233,7 @@ class StepTimeModel:
         flops = 2.0 * self.weights.active_params * tokens
         kv_bytes = 0.0
         for g in self.groups:
-            if g.kind == "state":
+            if g.group.rule.per_request:
                 kv_bytes += 2.0 * g.state_bytes * (rows + len(prefills))
                 continue
             pairs = 0.0
@@ -266,8 +246,7 @@ class StepTimeModel:
                 pairs += self.chunk_pairs(g, start, n)
                 read += self.keys(g, start + n - 1)
             flops += g.flops_per_pair * pairs
-            written = tokens / (g.ratio if g.kind == "compressed" else 1)
-            kv_bytes += g.row_bytes * (read + written)
+            kv_bytes += g.row_bytes * (read + self.written(g, tokens))
         bytes_moved = self.weight_bytes(tokens) + kv_bytes
         roofline = max(flops / self.peak_flops, bytes_moved / self.gpu.hbm_bandwidth_bytes_per_s)
         return roofline + (self.replay_s if graph else self.eager_overhead_s)

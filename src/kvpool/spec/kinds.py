@@ -63,6 +63,10 @@ class KindRule:
         """Stored rows in one page."""
         return g.tokens_per_block
 
+    def rows_per_position(self, g: Life) -> int:
+        """Positions one stored row covers (a step of n tokens writes n / this rows)."""
+        return 1
+
     def first_visible(self, g: Life, position: Any) -> Any:
         """First key position a query at `position` attends to (works on ints
         and on NumPy / torch arrays; not clamped at 0)."""
@@ -211,6 +215,10 @@ class Compressed(KindRule):
     def rows_per_page(self, g: Life) -> int:
         assert g.ratio is not None
         return g.tokens_per_block // g.ratio
+
+    def rows_per_position(self, g: Life) -> int:
+        assert g.ratio is not None
+        return g.ratio
 
     def keys_read(self, g: Life, history: Any) -> Any:
         assert g.ratio is not None

@@ -1,0 +1,51 @@
+"""`session`: the one wiring of a plan into a running cache and scheduler.
+
+The reference engine and the simulator both start the same way: a manager
+over the plan's pools, the CUDA-graph warmup dry run (which captures shapes
+and reserves the persistent padding dummies), and a scheduler that pads decode
+batches to the captured sizes with those dummies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from kvpool.cache import KVCacheManager, WarmupReport
+from kvpool.plan import PoolPlan
+from kvpool.sched.scheduler import Scheduler
+
+
+class Session(NamedTuple):
+    manager: KVCacheManager
+    scheduler: Scheduler
+    warmup: WarmupReport | None
+
+
+def session(plan: PoolPlan, *, enable_reuse: bool = True, padding: bool = True,
+            warmup: bool = True, draft_lens: Iterable[int] = (0,)) -> Session:
+    """A fresh manager and scheduler over `plan`.
+
+    `warmup`: run `manager.warmup` for the plan's CUDA-graph batch sizes and
+    `draft_lens` (side effect: reserves one padding dummy per draft length);
+    without it no shape counts as captured. `padding=False` emulates engines
+    that allocate the padding dummy lazily: the reserved dummies are freed and
+    the scheduler asks for a fresh one in each padded step."""
+    manager = KVCacheManager(plan, enable_reuse=enable_reuse)
+    report = None
+    captured: list[tuple[int, int]] = []
+    pads: dict[int, int] = {}
+    if warmup:
+        report = manager.warmup(plan.limits.graph_batch_sizes, draft_lens=draft_lens)
+        captured = list(report.captured)
+        pads = {d: rid for d, rid in report.padding.items() if rid is not None}
+        if not padding:  # the report then says nothing is reserved
+            for rid in pads.values():
+                manager.free(rid)
+            pads = {}
+            report = dataclasses.replace(report, padding={d: None for d in report.padding},
+                                         reserved_pages={g: 0 for g in report.reserved_pages})
+    scheduler = Scheduler(manager, plan.limits, padding=padding, captured=captured,
+                          padding_rids=pads, enable_reuse=enable_reuse)
+    return Session(manager, scheduler, report)
