@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine_helpers import ARCHS, assert_close_logits, manual_plan, tiny, tiny_spec
+from engine_helpers import assert_close_logits, manual_plan, tiny, tiny_spec
 from kvpool.engine.arch import EngineError, StalePageError
 from kvpool.engine.attention import PagedBatch, Row, attention_mask
 from kvpool.engine.kv_store import KVStore
+from kvpool.engine.names import ARCHS
 from kvpool.spec import stale_pages
 
 

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from engine_helpers import (
-    ARCHS,
     assert_close_logits,
     assert_same_tokens,
     manual_plan,
@@ -25,6 +24,7 @@ from engine_helpers import (
     tiny_spec,
 )
 from kvpool.engine.arch import StalePageError
+from kvpool.engine.names import ARCHS
 from kvpool.engine.runner import Engine
 
 MAX_NEW = 20

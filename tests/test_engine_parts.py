@@ -11,11 +11,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_helpers import ARCHS, assert_close_logits, manual_plan, tiny, tiny_spec
+from engine_helpers import assert_close_logits, manual_plan, tiny, tiny_spec
 from kvpool.engine.arch import ArchConfig, EngineError, Rope
 from kvpool.engine.attention import PagedBatch, Row
 from kvpool.engine.drafter import NgramDrafter
 from kvpool.engine.kv_store import KVStore
+from kvpool.engine.names import ARCHS
 from kvpool.engine.weights import from_state_dict, load_folder, save_folder, tiny_config
 from kvpool.spec import stale_pages
 
