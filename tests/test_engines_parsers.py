@@ -32,8 +32,13 @@ def vllm_parser() -> Any:
         utils = importlib.import_module("vllm.utils.argparse_utils")
     except ImportError:
         utils = importlib.import_module("vllm.utils")
-    cli_args = importlib.import_module("vllm.entrypoints.openai.cli_args")
-    return cli_args.make_arg_parser(utils.FlexibleArgumentParser())
+    for where in ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args"):
+        try:
+            cli_args = importlib.import_module(where)
+        except ImportError:
+            continue
+        return cli_args.make_arg_parser(utils.FlexibleArgumentParser())
+    pytest.skip("vLLM's serve argument parser was not found")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -42,7 +47,11 @@ def test_vllm_accepts_the_emitted_argv(case: tuple[str, str, int, int | None]) -
     plan = plan_for(*case)
     argv = list(emit("vllm", plan, "my/model").argv or ())
     assert argv[:3] == ["vllm", "serve", "my/model"]
-    args = parser.parse_args(["--model", argv[2], *argv[3:]])
+    # `vllm serve MODEL ...`: newer parsers take MODEL as the positional model_tag
+    has_tag = any(getattr(a, "dest", "") == "model_tag" for a in parser._actions)
+    args = parser.parse_args(argv[2:] if has_tag else ["--model", argv[2], *argv[3:]])
+    if getattr(args, "model_tag", None):
+        args.model = args.model_tag
     engine_args = importlib.import_module("vllm.engine.arg_utils").EngineArgs.from_cli_args(args)
     assert engine_args.kv_cache_memory_bytes == plan.budget_bytes
     assert engine_args.max_model_len == plan.limits.max_seq_len
@@ -62,4 +71,5 @@ def test_sglang_accepts_the_emitted_argv(case: tuple[str, str, int, int | None])
     assert args.model_path == "my/model"
     assert args.max_running_requests == plan.limits.max_batch_size
     assert args.page_size == plan.spec.tokens_per_block
-    assert args.cuda_graph_bs == list(plan.limits.graph_batch_sizes)
+    assert args.cuda_graph_bs_decode == list(plan.limits.graph_batch_sizes)
+    assert args.max_total_tokens > 0 and args.context_length == plan.limits.max_seq_len

@@ -20,6 +20,9 @@ from kvpool.units import format_bytes
 
 ENGINES = ("vllm", "sglang", "trtllm")
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+# SGLang 0.5.23 split --cuda-graph-bs into --cuda-graph-bs-decode / -prefill (the
+# old name is refused as ambiguous by its parser).
+SGLANG_GRAPH_FLAG = "--cuda-graph-bs-decode"
 # Hugging Face ids of the bundled presets (what `vllm serve` / `--model-path` take).
 HF_IDS = {
     "deepseek-v3": "deepseek-ai/DeepSeek-V3", "deepseek-v3.2-exp": "deepseek-ai/DeepSeek-V3.2-Exp",
@@ -168,7 +171,7 @@ def emit_sglang(plan: PoolPlan, model_id: str) -> Emitted:
                      f"{total} tokens each (the plan differs by group)")
     dt = spec.kv_dtype
     kv = "auto" if dt == model_dtype(spec.config) else {"bf16": "bfloat16", "fp8": "fp8_e4m3",
-                                                          "nvfp4": "fp4_e2m1"}.get(dt, "auto")
+                                                          "nvfp4": "nvfp4"}.get(dt, "auto")
     if kv == "auto" and dt != model_dtype(spec.config):
         notes.append(f"SGLang has no KV dtype {dt}: launched with auto")
     argv = ["python", "-m", "sglang.launch_server", "--model-path", model_id,
@@ -176,7 +179,7 @@ def emit_sglang(plan: PoolPlan, model_id: str) -> Emitted:
             "--max-running-requests", str(lim.max_batch_size),
             "--chunked-prefill-size", str(lim.max_num_tokens or -1), "--page-size", str(tpb),
             "--tp", str(spec.tp_size), "--kv-cache-dtype", kv,
-            "--cuda-graph-bs", *(str(b) for b in lim.graph_batch_sizes)]
+            SGLANG_GRAPH_FLAG, *(str(b) for b in lim.graph_batch_sizes)]
     ratio, slots = sglang.DEFAULT_SWA_FULL_TOKENS_RATIO, None
     if swa:
         text = _sglang_ratio(total, swa[0].pages * tpb, tpb)
