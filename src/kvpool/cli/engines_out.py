@@ -7,9 +7,9 @@ import argparse
 from typing import Any
 
 from kvpool.cli.common import table
-from kvpool.engines.common import EngineReport
+from kvpool.engines.common import EnginePool, EngineReport
 from kvpool.engines.emit import ENGINES, Emitted, emit, engine_report, model_id_for
-from kvpool.plan import PoolPlan
+from kvpool.plan import REFERENCE_REQUEST, PoolPlan, decode_shape
 from kvpool.units import format_bytes
 
 
@@ -31,12 +31,25 @@ def _fits(value: int | None) -> str:
 
 def render_report(report: EngineReport, plan: PoolPlan) -> str:
     """An engine's pools, printed lines, concurrency beside the plan's, refusals."""
+    lim = plan.limits
+    shapes = [REFERENCE_REQUEST, None if plan.avg_seq_len is None else decode_shape(plan.avg_seq_len, lim),
+              decode_shape(lim.max_seq_len, lim)]
+
+    def fits(p: EnginePool) -> str:
+        counts = []
+        for shape in shapes:
+            need = p.need(*shape) if shape is not None else 0
+            counts.append("-" if shape is None or not need else str(p.pages // need))
+        return "/".join(counts)
+
     rows = [[p.name, ",".join(p.groups), p.page_tokens or "-", f"{p.page_bytes:,}", f"{p.pages:,}",
-             "-" if p.tokens is None else f"{p.tokens:,}", format_bytes(p.bytes)] for p in report.pools]
+             "-" if p.tokens is None else f"{p.tokens:,}", format_bytes(p.bytes), fits(p)]
+            for p in report.pools]
     ours, theirs = plan.max_concurrency(), report.max_concurrency(plan.avg_seq_len)
     lines = [f"{report.engine} ({report.version_modelled}) from the same {format_bytes(report.budget_bytes)}:"]
     if rows:
-        lines.append(table(["pool", "groups", "page tokens", "page bytes", "pages", "tokens", "bytes"], rows))
+        lines.append(table(["pool", "groups", "page tokens", "page bytes", "pages", "tokens", "bytes",
+                            "fit ref/S/L"], rows))
     lines += [f"prints: {line}" for line in report.lines]
     lines.append("requests that fit at once (engine / kvpool): "
                  f"reference (2049) {theirs['reference']} / {ours['reference']}, avg_seq_len "
