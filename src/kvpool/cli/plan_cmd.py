@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kvpool.cli import engines_out
 from kvpool.cli.common import add_json_arg, print_json, table
 from kvpool.cli.plan_args import add_plan_args, plan_from_args
 from kvpool.plan import PoolPlan
@@ -19,6 +20,7 @@ def register(sub: Any) -> None:
                     "Exit code 2 (one line on stderr) when a constraint does not fit.",
     )
     add_plan_args(p)
+    engines_out.add_engine_args(p)
     add_json_arg(p)
     p.set_defaults(func=run)
 
@@ -59,8 +61,11 @@ def render(plan: PoolPlan) -> str:
 
 def run(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
+    report, emitted = engines_out.engine_outputs(args, plan)
     if args.json:
-        print_json(plan.to_json())
+        print_json(engines_out.to_json(report, emitted, plan))
     else:
         print(render(plan))
+        if report is not None or emitted is not None:
+            print("\n" + engines_out.render(report, emitted, plan))
     return 0

@@ -7,6 +7,8 @@
   default, else S = `max_seq_len` (what TensorRT-LLM's estimation forced; a note
   says so), with the constraints that come with it.
 - `workload`: `kvpool.plan.Workload` over the trace's (prompt, output) lengths.
+- `engine:vllm`, `engine:sglang`, `engine:trtllm`: that engine's own split of the
+  memory (see `kvpool.sim.engine_policies`).
 - `ratio:GROUP=SHARE,...`: an explicit byte share per group (no constraints).
   Groups left out share the rest in the proportions of the reference split,
   so `ratio:full=0.3` is enough for a two-group model.
@@ -22,6 +24,7 @@ from kvpool.plan.batches import reference_batch
 from kvpool.plan.families import rules_for
 from kvpool.plan.sizing import parse_shares, ratio_from_batch
 from kvpool.plan.workload import Workload
+from kvpool.sim.engine_policies import ENGINE_POLICIES, engine_plan
 from kvpool.spec import ModelSpec
 from kvpool.trace import Trace
 
@@ -49,9 +52,10 @@ def parse_policies(text: str) -> list[str]:
         else:
             out.append(part)
     for name in out:
-        if name not in POLICIES and not name.startswith("ratio:"):
+        if name not in POLICIES and name not in ENGINE_POLICIES and not name.startswith("ratio:"):
             raise KvpoolError(
-                f"unknown policy {name!r}; use reference, typical, workload or ratio:GROUP=SHARE,..."
+                f"unknown policy {name!r}; use reference, typical, workload, "
+                f"{', '.join(ENGINE_POLICIES)} or ratio:GROUP=SHARE,..."
             )
     return out
 
@@ -115,6 +119,9 @@ def plan_for(spec: ModelSpec, limits: ServingLimits, policy: str, *, kv_memory_b
         lim = dataclasses.replace(limits, avg_seq_len=None)
         plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes,
                           policy=Workload(trace.lengths()), fit=fit)
+    elif policy in ENGINE_POLICIES:
+        plan, engine_notes = engine_plan(spec, limits, policy, kv_memory_bytes=kv_memory_bytes, trace=trace)
+        notes += engine_notes
     elif policy.startswith("ratio:"):
         lim = dataclasses.replace(limits, avg_seq_len=None)
         plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes,

@@ -1,0 +1,92 @@
+"""`kvpool plan ... --engine E` and `--emit E`: an engine's own split beside the
+plan, and the launch that makes the engine follow the plan."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvpool.cli.common import table
+from kvpool.engines.common import EnginePool, EngineReport
+from kvpool.engines.emit import ENGINES, Emitted, emit, engine_report, model_id_for
+from kvpool.plan import REFERENCE_REQUEST, PoolPlan, decode_shape
+from kvpool.units import format_bytes
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """--engine, --emit and --model-id (for `kvpool plan`)."""
+    g = p.add_argument_group("engines")
+    g.add_argument("--engine", choices=ENGINES, default=None,
+                   help="also show what this engine would allocate from the same memory by its own rules")
+    g.add_argument("--emit", choices=ENGINES, default=None,
+                   help="print the launch command (vllm, sglang) or extra-options YAML (trtllm) that "
+                        "follows the plan, with a note for each part the engine cannot express")
+    g.add_argument("--model-id", default=None, metavar="ID",
+                   help="model id for --emit (default: the preset's Hugging Face id, else MODEL)")
+
+
+def _fits(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def render_report(report: EngineReport, plan: PoolPlan) -> str:
+    """An engine's pools, printed lines, concurrency beside the plan's, refusals."""
+    lim = plan.limits
+    shapes = [REFERENCE_REQUEST, None if plan.avg_seq_len is None else decode_shape(plan.avg_seq_len, lim),
+              decode_shape(lim.max_seq_len, lim)]
+
+    def fits(p: EnginePool) -> str:
+        counts = []
+        for shape in shapes:
+            need = p.need(*shape) if shape is not None else 0
+            counts.append("-" if shape is None or not need else str(p.pages // need))
+        return "/".join(counts)
+
+    rows = [[p.name, ",".join(p.groups), p.page_tokens or "-", f"{p.page_bytes:,}", f"{p.pages:,}",
+             "-" if p.tokens is None else f"{p.tokens:,}", format_bytes(p.bytes), fits(p)]
+            for p in report.pools]
+    ours, theirs = plan.max_concurrency(), report.max_concurrency(plan.avg_seq_len)
+    lines = [f"{report.engine} ({report.version_modelled}) from the same {format_bytes(report.budget_bytes)}:"]
+    if rows:
+        lines.append(table(["pool", "groups", "page tokens", "page bytes", "pages", "tokens", "bytes",
+                            "fit ref/S/L"], rows))
+    lines += [f"prints: {line}" for line in report.lines]
+    lines.append("requests that fit at once (engine / kvpool): "
+                 f"reference (2049) {theirs['reference']} / {ours['reference']}, avg_seq_len "
+                 f"{_fits(theirs['avg_seq_len'])} / {_fits(ours['avg_seq_len'])}, max_seq_len "
+                 f"{theirs['max_seq_len']} / {ours['max_seq_len']}")
+    lines += [f"refuses: {r}" for r in report.refusals]
+    lines += [f"degrades: {d}" for d in report.degradations]
+    return "\n".join(lines)
+
+
+def engine_outputs(args: argparse.Namespace, plan: PoolPlan) -> tuple[EngineReport | None, Emitted | None]:
+    """The --engine report and the --emit launch the options ask for."""
+    report = engine_report(args.engine, plan) if args.engine else None
+    emitted = None
+    if args.emit:
+        emitted = emit(args.emit, plan, args.model_id or model_id_for(args.model))
+    return report, emitted
+
+
+def render(report: EngineReport | None, emitted: Emitted | None, plan: PoolPlan) -> str:
+    parts = []
+    if report is not None:
+        parts.append(render_report(report, plan))
+    if emitted is not None:
+        parts.append(f"{emitted.engine} launch that follows the plan:\n{emitted.text()}")
+    return "\n\n".join(parts)
+
+
+def to_json(report: EngineReport | None, emitted: Emitted | None, plan: PoolPlan) -> dict[str, Any]:
+    """--emit: the emitted object (its "engine_default" the --engine report, if
+    asked); --engine alone: the plan with the report under "engine"."""
+    if emitted is not None:
+        out = emitted.to_json()
+        if report is not None:
+            out["engine_default"] = report.to_json(plan.avg_seq_len)
+        return out
+    out = plan.to_json()
+    if report is not None:
+        out["engine"] = report.to_json(plan.avg_seq_len)
+    return out
