@@ -8,6 +8,7 @@ from typing import Any
 from kvpool.cli import engines_out
 from kvpool.cli.common import add_json_arg, print_json, table
 from kvpool.cli.plan_args import add_plan_args, plan_from_args
+from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
 from kvpool.units import format_bytes
 
@@ -21,6 +22,17 @@ def register(sub: Any) -> None:
     )
     add_plan_args(p)
     engines_out.add_engine_args(p)
+    w = p.add_argument_group("workload sizing (with --workload TRACE)")
+    w.add_argument("--sizing", choices=("workload", "occupancy", "tuned"), default="workload",
+                   help="workload (default): expected decode pages over the trace's lengths; "
+                        "occupancy: pages over each request's time in flight, prefill chunks "
+                        "included; tuned: a bounded search over the split, simulated on a "
+                        "1,000-request sample of the trace (needs a GPU for step times)")
+    w.add_argument("--sim-gpu", default=None, metavar="NAME",
+                   help="GPU whose step times --sizing tuned simulates (default: --gpu)")
+    w.add_argument("--workload-rate", default="inf", metavar="R",
+                   help="arrival rate the tuned search replays the sample at (default inf: "
+                        "offline; 'trace' for the trace's own times)")
     add_json_arg(p)
     p.set_defaults(func=run)
 
@@ -60,7 +72,14 @@ def render(plan: PoolPlan) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    plan = plan_from_args(args)
+    if args.sizing != "workload":
+        from kvpool.cli.plan_sizing import adaptive_plan
+
+        plan = adaptive_plan(args)
+    elif args.sim_gpu is not None:
+        raise KvpoolError("--sim-gpu is for --sizing tuned")
+    else:
+        plan = plan_from_args(args)
     report, emitted = engines_out.engine_outputs(args, plan)
     if args.json:
         print_json(engines_out.to_json(report, emitted, plan))

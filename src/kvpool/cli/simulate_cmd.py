@@ -47,7 +47,8 @@ def register(sub: Any) -> None:
     s.add_argument("--trace", required=True, metavar="NAME|PATH",
                    help=f"bundled trace ({', '.join(presets.trace_names())}) or a trace file")
     s.add_argument("--policy", default=None, metavar="P",
-                   help="reference (default), typical, workload or ratio:GROUP=SHARE,...")
+                   help="reference (default), typical, workload, occupancy, tuned or "
+                        "ratio:GROUP=SHARE,...")
     s.add_argument("--compare", default=None, metavar="P1,P2,...",
                    help="run several policies on the same trace, side by side")
     s.add_argument("--sweep-ratio", default=None, metavar="GROUP",
@@ -58,6 +59,11 @@ def register(sub: Any) -> None:
     s.add_argument("--sweep-range", default="0.05:0.95", metavar="LOW:HIGH",
                    help="shares swept (default 0.05:0.95; evenly spaced, geometric when "
                         "HIGH/LOW >= 20, e.g. 0.002:0.2 for a small window)")
+    s.add_argument("--workers", type=positive_int, default=None, metavar="N",
+                   help="run the --sweep-ratio points as Ray tasks on N local CPUs (needs "
+                        "kvpool[sweep]; serially without Ray)")
+    s.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="run the --sweep-ratio points on this Ray cluster (auto, ray://HOST:10001)")
     s.add_argument("--rate", default=None, metavar="R",
                    help="requests/s on average (rescaled trace times, or Poisson when the trace "
                         "has none); 'inf' sends all at time 0; default: the trace's own times")
@@ -164,10 +170,12 @@ def run(args: argparse.Namespace) -> int:
         if len(spec.groups) < 2:
             raise KvpoolError(f"{spec.name} has one pool group; there is no split to sweep")
         shares = sweep_shares(args.sweep_points, *parse_range(args.sweep_range))
+    elif args.workers or args.ray_address:
+        raise KvpoolError("--workers / --ray-address run the points of --sweep-ratio; add it")
     # Plan every named policy first, so that an infeasible one fails in a second, not
     # after the runs before it.
-    plans = [plan_for(spec, limits, p, kv_memory_bytes=kv_bytes, trace=trace, fit=args.fit)
-             for p in policies]
+    plans = [plan_for(spec, limits, p, kv_memory_bytes=kv_bytes, trace=trace, fit=args.fit,
+                      model=model, padding=padding) for p in policies]
 
     def one(policy: str, pp: PolicyPlan | None = None) -> SimResult:
         pp = pp or plan_for(spec, limits, policy, kv_memory_bytes=kv_bytes, trace=trace, fit=args.fit)
@@ -178,6 +186,14 @@ def run(args: argparse.Namespace) -> int:
 
     runs = [one(p, pp) for p, pp in zip(policies, plans, strict=True)]
     sweep: list[tuple[float, SimResult]] = []
+    if group is not None and (args.workers or args.ray_address):
+        from kvpool.sim.sweep_tasks import run_shares
+
+        sweep, more = run_shares(spec, limits, group, shares, trace, model, kv_memory_bytes=kv_bytes,
+                                 fit=args.fit, padding=padding, workers=args.workers,
+                                 ray_address=args.ray_address, progress=not args.quiet)
+        notes.extend(more)
+        shares = []
     for share in shares:
         assert group is not None
         try:

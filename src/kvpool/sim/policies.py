@@ -9,6 +9,10 @@
 - `workload`: `kvpool.plan.Workload` over the trace's (prompt, output) lengths.
 - `engine:vllm`, `engine:sglang`, `engine:trtllm`: that engine's own split of the
   memory (see `kvpool.sim.engine_policies`).
+- `occupancy`: `kvpool.plan.occupancy.Occupancy`, pages over each request's
+  time in flight, prefill chunks included (Little's law per length).
+- `tuned`: a bounded search over the split, each candidate simulated on a
+  sample of the trace (`kvpool.sim.tuned`); needs the trace and a step model.
 - `ratio:GROUP=SHARE,...`: an explicit byte share per group (no constraints).
   Groups left out share the rest in the proportions of the reference split,
   so `ratio:full=0.3` is enough for a two-group model.
@@ -25,10 +29,11 @@ from kvpool.plan.families import rules_for
 from kvpool.plan.sizing import parse_shares, ratio_from_batch
 from kvpool.plan.workload import Workload
 from kvpool.sim.engine_policies import ENGINE_POLICIES, engine_plan
+from kvpool.sim.steptime import StepTimeModel
 from kvpool.spec import ModelSpec
 from kvpool.trace import Trace
 
-POLICIES = ("reference", "typical", "workload")
+POLICIES = ("reference", "typical", "workload", "occupancy", "tuned")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +59,7 @@ def parse_policies(text: str) -> list[str]:
     for name in out:
         if name not in POLICIES and name not in ENGINE_POLICIES and not name.startswith("ratio:"):
             raise KvpoolError(
-                f"unknown policy {name!r}; use reference, typical, workload, "
-                f"{', '.join(ENGINE_POLICIES)} or ratio:GROUP=SHARE,..."
+                f"unknown policy {name!r}; use {', '.join((*POLICIES, *ENGINE_POLICIES))} or ratio:GROUP=SHARE,..."
             )
     return out
 
@@ -99,8 +103,10 @@ def parse_ratio(spec: ModelSpec, text: str) -> dict[str, float]:
 
 
 def plan_for(spec: ModelSpec, limits: ServingLimits, policy: str, *, kv_memory_bytes: int,
-             trace: Trace | None = None, fit: bool = False) -> PolicyPlan:
+             trace: Trace | None = None, fit: bool = False,
+             model: StepTimeModel | None = None, padding: bool = True) -> PolicyPlan:
     """The plan `policy` gives for this budget (see the module docstring).
+    `model` (step times) and `padding` are what `tuned` simulates with.
     Raises KvpoolError subclasses (unknown policy, bad ratio, infeasible plan)."""
     notes: list[str] = []
     if policy == "reference":
@@ -122,6 +128,14 @@ def plan_for(spec: ModelSpec, limits: ServingLimits, policy: str, *, kv_memory_b
     elif policy in ENGINE_POLICIES:
         plan, engine_notes = engine_plan(spec, limits, policy, kv_memory_bytes=kv_memory_bytes, trace=trace)
         notes += engine_notes
+    elif policy in ("occupancy", "tuned"):
+        if trace is None:
+            raise KvpoolError(f"policy {policy} needs a trace")
+        from kvpool.sim.tuned import plan_adaptive
+
+        plan, extra = plan_adaptive(spec, limits, policy, trace, model, kv_memory_bytes=kv_memory_bytes,
+                                    fit=fit, padding=padding)
+        notes.extend(extra)
     elif policy.startswith("ratio:"):
         lim = dataclasses.replace(limits, avg_seq_len=None)
         plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes,

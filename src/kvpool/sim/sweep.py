@@ -1,0 +1,208 @@
+"""Sweeps over (model x GPU x budget x trace x policy or split): a grid file
+expanded into points, each point one simulation, the table of all points.
+
+A grid (YAML or JSON) maps point fields to a value or a list of values; the
+points are the product of the lists. Fields (defaults in `Point`): `model`,
+`gpu`, `trace` and `kv_memory` are required; `policy` (or `policies`) names
+the sizing policies; an optional `sweep: {group: sliding, points: 10,
+range: [0.05, 0.95]}` adds that many `ratio:GROUP=SHARE` points to every
+combination (`kvpool.sim.policies.sweep_shares`). Example:
+
+    model: [gemma-3-27b, gpt-oss-20b]
+    gpu: h100
+    kv_memory: [16GiB, 20GiB]
+    trace: azure-code
+    max_requests: 2000
+    policy: [reference, workload, occupancy]
+    sweep: {group: sliding, points: 8}
+
+Each point runs `run_point` (a module-level, picklable function of a frozen
+`Point`), which returns one flat row: the point's fields, the policy's byte
+share per group and the run's metrics, or `error` for a plan that does not
+fit. Rows carry no wall-clock time, so a Ray run and a serial run give equal
+rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import itertools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvpool.errors import KvpoolError
+
+ROW_METRICS = ("output_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
+               "preemptions", "graph_step_share")
+
+
+class GridError(KvpoolError, ValueError):
+    """A grid file that cannot be read or names an unknown field."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One simulation: a model on a GPU with a KV budget, a trace, a policy."""
+
+    model: str
+    gpu: str
+    trace: str
+    kv_memory: str
+    policy: str = "reference"
+    kv_dtype: str = "auto"
+    max_batch_size: int = 256
+    max_seq_len: int = 8192
+    max_num_tokens: int | None = 8192
+    avg_seq_len: int | None = None
+    rate: str = "inf"
+    max_requests: int | None = None
+    seed: int = 0
+    padding: bool = True
+
+    def label(self) -> str:
+        return f"{self.model}/{self.gpu}/{self.kv_memory}/{self.trace}/{self.policy}"
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(Point))
+
+
+def load_grid(path: str | Path) -> dict[str, Any]:
+    """Read a grid file: YAML (needs pyyaml) or JSON by extension."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise GridError(f"cannot read grid {p}: {e.strerror}") from None
+    if p.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise GridError(f"grid {p}: {e}") from None
+    else:
+        try:
+            import yaml  # type: ignore[import-untyped,import-not-found]
+        except ImportError:
+            raise GridError("a YAML grid needs pyyaml: pip install 'kvpool[sweep]' "
+                            "(or write the grid as .json)") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise GridError(f"grid {p}: {e}") from None
+    if not isinstance(data, dict):
+        raise GridError(f"grid {p}: expected a mapping of fields to values or lists")
+    return data
+
+
+def expand_grid(grid: Mapping[str, Any]) -> list[Point]:
+    """The points of `grid` (module docstring), in the grid's field order."""
+    from kvpool.sim.policies import ratio_policy, sweep_shares
+
+    grid = dict(grid)
+    if "policies" in grid:
+        grid["policy"] = grid.pop("policies")
+    sweep = grid.pop("sweep", None)
+    unknown = sorted(set(grid) - set(FIELDS))
+    if unknown:
+        raise GridError(f"unknown grid fields {', '.join(unknown)}; known: {', '.join(FIELDS)}, sweep")
+    missing = [k for k in ("model", "gpu", "trace", "kv_memory") if k not in grid]
+    if missing:
+        raise GridError(f"the grid needs {', '.join(missing)}")
+    axes = {k: (v if isinstance(v, list) else [v]) for k, v in grid.items()}
+    if any(not v for v in axes.values()):
+        raise GridError("a grid field has an empty list")
+    policies = [str(p) for p in axes.pop("policy", ["reference"])]
+    if sweep is not None:
+        if not isinstance(sweep, dict) or "group" not in sweep:
+            raise GridError("sweep needs a mapping with group (and points, range)")
+        low, high = sweep.get("range", [0.05, 0.95])
+        shares = sweep_shares(int(sweep.get("points", 10)), float(low), float(high))
+        policies += [ratio_policy(str(sweep["group"]), s) for s in shares]
+    names = list(axes)
+    points = []
+    for values in itertools.product(*axes.values()):
+        for policy in policies:
+            fields: dict[str, Any] = {k: (str(v) if k in ("kv_memory", "rate") and v is not None else v)
+                      for k, v in zip(names, values, strict=True)}
+            try:
+                points.append(Point(**fields, policy=policy))
+            except TypeError as e:  # pragma: no cover - names were checked above
+                raise GridError(str(e)) from None
+    return points
+
+
+def run_point(point: Point) -> dict[str, Any]:
+    """Simulate one point; a flat row (module docstring). KvpoolErrors (an
+    infeasible plan, a bad name) become the row's `error`."""
+    from kvpool.plan import ServingLimits
+    from kvpool.presets import load_gpu
+    from kvpool.presets.traces import load_trace
+    from kvpool.sim import StepTimeModel, load_weights, simulate
+    from kvpool.sim.policies import plan_for
+    from kvpool.spec import load_model_spec
+    from kvpool.units import parse_size
+
+    row: dict[str, Any] = dataclasses.asdict(point)
+    try:
+        spec = load_model_spec(point.model, kv_dtype=point.kv_dtype, max_seq_len=point.max_seq_len)
+        limits = ServingLimits(max_batch_size=point.max_batch_size, max_seq_len=point.max_seq_len,
+                               max_num_tokens=point.max_num_tokens, avg_seq_len=point.avg_seq_len)
+        rate = None if point.rate in ("", "none", "trace") else float(point.rate)
+        trace = load_trace(point.trace, max_requests=point.max_requests).with_rate(rate, point.seed)
+        model = StepTimeModel.build(spec, load_gpu(point.gpu), load_weights(point.model))
+        pp = plan_for(spec, limits, point.policy, kv_memory_bytes=parse_size(point.kv_memory),
+                      trace=trace, model=model, padding=point.padding)
+        result = simulate(pp.plan, trace, model, policy=point.policy, padding=point.padding)
+    except (KvpoolError, ValueError) as e:
+        return {**row, "error": str(e)}
+    data = result.to_json()
+    row.update({k: data[k] for k in ROW_METRICS})
+    for g in pp.plan.groups:
+        row[f"share_{g.name}"] = g.share
+        row[f"pages_{g.name}"] = g.pages
+        row[f"peak_{g.name}"] = result.pages[g.name].peak_used
+    row["finished"], row["rejected"] = result.finished, result.rejected
+    row["notes"] = " | ".join(pp.notes)
+    return row
+
+
+def best_shares(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each row's throughput as a share of the best `ratio:` row of its
+    combination (same fields but the policy); rows without a swept best get None."""
+    def key(r: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(r[f] for f in FIELDS if f != "policy")
+
+    best: dict[tuple[Any, ...], float] = {}
+    for r in rows:
+        if str(r["policy"]).startswith("ratio:") and "error" not in r:
+            best[key(r)] = max(best.get(key(r), 0.0), float(r["output_tokens_per_s"]))
+    out = []
+    for r in rows:
+        b = best.get(key(r))
+        share = (float(r["output_tokens_per_s"]) / b if b and "error" not in r else None)
+        out.append({**r, "share_of_best": share})
+    return out
+
+
+def write_rows(rows: Sequence[Mapping[str, Any]], out: str | Path) -> list[Path]:
+    """`OUT.json` (`{"points": rows}`) and `OUT.csv` (one column per key seen);
+    `out` may name either, or neither suffix. Returns the paths written."""
+    base = Path(out)
+    if base.suffix.lower() in (".json", ".csv"):
+        base = base.with_suffix("")
+    paths = [base.with_suffix(".json"), base.with_suffix(".csv")]
+    clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
+             for r in rows]
+    paths[0].write_text(json.dumps({"points": clean}, indent=1) + "\n")
+    columns: list[str] = []
+    for r in clean:
+        columns += [k for k in r if k not in columns]
+    with paths[1].open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(clean)
+    return paths
