@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from kvpool.engine.arch import StalePageError
 from kvpool.spec import LayerGroup
@@ -159,8 +160,14 @@ class PagedBatch:
 def scaled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                      scale: float, softcap: float | None = None) -> torch.Tensor:
     """Masked attention on [R, Q, H, D] queries and [R, K, KVH, D] keys/values
-    (grouped-query heads repeated); softmax in float32. Returns [R, Q, H, D]."""
+    (grouped-query heads repeated); softmax in float32. Returns [R, Q, H, D].
+    Float32 without softcapping goes through torch's fused SDPA, which shares
+    each key head with its query group without copying it."""
     heads, kv_heads = q.shape[2], k.shape[2]
+    if softcap is None and q.dtype == torch.float32:
+        fused = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               attn_mask=mask, scale=scale, enable_gqa=heads != kv_heads)
+        return fused.transpose(1, 2)
     if heads != kv_heads:
         k = k.repeat_interleave(heads // kv_heads, dim=2)
         v = v.repeat_interleave(heads // kv_heads, dim=2)
