@@ -147,10 +147,12 @@ class PagedBatch:
         pages: [pages, 2, tpb, kv_heads, dim]; side effect), then attend `q`
         ([T, heads, dim]) to every visible key. Returns [T, heads, dim]."""
         ix = self.groups[group]
-        kv[ix.write_pages, 0, ix.write_offsets] = k
-        kv[ix.write_pages, 1, ix.write_offsets] = v
-        keys = kv[ix.read_pages, 0, ix.read_offsets]  # [R, K, kvh, d]
-        values = kv[ix.read_pages, 1, ix.read_offsets]
+        # K and V together: one scatter and one gather per layer, not two each.
+        kv[ix.write_pages, :, ix.write_offsets] = torch.stack((k, v), dim=1)
+        both = kv[ix.read_pages, :, ix.read_offsets]  # [R, K, 2, kvh, d]
+        keys, values = both[:, :, 0], both[:, :, 1]
+        if self.max_queries == 1:  # decode only: token i is row i, nothing to scatter
+            return scaled_attention(q[:, None], keys, values, ix.mask, scale, softcap)[:, 0]
         queries = q.new_zeros(self.num_rows, self.max_queries, *q.shape[1:])
         queries[self.row_index, self.col_index] = q
         out = scaled_attention(queries, keys, values, ix.mask, scale, softcap)
