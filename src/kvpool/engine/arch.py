@@ -1,6 +1,6 @@
 """What the reference decoder needs to know about an architecture, read from a
 Hugging Face config dict: sizes, per-layer attention window, RoPE tables and the
-handful of switches that tell Llama, Qwen3, Mistral and Gemma 3 apart."""
+handful of switches that tell Llama, Qwen3, Mistral, Gemma 2 and Gemma 3 apart."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import torch
 from kvpool.errors import KvpoolError
 from kvpool.spec.families import layer_types
 
-ARCHS = ("llama", "qwen3", "mistral", "gemma3")
+ARCHS = ("llama", "qwen3", "mistral", "gemma3", "gemma2")
 
 # model_type (config.json) -> our architecture switch
 _MODEL_TYPES = {
     "llama": "llama", "qwen3": "qwen3", "qwen2": "llama", "mistral": "mistral",
-    "gemma3_text": "gemma3", "gemma3": "gemma3",
+    "gemma3_text": "gemma3", "gemma3": "gemma3", "gemma2": "gemma2",
 }
 
 
@@ -134,8 +134,10 @@ class ArchConfig:
         types = layer_types(config)
         window = int(config["sliding_window"]) if "sliding_attention" in types else None
         windows = tuple(window if t == "sliding_attention" else None for t in types)
-        gemma = arch == "gemma3"
-        ropes = cls._ropes(config, types, gemma)
+        # Gemma 2 and 3 share norms, embedding scale and query_pre_attn_scalar;
+        # Gemma 2 has one RoPE table, no q/k norm, and softcaps attention logits.
+        gemma = arch in ("gemma3", "gemma2")
+        ropes = cls._ropes(config, types, arch == "gemma3")
         eos = config.get("eos_token_id")
         eos_ids = tuple(int(t) for t in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
         return cls(
