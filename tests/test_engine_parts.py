@@ -64,6 +64,8 @@ def test_arch_refuses_unknown_models() -> None:
     with pytest.raises(EngineError, match="not supported"):
         ArchConfig.from_hf({"model_type": "gpt2"})
     with pytest.raises(EngineError, match="RoPE type"):
+        ArchConfig.from_hf(tiny_config("llama", rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4}))
+    with pytest.raises(EngineError, match="yarn RoPE without factor"):
         ArchConfig.from_hf(tiny_config("llama", rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}))
     with pytest.raises(EngineError, match="missing or bad field"):
         ArchConfig.from_hf({"model_type": "llama"})
