@@ -14,12 +14,13 @@ import torch
 from kvpool.errors import KvpoolError
 from kvpool.spec.families import layer_types
 
-ARCHS = ("llama", "qwen3", "mistral", "gemma3", "gemma2")
+ARCHS = ("llama", "qwen3", "mistral", "gemma3", "gemma2", "mixtral")
 
 # model_type (config.json) -> our architecture switch
 _MODEL_TYPES = {
     "llama": "llama", "qwen3": "qwen3", "qwen2": "llama", "mistral": "mistral",
     "gemma3_text": "gemma3", "gemma3": "gemma3", "gemma2": "gemma2",
+    "mixtral": "mistral",
 }
 
 
@@ -153,6 +154,8 @@ class ArchConfig:
     final_logit_softcap: float | None = None
     attn_logit_softcap: float | None = None
     eos_token_ids: tuple[int, ...] = ()  # every stop id (config.json, generation_config.json)
+    num_experts: int = 0  # > 0: a Mixtral sparse MoE MLP in every layer (engine/moe.py)
+    experts_per_token: int = 0
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> ArchConfig:
@@ -211,6 +214,8 @@ class ArchConfig:
             final_logit_softcap=config.get("final_logit_softcapping"),
             attn_logit_softcap=config.get("attn_logit_softcapping"),
             eos_token_ids=eos_ids,
+            num_experts=int(config.get("num_local_experts") or 0) if config.get("model_type") == "mixtral" else 0,
+            experts_per_token=int(config.get("num_experts_per_tok") or 0),
         )
 
     @staticmethod

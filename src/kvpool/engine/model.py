@@ -100,7 +100,12 @@ class DecoderLayer(nn.Module):
         super().__init__()
         eps, gemma = cfg.rms_norm_eps, cfg.gemma
         self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg)
+        if cfg.num_experts:
+            from kvpool.engine.moe import SparseMoE
+
+            self.mlp: nn.Module = SparseMoE(cfg)
+        else:
+            self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps, gemma)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, gemma)
         # Gemma's sandwich: norm after attention (above) and around the MLP.
