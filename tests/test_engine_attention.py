@@ -70,7 +70,7 @@ def _run_chunks(arch: str, chunks: list[int], release_early: int = 0) -> tuple[t
 
             def attend(layer, q, k, v, batch=batch):  # type: ignore[no-untyped-def]
                 return batch.attend(store.group_of_layer[layer], store.layer(layer), q, k, v,
-                                    model.cfg.attn_scale)
+                                    model.cfg.attn_scale, model.cfg.attn_logit_softcap)
 
             out.append(model(ids[start:start + n], batch.positions, attend))
             start += n
@@ -111,7 +111,8 @@ def test_two_rows_in_one_step() -> None:
     def run(rows, ids):  # type: ignore[no-untyped-def]
         batch = PagedBatch(rows, spec.groups, pages)
         return model(ids, batch.positions, lambda layer, q, k, v: batch.attend(
-            store.group_of_layer[layer], store.layer(layer), q, k, v, model.cfg.attn_scale))
+            store.group_of_layer[layer], store.layer(layer), q, k, v, model.cfg.attn_scale,
+                model.cfg.attn_logit_softcap))
 
     with torch.no_grad():
         run([Row(0, 5, tab_b)], b[:5])

@@ -30,7 +30,7 @@ def test_tiny_json_shape_and_parity(cli) -> None:  # type: ignore[no-untyped-def
     assert code == 0, err
     data = json.loads(out)
     assert set(data) == {"requests", "kv"}
-    assert [set(r) for r in data["requests"]] == [{"prompt_ids", "output_ids"}] * 2
+    assert [set(r) for r in data["requests"]] == [{"prompt_ids", "output_ids", "text"}] * 2
     for req, prompt in zip(data["requests"], PROMPTS, strict=True):
         assert req["prompt_ids"] == list(prompt)
         assert_same_tokens(req["output_ids"], hf_greedy("gemma3", list(prompt), 6), "cli gemma3")

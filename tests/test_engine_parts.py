@@ -65,6 +65,8 @@ def test_arch_refuses_unknown_models() -> None:
     with pytest.raises(EngineError, match="not supported"):
         ArchConfig.from_hf({"model_type": "gpt2"})
     with pytest.raises(EngineError, match="RoPE type"):
+        ArchConfig.from_hf(tiny_config("llama", rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4}))
+    with pytest.raises(EngineError, match="yarn RoPE without factor"):
         ArchConfig.from_hf(tiny_config("llama", rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}))
     with pytest.raises(EngineError, match="missing or bad field"):
         ArchConfig.from_hf({"model_type": "llama"})
@@ -132,7 +134,8 @@ def test_paged_equals_dense_for_any_chunking(arch: str, tpb: int, chunks: list[i
                 live[g.name][: stale_pages(g, start)] = -1
             batch = PagedBatch([Row(start, n, live)], spec.groups, {g.name: pages + 3 for g in spec.groups})
             logits.append(model(ids[start:start + n], batch.positions, lambda layer, q, k, v, b=batch: b.attend(
-                store.group_of_layer[layer], store.layer(layer), q, k, v, model.cfg.attn_scale)))
+                store.group_of_layer[layer], store.layer(layer), q, k, v, model.cfg.attn_scale,
+                model.cfg.attn_logit_softcap)))
             start += n
     assert_close_logits(torch.cat(logits), model.dense_logits(ids), f"{arch} tpb {tpb} chunks {chunks}")
 

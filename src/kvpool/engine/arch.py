@@ -1,6 +1,6 @@
 """What the reference decoder needs to know about an architecture, read from a
 Hugging Face config dict: sizes, per-layer attention window, RoPE tables and the
-handful of switches that tell Llama, Qwen3, Mistral and Gemma 3 apart."""
+handful of switches that tell Llama, Qwen3, Mistral, Gemma 2 and Gemma 3 apart."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from kvpool.spec.families import layer_types
 # model_type (config.json) -> our architecture switch
 _MODEL_TYPES = {
     "llama": "llama", "qwen3": "qwen3", "qwen2": "llama", "mistral": "mistral",
-    "gemma3_text": "gemma3", "gemma3": "gemma3",
+    "gemma3_text": "gemma3", "gemma3": "gemma3", "gemma2": "gemma2",
+    "mixtral": "mistral",
 }
 
 
@@ -36,11 +37,15 @@ class Rope:
     """One RoPE table: `rope_theta` plus an optional scaling rule."""
 
     theta: float
-    kind: str = "default"  # default | linear | llama3
+    kind: str = "default"  # default | linear | llama3 | yarn
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_positions: int = 8192
+    beta_fast: float = 32.0  # yarn: rotations above which a dimension is kept
+    beta_slow: float = 1.0  # yarn: rotations below which it is fully interpolated
+    truncate: bool = True  # yarn: round the ramp's ends to whole dimensions
+    attention_factor: float = 1.0  # yarn: cos and sin are multiplied by it
 
     def inv_freq(self, head_dim: int) -> torch.Tensor:
         """Inverse frequencies in float32 (the dtype transformers computes them in)."""
@@ -60,13 +65,38 @@ class Rope:
             blended = (1 - smooth) * scaled / self.factor + smooth * scaled
             medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
             return torch.where(medium, blended, scaled)
+        if self.kind == "yarn":
+            return self._yarn(inv, head_dim)
         return inv
+
+    def _yarn(self, inv: torch.Tensor, dim: int) -> torch.Tensor:
+        """YaRN (arXiv 2309.00071): dimensions that turn more than `beta_fast`
+        times over the original context keep their frequency, those turning
+        fewer than `beta_slow` times are divided by `factor`, a linear ramp
+        in between, as transformers computes it."""
+        def boundary(rotations: float) -> float:
+            return dim * math.log(self.original_max_positions / (rotations * 2 * math.pi)) / (
+                2 * math.log(self.theta))
+
+        low, high = boundary(self.beta_fast), boundary(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        keep = 1 - ramp  # 1: extrapolate (keep), 0: interpolate (divide by factor)
+        return inv / self.factor * (1 - keep) + inv * keep
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], default_theta: float) -> Rope:
         kind = str(params.get("rope_type") or params.get("type") or "default")
-        if kind not in ("default", "linear", "llama3"):
+        if kind not in ("default", "linear", "llama3", "yarn"):
             raise EngineError(f"RoPE type {kind!r} is not supported by the reference engine")
+        if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise EngineError("partial_rotary_factor != 1 is not supported by the reference engine")
+        if kind == "yarn":
+            return cls._yarn_from(params, default_theta)
         return cls(
             theta=float(params.get("rope_theta", default_theta)),
             kind=kind,
@@ -75,6 +105,25 @@ class Rope:
             high_freq_factor=float(params.get("high_freq_factor", 4.0)),
             original_max_positions=int(params.get("original_max_position_embeddings", 8192)),
         )
+
+    @classmethod
+    def _yarn_from(cls, params: Mapping[str, Any], default_theta: float) -> Rope:
+        for needed in ("factor", "original_max_position_embeddings"):
+            if params.get(needed) is None:
+                raise EngineError(f"yarn RoPE without {needed} is not supported by the reference engine")
+        factor = float(params["factor"])
+
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        attention = params.get("attention_factor")
+        if attention is None:
+            m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+            attention = mscale(factor, float(m)) / mscale(factor, float(m_all)) if m and m_all else mscale(factor)
+        return cls(theta=float(params.get("rope_theta", default_theta)), kind="yarn", factor=factor,
+                   original_max_positions=int(params["original_max_position_embeddings"]),
+                   beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
+                   truncate=bool(params.get("truncate", True)), attention_factor=float(attention))
 
 
 @dataclass(frozen=True)
@@ -104,6 +153,8 @@ class ArchConfig:
     final_logit_softcap: float | None = None
     attn_logit_softcap: float | None = None
     eos_token_ids: tuple[int, ...] = ()  # every stop id (config.json, generation_config.json)
+    num_experts: int = 0  # > 0: a Mixtral sparse MoE MLP in every layer (engine/moe.py)
+    experts_per_token: int = 0
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> ArchConfig:
@@ -133,8 +184,10 @@ class ArchConfig:
         types = layer_types(config)
         window = int(config["sliding_window"]) if "sliding_attention" in types else None
         windows = tuple(window if t == "sliding_attention" else None for t in types)
-        gemma = arch == "gemma3"
-        ropes = cls._ropes(config, types, gemma)
+        # Gemma 2 and 3 share norms, embedding scale and query_pre_attn_scalar;
+        # Gemma 2 has one RoPE table, no q/k norm, and softcaps attention logits.
+        gemma = arch in ("gemma3", "gemma2")
+        ropes = cls._ropes(config, types, arch == "gemma3")
         eos = config.get("eos_token_id")
         eos_ids = tuple(int(t) for t in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
         return cls(
@@ -160,6 +213,8 @@ class ArchConfig:
             final_logit_softcap=config.get("final_logit_softcapping"),
             attn_logit_softcap=config.get("attn_logit_softcapping"),
             eos_token_ids=eos_ids,
+            num_experts=int(config.get("num_local_experts") or 0) if config.get("model_type") == "mixtral" else 0,
+            experts_per_token=int(config.get("num_experts_per_tok") or 0),
         )
 
     @staticmethod

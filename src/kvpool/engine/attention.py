@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from kvpool.engine.arch import StalePageError
 from kvpool.spec import LayerGroup
@@ -146,10 +147,12 @@ class PagedBatch:
         pages: [pages, 2, tpb, kv_heads, dim]; side effect), then attend `q`
         ([T, heads, dim]) to every visible key. Returns [T, heads, dim]."""
         ix = self.groups[group]
-        kv[ix.write_pages, 0, ix.write_offsets] = k
-        kv[ix.write_pages, 1, ix.write_offsets] = v
-        keys = kv[ix.read_pages, 0, ix.read_offsets]  # [R, K, kvh, d]
-        values = kv[ix.read_pages, 1, ix.read_offsets]
+        # K and V together: one scatter and one gather per layer, not two each.
+        kv[ix.write_pages, :, ix.write_offsets] = torch.stack((k, v), dim=1)
+        both = kv[ix.read_pages, :, ix.read_offsets]  # [R, K, 2, kvh, d]
+        keys, values = both[:, :, 0], both[:, :, 1]
+        if self.max_queries == 1:  # decode only: token i is row i, nothing to scatter
+            return scaled_attention(q[:, None], keys, values, ix.mask, scale, softcap)[:, 0]
         queries = q.new_zeros(self.num_rows, self.max_queries, *q.shape[1:])
         queries[self.row_index, self.col_index] = q
         out = scaled_attention(queries, keys, values, ix.mask, scale, softcap)
@@ -159,8 +162,14 @@ class PagedBatch:
 def scaled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                      scale: float, softcap: float | None = None) -> torch.Tensor:
     """Masked attention on [R, Q, H, D] queries and [R, K, KVH, D] keys/values
-    (grouped-query heads repeated); softmax in float32. Returns [R, Q, H, D]."""
+    (grouped-query heads repeated); softmax in float32. Returns [R, Q, H, D].
+    Float32 without softcapping goes through torch's fused SDPA, which shares
+    each key head with its query group without copying it."""
     heads, kv_heads = q.shape[2], k.shape[2]
+    if softcap is None and q.dtype == torch.float32:
+        fused = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               attn_mask=mask, scale=scale, enable_gqa=heads != kv_heads)
+        return fused.transpose(1, 2)
     if heads != kv_heads:
         k = k.repeat_interleave(heads // kv_heads, dim=2)
         v = v.repeat_interleave(heads // kv_heads, dim=2)

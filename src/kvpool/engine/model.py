@@ -100,7 +100,12 @@ class DecoderLayer(nn.Module):
         super().__init__()
         eps, gemma = cfg.rms_norm_eps, cfg.gemma
         self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg)
+        if cfg.num_experts:
+            from kvpool.engine.moe import SparseMoE
+
+            self.mlp: nn.Module = SparseMoE(cfg)
+        else:
+            self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps, gemma)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, gemma)
         # Gemma's sandwich: norm after attention (above) and around the MLP.
@@ -164,7 +169,9 @@ class DecoderLM(nn.Module):
             inv_freq = self.get_buffer(f"inv_freq_{i}")
             freqs = positions[:, None].float() * inv_freq[None].float()
             emb = torch.cat((freqs, freqs), dim=-1)
-            tables.append((emb.cos().to(x.dtype), emb.sin().to(x.dtype)))
+            factor = self._ropes[i].attention_factor  # yarn scales cos and sin
+            cos, sin = (emb.cos(), emb.sin()) if factor == 1.0 else (emb.cos() * factor, emb.sin() * factor)
+            tables.append((cos.to(x.dtype), sin.to(x.dtype)))
         for layer, block in enumerate(self.model.layers):
             cos, sin = tables[self._rope_of_layer[layer]]
             x = block(x, cos, sin, layer, attend)

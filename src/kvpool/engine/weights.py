@@ -48,6 +48,19 @@ def tiny_config(arch: str, **overrides: Any) -> dict[str, Any]:
                  "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                      "full_attention": {"rope_type": "linear", "factor": 2.0,
                                                         "rope_theta": 1000000.0}}}
+    elif arch == "mixtral":
+        base |= {"model_type": "mixtral", "num_hidden_layers": 2, "sliding_window": 12,
+                 "num_local_experts": 4, "num_experts_per_tok": 2,
+                 "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}
+    elif arch == "gemma2":
+        # Softcaps small enough to bend the logits of a random model (the
+        # released 50 / 30 would barely touch them).
+        base |= {"model_type": "gemma2", "num_hidden_layers": 4, "sliding_window": 10,
+                 "query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh",
+                 "tie_word_embeddings": True, "attn_logit_softcapping": 2.0,
+                 "final_logit_softcapping": 3.0,
+                 "layer_types": ["sliding_attention", "full_attention"] * 2,
+                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
     else:
         raise EngineError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(ARCHS)}")
     return base | overrides
@@ -61,6 +74,8 @@ def hf_model(config: Mapping[str, Any], seed: int = 0) -> Any:
         "llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
         "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
         "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+        "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+        "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     }
     if config.get("model_type") not in classes:
         raise EngineError(f"no transformers class for model_type {config.get('model_type')!r}")
@@ -69,6 +84,10 @@ def hf_model(config: Mapping[str, Any], seed: int = 0) -> Any:
     hf_config = getattr(transformers, config_name)(**fields)
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(hf_config).float().eval()
+    with torch.no_grad():  # transformers leaves 3-D expert tensors unset: draw them too
+        for name, param in model.named_parameters():
+            if ".experts." in name:
+                param.normal_(0.0, float(config.get("initializer_range", 0.02)))
     return model
 
 
