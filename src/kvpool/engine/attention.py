@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from kvpool.engine.arch import StalePageError
-from kvpool.spec import LayerGroup
+from kvpool.spec import LayerGroup, kind_rule
 
 
 @dataclass(frozen=True)
@@ -36,27 +36,27 @@ class Row:
 
 
 def visible_start(group: LayerGroup, position: int) -> int:
-    """First key position a query at `position` attends to in `group`."""
-    if group.kind == "sliding":
-        assert group.window is not None
-        return max(0, position + 1 - group.window)
-    if group.kind == "chunked":
-        assert group.window is not None
-        return position // group.window * group.window
-    return 0
+    """First key position a query at `position` attends to in `group` (its kind rule)."""
+    return max(0, int(group.rule.first_visible(group, position)))
+
+
+@dataclass(frozen=True)
+class _Window:
+    """The part of a group a mask needs (the `spec.kinds.Life` protocol)."""
+
+    window: int | None
+    name: str = "mask"
+    tokens_per_block: int = 1
+    ratio: int | None = None
 
 
 def attention_mask(kind: str, window: int | None, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
     """Boolean [.., Q, K] mask of which keys each query sees (True = attend)
-    for a `kind` of layer (full, sliding, chunked) with `window` W or C."""
+    for a `kind` of layer (full, sliding, chunked) with `window` W or C: causal,
+    and from the kind rule's first visible position on."""
     q, k = q_pos[..., :, None], k_pos[..., None, :]
-    mask = k <= q
-    if kind == "sliding":
-        assert window is not None
-        mask &= k > q - window
-    elif kind == "chunked":
-        assert window is not None
-        mask &= torch.div(k, window, rounding_mode="floor") == torch.div(q, window, rounding_mode="floor")
+    first = kind_rule(kind).first_visible(_Window(window), q)
+    mask: torch.Tensor = (k <= q) & (k >= first)
     return mask
 
 
@@ -71,7 +71,36 @@ class GroupIndex:
     mask: torch.Tensor  # [R, 1, Q, K]
 
 
-class PagedBatch:
+class StepIndex:
+    """What every layer's attention reads in one step: the token -> (row,
+    column) placement and one `GroupIndex` per pool group. `PagedBatch`
+    builds one from block tables; `engine.graphs` points one at its static
+    buffers."""
+
+    def __init__(self, num_rows: int, max_queries: int, row_index: torch.Tensor,
+                 col_index: torch.Tensor, groups: dict[str, GroupIndex]) -> None:
+        self.num_rows, self.max_queries = num_rows, max_queries
+        self.row_index, self.col_index, self.groups = row_index, col_index, groups
+
+    def attend(self, group: str, kv: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               scale: float, softcap: float | None = None) -> torch.Tensor:
+        """Write this step's `k`, `v` ([T, kv_heads, dim]) into `kv` (one layer's
+        pages: [pages, 2, tpb, kv_heads, dim]; side effect), then attend `q`
+        ([T, heads, dim]) to every visible key. Returns [T, heads, dim]."""
+        ix = self.groups[group]
+        # K and V together: one scatter and one gather per layer, not two each.
+        kv[ix.write_pages, :, ix.write_offsets] = torch.stack((k, v), dim=1)
+        both = kv[ix.read_pages, :, ix.read_offsets]  # [R, K, 2, kvh, d]
+        keys, values = both[:, :, 0], both[:, :, 1]
+        if self.max_queries == 1:  # decode only: token i is row i, nothing to scatter
+            return scaled_attention(q[:, None], keys, values, ix.mask, scale, softcap)[:, 0]
+        queries = q.new_zeros(self.num_rows, self.max_queries, *q.shape[1:])
+        queries[self.row_index, self.col_index] = q
+        out = scaled_attention(queries, keys, values, ix.mask, scale, softcap)
+        return out[self.row_index, self.col_index]
+
+
+class PagedBatch(StepIndex):
     """Per-step metadata, built once and shared by every layer: flat token
     positions, the token -> (row, column) placement, and one `GroupIndex` per
     pool group. Raises `StalePageError` if a needed page is not in a table."""
@@ -81,7 +110,7 @@ class PagedBatch:
         self.rows = list(rows)
         starts = np.array([r.start for r in rows], dtype=np.int64)
         counts = np.array([r.num_tokens for r in rows], dtype=np.int64)
-        self.num_rows, self.max_queries = len(rows), int(counts.max())
+        self.max_queries = int(counts.max())
         self.q_row = np.repeat(np.arange(len(rows)), counts)
         self.q_col = np.concatenate([np.arange(c) for c in counts])
         self.positions_np = starts[self.q_row] + self.q_col
@@ -91,9 +120,10 @@ class PagedBatch:
         q_pos[self.q_row, self.q_col] = self.positions_np
         self.device = torch.device(device)
         self.positions = torch.from_numpy(self.positions_np).to(self.device)
-        self.row_index = torch.from_numpy(self.q_row).to(self.device)
-        self.col_index = torch.from_numpy(self.q_col).to(self.device)
-        self.groups = {g.name: self._group_index(g, num_pages[g.name], q_pos) for g in groups}
+        super().__init__(
+            len(rows), self.max_queries, torch.from_numpy(self.q_row).to(self.device),
+            torch.from_numpy(self.q_col).to(self.device),
+            {g.name: self._group_index(g, num_pages[g.name], q_pos) for g in groups})
 
     def _group_index(self, group: LayerGroup, num_pages: int, q_pos: np.ndarray) -> GroupIndex:
         tpb = group.tokens_per_block
@@ -140,23 +170,6 @@ class PagedBatch:
             read_offsets=torch.from_numpy(read_offsets).to(dev),
             mask=mask[:, None].to(dev),
         )
-
-    def attend(self, group: str, kv: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               scale: float, softcap: float | None = None) -> torch.Tensor:
-        """Write this step's `k`, `v` ([T, kv_heads, dim]) into `kv` (one layer's
-        pages: [pages, 2, tpb, kv_heads, dim]; side effect), then attend `q`
-        ([T, heads, dim]) to every visible key. Returns [T, heads, dim]."""
-        ix = self.groups[group]
-        # K and V together: one scatter and one gather per layer, not two each.
-        kv[ix.write_pages, :, ix.write_offsets] = torch.stack((k, v), dim=1)
-        both = kv[ix.read_pages, :, ix.read_offsets]  # [R, K, 2, kvh, d]
-        keys, values = both[:, :, 0], both[:, :, 1]
-        if self.max_queries == 1:  # decode only: token i is row i, nothing to scatter
-            return scaled_attention(q[:, None], keys, values, ix.mask, scale, softcap)[:, 0]
-        queries = q.new_zeros(self.num_rows, self.max_queries, *q.shape[1:])
-        queries[self.row_index, self.col_index] = q
-        out = scaled_attention(queries, keys, values, ix.mask, scale, softcap)
-        return out[self.row_index, self.col_index]
 
 
 def scaled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,

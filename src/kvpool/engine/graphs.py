@@ -14,23 +14,24 @@ right after its replay, so one graph's outputs never need to outlive the next.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 import torch
 
-from kvpool.engine.attention import GroupIndex, PagedBatch, Row
-
-if TYPE_CHECKING:
-    from kvpool.engine.runner import Engine
+from kvpool.engine.attention import GroupIndex, PagedBatch, Row, StepIndex
+from kvpool.engine.kv_store import KVStore
+from kvpool.engine.model import DecoderLM
+from kvpool.plan.limits import ServingLimits
+from kvpool.spec import ModelSpec
 
 
 class _Static:
     """Static buffers and (on CUDA) the captured graph of one (B, tokens per
     row, full-attention key width) shape."""
 
-    def __init__(self, engine: Engine, rows: int, per_row: int, full_width: int):
-        dev, spec = engine.device, engine.spec
-        limits = engine.plan.limits
+    def __init__(self, spec: ModelSpec, limits: ServingLimits, device: torch.device, rows: int,
+                 per_row: int, full_width: int):
+        dev = device
         t = rows * per_row
         self.rows, self.per_row = rows, per_row
         self.ids = torch.zeros(t, dtype=torch.long, device=dev)
@@ -39,7 +40,8 @@ class _Static:
         self.col_index = torch.arange(per_row, device=dev).repeat(rows)
         self.index: dict[str, GroupIndex] = {}
         for g in spec.groups:
-            span = full_width if g.kind == "full" else (g.window or 0) + per_row - 1
+            bounded = g.rule.key_span(g, per_row)  # None: grows with the sequence
+            span = full_width if bounded is None else bounded
             width = -(-min(span, limits.max_seq_len) // g.tokens_per_block) * g.tokens_per_block
             self.index[g.name] = GroupIndex(
                 write_pages=torch.zeros(t, dtype=torch.long, device=dev),
@@ -70,37 +72,40 @@ class _Static:
         self.positions.copy_(batch.positions)
         return True
 
-    def forward(self, engine: Engine) -> torch.Tensor:
-        store, cfg = engine.store, engine.model.cfg
-        batch = PagedBatch.__new__(PagedBatch)  # a view of the static buffers
-        batch.num_rows, batch.max_queries = self.rows, self.per_row
-        batch.row_index, batch.col_index, batch.groups = self.row_index, self.col_index, self.index
+    def forward(self, model: DecoderLM, store: KVStore) -> torch.Tensor:
+        cfg = model.cfg
+        batch = StepIndex(self.rows, self.per_row, self.row_index, self.col_index, self.index)
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return batch.attend(store.group_of_layer[layer], store.layer(layer), q, k, v,
                                 cfg.attn_scale, cfg.attn_logit_softcap)
 
-        logits: torch.Tensor = engine.model(self.ids, self.positions, attend)
+        logits: torch.Tensor = model(self.ids, self.positions, attend)
         return logits
 
 
 class DecodeGraphs:
     """Per (padded batch size, tokens per row): static buffers, captured lazily
-    on first use as a CUDA graph when the device is CUDA."""
+    on first use as a CUDA graph when the device is CUDA. Takes what a decode
+    step needs (model, KV store, spec, limits, pages per group), not the engine."""
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, model: DecoderLM, store: KVStore, spec: ModelSpec, limits: ServingLimits,
+                 num_pages: Mapping[str, int]):
+        self.model, self.store, self.spec, self.limits = model, store, spec, limits
+        self.num_pages = dict(num_pages)
+        self.device = model.device
         self.shapes: dict[tuple[int, int, int], _Static] = {}
-        self.use_cuda = engine.device.type == "cuda"
+        self.use_cuda = self.device.type == "cuda"
         self.pool = torch.cuda.graph_pool_handle() if self.use_cuda else None
-        limits, tpb = engine.plan.limits, engine.spec.tokens_per_block
+        tpb = spec.tokens_per_block
         self.max_width = -(-limits.max_seq_len // tpb) * tpb
-        self.full_groups = [g.name for g in engine.spec.groups if g.kind == "full"]
+        # groups whose keys grow with the sequence get the bucketed width
+        self.full_groups = [g.name for g in spec.groups if g.rule.key_span(g, 1) is None]
 
     def width_bucket(self, need: int) -> int:
         """Full-attention key width of the graph for a step that reads `need`
         keys: a power-of-two number of pages, at most `max_seq_len` rounded up."""
-        width = self.engine.spec.tokens_per_block
+        width = self.spec.tokens_per_block
         while width < need:
             width *= 2
         return min(width, self.max_width)
@@ -111,14 +116,15 @@ class DecodeGraphs:
         per_row = rows[0].num_tokens
         if any(r.num_tokens != per_row for r in rows):
             return None
-        batch = PagedBatch(rows, self.engine.spec.groups, self.engine._num_pages, self.engine.device)
+        batch = PagedBatch(rows, self.spec.groups, self.num_pages, self.device)
         need = max((batch.groups[g].read_pages.shape[1] for g in self.full_groups), default=0)
         key = (len(rows), per_row, self.width_bucket(need))
-        static = self.shapes.get(key) or self.shapes.setdefault(key, _Static(self.engine, *key))
+        static = self.shapes.get(key) or self.shapes.setdefault(
+            key, _Static(self.spec, self.limits, self.device, *key))
         if not static.load(batch, ids):
             return None
         if not self.use_cuda:
-            logits = static.forward(self.engine)
+            logits = static.forward(self.model, self.store)
         else:
             if static.graph is None:
                 self._capture(static)
@@ -134,9 +140,9 @@ class DecodeGraphs:
         stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            static.forward(self.engine)
+            static.forward(self.model, self.store)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            static.logits = static.forward(self.engine)
+            static.logits = static.forward(self.model, self.store)
         static.graph = graph

@@ -88,7 +88,7 @@ class Engine:
         if cuda_graphs:
             from kvpool.engine.graphs import DecodeGraphs
 
-            self.graphs = DecodeGraphs(self)
+            self.graphs = DecodeGraphs(model, self.store, self.spec, plan.limits, self._num_pages)
 
     # ------------------------------------------------------------------ requests
 
