@@ -125,9 +125,9 @@ def test_load_weights_from_facts_and_flags() -> None:
 
 def test_every_bundled_model_with_params_builds() -> None:
     from kvpool.presets import load_gpu
-    from kvpool.sim.steptime import _params_table
+    from kvpool.sim.steptime import params_table
 
-    for name in _params_table():
+    for name in params_table():
         model = StepTimeModel.build(load_model_spec(name), load_gpu("h100"), load_weights(name))
         t = model.decode_run_times([100, 2000], 3)
         assert np.all(t > 0) and np.all(np.diff(t) >= 0), name

@@ -74,7 +74,8 @@ class Weights:
 
 
 @cache
-def _params_table() -> dict[str, Any]:
+def params_table() -> dict[str, Any]:
+    """Parameter counts of the bundled models (data/model_params.json), by lower-cased name."""
     table: dict[str, Any] = json.loads((DATA / "model_params.json").read_text())["models"]
     return table
 
@@ -85,11 +86,11 @@ def load_weights(model: str, *, weights_bytes: float | None = None,
     that many bytes at 2 bytes per parameter unless the table knows better).
     `active_params` overrides the active count. Raises KvpoolError when neither
     the table nor the arguments say how large the model is."""
-    row = _params_table().get(model.lower())
+    row = params_table().get(model.lower())
     if row is None and weights_bytes is None:
         raise KvpoolError(
             f"no parameter count for model {model!r}; pass --weights-bytes (e.g. 16GB) "
-            f"[and --active-params for MoE]; known: {', '.join(sorted(_params_table()))}"
+            f"[and --active-params for MoE]; known: {', '.join(sorted(params_table()))}"
         )
     if row is not None:
         w = Weights(float(row["total_params"]), float(row["active_params"]),

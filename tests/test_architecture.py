@@ -1,0 +1,87 @@
+"""The house rules of docs/design.md, checked on the source itself: no module
+imports another module's private name, the package's runtime imports form no
+circle, and no source file grows past 300 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "kvpool"
+ROOT = SRC.parents[1]
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def runtime_imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(module, names, line) of every import outside `if TYPE_CHECKING:` blocks."""
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for n in ast.walk(node))
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, [a.name for a in node.names], node.lineno))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, [], node.lineno) for a in node.names]
+    return found
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    bad = []
+    for path in [*SRC.rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]:
+        for module, names, line in runtime_imports(path):
+            private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+            if module.startswith("kvpool") and private:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {private} from {module}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_package_has_no_import_circles() -> None:
+    mods = modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        for module, names, _ in runtime_imports(path):
+            targets = [f"{module}.{n}" for n in names] + [module]
+            for t in targets:
+                if t in mods and t != name:
+                    graph[name].add(t)
+                    break
+    # a package's __init__ re-exporting its modules is not a circle of concepts
+    for name in graph:
+        graph[name] = {t for t in graph[name] if not name.startswith(t + ".")}
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(node: str, stack: list[str]) -> bool:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle.extend(stack[stack.index(nxt):] + [node, nxt] if nxt in stack else [node, nxt])
+                return True
+            if nxt not in state and visit(nxt, [*stack, node]):
+                return True
+        state[node] = 2
+        return False
+
+    for m in sorted(graph):
+        if m not in state and visit(m, []):
+            break
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_no_source_file_over_300_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in SRC.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 300}
+    assert not long, long
