@@ -1,0 +1,98 @@
+"""Config values no engine could load are refused by field and file; omitted
+fields take the defaults transformers' config classes give them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import attention_config
+from kvpool import SpecError, load_model_spec
+from kvpool.spec.defaults import applied_defaults
+
+DATA = Path(__file__).parent / "data" / "configs"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"num_key_value_heads": 0}, "num_key_value_heads"),
+        ({"num_key_value_heads": -2}, "num_key_value_heads"),
+        ({"head_dim": 64.5}, "head_dim"),
+        ({"num_hidden_layers": True}, "num_hidden_layers"),
+        ({"num_key_value_heads": 16}, "num_key_value_heads"),  # more KV heads than query heads
+        ({"num_key_value_heads": 3}, "num_key_value_heads"),  # 3 does not divide 8
+        ({"sliding_window": 100.5}, "sliding_window"),
+        ({"sliding_window": 64, "sliding_window_pattern": 0}, "sliding_window_pattern"),
+        ({"sliding_window": 64, "sliding_window_pattern": -2}, "sliding_window_pattern"),
+        ({"text_config": 5}, "text_config"),
+        ({"torch_dtype": 5}, "torch_dtype"),
+        ({"model_type": "deepseek_v3"}, "kv_lora_rank"),
+        ({"model_type": "qwen3_next"}, "linear_num_key_heads"),
+        ({"layer_types": "full_attention"}, "layer_types"),
+    ],
+)
+def test_invalid_value_names_field_and_file(tmp_path: Path, overrides: dict[str, Any], field: str) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(attention_config(**overrides)))
+    with pytest.raises(SpecError) as e:
+        load_model_spec(path)
+    assert field in str(e.value) and str(path) in str(e.value)
+
+
+def test_cli_exit_2_names_field_and_file(tmp_path: Path, cli: Any) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(attention_config(num_key_value_heads=0)))
+    code, out, err = cli("inspect", str(path))
+    assert code == 2 and "num_key_value_heads" in err and str(path) in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_integral_float_is_accepted() -> None:
+    assert load_model_spec(attention_config(head_dim=64.0)).groups[0].row_bytes == 4 * 2 * 2 * 64 * 2
+
+
+def test_gemma3_27b_it_published_config_is_52_sliding_and_10_full() -> None:
+    # No layer_types, no sliding_window_pattern: Gemma3TextConfig's default
+    # makes layer i global when (i + 1) % 6 == 0 -> layers 5, 11, ..., 59.
+    spec = load_model_spec(DATA / "gemma-3-27b-it.json")
+    groups = {g.name: g for g in spec.groups}
+    assert groups["full"].layers == tuple(range(5, 62, 6))
+    assert len(groups["sliding"].layers) == 52 and groups["sliding"].window == 1024
+    # 16 KV heads x 128 x bf16, K and V, per layer
+    assert groups["sliding"].row_bytes == 52 * 2 * 16 * 128 * 2
+
+
+def test_gemma3_4b_it_minimal_text_config_loads() -> None:
+    # num_attention_heads 8, num_key_value_heads 4, head_dim 256 from Gemma3TextConfig.
+    spec = load_model_spec(DATA / "gemma-3-4b-it.json")
+    groups = {g.name: g for g in spec.groups}
+    assert groups["full"].layers == (5, 11, 17, 23, 29)
+    assert groups["sliding"].row_bytes == 29 * 2 * 4 * 256 * 2
+
+
+def test_applied_defaults_name_their_source() -> None:
+    config = json.loads((DATA / "gemma-3-4b-it.json").read_text())["text_config"]
+    applied = applied_defaults(config)
+    assert applied["num_attention_heads"][0] == 8
+    assert applied["sliding_window_pattern"][0] == 6
+    assert all("Gemma3TextConfig" in src for _v, src in applied.values())
+    assert "sliding_window" not in applied  # the file sets it
+
+
+@pytest.mark.parametrize("name", ["gemma-3-27b-it.json", "gemma-3-4b-it.json"])
+def test_layers_agree_with_transformers(name: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    raw = json.loads((DATA / name).read_text())
+    hf = transformers.AutoConfig.for_model(**raw).get_text_config()
+    spec = load_model_spec(DATA / name)
+    kind = {i: g.kind for g in spec.groups for i in g.layers}
+    want = {"sliding_attention": "sliding", "full_attention": "full"}
+    assert [kind[i] for i in range(hf.num_hidden_layers)] == [want[t] for t in hf.layer_types]
+    sliding = next(g for g in spec.groups if g.kind == "sliding")
+    assert sliding.window == hf.sliding_window
+    per_layer = 2 * hf.num_key_value_heads * hf.head_dim * 2
+    assert sliding.row_bytes == len(sliding.layers) * per_layer
