@@ -96,3 +96,9 @@ def test_layers_agree_with_transformers(name: str) -> None:
     assert sliding.window == hf.sliding_window
     per_layer = 2 * hf.num_key_value_heads * hf.head_dim * 2
     assert sliding.row_bytes == len(sliding.layers) * per_layer
+
+
+@pytest.mark.parametrize("model_type", ["jamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "mamba2"])
+def test_unmodelled_hybrid_families_are_refused_by_name(model_type: str) -> None:
+    with pytest.raises(SpecError, match=f"model_type '{model_type}'.*cannot model"):
+        load_model_spec(attention_config(model_type=model_type))

@@ -29,6 +29,26 @@ REQUIRED = {
                    "linear_value_head_dim", "linear_conv_kernel_dim"),
 }
 
+# Families whose layers keep state kvpool does not model yet (Mamba / Mamba-2 /
+# other recurrent mixers beside attention): refused by name, never planned as
+# plain attention (DESIGN rule 7).
+UNMODELLED = {
+    "jamba": "Jamba (attention + Mamba layers)",
+    "falcon_h1": "Falcon-H1 (attention + Mamba-2 in every layer)",
+    "granitemoehybrid": "Granite-4.0-H (attention + Mamba-2 layers)",
+    "nemotron_h": "Nemotron-H (attention + Mamba-2 layers)",
+    "bamba": "Bamba (attention + Mamba-2 layers)",
+    "zamba": "Zamba (Mamba + shared attention)",
+    "zamba2": "Zamba2 (Mamba-2 + shared attention)",
+    "mamba": "Mamba (state-space only)",
+    "mamba2": "Mamba-2 (state-space only)",
+    "falcon_mamba": "Falcon-Mamba (state-space only)",
+    "recurrent_gemma": "RecurrentGemma (RG-LRU + local attention)",
+    "rwkv": "RWKV (recurrent)",
+    "lfm2": "LFM2 (short convolutions + attention)",
+    "minimax": "MiniMax (lightning attention + softmax attention)",
+}
+
 
 def _int(value: Any, field: str, where: str, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -51,6 +71,12 @@ def check_text_config(config: Mapping[str, Any], where: str) -> None:
 def validate_config(config: Mapping[str, Any], where: str) -> None:
     """Raise `SpecError` naming the field and `where` (the file or preset) for a
     value that cannot describe a model."""
+    model_type = str(config.get("model_type") or "")
+    if model_type in UNMODELLED:
+        raise SpecError(
+            f"{where}: model_type {model_type!r} is {UNMODELLED[model_type]}, which kvpool "
+            "cannot model yet; it is refused rather than planned as plain attention"
+        )
     ints = {}
     for field in POSITIVE_INTS:
         if config.get(field) is not None:
@@ -67,7 +93,6 @@ def validate_config(config: Mapping[str, Any], where: str) -> None:
         value = config.get(field)
         if value is not None and not isinstance(value, str):
             raise SpecError(f"{where}: field {field!r} must be a string such as 'bfloat16', got {value!r}")
-    model_type = str(config.get("model_type") or "")
     for field in REQUIRED.get(model_type, ()):
         if config.get(field) is None and not isinstance(config.get("linear_attention"), Mapping):
             raise SpecError(
