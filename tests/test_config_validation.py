@@ -98,7 +98,45 @@ def test_layers_agree_with_transformers(name: str) -> None:
     assert sliding.row_bytes == len(sliding.layers) * per_layer
 
 
-@pytest.mark.parametrize("model_type", ["jamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "mamba2"])
+@pytest.mark.parametrize("model_type", ["falcon_h1", "granitemoehybrid", "nemotron_h", "mamba2"])
 def test_unmodelled_hybrid_families_are_refused_by_name(model_type: str) -> None:
     with pytest.raises(SpecError, match=f"model_type '{model_type}'.*cannot model"):
         load_model_spec(attention_config(model_type=model_type))
+
+
+def jamba_v01() -> dict[str, Any]:
+    """The fields of ai21labs/Jamba-v0.1's published config.json that shape its cache."""
+    return {
+        "model_type": "jamba", "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "attn_layer_period": 8,
+        "attn_layer_offset": 4, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+        "max_position_embeddings": 262144, "torch_dtype": "bfloat16",
+    }
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_jamba_attention_every_8th_layer_and_mamba_state(tp: int) -> None:
+    spec = load_model_spec(jamba_v01(), tp_size=tp)
+    groups = {g.name: g for g in spec.groups}
+    assert groups["full"].layers == (4, 12, 20, 28)
+    # K and V, 8 KV heads / tp x 128, bf16, 4 layers
+    assert groups["full"].row_bytes == 4 * 2 * (8 // tp) * 128 * 2
+    # 28 Mamba layers, d_inner = 2 x 4096 = 8192 split over tp; conv keeps 4 - 1 inputs,
+    # SSM 16 states per channel; bf16
+    per_layer = (8192 // tp) * (3 + 16) * 2
+    assert groups["mamba_state"].kind == "state"
+    assert groups["mamba_state"].state_bytes == 28 * per_layer
+
+
+def test_jamba_layers_agree_with_transformers() -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.JambaConfig(**jamba_v01())
+    spec = load_model_spec(jamba_v01())
+    kind = {i: g.kind for g in spec.groups for i in g.layers}
+    want = {"attention": "full", "mamba": "state"}
+    assert [kind[i] for i in range(32)] == [want[t] for t in hf.layers_block_type]
+
+
+def test_jamba_defaults_fill_omitted_period() -> None:
+    cfg = {k: v for k, v in jamba_v01().items() if k not in ("attn_layer_period", "attn_layer_offset")}
+    assert {g.name: g for g in load_model_spec(cfg).groups}["full"].layers == (4, 12, 20, 28)

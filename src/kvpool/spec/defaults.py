@@ -34,6 +34,12 @@ DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
         "head_dim": 128, "hidden_size": 4096, "sliding_window": 4096,
         "max_position_embeddings": 131072,
     }),
+    "jamba": ("transformers JambaConfig (models/jamba/configuration_jamba.py)", {
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "hidden_size": 4096, "max_position_embeddings": 262144,
+        "attn_layer_period": 8, "attn_layer_offset": 4,
+        "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+    }),
 }
 # A multimodal wrapper whose text_config names no model_type of its own.
 ALIASES = {"gemma3": "gemma3_text"}

@@ -239,6 +239,10 @@ Rule = Callable[[Config, Context], list[LayerCache]]
 
 def family_of(config: Config) -> tuple[str, Rule]:
     """Pick the family rule from the fields a config has."""
+    if config.get("model_type") == "jamba":
+        from kvpool.spec.mamba import jamba  # mamba builds on this module's helpers
+
+        return "jamba", jamba
     if config.get("compress_ratios"):
         return "deepseek_v4", deepseek_v4
     if config.get("kv_lora_rank"):

@@ -19,6 +19,7 @@ POSITIVE_INTS = (
     "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
     "linear_value_head_dim", "linear_conv_kernel_dim", "no_rope_layer_interval",
     "global_head_dim", "num_global_key_value_heads", "attn_layer_period",
+    "mamba_d_state", "mamba_d_conv", "mamba_expand",
 )
 NON_NEGATIVE_INTS = ("max_window_layers", "attn_layer_offset")
 # Fields each model_type cannot be planned without (beyond the common ones).
@@ -33,7 +34,6 @@ REQUIRED = {
 # other recurrent mixers beside attention): refused by name, never planned as
 # plain attention (DESIGN rule 7).
 UNMODELLED = {
-    "jamba": "Jamba (attention + Mamba layers)",
     "falcon_h1": "Falcon-H1 (attention + Mamba-2 in every layer)",
     "granitemoehybrid": "Granite-4.0-H (attention + Mamba-2 layers)",
     "nemotron_h": "Nemotron-H (attention + Mamba-2 layers)",
