@@ -98,7 +98,7 @@ def test_layers_agree_with_transformers(name: str) -> None:
     assert sliding.row_bytes == len(sliding.layers) * per_layer
 
 
-@pytest.mark.parametrize("model_type", ["falcon_h1", "granitemoehybrid", "nemotron_h", "mamba2"])
+@pytest.mark.parametrize("model_type", ["falcon_h1", "nemotron_h", "mamba2"])
 def test_unmodelled_hybrid_families_are_refused_by_name(model_type: str) -> None:
     with pytest.raises(SpecError, match=f"model_type '{model_type}'.*cannot model"):
         load_model_spec(attention_config(model_type=model_type))
@@ -140,3 +140,35 @@ def test_jamba_layers_agree_with_transformers() -> None:
 def test_jamba_defaults_fill_omitted_period() -> None:
     cfg = {k: v for k, v in jamba_v01().items() if k not in ("attn_layer_period", "attn_layer_offset")}
     assert {g.name: g for g in load_model_spec(cfg).groups}["full"].layers == (4, 12, 20, 28)
+
+
+def granite_small(layers: int = 8) -> dict[str, Any]:
+    """A Granite-4.0-H-shaped config: attention at layers 3 and 7, Mamba-2 elsewhere."""
+    types = ["attention" if i % 4 == 3 else "mamba" for i in range(layers)]
+    return {
+        "model_type": "granitemoehybrid", "hidden_size": 1536, "num_hidden_layers": layers,
+        "num_attention_heads": 12, "num_key_value_heads": 4, "layer_types": types,
+        "mamba_n_heads": 48, "mamba_d_head": 64, "mamba_n_groups": 1, "mamba_d_state": 128,
+        "mamba_d_conv": 4, "mamba_expand": 2, "torch_dtype": "bfloat16",
+        "max_position_embeddings": 131072,
+    }
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_granite_hybrid_mamba2_state(tp: int) -> None:
+    spec = load_model_spec(granite_small(), tp_size=tp)
+    groups = {g.name: g for g in spec.groups}
+    assert groups["full"].layers == (3, 7)
+    assert groups["full"].row_bytes == 2 * 2 * -(-4 // tp) * (1536 // 12) * 2
+    heads = 48 // tp
+    conv = (heads * 64 + 2 * 1 * 128) * 3  # the one group is replicated on every rank
+    ssm = heads * 64 * 128
+    assert groups["mamba_state"].state_bytes == 6 * (conv + ssm) * 2
+
+
+def test_granite_layers_agree_with_transformers() -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.GraniteMoeHybridConfig(**granite_small())
+    kind = {i: g.kind for g in load_model_spec(granite_small()).groups for i in g.layers}
+    want = {"full_attention": "full", "linear_attention": "state"}
+    assert [kind[i] for i in range(8)] == [want[t] for t in hf.layer_types]

@@ -243,6 +243,10 @@ def family_of(config: Config) -> tuple[str, Rule]:
         from kvpool.spec.mamba import jamba  # mamba builds on this module's helpers
 
         return "jamba", jamba
+    if config.get("model_type") == "granitemoehybrid":
+        from kvpool.spec.mamba import granite_hybrid
+
+        return "granitemoehybrid", granite_hybrid
     if config.get("compress_ratios"):
         return "deepseek_v4", deepseek_v4
     if config.get("kv_lora_rank"):

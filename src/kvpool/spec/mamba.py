@@ -14,8 +14,18 @@ one more than an engine needs.)
 
 from __future__ import annotations
 
+from kvpool.errors import SpecError
 from kvpool.spec.dtypes import model_dtype, row_bytes
-from kvpool.spec.families import Config, Context, LayerCache, attention_kv, head_dim, kv_heads, need
+from kvpool.spec.families import (
+    Config,
+    Context,
+    LayerCache,
+    attention_kv,
+    head_dim,
+    kv_heads,
+    need,
+    split_heads,
+)
 
 
 def jamba_layer_types(config: Config) -> list[str]:
@@ -45,4 +55,38 @@ def jamba(config: Config, ctx: Context) -> list[LayerCache]:
             out.append(LayerCache("full", "full", i, kv))
         else:
             out.append(LayerCache("mamba_state", "state", i, state_bytes=state))
+    return out
+
+
+def mamba2_state_bytes(config: Config, ctx: Context, prefix: str = "mamba_") -> int:
+    """One Mamba-2 layer's state per request, bytes, one rank's share (vLLM's
+    Mamba-2 state shapes): with H heads of P channels, G groups, N states, K taps,
+
+        conv = (H*P + 2*G*N) / tp x (K - 1)     ssm = H/tp x P x N
+
+    Fewer groups than ranks are replicated (one group per rank)."""
+    heads = split_heads(int(need(config, f"{prefix}n_heads")), ctx.tp_size)
+    groups = split_heads(int(need(config, f"{prefix}n_groups")), ctx.tp_size)
+    p, n = int(need(config, f"{prefix}d_head")), int(need(config, f"{prefix}d_state"))
+    conv = (heads * p + 2 * groups * n) * (int(need(config, f"{prefix}d_conv")) - 1)
+    return row_bytes(conv + heads * p * n, model_dtype(config))
+
+
+def granite_hybrid(config: Config, ctx: Context) -> list[LayerCache]:
+    """Granite-4.0-H: `layer_types` names each layer `attention` or `mamba`
+    (transformers reads them as full_attention / linear_attention)."""
+    n = int(need(config, "num_hidden_layers"))
+    types = [str(t) for t in need(config, "layer_types")][:n]
+    if len(types) < n:
+        raise SpecError(f"layer_types has {len(types)} entries for {n} layers")
+    kv = attention_kv(kv_heads(config), head_dim(config), ctx)
+    state = mamba2_state_bytes(config, ctx)
+    out = []
+    for i, t in enumerate(types):
+        if t in ("attention", "full_attention"):
+            out.append(LayerCache("full", "full", i, kv))
+        elif t in ("mamba", "linear_attention"):
+            out.append(LayerCache("mamba_state", "state", i, state_bytes=state))
+        else:
+            raise SpecError(f"layer {i}: unsupported layer type {t!r}")
     return out
