@@ -98,7 +98,7 @@ def test_layers_agree_with_transformers(name: str) -> None:
     assert sliding.row_bytes == len(sliding.layers) * per_layer
 
 
-@pytest.mark.parametrize("model_type", ["falcon_h1", "nemotron_h", "mamba2"])
+@pytest.mark.parametrize("model_type", ["falcon_h1", "bamba", "mamba2"])
 def test_unmodelled_hybrid_families_are_refused_by_name(model_type: str) -> None:
     with pytest.raises(SpecError, match=f"model_type '{model_type}'.*cannot model"):
         load_model_spec(attention_config(model_type=model_type))
@@ -172,3 +172,33 @@ def test_granite_layers_agree_with_transformers() -> None:
     kind = {i: g.kind for g in load_model_spec(granite_small()).groups for i in g.layers}
     want = {"full_attention": "full", "linear_attention": "state"}
     assert [kind[i] for i in range(8)] == [want[t] for t in hf.layer_types]
+
+
+def nemotron_small() -> dict[str, Any]:
+    """A Nemotron-H-shaped config: M = Mamba-2, * = attention, - = MLP."""
+    return {
+        "model_type": "nemotron_h", "hidden_size": 1024, "num_hidden_layers": 7,
+        "hybrid_override_pattern": "M-M*-M*", "num_attention_heads": 8, "num_key_value_heads": 2,
+        "head_dim": 128, "mamba_num_heads": 32, "mamba_head_dim": 64, "n_groups": 8,
+        "ssm_state_size": 128, "conv_kernel": 4, "torch_dtype": "bfloat16",
+        "max_position_embeddings": 8192,
+    }
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_nemotron_h_state_fp32_ssm(tp: int) -> None:
+    groups = {g.name: g for g in load_model_spec(nemotron_small(), tp_size=tp).groups}
+    assert groups["full"].layers == (3, 6)
+    heads, ngroups = 32 // tp, 8 // tp
+    conv = (heads * 64 + 2 * ngroups * 128) * 3 * 2  # bf16
+    ssm = heads * 64 * 128 * 4  # mamba_ssm_cache_dtype defaults to float32
+    assert groups["mamba_state"].layers == (0, 2, 5)
+    assert groups["mamba_state"].state_bytes == 3 * (conv + ssm)
+
+
+def test_nemotron_h_layers_agree_with_transformers() -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.NemotronHConfig(**nemotron_small())
+    kind = {i: g.kind for g in load_model_spec(nemotron_small()).groups for i in g.layers}
+    want = {"full_attention": "full", "linear_attention": "state"}
+    assert [kind.get(i) for i in range(7)] == [want.get(t) for t in hf.layers_block_type]

@@ -247,6 +247,10 @@ def family_of(config: Config) -> tuple[str, Rule]:
         from kvpool.spec.mamba import granite_hybrid
 
         return "granitemoehybrid", granite_hybrid
+    if config.get("model_type") == "nemotron_h":
+        from kvpool.spec.mamba import nemotron_h
+
+        return "nemotron_h", nemotron_h
     if config.get("compress_ratios"):
         return "deepseek_v4", deepseek_v4
     if config.get("kv_lora_rank"):

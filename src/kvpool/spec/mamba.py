@@ -90,3 +90,32 @@ def granite_hybrid(config: Config, ctx: Context) -> list[LayerCache]:
         else:
             raise SpecError(f"layer {i}: unsupported layer type {t!r}")
     return out
+
+
+_NEMOTRON_BLOCKS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+
+
+def nemotron_h(config: Config, ctx: Context) -> list[LayerCache]:
+    """Nemotron-H: `hybrid_override_pattern` names each block, M = Mamba-2,
+    * = attention, - = MLP and E = MoE (no cache). The SSM state is kept in
+    `mamba_ssm_cache_dtype` (float32 by transformers' NemotronHConfig default),
+    the conv window in the model dtype."""
+    pattern = str(need(config, "hybrid_override_pattern"))
+    n = int(config.get("num_hidden_layers") or len(pattern))
+    if len(pattern) < n or any(c not in _NEMOTRON_BLOCKS for c in pattern):
+        raise SpecError(f"hybrid_override_pattern {pattern!r} does not describe {n} layers of M*-E")
+    heads = split_heads(int(need(config, "mamba_num_heads")), ctx.tp_size)
+    groups = split_heads(int(need(config, "n_groups")), ctx.tp_size)
+    p, s = int(need(config, "mamba_head_dim")), int(need(config, "ssm_state_size"))
+    conv = row_bytes((heads * p + 2 * groups * s) * (int(need(config, "conv_kernel")) - 1),
+                     model_dtype(config))
+    ssm_dtype = model_dtype({"torch_dtype": config.get("mamba_ssm_cache_dtype", "float32")})
+    state = conv + row_bytes(heads * p * s, ssm_dtype)
+    kv = attention_kv(kv_heads(config), head_dim(config), ctx)
+    out = []
+    for i, c in enumerate(pattern[:n]):
+        if c == "*":
+            out.append(LayerCache("full", "full", i, kv))
+        elif c == "M":
+            out.append(LayerCache("mamba_state", "state", i, state_bytes=state))
+    return out

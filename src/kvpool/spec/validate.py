@@ -20,7 +20,8 @@ POSITIVE_INTS = (
     "linear_value_head_dim", "linear_conv_kernel_dim", "no_rope_layer_interval",
     "global_head_dim", "num_global_key_value_heads", "attn_layer_period",
     "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_n_heads", "mamba_d_head",
-    "mamba_n_groups",
+    "mamba_n_groups", "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size",
+    "conv_kernel",
 )
 NON_NEGATIVE_INTS = ("max_window_layers", "attn_layer_offset")
 # Fields each model_type cannot be planned without (beyond the common ones).
@@ -36,7 +37,6 @@ REQUIRED = {
 # plain attention (DESIGN rule 7).
 UNMODELLED = {
     "falcon_h1": "Falcon-H1 (attention + Mamba-2 in every layer)",
-    "nemotron_h": "Nemotron-H (attention + Mamba-2 layers)",
     "bamba": "Bamba (attention + Mamba-2 layers)",
     "zamba": "Zamba (Mamba + shared attention)",
     "zamba2": "Zamba2 (Mamba-2 + shared attention)",
