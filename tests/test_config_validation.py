@@ -98,7 +98,7 @@ def test_layers_agree_with_transformers(name: str) -> None:
     assert sliding.row_bytes == len(sliding.layers) * per_layer
 
 
-@pytest.mark.parametrize("model_type", ["falcon_h1", "bamba", "mamba2"])
+@pytest.mark.parametrize("model_type", ["zamba2", "bamba", "mamba2"])
 def test_unmodelled_hybrid_families_are_refused_by_name(model_type: str) -> None:
     with pytest.raises(SpecError, match=f"model_type '{model_type}'.*cannot model"):
         load_model_spec(attention_config(model_type=model_type))
@@ -202,3 +202,17 @@ def test_nemotron_h_layers_agree_with_transformers() -> None:
     kind = {i: g.kind for g in load_model_spec(nemotron_small()).groups for i in g.layers}
     want = {"full_attention": "full", "linear_attention": "state"}
     assert [kind.get(i) for i in range(7)] == [want.get(t) for t in hf.layers_block_type]
+
+
+def test_falcon_h1_every_layer_has_kv_and_mamba2_state() -> None:
+    cfg = {
+        "model_type": "falcon_h1", "hidden_size": 1024, "num_hidden_layers": 4,
+        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+        "mamba_n_heads": 24, "mamba_d_head": 64, "mamba_n_groups": 1, "mamba_d_state": 128,
+        "mamba_d_conv": 4, "torch_dtype": "bfloat16", "max_position_embeddings": 8192,
+    }
+    groups = {g.name: g for g in load_model_spec(cfg).groups}
+    assert groups["full"].layers == groups["mamba_state"].layers == (0, 1, 2, 3)
+    assert groups["full"].row_bytes == 4 * 2 * 2 * 64 * 2
+    per_layer = ((24 * 64 + 2 * 128) * 3 + 24 * 64 * 128) * 2
+    assert groups["mamba_state"].state_bytes == 4 * per_layer

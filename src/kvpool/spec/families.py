@@ -251,6 +251,10 @@ def family_of(config: Config) -> tuple[str, Rule]:
         from kvpool.spec.mamba import nemotron_h
 
         return "nemotron_h", nemotron_h
+    if config.get("model_type") == "falcon_h1":
+        from kvpool.spec.mamba import falcon_h1
+
+        return "falcon_h1", falcon_h1
     if config.get("compress_ratios"):
         return "deepseek_v4", deepseek_v4
     if config.get("kv_lora_rank"):

@@ -119,3 +119,14 @@ def nemotron_h(config: Config, ctx: Context) -> list[LayerCache]:
         elif c == "M":
             out.append(LayerCache("mamba_state", "state", i, state_bytes=state))
     return out
+
+
+def falcon_h1(config: Config, ctx: Context) -> list[LayerCache]:
+    """Falcon-H1: every layer runs attention and a Mamba-2 mixer side by side, so
+    every layer has KV rows and a Mamba-2 state (same formula as Granite-4.0-H)."""
+    n = int(need(config, "num_hidden_layers"))
+    kv = attention_kv(kv_heads(config), head_dim(config), ctx)
+    state = mamba2_state_bytes(config, ctx)
+    out = [LayerCache("full", "full", i, kv) for i in range(n)]
+    out += [LayerCache("mamba_state", "state", i, state_bytes=state) for i in range(n)]
+    return out

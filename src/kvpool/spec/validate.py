@@ -36,7 +36,6 @@ REQUIRED = {
 # other recurrent mixers beside attention): refused by name, never planned as
 # plain attention (DESIGN rule 7).
 UNMODELLED = {
-    "falcon_h1": "Falcon-H1 (attention + Mamba-2 in every layer)",
     "bamba": "Bamba (attention + Mamba-2 layers)",
     "zamba": "Zamba (Mamba + shared attention)",
     "zamba2": "Zamba2 (Mamba-2 + shared attention)",
