@@ -7,7 +7,7 @@ pool groups. The byte rule of each family is written where it is applied.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,19 +233,3 @@ def gated_deltanet(config: Config, ctx: Context) -> list[LayerCache]:
             out.append(LayerCache("linear_state", "state", i, state_bytes=state))
     return out
 
-
-Rule = Callable[[Config, Context], list[LayerCache]]
-
-
-def family_of(config: Config) -> tuple[str, Rule]:
-    """Pick the family rule from the fields a config has."""
-    if config.get("compress_ratios"):
-        return "deepseek_v4", deepseek_v4
-    if config.get("kv_lora_rank"):
-        return ("deepseek_v32" if config.get("index_head_dim") else "deepseek_v3"), mla
-    types = config.get("layer_types") or []
-    if "linear_attention" in types or any(
-        config.get(k) for k in ("linear_attention", "full_attention_interval", "linear_num_value_heads")
-    ):
-        return "qwen3_next", gated_deltanet
-    return "attention", standard_attention

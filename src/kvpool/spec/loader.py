@@ -9,10 +9,13 @@ from typing import Any
 
 from kvpool import presets
 from kvpool.errors import SpecError
+from kvpool.spec.defaults import with_defaults
+from kvpool.spec.dispatch import family_of
 from kvpool.spec.dtypes import resolve_kv_dtype
-from kvpool.spec.families import Context, LayerCache, family_of
+from kvpool.spec.families import Context, LayerCache
 from kvpool.spec.groups import LayerGroup, ModelSpec
 from kvpool.spec.kinds import kind_rule
+from kvpool.spec.validate import check_text_config, validate_config
 
 DEFAULT_TOKENS_PER_BLOCK = 32
 # DeepSeek-V4 keeps ratio-128 compressed rows, so its pages must cover 128 positions.
@@ -22,8 +25,16 @@ FAMILY_TOKENS_PER_BLOCK = {"deepseek_v4": 128}
 def read_config(source: str | Path | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """(name, config dict) from a preset name, a path to a config.json (or its
     folder), or a dict; a nested `text_config` is followed."""
+    name, _where, config = read_config_from(source)
+    return name, config
+
+
+def read_config_from(source: str | Path | Mapping[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """(name, where, config dict): like `read_config`, plus `where` (the file,
+    preset or dict it came from) for error messages."""
     if isinstance(source, Mapping):
         name, config = str(source.get("_name_or_path") or source.get("model_type") or "model"), dict(source)
+        where = f"config {name}"
     else:
         path = Path(source)
         if path.is_dir():
@@ -38,16 +49,19 @@ def read_config(source: str | Path | Mapping[str, Any]) -> tuple[str, dict[str, 
             except json.JSONDecodeError as e:
                 raise SpecError(f"config file {path} is not valid JSON: {e}") from None
             name = path.parent.name if path.name == "config.json" else path.stem
+            where = str(path)
         else:
             name, config = str(source), presets.load_model_config(str(source))
+            where = f"preset {name}"
     if not isinstance(config, dict):
         raise SpecError(f"config of {name} must be a JSON object")
+    check_text_config(config, where)
     text = config.get("text_config")
     if isinstance(text, Mapping):
         merged = {k: v for k, v in config.items() if k != "text_config"}
         merged.update(text)
         config = merged
-    return name, config
+    return name, where, config
 
 
 def build_groups(caches: list[LayerCache], tokens_per_block: int) -> tuple[LayerGroup, ...]:
@@ -100,7 +114,9 @@ def load_model_spec(
     """
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
         raise SpecError(f"tp_size must be a positive integer, got {tp_size!r}")
-    name, config = read_config(source)
+    name, where, config = read_config_from(source)
+    validate_config(config, where)
+    config = with_defaults(config)
     family, rule = family_of(config)
     tpb = tokens_per_block or FAMILY_TOKENS_PER_BLOCK.get(family, DEFAULT_TOKENS_PER_BLOCK)
     if tpb <= 0:
