@@ -17,7 +17,7 @@ from kvpool.errors import KvpoolError
 # but the CLI's help must not import the engine package).
 PACKAGED = ("smollm2-135m",)
 
-ARCHS = ("llama", "qwen3", "mistral", "gemma3")
+ARCHS = ("llama", "qwen3", "mistral", "gemma3", "gemma2", "mixtral")
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
