@@ -177,6 +177,9 @@ class ArchConfig:
 
     @classmethod
     def _build(cls, arch: str, config: Mapping[str, Any]) -> ArchConfig:
+        if config.get("use_bidirectional_attention"):
+            raise EngineError("config field use_bidirectional_attention=true (bidirectional sliding "
+                              "windows) is not supported by the reference engine")
         hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
         head_dim = int(config.get("head_dim") or hidden // heads)
         n = int(config["num_hidden_layers"])
@@ -212,7 +215,9 @@ class ArchConfig:
             qkv_bias=bool(config.get("attention_bias", False)) or config.get("model_type") == "qwen2",
             mlp_bias=bool(config.get("mlp_bias", False)),
             final_logit_softcap=config.get("final_logit_softcapping"),
-            attn_logit_softcap=config.get("attn_logit_softcapping"),
+            # transformers' Gemma 3 reads attn_logit_softcapping but never applies
+            # it; only Gemma 2 caps attention logits.
+            attn_logit_softcap=config.get("attn_logit_softcapping") if arch == "gemma2" else None,
             eos_token_ids=eos_ids,
             num_experts=int(config.get("num_local_experts") or 0) if config.get("model_type") == "mixtral" else 0,
             experts_per_token=int(config.get("num_experts_per_tok") or 0),
