@@ -17,7 +17,7 @@ from kvpool.spec.families import layer_types
 ARCHS = ("llama", "qwen3", "mistral", "gemma3", "gemma2", "mixtral")
 
 # model_type (config.json) -> our architecture switch
-_MODEL_TYPES = {
+MODEL_TYPES = {
     "llama": "llama", "qwen3": "qwen3", "qwen2": "llama", "mistral": "mistral",
     "gemma3_text": "gemma3", "gemma3": "gemma3", "gemma2": "gemma2",
     "mixtral": "mistral",
@@ -164,11 +164,11 @@ class ArchConfig:
         if isinstance(config.get("text_config"), Mapping):
             config = {**{k: v for k, v in config.items() if k != "text_config"}, **config["text_config"]}
         model_type = str(config.get("model_type", ""))
-        arch = _MODEL_TYPES.get(model_type)
+        arch = MODEL_TYPES.get(model_type)
         if arch is None:
             raise EngineError(
                 f"model_type {model_type!r} is not supported by the reference engine; "
-                f"supported: {', '.join(sorted(_MODEL_TYPES))}"
+                f"supported: {', '.join(sorted(MODEL_TYPES))}"
             )
         try:
             return cls._build(arch, config)
@@ -177,9 +177,9 @@ class ArchConfig:
 
     @classmethod
     def _build(cls, arch: str, config: Mapping[str, Any]) -> ArchConfig:
-        if config.get("use_bidirectional_attention"):
-            raise EngineError("config field use_bidirectional_attention=true (bidirectional sliding "
-                              "windows) is not supported by the reference engine")
+        from kvpool.engine.fields import check_fields
+
+        check_fields(config)
         hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
         head_dim = int(config.get("head_dim") or hidden // heads)
         n = int(config["num_hidden_layers"])
