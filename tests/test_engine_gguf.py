@@ -5,11 +5,12 @@ conversion and its parity run in test_engine_smollm2.py."""
 from __future__ import annotations
 
 import importlib.metadata
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from kvpool.cli import generate_cmd
 from kvpool.engine import gguf
 from kvpool.engine.arch import EngineError
 
@@ -31,8 +32,12 @@ def test_cached_path_names_the_file_and_its_size(tmp_path: Path) -> None:
     assert gguf.cached_path(f, tmp_path / "c") == tmp_path / "c" / "m.Q4-10-f32v1"
 
 
-def test_packaged_names_agree_with_the_cli() -> None:
-    assert set(generate_cmd.PACKAGED) == set(gguf.PACKAGED)
+def test_the_cli_lists_models_without_importing_torch() -> None:
+    # one list (kvpool.engine.names) for the CLI's help and the loader, and no torch for --help
+    code = ("import sys, kvpool.cli.main, kvpool.engine; kvpool.cli.main.build_parser(); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert set(gguf.PACKAGED) == {"smollm2-135m"}
     with pytest.raises(EngineError, match="unknown packaged model"):
         gguf.packaged_gguf("nope")
 

@@ -11,25 +11,19 @@ from typing import Any
 
 import torch
 
+from kvpool.engine.errors import EngineError as EngineError
+from kvpool.engine.errors import StalePageError as StalePageError
+from kvpool.engine.fields import check_fields
 from kvpool.engine.names import ARCHS as ARCHS
-from kvpool.errors import KvpoolError
 from kvpool.spec.families import layer_types
 
 # model_type (config.json) -> our architecture switch
-_MODEL_TYPES = {
+MODEL_TYPES = {
     "llama": "llama", "qwen3": "qwen3", "qwen2": "llama", "mistral": "mistral",
     "gemma3_text": "gemma3", "gemma3": "gemma3", "gemma2": "gemma2",
     "mixtral": "mistral",
 }
 
-
-class EngineError(KvpoolError):
-    """A model folder or engine setting the reference engine cannot use."""
-
-
-class StalePageError(RuntimeError):
-    """Attention needed a position whose page the manager already released (or
-    never allocated): a paging bug, never a user error."""
 
 
 @dataclass(frozen=True)
@@ -163,11 +157,11 @@ class ArchConfig:
         if isinstance(config.get("text_config"), Mapping):
             config = {**{k: v for k, v in config.items() if k != "text_config"}, **config["text_config"]}
         model_type = str(config.get("model_type", ""))
-        arch = _MODEL_TYPES.get(model_type)
+        arch = MODEL_TYPES.get(model_type)
         if arch is None:
             raise EngineError(
                 f"model_type {model_type!r} is not supported by the reference engine; "
-                f"supported: {', '.join(sorted(_MODEL_TYPES))}"
+                f"supported: {', '.join(sorted(MODEL_TYPES))}"
             )
         try:
             return cls._build(arch, config)
@@ -176,6 +170,7 @@ class ArchConfig:
 
     @classmethod
     def _build(cls, arch: str, config: Mapping[str, Any]) -> ArchConfig:
+        check_fields(config)
         hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
         head_dim = int(config.get("head_dim") or hidden // heads)
         n = int(config["num_hidden_layers"])
@@ -211,7 +206,9 @@ class ArchConfig:
             qkv_bias=bool(config.get("attention_bias", False)) or config.get("model_type") == "qwen2",
             mlp_bias=bool(config.get("mlp_bias", False)),
             final_logit_softcap=config.get("final_logit_softcapping"),
-            attn_logit_softcap=config.get("attn_logit_softcapping"),
+            # transformers' Gemma 3 reads attn_logit_softcapping but never applies
+            # it; only Gemma 2 caps attention logits.
+            attn_logit_softcap=config.get("attn_logit_softcapping") if arch == "gemma2" else None,
             eos_token_ids=eos_ids,
             num_experts=int(config.get("num_local_experts") or 0) if config.get("model_type") == "mixtral" else 0,
             experts_per_token=int(config.get("num_experts_per_tok") or 0),

@@ -1,4 +1,5 @@
-"""One readable decoder for Llama, Qwen3, Mistral and Gemma 3 text.
+"""One readable decoder for Llama, Qwen3, Mistral, Gemma 2, Gemma 3 text and
+Mixtral (its MoE MLP lives in moe.py).
 
 Module and parameter names follow transformers' checkpoints
 (`model.layers.3.self_attn.q_proj.weight`, ...), so a Hugging Face state dict
