@@ -52,7 +52,7 @@ def run(name: str, sliding: bool, shared: int, reuse: bool, single: bool = False
         tokens = system + rng.integers(0, 50_000, PROMPT).tolist()
         t0 = time.perf_counter()
         hit = m.create(rid, tokens)
-        ok = m.resize(rid, len(tokens), hit) and m.resize(rid, len(tokens) + 1, len(tokens))
+        ok = bool(m.resize(rid, len(tokens), hit)) and bool(m.resize(rid, len(tokens) + 1, len(tokens)))
         m.commit(rid, len(tokens))
         admit_us.append((time.perf_counter() - t0) * 1e6)
         assert ok, "pool too small"
@@ -62,9 +62,9 @@ def run(name: str, sliding: bool, shared: int, reuse: bool, single: bool = False
     for _ in range(STEPS):
         t0 = time.perf_counter()
         if single:  # one `resize` per request, as a scheduler without the batch path does
-            ok = all([m.resize(r, m.capacity(r) + 1, m.history(r) + 1) for r in rids])
+            ok = all([bool(m.resize(r, m.capacity(r) + 1, m.history(r) + 1)) for r in rids])
         else:
-            ok = m.extend(rids, 1)
+            ok = bool(m.extend(rids, 1))
         step_us.append((time.perf_counter() - t0) * 1e6)
         assert ok
     m.check_integrity()

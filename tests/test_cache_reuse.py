@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvpool.cache import STALE, CacheUsageError
+from kvpool.cache import STALE, CacheUsageError, KVCacheManager
 from kvpool.spec import load_model_spec
 from test_cache_factories import assert_table, full_spec, hybrid_spec, manager
 
 PROMPT = list(range(1000, 1100))  # 100 tokens = 6 whole pages of 16 + 4
 
 
-def prefilled(m, rid: int, tokens: list[int], salt: str | None = None) -> int:  # type: ignore[no-untyped-def]
+def prefilled(m: KVCacheManager, rid: int, tokens: list[int], salt: str | None = None) -> int:
     """Admit `tokens`, compute them all (history = len), commit them."""
     hit = m.create(rid, tokens, salt=salt)
     assert m.resize(rid, len(tokens) + 1, len(tokens))

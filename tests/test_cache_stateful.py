@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvpool.cache import Dummies, KVCacheManager
+from kvpool.cache import Dummies, KVCacheManager, Resize
 from kvpool.cache.hashing import extend_hashes
 from kvpool.spec import pages_needed
 from test_cache_factories import assert_unchanged, hybrid_spec, manager, snapshot
@@ -80,9 +80,13 @@ class ManagerMachine(RuleBasedStateMachine):
         new_hist = min(hist + advance, cap + grow)
         new_cap = max(new_hist, cap + grow - data.draw(st.integers(0, 20)))
         expected = self.m.can_resize(rid, new_cap, new_hist)
-        ok = []
-        self.refused_or_applied(lambda: ok.append(self.m.resize(rid, new_cap, new_hist)) or ok[0],
-                                {rid: (new_cap, new_hist)})
+        ok: list[Resize] = []
+
+        def resize() -> Resize:
+            ok.append(self.m.resize(rid, new_cap, new_hist))
+            return ok[0]
+
+        self.refused_or_applied(resize, {rid: (new_cap, new_hist)})
         assert ok == [expected], f"can_resize said {expected}, resize did {ok}"
 
     @precondition(lambda self: self.shapes)

@@ -5,6 +5,8 @@ must equal transformers' Gemma2ForCausalLM, with reuse, chunked prefill,
 speculation and preemption; the dense logits must match and must differ from
 the same model run without softcapping (so the caps are really exercised)."""
 
+# mypy: disable-error-code="no-untyped-call,no-any-return"
+# (transformers and tokenizers are untyped: these call them and return what they give)
 from __future__ import annotations
 
 import dataclasses

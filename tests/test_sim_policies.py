@@ -16,13 +16,13 @@ from kvpool.sim.policies import (
     sweep_shares,
 )
 from kvpool.sim.requests import make_sequence, prompt_ids
-from kvpool.spec import load_model_spec
+from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.trace import Trace
 
 GiB = 2**30
 
 
-def gemma():  # type: ignore[no-untyped-def]
+def gemma() -> ModelSpec:
     return load_model_spec("gemma-3-27b", max_seq_len=8192)
 
 

@@ -13,7 +13,7 @@ import pytest
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.presets import GpuSpec
 from kvpool.presets.traces import Trace, load_trace
-from kvpool.sim import SimResult, StepTimeModel, Weights, simulate
+from kvpool.sim import Progress, SimResult, StepTimeModel, Weights, simulate
 from kvpool.sim.steptime import KERNELS_PER_LAYER, KERNELS_PER_STEP, LAUNCH_S, REPLAY_S
 from kvpool.spec import ModelSpec, load_model_spec
 
@@ -207,7 +207,7 @@ def test_lazy_padding_dummy_fails_when_the_pool_is_full() -> None:
 
 
 def test_progress_is_reported_every_n_steps() -> None:
-    seen = []
+    seen: list[Progress] = []
     p = plan({"full": 100})
     model = StepTimeModel.build(p.spec, GPU, WEIGHTS)
     r = simulate(p, trace([(4, 3)] * 5, [0.0, 1.0, 2.0, 3.0, 4.0]), model, fast=False,

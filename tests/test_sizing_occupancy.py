@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from kvpool.errors import LimitsError
 from kvpool.plan import ServingLimits, Workload, plan_pools
 from kvpool.plan.occupancy import Occupancy
-from kvpool.spec import load_model_spec
+from kvpool.spec import ModelSpec, load_model_spec
 
 
-def gemma():  # type: ignore[no-untyped-def]
+def gemma() -> ModelSpec:
     return load_model_spec("gemma-3-27b", max_seq_len=8192).with_tokens_per_block(32)
 
 

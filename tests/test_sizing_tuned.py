@@ -15,13 +15,13 @@ from kvpool.presets import load_gpu
 from kvpool.sim import StepTimeModel, load_weights, simulate
 from kvpool.sim.policies import plan_for
 from kvpool.sim.tuned import sample_trace, tune, tuned_group
-from kvpool.spec import load_model_spec
+from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.trace import Trace
 
 GiB = 2**30
 
 
-def gemma():  # type: ignore[no-untyped-def]
+def gemma() -> ModelSpec:
     return load_model_spec("gemma-3-27b", max_seq_len=8192)
 
 

@@ -21,7 +21,7 @@ def register(sub: Any) -> None:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in presets.model_names():
         spec = load_model_spec(name)
         rows.append({

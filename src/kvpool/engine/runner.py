@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -257,7 +258,7 @@ class Engine:
 
     # ------------------------------------------------------------------ report
 
-    def kv_report(self) -> dict[str, object]:
+    def kv_report(self) -> dict[str, Any]:
         """Pages used (peak, per group), reuse hits, preemptions: the `kv` part
         of `kvpool generate --json`."""
         stats = self.manager.stats()
