@@ -1,6 +1,6 @@
 """`SlotTables`: every request's page tables and shape, in NumPy arrays by slot.
 
-A request is a (capacity, history) pair (DESIGN vocabulary). Its page table in
+A request is a (capacity, history) pair (docs/design.md, vocabulary). Its page table in
 a group has one entry per page-sized block of positions; blocks that fell out
 of a sliding window or a finished chunk hold `STALE`. Every page count comes
 from `kvpool.spec.pages`: a move to a new shape asks `pages_needed` and

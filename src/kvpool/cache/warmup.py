@@ -1,7 +1,7 @@
 """Dummy requests, the capacity query and the CUDA-graph warmup dry run.
 
 A generation dummy of `token_num` (= history + the current input token) has
-capacity `token_num + draft_len + E` and history `token_num - 1` (DESIGN
+capacity `token_num + draft_len + E` and history `token_num - 1` (docs/design.md,
 rule 2): the current input is inside `token_num` and is not counted again, so
 a `token_num` from `max_generation_length` that ends on a page boundary still
 fits. A context dummy of `token_num` has capacity `token_num + E`, history 0.

@@ -5,7 +5,7 @@ Every engine module (`vllm`, `sglang`, `trtllm`) turns (spec, limits, KV bytes p
 rank) into an `EngineReport`. A pool's `members` are page-arithmetic groups at the
 engine's own page size; a request of shape (capacity, history) takes
 `sum(pages_needed(m, capacity, history) for m in members)` pages of that pool,
-so concurrency is counted by kvpool's one page arithmetic (DESIGN rule 1).
+so concurrency is counted by kvpool's one page arithmetic (docs/design.md, rule 1).
 """
 
 from __future__ import annotations

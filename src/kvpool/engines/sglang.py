@@ -9,7 +9,7 @@ Rules modelled (facts read from SGLang's source; no SGLang code is used):
   (default 0.8) x the full pool's tokens whatever the layer mix:
   `full = memory // (full_bytes + ratio * swa_bytes)`, `swa = int(full * ratio)`,
   both page-aligned; refused when `sliding_window + page_size >= swa`
-  (a one-request SWA pool hung warmup: sgl-project/sglang#37610). Chunked local
+  (a one-request SWA pool can hang warmup). Chunked local
   attention (Llama 4) is sized the same way with the chunk as its window.
 - Mamba / linear-attention state: `mamba = memory * r / (1 + r)` with
   `--mamba-full-memory-ratio` r (default 0.9) buys `mamba // state_bytes` slots;

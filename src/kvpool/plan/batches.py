@@ -10,7 +10,7 @@ from kvpool.plan.limits import ServingLimits
 from kvpool.spec import Shape
 
 # One request just past 2K tokens, in its first decode step: the shape the pool
-# ratio comes from when nothing is known about the workload (DESIGN rule 4).
+# ratio comes from when nothing is known about the workload (docs/design.md, rule 4).
 REFERENCE_REQUEST = Shape(2049, 2048)
 
 
@@ -34,7 +34,7 @@ def decode_shape(length: int, limits: ServingLimits) -> Shape:
 
 def minimal_decode(limits: ServingLimits) -> Shape:
     """The smallest decode (a CUDA-graph padding dummy): no history, one input
-    token plus d drafts plus E extra KV tokens (DESIGN rule 2)."""
+    token plus d drafts plus E extra KV tokens (docs/design.md, rule 2)."""
     return Shape(limits.headroom, 0)
 
 

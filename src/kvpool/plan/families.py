@@ -1,4 +1,4 @@
-"""Model-family sizing rules. The generic path knows none of them (DESIGN rule 4):
+"""Model-family sizing rules. The generic path knows none of them (docs/design.md, rule 4):
 a family adds its own typical length and constraints here, keyed by
 `ModelSpec.family`.
 """

@@ -1,6 +1,6 @@
 """Floors from constraints, and what to say when they do not fit the budget.
 
-Floors never inflate the budget (DESIGN rule 3): a constraint that does not fit
+Floors never inflate the budget (docs/design.md, rule 3): a constraint that does not fit
 raises `InfeasiblePlanError` naming the constraint, the group it pushes
 hardest, the pages short there and the largest B and L that would fit; or, with
 `fit=True`, its longest request is shrunk (capacity and history together) to

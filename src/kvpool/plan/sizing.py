@@ -70,7 +70,7 @@ def parse_shares(text: str) -> dict[str, float]:
 def plan_constraints(
     limits: ServingLimits, rules: FamilyRules, phase: Phase, *, explicit_ratio: bool
 ) -> tuple[Constraint, ...]:
-    """The batches that must fit (DESIGN rule 4).
+    """The batches that must fit (docs/design.md, rule 4).
 
     final: none with an explicit ratio (an opt-out) or without S; else the
     generic context constraint plus the family's. profile: what warmup runs,

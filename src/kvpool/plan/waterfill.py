@@ -1,7 +1,7 @@
 """Split a byte budget into whole pages per group by a ratio, with floors.
 
 Exact rational arithmetic (`Fraction`), so that the total can never creep over
-the budget through float rounding (DESIGN rule 3).
+the budget through float rounding (docs/design.md, rule 3).
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ class SimResult:
         return float(np.percentile(values, q)) if values.size else None
 
     def to_json(self) -> dict[str, Any]:
-        """The run as `kvpool simulate --json` prints it (issue 6 shape)."""
+        """The run as `kvpool simulate --json` prints it."""
         return {
             "policy": self.policy,
             "output_tokens_per_s": self.output_tokens_per_s,

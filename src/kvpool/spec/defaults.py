@@ -1,6 +1,6 @@
 """The values transformers' config classes give fields that a `config.json` omits.
 
-DESIGN rule 7: a field a config leaves out takes the default transformers gives
+docs/design.md, rule 7: a field a config leaves out takes the default transformers gives
 it, never a guess of kvpool's. Each entry below is a fact read from the named
 transformers class (transformers 5.24.0, `src/transformers/models/<name>/`);
 `applied_defaults` reports which of them a given config needed.

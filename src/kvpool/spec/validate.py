@@ -1,6 +1,6 @@
 """Refuse config values no engine could load: each error names the field and the file.
 
-DESIGN rule 7: a value kvpool cannot follow is an error, never a guess
+docs/design.md, rule 7: a value kvpool cannot follow is an error, never a guess
 (`num_key_value_heads: 0` read as "all heads", `head_dim: 64.5` as 64, ...).
 """
 
@@ -34,7 +34,7 @@ REQUIRED = {
 
 # Families whose layers keep state kvpool does not model yet (Mamba / Mamba-2 /
 # other recurrent mixers beside attention): refused by name, never planned as
-# plain attention (DESIGN rule 7).
+# plain attention (docs/design.md, rule 7).
 UNMODELLED = {
     "bamba": "Bamba (attention + Mamba-2 layers)",
     "zamba": "Zamba (Mamba + shared attention)",
