@@ -50,3 +50,15 @@ def assert_same_tokens(got: list[int], want: list[int], what: str) -> None:
         first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
                      min(len(got), len(want)))
         raise AssertionError(f"{what}: tokens differ from index {first}:\n  got  {got}\n  want {want}")
+
+
+MAX_NEW = 20
+SHARED = 23  # shared prefix length: 5 whole 4-token pages + 3 tokens
+
+
+def prompts() -> list[list[int]]:
+    """Eight prompts: four of their own, four sharing a 23-token prefix."""
+    rng = np.random.default_rng(7)
+    shared = rng.integers(3, 256, SHARED).tolist()
+    own = [rng.integers(3, 256, n).tolist() for n in (3, 9, 17, 30)]
+    return own + [shared + rng.integers(3, 256, n).tolist() for n in (1, 5, 12, 2)]

@@ -85,3 +85,9 @@ def test_no_source_file_over_300_lines() -> None:
     long = {str(p.relative_to(ROOT)): n for p in SRC.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 300}
     assert not long, long
+
+
+def test_tests_import_factories_from_helper_modules_not_from_other_tests() -> None:
+    bad = [f"{p.name}:{line} imports {module}" for p in (ROOT / "tests").glob("*.py")
+           for module, _, line in runtime_imports(p) if module.startswith("test_")]
+    assert not bad, bad

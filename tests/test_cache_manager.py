@@ -8,11 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpool.cache import STALE, CacheUsageError, GroupStats, KVCacheManager
-from kvpool.errors import KvpoolError
-from kvpool.plan import PoolPlan
-from kvpool.spec import LayerGroup, ModelSpec, stale_pages
-from test_cache_factories import (
+from cache_helpers import (
     assert_table,
     assert_unchanged,
     full_spec,
@@ -20,6 +16,10 @@ from test_cache_factories import (
     manager,
     snapshot,
 )
+from kvpool.cache import STALE, CacheUsageError, GroupStats, KVCacheManager
+from kvpool.errors import KvpoolError
+from kvpool.plan import PoolPlan
+from kvpool.spec import LayerGroup, ModelSpec, stale_pages
 
 
 def test_resize_grows_and_shrinks_by_whole_pages() -> None:

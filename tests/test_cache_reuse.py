@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from cache_helpers import assert_table, full_spec, hybrid_spec, manager
 from kvpool.cache import STALE, CacheUsageError, KVCacheManager
 from kvpool.spec import load_model_spec
-from test_cache_factories import assert_table, full_spec, hybrid_spec, manager
 
 PROMPT = list(range(1000, 1100))  # 100 tokens = 6 whole pages of 16 + 4
 

@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from cache_helpers import assert_unchanged, hybrid_spec, manager, snapshot
 from kvpool.cache import Dummies, KVCacheManager, Resize
 from kvpool.cache.hashing import extend_hashes
 from kvpool.spec import pages_needed
-from test_cache_factories import assert_unchanged, hybrid_spec, manager, snapshot
 
 PREFIXES = [[7] * 40, list(range(40)), list(range(100, 140))]
 

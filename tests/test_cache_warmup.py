@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cache_helpers import assert_unchanged, full_spec, hybrid_spec, manager, snapshot
 from kvpool.cache import CacheUsageError, Dummies, KVCacheManager, SkippedShape
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.spec import LayerGroup, ModelSpec
-from test_cache_factories import assert_unchanged, full_spec, hybrid_spec, manager, snapshot
 
 
 @pytest.mark.parametrize(("draft_len", "expected"), [(0, 128), (4, 124)])

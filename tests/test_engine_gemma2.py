@@ -14,10 +14,17 @@ import dataclasses
 import pytest
 import torch
 
-from engine_helpers import assert_close_logits, assert_same_tokens, manual_plan, tiny, tiny_spec
+from engine_helpers import (
+    MAX_NEW,
+    assert_close_logits,
+    assert_same_tokens,
+    manual_plan,
+    prompts,
+    tiny,
+    tiny_spec,
+)
 from kvpool.engine.model import DecoderLM
 from kvpool.engine.runner import Engine
-from test_engine_generate import MAX_NEW, prompts
 
 pytest.importorskip("transformers")
 

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_helpers import assert_close_logits
+from engine_helpers import assert_close_logits, prompts
 from kvpool.engine.arch import ArchConfig, EngineError
 from kvpool.engine.weights import save_folder, tiny_config, tiny_model
-from test_engine_generate import prompts
 
 pytest.importorskip("transformers")
 

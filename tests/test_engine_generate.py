@@ -12,30 +12,22 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 import pytest
 import torch
 
 from engine_helpers import (
+    MAX_NEW,
+    SHARED,
     assert_close_logits,
     assert_same_tokens,
     manual_plan,
+    prompts,
     tiny,
     tiny_spec,
 )
 from kvpool.engine.arch import StalePageError
 from kvpool.engine.names import ARCHS
 from kvpool.engine.runner import Engine
-
-MAX_NEW = 20
-SHARED = 23  # shared prefix length: 5 whole 4-token pages + 3 tokens
-
-
-def prompts() -> list[list[int]]:
-    rng = np.random.default_rng(7)
-    shared = rng.integers(3, 256, SHARED).tolist()
-    own = [rng.integers(3, 256, n).tolist() for n in (3, 9, 17, 30)]
-    return own + [shared + rng.integers(3, 256, n).tolist() for n in (1, 5, 12, 2)]
 
 
 @functools.cache

@@ -8,10 +8,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_helpers import assert_close_logits, assert_same_tokens, manual_plan, tiny, tiny_spec
+from engine_helpers import (
+    MAX_NEW,
+    assert_close_logits,
+    assert_same_tokens,
+    manual_plan,
+    prompts,
+    tiny,
+    tiny_spec,
+)
 from kvpool.engine.moe import SparseMoE
 from kvpool.engine.runner import Engine
-from test_engine_generate import MAX_NEW, prompts
 
 pytest.importorskip("transformers")
 

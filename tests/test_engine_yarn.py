@@ -8,11 +8,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_helpers import assert_close_logits, assert_same_tokens, manual_plan, tiny_spec
+from engine_helpers import (
+    MAX_NEW,
+    assert_close_logits,
+    assert_same_tokens,
+    manual_plan,
+    prompts,
+    tiny_spec,
+)
 from kvpool.engine.arch import ArchConfig, EngineError
 from kvpool.engine.runner import Engine
 from kvpool.engine.weights import tiny_config, tiny_model
-from test_engine_generate import MAX_NEW, prompts
 
 transformers = pytest.importorskip("transformers")
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpool.spec import decode_worst_case_pages, pages_needed
-from test_plan_helpers import group
+from plan_helpers import group
 
 
 def live_pages_brute(kind: str, window: int, tpb: int, capacity: int, history: int) -> int:

@@ -8,7 +8,7 @@ from kvpool import presets
 from kvpool.errors import LimitsError
 from kvpool.plan import ServingLimits, plan_pools, typical_step
 from kvpool.spec import Shape, load_model_spec
-from test_plan_helpers import assert_holds, hybrid
+from plan_helpers import assert_holds, hybrid
 
 GiB = 2**30
 

@@ -22,7 +22,7 @@ from kvpool.plan.feasibility import (
     pages_bytes,
 )
 from kvpool.spec import ModelSpec, load_model_spec
-from test_plan_helpers import group, model
+from plan_helpers import group, model
 
 
 def test_largest_fitting_bisects_a_monotone_predicate() -> None:

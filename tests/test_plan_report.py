@@ -9,7 +9,7 @@ from kvpool.errors import LimitsError
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.plan.report import graph_padding_pages, plan_warnings
 from kvpool.spec import Shape
-from test_plan_helpers import assert_pages, hybrid
+from plan_helpers import assert_pages, hybrid
 
 
 def small_plan(full: int, sliding: int, **limits: int) -> PoolPlan:

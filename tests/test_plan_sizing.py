@@ -19,7 +19,7 @@ from kvpool.plan import (
 )
 from kvpool.plan.feasibility import floors_fit
 from kvpool.spec import LayerGroup, ModelSpec, Shape, load_model_spec
-from test_plan_helpers import assert_holds, assert_within_budget, group, model
+from plan_helpers import assert_holds, assert_within_budget, group, model
 
 GiB = 2**30
 

@@ -8,7 +8,7 @@ import pytest
 from kvpool.errors import LimitsError
 from kvpool.plan import ServingLimits, Workload, plan_pools, ratio_from_batch
 from kvpool.spec import Shape
-from test_plan_helpers import assert_within_budget, group, hybrid, model
+from plan_helpers import assert_within_budget, group, hybrid, model
 
 LIMITS = ServingLimits(max_seq_len=32768)
 

@@ -47,9 +47,3 @@ def assert_holds(plan: PoolPlan, batch: tuple[Shape, ...] | list[Shape], what: s
 def assert_pages(plan: PoolPlan, expected: Mapping[str, int]) -> None:
     got = {g.name: g.pages for g in plan.groups}
     assert got == dict(expected), f"pages per group: got {got}, expected {dict(expected)}"
-
-
-def test_factories_build_valid_specs() -> None:
-    spec = hybrid(window=64, tpb=16)
-    assert spec.group_names == ["full", "sliding"]
-    assert spec.group("sliding").page_bytes == 16 * 1024
