@@ -47,7 +47,7 @@ model, config = load_folder(folder, dtype=torch.float32, device=dev)
 weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
 spec = load_model_spec(config, kv_dtype="fp32", tokens_per_block=TPB)
 longest = max(map(len, prompts)) + NEW
-limits = ServingLimits(max_batch_size=8, max_seq_len=longest + 8, max_num_tokens=512, tokens_per_block=TPB)
+limits = ServingLimits(max_batch_size=8, max_seq_len=longest + 8, max_num_tokens=512)
 plan = PoolPlan.from_pages(spec, pages_per_group(spec, [(longest, 0)] * 10), limits)
 failed = False
 step_ms = {}

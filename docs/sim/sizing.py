@@ -43,7 +43,7 @@ def evaluate(case: str) -> dict[str, object]:
     model, gpu, dtype, kv_gib, b, max_len, n, trace_name, max_req, (lo, hi) = CASES[case]
     spec = load_model_spec(model, kv_dtype=dtype, max_seq_len=max_len)
     limits = ServingLimits(max_batch_size=b, max_seq_len=max_len, max_num_tokens=n,
-                           avg_seq_len=max_len, tokens_per_block=spec.tokens_per_block)
+                           avg_seq_len=max_len)
     trace = load_trace(trace_name, max_requests=max_req).with_rate(math.inf)
     steps = StepTimeModel.build(spec, load_gpu(gpu), load_weights(model))
     kv = int(kv_gib * GiB)

@@ -92,12 +92,13 @@ class BallastPools:
         return self.totals[group] - self.held[group]
 
     def _add(self, tokens: int, is_gen: bool) -> bool:
-        rids = self.manager.add_dummy_requests(1, tokens, is_gen=is_gen)
-        if rids is None:
+        dummy = self.manager.add_dummy_requests(1, tokens, is_gen=is_gen)
+        if not dummy:
             return False
-        self.units.append((rids[0], tokens, is_gen))
+        rid = dummy.ids[0]
+        self.units.append((rid, tokens, is_gen))
         for g in (self.sliding, self.full):
-            self.held[g] += self.manager.live_pages(rids[0], g)
+            self.held[g] += self.manager.live_pages(rid, g)
         return True
 
     def _gen_excess(self, tokens: int) -> int:
@@ -171,8 +172,7 @@ class Rebalancer:
         """An admitted request: fold its bytes x steps per group into the EMA."""
         from kvpool.plan import ServingLimits
 
-        lim = ServingLimits(max_seq_len=self.limits_max_seq_len,
-                            tokens_per_block=self.spec.tokens_per_block)
+        lim = ServingLimits(max_seq_len=self.limits_max_seq_len)
         prompt = min(prompt, self.limits_max_seq_len - 1)
         pages = Occupancy([(prompt, output)]).expected_pages(self.spec, lim)
         for g, p in pages.items():

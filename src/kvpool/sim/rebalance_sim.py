@@ -15,12 +15,12 @@ import numpy as np
 
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
-from kvpool.presets.traces import Trace
 from kvpool.sched import Scheduler, Sequence
 from kvpool.sim.metrics import GroupUsage, SimResult
 from kvpool.sim.rebalance import BallastPools, Rebalancer, pages_for_share
 from kvpool.sim.requests import OUTPUT_TOKEN, make_sequence
 from kvpool.sim.steptime import StepTimeModel
+from kvpool.trace import Trace
 
 
 @dataclass(frozen=True)
