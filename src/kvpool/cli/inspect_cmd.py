@@ -49,13 +49,11 @@ def run(args: argparse.Namespace) -> int:
           f"{spec.tokens_per_block} tokens per page, {spec.num_layers} layers)")
     rows = []
     for g in spec.groups:
-        life = {"sliding": f"window {g.window}", "chunked": f"chunk {g.window}",
-                "compressed": f"1 row / {g.ratio} tokens", "state": "per request",
-                "full": "whole sequence"}[g.kind]
-        rows.append([g.name, g.kind, life, len(g.layers),
-                     f"{g.bytes_per_token:,.1f}" if g.kind != "state" else "-",
-                     f"{g.page_bytes:,}" if g.kind != "state" else "-",
-                     format_bytes(g.state_bytes) if g.kind == "state" else "-"])
+        slot = g.rule.per_request  # one slot per request instead of pages of positions
+        rows.append([g.name, g.kind, g.rule.describe(g), len(g.layers),
+                     "-" if slot else f"{g.bytes_per_token:,.1f}",
+                     "-" if slot else f"{g.page_bytes:,}",
+                     format_bytes(g.state_bytes) if slot else "-"])
     print(table(["group", "kind", "life cycle", "layers", "bytes/token", "bytes/page", "state/request"], rows))
     print(f"full-attention bytes per token: {spec.full_attention_bytes_per_token:,}")
     return 0
