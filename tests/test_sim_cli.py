@@ -45,6 +45,7 @@ def test_compare_runs_policies_side_by_side(cli, small_trace: str) -> None:  # t
 
 
 def test_text_output_and_sweep_with_plot(cli, small_trace: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("matplotlib")
     png = tmp_path / "sweep.png"
     code, out, err = cli("simulate", "gemma-3-27b", *BASE, "--trace", small_trace, "--rate", "inf",
                          "--sweep-ratio", "sliding", "--sweep-points", "3", "--plot", str(png))

@@ -95,6 +95,7 @@ def test_serial_fallback_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_cli_serial_sweep_writes_files_and_plot(cli, tmp_path: Path, trace_file: str) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("matplotlib")
     g = {**grid(trace_file), "kv_memory": "2GiB", "policy": "reference"}
     (tmp_path / "g.json").write_text(json.dumps(g))
     out_base = tmp_path / "res"
