@@ -106,12 +106,17 @@ def resolve_floors(
     shrinking, with `fit=True`). Side-effect free.
     """
     floors = base_floors(spec)
-    if pages_bytes(spec, floors) > budget:
+    if (needed := pages_bytes(spec, floors)) > budget:
+        # the shortfall in pages of the largest group (the one the message names):
+        # enough of them to cover every byte missing, not always 1
         big = max(spec.groups, key=lambda g: g.slot_bytes)
+        excess = needed - budget
+        short = -(-excess // big.slot_bytes)
         raise InfeasiblePlanError(
             f"budget {format_bytes(budget)} cannot hold one page of every group "
-            f"({format_bytes(pages_bytes(spec, floors))} needed)",
-            constraint="one_page_per_group", group=big.name, short_pages=1,
+            f"({format_bytes(needed)} needed): group '{big.name}' is {short} pages "
+            f"({format_bytes(excess)}) short",
+            constraint="one_page_per_group", group=big.name, short_pages=short,
         )
     results: list[ConstraintResult] = []
     notes: list[str] = []

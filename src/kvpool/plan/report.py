@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from kvpool.plan.batches import decode_shape, minimal_decode
+from collections.abc import Sequence
+
+from kvpool.plan.batches import Constraint, decode_shape, minimal_decode
 from kvpool.plan.result import PoolPlan
-from kvpool.spec import decode_worst_case_pages, pages_needed
+from kvpool.spec import decode_worst_case_pages, pages_needed, pages_per_group
 
 
 def graph_padding_pages(plan: PoolPlan, name: str) -> int:
@@ -37,4 +39,22 @@ def plan_warnings(plan: PoolPlan) -> tuple[str, ...]:
     longest = decode_shape(plan.limits.max_seq_len, plan.limits)
     if plan.max_requests(longest) == 0:
         out.append(f"not even one request at max_seq_len {plan.limits.max_seq_len} fits the pools")
+    return tuple(out)
+
+
+def unmet_floor_warnings(plan: PoolPlan, constraints: Sequence[Constraint]) -> tuple[str, ...]:
+    """Warnings for the floors an explicit pool ratio opted out of but leaves
+    unmet: one per constraint and group whose batch needs more pages than the
+    plan gives it, naming the floor and the pages short (the ratio is kept:
+    an explicit ratio is the operator's choice, said out loud)."""
+    out = []
+    for c in constraints:
+        need = pages_per_group(plan.spec, c.batch)
+        for g in plan.groups:
+            if (want := need.get(g.name, 0)) > g.pages:
+                out.append(
+                    f"pool_ratio leaves the '{c.name}' floor unmet: group '{g.name}' has "
+                    f"{g.pages} of the {want} pages it needs ({want - g.pages} pages short); "
+                    "that batch will not fit (raise the group's share or drop --pool-ratio)"
+                )
     return tuple(out)

@@ -17,7 +17,7 @@ from kvpool.plan.batches import (
 from kvpool.plan.families import FamilyRules, Phase, rules_for
 from kvpool.plan.feasibility import base_floors, merge_floors, pages_bytes, resolve_floors
 from kvpool.plan.limits import ServingLimits
-from kvpool.plan.report import plan_warnings
+from kvpool.plan.report import plan_warnings, unmet_floor_warnings
 from kvpool.plan.result import GroupPlan, PoolPlan
 from kvpool.plan.waterfill import waterfill
 from kvpool.plan.workload import RatioPolicy
@@ -161,7 +161,11 @@ def plan_pools(
     )
     if phase == "final":
         fitted = tuple(n for n in notes if n.startswith("fit:"))
-        plan = dataclasses.replace(plan, warnings=plan_warnings(plan) + fitted)
+        # an explicit ratio drops the floors; say which of them it leaves unmet
+        opted_out = (plan_constraints(limits, rules, phase, explicit_ratio=False)
+                     if explicit else ())
+        plan = dataclasses.replace(plan, warnings=plan_warnings(plan) + fitted
+                                   + unmet_floor_warnings(plan, opted_out))
     return plan
 
 
