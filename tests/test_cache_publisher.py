@@ -5,6 +5,7 @@ the manager holds; the replay socket returns the same batches."""
 # No `from __future__ import annotations`: msgspec must resolve the locally
 # defined struct types in `vllm_types` when the classes are created.
 import random
+import threading
 import time
 from typing import Any
 
@@ -219,3 +220,50 @@ def test_bad_setup_is_a_typed_error() -> None:
         KVEventPublisher("tcp://*:0", groups, wire="json")  # type: ignore[arg-type]
     with pytest.raises(EventPublisherError, match="cannot"):
         KVEventPublisher("nonsense://where", groups)
+
+
+def test_simulate_publishes_kv_events(cli) -> None:  # type: ignore[no-untyped-def]
+    """`kvpool simulate --kv-events`: every batch decodes with vLLM's structs,
+    sequence numbers rise by one, the stores carry the model's one group."""
+    # A bound SUB attaches a peer (and sends it its subscription) only when its
+    # own thread touches it, so a thread keeps reading while the command runs.
+    ready, stop = threading.Event(), threading.Event()
+    frames: list[list[bytes]] = []
+    port: list[int] = []
+
+    def listen() -> None:
+        sub = zmq.Context.instance().socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        port.append(sub.bind_to_random_port("tcp://127.0.0.1"))
+        ready.set()
+        while not stop.is_set() or sub.poll(200):
+            if sub.poll(20):
+                frames.append(sub.recv_multipart())
+        sub.close(linger=0)
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    assert ready.wait(5)
+    try:
+        code, _, err = cli("simulate", "qwen3-0.6b", "--gpu", "h100", "--kv-memory", "1GiB",
+                           "--max-seq-len", "16384", "--max-batch-size", "8", "--max-num-tokens",
+                           "2048", "--quiet", "--trace", "mooncake-conv", "--max-requests", "10",
+                           "--rate", "inf", "--kv-events", f"tcp://127.0.0.1:{port[0]}")
+        assert code == 0, err
+    finally:
+        stop.set()
+        thread.join(10)
+    types = vllm_types(array_like=False)
+    decoder = msgspec.msgpack.Decoder(types[0])
+    seqs = [int.from_bytes(seq, "big") for _, seq, _ in frames]
+    assert len(seqs) > 5 and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    events = [e for _, _, payload in frames for e in decoder.decode(payload).events]
+    stored = [e for e in events if isinstance(e, types[1])]
+    assert stored and {(e.group_idx, e.kv_cache_spec_kind) for e in stored} == {(0, "full_attention")}
+
+
+def test_kv_events_replay_needs_an_endpoint(cli) -> None:  # type: ignore[no-untyped-def]
+    code, _, err = cli("simulate", "qwen3-0.6b", "--gpu", "h100", "--kv-memory", "1GiB", "--quiet",
+                       "--trace", "azure-conv", "--max-requests", "2",
+                       "--kv-events-replay", "tcp://*:0")
+    assert code == 2 and "--kv-events-replay needs --kv-events" in err

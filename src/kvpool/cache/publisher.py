@@ -164,10 +164,12 @@ class KVEventPublisher:
         self._pub = ctx.socket(zmq.PUB)
         self._replay: zmq.Socket[bytes] | None = None
         try:
+            self._pub.setsockopt(zmq.LINGER, 100)  # never block the exit on a lost peer
             self._pub.set_hwm(hwm)
             self.endpoint = self._attach(self._pub, endpoint, bind=_binds(endpoint))
             if replay_endpoint is not None:
                 self._replay = ctx.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.LINGER, 100)
                 self.replay_endpoint: str | None = self._attach(self._replay, replay_endpoint,
                                                                 bind=True)
             else:
