@@ -13,6 +13,7 @@ from typing import Any
 from kvpool import presets
 from kvpool.cli.budget import kv_budget
 from kvpool.cli.common import add_json_arg, int_at_least, positive_int, print_json, table
+from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.cli.plan_args import (
     add_plan_args,
     limits_from_args,
@@ -79,6 +80,7 @@ def register(sub: Any) -> None:
                    help="active parameters per token (MoE), e.g. 3.8e9")
     s.add_argument("--plot", default=None, metavar="OUT.png", help="write a plot (needs matplotlib)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_kv_events_args(s)
     add_json_arg(p)
     p.set_defaults(func=run)
 
@@ -157,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
         policies = ["reference"]
     padding = not args.no_padding_reservation
     bar = ProgressBar(not args.quiet)
+    publisher = open_publisher(args, spec.groups)
     notes: list[str] = []
 
     if args.plot:  # a bad plot path should not cost every run
@@ -180,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
     def one(policy: str, pp: PolicyPlan | None = None) -> SimResult:
         pp = pp or plan_for(spec, limits, policy, kv_memory_bytes=kv_bytes, trace=trace, fit=args.fit)
         notes.extend(n for n in pp.notes if n not in notes)
-        result = simulate(pp.plan, trace, model, policy=policy, padding=padding, progress=bar)
+        result = simulate(pp.plan, trace, model, policy=policy, padding=padding, progress=bar,
+                          on_step=step_publisher(publisher))
         bar.done()
         return result
 

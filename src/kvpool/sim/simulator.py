@@ -87,6 +87,7 @@ def simulate(
     progress_every: int = 2000,
     fast: bool = True,
     check: bool = False,
+    on_step: Callable[[KVCacheManager], None] | None = None,
 ) -> SimResult:
     """Replay `trace` (arrival times already set, see `Trace.with_rate`)
     against `plan`. `padding=False` drops the persistent padding dummies that
@@ -95,7 +96,8 @@ def simulate(
     not changed. `fast` runs stretches of identical decode-only steps with one
     manager call (`sched.advance_decodes`); the result is the same up to
     floating-point rounding. `check` runs the manager's integrity check at
-    the end (O(pages); for tests)."""
+    the end (O(pages); for tests). `on_step` is called with the manager after
+    each step, or each stretch of decode steps (e.g. to publish its events)."""
     limits = plan.limits
     use_reuse = trace.hash_ids is not None if reuse is None else reuse
     manager, sched, report = session(plan, enable_reuse=use_reuse, padding=padding)
@@ -151,6 +153,8 @@ def simulate(
             now += dt
             tally.count(sched, step, len(times))
             tally.finish(done, now)
+            if on_step is not None:
+                on_step(manager)
             continue
         dt = model.step_time(step)
         for k in range(len(groups)):
@@ -166,6 +170,8 @@ def simulate(
             if s.first_token_s is None and s.output_ids:
                 s.first_token_s = now
         tally.finish(done, now)
+        if on_step is not None:
+            on_step(manager)
         if progress is not None and tally.steps % progress_every == 0:
             progress(Progress(policy or plan.policy, tally.finished + rejected, n, now,
                               time.perf_counter() - wall0))

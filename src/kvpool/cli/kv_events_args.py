@@ -1,0 +1,58 @@
+"""`--kv-events ENDPOINT` (and `--kv-events-replay`, `--kv-events-topic`):
+publish the manager's page events in vLLM's wire format while a command runs
+(`kvpool.cache.publisher`; needs the extra `kvpool[events]`)."""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kvpool.errors import KvpoolError
+
+if TYPE_CHECKING:
+    from kvpool.cache import KVCacheManager
+    from kvpool.cache.publisher import KVEventPublisher
+    from kvpool.spec.groups import LayerGroup
+
+
+def add_kv_events_args(group: Any) -> None:
+    """Add the three options to an argparse group."""
+    group.add_argument("--kv-events", default=None, metavar="ENDPOINT",
+                       help="publish KV events as vLLM does (ZMQ PUB, e.g. tcp://*:5557 binds, "
+                            "tcp://HOST:PORT connects; needs kvpool[events])")
+    group.add_argument("--kv-events-replay", default=None, metavar="ENDPOINT",
+                       help="ROUTER endpoint answering replay requests (e.g. tcp://*:5558)")
+    group.add_argument("--kv-events-topic", default="", metavar="TOPIC",
+                       help="topic frame of every message (default empty, as vLLM's)")
+
+
+def open_publisher(args: argparse.Namespace, groups: Sequence[LayerGroup]) -> KVEventPublisher | None:
+    """The publisher `--kv-events` asks for (closed at exit), or None."""
+    if args.kv_events is None:
+        if args.kv_events_replay is not None:
+            raise KvpoolError("--kv-events-replay needs --kv-events")
+        return None
+    try:
+        from kvpool.cache.publisher import KVEventPublisher
+    except ImportError as exc:
+        raise KvpoolError(f"--kv-events needs pyzmq and msgspec: pip install 'kvpool[events]' "
+                          f"({exc})") from exc
+    pub = KVEventPublisher(args.kv_events, groups, replay_endpoint=args.kv_events_replay,
+                           topic=args.kv_events_topic)
+    atexit.register(pub.close)
+    return pub
+
+
+def step_publisher(pub: KVEventPublisher | None) -> Callable[[KVCacheManager], None] | None:
+    """A per-step callback that publishes a new manager's events: it first sends
+    `AllBlocksCleared` (subscribers forget the previous run), then one batch per call."""
+    if pub is None:
+        return None
+    pub.publish_cleared()
+
+    def publish(manager: KVCacheManager) -> None:
+        pub.publish(manager.take_events())
+
+    return publish

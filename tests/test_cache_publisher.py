@@ -1,0 +1,269 @@
+"""KV events in vLLM's wire format: a real ZMQ SUB on loopback decodes every
+batch with vLLM's own struct definitions and rebuilds exactly the cached pages
+the manager holds; the replay socket returns the same batches."""
+
+# No `from __future__ import annotations`: msgspec must resolve the locally
+# defined struct types in `vllm_types` when the classes are created.
+import random
+import threading
+import time
+from typing import Any
+
+import pytest
+
+zmq = pytest.importorskip("zmq")
+msgspec = pytest.importorskip("msgspec")
+
+from kvpool.cache import KVCacheManager  # noqa: E402
+from kvpool.cache.publisher import END_SEQ, EventPublisherError, KVEventPublisher  # noqa: E402
+from test_cache_factories import full_spec, hybrid_spec, manager  # noqa: E402
+
+TPB = 16
+
+
+def vllm_types(array_like: bool) -> tuple[Any, Any, Any, Any]:
+    """vLLM's structs (vllm/distributed/kv_events.py at commit 0181ea3173e5:
+    map encoding; with `array_like=True` the encoding before vLLM PR #42892)."""
+
+    class EventBatch(msgspec.Struct, array_like=array_like, omit_defaults=True, gc=False):
+        ts: float
+        events: list[Any]
+        data_parallel_rank: int | None = None
+
+    class KVCacheEvent(msgspec.Struct, array_like=array_like, omit_defaults=True, gc=False,
+                       tag=True):
+        pass
+
+    class BlockStored(KVCacheEvent):
+        block_hashes: list[int]
+        parent_block_hash: int | None
+        token_ids: list[int]
+        block_size: int
+        lora_id: int | None
+        medium: str | None
+        lora_name: str | None
+        extra_keys: list[tuple[Any, ...] | None] | None = None
+        group_idx: int | None = None
+        kv_cache_spec_kind: str | None = None
+        kv_cache_spec_sliding_window: int | None = None
+
+    class BlockRemoved(KVCacheEvent):
+        block_hashes: list[int]
+        medium: str | None
+        group_idx: int | None = None
+
+    class AllBlocksCleared(KVCacheEvent):
+        pass
+
+    class KVEventBatch(EventBatch):
+        events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+    return KVEventBatch, BlockStored, BlockRemoved, AllBlocksCleared
+
+
+def run_workload(m: KVCacheManager, pub: KVEventPublisher, seed: int, steps: int = 60) -> None:
+    """Requests sharing a few prefixes come, decode a little, commit and leave;
+    the pools are small, so cached pages get evicted. One batch per step."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(50_000) for _ in range(rng.randrange(20, 90))] for _ in range(4)]
+    live: dict[int, int] = {}  # rid -> history
+    next_rid = 0
+    for _ in range(steps):
+        if len(live) < 4 and rng.random() < 0.7:
+            tokens = rng.choice(prefixes) + [rng.randrange(50_000) for _ in range(rng.randrange(1, 40))]
+            m.create(next_rid, tokens)
+            if m.resize(next_rid, len(tokens) + 1, len(tokens)):
+                m.commit(next_rid, len(tokens))
+                live[next_rid] = len(tokens)
+            else:
+                m.free(next_rid)
+            next_rid += 1
+        for rid in list(live):
+            h = live[rid]
+            if rng.random() < 0.25:
+                m.free(rid)
+                del live[rid]
+            elif m.resize(rid, h + 2, h + 1):
+                m.commit(rid, h + 1, [rng.randrange(50_000)])
+                live[rid] = h + 1
+        pub.publish(m.take_events())
+    for rid in list(live)[: len(live) // 2]:
+        m.free(rid)
+    pub.publish(m.take_events())
+
+
+def receive(sub: Any, last_seq: int) -> list[tuple[bytes, int, bytes]]:
+    got: list[tuple[bytes, int, bytes]] = []
+    while not got or got[-1][1] < last_seq:
+        assert sub.poll(5000), "no KV-event batch within 5 s"
+        topic, seq, payload = sub.recv_multipart()
+        got.append((topic, int.from_bytes(seq, "big"), payload))
+    return got
+
+
+def rebuild(payloads: list[bytes], decoder: Any, types: tuple[Any, ...]) -> dict[int, set[int]]:
+    _, stored, removed, cleared = types
+    held: dict[int, set[int]] = {}
+    for payload in payloads:
+        for ev in decoder.decode(payload).events:
+            if isinstance(ev, cleared):
+                held.clear()
+            elif isinstance(ev, stored):
+                held.setdefault(ev.group_idx, set()).update(ev.block_hashes)
+            else:
+                assert isinstance(ev, removed)
+                group = held.setdefault(ev.group_idx, set())
+                assert set(ev.block_hashes) <= group, "removal of a page never stored"
+                group.difference_update(ev.block_hashes)
+    return {g: s for g, s in held.items() if s}
+
+
+@pytest.mark.parametrize("wire", ["map", "array"])
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_subscriber_rebuilds_the_cached_pages(wire: str, hybrid: bool) -> None:
+    if hybrid:
+        m = manager(hybrid_spec(tpb=TPB, window=40), {"full": 24, "sliding": 12, "linear_state": 10})
+    else:
+        m = manager(full_spec(tpb=TPB), {"full": 24})
+    types = vllm_types(array_like=wire == "array")
+    decoder = msgspec.msgpack.Decoder(types[0])
+    ctx = zmq.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
+    port = sub.bind_to_random_port("tcp://127.0.0.1")
+    dealer = ctx.socket(zmq.DEALER)
+    try:
+        # no `*` in the address: the publisher connects, as vLLM's does
+        with KVEventPublisher(f"tcp://127.0.0.1:{port}", m.groups, topic="kv@test",
+                              replay_endpoint="tcp://127.0.0.1:*", wire=wire) as pub:  # type: ignore[arg-type]
+            assert pub.replay_endpoint is not None and pub.replay_endpoint.startswith("tcp://127.0.0.1:")
+            while True:  # the slow-joiner gap: clear until the subscriber hears one
+                pub.publish_cleared()
+                if sub.poll(50):
+                    break
+            run_workload(m, pub, seed=7 if hybrid else 3)
+            got = receive(sub, pub.next_seq - 1)
+            assert all(topic == b"kv@test" for topic, _, _ in got)
+            assert [s for _, s, _ in got] == list(range(got[0][1], pub.next_seq))
+            expected = {i: set(pool.cached) for i, pool in enumerate(m.pools) if pool.cached}
+            assert sum(map(len, expected.values())) > 0
+            assert rebuild([p for _, _, p in got], decoder, types) == expected
+
+            # replay from 0 returns every batch (those the SUB missed too), then the end marker
+            dealer.connect(pub.replay_endpoint)
+            dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+            assert pub.serve_replay(timeout_ms=5000) == 1
+            replayed: list[tuple[int, bytes]] = []
+            while True:
+                assert dealer.poll(5000)
+                empty, seq, payload = dealer.recv_multipart()
+                assert empty == b""
+                if seq == END_SEQ:
+                    assert payload == b""
+                    break
+                replayed.append((int.from_bytes(seq, "big"), payload))
+            assert [s for s, _ in replayed] == list(range(pub.next_seq))
+            assert replayed[got[0][1]:] == [(s, p) for _, s, p in got]
+            assert rebuild([p for _, p in replayed], decoder, types) == expected
+    finally:
+        sub.close(linger=0)
+        dealer.close(linger=0)
+
+
+def test_wire_fields_follow_vllm() -> None:
+    """Field values and raw encoding: one chained store, then its removal."""
+    m = manager(hybrid_spec(tpb=TPB, window=40), {"full": 8, "sliding": 8, "linear_state": 4})
+    prompt = list(range(100, 148))  # 3 whole pages; the state group snapshots all 48
+    m.create(1, prompt)
+    assert m.resize(1, 49, 48)
+    m.commit(1, 48)
+    events = m.take_events()
+    for wire in ("map", "array"):
+        types = vllm_types(array_like=wire == "array")
+        ctx = zmq.Context.instance()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        port = sub.bind_to_random_port("tcp://127.0.0.1")
+        try:
+            with KVEventPublisher(f"tcp://127.0.0.1:{port}", m.groups, wire=wire,  # type: ignore[arg-type]
+                                  data_parallel_rank=2) as pub:
+                while True:
+                    pub.publish_cleared()
+                    if sub.poll(50):
+                        break
+                seq = pub.publish(events)
+                (_, raw_seq, payload), = receive(sub, seq)[-1:]
+        finally:
+            sub.close(linger=0)
+        raw = msgspec.msgpack.decode(payload)
+        if wire == "map":
+            assert set(raw) == {"ts", "events", "data_parallel_rank"}
+            assert raw["events"][0]["type"] == "BlockStored"
+        else:
+            assert len(raw) == 3 and raw[2] == 2 and raw[1][0][0] == "BlockStored"
+        batch = msgspec.msgpack.Decoder(types[0]).decode(payload)
+        assert batch.data_parallel_rank == 2 and abs(batch.ts - time.time()) < 60
+        by_group = {e.group_idx: e for e in batch.events}
+        full = by_group[0]
+        assert full.block_hashes == [e.block_hash for e in events if e.group == "full"]
+        assert len(full.block_hashes) == 3 and full.parent_block_hash is None
+        assert (full.token_ids, full.block_size, full.medium, full.lora_id) == ([], TPB, "GPU", None)
+        assert (full.kv_cache_spec_kind, full.kv_cache_spec_sliding_window) == ("full_attention", None)
+        assert by_group[1].kv_cache_spec_kind == "sliding_window"
+        assert by_group[1].kv_cache_spec_sliding_window == 40
+        assert (by_group[2].kv_cache_spec_kind, by_group[2].block_size) == ("mamba", 48)
+
+
+def test_bad_setup_is_a_typed_error() -> None:
+    groups = full_spec().groups
+    with pytest.raises(EventPublisherError, match="wire format"):
+        KVEventPublisher("tcp://*:0", groups, wire="json")  # type: ignore[arg-type]
+    with pytest.raises(EventPublisherError, match="cannot"):
+        KVEventPublisher("nonsense://where", groups)
+
+
+def test_simulate_publishes_kv_events(cli) -> None:  # type: ignore[no-untyped-def]
+    """`kvpool simulate --kv-events`: every batch decodes with vLLM's structs,
+    sequence numbers rise by one, the stores carry the model's one group."""
+    # A bound SUB attaches a peer (and sends it its subscription) only when its
+    # own thread touches it, so a thread keeps reading while the command runs.
+    ready, stop = threading.Event(), threading.Event()
+    frames: list[list[bytes]] = []
+    port: list[int] = []
+
+    def listen() -> None:
+        sub = zmq.Context.instance().socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        port.append(sub.bind_to_random_port("tcp://127.0.0.1"))
+        ready.set()
+        while not stop.is_set() or sub.poll(200):
+            if sub.poll(20):
+                frames.append(sub.recv_multipart())
+        sub.close(linger=0)
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    assert ready.wait(5)
+    try:
+        code, _, err = cli("simulate", "qwen3-0.6b", "--gpu", "h100", "--kv-memory", "1GiB",
+                           "--max-seq-len", "16384", "--max-batch-size", "8", "--max-num-tokens",
+                           "2048", "--quiet", "--trace", "mooncake-conv", "--max-requests", "10",
+                           "--rate", "inf", "--kv-events", f"tcp://127.0.0.1:{port[0]}")
+        assert code == 0, err
+    finally:
+        stop.set()
+        thread.join(10)
+    types = vllm_types(array_like=False)
+    decoder = msgspec.msgpack.Decoder(types[0])
+    seqs = [int.from_bytes(seq, "big") for _, seq, _ in frames]
+    assert len(seqs) > 5 and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    events = [e for _, _, payload in frames for e in decoder.decode(payload).events]
+    stored = [e for e in events if isinstance(e, types[1])]
+    assert stored and {(e.group_idx, e.kv_cache_spec_kind) for e in stored} == {(0, "full_attention")}
+
+
+def test_kv_events_replay_needs_an_endpoint(cli) -> None:  # type: ignore[no-untyped-def]
+    code, _, err = cli("simulate", "qwen3-0.6b", "--gpu", "h100", "--kv-memory", "1GiB", "--quiet",
+                       "--trace", "azure-conv", "--max-requests", "2",
+                       "--kv-events-replay", "tcp://*:0")
+    assert code == 2 and "--kv-events-replay needs --kv-events" in err
