@@ -38,7 +38,8 @@ demo: setup
 	$(BIN)/kvpool generate --model smollm2-135m --chat --prompt "What is the capital of France?" --prompt "Name three primary colors." --max-new-tokens 32 --speculate 3
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks docs/sim
+	$(BIN)/ruff format --check src tests benchmarks docs/sim
 
 typecheck: setup
 	$(BIN)/mypy

@@ -31,21 +31,38 @@ from kvpool.engine.runner import Engine
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.spec import load_model_spec, pages_per_group
 
-QUESTIONS = ("What is the capital of France?", "Name three primary colors.",
-             "Write one sentence about the sea.", "What is 2 + 2?", "Give me a synonym for happy.",
-             "Why is the sky blue?", "Translate 'thank you' to French.", "What is the largest planet?")
+QUESTIONS = (
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write one sentence about the sea.",
+    "What is 2 + 2?",
+    "Give me a synonym for happy.",
+    "Why is the sky blue?",
+    "Translate 'thank you' to French.",
+    "What is the largest planet?",
+)
 TPB = 16
 
 
-def engine_for(model: torch.nn.Module, config: dict[str, object], batch: int, longest: int,
-               speculate: int = 0, graphs: bool = False) -> Engine:
+def engine_for(
+    model: torch.nn.Module,
+    config: dict[str, object],
+    batch: int,
+    longest: int,
+    speculate: int = 0,
+    graphs: bool = False,
+) -> Engine:
     spec = load_model_spec(config, kv_dtype="fp32", tokens_per_block=TPB)
-    limits = ServingLimits(max_batch_size=batch, max_seq_len=longest + 8, max_num_tokens=512,
-                           max_draft_len=speculate)
+    limits = ServingLimits(max_batch_size=batch, max_seq_len=longest + 8, max_num_tokens=512, max_draft_len=speculate)
     pages = pages_per_group(spec, [(longest + speculate, 0)] * (batch + 2))
     # Reuse off: every run recomputes its prompts, so runs are comparable.
-    return Engine(model, PoolPlan.from_pages(spec, pages, limits), speculate=speculate,  # type: ignore[arg-type]
-                  cuda_graphs=graphs, enable_reuse=False)
+    return Engine(
+        model,  # type: ignore[arg-type]
+        PoolPlan.from_pages(spec, pages, limits),
+        speculate=speculate,  # type: ignore[arg-type]
+        cuda_graphs=graphs,
+        enable_reuse=False,
+    )
 
 
 def timed(fn: Callable[[], int], repeats: int) -> float:
@@ -67,31 +84,36 @@ def bench_smollm2(repeats: int, new: int) -> None:
 
     folder = converted_folder(packaged_gguf("smollm2-135m"))
     tok = AutoTokenizer.from_pretrained(str(folder))
-    chats: list[Any] = [tok.apply_chat_template([{"role": "user", "content": q}],
-                                                add_generation_prompt=True, tokenize=True)
-                        for q in QUESTIONS]
+    chats: list[Any] = [
+        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        for q in QUESTIONS
+    ]
     prompts = [list(c["input_ids"]) for c in chats]
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     ours, config = load_folder(folder, dtype=torch.float32)
     batch, longest = len(prompts), max(map(len, prompts)) + new
-    print(f"workload: SmolLM2-135M-Instruct float32, {batch} chat prompts of "
-          f"{min(map(len, prompts))}..{max(map(len, prompts))} tokens, {new} new tokens each "
-          f"(EOS ignored), median of {repeats}")
+    print(
+        f"workload: SmolLM2-135M-Instruct float32, {batch} chat prompts of "
+        f"{min(map(len, prompts))}..{max(map(len, prompts))} tokens, {new} new tokens each "
+        f"(EOS ignored), median of {repeats}"
+    )
     tok.padding_side = "left"
     padded = tok.pad({"input_ids": prompts}, return_tensors="pt")
 
     def hf_batched() -> int:
         with torch.inference_mode():
-            out = hf.generate(**padded, do_sample=False, max_new_tokens=new, min_new_tokens=new,
-                              pad_token_id=tok.pad_token_id)
+            out = hf.generate(
+                **padded, do_sample=False, max_new_tokens=new, min_new_tokens=new, pad_token_id=tok.pad_token_id
+            )
         return int((out.shape[1] - padded["input_ids"].shape[1]) * batch)
 
     rows = [("transformers generate (batched)", timed(hf_batched, repeats))]
     if hasattr(hf, "generate_batch"):
         from transformers import GenerationConfig
 
-        gen = GenerationConfig(max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                               eos_token_id=-1, pad_token_id=tok.pad_token_id)
+        gen = GenerationConfig(
+            max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=tok.pad_token_id
+        )
 
         def hf_continuous() -> int:
             with torch.inference_mode():
@@ -103,6 +125,7 @@ def bench_smollm2(repeats: int, new: int) -> None:
         except Exception as e:  # an API this CPU build cannot run: say so, keep going
             print(f"transformers generate_batch: not run ({type(e).__name__}: {str(e)[:80]})")
     for name, spec in (("kvpool engine", 0), ("kvpool engine + 3 n-gram drafts", 3)):
+
         def ours_run(spec: int = spec) -> int:
             engine = engine_for(ours, config, batch, longest, spec)
             return sum(len(o.output_ids) for o in engine.generate(prompts, new))
@@ -118,10 +141,15 @@ def bench_tiny(repeats: int, device: str) -> None:
     from kvpool.engine.weights import tiny_model
 
     batch, prompt_len, new = 8, 48, 64
-    print(f"workload: {batch} requests x {prompt_len}-token prompts, {new} new tokens, {TPB}-token pages, "
-          f"float32; median of {repeats}")
-    modes = [("eager", False, 0), ("eager+spec3", False, 3),
-             ("cuda-graph" if device == "cuda" else "static-cpu", True, 0)]
+    print(
+        f"workload: {batch} requests x {prompt_len}-token prompts, {new} new tokens, {TPB}-token pages, "
+        f"float32; median of {repeats}"
+    )
+    modes = [
+        ("eager", False, 0),
+        ("eager+spec3", False, 3),
+        ("cuda-graph" if device == "cuda" else "static-cpu", True, 0),
+    ]
     print(f"{'arch':8} {'mode':12} {'tokens/s':>10}")
     for arch in ("llama", "qwen3", "mistral", "gemma3"):
         model, _, config = tiny_model(arch)
@@ -151,9 +179,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {args.device}, "
-          f"load average {load:.1f}" + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else ""))
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {args.device}, "
+        f"load average {load:.1f}" + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else "")
+    )
     if args.tiny:
         bench_tiny(args.repeats, args.device)
     else:

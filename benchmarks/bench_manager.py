@@ -32,8 +32,14 @@ BATCH, PROMPT, STEPS, TPB = 256, 1000, 200, 16
 
 
 def spec(sliding: bool):  # type: ignore[no-untyped-def]
-    config = {"num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8,
-              "hidden_size": 1024, "max_position_embeddings": 1 << 20, "torch_dtype": "bfloat16"}
+    config = {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "hidden_size": 1024,
+        "max_position_embeddings": 1 << 20,
+        "torch_dtype": "bfloat16",
+    }
     if sliding:
         config |= {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 512}
     return load_model_spec(config, tokens_per_block=TPB)
@@ -68,32 +74,44 @@ def run(name: str, sliding: bool, shared: int, reuse: bool, single: bool = False
         step_us.append((time.perf_counter() - t0) * 1e6)
         assert ok
     m.check_integrity()
-    return {"admit_median": float(np.median(admit_us)), "admit_p99": float(np.percentile(admit_us, 99)),
-            "step_median": float(np.median(step_us)), "step_p99": float(np.percentile(step_us, 99)),
-            "step_mean": float(np.mean(step_us)),
-            "hit_tokens": hits}
+    return {
+        "admit_median": float(np.median(admit_us)),
+        "admit_p99": float(np.percentile(admit_us, 99)),
+        "step_median": float(np.median(step_us)),
+        "step_p99": float(np.percentile(step_us, 99)),
+        "step_mean": float(np.mean(step_us)),
+        "hit_tokens": hits,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per workload; the best median is kept")
     args = parser.parse_args()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"Python {platform.python_version()}, NumPy {np.__version__}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, NumPy {np.__version__}"
+    )
     print(f"{BATCH} requests x {PROMPT}-token prompts, {STEPS} decode steps, {TPB}-token pages")
-    print(f"{'workload':<34} {'admit med':>10} {'admit p99':>10} {'step med':>9} {'step p99':>9} "
-          f"{'step mean':>9}  (us)")
-    workloads = [("W1 full attention", False, 0, False, False),
-                 ("W2 + 4096 shared prompt, reuse", False, 4096, True, False),
-                 ("W3 full + sliding(512)", True, 0, False, False),
-                 ("W1 via 256 resize() calls", False, 0, False, True),
-                 ("W3 via 256 resize() calls", True, 0, False, True)]
+    print(
+        f"{'workload':<34} {'admit med':>10} {'admit p99':>10} {'step med':>9} {'step p99':>9} {'step mean':>9}  (us)"
+    )
+    workloads = [
+        ("W1 full attention", False, 0, False, False),
+        ("W2 + 4096 shared prompt, reuse", False, 4096, True, False),
+        ("W3 full + sliding(512)", True, 0, False, False),
+        ("W1 via 256 resize() calls", False, 0, False, True),
+        ("W3 via 256 resize() calls", True, 0, False, True),
+    ]
     for name, sliding, shared, reuse, single in workloads:
-        best = min((run(name, sliding, shared, reuse, single) for _ in range(args.repeat)),
-                   key=lambda r: r["step_median"])
+        best = min(
+            (run(name, sliding, shared, reuse, single) for _ in range(args.repeat)), key=lambda r: r["step_median"]
+        )
         extra = f"  hit tokens {int(best['hit_tokens'])}" if reuse else ""
-        print(f"{name:<34} {best['admit_median']:>10.1f} {best['admit_p99']:>10.1f} "
-              f"{best['step_median']:>9.1f} {best['step_p99']:>9.1f} {best['step_mean']:>9.1f}{extra}")
+        print(
+            f"{name:<34} {best['admit_median']:>10.1f} {best['admit_p99']:>10.1f} "
+            f"{best['step_median']:>9.1f} {best['step_p99']:>9.1f} {best['step_mean']:>9.1f}{extra}"
+        )
 
 
 if __name__ == "__main__":

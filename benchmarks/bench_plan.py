@@ -46,18 +46,23 @@ def main() -> None:
     pairs = np.stack([trace.prompt_len, trace.output_len], axis=1)
     cases: list[tuple[str, Callable[[], object]]] = [
         ("gemma-4 reference ratio, 60 GiB", lambda: plan_pools(gemma, g_lim, kv_memory_bytes=60 * GiB)),
-        ("deepseek-v4 typical step + floors, L=1M, 120 GiB",
-         lambda: plan_pools(v4, v4_lim, kv_memory_bytes=120 * GiB)),
-        ("deepseek-v4 infeasible report (B and L searches), 8 GiB",
-         lambda: infeasible(v4, v4_lim, 8 * GiB)),
-        ("deepseek-v4 --fit, B=8, 4 GiB",
-         lambda: plan_pools(v4, ServingLimits(max_batch_size=8, max_seq_len=1_048_576),
-                            kv_memory_bytes=4 * GiB, fit=True)),
-        (f"gemma-4 Workload ratio, mooncake-conv ({len(trace)} requests)",
-         lambda: plan_pools(gemma, g_lim, kv_memory_bytes=60 * GiB, policy=Workload(pairs))),
+        ("deepseek-v4 typical step + floors, L=1M, 120 GiB", lambda: plan_pools(v4, v4_lim, kv_memory_bytes=120 * GiB)),
+        ("deepseek-v4 infeasible report (B and L searches), 8 GiB", lambda: infeasible(v4, v4_lim, 8 * GiB)),
+        (
+            "deepseek-v4 --fit, B=8, 4 GiB",
+            lambda: plan_pools(
+                v4, ServingLimits(max_batch_size=8, max_seq_len=1_048_576), kv_memory_bytes=4 * GiB, fit=True
+            ),
+        ),
+        (
+            f"gemma-4 Workload ratio, mooncake-conv ({len(trace)} requests)",
+            lambda: plan_pools(gemma, g_lim, kv_memory_bytes=60 * GiB, policy=Workload(pairs)),
+        ),
     ]
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"Python {platform.python_version()}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}"
+    )
     for name, fn in cases:
         print(f"{median_ms(fn):9.2f} ms  {name}")
 

@@ -26,8 +26,9 @@ from kvpool.spec import load_model_spec
 GiB = 2**30
 
 
-def replay(model: str, gpu: str, kv_dtype: str, kv_gib: int, max_seq_len: int,
-           rate: float | None, max_requests: int | None) -> SimResult:
+def replay(
+    model: str, gpu: str, kv_dtype: str, kv_gib: int, max_seq_len: int, rate: float | None, max_requests: int | None
+) -> SimResult:
     spec = load_model_spec(model, kv_dtype=kv_dtype, max_seq_len=max_seq_len)
     limits = ServingLimits(max_batch_size=256, max_seq_len=max_seq_len, max_num_tokens=8192)
     plan = plan_pools(spec, limits, kv_memory_bytes=kv_gib * GiB)
@@ -47,8 +48,10 @@ def main() -> None:
         ("llama-3.1-8b-instruct", "h100", "auto", 40, 8192, math.inf, "rate inf"),
         ("gemma-4-26b-a4b", "b200", "fp8", 60, 32768, math.inf, "rate inf"),
     ]
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
-          f"Python {platform.python_version()}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+        f"Python {platform.python_version()}"
+    )
     print(f"{'case':<44} {'requests':>8} {'steps':>8} {'median s':>9} {'steps/s':>9} {'sim tok/s':>10}")
     for model, gpu, dtype, gib, seq, rate, label in cases:
         walls = []
@@ -60,8 +63,10 @@ def main() -> None:
         assert result is not None
         wall = statistics.median(walls)
         name = f"{model} {gpu} {label}"
-        print(f"{name:<44} {result.num_requests:>8} {result.steps:>8} {wall:>9.2f} "
-              f"{result.steps / wall:>9,.0f} {result.output_tokens_per_s:>10,.0f}")
+        print(
+            f"{name:<44} {result.num_requests:>8} {result.steps:>8} {wall:>9.2f} "
+            f"{result.steps / wall:>9,.0f} {result.output_tokens_per_s:>10,.0f}"
+        )
 
 
 if __name__ == "__main__":

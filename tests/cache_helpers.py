@@ -12,41 +12,59 @@ from kvpool.spec import ModelSpec, load_model_spec
 
 def full_spec(tpb: int = 16) -> ModelSpec:
     """Two full-attention layers (one pool group `full`)."""
-    return load_model_spec({"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                            "hidden_size": 128, "max_position_embeddings": 1 << 20,
-                            "torch_dtype": "bfloat16"}, tokens_per_block=tpb)
+    return load_model_spec(
+        {
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "hidden_size": 128,
+            "max_position_embeddings": 1 << 20,
+            "torch_dtype": "bfloat16",
+        },
+        tokens_per_block=tpb,
+    )
 
 
 def hybrid_spec(tpb: int = 16, window: int = 40) -> ModelSpec:
     """Qwen3-Next-like: groups `full`, `sliding` (window W) and `linear_state`."""
-    return load_model_spec({
-        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "hidden_size": 128, "max_position_embeddings": 1 << 20, "torch_dtype": "bfloat16",
-        "layer_types": ["full_attention", "sliding_attention", "linear_attention"],
-        "sliding_window": window, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
-        "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
-    }, tokens_per_block=tpb)
+    return load_model_spec(
+        {
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "hidden_size": 128,
+            "max_position_embeddings": 1 << 20,
+            "torch_dtype": "bfloat16",
+            "layer_types": ["full_attention", "sliding_attention", "linear_attention"],
+            "sliding_window": window,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 2,
+            "linear_key_head_dim": 8,
+            "linear_value_head_dim": 8,
+            "linear_conv_kernel_dim": 4,
+        },
+        tokens_per_block=tpb,
+    )
 
 
-def manager(spec: ModelSpec, pages: dict[str, int], *, reuse: bool = True,
-            snapshots: bool = True, **limits: Any) -> KVCacheManager:
+def manager(
+    spec: ModelSpec, pages: dict[str, int], *, reuse: bool = True, snapshots: bool = True, **limits: Any
+) -> KVCacheManager:
     """A manager over hand-sized pools (every group of `spec` must be named);
     state snapshots on unless `snapshots=False`."""
     limits.setdefault("max_batch_size", 8)
     limits.setdefault("max_seq_len", 4096)
-    return KVCacheManager(PoolPlan.from_pages(spec, pages, ServingLimits(**limits)),
-                          enable_reuse=reuse, state_snapshots=snapshots)
+    return KVCacheManager(
+        PoolPlan.from_pages(spec, pages, ServingLimits(**limits)), enable_reuse=reuse, state_snapshots=snapshots
+    )
 
 
 def snapshot(m: KVCacheManager) -> dict[str, Any]:
     """Everything observable about a manager, to compare before/after a refused call."""
-    tables = {(rid, g.name): m.block_table(rid, g.name).tolist()
-              for rid, _ in m.iter_requests() for g in m.groups}
+    tables = {(rid, g.name): m.block_table(rid, g.name).tolist() for rid, _ in m.iter_requests() for g in m.groups}
     shapes = {rid: (m.capacity(rid), m.history(rid)) for rid, _ in m.iter_requests()}
-    pools = {p.name: (list(p.ref), list(p.page_hash), list(p.free_stack), p.lru_order())
-             for p in m.pools}
-    return {"tables": tables, "shapes": shapes, "pools": pools, "stats": m.stats(),
-            "events": list(m.events)}
+    pools = {p.name: (list(p.ref), list(p.page_hash), list(p.free_stack), p.lru_order()) for p in m.pools}
+    return {"tables": tables, "shapes": shapes, "pools": pools, "stats": m.stats(), "events": list(m.events)}
 
 
 def assert_unchanged(before: dict[str, Any], after: dict[str, Any]) -> None:

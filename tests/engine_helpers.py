@@ -32,8 +32,7 @@ def tiny_spec(config: dict[str, Any], tokens_per_block: int = 4) -> ModelSpec:
 
 def manual_plan(spec: ModelSpec, pages: int, **limits: Any) -> PoolPlan:
     """A plan with `pages` slots in every group."""
-    return PoolPlan.from_pages(spec, {g.name: pages for g in spec.groups},
-                               ServingLimits(**limits))
+    return PoolPlan.from_pages(spec, {g.name: pages for g in spec.groups}, ServingLimits(**limits))
 
 
 def assert_close_logits(got: torch.Tensor, want: torch.Tensor, what: str, atol: float = LOGIT_ATOL) -> None:
@@ -41,14 +40,15 @@ def assert_close_logits(got: torch.Tensor, want: torch.Tensor, what: str, atol: 
     worst = float(diff.max()) if diff.numel() else 0.0
     if worst > atol:
         at = np.unravel_index(int(diff.argmax()), tuple(diff.shape))
-        raise AssertionError(f"{what}: logits differ by {worst:.3g} > {atol} at {at}: "
-                             f"got {float(got[at]):.6f}, want {float(want[at]):.6f}")
+        raise AssertionError(
+            f"{what}: logits differ by {worst:.3g} > {atol} at {at}: "
+            f"got {float(got[at]):.6f}, want {float(want[at]):.6f}"
+        )
 
 
 def assert_same_tokens(got: list[int], want: list[int], what: str) -> None:
     if got != want:
-        first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
-                     min(len(got), len(want)))
+        first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
         raise AssertionError(f"{what}: tokens differ from index {first}:\n  got  {got}\n  want {want}")
 
 

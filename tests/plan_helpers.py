@@ -8,11 +8,27 @@ from kvpool.plan import PoolPlan
 from kvpool.spec import LayerGroup, ModelSpec, Shape, pages_per_group
 
 
-def group(name: str, kind: str = "full", *, row_bytes: int = 1024, tpb: int = 32,
-          window: int | None = None, ratio: int | None = None, state_bytes: int = 0) -> LayerGroup:
+def group(
+    name: str,
+    kind: str = "full",
+    *,
+    row_bytes: int = 1024,
+    tpb: int = 32,
+    window: int | None = None,
+    ratio: int | None = None,
+    state_bytes: int = 0,
+) -> LayerGroup:
     """One pool group with the given life cycle and bytes per row."""
-    return LayerGroup(name, kind, (0,), tpb, row_bytes=0 if kind == "state" else row_bytes,  # type: ignore[arg-type]
-                      state_bytes=state_bytes, window=window, ratio=ratio)
+    return LayerGroup(
+        name,
+        kind,
+        (0,),
+        tpb,
+        row_bytes=0 if kind == "state" else row_bytes,  # type: ignore[arg-type]
+        state_bytes=state_bytes,
+        window=window,
+        ratio=ratio,
+    )
 
 
 def model(*groups: LayerGroup, family: str = "attention", name: str = "toy") -> ModelSpec:
@@ -21,12 +37,15 @@ def model(*groups: LayerGroup, family: str = "attention", name: str = "toy") -> 
     return ModelSpec(name, family, tuple(groups), tpb, "bf16", 1, len(groups), 131072)
 
 
-def hybrid(*, full_row: int = 1024, sliding_row: int = 1024, window: int = 1024, tpb: int = 32,
-           family: str = "attention") -> ModelSpec:
+def hybrid(
+    *, full_row: int = 1024, sliding_row: int = 1024, window: int = 1024, tpb: int = 32, family: str = "attention"
+) -> ModelSpec:
     """A full + sliding model (the Gemma shape)."""
-    return model(group("full", row_bytes=full_row, tpb=tpb),
-                 group("sliding", "sliding", row_bytes=sliding_row, tpb=tpb, window=window),
-                 family=family)
+    return model(
+        group("full", row_bytes=full_row, tpb=tpb),
+        group("sliding", "sliding", row_bytes=sliding_row, tpb=tpb, window=window),
+        family=family,
+    )
 
 
 def assert_within_budget(plan: PoolPlan) -> None:
@@ -34,7 +53,8 @@ def assert_within_budget(plan: PoolPlan) -> None:
     assert total == plan.total_bytes
     assert total <= plan.budget_bytes, (
         f"plan allocates {total} bytes > budget {plan.budget_bytes}: "
-        f"{[(g.name, g.pages, g.page_bytes) for g in plan.groups]}")
+        f"{[(g.name, g.pages, g.page_bytes) for g in plan.groups]}"
+    )
 
 
 def assert_holds(plan: PoolPlan, batch: tuple[Shape, ...] | list[Shape], what: str = "batch") -> None:

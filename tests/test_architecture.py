@@ -68,7 +68,7 @@ def test_the_package_has_no_import_circles() -> None:
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycle.extend(stack[stack.index(nxt):] + [node, nxt] if nxt in stack else [node, nxt])
+                cycle.extend(stack[stack.index(nxt) :] + [node, nxt] if nxt in stack else [node, nxt])
                 return True
             if nxt not in state and visit(nxt, [*stack, node]):
                 return True
@@ -82,12 +82,15 @@ def test_the_package_has_no_import_circles() -> None:
 
 
 def test_no_source_file_over_300_lines() -> None:
-    long = {str(p.relative_to(ROOT)): n for p in SRC.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > 300}
+    long = {str(p.relative_to(ROOT)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > 300}
     assert not long, long
 
 
 def test_tests_import_factories_from_helper_modules_not_from_other_tests() -> None:
-    bad = [f"{p.name}:{line} imports {module}" for p in (ROOT / "tests").glob("*.py")
-           for module, _, line in runtime_imports(p) if module.startswith("test_")]
+    bad = [
+        f"{p.name}:{line} imports {module}"
+        for p in (ROOT / "tests").glob("*.py")
+        for module, _, line in runtime_imports(p)
+        if module.startswith("test_")
+    ]
     assert not bad, bad

@@ -6,9 +6,20 @@ import json
 
 # Llama-3.1-8B in bf16: 32 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 bytes
 # = 131,072 bytes per position; 32-token pages = 4 MiB, so 64 MiB = 16 pages.
-ARGS = ["warmup", "llama-3.1-8b-instruct", "--kv-memory", "64MiB", "--max-seq-len", "4096",
-        "--max-batch-size", "32", "--max-num-tokens", "none",
-        "--cuda-graph-batch-sizes", "1,2,4,8,16,32"]
+ARGS = [
+    "warmup",
+    "llama-3.1-8b-instruct",
+    "--kv-memory",
+    "64MiB",
+    "--max-seq-len",
+    "4096",
+    "--max-batch-size",
+    "32",
+    "--max-num-tokens",
+    "none",
+    "--cuda-graph-batch-sizes",
+    "1,2,4,8,16,32",
+]
 
 
 def test_warmup_json_lists_captured_and_skipped_shapes(cli) -> None:  # type: ignore[no-untyped-def]
@@ -17,8 +28,7 @@ def test_warmup_json_lists_captured_and_skipped_shapes(cli) -> None:  # type: ig
     report = json.loads(out)
     # batch b: b - 1 one-page minimal rows; b = 32 needs 32 pages of 16 -> 16 short
     assert report["captured"] == [[b, d] for d in (0, 3) for b in (1, 2, 4, 8, 16)]
-    assert report["skipped"] == [
-        {"batch_size": 32, "draft_len": d, "group": "full", "short_pages": 16} for d in (0, 3)]
+    assert report["skipped"] == [{"batch_size": 32, "draft_len": d, "group": "full", "short_pages": 16} for d in (0, 3)]
     # the long row gets the other 17 - b pages: b=1 16 x 32 = 512 tokens, b=16 one page;
     # with 3 draft tokens its token_num is 3 less
     lengths = {(b, d): t for b, d, t in report["lengths"]}

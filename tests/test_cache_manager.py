@@ -150,8 +150,13 @@ def test_unknown_and_duplicate_ids_raise() -> None:
     m.create(1)
     with pytest.raises(CacheUsageError, match="already exists"):
         m.create(1)
-    for call in (lambda: m.resize(9, 1), lambda: m.free(9), lambda: m.block_table(9, "full"),
-                 lambda: m.extend([1, 9]), lambda: m.commit(9, 0)):
+    for call in (
+        lambda: m.resize(9, 1),
+        lambda: m.free(9),
+        lambda: m.block_table(9, "full"),
+        lambda: m.extend([1, 9]),
+        lambda: m.commit(9, 0),
+    ):
         with pytest.raises(KvpoolError, match="unknown request id 9"):
             call()
     with pytest.raises(CacheUsageError, match="same request twice"):
@@ -234,18 +239,27 @@ def test_stats_count_dummies_and_events_are_taken_once() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(kind=st.sampled_from(["sliding", "chunked"]), tpb=st.integers(1, 64),
-       window=st.integers(1, 300), hist=st.integers(0, 2000))
+@given(
+    kind=st.sampled_from(["sliding", "chunked"]),
+    tpb=st.integers(1, 64),
+    window=st.integers(1, 300),
+    hist=st.integers(0, 2000),
+)
 def test_next_stale_history_is_never_late(kind: str, tpb: int, window: int, hist: int) -> None:
     """The batch path skips a request until its history reaches `stale_next`:
     that must be the first history at which `stale_pages` grows (brute force)."""
-    group = LayerGroup(name="g", kind=kind, layers=(0,), tokens_per_block=tpb,  # type: ignore[arg-type]
-                       row_bytes=8, window=window)
+    group = LayerGroup(
+        name="g",
+        kind=kind,
+        layers=(0,),
+        tokens_per_block=tpb,  # type: ignore[arg-type]
+        row_bytes=8,
+        window=window,
+    )
     spec = ModelSpec("m", "test", (group,), tpb, "bf16", 1, 1)
     m = KVCacheManager(PoolPlan.from_pages(spec, {"g": 1}))
     now = stale_pages(group, hist)
-    first = next(h for h in range(hist + 1, hist + 2 * (window + tpb) + 2)
-                 if stale_pages(group, h) > now)
+    first = next(h for h in range(hist + 1, hist + 2 * (window + tpb) + 2) if stale_pages(group, h) > now)
     assert m.tables.next_stale(0, hist) == first
 
 
@@ -258,10 +272,8 @@ def test_extend_rejects_negative_steps() -> None:
 
 
 def test_chunked_group_drops_whole_chunks() -> None:
-    group = LayerGroup(name="chunked", kind="chunked", layers=(0,), tokens_per_block=16,
-                       row_bytes=8, window=32)
-    m = KVCacheManager(PoolPlan.from_pages(ModelSpec("m", "test", (group,), 16, "bf16", 1, 1),
-                                           {"chunked": 8}))
+    group = LayerGroup(name="chunked", kind="chunked", layers=(0,), tokens_per_block=16, row_bytes=8, window=32)
+    m = KVCacheManager(PoolPlan.from_pages(ModelSpec("m", "test", (group,), 16, "bf16", 1, 1), {"chunked": 8}))
     m.create(1)
     assert m.resize(1, 41, 31)
     assert_table(m, 1, "chunked", [0, 1, 2])  # history 31 is still in chunk 0: nothing stale

@@ -32,8 +32,7 @@ def vllm_types(array_like: bool) -> tuple[Any, Any, Any, Any]:
         events: list[Any]
         data_parallel_rank: int | None = None
 
-    class KVCacheEvent(msgspec.Struct, array_like=array_like, omit_defaults=True, gc=False,
-                       tag=True):
+    class KVCacheEvent(msgspec.Struct, array_like=array_like, omit_defaults=True, gc=False, tag=True):
         pass
 
     class BlockStored(KVCacheEvent):
@@ -136,8 +135,13 @@ def test_subscriber_rebuilds_the_cached_pages(wire: str, hybrid: bool) -> None:
     dealer = ctx.socket(zmq.DEALER)
     try:
         # no `*` in the address: the publisher connects, as vLLM's does
-        with KVEventPublisher(f"tcp://127.0.0.1:{port}", m.groups, topic="kv@test",
-                              replay_endpoint="tcp://127.0.0.1:*", wire=wire) as pub:  # type: ignore[arg-type]
+        with KVEventPublisher(
+            f"tcp://127.0.0.1:{port}",
+            m.groups,
+            topic="kv@test",
+            replay_endpoint="tcp://127.0.0.1:*",
+            wire=wire,  # type: ignore[arg-type]
+        ) as pub:
             assert pub.replay_endpoint is not None and pub.replay_endpoint.startswith("tcp://127.0.0.1:")
             while True:  # the slow-joiner gap: clear until the subscriber hears one
                 pub.publish_cleared()
@@ -165,7 +169,7 @@ def test_subscriber_rebuilds_the_cached_pages(wire: str, hybrid: bool) -> None:
                     break
                 replayed.append((int.from_bytes(seq, "big"), payload))
             assert [s for s, _ in replayed] == list(range(pub.next_seq))
-            assert replayed[got[0][1]:] == [(s, p) for _, s, p in got]
+            assert replayed[got[0][1] :] == [(s, p) for _, s, p in got]
             assert rebuild([p for _, p in replayed], decoder, types) == expected
     finally:
         sub.close(linger=0)
@@ -187,15 +191,19 @@ def test_wire_fields_follow_vllm() -> None:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         port = sub.bind_to_random_port("tcp://127.0.0.1")
         try:
-            with KVEventPublisher(f"tcp://127.0.0.1:{port}", m.groups, wire=wire,  # type: ignore[arg-type]
-                                  data_parallel_rank=2) as pub:
+            with KVEventPublisher(
+                f"tcp://127.0.0.1:{port}",
+                m.groups,
+                wire=wire,  # type: ignore[arg-type]
+                data_parallel_rank=2,
+            ) as pub:
                 while True:
                     pub.publish_cleared()
                     if sub.poll(50):
                         break
                 seq = pub.publish(events)
                 assert seq is not None
-                (_, raw_seq, payload), = receive(sub, seq)[-1:]
+                ((_, raw_seq, payload),) = receive(sub, seq)[-1:]
         finally:
             sub.close(linger=0)
         raw = msgspec.msgpack.decode(payload)
@@ -248,10 +256,29 @@ def test_simulate_publishes_kv_events(cli) -> None:  # type: ignore[no-untyped-d
     thread.start()
     assert ready.wait(5)
     try:
-        code, _, err = cli("simulate", "qwen3-0.6b", "--gpu", "h100", "--kv-memory", "1GiB",
-                           "--max-seq-len", "16384", "--max-batch-size", "8", "--max-num-tokens",
-                           "2048", "--quiet", "--trace", "mooncake-conv", "--max-requests", "10",
-                           "--rate", "inf", "--kv-events", f"tcp://127.0.0.1:{port[0]}")
+        code, _, err = cli(
+            "simulate",
+            "qwen3-0.6b",
+            "--gpu",
+            "h100",
+            "--kv-memory",
+            "1GiB",
+            "--max-seq-len",
+            "16384",
+            "--max-batch-size",
+            "8",
+            "--max-num-tokens",
+            "2048",
+            "--quiet",
+            "--trace",
+            "mooncake-conv",
+            "--max-requests",
+            "10",
+            "--rate",
+            "inf",
+            "--kv-events",
+            f"tcp://127.0.0.1:{port[0]}",
+        )
         assert code == 0, err
     finally:
         stop.set()
@@ -266,7 +293,19 @@ def test_simulate_publishes_kv_events(cli) -> None:  # type: ignore[no-untyped-d
 
 
 def test_kv_events_replay_needs_an_endpoint(cli) -> None:  # type: ignore[no-untyped-def]
-    code, _, err = cli("simulate", "qwen3-0.6b", "--gpu", "h100", "--kv-memory", "1GiB", "--quiet",
-                       "--trace", "azure-conv", "--max-requests", "2",
-                       "--kv-events-replay", "tcp://*:0")
+    code, _, err = cli(
+        "simulate",
+        "qwen3-0.6b",
+        "--gpu",
+        "h100",
+        "--kv-memory",
+        "1GiB",
+        "--quiet",
+        "--trace",
+        "azure-conv",
+        "--max-requests",
+        "2",
+        "--kv-events-replay",
+        "tcp://*:0",
+    )
     assert code == 2 and "--kv-events-replay needs --kv-events" in err

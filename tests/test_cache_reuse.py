@@ -120,11 +120,19 @@ def test_commit_checks_history_and_takes_generated_tokens() -> None:
 
 
 def full_sliding_spec(tpb: int = 16, window: int = 40):  # type: ignore[no-untyped-def]
-    return load_model_spec({
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "hidden_size": 128, "max_position_embeddings": 1 << 20, "torch_dtype": "bfloat16",
-        "layer_types": ["full_attention", "sliding_attention"], "sliding_window": window,
-    }, tokens_per_block=tpb)
+    return load_model_spec(
+        {
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "hidden_size": 128,
+            "max_position_embeddings": 1 << 20,
+            "torch_dtype": "bfloat16",
+            "layer_types": ["full_attention", "sliding_attention"],
+            "sliding_window": window,
+        },
+        tokens_per_block=tpb,
+    )
 
 
 def test_sliding_group_needs_only_the_last_window_of_a_hit() -> None:
@@ -192,8 +200,7 @@ def test_state_group_reuses_only_a_snapshot_at_the_hit() -> None:
 
 
 def test_without_state_snapshots_a_state_model_never_reuses() -> None:
-    m = manager(hybrid_spec(tpb=16, window=40), {"full": 30, "sliding": 30, "linear_state": 4},
-                snapshots=False)
+    m = manager(hybrid_spec(tpb=16, window=40), {"full": 30, "sliding": 30, "linear_state": 4}, snapshots=False)
     m.create(1, PROMPT[:96] + [1, 2])
     assert m.resize(1, 96, 96) and m.commit(1, 96) == 96
     assert {e.group for e in m.take_events()} == {"full", "sliding"}  # no snapshot stored

@@ -28,8 +28,19 @@ def hit_under(first: Salt, second: Salt) -> int:
 
 
 # pairs that Python's hash() maps alike, or that differ only in type
-COLLIDING_UNDER_HASH = [(-1, -2), (5, 5 + 2**61 - 1), (0, 2**61 - 1), (1, "1"), ("1", b"1"),
-                        (1, b"1"), (1, True), (0, False), (None, 0), (None, ""), ("", b"")]
+COLLIDING_UNDER_HASH = [
+    (-1, -2),
+    (5, 5 + 2**61 - 1),
+    (0, 2**61 - 1),
+    (1, "1"),
+    ("1", b"1"),
+    (1, b"1"),
+    (1, True),
+    (0, False),
+    (None, 0),
+    (None, ""),
+    ("", b""),
+]
 
 
 def test_python_hash_really_collides_on_the_integer_pairs() -> None:

@@ -28,20 +28,30 @@ class ManagerMachine(RuleBasedStateMachine):
         self.next_rid = 0
         self.turns: list[list[int]] = []  # committed token prefixes (conversations)
 
-    @initialize(tpb=st.sampled_from([4, 8, 16]), window=st.integers(1, 40),
-                pages=st.tuples(st.integers(8, 80), st.integers(4, 60), st.integers(2, 6)),
-                reuse=st.sampled_from([True, True, True, False]))
+    @initialize(
+        tpb=st.sampled_from([4, 8, 16]),
+        window=st.integers(1, 40),
+        pages=st.tuples(st.integers(8, 80), st.integers(4, 60), st.integers(2, 6)),
+        reuse=st.sampled_from([True, True, True, False]),
+    )
     def build(self, tpb: int, window: int, pages: tuple[int, int, int], reuse: bool) -> None:
-        self.m = manager(hybrid_spec(tpb=tpb, window=window),
-                         {"full": pages[0], "sliding": pages[1], "linear_state": pages[2]},
-                         reuse=reuse, max_batch_size=2, num_extra_kv_tokens=1)
+        self.m = manager(
+            hybrid_spec(tpb=tpb, window=window),
+            {"full": pages[0], "sliding": pages[1], "linear_state": pages[2]},
+            reuse=reuse,
+            max_batch_size=2,
+            num_extra_kv_tokens=1,
+        )
 
     @property
     def rids(self) -> list[int]:
         return sorted(self.shapes)
 
-    @rule(prefix=st.sampled_from(range(len(PREFIXES))), cut=st.sampled_from([8, 16, 32, 40]),
-          tail=st.lists(st.integers(0, 3), min_size=1, max_size=12))
+    @rule(
+        prefix=st.sampled_from(range(len(PREFIXES))),
+        cut=st.sampled_from([8, 16, 32, 40]),
+        tail=st.lists(st.integers(0, 3), min_size=1, max_size=12),
+    )
     def create(self, prefix: int, cut: int, tail: list[int]) -> None:
         self.admit(PREFIXES[prefix][:cut] + tail)
 
@@ -100,8 +110,7 @@ class ManagerMachine(RuleBasedStateMachine):
         upto = len(self.tokens[rid]) // tpb * tpb
         if upto <= hist:
             return
-        self.refused_or_applied(lambda: self.m.resize(rid, max(cap, upto), upto),
-                                {rid: (max(cap, upto), upto)})
+        self.refused_or_applied(lambda: self.m.resize(rid, max(cap, upto), upto), {rid: (max(cap, upto), upto)})
         if self.shapes[rid][1] == upto:
             assert self.m.commit(rid, upto) == (upto if self.m.enable_reuse else 0)
             self.turns.append(self.tokens[rid][:upto])
@@ -122,8 +131,7 @@ class ManagerMachine(RuleBasedStateMachine):
         extra = [(rid + i) % 5 for i in range(max(0, hist - len(known)))]
         self.tokens[rid] = known + extra
         done = self.m.commit(rid, hist, tokens=extra)
-        assert done == (hist // self.m.tokens_per_block * self.m.tokens_per_block
-                        if self.m.enable_reuse else 0)
+        assert done == (hist // self.m.tokens_per_block * self.m.tokens_per_block if self.m.enable_reuse else 0)
 
     @precondition(lambda self: self.shapes)
     @rule(data=st.data())
@@ -132,8 +140,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.m.free(rid)
         del self.shapes[rid]
 
-    @rule(batch=st.integers(1, 3), token_num=st.integers(1, 80), draft=st.integers(0, 3),
-          is_gen=st.booleans())
+    @rule(batch=st.integers(1, 3), token_num=st.integers(1, 80), draft=st.integers(0, 3), is_gen=st.booleans())
     def dummies(self, batch: int, token_num: int, draft: int, is_gen: bool) -> None:
         before = snapshot(self.m)
         dummies = self.m.add_dummy_requests(batch, token_num, draft, is_gen)
@@ -170,6 +177,9 @@ class ManagerMachine(RuleBasedStateMachine):
 
 
 ManagerMachine.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    max_examples=100,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 TestManagerMachine = ManagerMachine.TestCase

@@ -118,17 +118,27 @@ def test_warmup_reports_a_padding_dummy_that_does_not_fit() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(tpb=st.sampled_from([1, 4, 16, 32]), draft=st.integers(0, 6), extra=st.integers(0, 2),
-       window=st.integers(1, 90), batch=st.integers(1, 5), held=st.integers(0, 120),
-       pages=st.tuples(st.integers(1, 40), st.integers(1, 40), st.integers(1, 8)),
-       max_seq_len=st.integers(1, 300))
-def test_query_is_page_exact(tpb: int, draft: int, extra: int, window: int, batch: int, held: int,
-                             pages: tuple[int, int, int], max_seq_len: int) -> None:
+@given(
+    tpb=st.sampled_from([1, 4, 16, 32]),
+    draft=st.integers(0, 6),
+    extra=st.integers(0, 2),
+    window=st.integers(1, 90),
+    batch=st.integers(1, 5),
+    held=st.integers(0, 120),
+    pages=st.tuples(st.integers(1, 40), st.integers(1, 40), st.integers(1, 8)),
+    max_seq_len=st.integers(1, 300),
+)
+def test_query_is_page_exact(
+    tpb: int, draft: int, extra: int, window: int, batch: int, held: int, pages: tuple[int, int, int], max_seq_len: int
+) -> None:
     """For any page size and draft length: the answer allocates, one page more
     does not, and no longer token_num up to the cap would (brute force)."""
-    m = manager(hybrid_spec(tpb=tpb, window=window),
-                {"full": pages[0], "sliding": pages[1], "linear_state": pages[2]},
-                num_extra_kv_tokens=extra, max_seq_len=max_seq_len)
+    m = manager(
+        hybrid_spec(tpb=tpb, window=window),
+        {"full": pages[0], "sliding": pages[1], "linear_state": pages[2]},
+        num_extra_kv_tokens=extra,
+        max_seq_len=max_seq_len,
+    )
     m.create(0)
     m.resize(0, held, held // 2)  # another request holds some pages (may be refused)
     answer = m.max_generation_length(batch, draft)
@@ -164,16 +174,24 @@ def bounded_spec(tpb: int, w1: int, w2: int, chunk: int) -> ModelSpec:
 
 
 @settings(max_examples=60, deadline=None)
-@given(tpb=st.sampled_from([1, 4, 8, 16]), draft=st.integers(0, 3), w1=st.integers(1, 60),
-       w2=st.integers(1, 120), chunk=st.integers(1, 100), batch=st.integers(1, 3),
-       pages=st.tuples(st.integers(0, 30), st.integers(0, 30), st.integers(0, 30)),
-       max_seq_len=st.integers(1, 400))
-def test_query_is_exact_with_only_bounded_groups(tpb: int, draft: int, w1: int, w2: int, chunk: int,
-                                                 batch: int, pages: tuple[int, int, int],
-                                                 max_seq_len: int) -> None:
-    plan = PoolPlan.from_pages(bounded_spec(tpb, w1, w2, chunk),
-                               dict(zip(("sliding_a", "sliding_b", "chunked"), pages, strict=True)),
-                               ServingLimits(max_batch_size=8, max_seq_len=max_seq_len))
+@given(
+    tpb=st.sampled_from([1, 4, 8, 16]),
+    draft=st.integers(0, 3),
+    w1=st.integers(1, 60),
+    w2=st.integers(1, 120),
+    chunk=st.integers(1, 100),
+    batch=st.integers(1, 3),
+    pages=st.tuples(st.integers(0, 30), st.integers(0, 30), st.integers(0, 30)),
+    max_seq_len=st.integers(1, 400),
+)
+def test_query_is_exact_with_only_bounded_groups(
+    tpb: int, draft: int, w1: int, w2: int, chunk: int, batch: int, pages: tuple[int, int, int], max_seq_len: int
+) -> None:
+    plan = PoolPlan.from_pages(
+        bounded_spec(tpb, w1, w2, chunk),
+        dict(zip(("sliding_a", "sliding_b", "chunked"), pages, strict=True)),
+        ServingLimits(max_batch_size=8, max_seq_len=max_seq_len),
+    )
     m = KVCacheManager(plan)
     answer = m.max_generation_length(batch, draft)
 
@@ -190,9 +208,11 @@ def test_query_is_exact_with_only_bounded_groups(tpb: int, draft: int, w1: int, 
 
 def test_query_is_fast_when_a_window_pool_is_empty_at_a_million_tokens() -> None:
     # used to scan a million lengths one by one; the answer (0) is the same
-    plan = PoolPlan.from_pages(bounded_spec(128, 128, 256, 8192),
-                               {"sliding_a": 0, "sliding_b": 5, "chunked": 100},
-                               ServingLimits(max_batch_size=8, max_seq_len=1 << 20))
+    plan = PoolPlan.from_pages(
+        bounded_spec(128, 128, 256, 8192),
+        {"sliding_a": 0, "sliding_b": 5, "chunked": 100},
+        ServingLimits(max_batch_size=8, max_seq_len=1 << 20),
+    )
     assert KVCacheManager(plan).max_generation_length(1) == 0
 
 

@@ -12,14 +12,23 @@ def test_inspect_json_shape(cli) -> None:  # type: ignore[no-untyped-def]
     code, out, err = cli("inspect", "gemma-4-26b-a4b", "--kv-dtype", "fp8", "--json")
     assert code == 0, err
     data = json.loads(out)
-    assert set(data) == {"model", "kv_dtype", "tp_size", "tokens_per_block", "groups",
-                         "full_attention_bytes_per_token"}
+    assert set(data) == {"model", "kv_dtype", "tp_size", "tokens_per_block", "groups", "full_attention_bytes_per_token"}
     assert (data["model"], data["kv_dtype"], data["tp_size"], data["tokens_per_block"]) == (
-        "gemma-4-26b-a4b", "fp8", 1, 32)
+        "gemma-4-26b-a4b",
+        "fp8",
+        1,
+        32,
+    )
     by_name = {g["name"]: g for g in data["groups"]}
-    assert by_name["sliding"] == {"name": "sliding", "kind": "sliding", "window": 1024, "ratio": None,
-                                  "num_layers": 25, "page_bytes": 32 * 25 * 2 * 8 * 256,
-                                  "bytes_per_request": 0}
+    assert by_name["sliding"] == {
+        "name": "sliding",
+        "kind": "sliding",
+        "window": 1024,
+        "ratio": None,
+        "num_layers": 25,
+        "page_bytes": 32 * 25 * 2 * 8 * 256,
+        "bytes_per_request": 0,
+    }
     # 5 global layers x (K + V) x 2 heads x 512 x 1 byte
     assert data["full_attention_bytes_per_token"] == 5 * 2 * 2 * 512
 
@@ -72,8 +81,7 @@ def test_models_and_gpus_json(cli) -> None:  # type: ignore[no-untyped-def]
     assert code == 0 and "qwen3-8b" in names and len(names) == 17
     code, out, _ = cli("gpus", "--json")
     gpus = {g["name"]: g for g in json.loads(out)["gpus"]}
-    assert code == 0 and sorted(gpus) == sorted(["a10", "l40s", "a100", "h100", "h200", "b200",
-                                                 "gb200", "mi300x"])
+    assert code == 0 and sorted(gpus) == sorted(["a10", "l40s", "a100", "h100", "h200", "b200", "gb200", "mi300x"])
     # H100 SXM reports 81559 MiB to nvidia-smi
     assert gpus["h100"]["memory_bytes"] == 81559 * 2**20
 

@@ -107,10 +107,18 @@ def test_unmodelled_hybrid_families_are_refused_by_name(model_type: str) -> None
 def jamba_v01() -> dict[str, Any]:
     """The fields of ai21labs/Jamba-v0.1's published config.json that shape its cache."""
     return {
-        "model_type": "jamba", "hidden_size": 4096, "num_hidden_layers": 32,
-        "num_attention_heads": 32, "num_key_value_heads": 8, "attn_layer_period": 8,
-        "attn_layer_offset": 4, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
-        "max_position_embeddings": 262144, "torch_dtype": "bfloat16",
+        "model_type": "jamba",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "attn_layer_period": 8,
+        "attn_layer_offset": 4,
+        "mamba_d_state": 16,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "max_position_embeddings": 262144,
+        "torch_dtype": "bfloat16",
     }
 
 
@@ -146,10 +154,19 @@ def granite_small(layers: int = 8) -> dict[str, Any]:
     """A Granite-4.0-H-shaped config: attention at layers 3 and 7, Mamba-2 elsewhere."""
     types = ["attention" if i % 4 == 3 else "mamba" for i in range(layers)]
     return {
-        "model_type": "granitemoehybrid", "hidden_size": 1536, "num_hidden_layers": layers,
-        "num_attention_heads": 12, "num_key_value_heads": 4, "layer_types": types,
-        "mamba_n_heads": 48, "mamba_d_head": 64, "mamba_n_groups": 1, "mamba_d_state": 128,
-        "mamba_d_conv": 4, "mamba_expand": 2, "torch_dtype": "bfloat16",
+        "model_type": "granitemoehybrid",
+        "hidden_size": 1536,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "layer_types": types,
+        "mamba_n_heads": 48,
+        "mamba_d_head": 64,
+        "mamba_n_groups": 1,
+        "mamba_d_state": 128,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "torch_dtype": "bfloat16",
         "max_position_embeddings": 131072,
     }
 
@@ -177,10 +194,19 @@ def test_granite_layers_agree_with_transformers() -> None:
 def nemotron_small() -> dict[str, Any]:
     """A Nemotron-H-shaped config: M = Mamba-2, * = attention, - = MLP."""
     return {
-        "model_type": "nemotron_h", "hidden_size": 1024, "num_hidden_layers": 7,
-        "hybrid_override_pattern": "M-M*-M*", "num_attention_heads": 8, "num_key_value_heads": 2,
-        "head_dim": 128, "mamba_num_heads": 32, "mamba_head_dim": 64, "n_groups": 8,
-        "ssm_state_size": 128, "conv_kernel": 4, "torch_dtype": "bfloat16",
+        "model_type": "nemotron_h",
+        "hidden_size": 1024,
+        "num_hidden_layers": 7,
+        "hybrid_override_pattern": "M-M*-M*",
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "mamba_num_heads": 32,
+        "mamba_head_dim": 64,
+        "n_groups": 8,
+        "ssm_state_size": 128,
+        "conv_kernel": 4,
+        "torch_dtype": "bfloat16",
         "max_position_embeddings": 8192,
     }
 
@@ -206,10 +232,19 @@ def test_nemotron_h_layers_agree_with_transformers() -> None:
 
 def test_falcon_h1_every_layer_has_kv_and_mamba2_state() -> None:
     cfg = {
-        "model_type": "falcon_h1", "hidden_size": 1024, "num_hidden_layers": 4,
-        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
-        "mamba_n_heads": 24, "mamba_d_head": 64, "mamba_n_groups": 1, "mamba_d_state": 128,
-        "mamba_d_conv": 4, "torch_dtype": "bfloat16", "max_position_embeddings": 8192,
+        "model_type": "falcon_h1",
+        "hidden_size": 1024,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "mamba_n_heads": 24,
+        "mamba_d_head": 64,
+        "mamba_n_groups": 1,
+        "mamba_d_state": 128,
+        "mamba_d_conv": 4,
+        "torch_dtype": "bfloat16",
+        "max_position_embeddings": 8192,
     }
     groups = {g.name: g for g in load_model_spec(cfg).groups}
     assert groups["full"].layers == groups["mamba_state"].layers == (0, 1, 2, 3)

@@ -36,7 +36,7 @@ def examples() -> list[tuple[str, list[str], list[str]]]:
                 if not line.startswith("$ kvpool "):
                     continue
                 shown = []
-                for follow in lines[i + 1:]:
+                for follow in lines[i + 1 :]:
                     if follow.startswith("$ "):
                         break
                     shown.append(follow)
@@ -56,8 +56,9 @@ def test_the_docs_have_console_examples() -> None:
 
 
 @pytest.mark.parametrize(("where", "argv", "shown"), EXAMPLES, ids=[f"{w}:{a[0]}" for w, a, _ in EXAMPLES])
-def test_console_examples_run(where: str, argv: list[str], shown: list[str],
-                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_console_examples_run(
+    where: str, argv: list[str], shown: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     if argv[0] == "generate" and (not HAS_TORCH or "--model" in argv):
         pytest.skip("generate needs torch, and --model a downloaded model")
     code = main(argv)

@@ -38,7 +38,7 @@ def claimed_values(src: str) -> dict[int, object]:
     for node in ast.parse(src).body:
         if not isinstance(node, ast.Expr) or node.lineno != node.end_lineno:
             continue
-        comment = lines[node.lineno - 1][node.end_col_offset or 0:].strip()
+        comment = lines[node.lineno - 1][node.end_col_offset or 0 :].strip()
         if not comment.startswith("#"):
             continue
         try:
@@ -57,13 +57,14 @@ def run_block(src: str, name: str, namespace: dict[str, object]) -> None:
             value = eval(compile(ast.Expression(node.value), name, "eval"), namespace)  # noqa: S307
             assert value == claims[node.lineno], (
                 f"{name}+{node.lineno}: {ast.unparse(node.value)} is {value!r}, "
-                f"the comment says {claims[node.lineno]!r}")
+                f"the comment says {claims[node.lineno]!r}"
+            )
         else:
             exec(compile(ast.Module([node], []), name, "exec"), namespace)  # noqa: S102
 
 
 def test_claimed_values_are_read_from_literal_comments_only() -> None:
-    src = 'x = 1  # 2\nx  # 1\nx + 1  # 2, 3\nprint(x)  # a count\n'
+    src = "x = 1  # 2\nx  # 1\nx + 1  # 2, 3\nprint(x)  # a count\n"
     assert claimed_values(src) == {2: 1, 3: (2, 3)}
     with pytest.raises(AssertionError, match="the comment says"):
         run_block("y = 5\ny  # 6\n", "t", {})

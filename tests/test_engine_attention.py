@@ -71,10 +71,17 @@ def _run_chunks(arch: str, chunks: list[int], release_early: int = 0) -> tuple[t
             batch = PagedBatch([Row(start, n, live)], spec.groups, {g.name: 16 for g in spec.groups})
 
             def attend(layer, q, k, v, batch=batch):  # type: ignore[no-untyped-def]
-                return batch.attend(store.group_of_layer[layer], store.layer(layer), q, k, v,
-                                    model.cfg.attn_scale, model.cfg.attn_logit_softcap)
+                return batch.attend(
+                    store.group_of_layer[layer],
+                    store.layer(layer),
+                    q,
+                    k,
+                    v,
+                    model.cfg.attn_scale,
+                    model.cfg.attn_logit_softcap,
+                )
 
-            out.append(model(ids[start:start + n], batch.positions, attend))
+            out.append(model(ids[start : start + n], batch.positions, attend))
             start += n
     return torch.cat(out), model.dense_logits(ids)
 
@@ -112,9 +119,19 @@ def test_two_rows_in_one_step() -> None:
 
     def run(rows, ids):  # type: ignore[no-untyped-def]
         batch = PagedBatch(rows, spec.groups, pages)
-        return model(ids, batch.positions, lambda layer, q, k, v: batch.attend(
-            store.group_of_layer[layer], store.layer(layer), q, k, v, model.cfg.attn_scale,
-                model.cfg.attn_logit_softcap))
+        return model(
+            ids,
+            batch.positions,
+            lambda layer, q, k, v: batch.attend(
+                store.group_of_layer[layer],
+                store.layer(layer),
+                q,
+                k,
+                v,
+                model.cfg.attn_scale,
+                model.cfg.attn_logit_softcap,
+            ),
+        )
 
     with torch.no_grad():
         run([Row(0, 5, tab_b)], b[:5])
@@ -141,7 +158,7 @@ def test_paged_attend_matches_masked_dense(kind: str, window: int | None) -> Non
         live = table.copy()
         live[: stale_pages(group, start)] = -1
         batch = PagedBatch([Row(start, n, {"g": live})], [group], {"g": 8})
-        out.append(batch.attend("g", kv, q[start:start + n], k[start:start + n], v[start:start + n], 0.3))
+        out.append(batch.attend("g", kv, q[start : start + n], k[start : start + n], v[start : start + n], 0.3))
         start += n
     pos = torch.arange(22)
     mask = attention_mask(kind, window, pos, pos)[None, None]

@@ -15,16 +15,30 @@ from engine_helpers import assert_same_tokens, tiny
 from kvpool.engine.weights import save_folder
 
 PROMPTS = ([5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19])
-ARGS = ("--prompt-ids", "5,6,7", "--prompt-ids", "9,10,11,12,13,14,15,16,17,18,19",
-        "--max-new-tokens", "6", "--tokens-per-block", "4")
+ARGS = (
+    "--prompt-ids",
+    "5,6,7",
+    "--prompt-ids",
+    "9,10,11,12,13,14,15,16,17,18,19",
+    "--max-new-tokens",
+    "6",
+    "--tokens-per-block",
+    "4",
+)
 
 
 def hf_greedy(arch: str, prompt: list[int], max_new: int) -> list[int]:
     _, hf, config = tiny(arch)
     ids = torch.tensor([prompt])
-    out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new,
-                      pad_token_id=0, eos_token_id=config["eos_token_id"])
-    return out[0, len(prompt):].tolist()
+    out = hf.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new,
+        pad_token_id=0,
+        eos_token_id=config["eos_token_id"],
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def test_tiny_json_shape_and_parity(cli) -> None:  # type: ignore[no-untyped-def]
@@ -60,8 +74,21 @@ def test_small_kv_memory_preempts_and_text_prompt(cli) -> None:  # type: ignore[
     prompts = [f"prompt number {i}!" for i in range(4)]
     assert all(len(p.encode()) == 16 for p in prompts)
     args = [a for p in prompts for a in ("--prompt", p)]
-    code, out, err = cli("generate", "--tiny", "llama", *args, "--max-new-tokens", "16",
-                         "--tokens-per-block", "4", "--kv-memory", "24KiB", "--max-num-tokens", "16", "--json")
+    code, out, err = cli(
+        "generate",
+        "--tiny",
+        "llama",
+        *args,
+        "--max-new-tokens",
+        "16",
+        "--tokens-per-block",
+        "4",
+        "--kv-memory",
+        "24KiB",
+        "--max-num-tokens",
+        "16",
+        "--json",
+    )
     assert code == 0, err
     data = json.loads(out)
     assert data["kv"]["total_pages"] == {"full": 12}
@@ -113,8 +140,19 @@ def test_prompts_keep_command_line_order_and_folder_tokenizer(cli, tmp_path: Pat
     words = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 40, "pages": 41}, unk_token="[UNK]"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(folder)
-    code, out, err = cli("generate", str(folder), "--prompt", "hello pages", "--prompt-ids", "7,8",
-                         "--prompt", "pages", "--max-new-tokens", "2", "--json")
+    code, out, err = cli(
+        "generate",
+        str(folder),
+        "--prompt",
+        "hello pages",
+        "--prompt-ids",
+        "7,8",
+        "--prompt",
+        "pages",
+        "--max-new-tokens",
+        "2",
+        "--json",
+    )
     assert code == 0, err
     assert [r["prompt_ids"] for r in json.loads(out)["requests"]] == [[40, 41], [7, 8], [41]]
     code, out, err = cli("generate", str(folder), "--prompt", "hello", "--max-new-tokens", "2")
@@ -130,9 +168,23 @@ def test_hybrid_kv_memory_splits_by_the_requests(cli) -> None:  # type: ignore[n
     # contend, so some are preempted and recomputed.
     prompts = ["the cat sat on the mat; the cat", "the cat sat on the mat; a dog", "hello kvpool"]
     args = [a for p in prompts for a in ("--prompt", p)]
-    code, out, err = cli("generate", "--tiny", "gemma3", *args, "--max-new-tokens", "16",
-                         "--tokens-per-block", "4", "--speculate", "3", "--kv-memory", "64KiB",
-                         "--max-num-tokens", "16", "--json")
+    code, out, err = cli(
+        "generate",
+        "--tiny",
+        "gemma3",
+        *args,
+        "--max-new-tokens",
+        "16",
+        "--tokens-per-block",
+        "4",
+        "--speculate",
+        "3",
+        "--kv-memory",
+        "64KiB",
+        "--max-num-tokens",
+        "16",
+        "--json",
+    )
     assert code == 0, err
     data = json.loads(out)
     pages = data["kv"]["total_pages"]
@@ -144,7 +196,8 @@ def test_hybrid_kv_memory_splits_by_the_requests(cli) -> None:  # type: ignore[n
 
 
 def test_generate_without_the_engine_extra_says_what_to_install(  # type: ignore[no-untyped-def]
-        cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import sys
 
     monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed

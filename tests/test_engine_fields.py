@@ -11,8 +11,15 @@ from kvpool.engine.fields import IMPLEMENTED, IRRELEVANT, REFUSED, check_fields
 from kvpool.engine.weights import tiny_config
 
 transformers = pytest.importorskip("transformers")
-CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
-           "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "mixtral": "MixtralConfig"}
+CLASSES = {
+    "llama": "LlamaConfig",
+    "mistral": "MistralConfig",
+    "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config",
+    "gemma2": "Gemma2Config",
+    "gemma3_text": "Gemma3TextConfig",
+    "mixtral": "MixtralConfig",
+}
 
 
 @pytest.mark.parametrize("model_type", sorted(CLASSES))
@@ -22,7 +29,7 @@ def test_every_config_field_is_classified_once(model_type: str) -> None:
     unclassified = fields - set().union(*lists)
     assert not unclassified, f"{model_type}: fields in no list: {sorted(unclassified)}"
     for i, a in enumerate(lists):
-        for b in lists[i + 1:]:
+        for b in lists[i + 1 :]:
             assert not (a & b), f"{model_type}: fields in two lists: {sorted(a & b)}"
 
 

@@ -32,9 +32,15 @@ pytest.importorskip("transformers")
 def hf_greedy(prompt: list[int]) -> list[int]:
     _, hf, config = tiny("gemma2")
     ids = torch.tensor([prompt])
-    out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_NEW,
-                      pad_token_id=0, eos_token_id=config["eos_token_id"])
-    return out[0, len(prompt):].tolist()
+    out = hf.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=MAX_NEW,
+        pad_token_id=0,
+        eos_token_id=config["eos_token_id"],
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def test_dense_logits_match_and_the_caps_matter() -> None:
@@ -53,8 +59,7 @@ def test_dense_logits_match_and_the_caps_matter() -> None:
 @pytest.mark.parametrize(("pages", "speculate"), [(200, 0), (200, 3), (30, 3)])
 def test_greedy_parity(pages: int, speculate: int) -> None:
     model, _, config = tiny("gemma2")
-    plan = manual_plan(tiny_spec(config), pages, max_batch_size=8, max_seq_len=64, max_num_tokens=16,
-                       max_draft_len=3)
+    plan = manual_plan(tiny_spec(config), pages, max_batch_size=8, max_seq_len=64, max_num_tokens=16, max_draft_len=3)
     engine = Engine(model, plan, speculate=speculate)
     outputs = engine.generate(prompts(), MAX_NEW, eos_token_id=config["eos_token_id"])
     for i, (prompt, out) in enumerate(zip(prompts(), outputs, strict=True)):

@@ -35,16 +35,22 @@ def reference(arch: str, prompt: tuple[int, ...]) -> tuple[list[int], torch.Tens
     """transformers' greedy tokens and the logits of its last step."""
     _, hf, config = tiny(arch)
     ids = torch.tensor([prompt])
-    out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_NEW,
-                      output_logits=True, return_dict_in_generate=True, pad_token_id=0,
-                      eos_token_id=config["eos_token_id"])
-    return out.sequences[0, len(prompt):].tolist(), out.logits[-1][0]
+    out = hf.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=MAX_NEW,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+        eos_token_id=config["eos_token_id"],
+    )
+    return out.sequences[0, len(prompt) :].tolist(), out.logits[-1][0]
 
 
 def run_engine(arch: str, pages: int = 200, speculate: int = 0, **kw: object) -> Engine:
     model, _, config = tiny(arch)
-    plan = manual_plan(tiny_spec(config), pages, max_batch_size=8, max_seq_len=64, max_num_tokens=16,
-                       max_draft_len=3)
+    plan = manual_plan(tiny_spec(config), pages, max_batch_size=8, max_seq_len=64, max_num_tokens=16, max_draft_len=3)
     engine = Engine(model, plan, speculate=speculate, **kw)  # type: ignore[arg-type]
     outputs = engine.generate(prompts(), MAX_NEW, eos_token_id=config["eos_token_id"])
     for i, (prompt, out) in enumerate(zip(prompts(), outputs, strict=True)):
@@ -103,11 +109,16 @@ def test_any_of_several_eos_ids_stops_like_transformers(speculate: int) -> None:
     assert stop not in free_run[:2]
     eos = [255 if stop != 255 else 254, stop]  # the first id is never generated early
     ids = torch.tensor([prompt])
-    want = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                       max_new_tokens=MAX_NEW, pad_token_id=0, eos_token_id=eos)[0, len(prompt):].tolist()
+    want = hf.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=MAX_NEW,
+        pad_token_id=0,
+        eos_token_id=eos,
+    )[0, len(prompt) :].tolist()
     assert want == free_run[:3]
-    plan = manual_plan(tiny_spec(config), 100, max_batch_size=8, max_seq_len=64, max_num_tokens=16,
-                       max_draft_len=3)
+    plan = manual_plan(tiny_spec(config), 100, max_batch_size=8, max_seq_len=64, max_num_tokens=16, max_draft_len=3)
     engine = Engine(model, plan, speculate=speculate)
     out = engine.generate([prompt], MAX_NEW, eos_token_id=eos)[0]
     assert_same_tokens(out.output_ids, want, "several eos ids")
@@ -141,8 +152,7 @@ def test_static_decode_width_follows_the_requests_not_max_seq_len() -> None:
     # graph buffers for the full-attention group must be sized by the longest
     # span (<= 32 positions -> a 32-key bucket), not by 8192 keys per row.
     model, _, config = tiny("llama")
-    plan = manual_plan(tiny_spec(config, 16), 400, max_batch_size=8, max_seq_len=8192,
-                       max_num_tokens=256)
+    plan = manual_plan(tiny_spec(config, 16), 400, max_batch_size=8, max_seq_len=8192, max_num_tokens=256)
     engine = Engine(model, plan, cuda_graphs=True)
     outs = engine.generate([[1, 2, 3, 4, 5] * 4] * 8, 12)
     eager = Engine(model, plan).generate([[1, 2, 3, 4, 5] * 4] * 8, 12)
@@ -175,7 +185,7 @@ def test_sliding_page_released_one_step_early_fails(monkeypatch: pytest.MonkeyPa
         return correct(group, history + 1)
 
     for name, module in list(sys.modules.items()):
-        if (name.startswith("kvpool.") and getattr(module, "stale_pages", None) is correct):
+        if name.startswith("kvpool.") and getattr(module, "stale_pages", None) is correct:
             monkeypatch.setattr(module, "stale_pages", early)
     with pytest.raises(StalePageError, match="released"):
         run_engine("mistral")

@@ -35,8 +35,10 @@ def test_cached_path_names_the_file_and_its_size(tmp_path: Path) -> None:
 
 def test_the_cli_lists_models_without_importing_torch() -> None:
     # one list (kvpool.engine.names) for the CLI's help and the loader, and no torch for --help
-    code = ("import sys, kvpool.cli.main, kvpool.engine; kvpool.cli.main.build_parser(); "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys, kvpool.cli.main, kvpool.engine; kvpool.cli.main.build_parser(); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
     assert set(PACKAGED) == {"smollm2-135m"}
     with pytest.raises(EngineError, match="unknown packaged model"):

@@ -49,14 +49,19 @@ def test_dense_logits_match() -> None:
 @pytest.mark.parametrize(("pages", "speculate"), [(200, 3), (30, 0)])
 def test_greedy_parity(pages: int, speculate: int) -> None:
     model, hf, config = tiny("mixtral")
-    plan = manual_plan(tiny_spec(config), pages, max_batch_size=8, max_seq_len=64, max_num_tokens=16,
-                       max_draft_len=3)
+    plan = manual_plan(tiny_spec(config), pages, max_batch_size=8, max_seq_len=64, max_num_tokens=16, max_draft_len=3)
     engine = Engine(model, plan, speculate=speculate)
     outputs = engine.generate(prompts(), MAX_NEW, eos_token_id=config["eos_token_id"])
     for i, (prompt, out) in enumerate(zip(prompts(), outputs, strict=True)):
         t = torch.tensor([prompt])
-        want = hf.generate(t, attention_mask=torch.ones_like(t), do_sample=False, max_new_tokens=MAX_NEW,
-                           pad_token_id=0, eos_token_id=config["eos_token_id"])[0, len(prompt):].tolist()
+        want = hf.generate(
+            t,
+            attention_mask=torch.ones_like(t),
+            do_sample=False,
+            max_new_tokens=MAX_NEW,
+            pad_token_id=0,
+            eos_token_id=config["eos_token_id"],
+        )[0, len(prompt) :].tolist()
         assert_same_tokens(out.output_ids, want, f"mixtral request {i}")
     assert engine.kv_report()["reuse_hit_tokens"] > 0
     assert (engine.stats.preemptions > 0) == (pages == 30)

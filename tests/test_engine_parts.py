@@ -55,8 +55,11 @@ def test_arch_switches_and_windows() -> None:
 def test_arch_reads_older_gemma3_config_fields() -> None:
     config = tiny_config("gemma3")
     del config["rope_parameters"]
-    config |= {"rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
-               "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    config |= {
+        "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    }
     cfg = ArchConfig.from_hf({"model_type": "gemma3", "text_config": config})
     assert cfg.ropes[0] == Rope(10_000.0) and cfg.ropes[5] == Rope(1_000_000.0, "linear", 8.0)
 
@@ -95,8 +98,9 @@ def test_folder_roundtrip_and_bad_checkpoints(tmp_path: Path) -> None:
     # A multimodal Gemma 3 checkpoint nests the decoder under language_model.
     g_model, g_hf, g_config = tiny("gemma3")
     nested = {k.replace("model.", "model.language_model.", 1): v for k, v in g_hf.state_dict().items()}
-    torch.testing.assert_close(from_state_dict(g_config, nested).dense_logits(ids),
-                               g_model.dense_logits(ids), rtol=0, atol=0)
+    torch.testing.assert_close(
+        from_state_dict(g_config, nested).dense_logits(ids), g_model.dense_logits(ids), rtol=0, atol=0
+    )
     with pytest.raises(EngineError, match="lacks 1 tensors"):
         from_state_dict(config, {k: v for k, v in state.items() if k != "model.norm.weight"})
     with pytest.raises(EngineError, match="does not fit"):
@@ -111,8 +115,12 @@ def test_folder_roundtrip_and_bad_checkpoints(tmp_path: Path) -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(arch=st.sampled_from(ARCHS), tpb=st.sampled_from([1, 2, 4, 8]),
-       chunks=st.lists(st.integers(1, 9), min_size=1, max_size=6), seed=st.integers(0, 2**16))
+@given(
+    arch=st.sampled_from(ARCHS),
+    tpb=st.sampled_from([1, 2, 4, 8]),
+    chunks=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+    seed=st.integers(0, 2**16),
+)
 def test_paged_equals_dense_for_any_chunking(arch: str, tpb: int, chunks: list[int], seed: int) -> None:
     """Any page size, any chunking, scrambled page ids, stale pages marked as
     the manager marks them: the logits equal the dense run's."""
@@ -133,9 +141,21 @@ def test_paged_equals_dense_for_any_chunking(arch: str, tpb: int, chunks: list[i
                 live[g.name] = tables[g.name].copy()
                 live[g.name][: stale_pages(g, start)] = -1
             batch = PagedBatch([Row(start, n, live)], spec.groups, {g.name: pages + 3 for g in spec.groups})
-            logits.append(model(ids[start:start + n], batch.positions, lambda layer, q, k, v, b=batch: b.attend(
-                store.group_of_layer[layer], store.layer(layer), q, k, v, model.cfg.attn_scale,
-                model.cfg.attn_logit_softcap)))
+            logits.append(
+                model(
+                    ids[start : start + n],
+                    batch.positions,
+                    lambda layer, q, k, v, b=batch: b.attend(
+                        store.group_of_layer[layer],
+                        store.layer(layer),
+                        q,
+                        k,
+                        v,
+                        model.cfg.attn_scale,
+                        model.cfg.attn_logit_softcap,
+                    ),
+                )
+            )
             start += n
     assert_close_logits(torch.cat(logits), model.dense_logits(ids), f"{arch} tpb {tpb} chunks {chunks}")
 
@@ -148,8 +168,7 @@ def test_qwen2_qkv_biases_load_and_match_transformers() -> None:
     from kvpool.plan import PoolPlan, ServingLimits
     from kvpool.spec import load_model_spec
 
-    config = tiny_config("mistral") | {"model_type": "qwen2", "use_sliding_window": False,
-                                       "sliding_window": None}
+    config = tiny_config("mistral") | {"model_type": "qwen2", "use_sliding_window": False, "sliding_window": None}
     hf = hf_model(config, seed=3)
     with torch.no_grad():
         for layer in hf.model.layers:
@@ -158,11 +177,13 @@ def test_qwen2_qkv_biases_load_and_match_transformers() -> None:
     model = from_state_dict(config, hf.state_dict())
     prompt = list(range(5, 14))
     ids = torch.tensor([prompt])
-    want = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
-                       pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+    want = hf.generate(
+        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12, pad_token_id=0, eos_token_id=None
+    )[0, len(prompt) :].tolist()
     spec = load_model_spec(config, tokens_per_block=4)
-    plan = PoolPlan.from_pages(spec, {g.name: 40 for g in spec.groups},
-                               ServingLimits(max_batch_size=4, max_seq_len=64, max_num_tokens=16))
+    plan = PoolPlan.from_pages(
+        spec, {g.name: 40 for g in spec.groups}, ServingLimits(max_batch_size=4, max_seq_len=64, max_num_tokens=16)
+    )
     got = Engine(model, plan).generate([prompt], 12)[0].output_ids
     assert got == want, (got, want)
 

@@ -34,13 +34,14 @@ for _needed in ("gguf", "accelerate", "transformers"):
 
 MAX_NEW = 16
 EOS = 2  # <|im_end|>, SmolLM2's eos_token_id
-CHAT = ("What is the capital of France?", "Name three primary colors.",
-        "Write one sentence about the sea.")
+CHAT = ("What is the capital of France?", "Name three primary colors.", "Write one sentence about the sea.")
 # Three plain prompts sharing a story of more than 3 pages (16-token pages):
 # later ones reuse it (the chat prompts share the template's system prompt).
-STORY = ("Once upon a time, in a small village at the foot of a tall mountain, there lived an old "
-         "baker who rose every morning before the sun to light his oven. He baked bread for the "
-         "whole village, and the smell of it drifted through the narrow streets. ")
+STORY = (
+    "Once upon a time, in a small village at the foot of a tall mountain, there lived an old "
+    "baker who rose every morning before the sun to light his oven. He baked bread for the "
+    "whole village, and the smell of it drifted through the narrow streets. "
+)
 PLAIN = (STORY + "One day,", STORY + "The villagers said that", STORY + "His bread was")
 
 
@@ -66,8 +67,9 @@ def tokenizer() -> Any:
 
 
 def chat_ids(text: str) -> list[int]:
-    encoded = tokenizer().apply_chat_template([{"role": "user", "content": text}],
-                                              add_generation_prompt=True, tokenize=True)
+    encoded = tokenizer().apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+    )
     return [int(t) for t in encoded["input_ids"]]
 
 
@@ -84,9 +86,15 @@ def references() -> list[list[int]]:
     out = []
     for p in prompts():
         ids = torch.tensor([p])
-        gen = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_NEW,
-                          pad_token_id=EOS, eos_token_id=EOS)
-        out.append(gen[0, len(p):].tolist())
+        gen = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=MAX_NEW,
+            pad_token_id=EOS,
+            eos_token_id=EOS,
+        )
+        out.append(gen[0, len(p) :].tolist())
     return out
 
 
@@ -99,8 +107,14 @@ def ours() -> tuple[Any, dict[str, Any]]:
 
 def run(pages: int, tokens_per_block: int, speculate: int) -> Engine:
     model, config = ours()
-    plan = manual_plan(tiny_spec(config, tokens_per_block), pages, max_batch_size=8, max_seq_len=128,
-                       max_num_tokens=32, max_draft_len=3)
+    plan = manual_plan(
+        tiny_spec(config, tokens_per_block),
+        pages,
+        max_batch_size=8,
+        max_seq_len=128,
+        max_num_tokens=32,
+        max_draft_len=3,
+    )
     engine = Engine(model, plan, speculate=speculate)
     outputs = engine.generate(prompts(), MAX_NEW, eos_token_id=EOS)
     for i, (out, want) in enumerate(zip(outputs, references(), strict=True)):

@@ -23,8 +23,12 @@ from kvpool.engine.weights import tiny_config, tiny_model
 transformers = pytest.importorskip("transformers")
 
 YARN = {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 16}
-CASES = [YARN, YARN | {"beta_fast": 16, "beta_slow": 2}, YARN | {"attention_factor": 0.8},
-         YARN | {"mscale": 1.0, "mscale_all_dim": 0.5, "truncate": False}]
+CASES = [
+    YARN,
+    YARN | {"beta_fast": 16, "beta_slow": 2},
+    YARN | {"attention_factor": 0.8},
+    YARN | {"mscale": 1.0, "mscale_all_dim": 0.5, "truncate": False},
+]
 
 
 @pytest.mark.parametrize("params", CASES)
@@ -51,11 +55,16 @@ def test_greedy_parity_past_the_original_context() -> None:
     ids = prompts()[3]  # 30 tokens: past the 16-position original context
     with torch.no_grad():
         assert_close_logits(model.dense_logits(ids), hf(torch.tensor([ids])).logits[0], "yarn dense")
-    plan = manual_plan(tiny_spec(config), 200, max_batch_size=8, max_seq_len=64, max_num_tokens=16,
-                       max_draft_len=3)
+    plan = manual_plan(tiny_spec(config), 200, max_batch_size=8, max_seq_len=64, max_num_tokens=16, max_draft_len=3)
     outputs = Engine(model, plan, speculate=3).generate(prompts(), MAX_NEW, eos_token_id=config["eos_token_id"])
     for i, (prompt, out) in enumerate(zip(prompts(), outputs, strict=True)):
         t = torch.tensor([prompt])
-        want = hf.generate(t, attention_mask=torch.ones_like(t), do_sample=False, max_new_tokens=MAX_NEW,
-                           pad_token_id=0, eos_token_id=config["eos_token_id"])[0, len(prompt):].tolist()
+        want = hf.generate(
+            t,
+            attention_mask=torch.ones_like(t),
+            do_sample=False,
+            max_new_tokens=MAX_NEW,
+            pad_token_id=0,
+            eos_token_id=config["eos_token_id"],
+        )[0, len(prompt) :].tolist()
         assert_same_tokens(out.output_ids, want, f"yarn request {i}")

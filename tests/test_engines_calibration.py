@@ -26,9 +26,13 @@ CASES = DATA["cases"]
 def case_spec(case: dict[str, Any]) -> ModelSpec:
     model = case["model"]
     source = DATA["configs"].get(model, model)
-    return load_model_spec(source, kv_dtype=case.get("kv_dtype", "auto"), tp_size=case.get("tp", 1),
-                           max_seq_len=case["max_seq_len"],
-                           tokens_per_block=case.get("tokens_per_block"))
+    return load_model_spec(
+        source,
+        kv_dtype=case.get("kv_dtype", "auto"),
+        tp_size=case.get("tp", 1),
+        max_seq_len=case["max_seq_len"],
+        tokens_per_block=case.get("tokens_per_block"),
+    )
 
 
 def report_at(case: dict[str, Any], memory_gib: float) -> EngineReport:

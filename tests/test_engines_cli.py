@@ -61,8 +61,19 @@ def test_emit_sglang_reproduces_the_plan_pools(capsys: pytest.CaptureFixture[str
 
 
 def test_emit_text_prints_command_and_notes(capsys: pytest.CaptureFixture[str]) -> None:
-    out = run(capsys, "plan", "gemma-3-27b", "--kv-memory", "20GiB", "--max-seq-len", "32768",
-              "--model-id", "my/gemma", "--emit", "vllm")
+    out = run(
+        capsys,
+        "plan",
+        "gemma-3-27b",
+        "--kv-memory",
+        "20GiB",
+        "--max-seq-len",
+        "32768",
+        "--model-id",
+        "my/gemma",
+        "--emit",
+        "vllm",
+    )
     assert "vllm serve my/gemma --kv-cache-memory-bytes 21474836480" in out
     assert "# note: vLLM pads 8 empty layers" in out
 

@@ -34,8 +34,10 @@ def test_vllm_gemma3_groups_of_ten_with_padding() -> None:
     assert r.reported["gpu_kv_cache_tokens"] == blocks // 7 * 16 == 18720
     # A request at 8192 takes 512 full blocks + 6 x (ceil(min(1023 + 8192, 8192)/16) + 1).
     per_request = 512 + 6 * 513
-    assert r.lines == ("GPU KV cache size: 18,720 tokens",
-                       f"Maximum concurrency for 8,192 tokens per request: {blocks / per_request:.2f}x")
+    assert r.lines == (
+        "GPU KV cache size: 18,720 tokens",
+        f"Maximum concurrency for 8,192 tokens per request: {blocks / per_request:.2f}x",
+    )
     assert r.lines[1].endswith("2.28x")
     assert any("Add 8 padding layers" in d and "15.38%" in d for d in r.degradations)
     assert r.total_bytes == 10 * GIB  # the padding layers' tensors are allocated too
@@ -65,8 +67,10 @@ def test_vllm_gemma4_unifies_page_sizes_by_block_size() -> None:
 
 def qwen3_next_state_bytes_per_layer() -> int:
     cfg = json.loads((PRESETS / "qwen3-next-80b-a3b.json").read_text())["linear_attention"]
-    k, v = cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"], \
-        cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"]
+    k, v = (
+        cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"],
+        cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"],
+    )
     conv = (2 * k + v) * (cfg["linear_conv_kernel_dim"] - 1) * 2
     ssm = cfg["linear_num_value_heads"] * cfg["linear_key_head_dim"] * cfg["linear_value_head_dim"] * 2
     return int(conv + ssm)
@@ -87,7 +91,8 @@ def test_vllm_qwen3_next_state_pool_below_max_num_seqs_is_refused() -> None:
     assert r.refusals == (
         f"max_num_seqs (512) exceeds available Mamba cache blocks ({blocks}). Each decode sequence "
         "requires one Mamba cache block, so CUDA graph capture cannot proceed. Please lower "
-        f"max_num_seqs to at most {blocks} or increase gpu_memory_utilization.",)
+        f"max_num_seqs to at most {blocks} or increase gpu_memory_utilization.",
+    )
     assert any("544 tokens" in d for d in r.degradations)
     ok = vllm.allocate(s, ServingLimits(max_seq_len=8192, max_batch_size=256), 4 * GIB)
     assert ok.refusals == ()
@@ -112,8 +117,7 @@ def test_sglang_gpt_oss_swa_ratio() -> None:
     assert r.lines[1].startswith(f"KV Cache is allocated. #tokens: {full},")
     assert r.reported["max_running_requests"] == 4096
     assert r.total_bytes <= mem
-    half = sglang.allocate(spec("gpt-oss-20b"), ServingLimits(max_seq_len=8192), mem,
-                           swa_full_tokens_ratio=0.5)
+    half = sglang.allocate(spec("gpt-oss-20b"), ServingLimits(max_seq_len=8192), mem, swa_full_tokens_ratio=0.5)
     assert half.reported["full_tokens"] == int(mem // (24576 * 1.5))
 
 
@@ -141,8 +145,10 @@ def test_trtllm_v1_tokens_proportional_to_window() -> None:
     mem = 10 * GIB
     r = trtllm.allocate(spec("gpt-oss-20b"), ServingLimits(max_seq_len=8192), mem)
     t128, t8192 = int(mem * 128 / 8320 / 24576), int(mem * 8192 / 8320 / 24576)
-    assert r.lines == (f"[windowSize=128] {{.primaryBlocks={-(-t128 // 32)}, .secondayBlocks=0}}",
-                       f"[windowSize=8192] {{.primaryBlocks={-(-t8192 // 32)}, .secondayBlocks=0}}")
+    assert r.lines == (
+        f"[windowSize=128] {{.primaryBlocks={-(-t128 // 32)}, .secondayBlocks=0}}",
+        f"[windowSize=8192] {{.primaryBlocks={-(-t8192 // 32)}, .secondayBlocks=0}}",
+    )
     v2 = trtllm.allocate(spec("gpt-oss-20b"), ServingLimits(max_seq_len=8192), mem, manager="v2")
     assert v2.group_pages is not None and v2.group_pages["sliding"] > r.pool("window_128").pages
 
@@ -153,12 +159,17 @@ def test_compressed_models_are_not_modelled() -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(["gemma-3-27b", "gpt-oss-20b", "qwen3-next-80b-a3b", "gemma-4-26b-a4b",
-                        "llama-4-scout-17b-16e", "qwen3-8b"]),
-       st.integers(min_value=GIB // 2, max_value=80 * GIB))
+@given(
+    st.sampled_from(
+        ["gemma-3-27b", "gpt-oss-20b", "qwen3-next-80b-a3b", "gemma-4-26b-a4b", "llama-4-scout-17b-16e", "qwen3-8b"]
+    ),
+    st.integers(min_value=GIB // 2, max_value=80 * GIB),
+)
 def test_vllm_and_sglang_stay_within_the_budget(name: str, mem: int) -> None:
     s = spec(name)
-    for r in (vllm.allocate(s, ServingLimits(max_seq_len=8192), mem),
-              sglang.allocate(s, ServingLimits(max_seq_len=8192), mem)):
+    for r in (
+        vllm.allocate(s, ServingLimits(max_seq_len=8192), mem),
+        sglang.allocate(s, ServingLimits(max_seq_len=8192), mem),
+    ):
         assert r.total_bytes <= mem
         assert all(p.pages >= 0 for p in r.pools)

@@ -20,7 +20,11 @@ TRACE = Trace("t", np.array([1000, 3000, 200]), np.array([100, 200, 50]))
 
 def test_engine_policies_parse() -> None:
     assert parse_policies("engine:vllm,engine:sglang,engine:trtllm,workload") == [
-        "engine:vllm", "engine:sglang", "engine:trtllm", "workload"]
+        "engine:vllm",
+        "engine:sglang",
+        "engine:trtllm",
+        "workload",
+    ]
     with pytest.raises(KvpoolError, match="engine:vllm"):
         parse_policies("engine:foo")
 
@@ -49,5 +53,10 @@ def test_vllm_policy_excludes_padding() -> None:
 def test_engine_that_refuses_is_an_error() -> None:
     spec = load_model_spec("qwen3-next-80b-a3b", max_seq_len=8192)
     with pytest.raises(KvpoolError, match="Mamba cache blocks"):
-        plan_for(spec, ServingLimits(max_seq_len=8192, max_batch_size=512), "engine:vllm",
-                 kv_memory_bytes=4 * GiB, trace=TRACE)
+        plan_for(
+            spec,
+            ServingLimits(max_seq_len=8192, max_batch_size=512),
+            "engine:vllm",
+            kv_memory_bytes=4 * GiB,
+            trace=TRACE,
+        )

@@ -31,10 +31,13 @@ def worst_case_brute(kind: str, window: int, tpb: int, headroom: int) -> int:
 
 
 @settings(max_examples=150, deadline=None)
-@given(kind=st.sampled_from(["sliding", "chunked"]), tpb=st.sampled_from([1, 2, 3, 4, 8, 16, 32]),
-       window=st.integers(1, 200), headroom=st.integers(1, 12))
-def test_decode_worst_case_equals_brute_force_over_all_offsets(kind: str, tpb: int, window: int,
-                                                               headroom: int) -> None:
+@given(
+    kind=st.sampled_from(["sliding", "chunked"]),
+    tpb=st.sampled_from([1, 2, 3, 4, 8, 16, 32]),
+    window=st.integers(1, 200),
+    headroom=st.integers(1, 12),
+)
+def test_decode_worst_case_equals_brute_force_over_all_offsets(kind: str, tpb: int, window: int, headroom: int) -> None:
     g = group("g", kind, tpb=tpb, window=window)
     brute = worst_case_brute(kind, window, tpb, headroom)
     got = decode_worst_case_pages(g, headroom)
@@ -42,10 +45,14 @@ def test_decode_worst_case_equals_brute_force_over_all_offsets(kind: str, tpb: i
 
 
 @settings(max_examples=150, deadline=None)
-@given(kind=st.sampled_from(["sliding", "chunked"]), tpb=st.sampled_from([1, 4, 16, 32]),
-       window=st.integers(1, 300), history=st.integers(0, 3000), lead=st.integers(1, 40))
-def test_pages_needed_equals_brute_force_count(kind: str, tpb: int, window: int, history: int,
-                                               lead: int) -> None:
+@given(
+    kind=st.sampled_from(["sliding", "chunked"]),
+    tpb=st.sampled_from([1, 4, 16, 32]),
+    window=st.integers(1, 300),
+    history=st.integers(0, 3000),
+    lead=st.integers(1, 40),
+)
+def test_pages_needed_equals_brute_force_count(kind: str, tpb: int, window: int, history: int, lead: int) -> None:
     g = group("g", kind, tpb=tpb, window=window)
     brute = live_pages_brute(kind, window, tpb, history + lead, history)
     assert pages_needed(g, history + lead, history) == brute

@@ -31,15 +31,16 @@ def run_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 def test_json_has_exactly_the_issue_shape(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_json(capsys, *GEMMA, "--kv-memory", "60GiB")
-    assert set(out) == {"policy", "budget_bytes", "total_bytes", "groups", "constraints",
-                        "max_concurrency", "warnings"}
+    assert set(out) == {"policy", "budget_bytes", "total_bytes", "groups", "constraints", "max_concurrency", "warnings"}
     assert out["policy"] == "reference" and out["budget_bytes"] == 60 * GiB
     assert isinstance(out["total_bytes"], int) and out["total_bytes"] <= 60 * GiB
     groups = out["groups"]
     assert isinstance(groups, list)
     assert [set(g) for g in groups] == [{"name", "kind", "window", "page_bytes", "pages", "bytes"}] * 2
     assert [(g["name"], g["kind"], g["window"]) for g in groups] == [
-        ("sliding", "sliding", 1024), ("full", "full", None)]
+        ("sliding", "sliding", 1024),
+        ("full", "full", None),
+    ]
     assert all(g["bytes"] == g["pages"] * g["page_bytes"] for g in groups)
     assert out["constraints"] == [] and out["warnings"] == []
     conc = out["max_concurrency"]
@@ -59,19 +60,22 @@ def test_avg_seq_len_adds_constraints_and_the_gemma_warning(capsys: pytest.Captu
 
 def test_gpu_budget_is_memory_minus_non_kv_times_fraction(capsys: pytest.CaptureFixture[str]) -> None:
     gpu = load_gpu("h100")
-    out = run_json(capsys, "plan", "llama-3.1-8b-instruct", "--gpu", "h100", "--non-kv-memory", "20GiB",
-                   "--memory-fraction", "0.5")
+    out = run_json(
+        capsys, "plan", "llama-3.1-8b-instruct", "--gpu", "h100", "--non-kv-memory", "20GiB", "--memory-fraction", "0.5"
+    )
     assert out["budget_bytes"] == int((gpu.memory_bytes - 20 * GiB) * 0.5)
     out = run_json(capsys, "plan", "llama-3.1-8b-instruct", "--gpu", "h100", "--non-kv-memory", "20GiB")
     assert out["budget_bytes"] == int((gpu.memory_bytes - 20 * GiB) * 0.9)
 
 
 def test_pool_ratio_and_profile_phase(capsys: pytest.CaptureFixture[str]) -> None:
-    out = run_json(capsys, *GEMMA, "--kv-memory", "1GiB", "--avg-seq-len", "4096",
-                   "--pool-ratio", "full=0.5,sliding=0.5")
+    out = run_json(
+        capsys, *GEMMA, "--kv-memory", "1GiB", "--avg-seq-len", "4096", "--pool-ratio", "full=0.5,sliding=0.5"
+    )
     assert out["policy"] == "pool_ratio" and out["constraints"] == []
-    out = run_json(capsys, "plan", "llama-3.1-8b-instruct", "--kv-memory", "2GiB", "--phase", "profile",
-                   "--max-batch-size", "1024")
+    out = run_json(
+        capsys, "plan", "llama-3.1-8b-instruct", "--kv-memory", "2GiB", "--phase", "profile", "--max-batch-size", "1024"
+    )
     assert out["policy"] == "profile"
     assert [c["name"] for c in out["constraints"]] == ["context", "graph_decodes"]  # type: ignore[index]
 
@@ -97,26 +101,39 @@ def test_infeasible_plan_exits_2_with_one_line_naming_group_b_and_l(
 
 
 def test_fit_turns_the_failure_into_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
-    out = run_json(capsys, "plan", "deepseek-v4-flash", "--kv-memory", "4GiB", "--max-seq-len",
-                   "1000000", "--max-batch-size", "8", "--fit")
+    out = run_json(
+        capsys,
+        "plan",
+        "deepseek-v4-flash",
+        "--kv-memory",
+        "4GiB",
+        "--max-seq-len",
+        "1000000",
+        "--max-batch-size",
+        "8",
+        "--fit",
+    )
     assert out["total_bytes"] <= 4 * GiB  # type: ignore[operator]
     assert any("shrunk" in w for w in out["warnings"])  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("argv", [
-    ["plan", "llama-3.1-8b-instruct"],  # no budget
-    ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--gpu", "h100"],
-    ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--memory-fraction", "7"],
-    ["plan", "llama-3.1-8b-instruct", "--gpu", "h100"],
-    ["plan", "llama-3.1-8b-instruct", "--gpu", "h100", "--non-kv-memory", "200GiB"],
-    ["plan", "llama-3.1-8b-instruct", "--kv-memory", "lots"],
-    ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--avg-seq-len", "9000"],
-    ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--pool-ratio", "full=0.4"],
-    ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--pool-ratio", "full"],
-    ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--cuda-graph-batch-sizes", "1,x"],
-    ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--workload", "nope"],
-    ["plan", "no-such-model", "--kv-memory", "1GiB"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "llama-3.1-8b-instruct"],  # no budget
+        ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--gpu", "h100"],
+        ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--memory-fraction", "7"],
+        ["plan", "llama-3.1-8b-instruct", "--gpu", "h100"],
+        ["plan", "llama-3.1-8b-instruct", "--gpu", "h100", "--non-kv-memory", "200GiB"],
+        ["plan", "llama-3.1-8b-instruct", "--kv-memory", "lots"],
+        ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--avg-seq-len", "9000"],
+        ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--pool-ratio", "full=0.4"],
+        ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--pool-ratio", "full"],
+        ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--cuda-graph-batch-sizes", "1,x"],
+        ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--workload", "nope"],
+        ["plan", "no-such-model", "--kv-memory", "1GiB"],
+    ],
+)
 def test_user_errors_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     run_error(capsys, *argv)
 

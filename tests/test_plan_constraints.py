@@ -22,16 +22,16 @@ def test_typical_step_has_the_exact_shapes() -> None:
 
 def test_extra_kv_tokens_are_in_the_context_entry() -> None:
     # E = 2, N = 256: the context request holds 256 + 2 = 258 positions.
-    limits = ServingLimits(max_batch_size=3, max_seq_len=1024, max_num_tokens=256,
-                           max_draft_len=2, num_extra_kv_tokens=2, avg_seq_len=1024)
+    limits = ServingLimits(
+        max_batch_size=3, max_seq_len=1024, max_num_tokens=256, max_draft_len=2, num_extra_kv_tokens=2, avg_seq_len=1024
+    )
     plan = plan_pools(hybrid(), limits, kv_memory_bytes=GiB)
     assert plan.typical_step is not None and plan.typical_step[0] == Shape(258, 0)
     assert [(c.name, c.batch) for c in plan.constraints] == [("context", (Shape(258, 0),))]
 
 
 def test_without_max_num_tokens_the_context_entry_is_s() -> None:
-    limits = ServingLimits(max_batch_size=2, max_seq_len=1024, max_num_tokens=None,
-                           num_extra_kv_tokens=1)
+    limits = ServingLimits(max_batch_size=2, max_seq_len=1024, max_num_tokens=None, num_extra_kv_tokens=1)
     assert typical_step(limits, 512) == (Shape(513, 0), Shape(512, 511))
 
 
@@ -47,13 +47,11 @@ def test_default_path_has_no_typical_step_and_no_constraints() -> None:
 
 
 def test_avg_seq_len_builds_the_typical_step_and_context_constraint() -> None:
-    limits = ServingLimits(max_batch_size=3, max_seq_len=1024, max_num_tokens=2048,
-                           max_draft_len=2, avg_seq_len=1024)
+    limits = ServingLimits(max_batch_size=3, max_seq_len=1024, max_num_tokens=2048, max_draft_len=2, avg_seq_len=1024)
     plan = plan_pools(hybrid(), limits, kv_memory_bytes=GiB)
     assert plan.policy == "typical_step"
     assert plan.typical_step == (Shape(2048, 0), Shape(1024, 1021), Shape(1024, 1021))
-    assert [(c.name, c.batch, c.satisfied) for c in plan.constraints] == [
-        ("context", (Shape(2048, 0),), True)]
+    assert [(c.name, c.batch, c.satisfied) for c in plan.constraints] == [("context", (Shape(2048, 0),), True)]
     # Typical step pages: full 64 + 32 + 32 = 128; sliding: context 64, each decode
     # 32 - floor((1021 + 1 - 1024)/32) = 32 - 0 = 32 (window not yet passed) -> 128.
     assert plan.ratio == pytest.approx({"full": 0.5, "sliding": 0.5})
@@ -76,8 +74,15 @@ def test_explicit_pool_ratio_drops_every_constraint() -> None:
     assert (plan.pages("full"), plan.pages("sliding")) == (8192, 24576)
 
 
-@pytest.mark.parametrize("bad", [{"full": 0.5}, {"full": 0.5, "sliding": 0.4},
-                                 {"full": 0.0, "sliding": 1.0}, {"full": 1.0, "sliding": 0.0, "x": 0.0}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"full": 0.5},
+        {"full": 0.5, "sliding": 0.4},
+        {"full": 0.0, "sliding": 1.0},
+        {"full": 1.0, "sliding": 0.0, "x": 0.0},
+    ],
+)
 def test_bad_pool_ratio_is_a_limits_error(bad: dict[str, float]) -> None:
     with pytest.raises(LimitsError):
         plan_pools(hybrid(), ServingLimits(), kv_memory_bytes=GiB, pool_ratio=bad)
@@ -100,8 +105,7 @@ def test_deepseek_v4_falls_back_to_s_equal_l() -> None:
 
 def test_deepseek_v4_longest_decode_constraint_includes_draft_and_extra_tokens() -> None:
     spec = load_model_spec("deepseek-v4-flash")
-    plan = plan_pools(spec, dsv4_limits(max_draft_len=2, num_extra_kv_tokens=3),
-                      kv_memory_bytes=20 * GiB)
+    plan = plan_pools(spec, dsv4_limits(max_draft_len=2, num_extra_kv_tokens=3), kv_memory_bytes=20 * GiB)
     by_name = {c.name: c for c in plan.constraints}
     assert set(by_name) == {"context", "longest_decode"}
     # Context: N + E = 2048 + 3. Longest decode: (L, L - 1) plus B - 1 = 3 minimal
@@ -115,8 +119,7 @@ def test_deepseek_v4_longest_decode_constraint_includes_draft_and_extra_tokens()
 def test_deepseek_v4_explicit_ratio_also_drops_its_floors() -> None:
     spec = load_model_spec("deepseek-v4-flash")
     share = 1 / len(spec.groups)
-    plan = plan_pools(spec, dsv4_limits(), kv_memory_bytes=20 * GiB,
-                      pool_ratio={n: share for n in spec.group_names})
+    plan = plan_pools(spec, dsv4_limits(), kv_memory_bytes=20 * GiB, pool_ratio={n: share for n in spec.group_names})
     assert plan.constraints == ()
 
 

@@ -48,11 +48,17 @@ def test_largest_fitting_length_finds_a_page_boundary_past_a_gap() -> None:
 def v4_toys(draw: st.DrawFn) -> ModelSpec:
     """Small DeepSeek-V4-family specs (they carry the L- and B-dependent floor)."""
     tpb = draw(st.sampled_from([4, 8, 16]))
-    groups = [group("sliding", "sliding", tpb=tpb, row_bytes=draw(st.integers(1, 64)),
-                    window=draw(st.integers(1, 64)))]
+    groups = [group("sliding", "sliding", tpb=tpb, row_bytes=draw(st.integers(1, 64)), window=draw(st.integers(1, 64)))]
     if draw(st.booleans()):
-        groups.append(group("compressed", "compressed", tpb=tpb, row_bytes=draw(st.integers(1, 64)),
-                            ratio=draw(st.sampled_from([1, 2, 4]))))
+        groups.append(
+            group(
+                "compressed",
+                "compressed",
+                tpb=tpb,
+                row_bytes=draw(st.integers(1, 64)),
+                ratio=draw(st.sampled_from([1, 2, 4])),
+            )
+        )
     if draw(st.booleans()):
         groups.append(group("full", tpb=tpb, row_bytes=draw(st.integers(1, 64))))
     if draw(st.booleans()):
@@ -68,14 +74,12 @@ def fits_at(spec: ModelSpec, limits: ServingLimits, budget: int) -> bool:
 def budget_near_floors(spec: ModelSpec, limits: ServingLimits, frac: float) -> int:
     """One page per group plus `frac` of the rest of what the floors need: tight on purpose."""
     base = pages_bytes(spec, base_floors(spec))
-    need = merge_floors(base_floors(spec), batch_floors(spec, longest_decode_batch(
-        limits, limits.max_batch_size)))
+    need = merge_floors(base_floors(spec), batch_floors(spec, longest_decode_batch(limits, limits.max_batch_size)))
     return base + int(frac * (pages_bytes(spec, need) - base))
 
 
 @settings(max_examples=60, deadline=None)
-@given(spec=v4_toys(), seq=st.integers(2, 600), b=st.integers(1, 12), d=st.integers(0, 2),
-       frac=st.floats(0.05, 1.2))
+@given(spec=v4_toys(), seq=st.integers(2, 600), b=st.integers(1, 12), d=st.integers(0, 2), frac=st.floats(0.05, 1.2))
 def test_infeasible_error_reports_the_exact_largest_b_and_l(
     spec: ModelSpec, seq: int, b: int, d: int, frac: float
 ) -> None:
@@ -94,8 +98,7 @@ def test_infeasible_error_reports_the_exact_largest_b_and_l(
 
 
 @settings(max_examples=60, deadline=None)
-@given(spec=v4_toys(), seq=st.integers(2, 600), b=st.integers(1, 12), d=st.integers(0, 2),
-       frac=st.floats(0.05, 1.2))
+@given(spec=v4_toys(), seq=st.integers(2, 600), b=st.integers(1, 12), d=st.integers(0, 2), frac=st.floats(0.05, 1.2))
 def test_fit_shrinks_to_the_exact_longest_length_that_fits(
     spec: ModelSpec, seq: int, b: int, d: int, frac: float
 ) -> None:

@@ -13,8 +13,7 @@ from plan_helpers import assert_pages, hybrid
 
 
 def small_plan(full: int, sliding: int, **limits: int) -> PoolPlan:
-    return PoolPlan.from_pages(hybrid(), {"full": full, "sliding": sliding},
-                               ServingLimits(**limits))  # type: ignore[arg-type]
+    return PoolPlan.from_pages(hybrid(), {"full": full, "sliding": sliding}, ServingLimits(**limits))  # type: ignore[arg-type]
 
 
 def test_max_concurrency_is_the_smallest_group_quotient() -> None:
@@ -59,8 +58,7 @@ def test_from_pages_keeps_working() -> None:
 
 
 def test_clamped_limits_stay_valid() -> None:
-    limits = ServingLimits(max_batch_size=64, max_seq_len=4096, avg_seq_len=2048,
-                           cuda_graph_batch_sizes=(1, 8, 64))
+    limits = ServingLimits(max_batch_size=64, max_seq_len=4096, avg_seq_len=2048, cuda_graph_batch_sizes=(1, 8, 64))
     small = limits.clamped(max_batch_size=4, max_seq_len=1000)
     assert (small.max_batch_size, small.max_seq_len, small.avg_seq_len) == (4, 1000, 1000)
     assert small.graph_batch_sizes == (1,)

@@ -22,8 +22,7 @@ GEMMA3_FULL_PAGE = 10 * 8192 * 32
 def test_gemma3_page_sizes_are_the_hand_derived_ones() -> None:
     spec = load_model_spec("gemma-3-27b")
     assert spec.tokens_per_block == 32
-    assert {g.name: g.slot_bytes for g in spec.groups} == {
-        "sliding": GEMMA3_SLIDING_PAGE, "full": GEMMA3_FULL_PAGE}
+    assert {g.name: g.slot_bytes for g in spec.groups} == {"sliding": GEMMA3_SLIDING_PAGE, "full": GEMMA3_FULL_PAGE}
 
 
 def test_budget_below_one_page_per_group_reports_the_true_shortfall() -> None:
@@ -71,16 +70,33 @@ def test_an_explicit_ratio_that_leaves_a_floor_unmet_warns_with_the_pages_short(
 
 
 def test_an_explicit_ratio_that_meets_every_floor_adds_no_such_warning() -> None:
-    plan = plan_pools(load_model_spec("gemma-3-27b"), S_LIMITS, kv_memory_bytes=40 * GiB,
-                      pool_ratio={"full": 0.5, "sliding": 0.5})
+    plan = plan_pools(
+        load_model_spec("gemma-3-27b"), S_LIMITS, kv_memory_bytes=40 * GiB, pool_ratio={"full": 0.5, "sliding": 0.5}
+    )
     assert plan.pages("sliding") >= 256 and plan.pages("full") >= 256
     assert not [w for w in plan.warnings if "floor unmet" in w]
 
 
 def test_the_cli_prints_the_unmet_floor(capsys: pytest.CaptureFixture[str]) -> None:
     from kvpool.cli.main import main
-    assert main(["plan", "gemma-3-27b", "--kv-memory", "40GiB", "--max-seq-len", "32768",
-                 "--avg-seq-len", "4096", "--pool-ratio", "full=0.95,sliding=0.05"]) == 0
+
+    assert (
+        main(
+            [
+                "plan",
+                "gemma-3-27b",
+                "--kv-memory",
+                "40GiB",
+                "--max-seq-len",
+                "32768",
+                "--avg-seq-len",
+                "4096",
+                "--pool-ratio",
+                "full=0.95,sliding=0.05",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr()
     text = out.out + out.err
     assert "'context' floor unmet" in text and "99 pages short" in text

@@ -3,6 +3,8 @@ budgets and --fit, and the budget invariant on random inputs."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -95,10 +97,10 @@ def test_profile_plan_of_ordinary_model_stays_within_its_estimate() -> None:
 
 def test_profile_plan_of_deepseek_v4_uses_the_largest_graph_batch() -> None:
     spec = load_model_spec("deepseek-v4-flash")
-    limits = ServingLimits(max_batch_size=512, max_seq_len=8192, max_num_tokens=4096,
-                           cuda_graph_batch_sizes=(1, 2, 4, 8))
-    plan = plan_pools(spec, limits, kv_memory_bytes=estimate_profile_bytes(spec, limits),
-                      phase="profile")
+    limits = ServingLimits(
+        max_batch_size=512, max_seq_len=8192, max_num_tokens=4096, cuda_graph_batch_sizes=(1, 2, 4, 8)
+    )
+    plan = plan_pools(spec, limits, kv_memory_bytes=estimate_profile_bytes(spec, limits), phase="profile")
     by_name = {c.name: c.batch for c in plan.constraints}
     assert by_name["longest_decode"] == (Shape(8192, 8191),) + (Shape(1, 0),) * 7
     assert_within_budget(plan)
@@ -139,7 +141,12 @@ def test_infeasible_plan_names_constraint_group_shortfall_and_what_fits() -> Non
         plan_pools(spec, TOY_LIMITS, kv_memory_bytes=10_500)  # type: ignore[arg-type]
     e = info.value
     assert (e.constraint, e.group, e.short_pages, e.max_batch_size, e.max_seq_len) == (
-        "longest_decode", "state", 4, 5, 512), str(e)
+        "longest_decode",
+        "state",
+        4,
+        5,
+        512,
+    ), str(e)
     assert "\n" not in str(e) and "'state'" in str(e)
 
 
@@ -179,8 +186,9 @@ def test_bad_budget_and_phase_are_user_errors() -> None:
 @st.composite
 def specs(draw: st.DrawFn) -> object:
     tpb = draw(st.sampled_from([4, 16, 32, 64]))
-    kinds = draw(st.lists(st.sampled_from(["full", "sliding", "chunked", "compressed", "state"]),
-                          min_size=1, max_size=4))
+    kinds = draw(
+        st.lists(st.sampled_from(["full", "sliding", "chunked", "compressed", "state"]), min_size=1, max_size=4)
+    )
     groups: list[LayerGroup] = []
     for i, kind in enumerate(kinds):
         row = draw(st.integers(1, 4096))
@@ -189,8 +197,15 @@ def specs(draw: st.DrawFn) -> object:
         elif kind in ("sliding", "chunked"):
             groups.append(group(f"g{i}", kind, tpb=tpb, row_bytes=row, window=draw(st.integers(1, 4096))))
         elif kind == "compressed":
-            groups.append(group(f"g{i}", kind, tpb=tpb, row_bytes=row,
-                                ratio=draw(st.sampled_from([r for r in (1, 2, 4) if tpb % r == 0]))))
+            groups.append(
+                group(
+                    f"g{i}",
+                    kind,
+                    tpb=tpb,
+                    row_bytes=row,
+                    ratio=draw(st.sampled_from([r for r in (1, 2, 4) if tpb % r == 0])),
+                )
+            )
         else:
             groups.append(group(f"g{i}", kind, tpb=tpb, row_bytes=row))
     return model(*groups, family=draw(st.sampled_from(["attention", "deepseek_v4"])))
@@ -201,9 +216,11 @@ def limits_st(draw: st.DrawFn) -> ServingLimits:
     seq = draw(st.integers(1, 16384))
     b = draw(st.integers(1, 300))
     return ServingLimits(
-        max_batch_size=b, max_seq_len=seq,
+        max_batch_size=b,
+        max_seq_len=seq,
         max_num_tokens=draw(st.one_of(st.none(), st.integers(1, 16384))),
-        max_draft_len=draw(st.integers(0, 4)), num_extra_kv_tokens=draw(st.integers(0, 4)),
+        max_draft_len=draw(st.integers(0, 4)),
+        num_extra_kv_tokens=draw(st.integers(0, 4)),
         avg_seq_len=draw(st.one_of(st.none(), st.integers(1, seq))),
     )
 
@@ -213,20 +230,36 @@ budgets = st.floats(12, 36).map(lambda e: int(2**e))
 
 
 @settings(max_examples=150, deadline=None)
-@given(spec=specs(), limits=limits_st(), budget=budgets,
-       phase=st.sampled_from(["final", "profile"]), fit=st.booleans(), explicit=st.booleans())
+@given(
+    spec=specs(),
+    limits=limits_st(),
+    budget=budgets,
+    phase=st.sampled_from(["final", "profile"]),
+    fit=st.booleans(),
+    explicit=st.booleans(),
+)
 def test_total_never_exceeds_budget_and_floors_hold_or_infeasible(
-    spec: object, limits: ServingLimits, budget: int, phase: str, fit: bool, explicit: bool
+    spec: ModelSpec, limits: ServingLimits, budget: int, phase: Any, fit: bool, explicit: bool
 ) -> None:
-    names = spec.group_names  # type: ignore[attr-defined]
+    names = spec.group_names
     ratio = {n: 1 / len(names) for n in names} if explicit else None
     try:
-        plan = plan_pools(spec, limits, kv_memory_bytes=budget, pool_ratio=ratio,  # type: ignore[arg-type]
-                          fit=fit, phase=phase)  # type: ignore[arg-type]
+        plan = plan_pools(
+            spec,
+            limits,
+            kv_memory_bytes=budget,
+            pool_ratio=ratio,  # type: ignore[arg-type]
+            fit=fit,
+            phase=phase,
+        )  # type: ignore[arg-type]
     except InfeasiblePlanError:
         if not fit:
-            wanted = plan_constraints(limits, rules_for(spec), phase,  # type: ignore[arg-type]
-                                      explicit_ratio=explicit and phase == "final")
+            wanted = plan_constraints(
+                limits,
+                rules_for(spec),
+                phase,  # type: ignore[arg-type]
+                explicit_ratio=explicit and phase == "final",
+            )
             assert not floors_fit(spec, wanted, budget)  # type: ignore[arg-type]
         return
     assert_within_budget(plan)

@@ -37,13 +37,13 @@ def test_a_page_larger_than_the_budget_share_gets_nothing_but_the_floor() -> Non
     assert waterfill(100, [60, 1], [0.5, 0.5], [0, 0]) == [0, 100]
 
 
-def assert_valid_fill(budget: int, slots: list[int], ratio: list[float], floors: list[int],
-                      pages: list[int]) -> None:
+def assert_valid_fill(budget: int, slots: list[int], ratio: list[float], floors: list[int], pages: list[int]) -> None:
     used = total(pages, slots)
     assert used <= budget, f"{pages} x {slots} = {used} > {budget}"
     assert all(p >= f for p, f in zip(pages, floors, strict=True)), f"{pages} below floors {floors}"
     assert all(s > budget - used for s in slots), (
-        f"{budget - used} B left over although a slot of {min(slots)} B would fit: {pages}")
+        f"{budget - used} B left over although a slot of {min(slots)} B would fit: {pages}"
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -59,8 +59,7 @@ def test_fill_respects_budget_floors_and_leaves_no_usable_bytes(data: st.DataObj
 
 @settings(max_examples=100, deadline=None)
 @given(slots=st.lists(st.integers(1, 4096), min_size=2, max_size=5), budget=st.integers(10**6, 10**9))
-def test_without_floors_each_group_is_within_one_ratio_round_of_its_share(slots: list[int],
-                                                                         budget: int) -> None:
+def test_without_floors_each_group_is_within_one_ratio_round_of_its_share(slots: list[int], budget: int) -> None:
     ratio = [1 / len(slots)] * len(slots)
     pages = waterfill(budget, slots, ratio, [0] * len(slots))
     for p, s in zip(pages, slots, strict=True):

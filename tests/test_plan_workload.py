@@ -64,8 +64,9 @@ def test_plan_with_a_workload_policy() -> None:
 
 def test_workload_and_pool_ratio_together_are_refused() -> None:
     with pytest.raises(LimitsError, match="not both"):
-        plan_pools(hybrid(), LIMITS, kv_memory_bytes=2**30, policy=Workload([(1, 1)]),
-                   pool_ratio={"full": 0.5, "sliding": 0.5})
+        plan_pools(
+            hybrid(), LIMITS, kv_memory_bytes=2**30, policy=Workload([(1, 1)]), pool_ratio={"full": 0.5, "sliding": 0.5}
+        )
 
 
 @pytest.mark.parametrize("bad", [[], [(1, 2, 3)], [(-1, 5)], [(0, 0)], [(1.5, 2.0)]])

@@ -19,35 +19,56 @@ TPB = 4
 
 
 def full_spec() -> ModelSpec:
-    return load_model_spec({"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                            "hidden_size": 64, "max_position_embeddings": 1 << 16,
-                            "torch_dtype": "bfloat16"}, tokens_per_block=TPB)
+    return load_model_spec(
+        {
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "hidden_size": 64,
+            "max_position_embeddings": 1 << 16,
+            "torch_dtype": "bfloat16",
+        },
+        tokens_per_block=TPB,
+    )
 
 
 def hybrid_spec(window: int = 8) -> ModelSpec:
-    return load_model_spec({"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                            "hidden_size": 64, "max_position_embeddings": 1 << 16,
-                            "torch_dtype": "bfloat16", "sliding_window": window,
-                            "layer_types": ["full_attention", "sliding_attention"]},
-                           tokens_per_block=TPB)
+    return load_model_spec(
+        {
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "hidden_size": 64,
+            "max_position_embeddings": 1 << 16,
+            "torch_dtype": "bfloat16",
+            "sliding_window": window,
+            "layer_types": ["full_attention", "sliding_attention"],
+        },
+        tokens_per_block=TPB,
+    )
 
 
-def make(pages: dict[str, int], spec: ModelSpec | None = None, *, reuse: bool = False,
-         padding: bool = True, captured: Any = None, pads: Any = None,
-         **limits: Any) -> tuple[KVCacheManager, Scheduler]:
+def make(
+    pages: dict[str, int],
+    spec: ModelSpec | None = None,
+    *,
+    reuse: bool = False,
+    padding: bool = True,
+    captured: Any = None,
+    pads: Any = None,
+    **limits: Any,
+) -> tuple[KVCacheManager, Scheduler]:
     limits.setdefault("max_batch_size", 8)
     limits.setdefault("max_seq_len", 256)
     limits.setdefault("max_num_tokens", 64)
     lim = ServingLimits(**limits)
     mgr = KVCacheManager(PoolPlan.from_pages(spec or full_spec(), pages, lim), enable_reuse=reuse)
-    return mgr, Scheduler(mgr, lim, padding=padding, captured=captured, padding_rids=pads,
-                          enable_reuse=reuse)
+    return mgr, Scheduler(mgr, lim, padding=padding, captured=captured, padding_rids=pads, enable_reuse=reuse)
 
 
 def seq(rid: int, prompt: int, out: int, first_token: int = 1000) -> Sequence:
     # distinct token ids per request unless the caller shares them on purpose
-    return Sequence(rid=rid, prompt_ids=list(range(first_token * rid, first_token * rid + prompt)),
-                    max_new_tokens=out)
+    return Sequence(rid=rid, prompt_ids=list(range(first_token * rid, first_token * rid + prompt)), max_new_tokens=out)
 
 
 def chunks(step: Step) -> list[tuple[int, int, int]]:
@@ -347,8 +368,7 @@ def test_shared_system_prompt_is_reused_on_a_sliding_model(chunk: int) -> None:
     # leave the window. B shares only the system prompt: a hit of 4 pages needs
     # full pages 0..3 and the sliding pages live at history 16 (stale(16) =
     # floor((16 + 1 - 8)/4) = 2, so pages 2..3) -- exactly the pages A released.
-    mgr, sched = make({"full": 100, "sliding": 100}, hybrid_spec(window=8), reuse=True,
-                      max_num_tokens=chunk)
+    mgr, sched = make({"full": 100, "sliding": 100}, hybrid_spec(window=8), reuse=True, max_num_tokens=chunk)
     system = list(range(500, 516))
     sched.add(Sequence(rid=1, prompt_ids=system + list(range(16)), max_new_tokens=1))
     drain(sched)
@@ -378,7 +398,7 @@ def test_preempted_request_hits_its_own_pages_when_readmitted() -> None:
         run_step(sched, step)
         step = sched.schedule()
         assert step is not None
-    (again, start, _), = [p for p in step.prefills if p[0].rid == 2]
+    ((again, start, _),) = [p for p in step.prefills if p[0].rid == 2]
     assert start == again.num_cached and start in (4, 8, 12), start
     drain(sched)
     mgr.check_integrity()
@@ -395,8 +415,7 @@ def test_preempted_request_hits_its_own_pages_when_readmitted() -> None:
     hybrid=st.booleans(),
     reuse=st.booleans(),
 )
-def test_conservation(lengths: list[tuple[int, int]], pages: int, budget: int, hybrid: bool,
-                      reuse: bool) -> None:
+def test_conservation(lengths: list[tuple[int, int]], pages: int, budget: int, hybrid: bool, reuse: bool) -> None:
     """Every request either finishes with exactly its tokens or is rejected as
     unfittable; afterwards every page is free and the bookkeeping is intact."""
     spec = hybrid_spec() if hybrid else full_spec()

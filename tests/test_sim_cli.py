@@ -7,8 +7,17 @@ from pathlib import Path
 
 import pytest
 
-RUN_KEYS = {"policy", "output_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p99_s",
-            "tpot_p50_s", "preemptions", "graph_step_share", "pages"}
+RUN_KEYS = {
+    "policy",
+    "output_tokens_per_s",
+    "requests_per_s",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "preemptions",
+    "graph_step_share",
+    "pages",
+}
 
 
 @pytest.fixture
@@ -19,8 +28,19 @@ def small_trace(tmp_path: Path) -> str:
     return str(path)
 
 
-BASE = ["--gpu", "h100", "--kv-memory", "4GiB", "--max-seq-len", "4096", "--max-batch-size", "16",
-        "--max-num-tokens", "1024", "--quiet"]
+BASE = [
+    "--gpu",
+    "h100",
+    "--kv-memory",
+    "4GiB",
+    "--max-seq-len",
+    "4096",
+    "--max-batch-size",
+    "16",
+    "--max-num-tokens",
+    "1024",
+    "--quiet",
+]
 
 
 def test_json_has_exactly_the_issue_shape(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
@@ -35,8 +55,18 @@ def test_json_has_exactly_the_issue_shape(cli, small_trace: str) -> None:  # typ
 
 
 def test_compare_runs_policies_side_by_side(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
-    code, out, err = cli("simulate", "gemma-3-27b", *BASE, "--trace", small_trace, "--rate", "inf",
-                         "--compare", "reference,typical,workload,ratio:full=0.5", "--json")
+    code, out, err = cli(
+        "simulate",
+        "gemma-3-27b",
+        *BASE,
+        "--trace",
+        small_trace,
+        "--rate",
+        "inf",
+        "--compare",
+        "reference,typical,workload,ratio:full=0.5",
+        "--json",
+    )
     assert code == 0, err
     runs = json.loads(out)["runs"]
     assert [r["policy"] for r in runs] == ["reference", "typical", "workload", "ratio:full=0.5"]
@@ -47,8 +77,21 @@ def test_compare_runs_policies_side_by_side(cli, small_trace: str) -> None:  # t
 def test_text_output_and_sweep_with_plot(cli, small_trace: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("matplotlib")
     png = tmp_path / "sweep.png"
-    code, out, err = cli("simulate", "gemma-3-27b", *BASE, "--trace", small_trace, "--rate", "inf",
-                         "--sweep-ratio", "sliding", "--sweep-points", "3", "--plot", str(png))
+    code, out, err = cli(
+        "simulate",
+        "gemma-3-27b",
+        *BASE,
+        "--trace",
+        small_trace,
+        "--rate",
+        "inf",
+        "--sweep-ratio",
+        "sliding",
+        "--sweep-points",
+        "3",
+        "--plot",
+        str(png),
+    )
     assert code == 0, err
     assert "best split: " in out and "of the best" in out
     for policy in ("reference", "typical", "workload"):
@@ -58,29 +101,44 @@ def test_text_output_and_sweep_with_plot(cli, small_trace: str, tmp_path: Path) 
 
 
 def test_sweep_json_adds_one_run_per_share(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
-    code, out, _ = cli("simulate", "gemma-3-27b", *BASE, "--trace", small_trace, "--rate", "inf",
-                       "--policy", "reference", "--sweep-ratio", "full", "--sweep-points", "2",
-                       "--json")
+    code, out, _ = cli(
+        "simulate",
+        "gemma-3-27b",
+        *BASE,
+        "--trace",
+        small_trace,
+        "--rate",
+        "inf",
+        "--policy",
+        "reference",
+        "--sweep-ratio",
+        "full",
+        "--sweep-points",
+        "2",
+        "--json",
+    )
     assert code == 0
     names = [r["policy"] for r in json.loads(out)["runs"]]
     assert names == ["reference", "ratio:full=0.05", "ratio:full=0.95"]
 
 
 def test_no_padding_reservation_flag(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
-    code, out, _ = cli("simulate", "qwen3-0.6b", *BASE, "--trace", small_trace,
-                       "--no-padding-reservation")
+    code, out, _ = cli("simulate", "qwen3-0.6b", *BASE, "--trace", small_trace, "--no-padding-reservation")
     assert code == 0 and "padding dummies lazy" in out
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--kv-memory", "1GiB"], "needs --gpu"),
-    (["--gpu", "h100", "--kv-memory", "1GiB", "--rate", "fast"], "cannot read --rate"),
-    (["--gpu", "h100", "--kv-memory", "1GiB", "--rate", "0"], "must be positive"),
-    (["--gpu", "h100", "--kv-memory", "1GiB", "--policy", "best"], "unknown policy"),
-    (["--gpu", "h100", "--kv-memory", "1GiB", "--policy", "ratio:full"], "cannot read policy"),
-    (["--gpu", "h100", "--kv-memory", "1GiB", "--sweep-ratio", "sliding"], "no group 'sliding'"),
-    (["--gpu", "h200x", "--kv-memory", "1GiB"], "unknown gpu preset"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kv-memory", "1GiB"], "needs --gpu"),
+        (["--gpu", "h100", "--kv-memory", "1GiB", "--rate", "fast"], "cannot read --rate"),
+        (["--gpu", "h100", "--kv-memory", "1GiB", "--rate", "0"], "must be positive"),
+        (["--gpu", "h100", "--kv-memory", "1GiB", "--policy", "best"], "unknown policy"),
+        (["--gpu", "h100", "--kv-memory", "1GiB", "--policy", "ratio:full"], "cannot read policy"),
+        (["--gpu", "h100", "--kv-memory", "1GiB", "--sweep-ratio", "sliding"], "no group 'sliding'"),
+        (["--gpu", "h200x", "--kv-memory", "1GiB"], "unknown gpu preset"),
+    ],
+)
 def test_errors_are_one_line_and_exit_2(cli, small_trace: str, args: list[str], message: str) -> None:  # type: ignore[no-untyped-def]
     code, out, err = cli("simulate", "qwen3-0.6b", "--trace", small_trace, "--quiet", *args)
     assert code == 2, (out, err)
@@ -91,52 +149,85 @@ def test_unknown_trace_and_model_without_weights(cli, tmp_path: Path) -> None:  
     code, _, err = cli("simulate", "qwen3-0.6b", *BASE, "--trace", "azure-chat")
     assert code == 2 and "neither a bundled trace" in err
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 4,
-                                  "num_key_value_heads": 2, "hidden_size": 64,
-                                  "max_position_embeddings": 4096}))
+    config.write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "hidden_size": 64,
+                "max_position_embeddings": 4096,
+            }
+        )
+    )
     code, _, err = cli("simulate", str(config), *BASE, "--trace", "azure-code", "--max-requests", "5")
     assert code == 2 and "--weights-bytes" in err
-    code, out, err = cli("simulate", str(config), *BASE, "--trace", "azure-code", "--max-requests",
-                         "5", "--weights-bytes", "1GB", "--json")
+    code, out, err = cli(
+        "simulate",
+        str(config),
+        *BASE,
+        "--trace",
+        "azure-code",
+        "--max-requests",
+        "5",
+        "--weights-bytes",
+        "1GB",
+        "--json",
+    )
     assert code == 0, err
 
 
 def test_pool_ratio_flag_is_a_ratio_policy(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
-    code, out, err = cli("simulate", "gemma-3-27b", *BASE, "--trace", small_trace,
-                         "--pool-ratio", "full=0.4,sliding=0.6", "--json")
+    code, out, err = cli(
+        "simulate", "gemma-3-27b", *BASE, "--trace", small_trace, "--pool-ratio", "full=0.4,sliding=0.6", "--json"
+    )
     assert code == 0, err
     (run,) = json.loads(out)["runs"]
     assert run["policy"] == "ratio:full=0.4,sliding=0.6"
 
 
-@pytest.mark.parametrize("args", [
-    ["--sweep-ratio", "nope"],                                   # unknown group
-    ["--plot", "/tmp/kvpool-plot.txt"],                          # a type matplotlib cannot write
-    ["--plot", "/nonexistent-folder/plot.png"],
-    ["--compare", "reference,typical", "--avg-seq-len", "4096",  # typical's context floor
-     "--max-num-tokens", "1000000", "--max-seq-len", "1000000"],  # cannot fit 1 GiB
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--sweep-ratio", "nope"],  # unknown group
+        ["--plot", "/tmp/kvpool-plot.txt"],  # a type matplotlib cannot write
+        ["--plot", "/nonexistent-folder/plot.png"],
+        [
+            "--compare",
+            "reference,typical",
+            "--avg-seq-len",
+            "4096",  # typical's context floor
+            "--max-num-tokens",
+            "1000000",
+            "--max-seq-len",
+            "1000000",
+        ],  # cannot fit 1 GiB
+    ],
+)
 def test_bad_sweep_group_or_infeasible_policy_fails_before_any_run(  # type: ignore[no-untyped-def]
-        cli, small_trace: str, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    cli, small_trace: str, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
     import kvpool.cli.simulate_cmd as cmd
 
     def no_run(*a: object, **k: object) -> None:
         raise AssertionError("a simulation ran before the bad input was reported")
 
     monkeypatch.setattr(cmd, "simulate", no_run)
-    code, out, err = cli("simulate", "gemma-3-27b", "--gpu", "h100", "--kv-memory", "1GiB",
-                         "--trace", small_trace, "--quiet", *args)
+    code, out, err = cli(
+        "simulate", "gemma-3-27b", "--gpu", "h100", "--kv-memory", "1GiB", "--trace", small_trace, "--quiet", *args
+    )
     assert code == 2 and out == "" and err.count("\n") == 1, err
 
 
 def test_policy_flags_that_would_override_each_other_are_refused(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
-    for extra in (["--policy", "typical", "--pool-ratio", "full=0.5"],
-                  ["--compare", "reference,typical", "--policy", "workload"]):
+    for extra in (
+        ["--policy", "typical", "--pool-ratio", "full=0.5"],
+        ["--compare", "reference,typical", "--policy", "workload"],
+    ):
         code, out, err = cli("simulate", "gemma-3-27b", *BASE, "--trace", small_trace, *extra)
         assert code == 2 and out == "" and "give one of" in err and err.count("\n") == 1, err
 
 
 def test_pool_ratio_is_checked_as_in_plan(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
-    code, out, err = cli("simulate", "gemma-3-27b", *BASE, "--trace", small_trace,
-                         "--pool-ratio", "sliding=0.3")
+    code, out, err = cli("simulate", "gemma-3-27b", *BASE, "--trace", small_trace, "--pool-ratio", "sliding=0.3")
     assert code == 2 and "a share for each group" in err and err.count("\n") == 1, err

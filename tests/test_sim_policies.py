@@ -28,7 +28,10 @@ def gemma() -> ModelSpec:
 
 def test_parse_policies_keeps_ratio_commas() -> None:
     assert parse_policies("reference,ratio:full=0.3,sliding=0.7,typical") == [
-        "reference", "ratio:full=0.3,sliding=0.7", "typical"]
+        "reference",
+        "ratio:full=0.3,sliding=0.7",
+        "typical",
+    ]
     with pytest.raises(KvpoolError, match="unknown policy 'fastest'"):
         parse_policies("reference,fastest")
 
@@ -55,8 +58,7 @@ def test_policies_give_their_plans() -> None:
     assert ref.plan.policy == "reference" and ref.plan.limits.avg_seq_len is None
     typ = plan_for(spec, limits, "typical", kv_memory_bytes=20 * GiB)
     assert typ.plan.policy == "typical_step" and typ.plan.limits.avg_seq_len == 2048 and not typ.notes
-    no_s = plan_for(spec, ServingLimits(max_seq_len=8192), "typical",
-                    kv_memory_bytes=20 * GiB)
+    no_s = plan_for(spec, ServingLimits(max_seq_len=8192), "typical", kv_memory_bytes=20 * GiB)
     assert no_s.plan.limits.avg_seq_len == 8192 and "S = max_seq_len = 8192" in no_s.notes[0]
     wl = plan_for(spec, limits, "workload", kv_memory_bytes=20 * GiB, trace=trace)
     assert wl.plan.policy == "workload"
@@ -82,11 +84,12 @@ def test_sweep_grids() -> None:
 
 
 def test_prompt_ids_follow_hash_blocks() -> None:
-    trace = Trace("m", np.array([600, 520, 3]), np.array([1, 1, 1]),
-                  hash_ids=((0, 1), (0, 7), (5,)), hash_block_tokens=512)
+    trace = Trace(
+        "m", np.array([600, 520, 3]), np.array([1, 1, 1]), hash_ids=((0, 1), (0, 7), (5,)), hash_block_tokens=512
+    )
     a, b, c = (prompt_ids(trace, i) for i in range(3))
-    assert a[:512] == b[:512] == list(range(512))       # shared block 0
-    assert a[512:] == list(range(512, 600))             # block 1: ids 512 + 0..87
+    assert a[:512] == b[:512] == list(range(512))  # shared block 0
+    assert a[512:] == list(range(512, 600))  # block 1: ids 512 + 0..87
     assert b[512:] == list(range(7 * 512, 7 * 512 + 8))  # block 7
     assert c == [5 * 512, 5 * 512 + 1, 5 * 512 + 2]
     plain = Trace("p", np.array([4]), np.array([2]))

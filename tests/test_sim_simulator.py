@@ -17,16 +17,30 @@ from kvpool.sim import Progress, SimResult, StepTimeModel, Weights, simulate
 from kvpool.sim.steptime import KERNELS_PER_LAYER, KERNELS_PER_STEP, LAUNCH_S, REPLAY_S
 from kvpool.spec import ModelSpec, load_model_spec
 
-GPU = GpuSpec(key="toy", name="toy", memory_bytes=10 * 2**30, hbm_bandwidth_bytes_per_s=1e12,
-              bf16_flops=1e14, fp8_flops=None, memory_source="marketed", source="test")
+GPU = GpuSpec(
+    key="toy",
+    name="toy",
+    memory_bytes=10 * 2**30,
+    hbm_bandwidth_bytes_per_s=1e12,
+    bf16_flops=1e14,
+    fp8_flops=None,
+    memory_source="marketed",
+    source="test",
+)
 WEIGHTS = Weights(1e9, 1e9, 2.0)  # 2 GB of weights: every small step is memory bound
 EAGER = LAUNCH_S * (KERNELS_PER_LAYER * 2 + KERNELS_PER_STEP)
 
 
 def toy_spec(tpb: int = 4, window: int | None = None) -> ModelSpec:
     config: dict[str, object] = {
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "hidden_size": 64, "max_position_embeddings": 1 << 16, "torch_dtype": "bfloat16"}
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hidden_size": 64,
+        "max_position_embeddings": 1 << 16,
+        "torch_dtype": "bfloat16",
+    }
     if window:
         config.update(sliding_window=window, layer_types=["sliding_attention", "full_attention"])
     return load_model_spec(config, tokens_per_block=tpb)
@@ -41,9 +55,12 @@ def plan(pages: dict[str, int], spec: ModelSpec | None = None, **limits: object)
 
 
 def trace(lengths: list[tuple[int, int]], arrivals: list[float] | None = None) -> Trace:
-    return Trace("t", np.array([p for p, _ in lengths], dtype=np.int64),
-                 np.array([o for _, o in lengths], dtype=np.int64),
-                 None if arrivals is None else np.array(arrivals, dtype=np.float64))
+    return Trace(
+        "t",
+        np.array([p for p, _ in lengths], dtype=np.int64),
+        np.array([o for _, o in lengths], dtype=np.int64),
+        None if arrivals is None else np.array(arrivals, dtype=np.float64),
+    )
 
 
 def run(p: PoolPlan, t: Trace, **kw: object) -> SimResult:
@@ -95,17 +112,20 @@ def test_padded_decode_batch_replays_a_graph() -> None:
 # ----------------------------------------------------------------------------- conservation
 
 
-@pytest.mark.parametrize(("pages", "window", "budget"), [
-    ({"full": 60}, None, 16),
-    ({"full": 18}, None, 8),                   # tight (17 pages after the padding dummy)
-    ({"sliding": 9, "full": 40}, 8, 12),       # starved window pool
-    ({"sliding": 30, "full": 30}, 8, None),    # no chunked-prefill budget
-])
+@pytest.mark.parametrize(
+    ("pages", "window", "budget"),
+    [
+        ({"full": 60}, None, 16),
+        ({"full": 18}, None, 8),  # tight (17 pages after the padding dummy)
+        ({"sliding": 9, "full": 40}, 8, 12),  # starved window pool
+        ({"sliding": 30, "full": 30}, 8, None),  # no chunked-prefill budget
+    ],
+)
 def test_every_request_gets_its_tokens_and_no_page_leaks(
-        pages: dict[str, int], window: int | None, budget: int | None) -> None:
+    pages: dict[str, int], window: int | None, budget: int | None
+) -> None:
     rng = np.random.default_rng(7)
-    lengths = [(int(p), int(o)) for p, o in zip(rng.integers(1, 40, 60), rng.integers(1, 30, 60),
-                                                  strict=True)]
+    lengths = [(int(p), int(o)) for p, o in zip(rng.integers(1, 40, 60), rng.integers(1, 30, 60), strict=True)]
     lengths += [(64, 5), (70, 1)]  # prompts of at least L = 64: rejected up front
     arrivals = np.sort(rng.uniform(0, 0.05, len(lengths))).tolist()
     p = plan(pages, toy_spec(window=window), max_num_tokens=budget)
@@ -139,11 +159,9 @@ def test_same_seed_same_numbers_other_seed_other_numbers() -> None:
 
 def test_fast_path_matches_step_by_step() -> None:
     rng = np.random.default_rng(11)
-    lengths = [(int(p), int(o)) for p, o in zip(rng.integers(1, 30, 40), rng.integers(1, 40, 40),
-                                                  strict=True)]
+    lengths = [(int(p), int(o)) for p, o in zip(rng.integers(1, 30, 40), rng.integers(1, 40, 40), strict=True)]
     arrivals = np.sort(rng.uniform(0, 0.5, 40)).tolist()
-    for pages, window in (({"full": 200}, None), ({"sliding": 40, "full": 100}, 8),
-                          ({"full": 25}, None)):
+    for pages, window in (({"full": 200}, None), ({"sliding": 40, "full": 100}, 8), ({"full": 25}, None)):
         p = plan(pages, toy_spec(window=window))
         fast = run(p, trace(lengths, arrivals), fast=True)
         slow = run(p, trace(lengths, arrivals), fast=False)
@@ -159,9 +177,11 @@ def test_fast_path_matches_step_by_step() -> None:
 
 def test_mooncake_hash_ids_become_reuse_hits(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
-    rows = [{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [0, 1]},
-            {"timestamp": 1000, "input_length": 700, "output_length": 2, "hash_ids": [0, 2]},
-            {"timestamp": 2000, "input_length": 800, "output_length": 2, "hash_ids": [0, 3]}]
+    rows = [
+        {"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [0, 1]},
+        {"timestamp": 1000, "input_length": 700, "output_length": 2, "hash_ids": [0, 2]},
+        {"timestamp": 2000, "input_length": 800, "output_length": 2, "hash_ids": [0, 3]},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     t = load_trace(path)
     p = plan({"full": 400}, toy_spec(tpb=32), max_seq_len=2048, max_num_tokens=1024)
@@ -210,8 +230,9 @@ def test_progress_is_reported_every_n_steps() -> None:
     seen: list[Progress] = []
     p = plan({"full": 100})
     model = StepTimeModel.build(p.spec, GPU, WEIGHTS)
-    r = simulate(p, trace([(4, 3)] * 5, [0.0, 1.0, 2.0, 3.0, 4.0]), model, fast=False,
-                 progress=seen.append, progress_every=2)
+    r = simulate(
+        p, trace([(4, 3)] * 5, [0.0, 1.0, 2.0, 3.0, 4.0]), model, fast=False, progress=seen.append, progress_every=2
+    )
     # 5 requests x (1 prefill + 2 decodes) = 15 steps, reported after steps 2, 4, ..., 14
     assert r.steps == 15 and len(seen) == 7
     assert seen[-1].total == 5 and seen[-1].done <= 5

@@ -19,16 +19,31 @@ from kvpool.sim.steptime import (
 from kvpool.spec import ModelSpec, load_model_spec
 
 # A GPU with round numbers: 100 TFLOPS BF16, 1 TB/s.
-GPU = GpuSpec(key="toy", name="toy", memory_bytes=10 * 2**30, hbm_bandwidth_bytes_per_s=1e12,
-              bf16_flops=1e14, fp8_flops=2e14, memory_source="marketed", source="test")
+GPU = GpuSpec(
+    key="toy",
+    name="toy",
+    memory_bytes=10 * 2**30,
+    hbm_bandwidth_bytes_per_s=1e12,
+    bf16_flops=1e14,
+    fp8_flops=2e14,
+    memory_source="marketed",
+    source="test",
+)
 
 
 def toy_spec(**extra: object) -> ModelSpec:
     # 2 layers, 4 query heads, 2 KV heads of dim 16, BF16:
     # K and V = 2 x 2 heads x 16 values x 2 bytes = 128 bytes per position per layer.
-    config = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "head_dim": 16, "hidden_size": 64, "max_position_embeddings": 4096,
-              "torch_dtype": "bfloat16", **extra}
+    config = {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hidden_size": 64,
+        "max_position_embeddings": 4096,
+        "torch_dtype": "bfloat16",
+        **extra,
+    }
     return load_model_spec(config, tokens_per_block=4)
 
 
@@ -46,13 +61,14 @@ def test_decode_step_is_memory_bound_by_hand() -> None:
     # attention FLOPs per (query, key) pair: 4 x 4 heads x 16 dims x 2 layers = 512
     assert group.flops_per_pair == 512
     # Two rows at history 10 and 20 read 11 + 21 = 32 keys.
-    flops = 2 * 1e9 * 2 + 512 * 32                       # 4.000016384e9 -> 40.0 us
-    bytes_ = 2e9 + 256 * (32 + 2)                        # weights + KV read + 2 rows written
-    expected = max(flops / 1e14, bytes_ / 1e12)          # memory: 2.000008704 ms
+    flops = 2 * 1e9 * 2 + 512 * 32  # 4.000016384e9 -> 40.0 us
+    bytes_ = 2e9 + 256 * (32 + 2)  # weights + KV read + 2 rows written
+    expected = max(flops / 1e14, bytes_ / 1e12)  # memory: 2.000008704 ms
     assert bytes_ / 1e12 > flops / 1e14
     assert model.time([(10, 0), (20, 0)], []) == pytest.approx(expected + EAGER, rel=1e-12)
     assert model.time([(10, 0), (20, 0)], [], graph=True, padded_batch=2) == pytest.approx(
-        expected + REPLAY_S, rel=1e-12)
+        expected + REPLAY_S, rel=1e-12
+    )
 
 
 def test_eager_overhead_is_launches_per_kernel() -> None:

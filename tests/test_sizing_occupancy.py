@@ -57,8 +57,7 @@ def test_prefill_chunks_weigh_on_summarisation() -> None:
     window plus the chunk in the sliding group: a larger sliding share."""
     limits = ServingLimits(max_seq_len=32768)
     pairs = [(30000, 2)] * 3
-    assert Occupancy(pairs).ratio(gemma(), limits)["sliding"] > \
-        Workload(pairs).ratio(gemma(), limits)["sliding"] + 0.05
+    assert Occupancy(pairs).ratio(gemma(), limits)["sliding"] > Workload(pairs).ratio(gemma(), limits)["sliding"] + 0.05
     plan = plan_pools(gemma(), limits, kv_memory_bytes=8 << 30, policy=Occupancy(pairs))
     assert plan.policy == "occupancy"
 

@@ -54,8 +54,16 @@ def test_search_finds_a_known_optimum_within_its_budget() -> None:
         calls.append(share)
         return 100.0 - 1000.0 * (share - 0.3) ** 2
 
-    out = tune(gemma(), ServingLimits(max_seq_len=8192), trace(), None,  # type: ignore[arg-type]
-               kv_memory_bytes=20 * GiB, run=fake, extra_shares=(0.9,), max_evals=11)
+    out = tune(
+        gemma(),
+        ServingLimits(max_seq_len=8192),
+        trace(),
+        None,  # type: ignore[arg-type]
+        kv_memory_bytes=20 * GiB,
+        run=fake,
+        extra_shares=(0.9,),
+        max_evals=11,
+    )
     assert tuned_group(gemma()) == "sliding" and out.group == "sliding"
     assert len(calls) == len(out.evals) <= 11 and 0.9 in [s for s, _ in out.evals]
     assert abs(out.share - 0.3) < 0.05 and max(v for _, v in out.evals) > 98
@@ -70,19 +78,37 @@ def test_ties_keep_the_analytical_start_and_infeasible_splits_lose() -> None:
         starts.append(plan.group("sliding").share)
         return 1.0
 
-    out = tune(gemma(), ServingLimits(max_seq_len=8192), trace(), None,  # type: ignore[arg-type]
-               kv_memory_bytes=20 * GiB, run=flat)
+    out = tune(
+        gemma(),
+        ServingLimits(max_seq_len=8192),
+        trace(),
+        None,  # type: ignore[arg-type]
+        kv_memory_bytes=20 * GiB,
+        run=flat,
+    )
     assert out.share == pytest.approx(starts[0], abs=1e-3)
 
     def never(plan: PoolPlan, _: Trace) -> float:
         raise KvpoolError("does not fit")
 
     with pytest.raises(KvpoolError, match="no split"):
-        tune(gemma(), ServingLimits(max_seq_len=8192), trace(), None,  # type: ignore[arg-type]
-             kv_memory_bytes=20 * GiB, run=never)
+        tune(
+            gemma(),
+            ServingLimits(max_seq_len=8192),
+            trace(),
+            None,  # type: ignore[arg-type]
+            kv_memory_bytes=20 * GiB,
+            run=never,
+        )
     with pytest.raises(KvpoolError, match="max_evals"):
-        tune(gemma(), ServingLimits(max_seq_len=8192), trace(), None,  # type: ignore[arg-type]
-             kv_memory_bytes=20 * GiB, max_evals=0)
+        tune(
+            gemma(),
+            ServingLimits(max_seq_len=8192),
+            trace(),
+            None,  # type: ignore[arg-type]
+            kv_memory_bytes=20 * GiB,
+            max_evals=0,
+        )
 
 
 def test_tuned_policy_beats_or_matches_reference_on_its_sample() -> None:

@@ -50,8 +50,10 @@ def test_json_that_is_not_an_object(tmp_path: Path) -> None:
         (attention_config(layer_types=["sliding_attention"] * 4), "sliding_window"),
         (attention_config(layer_types=["chunked_attention"] * 4), "attention_chunk_size"),
         ({**attention_config(), "kv_lora_rank": 512}, "qk_rope_head_dim"),
-        ({**attention_config(), "compress_ratios": [4, 4, 4, 4], "head_dim": 64,
-          "sliding_window": 8}, "index_head_dim"),
+        (
+            {**attention_config(), "compress_ratios": [4, 4, 4, 4], "head_dim": 64, "sliding_window": 8},
+            "index_head_dim",
+        ),
         (attention_config(full_attention_interval=2, linear_num_key_heads=2), "linear_num_value_heads"),
     ],
 )

@@ -14,8 +14,16 @@ def groups_by_name(spec: ModelSpec) -> dict[str, LayerGroup]:
     return {g.name: g for g in spec.groups}
 
 
-def assert_group(g: LayerGroup, *, kind: str, layers: int, row_bytes: int = 0, state_bytes: int = 0,
-                 window: int | None = None, ratio: int | None = None) -> None:
+def assert_group(
+    g: LayerGroup,
+    *,
+    kind: str,
+    layers: int,
+    row_bytes: int = 0,
+    state_bytes: int = 0,
+    window: int | None = None,
+    ratio: int | None = None,
+) -> None:
     got = (g.kind, len(g.layers), g.row_bytes, g.state_bytes, g.window, g.ratio)
     want = (kind, layers, row_bytes, state_bytes, window, ratio)
     assert got == want, f"group {g.name}: (kind, layers, row, state, window, ratio) = {got}, want {want}"
@@ -150,8 +158,7 @@ def test_deepseek_v4_compressed_attention() -> None:
     # ratio 128 keeps 128 positions of h + h values
     per_r4 = 8 * 4 * (1024 + 1024 + 256 + 256)
     per_r128 = 128 * 4 * (512 + 512)
-    assert_group(g["compressor_state"], kind="state", layers=n4 + n128,
-                 state_bytes=n4 * per_r4 + n128 * per_r128)
+    assert_group(g["compressor_state"], kind="state", layers=n4 + n128, state_bytes=n4 * per_r4 + n128 * per_r128)
     # a 128-position page holds 32 rows of ratio 4 and 1 row of ratio 128
     assert g["compressed4"].page_bytes == 32 * n4 * 1024
     assert g["compressed128"].page_bytes == n128 * 1024
@@ -174,8 +181,12 @@ def test_qwen3_next_linear_state() -> None:
 
 def test_qwen3_next_tensor_parallel_and_top_level_fields() -> None:
     cfg = attention_config(
-        num_hidden_layers=4, full_attention_interval=4, linear_num_key_heads=16,
-        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+        num_hidden_layers=4,
+        full_attention_interval=4,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
         linear_conv_kernel_dim=4,
     )
     g = groups_by_name(load_model_spec(cfg, tp_size=4))

@@ -8,9 +8,16 @@ from kvpool.spec import LayerGroup, pages_needed, stale_pages
 
 
 def group(kind: str, tpb: int = 32, window: int | None = None, ratio: int | None = None) -> LayerGroup:
-    return LayerGroup(name=kind, kind=kind, layers=(0,), tokens_per_block=tpb,  # type: ignore[arg-type]
-                      row_bytes=0 if kind == "state" else 8, state_bytes=64 if kind == "state" else 0,
-                      window=window, ratio=ratio)
+    return LayerGroup(
+        name=kind,
+        kind=kind,
+        layers=(0,),
+        tokens_per_block=tpb,  # type: ignore[arg-type]
+        row_bytes=0 if kind == "state" else 8,
+        state_bytes=64 if kind == "state" else 0,
+        window=window,
+        ratio=ratio,
+    )
 
 
 def test_full_pages_round_up() -> None:

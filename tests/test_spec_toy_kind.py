@@ -52,17 +52,28 @@ def spec() -> Iterator[ModelSpec]:
     register_kind(LastTwoPages())
     try:
         tpb = 8
-        groups = (LayerGroup("full", "full", (0,), tpb, row_bytes=64),
-                  LayerGroup("local", "last_two_pages", (1,), tpb, row_bytes=64))
-        yield ModelSpec("toy", "test", groups, tpb, "bf16", 1, 2,
-                        config={"num_attention_heads": 4, "head_dim": 16, "hidden_size": 64})
+        groups = (
+            LayerGroup("full", "full", (0,), tpb, row_bytes=64),
+            LayerGroup("local", "last_two_pages", (1,), tpb, row_bytes=64),
+        )
+        yield ModelSpec(
+            "toy",
+            "test",
+            groups,
+            tpb,
+            "bf16",
+            1,
+            2,
+            config={"num_attention_heads": 4, "head_dim": 16, "hidden_size": 64},
+        )
     finally:
         RULES.pop("last_two_pages")
 
 
 def test_the_manager_releases_by_the_new_rule(spec: ModelSpec) -> None:
-    plan = plan_pools(spec, ServingLimits(max_batch_size=4, max_seq_len=256, max_num_tokens=64),
-                      kv_memory_bytes=64 * 8 * 200)
+    plan = plan_pools(
+        spec, ServingLimits(max_batch_size=4, max_seq_len=256, max_num_tokens=64), kv_memory_bytes=64 * 8 * 200
+    )
     assert plan.pages("local") > 0 and plan.pages("full") > 0
     m = KVCacheManager(plan)
     m.create(1)
@@ -90,6 +101,5 @@ def test_plan_and_simulator_use_the_new_rule(spec: ModelSpec) -> None:
     rng = np.random.default_rng(0)
     trace = Trace("toy", rng.integers(20, 200, 40), rng.integers(5, 100, 40))
     weights = Weights(1e8, 1e8)
-    result = simulate(plan, trace.with_rate(None, 0), StepTimeModel.build(spec, load_gpu("h100"), weights),
-                      check=True)
+    result = simulate(plan, trace.with_rate(None, 0), StepTimeModel.build(spec, load_gpu("h100"), weights), check=True)
     assert result.finished == 40

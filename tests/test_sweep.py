@@ -31,16 +31,29 @@ def trace_file(tmp_path: Path) -> str:
 
 
 def grid(trace: str) -> dict[str, object]:
-    return {"model": "gemma-3-27b", "gpu": "h100", "kv_memory": ["1GiB", "2GiB"], "trace": trace,
-            "max_seq_len": 4096, "max_batch_size": 16, "max_num_tokens": 1024,
-            "policy": ["reference", "workload"], "sweep": {"group": "sliding", "points": 3}}
+    return {
+        "model": "gemma-3-27b",
+        "gpu": "h100",
+        "kv_memory": ["1GiB", "2GiB"],
+        "trace": trace,
+        "max_seq_len": 4096,
+        "max_batch_size": 16,
+        "max_num_tokens": 1024,
+        "policy": ["reference", "workload"],
+        "sweep": {"group": "sliding", "points": 3},
+    }
 
 
 def test_grid_is_the_product_of_its_lists(trace_file: str) -> None:
     points = expand_grid(grid(trace_file))
     assert len(points) == 2 * (2 + 3)  # budgets x (policies + swept shares)
-    assert [p.policy for p in points[:5]] == ["reference", "workload", "ratio:sliding=0.05",
-                                               "ratio:sliding=0.5", "ratio:sliding=0.95"]
+    assert [p.policy for p in points[:5]] == [
+        "reference",
+        "workload",
+        "ratio:sliding=0.05",
+        "ratio:sliding=0.5",
+        "ratio:sliding=0.95",
+    ]
     assert {p.kv_memory for p in points} == {"1GiB", "2GiB"} and points[0].max_batch_size == 16
     with pytest.raises(GridError, match="unknown grid fields colour"):
         expand_grid({**grid(trace_file), "colour": "red"})
@@ -53,8 +66,7 @@ def test_grid_is_the_product_of_its_lists(trace_file: str) -> None:
 def test_grid_files(tmp_path: Path, trace_file: str) -> None:
     (tmp_path / "g.json").write_text(json.dumps(grid(trace_file)))
     assert load_grid(tmp_path / "g.json") == grid(trace_file)
-    (tmp_path / "g.yaml").write_text("model: gemma-3-27b\ngpu: [h100, b200]\nkv_memory: 2GiB\n"
-                                     f"trace: {trace_file}\n")
+    (tmp_path / "g.yaml").write_text(f"model: gemma-3-27b\ngpu: [h100, b200]\nkv_memory: 2GiB\ntrace: {trace_file}\n")
     pytest.importorskip("yaml")
     assert len(expand_grid(load_grid(tmp_path / "g.yaml"))) == 2
     (tmp_path / "bad.yaml").write_text("- a list\n")
@@ -99,8 +111,16 @@ def test_cli_serial_sweep_writes_files_and_plot(cli, tmp_path: Path, trace_file:
     g = {**grid(trace_file), "kv_memory": "2GiB", "policy": "reference"}
     (tmp_path / "g.json").write_text(json.dumps(g))
     out_base = tmp_path / "res"
-    code, out, err = cli("sweep", str(tmp_path / "g.json"), "--serial", "--quiet", "--out",
-                         str(out_base), "--plot", str(tmp_path / "s.png"))
+    code, out, err = cli(
+        "sweep",
+        str(tmp_path / "g.json"),
+        "--serial",
+        "--quiet",
+        "--out",
+        str(out_base),
+        "--plot",
+        str(tmp_path / "s.png"),
+    )
     assert code == 0, err
     assert "ran 4 points serially" in out and "of best" in out
     assert (tmp_path / "res.csv").exists() and (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
@@ -126,17 +146,40 @@ def test_ray_gives_the_serial_rows(cli, local_ray, trace_file: str) -> None:  # 
     """Points as tasks on a 2-CPU local Ray: the same rows as in this process,
     in the same order; and `simulate --sweep-ratio --workers 2` prints what
     the serial sweep prints."""
-    points = expand_grid({**grid(trace_file), "kv_memory": "2GiB", "policy": "reference",
-                          "sweep": {"group": "sliding", "points": 2}})
+    points = expand_grid(
+        {**grid(trace_file), "kv_memory": "2GiB", "policy": "reference", "sweep": {"group": "sliding", "points": 2}}
+    )
     serial, how = run_all(run_point, points)
     on_ray, how_ray = run_all(run_point, points, workers=2)
     assert "serially" in how and "Ray tasks" in how_ray and "2 CPUs" in how_ray
     assert on_ray == serial
     assert local_ray.is_initialized()  # not shut down by run_all: it did not start it
-    args = ["simulate", "gemma-3-27b", "--gpu", "h100", "--kv-memory", "2GiB", "--max-seq-len", "4096",
-            "--max-batch-size", "16", "--max-num-tokens", "1024", "--trace", trace_file, "--rate",
-            "inf", "--sweep-ratio", "sliding", "--sweep-points", "2", "--compare", "reference",
-            "--quiet", "--json"]
+    args = [
+        "simulate",
+        "gemma-3-27b",
+        "--gpu",
+        "h100",
+        "--kv-memory",
+        "2GiB",
+        "--max-seq-len",
+        "4096",
+        "--max-batch-size",
+        "16",
+        "--max-num-tokens",
+        "1024",
+        "--trace",
+        trace_file,
+        "--rate",
+        "inf",
+        "--sweep-ratio",
+        "sliding",
+        "--sweep-points",
+        "2",
+        "--compare",
+        "reference",
+        "--quiet",
+        "--json",
+    ]
     code, out_serial, err = cli(*args)
     assert code == 0, err
     code, out_ray, err = cli(*args, "--workers", "2")

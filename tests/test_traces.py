@@ -90,8 +90,12 @@ def test_burstgpt_style_columns(tmp_path: Path) -> None:
 
 
 def test_jsonl_without_hashes(tmp_path: Path) -> None:
-    path = write(tmp_path, "m.jsonl", '{"timestamp": 1000, "input_length": 3, "output_length": 2}\n'
-                                      '{"timestamp": 2500, "input_length": 4, "output_length": 1}\n')
+    path = write(
+        tmp_path,
+        "m.jsonl",
+        '{"timestamp": 1000, "input_length": 3, "output_length": 2}\n'
+        '{"timestamp": 2500, "input_length": 4, "output_length": 1}\n',
+    )
     trace = load_trace(path)
     assert trace.hash_ids is None
     assert_arrays(trace.arrival_s, [0.0, 1.5])  # milliseconds
@@ -101,8 +105,12 @@ def test_jsonl_without_hashes(tmp_path: Path) -> None:
 
 
 def make(n: int, times: list[float] | None) -> Trace:
-    return Trace("t", np.full(n, 10, dtype=np.int64), np.full(n, 2, dtype=np.int64),
-                 None if times is None else np.asarray(times, dtype=np.float64))
+    return Trace(
+        "t",
+        np.full(n, 10, dtype=np.int64),
+        np.full(n, 2, dtype=np.int64),
+        None if times is None else np.asarray(times, dtype=np.float64),
+    )
 
 
 def test_rate_rescales_trace_times() -> None:
@@ -196,7 +204,11 @@ def test_millisecond_columns_and_unknown_time_columns(tmp_path: Path) -> None:
 
 
 def test_utc_offset_timestamps_convert_quietly(tmp_path: Path, recwarn: pytest.WarningsRecorder) -> None:
-    path = write(tmp_path, "tz.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                 "2024-05-10 00:00:00.5+00:00,100,10\n2024-05-10 00:00:02+00:00,200,20\n")
+    path = write(
+        tmp_path,
+        "tz.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2024-05-10 00:00:00.5+00:00,100,10\n2024-05-10 00:00:02+00:00,200,20\n",
+    )
     assert_arrays(load_trace(path).arrival_s, [0.0, 1.5])
     assert not [w for w in recwarn if "timezone" in str(w.message)]

@@ -42,8 +42,7 @@ CASES = {
 def evaluate(case: str) -> dict[str, object]:
     model, gpu, dtype, kv_gib, b, max_len, n, trace_name, max_req, (lo, hi) = CASES[case]
     spec = load_model_spec(model, kv_dtype=dtype, max_seq_len=max_len)
-    limits = ServingLimits(max_batch_size=b, max_seq_len=max_len, max_num_tokens=n,
-                           avg_seq_len=max_len)
+    limits = ServingLimits(max_batch_size=b, max_seq_len=max_len, max_num_tokens=n, avg_seq_len=max_len)
     trace = load_trace(trace_name, max_requests=max_req).with_rate(math.inf)
     steps = StepTimeModel.build(spec, load_gpu(gpu), load_weights(model))
     kv = int(kv_gib * GiB)
@@ -58,13 +57,36 @@ def evaluate(case: str) -> dict[str, object]:
             continue
         plan_s = time.perf_counter() - t0
         r = simulate(pp.plan, trace, steps, policy=policy)
-        runs.append({**r.to_json(), "share": pp.plan.group(group).share, "notes": list(pp.notes),
-                     "plan_s": plan_s, "run_s": r.wall_s})
-        print(f"{case} {policy}: {r.output_tokens_per_s:,.1f} tok/s "
-              f"(share {pp.plan.group(group).share:.4f}, plan {plan_s:.0f} s)", flush=True)
-    out = {"settings": {"case": case, "model": model, "gpu": gpu, "kv_dtype": dtype, "kv_gib": kv_gib,
-                        "B": b, "L": max_len, "N": n, "trace": trace_name, "max_requests": max_req,
-                        "group": group}, "runs": runs}
+        runs.append(
+            {
+                **r.to_json(),
+                "share": pp.plan.group(group).share,
+                "notes": list(pp.notes),
+                "plan_s": plan_s,
+                "run_s": r.wall_s,
+            }
+        )
+        print(
+            f"{case} {policy}: {r.output_tokens_per_s:,.1f} tok/s "
+            f"(share {pp.plan.group(group).share:.4f}, plan {plan_s:.0f} s)",
+            flush=True,
+        )
+    out = {
+        "settings": {
+            "case": case,
+            "model": model,
+            "gpu": gpu,
+            "kv_dtype": dtype,
+            "kv_gib": kv_gib,
+            "B": b,
+            "L": max_len,
+            "N": n,
+            "trace": trace_name,
+            "max_requests": max_req,
+            "group": group,
+        },
+        "runs": runs,
+    }
     (OUT / f"sizing_{case}.json").write_text(json.dumps(out, indent=1) + "\n")
     return out
 

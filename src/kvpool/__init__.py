@@ -12,6 +12,16 @@ from kvpool.spec import LayerGroup, ModelSpec, load_model_spec
 __version__ = "0.1.0"
 
 __all__ = [
-    "InfeasiblePlanError", "KVCacheManager", "KvpoolError", "LayerGroup", "ModelSpec", "OutOfPagesError",
-    "PoolPlan", "ServingLimits", "SpecError", "Workload", "load_model_spec", "plan_pools",
+    "InfeasiblePlanError",
+    "KVCacheManager",
+    "KvpoolError",
+    "LayerGroup",
+    "ModelSpec",
+    "OutOfPagesError",
+    "PoolPlan",
+    "ServingLimits",
+    "SpecError",
+    "Workload",
+    "load_model_spec",
+    "plan_pools",
 ]

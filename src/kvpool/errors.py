@@ -17,11 +17,7 @@ class UnknownPresetError(SpecError):
 
     def __init__(self, kind: str, name: str, suggestions: list[str], available: list[str]):
         self.kind, self.name, self.suggestions = kind, name, suggestions
-        hint = (
-            f"did you mean {', '.join(suggestions)}?"
-            if suggestions
-            else f"available: {', '.join(available)}"
-        )
+        hint = f"did you mean {', '.join(suggestions)}?" if suggestions else f"available: {', '.join(available)}"
         super().__init__(f"unknown {kind} preset {name!r}; {hint}")
 
 

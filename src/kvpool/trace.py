@@ -39,8 +39,10 @@ class Trace:
 
     def __post_init__(self) -> None:
         n = len(self.prompt_len)
-        if len(self.output_len) != n or (self.arrival_s is not None and len(self.arrival_s) != n) or (
-            self.hash_ids is not None and len(self.hash_ids) != n
+        if (
+            len(self.output_len) != n
+            or (self.arrival_s is not None and len(self.arrival_s) != n)
+            or (self.hash_ids is not None and len(self.hash_ids) != n)
         ):
             raise TraceError(f"trace {self.name}: columns have different lengths")
 

@@ -19,6 +19,17 @@ from kvpool.cache.results import Dummies, Resize
 from kvpool.cache.warmup import SkippedShape, WarmupReport
 
 __all__ = [
-    "STALE", "CacheEvent", "CacheIntegrityError", "CacheStats", "CacheUsageError", "Dummies",
-    "GroupStats", "KVCacheCore", "KVCacheManager", "Request", "Resize", "SkippedShape", "WarmupReport",
+    "STALE",
+    "CacheEvent",
+    "CacheIntegrityError",
+    "CacheStats",
+    "CacheUsageError",
+    "Dummies",
+    "GroupStats",
+    "KVCacheCore",
+    "KVCacheManager",
+    "Request",
+    "Resize",
+    "SkippedShape",
+    "WarmupReport",
 ]

@@ -44,8 +44,7 @@ class KVCacheCore:
     default: a hit on a snapshot the engine never filled would be silently wrong.
     """
 
-    def __init__(self, plan: PoolPlan, *, enable_reuse: bool = True,
-                 state_snapshots: bool = False) -> None:
+    def __init__(self, plan: PoolPlan, *, enable_reuse: bool = True, state_snapshots: bool = False) -> None:
         self.plan = plan
         self.spec = plan.spec
         self.limits = plan.limits
@@ -58,8 +57,12 @@ class KVCacheCore:
         # are stored before they are released (see `reuse.store_before_release`).
         self.events: deque[CacheEvent] = deque(maxlen=EVENT_BUFFER)
         self.pools = [PagePool(g.name, plan.pages(g.name), self.events) for g in self.groups]
-        self.tables = SlotTables(self.groups, self.pools, max(8, self.limits.max_batch_size + 8),
-                                 self.limits.max_seq_len + self.limits.headroom)
+        self.tables = SlotTables(
+            self.groups,
+            self.pools,
+            max(8, self.limits.max_batch_size + 8),
+            self.limits.max_seq_len + self.limits.headroom,
+        )
         self._keeps_stale = enable_reuse and not all(self.tables.never_stale)
         self.requests = Requests()
         self.reuse_queried_tokens = 0
@@ -68,8 +71,7 @@ class KVCacheCore:
 
     # ------------------------------------------------------------------ requests
 
-    def create(self, rid: int, tokens: Sequence[int] | None = None,
-               salt: str | bytes | int | None = None) -> int:
+    def create(self, rid: int, tokens: Sequence[int] | None = None, salt: str | bytes | int | None = None) -> int:
         """Register request `rid` (capacity 0). With reuse on and `tokens` (the
         prompt) given, attach the longest cached prefix of whole pages (never
         the last prompt token, which must be computed for logits): capacity and
@@ -129,8 +131,7 @@ class KVCacheCore:
         cap = int(capacity)
         hist = old if history is None else int(history)
         self._check_shape(rid, cap, hist, old)
-        if (self._keeps_stale and req.tokens is not None and not req.dummy
-                and hist >= int(t.stale_next[:, slot].min())):
+        if self._keeps_stale and req.tokens is not None and not req.dummy and hist >= int(t.stale_next[:, slot].min()):
             dry = t.apply([slot], [cap], [hist], dry_run=True)
             if not dry:
                 return dry
@@ -145,7 +146,8 @@ class KVCacheCore:
         if cap < hist or hist < old:
             raise CacheUsageError(
                 f"request {rid}: need capacity >= history >= previous history, got capacity {cap}, "
-                f"history {hist}, previous history {old}")
+                f"history {hist}, previous history {old}"
+            )
 
     def can_resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
         """What `resize(rid, capacity, history)` would answer now; changes nothing."""
@@ -155,20 +157,21 @@ class KVCacheCore:
         self._check_shape(rid, int(capacity), hist, old)
         return self.tables.apply([slot], [int(capacity)], [hist], dry_run=True)
 
-    def resize_many(self, rids: Sequence[int], capacities: npt.ArrayLike,
-                    histories: npt.ArrayLike | None = None) -> Resize:
+    def resize_many(
+        self, rids: Sequence[int], capacities: npt.ArrayLike, histories: npt.ArrayLike | None = None
+    ) -> Resize:
         """`resize` for a batch of distinct requests in one call, atomic over the
         whole batch (falsy: nothing changed). The per-step decode path."""
         slots = self.requests.slots(rids)
         caps = np.broadcast_to(np.asarray(capacities, np.int64), slots.shape)
         old = self.tables.hist[slots]
-        hists = old if histories is None else np.broadcast_to(np.asarray(histories, np.int64),
-                                                              slots.shape)
+        hists = old if histories is None else np.broadcast_to(np.asarray(histories, np.int64), slots.shape)
         if (caps < hists).any() or (hists < old).any():
             bad = int(np.flatnonzero((caps < hists) | (hists < old))[0])
             raise CacheUsageError(
                 f"request {rids[bad]}: need capacity >= history >= previous history, got capacity "
-                f"{int(caps[bad])}, history {int(hists[bad])}, previous history {int(old[bad])}")
+                f"{int(caps[bad])}, history {int(hists[bad])}, previous history {int(old[bad])}"
+            )
         return self._resize_batch(rids, slots, caps, hists)
 
     def extend(self, rids: Sequence[int], num_tokens: int = 1) -> Resize:
@@ -181,12 +184,19 @@ class KVCacheCore:
         t = self.tables
         return self._resize_batch(rids, slots, t.cap[slots] + num_tokens, t.hist[slots] + num_tokens)
 
-    def _resize_batch(self, rids: Sequence[int], slots: npt.NDArray[np.intp],
-                      caps: npt.NDArray[np.int64], hists: npt.NDArray[np.int64]) -> Resize:
+    def _resize_batch(
+        self,
+        rids: Sequence[int],
+        slots: npt.NDArray[np.intp],
+        caps: npt.NDArray[np.int64],
+        hists: npt.NDArray[np.int64],
+    ) -> Resize:
         t = self.tables
         if self._keeps_stale:
-            going = [(self.requests.get(rids[j]), int(hists[j])) for j in
-                     np.flatnonzero(hists >= t.stale_next[:, slots].min(axis=0)).tolist()]
+            going = [
+                (self.requests.get(rids[j]), int(hists[j]))
+                for j in np.flatnonzero(hists >= t.stale_next[:, slots].min(axis=0)).tolist()
+            ]
             going = [(req, h) for req, h in going if req.tokens is not None and not req.dummy]
             if going:
                 dry = t.resize_batch(slots, caps, hists, dry_run=True)
@@ -209,8 +219,7 @@ class KVCacheCore:
         req = self.requests.get(rid)
         if not self.enable_reuse or req.dummy:
             return 0
-        return reuse.commit(self.tables, req, int(num_tokens), tokens,
-                            state_snapshots=self.state_snapshots)
+        return reuse.commit(self.tables, req, int(num_tokens), tokens, state_snapshots=self.state_snapshots)
 
     def take_events(self) -> list[CacheEvent]:
         """Stored/removed page events since the last call (oldest first); clears them."""
@@ -225,7 +234,7 @@ class KVCacheCore:
         `STALE` (-1) marks blocks without a page. A state group has one entry."""
         gi = self._group(group)
         slot = self.requests.get(rid).slot
-        return self.tables.tables[gi][slot, :int(self.tables.nblk[gi, slot])].copy()
+        return self.tables.tables[gi][slot, : int(self.tables.nblk[gi, slot])].copy()
 
     def block_tables(self, rids: Sequence[int], group: str) -> npt.NDArray[np.int32]:
         """Block tables of a batch as one 2-D array padded with `STALE`."""
@@ -261,4 +270,3 @@ class KVCacheCore:
     def iter_requests(self) -> Iterable[tuple[int, bool]]:
         """(rid, is_dummy) of every registered request."""
         return ((r.rid, r.dummy) for r in self.requests)
-

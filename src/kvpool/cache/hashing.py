@@ -27,8 +27,9 @@ def salt_seed(salt: str | bytes | int | None) -> int:
     for any other type of salt."""
     if salt is None:
         return ROOT_HASH
-    return int.from_bytes(hashlib.blake2b(_salt_bytes(salt), digest_size=8,
-                                          person=b"kvpool-salt").digest(), "little", signed=True)
+    return int.from_bytes(
+        hashlib.blake2b(_salt_bytes(salt), digest_size=8, person=b"kvpool-salt").digest(), "little", signed=True
+    )
 
 
 def _salt_bytes(salt: object) -> bytes:
@@ -45,11 +46,10 @@ def _salt_bytes(salt: object) -> bytes:
     raise CacheUsageError(f"salt must be str, bytes, int or None, not {type(salt).__name__}")
 
 
-def extend_hashes(hashes: list[int], tokens: Sequence[int], tokens_per_block: int,
-                  seed: int, num_blocks: int) -> None:
+def extend_hashes(hashes: list[int], tokens: Sequence[int], tokens_per_block: int, seed: int, num_blocks: int) -> None:
     """Append hashes to `hashes` until it covers `num_blocks` whole pages of
     `tokens` (which must hold at least `num_blocks * tokens_per_block` ids)."""
     parent = hashes[-1] if hashes else seed
     for i in range(len(hashes), num_blocks):
-        parent = hash((parent, tuple(tokens[i * tokens_per_block:(i + 1) * tokens_per_block])))
+        parent = hash((parent, tuple(tokens[i * tokens_per_block : (i + 1) * tokens_per_block])))
         hashes.append(parent)

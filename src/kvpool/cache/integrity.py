@@ -34,18 +34,23 @@ def check_integrity(t: SlotTables, requests: Iterable[Request]) -> None:
             cap, hist = int(t.cap[slot]), int(t.hist[slot])
             row = table[slot]
             want_stale = stale_pages(group, hist)
-            if (nstale != want_stale or nblk != pages_needed(group, cap, hist) + want_stale
-                    or (row[:nstale] != -1).any() or (row[nblk:] != -1).any()
-                    or (row[nstale:nblk] < 0).any()):
+            if (
+                nstale != want_stale
+                or nblk != pages_needed(group, cap, hist) + want_stale
+                or (row[:nstale] != -1).any()
+                or (row[nblk:] != -1).any()
+                or (row[nstale:nblk] < 0).any()
+            ):
                 live = row[row >= 0].tolist()
                 offending.update(live)
-                reasons.append(f"{group.name}: slot {slot} table {row[:nblk + 1].tolist()} does not "
-                               f"match capacity {cap}, history {hist}")
+                reasons.append(
+                    f"{group.name}: slot {slot} table {row[: nblk + 1].tolist()} does not "
+                    f"match capacity {cap}, history {hist}"
+                )
             live_pages = row[nstale:nblk]
             out_of_range = live_pages[(live_pages >= n) | (live_pages < -1)].tolist()
             if out_of_range:
-                reasons.append(f"{group.name}: slot {slot} names pages {out_of_range} outside the "
-                               f"pool of {n}")
+                reasons.append(f"{group.name}: slot {slot} names pages {out_of_range} outside the pool of {n}")
                 offending.update(out_of_range)
             np.add.at(owners, live_pages[(live_pages >= 0) & (live_pages < n)], 1)
         ref = np.asarray(pool.ref, np.int64)
@@ -78,8 +83,7 @@ def check_integrity(t: SlotTables, requests: Iterable[Request]) -> None:
                 lost.append(p)  # owned yet allocatable
             elif not owned and p not in free_set and p not in lru_set:
                 lost.append(p)  # leaked: nobody owns it and nothing can allocate it
-            elif (p in free_set and pool.page_hash[p] is not None) or (
-                    p in lru_set and pool.page_hash[p] is None):
+            elif (p in free_set and pool.page_hash[p] is not None) or (p in lru_set and pool.page_hash[p] is None):
                 lost.append(p)  # on the wrong list for its content
         if lost:
             reasons.append(f"{group.name}: pages {lost} are not exactly one of free/owned/cached")
@@ -93,6 +97,9 @@ def check_integrity(t: SlotTables, requests: Iterable[Request]) -> None:
             bad[group.name] = sorted(offending)
     if bad:
         raise CacheIntegrityError(
-            "page bookkeeping is inconsistent: " + "; ".join(
-                reasons or [f"{g}: pages {p} are not exactly one of free/owned/cached"
-                            for g, p in bad.items()]), bad)
+            "page bookkeeping is inconsistent: "
+            + "; ".join(
+                reasons or [f"{g}: pages {p} are not exactly one of free/owned/cached" for g, p in bad.items()]
+            ),
+            bad,
+        )

@@ -29,8 +29,7 @@ class KVCacheManager(KVCacheCore):
     reserves (`reserve_padding_dummy`), `stats` and `check_integrity`.
     """
 
-    def __init__(self, plan: PoolPlan, *, enable_reuse: bool = True,
-                 state_snapshots: bool = False) -> None:
+    def __init__(self, plan: PoolPlan, *, enable_reuse: bool = True, state_snapshots: bool = False) -> None:
         super().__init__(plan, enable_reuse=enable_reuse, state_snapshots=state_snapshots)
         self._padding: dict[int, int] = {}  # draft length -> persistent padding dummy id
 
@@ -42,8 +41,7 @@ class KVCacheManager(KVCacheCore):
             if pad == rid:
                 del self._padding[d]
 
-    def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0,
-                           is_gen: bool = True) -> Dummies:
+    def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0, is_gen: bool = True) -> Dummies:
         """Register `batch_size` dummy requests of `token_num` tokens, all or
         nothing: a generation dummy gets capacity `token_num + draft_len + E`
         and history `token_num - 1` (rule 2; sliding groups then hold only the
@@ -51,8 +49,7 @@ class KVCacheManager(KVCacheCore):
         result holds their (negative) ids, each released with `free`; falsy
         (nothing changed, the pages short named) when they do not fit."""
         warmup_mod.check_dummy_args(batch_size, token_num, draft_len)
-        cap, hist = warmup_mod.dummy_shape(token_num, draft_len, self.limits.num_extra_kv_tokens,
-                                           is_gen)
+        cap, hist = warmup_mod.dummy_shape(token_num, draft_len, self.limits.num_extra_kv_tokens, is_gen)
         registry = self.requests
         next_dummy, free_ids = registry.next_dummy, list(registry.free_dummy_ids)
         reqs = [self._new_request(registry.dummy_id(), dummy=True) for _ in range(batch_size)]
@@ -74,8 +71,7 @@ class KVCacheManager(KVCacheCore):
         `limits.max_seq_len`, 0 if nothing fits (see `cache.warmup`)."""
         return warmup_mod.max_generation_length(self, batch_size, draft_len)
 
-    def warmup(self, batch_sizes: Iterable[int] | None = None,
-               draft_lens: Iterable[int] = (0,)) -> WarmupReport:
+    def warmup(self, batch_sizes: Iterable[int] | None = None, draft_lens: Iterable[int] = (0,)) -> WarmupReport:
         """Dry-run CUDA-graph warmup for every (batch size, draft length)
         (default batch sizes: `limits.graph_batch_sizes`), then reserve one
         persistent padding dummy per draft length (see `padding_dummy`)."""
@@ -114,10 +110,14 @@ class KVCacheManager(KVCacheCore):
         for gi, pool in enumerate(self.pools):
             live = self.tables.nblk[gi] - self.tables.nstale[gi]
             groups[pool.name] = GroupStats(
-                total=pool.num_pages, free=pool.num_free, used=pool.num_pages - pool.num_free,
-                cached=pool.num_cached, dummy=int(live[dummy_slots].sum()),
-                reserved=int(live[pad_slots].sum()))
+                total=pool.num_pages,
+                free=pool.num_free,
+                used=pool.num_pages - pool.num_free,
+                cached=pool.num_cached,
+                dummy=int(live[dummy_slots].sum()),
+                reserved=int(live[pad_slots].sum()),
+            )
         dummies = sum(1 for r in self.requests if r.dummy)
-        return CacheStats(groups, self.reuse_queried_tokens, self.reuse_hit_tokens,
-                          len(self.requests) - dummies, dummies)
-
+        return CacheStats(
+            groups, self.reuse_queried_tokens, self.reuse_hit_tokens, len(self.requests) - dummies, dummies
+        )

@@ -27,8 +27,19 @@ class PagePool:
     """Slots of one pool group. Methods mutate the pool; callers check
     `num_free` first (nothing here fails half-way)."""
 
-    __slots__ = ("name", "num_pages", "ref", "page_hash", "free_stack", "prev", "nxt",
-                 "lru_len", "cached", "events", "record_events")
+    __slots__ = (
+        "name",
+        "num_pages",
+        "ref",
+        "page_hash",
+        "free_stack",
+        "prev",
+        "nxt",
+        "lru_len",
+        "cached",
+        "events",
+        "record_events",
+    )
 
     def __init__(self, name: str, num_pages: int, events: deque[CacheEvent]) -> None:
         n = num_pages
@@ -90,8 +101,8 @@ class PagePool:
         `removed` event). The caller has checked `count <= num_free`."""
         stack = self.free_stack
         n_stack = min(count, len(stack))
-        pages = stack[len(stack) - n_stack:]
-        del stack[len(stack) - n_stack:]
+        pages = stack[len(stack) - n_stack :]
+        del stack[len(stack) - n_stack :]
         pages.reverse()
         for _ in range(count - n_stack):
             page = self.nxt[self.num_pages]
@@ -122,8 +133,9 @@ class PagePool:
                 else:
                     self._lru_append(page)
 
-    def store(self, page: int, block_hash: int, parent_hash: int | None, num_tokens: int,
-              source_page: int | None = None) -> bool:
+    def store(
+        self, page: int, block_hash: int, parent_hash: int | None, num_tokens: int, source_page: int | None = None
+    ) -> bool:
         """Mark an owned page's content reusable under `block_hash`; False (no
         change) if the page already has a hash or another page holds this one."""
         if self.page_hash[page] is not None or block_hash in self.cached:
@@ -131,8 +143,7 @@ class PagePool:
         self.page_hash[page] = block_hash
         self.cached[block_hash] = page
         if self.record_events:
-            self.events.append(CacheEvent("stored", self.name, block_hash, parent_hash, page,
-                                          num_tokens, source_page))
+            self.events.append(CacheEvent("stored", self.name, block_hash, parent_hash, page, num_tokens, source_page))
         return True
 
     def lookup(self, block_hash: int) -> int | None:

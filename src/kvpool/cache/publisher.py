@@ -67,13 +67,30 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 WireFormat = Literal["map", "array"]
 
 # vLLM's KVCacheSpecKind values (vLLM PR #40984) for kvpool's kinds.
-SPEC_KIND = {"full": "full_attention", "sliding": "sliding_window",
-             "chunked": "chunked_local_attention", "state": "mamba"}
+SPEC_KIND = {
+    "full": "full_attention",
+    "sliding": "sliding_window",
+    "chunked": "chunked_local_attention",
+    "state": "mamba",
+}
 
 # (field names, how many are required); the rest default to None.
-STORED_FIELDS = (("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-                  "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
-                  "kv_cache_spec_sliding_window"), 7)
+STORED_FIELDS = (
+    (
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+        "extra_keys",
+        "group_idx",
+        "kv_cache_spec_kind",
+        "kv_cache_spec_sliding_window",
+    ),
+    7,
+)
 REMOVED_FIELDS = (("block_hashes", "medium", "group_idx"), 2)
 CLEARED_FIELDS: tuple[tuple[str, ...], int] = ((), 0)
 BATCH_FIELDS = (("ts", "events", "data_parallel_rank"), 2)
@@ -83,8 +100,7 @@ class EventPublisherError(KvpoolError, ValueError):
     """A publisher that cannot be set up (bad endpoint, unknown wire format)."""
 
 
-def encode_struct(tag: str | None, fields: tuple[tuple[str, ...], int], values: Sequence[Any],
-                  wire: WireFormat) -> Any:
+def encode_struct(tag: str | None, fields: tuple[tuple[str, ...], int], values: Sequence[Any], wire: WireFormat) -> Any:
     """One msgspec struct as msgspec encodes it with `omit_defaults` (and
     `tag=True` when `tag` is given): a map without default-valued optional
     fields, or (array) a list without the trailing ones."""
@@ -101,8 +117,7 @@ def encode_struct(tag: str | None, fields: tuple[tuple[str, ...], int], values: 
     return items if tag is None else [tag, *items]
 
 
-def wire_events(events: Sequence[CacheEvent], groups: Sequence[LayerGroup],
-                wire: WireFormat = "map") -> list[Any]:
+def wire_events(events: Sequence[CacheEvent], groups: Sequence[LayerGroup], wire: WireFormat = "map") -> list[Any]:
     """vLLM events (encodable by msgpack) for kvpool events, oldest first; runs
     of chained stores and of removals in one group are merged."""
     index = {g.name: i for i, g in enumerate(groups)}
@@ -113,8 +128,13 @@ def wire_events(events: Sequence[CacheEvent], groups: Sequence[LayerGroup],
         j = i + 1
         hashes = [e.block_hash]
         if e.kind == "stored":
-            while (j < n and events[j].kind == "stored" and events[j].group == e.group
-                   and events[j].num_tokens == e.num_tokens and events[j].parent_hash == hashes[-1]):
+            while (
+                j < n
+                and events[j].kind == "stored"
+                and events[j].group == e.group
+                and events[j].num_tokens == e.num_tokens
+                and events[j].parent_hash == hashes[-1]
+            ):
                 hashes.append(events[j].block_hash)
                 j += 1
         else:
@@ -124,19 +144,28 @@ def wire_events(events: Sequence[CacheEvent], groups: Sequence[LayerGroup],
         g = groups[index[e.group]]
         if e.kind == "stored":
             window = g.window if g.kind == "sliding" else None
-            values = [hashes, e.parent_hash, [], e.num_tokens, None, MEDIUM_GPU, None, None,
-                      index[e.group], SPEC_KIND.get(g.kind, g.kind), window]
+            values = [
+                hashes,
+                e.parent_hash,
+                [],
+                e.num_tokens,
+                None,
+                MEDIUM_GPU,
+                None,
+                None,
+                index[e.group],
+                SPEC_KIND.get(g.kind, g.kind),
+                window,
+            ]
             out.append(encode_struct("BlockStored", STORED_FIELDS, values, wire))
         else:
-            out.append(encode_struct("BlockRemoved", REMOVED_FIELDS,
-                                     [hashes, MEDIUM_GPU, index[e.group]], wire))
+            out.append(encode_struct("BlockRemoved", REMOVED_FIELDS, [hashes, MEDIUM_GPU, index[e.group]], wire))
         i = j
     return out
 
 
 def _binds(endpoint: str) -> bool:
-    return ("*" in endpoint or "::" in endpoint or endpoint.startswith("ipc://")
-            or endpoint.startswith("inproc://"))
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith("ipc://") or endpoint.startswith("inproc://")
 
 
 class KVEventPublisher:
@@ -145,10 +174,18 @@ class KVEventPublisher:
     for `group_idx` and the kind fields; `buffer_steps` batches are kept for
     replay. Use `publish(manager.take_events())` once per engine step."""
 
-    def __init__(self, endpoint: str, groups: Sequence[LayerGroup], *,
-                 replay_endpoint: str | None = None, topic: str = "", wire: WireFormat = "map",
-                 data_parallel_rank: int = 0, buffer_steps: int = 10_000,
-                 hwm: int = 100_000) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        groups: Sequence[LayerGroup],
+        *,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        wire: WireFormat = "map",
+        data_parallel_rank: int = 0,
+        buffer_steps: int = 10_000,
+        hwm: int = 100_000,
+    ) -> None:
         if wire not in ("map", "array"):
             raise EventPublisherError(f"unknown KV-event wire format {wire!r} (map, array)")
         if buffer_steps < 1:
@@ -170,8 +207,7 @@ class KVEventPublisher:
             if replay_endpoint is not None:
                 self._replay = ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 100)
-                self.replay_endpoint: str | None = self._attach(self._replay, replay_endpoint,
-                                                                bind=True)
+                self.replay_endpoint: str | None = self._attach(self._replay, replay_endpoint, bind=True)
             else:
                 self.replay_endpoint = None
         except EventPublisherError:
@@ -187,8 +223,7 @@ class KVEventPublisher:
             sock.connect(endpoint)
             return endpoint
         except zmq.ZMQError as exc:
-            raise EventPublisherError(f"KV events: cannot {'bind' if bind else 'connect'} "
-                                      f"{endpoint!r}: {exc}") from exc
+            raise EventPublisherError(f"KV events: cannot {'bind' if bind else 'connect'} {endpoint!r}: {exc}") from exc
 
     def publish(self, events: Sequence[CacheEvent]) -> int | None:
         """Send one batch holding `events` (nothing when there are none); its
@@ -205,8 +240,7 @@ class KVEventPublisher:
         return self._send([encode_struct("AllBlocksCleared", CLEARED_FIELDS, [], self.wire)])
 
     def _send(self, events: list[Any]) -> int:
-        batch = encode_struct(None, BATCH_FIELDS, [time.time(), events, self.data_parallel_rank],
-                              self.wire)
+        batch = encode_struct(None, BATCH_FIELDS, [time.time(), events, self.data_parallel_rank], self.wire)
         payload = self._encoder.encode(batch)
         seq = self.next_seq
         self.next_seq += 1
@@ -242,6 +276,7 @@ class KVEventPublisher:
     def __enter__(self) -> KVEventPublisher:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()

@@ -85,7 +85,7 @@ def attach_prefix(t: SlotTables, req: Request) -> int:
         table = t.tables[gi]
         if nblk > table.shape[1]:
             table = t.widen(gi, nblk)
-        table[slot, nblk - len(pages):nblk] = pages
+        table[slot, nblk - len(pages) : nblk] = pages
         t.set_blocks(gi, [slot], [nblk], [stale])
         t.stale_next[gi, slot] = t.next_stale(gi, n)
     t.cap[slot] = t.hist[slot] = n
@@ -109,8 +109,15 @@ def store_before_release(t: SlotTables, req: Request, history: int) -> None:
         commit(t, req, n, None, computed=history)
 
 
-def commit(t: SlotTables, req: Request, num_tokens: int, tokens: Sequence[int] | None, *,
-           computed: int | None = None, state_snapshots: bool = False) -> int:
+def commit(
+    t: SlotTables,
+    req: Request,
+    num_tokens: int,
+    tokens: Sequence[int] | None,
+    *,
+    computed: int | None = None,
+    state_snapshots: bool = False,
+) -> int:
     """Store the hashes of the whole pages among the first `num_tokens`
     positions (see `KVCacheManager.commit`). `computed` (default: the
     request's history) bounds `num_tokens`; a caller that passes it is about to
@@ -123,7 +130,8 @@ def commit(t: SlotTables, req: Request, num_tokens: int, tokens: Sequence[int] |
     if not 0 <= num_tokens <= min(known, hist if computed is None else computed):
         raise CacheUsageError(
             f"request {req.rid}: cannot commit {num_tokens} tokens: {known} token ids known, "
-            f"history {hist} (commit only computed, verified tokens)")
+            f"history {hist} (commit only computed, verified tokens)"
+        )
     if fresh:
         if req.tokens is None:
             req.tokens = []
@@ -141,14 +149,19 @@ def commit(t: SlotTables, req: Request, num_tokens: int, tokens: Sequence[int] |
         nblk = int(t.nblk[gi, slot])
         if t.is_state[gi]:
             # the state slot holds the state after exactly `hist` positions
-            if (computed is None and state_snapshots and k * tpb == hist and nblk == 1
-                    and hashes[k - 1] not in pool.cached and pool.num_free):
+            if (
+                computed is None
+                and state_snapshots
+                and k * tpb == hist
+                and nblk == 1
+                and hashes[k - 1] not in pool.cached
+                and pool.num_free
+            ):
                 page = pool.take(1)[0]
-                pool.store(page, hashes[k - 1], hashes[k - 2] if k > 1 else None, k * tpb,
-                           source_page=int(row[0]))
+                pool.store(page, hashes[k - 1], hashes[k - 2] if k > 1 else None, k * tpb, source_page=int(row[0]))
                 pool.release([page])
             continue
-        for b, page in enumerate(row[done:min(k, nblk)].tolist(), start=done):
+        for b, page in enumerate(row[done : min(k, nblk)].tolist(), start=done):
             if page >= 0:
                 pool.store(page, hashes[b], hashes[b - 1] if b else None, tpb)
     req.committed = k

@@ -1,16 +1,13 @@
 """`SlotTables`: every request's page tables and shape, in NumPy arrays by slot.
 
-A request is a (capacity, history) pair (docs/design.md, vocabulary). Its page table in
-a group has one entry per page-sized block of positions; blocks that fell out
-of a sliding window or a finished chunk hold `STALE`. Every page count comes
-from `kvpool.spec.pages`: a move to a new shape asks `pages_needed` and
-`stale_pages` for the target and takes the table there, all groups or none
-(rule 6).
+A request is a (capacity, history) pair (docs/design.md, vocabulary). Its page table in a group has
+one entry per page-sized block of positions; blocks that left a window or a finished chunk hold `STALE`.
+Every page count comes from `kvpool.spec.pages`: a move to a new shape asks `pages_needed` and
+`stale_pages` for the target and takes the table there, all groups or none (rule 6).
 
-For each group and slot the arrays also keep the range of capacities
-`(cap_lo, cap_hi]` and the history `stale_next` within which the table stays
-as it is, so a batched step finds with three vector comparisons the requests
-that cross a page boundary and plans only those, with the same planner a
+For each group and slot the arrays also keep the capacities `(cap_lo, cap_hi]` and the history
+`stale_next` within which the table stays as it is, so a batched step finds with three vector
+comparisons the requests that cross a page boundary and plans only those, with the same planner a
 single resize uses.
 """
 
@@ -51,8 +48,7 @@ class SlotTables:
     """Shapes and page tables of up to `len(cap)` requests (grows on demand).
     Methods that return a `Resize` change nothing when it is falsy."""
 
-    def __init__(self, groups: Sequence[LayerGroup], pools: list[PagePool], slots: int,
-                 longest: int) -> None:
+    def __init__(self, groups: Sequence[LayerGroup], pools: list[PagePool], slots: int, longest: int) -> None:
         self.groups = tuple(groups)
         self.pools = pools
         self.tokens_per_block = groups[0].tokens_per_block
@@ -68,8 +64,7 @@ class SlotTables:
         self.thresholds[1], self.thresholds[2] = -1, NEVER
         self.cap_hi, self.cap_lo, self.stale_next = self.thresholds
         # wide enough for `longest` positions (at most 1024 blocks; `widen` doubles)
-        self.tables = [np.full((slots, min(1024, pages_needed(g, longest) + 1)), STALE, np.int32)
-                       for g in groups]
+        self.tables = [np.full((slots, min(1024, pages_needed(g, longest) + 1)), STALE, np.int32) for g in groups]
         self.free_slots = list(range(slots - 1, -1, -1))
 
     # ------------------------------------------------------------------ slots
@@ -115,17 +110,18 @@ class SlotTables:
         self.hist[slot] = hist
         return RESIZED
 
-    def resize_batch(self, slots: npt.NDArray[np.intp], caps: IntArray, hists: IntArray, *,
-                     dry_run: bool = False) -> Resize:
+    def resize_batch(
+        self, slots: npt.NDArray[np.intp], caps: IntArray, hists: IntArray, *, dry_run: bool = False
+    ) -> Resize:
         """Move a batch of distinct requests (validated shapes), all or none
         (`dry_run`: only answer)."""
         c, h = caps[None, :], hists[None, :]
-        crossing = ((c > self.cap_hi[:, slots]) | (c <= self.cap_lo[:, slots])
-                    | (h >= self.stale_next[:, slots]))
+        crossing = (c > self.cap_hi[:, slots]) | (c <= self.cap_lo[:, slots]) | (h >= self.stale_next[:, slots])
         idx = np.flatnonzero(crossing.any(axis=0))
         if idx.size:
-            done = self.apply(slots[idx].tolist(), caps[idx].tolist(), hists[idx].tolist(),
-                              crossing[:, idx].tolist(), dry_run=dry_run)
+            done = self.apply(
+                slots[idx].tolist(), caps[idx].tolist(), hists[idx].tolist(), crossing[:, idx].tolist(), dry_run=dry_run
+            )
             if not done:
                 return done
         if not dry_run:
@@ -133,8 +129,15 @@ class SlotTables:
             self.hist[slots] = hists
         return RESIZED
 
-    def apply(self, slots: list[int], caps: list[int], hists: list[int],
-              mask: list[list[bool]] | None = None, *, dry_run: bool = False) -> Resize:
+    def apply(
+        self,
+        slots: list[int],
+        caps: list[int],
+        hists: list[int],
+        mask: list[list[bool]] | None = None,
+        *,
+        dry_run: bool = False,
+    ) -> Resize:
         """Move the tables of each (slot, capacity, history) in every group (or
         only where `mask[group][i]`): plan with `pages_needed`/`stale_pages`;
         if every group has the pages, apply (all releases first, then the
@@ -162,15 +165,14 @@ class SlotTables:
                 total = pages_needed(g, caps[j], hist) + stale
                 if total == nblk and stale == nstale:
                     continue
-                release = table[slot, nstale:min(stale, nblk)].tolist() if stale > nstale else []
+                release = table[slot, nstale : min(stale, nblk)].tolist() if stale > nstale else []
                 if total < nblk:
                     release += table[slot, total:nblk].tolist()
                 first_new = max(nblk, stale)
                 new = total - first_new if total > first_new else 0
                 need += new
                 released += release
-                changes.append(_Change(slot, total, stale, first_new, new, release, nstale, nblk,
-                                       hist))
+                changes.append(_Change(slot, total, stale, first_new, new, release, nstale, nblk, hist))
             pool = self.pools[gi]
             if need > pool.num_free:
                 missing = need - pool.num_free - _freed(pool, released)
@@ -186,9 +188,9 @@ class SlotTables:
             for ch in changes:
                 if ch.release:
                     if ch.nstale > ch.old_nstale:
-                        table[ch.slot, ch.old_nstale:min(ch.nstale, ch.old_nblk)] = STALE
+                        table[ch.slot, ch.old_nstale : min(ch.nstale, ch.old_nblk)] = STALE
                     if ch.nblk < ch.old_nblk:
-                        table[ch.slot, ch.nblk:ch.old_nblk] = STALE
+                        table[ch.slot, ch.nblk : ch.old_nblk] = STALE
                     pool.release(ch.release)
         for gi, changes in enumerate(plans):
             if changes:
@@ -208,13 +210,12 @@ class SlotTables:
                 rows.append(ch.slot)
                 cols.append(ch.first_new)
             elif ch.new:
-                table[ch.slot, ch.first_new:ch.nblk] = pool.take(ch.new)
+                table[ch.slot, ch.first_new : ch.nblk] = pool.take(ch.new)
         if len(rows) == 1:
             table[rows[0], cols[0]] = pool.take(1)[0]
         elif rows:
             table[rows, cols] = pool.take(len(rows))
-        self.set_blocks(gi, [ch.slot for ch in changes], [ch.nblk for ch in changes],
-                        [ch.nstale for ch in changes])
+        self.set_blocks(gi, [ch.slot for ch in changes], [ch.nblk for ch in changes], [ch.nstale for ch in changes])
         for ch in changes:
             if ch.nstale != ch.old_nstale:
                 self.stale_next[gi, ch.slot] = self.next_stale(gi, ch.hist)
@@ -276,8 +277,7 @@ class SlotTables:
 
         self.cap, self.hist = more(self.cap, 0), more(self.hist, 0)
         self.nblk, self.nstale = more(self.nblk, 0), more(self.nstale, 0)
-        self.thresholds = np.stack([more(self.thresholds[i], fill)
-                                    for i, fill in enumerate((0, -1, NEVER))])
+        self.thresholds = np.stack([more(self.thresholds[i], fill) for i, fill in enumerate((0, -1, NEVER))])
         self.cap_hi, self.cap_lo, self.stale_next = self.thresholds
         self.tables = [np.concatenate([t, np.full_like(t, STALE)]) for t in self.tables]
         self.free_slots = list(range(2 * old - 1, old - 1, -1)) + self.free_slots
@@ -286,7 +286,7 @@ class SlotTables:
         """Make group `gi`'s tables at least `width` blocks wide (doubling)."""
         t = self.tables[gi]
         wide = np.full((t.shape[0], max(width, 2 * t.shape[1])), STALE, np.int32)
-        wide[:, :t.shape[1]] = t
+        wide[:, : t.shape[1]] = t
         self.tables[gi] = wide
         return wide
 

@@ -32,8 +32,9 @@ class DummyPages(Protocol):
     def limits(self) -> ServingLimits: ...
     def free_pages(self, group: str) -> int: ...
     def live_pages(self, rid: int, group: str) -> int: ...
-    def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0,
-                           is_gen: bool = True) -> Dummies: ...
+    def add_dummy_requests(
+        self, batch_size: int, token_num: int, draft_len: int = 0, is_gen: bool = True
+    ) -> Dummies: ...
     def reserve_padding_dummy(self, draft_len: int = 0) -> int | None: ...
     def free(self, rid: int) -> None: ...
 
@@ -46,8 +47,7 @@ def dummy_shape(token_num: int, draft_len: int, extra: int, is_gen: bool = True)
 
 
 def check_dummy_args(batch_size: int, token_num: int, draft_len: int) -> None:
-    for name, value, low in (("batch_size", batch_size, 1), ("token_num", token_num, 1),
-                             ("draft_len", draft_len, 0)):
+    for name, value, low in (("batch_size", batch_size, 1), ("token_num", token_num, 1), ("draft_len", draft_len, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise CacheUsageError(f"{name} must be an integer >= {low}, got {value!r}")
 
@@ -82,8 +82,7 @@ def max_generation_length(mgr: DummyPages, batch_size: int, draft_len: int = 0) 
     check_dummy_args(batch_size, 1, draft_len)
     extra = mgr.limits.num_extra_kv_tokens
     short_c, short_h = dummy_shape(1, draft_len, extra)
-    free = {g.name: mgr.free_pages(g.name) - (batch_size - 1) * pages_needed(g, short_c, short_h)
-            for g in mgr.groups}
+    free = {g.name: mgr.free_pages(g.name) - (batch_size - 1) * pages_needed(g, short_c, short_h) for g in mgr.groups}
     headroom = 1 + draft_len + extra
     growing = [g for g in mgr.groups if decode_worst_case_pages(g, headroom) is None]
     bounded = [g for g in mgr.groups if g not in growing]
@@ -95,8 +94,7 @@ def max_generation_length(mgr: DummyPages, batch_size: int, draft_len: int = 0) 
     lo = largest_fitting(1, mgr.limits.max_seq_len, lambda n: fits(growing, n))
     if lo < 1:
         return 0
-    bounded_fit = [g for g in bounded
-                   if (decode_worst_case_pages(g, headroom) or 0) <= free[g.name]]
+    bounded_fit = [g for g in bounded if (decode_worst_case_pages(g, headroom) or 0) <= free[g.name]]
     rest = [g for g in bounded if g not in bounded_fit]
     if not rest or fits(rest, lo):
         return lo
@@ -173,8 +171,7 @@ def _worst(short: dict[str, int]) -> tuple[str, int]:
     return name, short[name]
 
 
-def warmup(mgr: DummyPages, batch_sizes: Iterable[int],
-           draft_lens: Iterable[int] = (0,)) -> WarmupReport:
+def warmup(mgr: DummyPages, batch_sizes: Iterable[int], draft_lens: Iterable[int] = (0,)) -> WarmupReport:
     """Dry-run CUDA-graph warmup: for each (b, d), b - 1 minimal generation
     dummies plus one of `max_generation_length`, then free them. Then keep one
     padding dummy per draft length (a reservation counted in the pools)."""
@@ -199,7 +196,8 @@ def warmup(mgr: DummyPages, batch_sizes: Iterable[int],
                 if not long_row:  # the query promised this fits
                     raise OutOfPagesError(
                         f"warmup dummy of {longest} tokens (batch {b}, draft {d}) did not fit "
-                        f"although max_generation_length allowed it; short: {dict(long_row.short)}")
+                        f"although max_generation_length allowed it; short: {dict(long_row.short)}"
+                    )
                 captured.append((b, d))
                 lengths[(b, d)] = longest
                 taken += long_row.ids
@@ -215,6 +213,5 @@ def warmup(mgr: DummyPages, batch_sizes: Iterable[int],
         padding[d] = mgr.reserve_padding_dummy(d)
         if padding[d] is None:
             padding_short[d] = shortfall(mgr, [dummy_shape(1, d, extra)])
-    reserved = {g.name: sum(mgr.live_pages(r, g.name) for r in padding.values() if r is not None)
-                for g in mgr.groups}
+    reserved = {g.name: sum(mgr.live_pages(r, g.name) for r in padding.values() if r is not None) for g in mgr.groups}
     return WarmupReport(captured, skipped, lengths, padding, reserved, padding_short)

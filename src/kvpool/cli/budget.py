@@ -30,8 +30,9 @@ def memory_fraction(args: argparse.Namespace) -> float:
     return float(fraction)
 
 
-def kv_budget(args: argparse.Namespace, *, weights_bytes: float | None = None,
-              gpu_only_for_budget: bool = True) -> Budget:
+def kv_budget(
+    args: argparse.Namespace, *, weights_bytes: float | None = None, gpu_only_for_budget: bool = True
+) -> Budget:
     """KV bytes from --kv-memory, or from --gpu, the non-KV memory and
     --memory-fraction. The non-KV memory is --non-kv-memory, else
     `weights_bytes` when the caller knows the weights; without either, --gpu
@@ -39,10 +40,12 @@ def kv_budget(args: argparse.Namespace, *, weights_bytes: float | None = None,
     but the budget here, so --kv-memory beside it is a contradiction (a command
     that also times steps on the GPU passes False)."""
     if args.kv_memory is not None:
-        if (args.non_kv_memory is not None or args.memory_fraction is not None
-                or (gpu_only_for_budget and args.gpu is not None)):
-            raise KvpoolError("give either --kv-memory or --gpu with --non-kv-memory "
-                              "[--memory-fraction], not both")
+        if (
+            args.non_kv_memory is not None
+            or args.memory_fraction is not None
+            or (gpu_only_for_budget and args.gpu is not None)
+        ):
+            raise KvpoolError("give either --kv-memory or --gpu with --non-kv-memory [--memory-fraction], not both")
         return Budget(parse_size(args.kv_memory), f"--kv-memory {args.kv_memory}")
     if args.gpu is None:
         raise KvpoolError("no KV budget: give --kv-memory SIZE, or --gpu NAME --non-kv-memory SIZE")

@@ -35,8 +35,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="preset name (kvpool models) or path to a config.json")
     p.add_argument("--kv-dtype", default="auto", help=f"KV storage dtype: {', '.join(KV_DTYPES)} (default auto)")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size; the spec is one rank's")
-    p.add_argument("--tokens-per-block", type=positive_int, default=None, metavar="T",
-                   help="page size in positions (default 32; 128 for DeepSeek-V4)")
+    p.add_argument(
+        "--tokens-per-block",
+        type=positive_int,
+        default=None,
+        metavar="T",
+        help="page size in positions (default 32; 128 for DeepSeek-V4)",
+    )
 
 
 def add_json_arg(p: argparse.ArgumentParser) -> None:
@@ -44,9 +49,7 @@ def add_json_arg(p: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> ModelSpec:
-    return load_model_spec(
-        args.model, kv_dtype=args.kv_dtype, tp_size=args.tp, tokens_per_block=args.tokens_per_block
-    )
+    return load_model_spec(args.model, kv_dtype=args.kv_dtype, tp_size=args.tp, tokens_per_block=args.tokens_per_block)
 
 
 def print_json(obj: Any) -> None:
@@ -74,4 +77,3 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return text == "-"
     return True
-

@@ -16,13 +16,25 @@ from kvpool.units import format_bytes
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """--engine, --emit and --model-id (for `kvpool plan`)."""
     g = p.add_argument_group("engines")
-    g.add_argument("--engine", choices=ENGINES, default=None,
-                   help="also show what this engine would allocate from the same memory by its own rules")
-    g.add_argument("--emit", choices=ENGINES, default=None,
-                   help="print the launch command (vllm, sglang) or extra-options YAML (trtllm) that "
-                        "follows the plan, with a note for each part the engine cannot express")
-    g.add_argument("--model-id", default=None, metavar="ID",
-                   help="model id for --emit (default: the preset's Hugging Face id, else MODEL)")
+    g.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=None,
+        help="also show what this engine would allocate from the same memory by its own rules",
+    )
+    g.add_argument(
+        "--emit",
+        choices=ENGINES,
+        default=None,
+        help="print the launch command (vllm, sglang) or extra-options YAML (trtllm) that "
+        "follows the plan, with a note for each part the engine cannot express",
+    )
+    g.add_argument(
+        "--model-id",
+        default=None,
+        metavar="ID",
+        help="model id for --emit (default: the preset's Hugging Face id, else MODEL)",
+    )
 
 
 def _fits(value: int | None) -> str:
@@ -32,8 +44,11 @@ def _fits(value: int | None) -> str:
 def render_report(report: EngineReport, plan: PoolPlan) -> str:
     """An engine's pools, printed lines, concurrency beside the plan's, refusals."""
     lim = plan.limits
-    shapes = [REFERENCE_REQUEST, None if plan.avg_seq_len is None else decode_shape(plan.avg_seq_len, lim),
-              decode_shape(lim.max_seq_len, lim)]
+    shapes = [
+        REFERENCE_REQUEST,
+        None if plan.avg_seq_len is None else decode_shape(plan.avg_seq_len, lim),
+        decode_shape(lim.max_seq_len, lim),
+    ]
 
     def fits(p: EnginePool) -> str:
         counts = []
@@ -42,19 +57,32 @@ def render_report(report: EngineReport, plan: PoolPlan) -> str:
             counts.append("-" if shape is None or not need else str(p.pages // need))
         return "/".join(counts)
 
-    rows = [[p.name, ",".join(p.groups), p.page_tokens or "-", f"{p.page_bytes:,}", f"{p.pages:,}",
-             "-" if p.tokens is None else f"{p.tokens:,}", format_bytes(p.bytes), fits(p)]
-            for p in report.pools]
+    rows = [
+        [
+            p.name,
+            ",".join(p.groups),
+            p.page_tokens or "-",
+            f"{p.page_bytes:,}",
+            f"{p.pages:,}",
+            "-" if p.tokens is None else f"{p.tokens:,}",
+            format_bytes(p.bytes),
+            fits(p),
+        ]
+        for p in report.pools
+    ]
     ours, theirs = plan.max_concurrency(), report.max_concurrency(plan.avg_seq_len)
     lines = [f"{report.engine} ({report.version_modelled}) from the same {format_bytes(report.budget_bytes)}:"]
     if rows:
-        lines.append(table(["pool", "groups", "page tokens", "page bytes", "pages", "tokens", "bytes",
-                            "fit ref/S/L"], rows))
+        lines.append(
+            table(["pool", "groups", "page tokens", "page bytes", "pages", "tokens", "bytes", "fit ref/S/L"], rows)
+        )
     lines += [f"prints: {line}" for line in report.lines]
-    lines.append("requests that fit at once (engine / kvpool): "
-                 f"reference (2049) {theirs['reference']} / {ours['reference']}, avg_seq_len "
-                 f"{_fits(theirs['avg_seq_len'])} / {_fits(ours['avg_seq_len'])}, max_seq_len "
-                 f"{theirs['max_seq_len']} / {ours['max_seq_len']}")
+    lines.append(
+        "requests that fit at once (engine / kvpool): "
+        f"reference (2049) {theirs['reference']} / {ours['reference']}, avg_seq_len "
+        f"{_fits(theirs['avg_seq_len'])} / {_fits(ours['avg_seq_len'])}, max_seq_len "
+        f"{theirs['max_seq_len']} / {ours['max_seq_len']}"
+    )
     lines += [f"refuses: {r}" for r in report.refusals]
     lines += [f"degrades: {d}" for d in report.degradations]
     return "\n".join(lines)

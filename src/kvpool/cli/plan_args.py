@@ -42,45 +42,99 @@ def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True, workload: b
         add_model_args(p)
     b = p.add_argument_group("budget (give --kv-memory, or --gpu with --non-kv-memory)")
     b.add_argument("--kv-memory", metavar="SIZE", help="KV cache budget, e.g. 40GiB, 512MiB or bytes")
-    b.add_argument("--gpu", metavar="NAME", help="GPU preset (kvpool gpus); budget = "
-                   "(GPU memory - non-KV memory) x memory fraction")
-    b.add_argument("--non-kv-memory", metavar="SIZE",
-                   help="with --gpu: memory used by weights, activations, graphs (e.g. 20GiB)")
-    b.add_argument("--memory-fraction", type=float, default=None, metavar="F",
-                   help=f"with --gpu: share of the rest given to KV (default {DEFAULT_MEMORY_FRACTION})")
+    b.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="GPU preset (kvpool gpus); budget = (GPU memory - non-KV memory) x memory fraction",
+    )
+    b.add_argument(
+        "--non-kv-memory", metavar="SIZE", help="with --gpu: memory used by weights, activations, graphs (e.g. 20GiB)"
+    )
+    b.add_argument(
+        "--memory-fraction",
+        type=float,
+        default=None,
+        metavar="F",
+        help=f"with --gpu: share of the rest given to KV (default {DEFAULT_MEMORY_FRACTION})",
+    )
     lim = p.add_argument_group("serving limits")
-    lim.add_argument("--max-batch-size", type=positive_int, default=DEFAULT_MAX_BATCH_SIZE, metavar="B",
-                     help=f"most requests per step (default {DEFAULT_MAX_BATCH_SIZE})")
-    lim.add_argument("--max-seq-len", type=positive_int, default=None, metavar="L",
-                     help=f"longest request, prompt plus output (default: the model's max "
-                          f"positions, at most {DEFAULT_MAX_SEQ_LEN})")
-    lim.add_argument("--max-num-tokens", type=optional_tokens, default=DEFAULT_MAX_NUM_TOKENS,
-                     metavar="N", help=f"per-iteration token budget (default {DEFAULT_MAX_NUM_TOKENS}; "
-                     "'none' for no chunked-prefill budget)")
-    lim.add_argument("--draft-len", type=non_negative_int, default=0, metavar="D",
-                     help="speculative draft tokens per step (default 0)")
-    lim.add_argument("--extra-kv-tokens", type=non_negative_int, default=0, metavar="E",
-                     help="extra KV tokens per request, e.g. for MTP/Eagle (default 0)")
-    lim.add_argument("--avg-seq-len", type=positive_int, default=None, metavar="S",
-                     help="typical request length; enables the typical step and its constraints "
-                          "(must be <= --max-seq-len; default: unknown, ratio from the reference "
-                          "request of 2049 positions)")
-    lim.add_argument("--cuda-graph-batch-sizes", default=None, metavar="B1,B2,...",
-                     help="CUDA-graph batch sizes (default 1, 2, 4, then multiples of 8 up to "
-                          "min(B, 256))")
+    lim.add_argument(
+        "--max-batch-size",
+        type=positive_int,
+        default=DEFAULT_MAX_BATCH_SIZE,
+        metavar="B",
+        help=f"most requests per step (default {DEFAULT_MAX_BATCH_SIZE})",
+    )
+    lim.add_argument(
+        "--max-seq-len",
+        type=positive_int,
+        default=None,
+        metavar="L",
+        help=f"longest request, prompt plus output (default: the model's max positions, at most {DEFAULT_MAX_SEQ_LEN})",
+    )
+    lim.add_argument(
+        "--max-num-tokens",
+        type=optional_tokens,
+        default=DEFAULT_MAX_NUM_TOKENS,
+        metavar="N",
+        help=f"per-iteration token budget (default {DEFAULT_MAX_NUM_TOKENS}; 'none' for no chunked-prefill budget)",
+    )
+    lim.add_argument(
+        "--draft-len",
+        type=non_negative_int,
+        default=0,
+        metavar="D",
+        help="speculative draft tokens per step (default 0)",
+    )
+    lim.add_argument(
+        "--extra-kv-tokens",
+        type=non_negative_int,
+        default=0,
+        metavar="E",
+        help="extra KV tokens per request, e.g. for MTP/Eagle (default 0)",
+    )
+    lim.add_argument(
+        "--avg-seq-len",
+        type=positive_int,
+        default=None,
+        metavar="S",
+        help="typical request length; enables the typical step and its constraints "
+        "(must be <= --max-seq-len; default: unknown, ratio from the reference "
+        "request of 2049 positions)",
+    )
+    lim.add_argument(
+        "--cuda-graph-batch-sizes",
+        default=None,
+        metavar="B1,B2,...",
+        help="CUDA-graph batch sizes (default 1, 2, 4, then multiples of 8 up to min(B, 256))",
+    )
     pol = p.add_argument_group("sizing policy")
-    pol.add_argument("--pool-ratio", default=None, metavar="NAME=SHARE,...",
-                     help="explicit byte share per group (summing to 1); drops all constraints")
+    pol.add_argument(
+        "--pool-ratio",
+        default=None,
+        metavar="NAME=SHARE,...",
+        help="explicit byte share per group (summing to 1); drops all constraints",
+    )
     if workload:
-        pol.add_argument("--workload", default=None, metavar="TRACE",
-                         help="set the ratio from the expected pages of a trace's (prompt, output) "
-                              "lengths: a bundled trace (azure-conv, azure-code, mooncake-conv) "
-                              "or a trace file")
-    pol.add_argument("--fit", action="store_true",
-                     help="shrink the longest request of a constraint that does not fit, "
-                          "instead of failing")
-    pol.add_argument("--phase", choices=("final", "profile"), default="final",
-                     help="final (default) or profile: the temporary plan sized for warmup shapes")
+        pol.add_argument(
+            "--workload",
+            default=None,
+            metavar="TRACE",
+            help="set the ratio from the expected pages of a trace's (prompt, output) "
+            "lengths: a bundled trace (azure-conv, azure-code, mooncake-conv) "
+            "or a trace file",
+        )
+    pol.add_argument(
+        "--fit",
+        action="store_true",
+        help="shrink the longest request of a constraint that does not fit, instead of failing",
+    )
+    pol.add_argument(
+        "--phase",
+        choices=("final", "profile"),
+        default="final",
+        help="final (default) or profile: the temporary plan sized for warmup shapes",
+    )
 
 
 def parse_pool_ratio(text: str | None) -> dict[str, float] | None:
@@ -106,8 +160,9 @@ def spec_for_plan(args: argparse.Namespace) -> tuple[ModelSpec, int]:
     if max_len is None:
         max_pos = config.get("max_position_embeddings")
         max_len = min(int(max_pos) if max_pos else DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
-    spec = load_model_spec(args.model, kv_dtype=args.kv_dtype, tp_size=args.tp,
-                           tokens_per_block=args.tokens_per_block, max_seq_len=max_len)
+    spec = load_model_spec(
+        args.model, kv_dtype=args.kv_dtype, tp_size=args.tp, tokens_per_block=args.tokens_per_block, max_seq_len=max_len
+    )
     return spec, max_len
 
 
@@ -140,8 +195,11 @@ def plan_from_args(args: argparse.Namespace) -> PoolPlan:
     spec, max_len = spec_for_plan(args)
     limits = limits_from_args(args, max_len)
     return plan_pools(
-        spec, limits, kv_memory_bytes=kv_budget(args).kv_bytes,
-        pool_ratio=parse_pool_ratio(args.pool_ratio), policy=workload_from_args(args),
-        fit=args.fit, phase=args.phase,
+        spec,
+        limits,
+        kv_memory_bytes=kv_budget(args).kv_bytes,
+        pool_ratio=parse_pool_ratio(args.pool_ratio),
+        policy=workload_from_args(args),
+        fit=args.fit,
+        phase=args.phase,
     )
-

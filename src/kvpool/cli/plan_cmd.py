@@ -15,24 +15,34 @@ from kvpool.units import format_bytes
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "plan", help="split a KV memory budget between a model's page pools",
+        "plan",
+        help="split a KV memory budget between a model's page pools",
         description="Split a KV memory budget between the page pools of a model, check the "
-                    "batches that must fit, and report how many requests fit at once. "
-                    "Exit code 2 (one line on stderr) when a constraint does not fit.",
+        "batches that must fit, and report how many requests fit at once. "
+        "Exit code 2 (one line on stderr) when a constraint does not fit.",
     )
     add_plan_args(p)
     engines_out.add_engine_args(p)
     w = p.add_argument_group("workload sizing (with --workload TRACE)")
-    w.add_argument("--sizing", choices=("workload", "occupancy", "tuned"), default="workload",
-                   help="workload (default): expected decode pages over the trace's lengths; "
-                        "occupancy: pages over each request's time in flight, prefill chunks "
-                        "included; tuned: a bounded search over the split, simulated on a "
-                        "1,000-request sample of the trace (needs a GPU for step times)")
-    w.add_argument("--sim-gpu", default=None, metavar="NAME",
-                   help="GPU whose step times --sizing tuned simulates (default: --gpu)")
-    w.add_argument("--workload-rate", default="inf", metavar="R",
-                   help="arrival rate the tuned search replays the sample at (default inf: "
-                        "offline; 'trace' for the trace's own times)")
+    w.add_argument(
+        "--sizing",
+        choices=("workload", "occupancy", "tuned"),
+        default="workload",
+        help="workload (default): expected decode pages over the trace's lengths; "
+        "occupancy: pages over each request's time in flight, prefill chunks "
+        "included; tuned: a bounded search over the split, simulated on a "
+        "1,000-request sample of the trace (needs a GPU for step times)",
+    )
+    w.add_argument(
+        "--sim-gpu", default=None, metavar="NAME", help="GPU whose step times --sizing tuned simulates (default: --gpu)"
+    )
+    w.add_argument(
+        "--workload-rate",
+        default="inf",
+        metavar="R",
+        help="arrival rate the tuned search replays the sample at (default inf: "
+        "offline; 'trace' for the trace's own times)",
+    )
     add_json_arg(p)
     p.set_defaults(func=run)
 
@@ -47,25 +57,43 @@ def render(plan: PoolPlan) -> str:
         f"limits: B={lim.max_batch_size} L={lim.max_seq_len} N={lim.max_num_tokens} "
         f"d={lim.max_draft_len} E={lim.num_extra_kv_tokens} S={plan.avg_seq_len}",
         "",
-        table(["group", "kind", "window", "page bytes", "pages", "bytes", "share"],
-              [[g.name, g.kind, g.window, f"{g.page_bytes:,}", f"{g.pages:,}", format_bytes(g.bytes),
-                f"{100 * g.share:.1f}%"] for g in plan.groups]),
+        table(
+            ["group", "kind", "window", "page bytes", "pages", "bytes", "share"],
+            [
+                [
+                    g.name,
+                    g.kind,
+                    g.window,
+                    f"{g.page_bytes:,}",
+                    f"{g.pages:,}",
+                    format_bytes(g.bytes),
+                    f"{100 * g.share:.1f}%",
+                ]
+                for g in plan.groups
+            ],
+        ),
     ]
     if plan.typical_step:
         step = plan.typical_step
-        lines.append(f"\ntypical step: {step[0].capacity}/{step[0].history}"
-                     + (f" + {len(step) - 1} x {step[1].capacity}/{step[1].history}"
-                        if len(step) > 1 else "") + " (capacity/history)")
+        lines.append(
+            f"\ntypical step: {step[0].capacity}/{step[0].history}"
+            + (f" + {len(step) - 1} x {step[1].capacity}/{step[1].history}" if len(step) > 1 else "")
+            + " (capacity/history)"
+        )
     for c in plan.constraints:
         state = "fits" if c.satisfied else f"short {dict(c.short)}"
         if c.shrunk_from is not None:
             state += f" after shrinking its longest request from {c.shrunk_from.capacity}"
-        lines.append(f"constraint {c.name}: {len(c.batch)} requests, longest "
-                     f"{max(s.capacity for s in c.batch)} positions: {state}")
+        lines.append(
+            f"constraint {c.name}: {len(c.batch)} requests, longest "
+            f"{max(s.capacity for s in c.batch)} positions: {state}"
+        )
     conc = plan.max_concurrency()
-    lines.append(f"\nrequests that fit at once: reference (2049) {conc['reference']}, "
-                 f"avg_seq_len {conc['avg_seq_len'] if conc['avg_seq_len'] is not None else '-'}, "
-                 f"max_seq_len {conc['max_seq_len']}")
+    lines.append(
+        f"\nrequests that fit at once: reference (2049) {conc['reference']}, "
+        f"avg_seq_len {conc['avg_seq_len'] if conc['avg_seq_len'] is not None else '-'}, "
+        f"max_seq_len {conc['max_seq_len']}"
+    )
     lines += [f"warning: {w}" for w in plan.warnings]
     lines += [f"note: {n}" for n in plan.notes if not n.startswith("fit:")]
     return "\n".join(lines)

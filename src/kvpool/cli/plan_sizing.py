@@ -43,13 +43,12 @@ def adaptive_plan(args: argparse.Namespace) -> PoolPlan:
             try:
                 rate = float(text)
             except ValueError:
-                raise KvpoolError(f"cannot read --workload-rate {args.workload_rate!r}; "
-                                  "give requests/s, inf or trace") from None
+                raise KvpoolError(
+                    f"cannot read --workload-rate {args.workload_rate!r}; give requests/s, inf or trace"
+                ) from None
             trace = trace.with_rate(rate)
-        rate_note = (f"tuned: step times of {gpu}, arrivals at {text}"
-                     + (" (offline)" if text == "inf" else ""),)
+        rate_note = (f"tuned: step times of {gpu}, arrivals at {text}" + (" (offline)" if text == "inf" else ""),)
     elif args.sim_gpu is not None:
         raise KvpoolError("--sim-gpu is for --sizing tuned")
-    pp = plan_for(spec, limits, args.sizing, kv_memory_bytes=kv, trace=trace, fit=args.fit,
-                  model=model)
+    pp = plan_for(spec, limits, args.sizing, kv_memory_bytes=kv, trace=trace, fit=args.fit, model=model)
     return dataclasses.replace(pp.plan, notes=pp.plan.notes + pp.notes + rate_note)

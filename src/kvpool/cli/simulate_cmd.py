@@ -5,14 +5,11 @@ they buy."""
 from __future__ import annotations
 
 import argparse
-import math
-import sys
-import time
 from typing import Any
 
 from kvpool import presets
 from kvpool.cli.budget import kv_budget
-from kvpool.cli.common import add_json_arg, int_at_least, positive_int, print_json, table
+from kvpool.cli.common import add_json_arg, int_at_least, positive_int, print_json
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.cli.plan_args import (
     add_plan_args,
@@ -20,10 +17,11 @@ from kvpool.cli.plan_args import (
     parse_pool_ratio,
     spec_for_plan,
 )
+from kvpool.cli.sim_output import ProgressBar, parse_rate, results_table
 from kvpool.errors import KvpoolError
 from kvpool.plan.sizing import check_pool_ratio
 from kvpool.presets.traces import load_trace
-from kvpool.sim import Progress, SimResult, StepTimeModel, load_weights, simulate
+from kvpool.sim import SimResult, StepTimeModel, load_weights, simulate
 from kvpool.sim.policies import (
     PolicyPlan,
     parse_policies,
@@ -38,89 +36,91 @@ from kvpool.units import format_bytes, parse_size
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "simulate", help="replay a request trace against sizing policies (simulated throughput)",
+        "simulate",
+        help="replay a request trace against sizing policies (simulated throughput)",
         description="Replay a trace through the shared scheduler and the real KV cache manager "
-                    "with a roofline step-time model; compare sizing policies by the throughput "
-                    "they buy. The budget is --kv-memory, or (GPU memory - non-KV memory) x F "
-                    "where non-KV memory defaults to the model's weights.")
+        "with a roofline step-time model; compare sizing policies by the throughput "
+        "they buy. The budget is --kv-memory, or (GPU memory - non-KV memory) x F "
+        "where non-KV memory defaults to the model's weights.",
+    )
     add_plan_args(p, workload=False)  # the trace is --trace; `--policy workload` uses it
     s = p.add_argument_group("simulation")
-    s.add_argument("--trace", required=True, metavar="NAME|PATH",
-                   help=f"bundled trace ({', '.join(presets.trace_names())}) or a trace file")
-    s.add_argument("--policy", default=None, metavar="P",
-                   help="reference (default), typical, workload, occupancy, tuned or "
-                        "ratio:GROUP=SHARE,...")
-    s.add_argument("--compare", default=None, metavar="P1,P2,...",
-                   help="run several policies on the same trace, side by side")
-    s.add_argument("--sweep-ratio", default=None, metavar="GROUP",
-                   help="scan GROUP's byte share (a group name, or a kind one group has) "
-                        "to find the best split; the policies are placed on the curve")
-    s.add_argument("--sweep-points", type=positive_int, default=10, metavar="K",
-                   help="shares in the sweep (default 10)")
-    s.add_argument("--sweep-range", default="0.05:0.95", metavar="LOW:HIGH",
-                   help="shares swept (default 0.05:0.95; evenly spaced, geometric when "
-                        "HIGH/LOW >= 20, e.g. 0.002:0.2 for a small window)")
-    s.add_argument("--workers", type=positive_int, default=None, metavar="N",
-                   help="run the --sweep-ratio points as Ray tasks on N local CPUs (needs "
-                        "kvpool[sweep]; serially without Ray)")
-    s.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="run the --sweep-ratio points on this Ray cluster (auto, ray://HOST:10001)")
-    s.add_argument("--rate", default=None, metavar="R",
-                   help="requests/s on average (rescaled trace times, or Poisson when the trace "
-                        "has none); 'inf' sends all at time 0; default: the trace's own times")
-    s.add_argument("--max-requests", type=positive_int, default=None, metavar="N",
-                   help="only the first N requests of the trace")
+    s.add_argument(
+        "--trace",
+        required=True,
+        metavar="NAME|PATH",
+        help=f"bundled trace ({', '.join(presets.trace_names())}) or a trace file",
+    )
+    s.add_argument(
+        "--policy",
+        default=None,
+        metavar="P",
+        help="reference (default), typical, workload, occupancy, tuned or ratio:GROUP=SHARE,...",
+    )
+    s.add_argument(
+        "--compare", default=None, metavar="P1,P2,...", help="run several policies on the same trace, side by side"
+    )
+    s.add_argument(
+        "--sweep-ratio",
+        default=None,
+        metavar="GROUP",
+        help="scan GROUP's byte share (a group name, or a kind one group has) "
+        "to find the best split; the policies are placed on the curve",
+    )
+    s.add_argument(
+        "--sweep-points", type=positive_int, default=10, metavar="K", help="shares in the sweep (default 10)"
+    )
+    s.add_argument(
+        "--sweep-range",
+        default="0.05:0.95",
+        metavar="LOW:HIGH",
+        help="shares swept (default 0.05:0.95; evenly spaced, geometric when "
+        "HIGH/LOW >= 20, e.g. 0.002:0.2 for a small window)",
+    )
+    s.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="run the --sweep-ratio points as Ray tasks on N local CPUs (needs kvpool[sweep]; serially without Ray)",
+    )
+    s.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="run the --sweep-ratio points on this Ray cluster (auto, ray://HOST:10001)",
+    )
+    s.add_argument(
+        "--rate",
+        default=None,
+        metavar="R",
+        help="requests/s on average (rescaled trace times, or Poisson when the trace "
+        "has none); 'inf' sends all at time 0; default: the trace's own times",
+    )
+    s.add_argument(
+        "--max-requests", type=positive_int, default=None, metavar="N", help="only the first N requests of the trace"
+    )
     s.add_argument("--seed", type=int_at_least(0), default=0, help="seed of Poisson arrivals (default 0)")
-    s.add_argument("--no-padding-reservation", action="store_true",
-                   help="no persistent CUDA-graph padding dummies: allocate one per padded step "
-                        "(as engines that allocate it lazily do); it fails when the pool is full")
-    s.add_argument("--weights-bytes", default=None, metavar="SIZE",
-                   help="model weights size (default: data/model_params.json for bundled models)")
-    s.add_argument("--active-params", type=float, default=None, metavar="N",
-                   help="active parameters per token (MoE), e.g. 3.8e9")
+    s.add_argument(
+        "--no-padding-reservation",
+        action="store_true",
+        help="no persistent CUDA-graph padding dummies: allocate one per padded step "
+        "(as engines that allocate it lazily do); it fails when the pool is full",
+    )
+    s.add_argument(
+        "--weights-bytes",
+        default=None,
+        metavar="SIZE",
+        help="model weights size (default: data/model_params.json for bundled models)",
+    )
+    s.add_argument(
+        "--active-params", type=float, default=None, metavar="N", help="active parameters per token (MoE), e.g. 3.8e9"
+    )
     s.add_argument("--plot", default=None, metavar="OUT.png", help="write a plot (needs matplotlib)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     add_kv_events_args(s)
     add_json_arg(p)
     p.set_defaults(func=run)
-
-
-def parse_rate(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        rate = float(text)
-    except ValueError:
-        raise KvpoolError(f"cannot read --rate {text!r}; give requests/s, e.g. 8, or inf") from None
-    if math.isnan(rate) or rate <= 0:
-        raise KvpoolError(f"--rate must be positive or inf, got {text}")
-    return rate
-
-
-class ProgressBar:
-    """Progress on stderr: redrawn in place on a terminal; otherwise one line
-    every 15 s, only for runs that take that long."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled, self.tty = enabled, sys.stderr.isatty()
-        self.last = time.monotonic()
-
-    def __call__(self, p: Progress) -> None:
-        if not self.enabled:
-            return
-        line = (f"simulate {p.policy}: {p.done}/{p.total} requests, "
-                f"{p.sim_time_s:,.1f} s simulated, {p.wall_s:.0f} s")
-        if self.tty:
-            sys.stderr.write("\r" + line[:100].ljust(100))
-            sys.stderr.flush()
-        elif time.monotonic() - self.last >= 15:
-            self.last = time.monotonic()
-            print(line, file=sys.stderr)
-
-    def done(self) -> None:
-        if self.enabled and self.tty:
-            sys.stderr.write("\r" + " " * 100 + "\r")
-            sys.stderr.flush()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,19 +131,28 @@ def run(args: argparse.Namespace) -> int:
     spec, max_len = spec_for_plan(args)
     limits = limits_from_args(args, max_len)
     gpu = presets.load_gpu(args.gpu)
-    weights = load_weights(args.model, weights_bytes=parse_size(args.weights_bytes)
-                           if args.weights_bytes else None, active_params=args.active_params)
+    weights = load_weights(
+        args.model,
+        weights_bytes=parse_size(args.weights_bytes) if args.weights_bytes else None,
+        active_params=args.active_params,
+    )
     kv_bytes, how = kv_budget(
-        args, weights_bytes=weights.total_params * weights.bytes_per_param, gpu_only_for_budget=False)
+        args, weights_bytes=weights.total_params * weights.bytes_per_param, gpu_only_for_budget=False
+    )
     rate = parse_rate(args.rate)
     trace = load_trace(args.trace, max_requests=args.max_requests).with_rate(rate, args.seed)
     model = StepTimeModel.build(spec, gpu, weights)
 
-    given = [flag for flag, value in (("--compare", args.compare), ("--policy", args.policy),
-                                      ("--pool-ratio", args.pool_ratio)) if value]
+    given = [
+        flag
+        for flag, value in (("--compare", args.compare), ("--policy", args.policy), ("--pool-ratio", args.pool_ratio))
+        if value
+    ]
     if len(given) > 1:  # one would silently win over the other
-        raise KvpoolError(f"give one of {' / '.join(given)}; to run several, list them all "
-                          "in --compare (e.g. --compare reference,ratio:full=0.3)")
+        raise KvpoolError(
+            f"give one of {' / '.join(given)}; to run several, list them all "
+            "in --compare (e.g. --compare reference,ratio:full=0.3)"
+        )
     if args.compare:
         policies = parse_policies(args.compare)
     elif args.policy:
@@ -177,14 +186,17 @@ def run(args: argparse.Namespace) -> int:
         raise KvpoolError("--workers / --ray-address run the points of --sweep-ratio; add it")
     # Plan every named policy first, so that an infeasible one fails in a second, not
     # after the runs before it.
-    plans = [plan_for(spec, limits, p, kv_memory_bytes=kv_bytes, trace=trace, fit=args.fit,
-                      model=model, padding=padding) for p in policies]
+    plans = [
+        plan_for(spec, limits, p, kv_memory_bytes=kv_bytes, trace=trace, fit=args.fit, model=model, padding=padding)
+        for p in policies
+    ]
 
     def one(policy: str, pp: PolicyPlan | None = None) -> SimResult:
         pp = pp or plan_for(spec, limits, policy, kv_memory_bytes=kv_bytes, trace=trace, fit=args.fit)
         notes.extend(n for n in pp.notes if n not in notes)
-        result = simulate(pp.plan, trace, model, policy=policy, padding=padding, progress=bar,
-                          on_step=step_publisher(publisher))
+        result = simulate(
+            pp.plan, trace, model, policy=policy, padding=padding, progress=bar, on_step=step_publisher(publisher)
+        )
         bar.done()
         return result
 
@@ -193,9 +205,20 @@ def run(args: argparse.Namespace) -> int:
     if group is not None and (args.workers or args.ray_address):
         from kvpool.sim.sweep_tasks import run_shares
 
-        sweep, more = run_shares(spec, limits, group, shares, trace, model, kv_memory_bytes=kv_bytes,
-                                 fit=args.fit, padding=padding, workers=args.workers,
-                                 ray_address=args.ray_address, progress=not args.quiet)
+        sweep, more = run_shares(
+            spec,
+            limits,
+            group,
+            shares,
+            trace,
+            model,
+            kv_memory_bytes=kv_bytes,
+            fit=args.fit,
+            padding=padding,
+            workers=args.workers,
+            ray_address=args.ray_address,
+            progress=not args.quiet,
+        )
         notes.extend(more)
         shares = []
     for share in shares:
@@ -214,48 +237,32 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"runs": [r.to_json() for r in everything]})
         return 0
-    print(f"{spec.name} on {gpu.name}: KV {format_bytes(kv_bytes)} ({how}), B={limits.max_batch_size} "
-          f"L={limits.max_seq_len} N={limits.max_num_tokens}; trace {trace.name}: {len(trace)} requests, "
-          f"rate {args.rate or 'trace times'}; padding dummies {'reserved' if padding else 'lazy'}")
+    print(
+        f"{spec.name} on {gpu.name}: KV {format_bytes(kv_bytes)} ({how}), B={limits.max_batch_size} "
+        f"L={limits.max_seq_len} N={limits.max_num_tokens}; trace {trace.name}: {len(trace)} requests, "
+        f"rate {args.rate or 'trace times'}; padding dummies {'reserved' if padding else 'lazy'}"
+    )
     print(results_table(everything, [g.name for g in spec.groups]))
     if sweep and group:
         best = max(everything, key=lambda r: r.output_tokens_per_s)
-        print(f"\nbest split: {best.policy} ({best.plan.group(group).share:.1%} to {group}), "
-              f"{best.output_tokens_per_s:,.0f} tok/s")
+        print(
+            f"\nbest split: {best.policy} ({best.plan.group(group).share:.1%} to {group}), "
+            f"{best.output_tokens_per_s:,.0f} tok/s"
+        )
         for r in runs:
-            print(f"  {r.policy}: {r.plan.group(group).share:.1%} to {group}, "
-                  f"{r.output_tokens_per_s:,.0f} tok/s = "
-                  f"{r.output_tokens_per_s / best.output_tokens_per_s:.1%} of the best")
+            print(
+                f"  {r.policy}: {r.plan.group(group).share:.1%} to {group}, "
+                f"{r.output_tokens_per_s:,.0f} tok/s = "
+                f"{r.output_tokens_per_s / best.output_tokens_per_s:.1%} of the best"
+            )
     rejected = max(r.rejected for r in everything)
     if rejected:
-        notes.append(f"requests not done were rejected: a prompt of at least max_seq_len "
-                     f"({limits.max_seq_len}) tokens, or more pages than the pools hold")
+        notes.append(
+            f"requests not done were rejected: a prompt of at least max_seq_len "
+            f"({limits.max_seq_len}) tokens, or more pages than the pools hold"
+        )
     for n in notes:
         print(f"note: {n}")
     if args.plot:
         print(f"plot: {args.plot}")
     return 0
-
-
-def results_table(runs: list[SimResult], groups: list[str]) -> str:
-    def num(x: float | None, scale: float, digits: int) -> str:
-        return "-" if x is None else f"{x * scale:,.{digits}f}"
-
-    reuse = any(r.reuse_hit_rate for r in runs)
-    rows = []
-    for r in runs:
-        row: list[Any] = [r.policy]
-        row += [f"{r.pages[g].total:,}" for g in groups]
-        row += [f"{r.output_tokens_per_s:,.0f}", f"{r.requests_per_s:.2f}",
-                num(r.percentile(r.ttft_s, 50), 1, 2), num(r.percentile(r.ttft_s, 99), 1, 2),
-                num(r.percentile(r.tpot_s, 50), 1e3, 1), num(r.percentile(r.tpot_s, 99), 1e3, 1),
-                r.preemptions, f"{r.graph_step_share:.0%}", r.padding_failures]
-        row += [f"{r.pages[g].peak_used / max(r.pages[g].total, 1):.0%}/"
-                f"{r.pages[g].mean_used / max(r.pages[g].total, 1):.0%}" for g in groups]
-        row += ([f"{r.reuse_hit_rate:.0%}"] if reuse else []) + [f"{r.finished}/{r.num_requests}"]
-        rows.append(row)
-    headers = (["policy"] + [f"{g} pages" for g in groups]
-               + ["tok/s", "req/s", "TTFT p50 s", "TTFT p99 s", "TPOT p50 ms", "TPOT p99 ms",
-                  "preempt", "graphs", "pad fails"]
-               + [f"{g} peak/mean" for g in groups] + (["reuse hits"] if reuse else []) + ["done"])
-    return table(headers, rows)

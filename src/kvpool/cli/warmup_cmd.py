@@ -13,16 +13,18 @@ from kvpool.errors import LimitsError
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "warmup", help="dry-run CUDA-graph warmup: which (batch size, draft length) shapes fit",
+        "warmup",
+        help="dry-run CUDA-graph warmup: which (batch size, draft length) shapes fit",
         description="Plan the pools (same options as `kvpool plan`), then allocate the warmup "
-                    "dummies of every CUDA-graph batch size and draft length on an empty cache: "
-                    "b - 1 minimal decodes plus the longest decode that fits. Lists the shapes "
-                    "captured and, for a skipped one, the group and pages short; then reserves "
-                    "one padding dummy per draft length.",
+        "dummies of every CUDA-graph batch size and draft length on an empty cache: "
+        "b - 1 minimal decodes plus the longest decode that fits. Lists the shapes "
+        "captured and, for a skipped one, the group and pages short; then reserves "
+        "one padding dummy per draft length.",
     )
     add_plan_args(p)
-    p.add_argument("--draft-lens", default=None, metavar="D1,D2,...",
-                   help="draft lengths to warm up (default: 0 and --draft-len)")
+    p.add_argument(
+        "--draft-lens", default=None, metavar="D1,D2,...", help="draft lengths to warm up (default: 0 and --draft-len)"
+    )
     add_json_arg(p)
     p.set_defaults(func=run)
 
@@ -38,8 +40,9 @@ def parse_draft_lens(text: str | None, max_draft_len: int) -> tuple[int, ...]:
         raise LimitsError(f"draft lengths must be non-negative integers, got {text!r}")
     if max(values) > max_draft_len:
         # the plan reserves nothing for longer drafts, and engines refuse them
-        raise LimitsError(f"draft length {max(values)} exceeds --draft-len {max_draft_len}; "
-                          "raise --draft-len to warm it up")
+        raise LimitsError(
+            f"draft length {max(values)} exceeds --draft-len {max_draft_len}; raise --draft-len to warm it up"
+        )
     return values
 
 
@@ -51,7 +54,7 @@ def render(report: WarmupReport, batch_sizes: tuple[int, ...], drafts: tuple[int
         runs: list[tuple[list[int], str, Any]] = []
         for b in batch_sizes:
             s = skipped.get((b, d))
-            outcome = (f"skipped: {s.group} short {s.short_pages} pages" if s else "captured")
+            outcome = f"skipped: {s.group} short {s.short_pages} pages" if s else "captured"
             longest = "-" if s else report.lengths[(b, d)]
             if runs and runs[-1][1] == outcome and runs[-1][2] == longest:
                 runs[-1][0].append(b)
@@ -62,8 +65,11 @@ def render(report: WarmupReport, batch_sizes: tuple[int, ...], drafts: tuple[int
             rows.append([label, d, longest, outcome])
     lines = [table(["batch sizes", "draft", "longest tokens", "shape"], rows)]
     n_skipped = len(report.skipped)
-    lines.append(f"\n{len(report.captured)} of {len(report.captured) + n_skipped} shapes captured"
-                 + (f", {n_skipped} would run eager" if n_skipped else ""))
+    lines.append(
+        f"\n{len(report.captured)} of {len(report.captured) + n_skipped} shapes captured"
+        + (f", {n_skipped} would run eager" if n_skipped else "")
+    )
+
     def pad(d: int, rid: int | None) -> str:
         if rid is not None:
             return f"draft {d}: request {rid}"
@@ -73,8 +79,10 @@ def render(report: WarmupReport, batch_sizes: tuple[int, ...], drafts: tuple[int
     reserved = ", ".join(f"{g} {n}" for g, n in report.reserved_pages.items())
     lines.append(f"padding dummies ({pads}) reserve pages: {reserved}")
     for d, short in report.padding_short.items():
-        lines.append(f"warning: no pages for the draft-{d} padding dummy (short {short}): padded "
-                     "batches of that draft length fall back to eager")
+        lines.append(
+            f"warning: no pages for the draft-{d} padding dummy (short {short}): padded "
+            "batches of that draft length fall back to eager"
+        )
     return "\n".join(lines)
 
 
@@ -86,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"model": plan.spec.name, **report.to_json()})
     else:
-        print(f"{plan.spec.name}: warmup on {', '.join(f'{g.name} {g.pages:,}' for g in plan.groups)}"
-              f" pages (max_seq_len {plan.limits.max_seq_len})")
+        print(
+            f"{plan.spec.name}: warmup on {', '.join(f'{g.name} {g.pages:,}' for g in plan.groups)}"
+            f" pages (max_seq_len {plan.limits.max_seq_len})"
+        )
         print(render(report, sizes, drafts))
     return 0

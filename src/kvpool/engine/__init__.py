@@ -52,7 +52,19 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "ARCHS",    "ArchConfig", "DecoderLM", "Engine", "EngineError", "EngineStats", "KVStore", "NgramDrafter",
-    "Output", "StalePageError", "from_state_dict", "load_folder", "save_folder", "tiny_config",
+    "ARCHS",
+    "ArchConfig",
+    "DecoderLM",
+    "Engine",
+    "EngineError",
+    "EngineStats",
+    "KVStore",
+    "NgramDrafter",
+    "Output",
+    "StalePageError",
+    "from_state_dict",
+    "load_folder",
+    "save_folder",
+    "tiny_config",
     "tiny_model",
 ]

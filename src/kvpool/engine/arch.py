@@ -19,11 +19,15 @@ from kvpool.spec.families import layer_types
 
 # model_type (config.json) -> our architecture switch
 MODEL_TYPES = {
-    "llama": "llama", "qwen3": "qwen3", "qwen2": "llama", "mistral": "mistral",
-    "gemma3_text": "gemma3", "gemma3": "gemma3", "gemma2": "gemma2",
+    "llama": "llama",
+    "qwen3": "qwen3",
+    "qwen2": "llama",
+    "mistral": "mistral",
+    "gemma3_text": "gemma3",
+    "gemma3": "gemma3",
+    "gemma2": "gemma2",
     "mixtral": "mistral",
 }
-
 
 
 @dataclass(frozen=True)
@@ -68,9 +72,9 @@ class Rope:
         times over the original context keep their frequency, those turning
         fewer than `beta_slow` times are divided by `factor`, a linear ramp
         in between, as transformers computes it."""
+
         def boundary(rotations: float) -> float:
-            return dim * math.log(self.original_max_positions / (rotations * 2 * math.pi)) / (
-                2 * math.log(self.theta))
+            return dim * math.log(self.original_max_positions / (rotations * 2 * math.pi)) / (2 * math.log(self.theta))
 
         low, high = boundary(self.beta_fast), boundary(self.beta_slow)
         if self.truncate:
@@ -114,10 +118,16 @@ class Rope:
         if attention is None:
             m, m_all = params.get("mscale"), params.get("mscale_all_dim")
             attention = mscale(factor, float(m)) / mscale(factor, float(m_all)) if m and m_all else mscale(factor)
-        return cls(theta=float(params.get("rope_theta", default_theta)), kind="yarn", factor=factor,
-                   original_max_positions=int(params["original_max_position_embeddings"]),
-                   beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
-                   truncate=bool(params.get("truncate", True)), attention_factor=float(attention))
+        return cls(
+            theta=float(params.get("rope_theta", default_theta)),
+            kind="yarn",
+            factor=factor,
+            original_max_positions=int(params["original_max_position_embeddings"]),
+            beta_fast=float(params.get("beta_fast") or 32),
+            beta_slow=float(params.get("beta_slow") or 1),
+            truncate=bool(params.get("truncate", True)),
+            attention_factor=float(attention),
+        )
 
 
 @dataclass(frozen=True)

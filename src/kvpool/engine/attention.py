@@ -77,13 +77,27 @@ class StepIndex:
     builds one from block tables; `engine.graphs` points one at its static
     buffers."""
 
-    def __init__(self, num_rows: int, max_queries: int, row_index: torch.Tensor,
-                 col_index: torch.Tensor, groups: dict[str, GroupIndex]) -> None:
+    def __init__(
+        self,
+        num_rows: int,
+        max_queries: int,
+        row_index: torch.Tensor,
+        col_index: torch.Tensor,
+        groups: dict[str, GroupIndex],
+    ) -> None:
         self.num_rows, self.max_queries = num_rows, max_queries
         self.row_index, self.col_index, self.groups = row_index, col_index, groups
 
-    def attend(self, group: str, kv: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               scale: float, softcap: float | None = None) -> torch.Tensor:
+    def attend(
+        self,
+        group: str,
+        kv: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
         """Write this step's `k`, `v` ([T, kv_heads, dim]) into `kv` (one layer's
         pages: [pages, 2, tpb, kv_heads, dim]; side effect), then attend `q`
         ([T, heads, dim]) to every visible key. Returns [T, heads, dim]."""
@@ -105,8 +119,13 @@ class PagedBatch(StepIndex):
     positions, the token -> (row, column) placement, and one `GroupIndex` per
     pool group. Raises `StalePageError` if a needed page is not in a table."""
 
-    def __init__(self, rows: Sequence[Row], groups: Sequence[LayerGroup], num_pages: Mapping[str, int],
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        rows: Sequence[Row],
+        groups: Sequence[LayerGroup],
+        num_pages: Mapping[str, int],
+        device: torch.device | str = "cpu",
+    ):
         self.rows = list(rows)
         starts = np.array([r.start for r in rows], dtype=np.int64)
         counts = np.array([r.num_tokens for r in rows], dtype=np.int64)
@@ -121,9 +140,12 @@ class PagedBatch(StepIndex):
         self.device = torch.device(device)
         self.positions = torch.from_numpy(self.positions_np).to(self.device)
         super().__init__(
-            len(rows), self.max_queries, torch.from_numpy(self.q_row).to(self.device),
+            len(rows),
+            self.max_queries,
+            torch.from_numpy(self.q_row).to(self.device),
             torch.from_numpy(self.q_col).to(self.device),
-            {g.name: self._group_index(g, num_pages[g.name], q_pos) for g in groups})
+            {g.name: self._group_index(g, num_pages[g.name], q_pos) for g in groups},
+        )
 
     def _group_index(self, group: LayerGroup, num_pages: int, q_pos: np.ndarray) -> GroupIndex:
         tpb = group.tokens_per_block
@@ -149,7 +171,7 @@ class PagedBatch(StepIndex):
                     f"queries from position {row.start} but their pages {sorted(set(idx[bad].tolist()))} "
                     f"are released (table {table.tolist()})"
                 )
-            write_pages[offset:offset + row.num_tokens] = pages[len(pages) - row.num_tokens:]
+            write_pages[offset : offset + row.num_tokens] = pages[len(pages) - row.num_tokens :]
             offset += row.num_tokens
             spans.append((k_pos, pages))
         width = max(len(k) for k, _ in spans)
@@ -172,16 +194,23 @@ class PagedBatch(StepIndex):
         )
 
 
-def scaled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                     scale: float, softcap: float | None = None) -> torch.Tensor:
+def scaled_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float | None = None
+) -> torch.Tensor:
     """Masked attention on [R, Q, H, D] queries and [R, K, KVH, D] keys/values
     (grouped-query heads repeated); softmax in float32. Returns [R, Q, H, D].
     Float32 without softcapping goes through torch's fused SDPA, which shares
     each key head with its query group without copying it."""
     heads, kv_heads = q.shape[2], k.shape[2]
     if softcap is None and q.dtype == torch.float32:
-        fused = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                               attn_mask=mask, scale=scale, enable_gqa=heads != kv_heads)
+        fused = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=heads != kv_heads,
+        )
         return fused.transpose(1, 2)
     if heads != kv_heads:
         k = k.repeat_interleave(heads // kv_heads, dim=2)
@@ -195,8 +224,9 @@ def scaled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     return torch.matmul(weights, v).transpose(1, 2)
 
 
-def dense_attention(window: int | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    scale: float, softcap: float | None = None) -> torch.Tensor:
+def dense_attention(
+    window: int | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None = None
+) -> torch.Tensor:
     """Attention of one contiguous sequence from position 0 ([S, H, D]), no
     pages: the parity baseline for the model code itself."""
     pos = torch.arange(q.shape[0], device=q.device)

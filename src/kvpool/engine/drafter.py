@@ -31,8 +31,8 @@ class NgramDrafter:
             tail = seq[-n:]
             # Latest earlier match first: recent context predicts best.
             for start in range(len(seq) - n - 1, -1, -1):
-                if seq[start:start + n] == tail:
-                    follow = seq[start + n:start + n + k]
+                if seq[start : start + n] == tail:
+                    follow = seq[start + n : start + n + k]
                     if follow:
                         return follow
         return []

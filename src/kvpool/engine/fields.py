@@ -19,20 +19,56 @@ from typing import Any
 
 from kvpool.engine.errors import EngineError
 
-_BOOKKEEPING = frozenset({
-    "_name_or_path", "architectures", "attention_dropout", "bos_token_id", "chunk_size_feed_forward",
-    "dtype", "id2label", "initializer_range", "is_encoder_decoder", "label2id", "model_type",
-    "output_attentions", "output_hidden_states", "pad_token_id", "problem_type", "return_dict",
-    "transformers_version", "use_cache", "pretraining_tp",  # transformers 5 no longer reads it
-})
-_CORE = frozenset({
-    "eos_token_id", "hidden_size", "intermediate_size", "max_position_embeddings", "num_attention_heads",
-    "num_hidden_layers", "num_key_value_heads", "rms_norm_eps", "rope_parameters", "tie_word_embeddings",
-    "vocab_size", "head_dim",
-})
+_BOOKKEEPING = frozenset(
+    {
+        "_name_or_path",
+        "architectures",
+        "attention_dropout",
+        "bos_token_id",
+        "chunk_size_feed_forward",
+        "dtype",
+        "id2label",
+        "initializer_range",
+        "is_encoder_decoder",
+        "label2id",
+        "model_type",
+        "output_attentions",
+        "output_hidden_states",
+        "pad_token_id",
+        "problem_type",
+        "return_dict",
+        "transformers_version",
+        "use_cache",
+        "pretraining_tp",  # transformers 5 no longer reads it
+    }
+)
+_CORE = frozenset(
+    {
+        "eos_token_id",
+        "hidden_size",
+        "intermediate_size",
+        "max_position_embeddings",
+        "num_attention_heads",
+        "num_hidden_layers",
+        "num_key_value_heads",
+        "rms_norm_eps",
+        "rope_parameters",
+        "tie_word_embeddings",
+        "vocab_size",
+        "head_dim",
+    }
+)
 _QWEN_WINDOWS = frozenset({"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"})
-_GEMMA = frozenset({"hidden_activation", "query_pre_attn_scalar", "final_logit_softcapping", "sliding_window",
-                    "layer_types", "attention_bias"})
+_GEMMA = frozenset(
+    {
+        "hidden_activation",
+        "query_pre_attn_scalar",
+        "final_logit_softcapping",
+        "sliding_window",
+        "layer_types",
+        "attention_bias",
+    }
+)
 
 IMPLEMENTED: dict[str, frozenset[str]] = {
     "llama": _CORE | {"hidden_act", "attention_bias", "mlp_bias"},
@@ -63,5 +99,7 @@ def check_fields(config: Mapping[str, Any]) -> None:
     for name, supported in REFUSED.get(model_type, {}).items():
         value = config.get(name)
         if value is not None and value != supported:
-            raise EngineError(f"config field {name}={value!r} is not supported by the reference engine "
-                              f"for {model_type} (only {supported!r})")
+            raise EngineError(
+                f"config field {name}={value!r} is not supported by the reference engine "
+                f"for {model_type} (only {supported!r})"
+            )

@@ -36,8 +36,7 @@ def packaged_gguf(name: str) -> Path:
     try:
         dist = importlib.metadata.distribution(dist_name)
     except importlib.metadata.PackageNotFoundError:
-        raise EngineError(f"model {name} comes from the package {dist_name}, which is not installed: "
-                          f"{hint}") from None
+        raise EngineError(f"model {name} comes from the package {dist_name}, which is not installed: {hint}") from None
     for entry in dist.files or ():
         if entry.name == file_name:
             path = Path(str(dist.locate_file(entry)))

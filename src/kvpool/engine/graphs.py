@@ -29,8 +29,9 @@ class _Static:
     """Static buffers and (on CUDA) the captured graph of one (B, tokens per
     row, full-attention key width) shape."""
 
-    def __init__(self, spec: ModelSpec, limits: ServingLimits, device: torch.device, rows: int,
-                 per_row: int, full_width: int):
+    def __init__(
+        self, spec: ModelSpec, limits: ServingLimits, device: torch.device, rows: int, per_row: int, full_width: int
+    ):
         dev = device
         t = rows * per_row
         self.rows, self.per_row = rows, per_row
@@ -77,8 +78,9 @@ class _Static:
         batch = StepIndex(self.rows, self.per_row, self.row_index, self.col_index, self.index)
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return batch.attend(store.group_of_layer[layer], store.layer(layer), q, k, v,
-                                cfg.attn_scale, cfg.attn_logit_softcap)
+            return batch.attend(
+                store.group_of_layer[layer], store.layer(layer), q, k, v, cfg.attn_scale, cfg.attn_logit_softcap
+            )
 
         logits: torch.Tensor = model(self.ids, self.positions, attend)
         return logits
@@ -89,8 +91,9 @@ class DecodeGraphs:
     on first use as a CUDA graph when the device is CUDA. Takes what a decode
     step needs (model, KV store, spec, limits, pages per group), not the engine."""
 
-    def __init__(self, model: DecoderLM, store: KVStore, spec: ModelSpec, limits: ServingLimits,
-                 num_pages: Mapping[str, int]):
+    def __init__(
+        self, model: DecoderLM, store: KVStore, spec: ModelSpec, limits: ServingLimits, num_pages: Mapping[str, int]
+    ):
         self.model, self.store, self.spec, self.limits = model, store, spec, limits
         self.num_pages = dict(num_pages)
         self.device = model.device
@@ -119,8 +122,7 @@ class DecodeGraphs:
         batch = PagedBatch(rows, self.spec.groups, self.num_pages, self.device)
         need = max((batch.groups[g].read_pages.shape[1] for g in self.full_groups), default=0)
         key = (len(rows), per_row, self.width_bucket(need))
-        static = self.shapes.get(key) or self.shapes.setdefault(
-            key, _Static(self.spec, self.limits, self.device, *key))
+        static = self.shapes.get(key) or self.shapes.setdefault(key, _Static(self.spec, self.limits, self.device, *key))
         if not static.load(batch, ids):
             return None
         if not self.use_cuda:

@@ -18,8 +18,7 @@ class KVStore:
     """Page pools of one model on one device. `layer(i)` is layer i's view
     [pages, 2, tpb, kv_heads, head_dim] into its group's tensor."""
 
-    def __init__(self, plan: PoolPlan, cfg: ArchConfig, dtype: torch.dtype,
-                 device: torch.device | str = "cpu"):
+    def __init__(self, plan: PoolPlan, cfg: ArchConfig, dtype: torch.dtype, device: torch.device | str = "cpu"):
         spec = plan.spec
         self.plan = plan
         self.tensors: dict[str, torch.Tensor] = {}

@@ -63,8 +63,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.gemma) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.gemma) if cfg.qk_norm else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
-                attend: AttendFn) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, attend: AttendFn
+    ) -> torch.Tensor:
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.heads, self.head_dim)
         k = self.k_proj(x).view(t, self.kv_heads, self.head_dim)
@@ -113,8 +114,9 @@ class DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps, gemma) if gemma else None
         self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps, gemma) if gemma else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
-                attend: AttendFn) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, attend: AttendFn
+    ) -> torch.Tensor:
         attn = self.self_attn(self.input_layernorm(x), cos, sin, layer, attend)
         if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
             x = x + attn
@@ -157,8 +159,13 @@ class DecoderLM(nn.Module):
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn,
-                logits_index: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attend: AttendFn,
+        logits_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         cfg = self.cfg
         x = self.model.embed_tokens(input_ids)
         if cfg.gemma:

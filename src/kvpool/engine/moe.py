@@ -38,8 +38,10 @@ class SparseMoE(nn.Module):
     def __init__(self, cfg: ArchConfig):
         super().__init__()
         if cfg.activation != "silu" or not 0 < cfg.experts_per_token <= cfg.num_experts:
-            raise EngineError(f"MoE with activation {cfg.activation!r}, top {cfg.experts_per_token} of "
-                              f"{cfg.num_experts} experts is not supported by the reference engine")
+            raise EngineError(
+                f"MoE with activation {cfg.activation!r}, top {cfg.experts_per_token} of "
+                f"{cfg.num_experts} experts is not supported by the reference engine"
+            )
         self.top_k = cfg.experts_per_token
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.experts = Experts(cfg)

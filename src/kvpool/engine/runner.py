@@ -66,17 +66,29 @@ class Engine:
     per decode step with an n-gram drafter (greedy output unchanged).
     """
 
-    def __init__(self, model: DecoderLM, plan: PoolPlan, *, speculate: int = 0, enable_reuse: bool = True,
-                 padding: bool = True, warmup: bool = True, cuda_graphs: bool | None = None):
+    def __init__(
+        self,
+        model: DecoderLM,
+        plan: PoolPlan,
+        *,
+        speculate: int = 0,
+        enable_reuse: bool = True,
+        padding: bool = True,
+        warmup: bool = True,
+        cuda_graphs: bool | None = None,
+    ):
         if speculate > plan.limits.max_draft_len:
-            raise EngineError(f"speculate={speculate} exceeds the plan's max_draft_len "
-                              f"{plan.limits.max_draft_len}")
+            raise EngineError(f"speculate={speculate} exceeds the plan's max_draft_len {plan.limits.max_draft_len}")
         self.model, self.plan, self.spec = model, plan, plan.spec
         self.device = model.device
         self.store = KVStore(plan, model.cfg, model.dtype, self.device)
         self.manager, self.scheduler, self.warmup_report = session(
-            plan, enable_reuse=enable_reuse, padding=padding, warmup=warmup,
-            draft_lens=(0, speculate) if speculate else (0,))
+            plan,
+            enable_reuse=enable_reuse,
+            padding=padding,
+            warmup=warmup,
+            draft_lens=(0, speculate) if speculate else (0,),
+        )
         self.drafter = NgramDrafter(speculate) if speculate else None
         self.stats = EngineStats(peak_pages={g.name: 0 for g in self.spec.groups})
         self._num_pages = {g.name: plan.pages(g.name) for g in self.spec.groups}
@@ -93,8 +105,9 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
 
-    def add(self, prompt_ids: Sequence[int], max_new_tokens: int,
-            eos_token_id: int | Sequence[int] | None = None) -> int:
+    def add(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: int | Sequence[int] | None = None
+    ) -> int:
         """Queue one request (FCFS); returns its request id. `eos_token_id`: one
         stop id or several."""
         if not prompt_ids:
@@ -106,20 +119,27 @@ class Engine:
             raise EngineError(f"token ids {bad[:3]} are outside the vocabulary (size {self.model.cfg.vocab_size})")
         limit = self.plan.limits.max_seq_len
         if len(prompt_ids) + max_new_tokens > limit:
-            raise EngineError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) exceeds "
-                              f"max_seq_len {limit}")
+            raise EngineError(
+                f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) exceeds max_seq_len {limit}"
+            )
         rid = self._next_rid
         self._next_rid += 1
-        seq = SchedSequence(rid=rid, prompt_ids=[int(t) for t in prompt_ids], max_new_tokens=max_new_tokens,
-                            eos_token_id=eos_token_id if eos_token_id is None or isinstance(
-                                eos_token_id, int) else tuple(int(t) for t in eos_token_id))
+        seq = SchedSequence(
+            rid=rid,
+            prompt_ids=[int(t) for t in prompt_ids],
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos_token_id
+            if eos_token_id is None or isinstance(eos_token_id, int)
+            else tuple(int(t) for t in eos_token_id),
+        )
         self._seqs[rid] = seq
         self._outputs[rid] = Output(rid, list(seq.prompt_ids), [])
         self.scheduler.add(seq)
         return rid
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 eos_token_id: int | Sequence[int] | None = None) -> list[Output]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_token_id: int | Sequence[int] | None = None
+    ) -> list[Output]:
         """Greedy-generate every prompt; returns outputs in prompt order and
         checks the manager's integrity (no leaked pages) at the end."""
         rids = [self.add(p, max_new_tokens, eos_token_id) for p in prompts]
@@ -163,8 +183,9 @@ class Engine:
             return False
         if step.rejected:
             seq = step.rejected[0]
-            raise EngineError(f"request {seq.rid} ({seq.num_tokens} tokens) can never fit: "
-                              f"{seq.finish_reason}; raise --kv-memory")
+            raise EngineError(
+                f"request {seq.rid} ({seq.num_tokens} tokens) can never fit: {seq.finish_reason}; raise --kv-memory"
+            )
         self.stats.steps += 1
         self.stats.preemptions += len(step.preempted)
         for g in self.spec.groups:  # every resize of the step is in place now: the peak
@@ -177,7 +198,7 @@ class Engine:
         for seq, start, n in step.prefills:
             tokens = seq.all_ids
             rows.append(Row(start, n, self._table(seq.rid)))
-            ids += tokens[start:start + n]
+            ids += tokens[start : start + n]
             self.stats.prefill_tokens += n
             if start + n == len(tokens):
                 wanted.append((seq.rid, [len(ids) - 1], []))
@@ -197,7 +218,7 @@ class Engine:
         sampled: dict[int, list[int]] = {}
         at = 0
         for rid, idx, draft in wanted:
-            chosen = logits[at:at + len(idx)]
+            chosen = logits[at : at + len(idx)]
             at += len(idx)
             preds = chosen.argmax(-1).tolist()
             accepted = self._accept(self._seqs[rid], preds, draft)
@@ -224,7 +245,7 @@ class Engine:
         accepted = accepted[:room]
         stops = [i for i, t in enumerate(accepted) if t in seq.stop_ids]
         if stops:
-            accepted = accepted[:stops[0] + 1]
+            accepted = accepted[: stops[0] + 1]
         return accepted
 
     def _padding_rows(self, step: Step) -> list[Row]:
@@ -248,8 +269,9 @@ class Engine:
         store, cfg = self.store, self.model.cfg
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return batch.attend(store.group_of_layer[layer], store.layer(layer), q, k, v,
-                                cfg.attn_scale, cfg.attn_logit_softcap)
+            return batch.attend(
+                store.group_of_layer[layer], store.layer(layer), q, k, v, cfg.attn_scale, cfg.attn_logit_softcap
+            )
 
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         index = torch.tensor(wanted, dtype=torch.long, device=self.device)

@@ -24,43 +24,87 @@ def tiny_config(arch: str, **overrides: Any) -> dict[str, Any]:
     enough for CI, with sliding windows short enough that 4-token pages go stale
     within a few dozen tokens. Gemma 3 keeps the real 5 local : 1 global pattern."""
     base: dict[str, Any] = {
-        "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512,
-        "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "dtype": "float32",
-        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "initializer_range": 0.1,
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "dtype": "float32",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "initializer_range": 0.1,
     }
     if arch == "llama":
         # Llama 3.1 RoPE scaling, so the scaled-frequency path runs too.
-        base |= {"model_type": "llama", "num_hidden_layers": 2, "rope_parameters": {
-            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}
+        base |= {
+            "model_type": "llama",
+            "num_hidden_layers": 2,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        }
     elif arch == "qwen3":
-        base |= {"model_type": "qwen3", "num_hidden_layers": 2, "tie_word_embeddings": True,
-                 "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}
+        base |= {
+            "model_type": "qwen3",
+            "num_hidden_layers": 2,
+            "tie_word_embeddings": True,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+        }
     elif arch == "mistral":
-        base |= {"model_type": "mistral", "num_hidden_layers": 2, "sliding_window": 12,
-                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+        base |= {
+            "model_type": "mistral",
+            "num_hidden_layers": 2,
+            "sliding_window": 12,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        }
     elif arch == "gemma3":
-        base |= {"model_type": "gemma3_text", "num_hidden_layers": 6, "sliding_window": 10,
-                 "query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh",
-                 "tie_word_embeddings": True,
-                 "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
-                 "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                     "full_attention": {"rope_type": "linear", "factor": 2.0,
-                                                        "rope_theta": 1000000.0}}}
+        base |= {
+            "model_type": "gemma3_text",
+            "num_hidden_layers": 6,
+            "sliding_window": 10,
+            "query_pre_attn_scalar": 16,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "tie_word_embeddings": True,
+            "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+            },
+        }
     elif arch == "mixtral":
-        base |= {"model_type": "mixtral", "num_hidden_layers": 2, "sliding_window": 12,
-                 "num_local_experts": 4, "num_experts_per_tok": 2,
-                 "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}
+        base |= {
+            "model_type": "mixtral",
+            "num_hidden_layers": 2,
+            "sliding_window": 12,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+        }
     elif arch == "gemma2":
         # Softcaps small enough to bend the logits of a random model (the
         # released 50 / 30 would barely touch them).
-        base |= {"model_type": "gemma2", "num_hidden_layers": 4, "sliding_window": 10,
-                 "query_pre_attn_scalar": 16, "hidden_activation": "gelu_pytorch_tanh",
-                 "tie_word_embeddings": True, "attn_logit_softcapping": 2.0,
-                 "final_logit_softcapping": 3.0,
-                 "layer_types": ["sliding_attention", "full_attention"] * 2,
-                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+        base |= {
+            "model_type": "gemma2",
+            "num_hidden_layers": 4,
+            "sliding_window": 10,
+            "query_pre_attn_scalar": 16,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "tie_word_embeddings": True,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 3.0,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        }
     else:
         raise EngineError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(ARCHS)}")
     return base | overrides
@@ -71,8 +115,10 @@ def hf_model(config: Mapping[str, Any], seed: int = 0) -> Any:
     import transformers
 
     classes = {
-        "llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-        "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+        "llama": ("LlamaConfig", "LlamaForCausalLM"),
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+        "mistral": ("MistralConfig", "MistralForCausalLM"),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
         "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
         "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
         "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
@@ -91,8 +137,12 @@ def hf_model(config: Mapping[str, Any], seed: int = 0) -> Any:
     return model
 
 
-def from_state_dict(config: Mapping[str, Any], state: Mapping[str, torch.Tensor],
-                    dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> DecoderLM:
+def from_state_dict(
+    config: Mapping[str, Any],
+    state: Mapping[str, torch.Tensor],
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> DecoderLM:
     """A `DecoderLM` from a config dict and a Hugging Face state dict.
     Raises `EngineError` when tensors are missing or do not fit."""
     cfg = ArchConfig.from_hf(config)
@@ -103,7 +153,7 @@ def from_state_dict(config: Mapping[str, Any], state: Mapping[str, torch.Tensor]
     for key, tensor in state.items():
         for prefix in _PREFIXES:
             if key.startswith(prefix):
-                key = "model." + key[len(prefix):]
+                key = "model." + key[len(prefix) :]
                 break
         if key in wanted:
             clean[key] = tensor
@@ -115,8 +165,10 @@ def from_state_dict(config: Mapping[str, Any], state: Mapping[str, torch.Tensor]
     if missing:
         raise EngineError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
     if unused:
-        raise EngineError(f"checkpoint has {len(unused)} decoder tensors the reference engine does "
-                          f"not implement, e.g. {sorted(unused)[:3]}")
+        raise EngineError(
+            f"checkpoint has {len(unused)} decoder tensors the reference engine does "
+            f"not implement, e.g. {sorted(unused)[:3]}"
+        )
     try:
         model.load_state_dict(clean, strict=True)
     except RuntimeError as e:
@@ -136,8 +188,9 @@ def tiny_model(arch: str, seed: int = 0, **overrides: Any) -> tuple[DecoderLM, A
     return from_state_dict(config, hf.state_dict()), hf, config
 
 
-def load_folder(path: str | Path, dtype: torch.dtype | None = None,
-                device: torch.device | str = "cpu") -> tuple[DecoderLM, dict[str, Any]]:
+def load_folder(
+    path: str | Path, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
+) -> tuple[DecoderLM, dict[str, Any]]:
     """(model, config dict) from a local folder with config.json and
     *.safetensors. `dtype` defaults to the config's (float32 on CPU for bf16/fp16
     checkpoints would change numerics, so it is kept as written)."""

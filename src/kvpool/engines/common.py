@@ -50,9 +50,15 @@ class EnginePool:
         return sum(pages_needed(m, capacity, history) for m in self.members)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "groups": list(self.groups), "page_tokens": self.page_tokens,
-                "page_bytes": self.page_bytes, "pages": self.pages, "tokens": self.tokens,
-                "bytes": self.bytes}
+        return {
+            "name": self.name,
+            "groups": list(self.groups),
+            "page_tokens": self.page_tokens,
+            "page_bytes": self.page_bytes,
+            "pages": self.pages,
+            "tokens": self.tokens,
+            "bytes": self.bytes,
+        }
 
 
 @dataclass(frozen=True)
@@ -106,12 +112,17 @@ class EngineReport:
 
     def to_json(self, avg_seq_len: int | None = None) -> dict[str, Any]:
         return {
-            "engine": self.engine, "version_modelled": self.version_modelled,
-            "sources": list(self.sources), "budget_bytes": self.budget_bytes,
-            "total_bytes": self.total_bytes, "pools": [p.to_json() for p in self.pools],
-            "reported": dict(self.reported), "lines": list(self.lines),
+            "engine": self.engine,
+            "version_modelled": self.version_modelled,
+            "sources": list(self.sources),
+            "budget_bytes": self.budget_bytes,
+            "total_bytes": self.total_bytes,
+            "pools": [p.to_json() for p in self.pools],
+            "reported": dict(self.reported),
+            "lines": list(self.lines),
             "max_concurrency": self.max_concurrency(avg_seq_len),
-            "refusals": list(self.refusals), "degradations": list(self.degradations),
+            "refusals": list(self.refusals),
+            "degradations": list(self.degradations),
             "notes": list(self.notes),
         }
 
@@ -136,11 +147,11 @@ def refuse_compressed(spec: ModelSpec, engine: str) -> None:
         )
 
 
-def member(name: str, kind: Kind, tokens_per_block: int, *, window: int | None = None,
-           row_bytes: int = 1, layers: int = 1) -> LayerGroup:
+def member(
+    name: str, kind: Kind, tokens_per_block: int, *, window: int | None = None, row_bytes: int = 1, layers: int = 1
+) -> LayerGroup:
     """A page-arithmetic group at an engine's page size (only its kind, window and
     tokens per block matter for counting pages)."""
     if kind == "state":
         return LayerGroup(name, "state", tuple(range(layers)), max(tokens_per_block, 1), state_bytes=1)
-    return LayerGroup(name, kind, tuple(range(layers)), tokens_per_block,
-                      row_bytes=row_bytes, window=window)
+    return LayerGroup(name, kind, tuple(range(layers)), tokens_per_block, row_bytes=row_bytes, window=window)

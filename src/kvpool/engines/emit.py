@@ -14,6 +14,8 @@ from typing import Any
 
 from kvpool.engines import sglang, trtllm, vllm
 from kvpool.engines.common import EngineNotModelledError, EngineReport
+from kvpool.engines.hf_ids import HF_IDS as HF_IDS
+from kvpool.engines.hf_ids import model_id_for as model_id_for
 from kvpool.plan import PoolPlan
 from kvpool.spec.dtypes import model_dtype
 from kvpool.units import format_bytes
@@ -23,19 +25,6 @@ VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 # SGLang 0.5.23 split --cuda-graph-bs into --cuda-graph-bs-decode / -prefill (the
 # old name is refused as ambiguous by its parser).
 SGLANG_GRAPH_FLAG = "--cuda-graph-bs-decode"
-# Hugging Face ids of the bundled presets (what `vllm serve` / `--model-path` take).
-HF_IDS = {
-    "deepseek-v3": "deepseek-ai/DeepSeek-V3", "deepseek-v3.2-exp": "deepseek-ai/DeepSeek-V3.2-Exp",
-    "deepseek-v4-flash": "deepseek-ai/DeepSeek-V4-Flash", "gemma-2-9b": "google/gemma-2-9b-it",
-    "gemma-3-27b": "google/gemma-3-27b-it", "gemma-4-26b-a4b": "google/gemma-4-26B-A4B-it",
-    "gpt-oss-20b": "openai/gpt-oss-20b", "gpt-oss-120b": "openai/gpt-oss-120b",
-    "llama-3.1-8b-instruct": "meta-llama/Llama-3.1-8B-Instruct",
-    "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
-    "llama-4-scout-17b-16e": "meta-llama/Llama-4-Scout-17B-16E-Instruct",
-    "mistral-7b-v0.1": "mistralai/Mistral-7B-v0.1", "qwen3-0.6b": "Qwen/Qwen3-0.6B",
-    "qwen3-8b": "Qwen/Qwen3-8B", "qwen3-32b": "Qwen/Qwen3-32B",
-    "qwen3-next-80b-a3b": "Qwen/Qwen3-Next-80B-A3B-Instruct", "seed-oss-36b": "ByteDance-Seed/Seed-OSS-36B-Instruct",
-}
 
 
 @dataclass(frozen=True)
@@ -60,10 +49,10 @@ class Emitted:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"engine": self.engine, "version_modelled": self.report.version_modelled}
-        out["argv" if self.argv is not None else "config"] = (
-            list(self.argv) if self.argv is not None else self.config)
-        out.update(pools=[p.to_json() for p in self.report.pools], reported=dict(self.report.reported),
-                   notes=list(self.notes))
+        out["argv" if self.argv is not None else "config"] = list(self.argv) if self.argv is not None else self.config
+        out.update(
+            pools=[p.to_json() for p in self.report.pools], reported=dict(self.report.reported), notes=list(self.notes)
+        )
         return out
 
 
@@ -85,28 +74,26 @@ def to_yaml(value: Any, indent: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
-def model_id_for(model: str) -> str:
-    """The Hugging Face id of a bundled preset; anything else unchanged."""
-    return HF_IDS.get(model, model)
-
-
 def _concurrency_note(engine: str, report: EngineReport, plan: PoolPlan) -> str | None:
     ours, theirs = plan.max_concurrency(), report.max_concurrency(plan.avg_seq_len)
     if ours == theirs:
         return None
     parts = [f"{k} {theirs[k]} (plan {ours[k]})" for k in ours if ours[k] is not None]
-    return f"at the same memory {engine}'s own split holds other numbers of requests at once: " + \
-        ", ".join(parts)
+    return f"at the same memory {engine}'s own split holds other numbers of requests at once: " + ", ".join(parts)
 
 
 def _common_notes(engine: str, plan: PoolPlan) -> list[str]:
     notes = []
     if plan.constraints:
-        notes.append(f"{engine} has no page floors: the plan's constraints "
-                     f"({', '.join(c.name for c in plan.constraints)}) are not enforced by the engine")
+        notes.append(
+            f"{engine} has no page floors: the plan's constraints "
+            f"({', '.join(c.name for c in plan.constraints)}) are not enforced by the engine"
+        )
     if plan.limits.max_draft_len or plan.limits.num_extra_kv_tokens:
-        notes.append(f"speculative decoding (draft {plan.limits.max_draft_len}, extra KV "
-                     f"{plan.limits.num_extra_kv_tokens}) needs the engine's own drafter flags")
+        notes.append(
+            f"speculative decoding (draft {plan.limits.max_draft_len}, extra KV "
+            f"{plan.limits.num_extra_kv_tokens}) needs the engine's own drafter flags"
+        )
     return notes
 
 
@@ -127,19 +114,36 @@ def emit_vllm(plan: PoolPlan, model_id: str) -> Emitted:
     block = tpb if tpb in VLLM_BLOCK_SIZES else 16
     if block != tpb:
         notes.append(f"vLLM takes block sizes {VLLM_BLOCK_SIZES}: {tpb} becomes 16")
-    argv = ["vllm", "serve", model_id, "--kv-cache-memory-bytes", str(plan.budget_bytes),
-            "--max-model-len", str(lim.max_seq_len), "--max-num-seqs", str(lim.max_batch_size),
-            "--max-num-batched-tokens", str(lim.max_num_tokens or lim.max_seq_len),
-            "--block-size", str(block), "--tensor-parallel-size", str(spec.tp_size),
-            "--kv-cache-dtype", _vllm_dtype(plan, notes),
-            "--compilation-config", json.dumps({"cudagraph_capture_sizes": list(lim.graph_batch_sizes)})]
+    argv = [
+        "vllm",
+        "serve",
+        model_id,
+        "--kv-cache-memory-bytes",
+        str(plan.budget_bytes),
+        "--max-model-len",
+        str(lim.max_seq_len),
+        "--max-num-seqs",
+        str(lim.max_batch_size),
+        "--max-num-batched-tokens",
+        str(lim.max_num_tokens or lim.max_seq_len),
+        "--block-size",
+        str(block),
+        "--tensor-parallel-size",
+        str(spec.tp_size),
+        "--kv-cache-dtype",
+        _vllm_dtype(plan, notes),
+        "--compilation-config",
+        json.dumps({"cudagraph_capture_sizes": list(lim.graph_batch_sizes)}),
+    ]
     report = vllm.allocate(spec, lim, plan.budget_bytes, block_size=block)
     if len(spec.groups) > 1:
         shares = ", ".join(f"{g.name} {100 * g.share:.1f}%" for g in plan.groups)
         notes.append(f"vLLM keeps one shared block pool and cannot hold the plan's split ({shares})")
     if report.reported.get("padding_layers"):
-        notes.append(f"vLLM pads {report.reported['padding_layers']} empty layers into its groups; "
-                     "their blocks are allocated and never used")
+        notes.append(
+            f"vLLM pads {report.reported['padding_layers']} empty layers into its groups; "
+            "their blocks are allocated and never used"
+        )
     if report.reported.get("block_size", block) != block:
         notes.append(f"vLLM raises the block size to {report.reported['block_size']} for the state pages")
     notes += [f"vLLM would refuse to start: {r}" for r in report.refusals]
@@ -151,7 +155,7 @@ def emit_vllm(plan: PoolPlan, model_id: str) -> Emitted:
 def _sglang_ratio(full: int, swa: int, page: int) -> str:
     """The shortest decimal r with int(full * r) // page * page == swa."""
     for digits in range(3, 10):
-        for r in (round(swa / full, digits), round(swa / full, digits) + 10 ** -digits):
+        for r in (round(swa / full, digits), round(swa / full, digits) + 10**-digits):
             if int(full * r) // page * page == swa:
                 return f"{r:.{digits}f}"
     return f"{swa / full:.9f}"
@@ -162,24 +166,49 @@ def emit_sglang(plan: PoolPlan, model_id: str) -> Emitted:
     notes = _common_notes("SGLang", plan)
     tpb = spec.tokens_per_block
     full = [g for g in plan.groups if g.kind == "full"] or [g for g in plan.groups if g.kind != "state"]
-    swa = [g for g in plan.groups if g.kind in ("sliding", "chunked")] if any(
-        g.kind == "full" for g in plan.groups) else []
+    swa = (
+        [g for g in plan.groups if g.kind in ("sliding", "chunked")]
+        if any(g.kind == "full" for g in plan.groups)
+        else []
+    )
     states = [g for g in plan.groups if g.kind == "state"]
     total = min(g.pages for g in full) * tpb
     if len({g.pages for g in full}) > 1:
-        notes.append(f"SGLang keeps one token count for {', '.join(g.name for g in full)}: "
-                     f"{total} tokens each (the plan differs by group)")
+        notes.append(
+            f"SGLang keeps one token count for {', '.join(g.name for g in full)}: "
+            f"{total} tokens each (the plan differs by group)"
+        )
     dt = spec.kv_dtype
-    kv = "auto" if dt == model_dtype(spec.config) else {"bf16": "bfloat16", "fp8": "fp8_e4m3",
-                                                          "nvfp4": "nvfp4"}.get(dt, "auto")
+    kv = (
+        "auto"
+        if dt == model_dtype(spec.config)
+        else {"bf16": "bfloat16", "fp8": "fp8_e4m3", "nvfp4": "nvfp4"}.get(dt, "auto")
+    )
     if kv == "auto" and dt != model_dtype(spec.config):
         notes.append(f"SGLang has no KV dtype {dt}: launched with auto")
-    argv = ["python", "-m", "sglang.launch_server", "--model-path", model_id,
-            "--context-length", str(lim.max_seq_len), "--max-total-tokens", str(total),
-            "--max-running-requests", str(lim.max_batch_size),
-            "--chunked-prefill-size", str(lim.max_num_tokens or -1), "--page-size", str(tpb),
-            "--tp", str(spec.tp_size), "--kv-cache-dtype", kv,
-            SGLANG_GRAPH_FLAG, *(str(b) for b in lim.graph_batch_sizes)]
+    argv = [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model_id,
+        "--context-length",
+        str(lim.max_seq_len),
+        "--max-total-tokens",
+        str(total),
+        "--max-running-requests",
+        str(lim.max_batch_size),
+        "--chunked-prefill-size",
+        str(lim.max_num_tokens or -1),
+        "--page-size",
+        str(tpb),
+        "--tp",
+        str(spec.tp_size),
+        "--kv-cache-dtype",
+        kv,
+        SGLANG_GRAPH_FLAG,
+        *(str(b) for b in lim.graph_batch_sizes),
+    ]
     ratio, slots = sglang.DEFAULT_SWA_FULL_TOKENS_RATIO, None
     if swa:
         text = _sglang_ratio(total, swa[0].pages * tpb, tpb)
@@ -188,11 +217,20 @@ def emit_sglang(plan: PoolPlan, model_id: str) -> Emitted:
     if states:
         slots = states[0].pages
         argv += ["--max-mamba-cache-size", str(slots)]
-    notes.append(f"SGLang sizes its pools from --mem-fraction-static: leave at least "
-                 f"{format_bytes(plan.total_bytes)} for them; --max-total-tokens caps the full pool")
-    report = sglang.allocate(spec, lim, plan.budget_bytes, page_size=tpb, swa_full_tokens_ratio=ratio,
-                             max_running_requests=lim.max_batch_size, max_total_tokens=total,
-                             max_mamba_cache_size=slots)
+    notes.append(
+        f"SGLang sizes its pools from --mem-fraction-static: leave at least "
+        f"{format_bytes(plan.total_bytes)} for them; --max-total-tokens caps the full pool"
+    )
+    report = sglang.allocate(
+        spec,
+        lim,
+        plan.budget_bytes,
+        page_size=tpb,
+        swa_full_tokens_ratio=ratio,
+        max_running_requests=lim.max_batch_size,
+        max_total_tokens=total,
+        max_mamba_cache_size=slots,
+    )
     if tpb > 1:
         notes.append(f"--page-size {tpb} needs an attention backend with paged KV (flashinfer, fa3)")
     notes += [f"SGLang would refuse to start: {r}" for r in report.refusals]
@@ -205,19 +243,28 @@ def emit_trtllm(plan: PoolPlan, model_id: str) -> Emitted:
     lim, spec = plan.limits, plan.spec
     notes = _common_notes("TensorRT-LLM", plan)
     dt = spec.kv_dtype
-    kv: dict[str, Any] = {"max_gpu_total_bytes": plan.budget_bytes, "tokens_per_block": spec.tokens_per_block,
-                          "dtype": "auto" if dt == model_dtype(spec.config) else dt}
+    kv: dict[str, Any] = {
+        "max_gpu_total_bytes": plan.budget_bytes,
+        "tokens_per_block": spec.tokens_per_block,
+        "dtype": "auto" if dt == model_dtype(spec.config) else dt,
+    }
     if plan.policy == "typical_step" and plan.avg_seq_len is not None:
         kv["avg_seq_len"] = plan.avg_seq_len
     elif plan.policy not in ("reference", "typical_step") and len(plan.groups) > 1:
         kv["pool_ratio"] = {g.name: round(g.share, 6) for g in plan.groups}
-    config = {"kv_cache_config": kv, "max_batch_size": lim.max_batch_size,
-              "max_num_tokens": lim.max_num_tokens or lim.max_seq_len, "max_seq_len": lim.max_seq_len,
-              "cuda_graph_config": {"batch_sizes": list(lim.graph_batch_sizes)}}
+    config = {
+        "kv_cache_config": kv,
+        "max_batch_size": lim.max_batch_size,
+        "max_num_tokens": lim.max_num_tokens or lim.max_seq_len,
+        "max_seq_len": lim.max_seq_len,
+        "cuda_graph_config": {"batch_sizes": list(lim.graph_batch_sizes)},
+    }
     if len(spec.groups) > 1:
         v1 = trtllm.allocate(spec, lim, plan.budget_bytes, manager="v1")
-        notes.append(f"the V1 KV cache manager ignores avg_seq_len / pool_ratio and splits by window "
-                     f"({', '.join(v1.lines)}); use the V2 manager for this plan")
+        notes.append(
+            f"the V1 KV cache manager ignores avg_seq_len / pool_ratio and splits by window "
+            f"({', '.join(v1.lines)}); use the V2 manager for this plan"
+        )
     report = trtllm.allocate(spec, lim, plan.budget_bytes, manager="v2")
     notes.append(f"serve with: trtllm-serve {model_id} --extra_llm_api_options kvpool.yaml")
     return Emitted("trtllm", None, config, tuple(notes), report)
@@ -239,8 +286,9 @@ def engine_report(engine: str, plan: PoolPlan) -> EngineReport:
     if engine not in ENGINES:
         raise EngineNotModelledError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if engine == "sglang":
-        return sglang.allocate(plan.spec, plan.limits, plan.budget_bytes,
-                               max_running_requests=plan.limits.max_batch_size)
+        return sglang.allocate(
+            plan.spec, plan.limits, plan.budget_bytes, max_running_requests=plan.limits.max_batch_size
+        )
     if engine == "vllm":
         return vllm.allocate(plan.spec, plan.limits, plan.budget_bytes)
     return trtllm.allocate(plan.spec, plan.limits, plan.budget_bytes)

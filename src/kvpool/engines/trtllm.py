@@ -45,8 +45,7 @@ DEFAULT_TOKENS_PER_BLOCK = 32
 MANAGERS = ("v1", "v2")
 
 
-def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *,
-             manager: str = "v1") -> EngineReport:
+def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *, manager: str = "v1") -> EngineReport:
     """What TensorRT-LLM would allocate from `kv_memory_bytes` (its KV budget:
     free memory x free_gpu_memory_fraction, or max_gpu_total_bytes) at
     tokens_per_block = the spec's (kvpool's default 32 is TensorRT-LLM's too). Refusals are reported."""
@@ -58,15 +57,19 @@ def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *,
     if manager == "v2":
         return _from_plan(plan_pools(spec, limits, kv_memory_bytes=kv_memory_bytes))
     refuse_compressed(spec, "TensorRT-LLM")
-    notes = [f"{spec.name}: max_seq_len {limits.max_seq_len}, tokens_per_block {tpb}, "
-             f"max_batch_size {limits.max_batch_size}"]
+    notes = [
+        f"{spec.name}: max_seq_len {limits.max_seq_len}, tokens_per_block {tpb}, max_batch_size {limits.max_batch_size}"
+    ]
     base = EngineReport("trtllm", VERSION + ", KV cache manager V1", SOURCES, limits, kv_memory_bytes, ())
     states = [g for g in spec.groups if g.kind == "state"]
     state_bytes = sum(g.state_bytes for g in states) * limits.max_batch_size
     memory = kv_memory_bytes - state_bytes
     if memory <= 0:
-        return replace(base, refusals=(f"the recurrent state of {limits.max_batch_size} requests "
-                                       "leaves no memory for the KV cache",), notes=tuple(notes))
+        return replace(
+            base,
+            refusals=(f"the recurrent state of {limits.max_batch_size} requests leaves no memory for the KV cache",),
+            notes=tuple(notes),
+        )
     windows: dict[int, list[str]] = defaultdict(list)
     per_token: dict[int, int] = defaultdict(int)
     kinds: dict[int, tuple[Kind, int | None]] = {}
@@ -89,34 +92,74 @@ def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *,
         tokens = int(float(np.float32(np.float32(memory) * share)) / per_token[w])
         blocks = -(-tokens // tpb)
         kind, window = kinds[w]
-        pools.append(EnginePool(f"window_{w}", tpb, per_token[w] * tpb, blocks, tuple(windows[w]),
-                                (member(f"window_{w}", kind, tpb, window=window),), blocks * tpb))
+        pools.append(
+            EnginePool(
+                f"window_{w}",
+                tpb,
+                per_token[w] * tpb,
+                blocks,
+                tuple(windows[w]),
+                (member(f"window_{w}", kind, tpb, window=window),),
+                blocks * tpb,
+            )
+        )
         lines.append(f"[windowSize={w}] {{.primaryBlocks={blocks}, .secondayBlocks=0}}")
         group_pages.update({name: blocks for name in windows[w]})
     if states:
-        pools.append(EnginePool("mamba", 0, sum(g.state_bytes for g in states), limits.max_batch_size,
-                                tuple(g.name for g in states), (member("mamba", "state", 1),)))
+        pools.append(
+            EnginePool(
+                "mamba",
+                0,
+                sum(g.state_bytes for g in states),
+                limits.max_batch_size,
+                tuple(g.name for g in states),
+                (member("mamba", "state", 1),),
+            )
+        )
         group_pages.update({g.name: limits.max_batch_size for g in states})
         notes.append(f"recurrent state: {limits.max_batch_size} slots taken from the budget before the KV pools")
     if sum(p.bytes for p in pools) > kv_memory_bytes:
         notes.append("blocks are rounded up per window, so the pools may exceed the budget by one block each")
     plan = PoolPlan.from_pages(spec, group_pages, limits, policy="trtllm-v1")
-    reported = {"blocks_per_window": {str(w): group_pages[windows[w][0]] for w in order},
-                "tokens_per_block": tpb}
-    return replace(base, pools=tuple(pools), reported=reported, lines=tuple(lines),
-                   degradations=plan_warnings(plan), notes=tuple(notes), group_pages=group_pages)
+    reported = {"blocks_per_window": {str(w): group_pages[windows[w][0]] for w in order}, "tokens_per_block": tpb}
+    return replace(
+        base,
+        pools=tuple(pools),
+        reported=reported,
+        lines=tuple(lines),
+        degradations=plan_warnings(plan),
+        notes=tuple(notes),
+        group_pages=group_pages,
+    )
 
 
 def _from_plan(plan: PoolPlan) -> EngineReport:
     """The V2 manager's pools: kvpool's plan, one pool per group."""
     tpb = plan.spec.tokens_per_block
     pools = tuple(
-        EnginePool(g.name, 0 if g.kind == "state" else tpb, g.page_bytes, g.pages, (g.name,),
-                   (plan.spec.group(g.name),), None if g.kind == "state" else g.pages * tpb)
+        EnginePool(
+            g.name,
+            0 if g.kind == "state" else tpb,
+            g.page_bytes,
+            g.pages,
+            (g.name,),
+            (plan.spec.group(g.name),),
+            None if g.kind == "state" else g.pages * tpb,
+        )
         for g in plan.groups
     )
     lines = tuple(f"[{g.name}] {g.pages} blocks of {g.page_bytes} bytes" for g in plan.groups)
-    return EngineReport("trtllm", VERSION + ", KV cache manager V2", SOURCES, plan.limits, plan.budget_bytes,
-                        pools, {"blocks_per_pool": {g.name: g.pages for g in plan.groups},
-                                "tokens_per_block": tpb, "policy": plan.policy},
-                        lines, (), plan.warnings, plan.notes, {g.name: g.pages for g in plan.groups})
+    return EngineReport(
+        "trtllm",
+        VERSION + ", KV cache manager V2",
+        SOURCES,
+        plan.limits,
+        plan.budget_bytes,
+        pools,
+        {"blocks_per_pool": {g.name: g.pages for g in plan.groups}, "tokens_per_block": tpb, "policy": plan.policy},
+        lines,
+        (),
+        plan.warnings,
+        plan.notes,
+        {g.name: g.pages for g in plan.groups},
+    )

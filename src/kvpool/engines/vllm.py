@@ -79,8 +79,9 @@ def _blocks_per_request(t: _Type, max_model_len: int, batched: int, state_blocks
     return -(-max_model_len // bs)
 
 
-def _types(spec: ModelSpec, block_size: int, hybrid_manager: bool, notes: list[str],
-           degradations: list[str]) -> list[_Type]:
+def _types(
+    spec: ModelSpec, block_size: int, hybrid_manager: bool, notes: list[str], degradations: list[str]
+) -> list[_Type]:
     """Per-layer KV specs at the (possibly raised) block size, page sizes unpadded."""
     attention = [g for g in spec.groups if g.kind != "state"]
     states = [g for g in spec.groups if g.kind == "state"]
@@ -88,18 +89,25 @@ def _types(spec: ModelSpec, block_size: int, hybrid_manager: bool, notes: list[s
     if states:
         if not attention:
             raise EngineNotModelledError(f"{spec.name}: a model with state layers only is not modelled")
-        attn_1 = max(per_layer_bytes(g) for g in attention if g.kind == "full") if any(
-            g.kind == "full" for g in attention) else per_layer_bytes(attention[0])
+        attn_1 = (
+            max(per_layer_bytes(g) for g in attention if g.kind == "full")
+            if any(g.kind == "full" for g in attention)
+            else per_layer_bytes(attention[0])
+        )
         state = max(per_layer_bytes(g) for g in states)
         align = max(KERNEL_ALIGNMENT, block_size)
         needed = align * -(-state // (align * attn_1))
         if block_size < needed:
-            degradations.append(f"Setting attention block size to {needed} tokens to ensure that "
-                                "attention page size is >= mamba page size.")
+            degradations.append(
+                f"Setting attention block size to {needed} tokens to ensure that "
+                "attention page size is >= mamba page size."
+            )
             block_size = needed
         if block_size * attn_1 > state:
-            notes.append(f"Padding mamba page size by {100 * (block_size * attn_1 - state) / state:.2f}% "
-                         "to ensure that mamba page size and attention page size are exactly equal.")
+            notes.append(
+                f"Padding mamba page size by {100 * (block_size * attn_1 - state) / state:.2f}% "
+                "to ensure that mamba page size and attention page size are exactly equal."
+            )
     out = []
     for g in spec.groups:
         kind: Kind = g.kind
@@ -108,14 +116,23 @@ def _types(spec: ModelSpec, block_size: int, hybrid_manager: bool, notes: list[s
         page = block_size * attn_1 if kind == "state" else per_layer_bytes(g) * block_size
         out.append(_Type(g.name, kind, None if kind == "full" else g.window, len(g.layers), page, block_size))
     if not hybrid_manager and any(g.kind in ("sliding", "chunked") for g in spec.groups):
-        degradations.append("Hybrid KV cache manager is disabled for this hybrid model: sliding and "
-                            "chunked layers keep KV for every position (sized as full attention).")
+        degradations.append(
+            "Hybrid KV cache manager is disabled for this hybrid model: sliding and "
+            "chunked layers keep KV for every position (sized as full attention)."
+        )
     return out
 
 
-def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *,
-             block_size: int | None = None, hybrid_manager: bool = True,
-             mamba_cache_mode: str = "align", full_cuda_graphs: bool = True) -> EngineReport:
+def allocate(
+    spec: ModelSpec,
+    limits: ServingLimits,
+    kv_memory_bytes: int,
+    *,
+    block_size: int | None = None,
+    hybrid_manager: bool = True,
+    mamba_cache_mode: str = "align",
+    full_cuda_graphs: bool = True,
+) -> EngineReport:
     """What vLLM would allocate from `kv_memory_bytes` (its "Available KV cache
     memory") for `spec` at max_model_len = L, max_num_batched_tokens = N and
     max_num_seqs = B. Refusals are reported, not raised; `EngineNotModelledError`
@@ -123,8 +140,9 @@ def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *,
     if kv_memory_bytes < 1:
         raise LimitsError(f"kv_memory_bytes must be positive, got {kv_memory_bytes}")
     if mamba_cache_mode not in MAMBA_CACHE_MODES:
-        raise EngineNotModelledError(f"mamba_cache_mode {mamba_cache_mode!r} is not modelled; "
-                                     f"use one of {', '.join(MAMBA_CACHE_MODES)}")
+        raise EngineNotModelledError(
+            f"mamba_cache_mode {mamba_cache_mode!r} is not modelled; use one of {', '.join(MAMBA_CACHE_MODES)}"
+        )
     refuse_compressed(spec, "vLLM")
     notes: list[str] = []
     degradations: list[str] = []
@@ -145,14 +163,27 @@ def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *,
         types = groups
     else:
         if not hybrid_manager and has_state:
-            return replace(base, refusals=("Hybrid KV cache manager is disabled but failed to convert "
-                                           "the KV cache specs to one unified type.",))
+            return replace(
+                base,
+                refusals=(
+                    "Hybrid KV cache manager is disabled but failed to convert the KV cache specs to one unified type.",
+                ),
+            )
         top = max(t.page_bytes for t in types)
         if any(top % t.page_bytes for t in types):
-            return replace(base, refusals=("The page size of the layer is not divisible by the maximum "
-                                           "page size. Cannot unify by adjusting block_size.",))
-        types = [replace(t, block_size=t.block_size * (top // t.page_bytes), page_bytes=top)
-                 if t.kind != "state" else replace(t, page_bytes=top) for t in types]
+            return replace(
+                base,
+                refusals=(
+                    "The page size of the layer is not divisible by the maximum "
+                    "page size. Cannot unify by adjusting block_size.",
+                ),
+            )
+        types = [
+            replace(t, block_size=t.block_size * (top // t.page_bytes), page_bytes=top)
+            if t.kind != "state"
+            else replace(t, page_bytes=top)
+            for t in types
+        ]
         low, high = min(t.layers for t in types), max(t.layers for t in types)
         group_size = high if high < low * 1.5 else low
         groups = []
@@ -160,8 +191,10 @@ def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *,
             count = -(-t.layers // group_size)
             padding = count * group_size - t.layers
             if padding:
-                degradations.append(f"Add {padding} padding layers, may waste at most "
-                                    f"{100 * padding / t.layers:.2f}% KV cache memory ({t.group})")
+                degradations.append(
+                    f"Add {padding} padding layers, may waste at most "
+                    f"{100 * padding / t.layers:.2f}% KV cache memory ({t.group})"
+                )
             groups += [replace(t, layers=group_size)] * count
         page = top
     num_blocks = kv_memory_bytes // page // group_size
@@ -171,40 +204,69 @@ def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *,
     concurrency = num_blocks / per_request
     needed = group_size * page * per_request
     if num_blocks == 0:
-        refusals.append("No available memory for the cache blocks. Try increasing "
-                        "`gpu_memory_utilization` when initializing the engine.")
+        refusals.append(
+            "No available memory for the cache blocks. Try increasing "
+            "`gpu_memory_utilization` when initializing the engine."
+        )
     elif needed > kv_memory_bytes:
         fit = _longest_fitting(groups, N, state_blocks, group_size * page, kv_memory_bytes, L)
-        refusals.append(f"To serve at least one request with the models's max seq len ({L}), "
-                        f"({format_bytes(needed)} KV cache is needed, which is larger than the available "
-                        f"KV cache memory ({format_bytes(kv_memory_bytes)}). Based on the available memory, "
-                        f"the estimated maximum model length is {fit}.")
+        refusals.append(
+            f"To serve at least one request with the models's max seq len ({L}), "
+            f"({format_bytes(needed)} KV cache is needed, which is larger than the available "
+            f"KV cache memory ({format_bytes(kv_memory_bytes)}). Based on the available memory, "
+            f"the estimated maximum model length is {fit}."
+        )
     if has_state and full_cuda_graphs and limits.max_batch_size > num_blocks:
-        refusals.append(f"max_num_seqs ({limits.max_batch_size}) exceeds available Mamba cache blocks "
-                        f"({num_blocks}). Each decode sequence requires one Mamba cache block, so CUDA "
-                        f"graph capture cannot proceed. Please lower max_num_seqs to at most {num_blocks} "
-                        "or increase gpu_memory_utilization.")
+        refusals.append(
+            f"max_num_seqs ({limits.max_batch_size}) exceeds available Mamba cache blocks "
+            f"({num_blocks}). Each decode sequence requires one Mamba cache block, so CUDA "
+            f"graph capture cannot proceed. Please lower max_num_seqs to at most {num_blocks} "
+            "or increase gpu_memory_utilization."
+        )
     members = []
     for i, g in enumerate(groups):
         if g.kind == "state":
             members += [member(f"{g.group}.{i}.{j}", "state", 1) for j in range(state_blocks)]
         else:
             members.append(member(f"{g.group}.{i}", g.kind, g.block_size, window=g.window))
-    pool = EnginePool("shared", min_bs, page * group_size, num_blocks,
-                      tuple(dict.fromkeys(g.group for g in groups)), tuple(members), tokens)
+    pool = EnginePool(
+        "shared",
+        min_bs,
+        page * group_size,
+        num_blocks,
+        tuple(dict.fromkeys(g.group for g in groups)),
+        tuple(members),
+        tokens,
+    )
     padding_layers = sum(g.layers for g in groups) - sum(t.layers for t in types)
-    reported = {"gpu_kv_cache_tokens": tokens, "max_concurrency": round(concurrency, 2),
-                "max_model_len": L, "num_gpu_blocks": num_blocks, "block_size": min_bs,
-                "kv_cache_groups": len(groups), "tensors": group_size,
-                "padding_layers": padding_layers}
-    lines = (f"GPU KV cache size: {tokens:,} tokens",
-             f"Maximum concurrency for {L:,} tokens per request: {concurrency:.2f}x")
-    return replace(base, pools=(pool,), reported=reported, lines=lines, refusals=tuple(refusals),
-                   degradations=tuple(degradations), notes=tuple(notes))
+    reported = {
+        "gpu_kv_cache_tokens": tokens,
+        "max_concurrency": round(concurrency, 2),
+        "max_model_len": L,
+        "num_gpu_blocks": num_blocks,
+        "block_size": min_bs,
+        "kv_cache_groups": len(groups),
+        "tensors": group_size,
+        "padding_layers": padding_layers,
+    }
+    lines = (
+        f"GPU KV cache size: {tokens:,} tokens",
+        f"Maximum concurrency for {L:,} tokens per request: {concurrency:.2f}x",
+    )
+    return replace(
+        base,
+        pools=(pool,),
+        reported=reported,
+        lines=lines,
+        refusals=tuple(refusals),
+        degradations=tuple(degradations),
+        notes=tuple(notes),
+    )
 
 
-def _longest_fitting(groups: list[_Type], batched: int, state_blocks: int, block_bytes: int,
-                     memory: int, limit: int) -> int:
+def _longest_fitting(
+    groups: list[_Type], batched: int, state_blocks: int, block_bytes: int, memory: int, limit: int
+) -> int:
     """vLLM's estimate: the longest max_model_len whose one request fits (0 if none)."""
     lo, hi, best = 1, limit, 0
     while lo <= hi:
@@ -217,8 +279,9 @@ def _longest_fitting(groups: list[_Type], batched: int, state_blocks: int, block
 
 
 def _report_base(spec: ModelSpec, limits: ServingLimits, budget: int, notes: list[str]) -> EngineReport:
-    notes.append(f"{spec.name}: {spec.num_layers} layers, kv {spec.kv_dtype}, tp {spec.tp_size}; "
-                 f"max_model_len {limits.max_seq_len}, max_num_batched_tokens "
-                 f"{limits.max_num_tokens or limits.max_seq_len}, max_num_seqs {limits.max_batch_size}")
+    notes.append(
+        f"{spec.name}: {spec.num_layers} layers, kv {spec.kv_dtype}, tp {spec.tp_size}; "
+        f"max_model_len {limits.max_seq_len}, max_num_batched_tokens "
+        f"{limits.max_num_tokens or limits.max_seq_len}, max_num_seqs {limits.max_batch_size}"
+    )
     return EngineReport("vllm", VERSION, SOURCES, limits, budget, ())
-

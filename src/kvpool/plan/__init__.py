@@ -21,8 +21,24 @@ from kvpool.plan.waterfill import waterfill
 from kvpool.plan.workload import RatioPolicy, Workload
 
 __all__ = [
-    "REFERENCE_REQUEST", "Constraint", "ConstraintResult", "GroupPlan", "PoolPlan", "RatioPolicy",
-    "ServingLimits", "Workload", "context_constraint", "decode_shape", "default_cuda_graph_batch_sizes",
-    "estimate_profile_bytes", "longest_decode_batch", "minimal_decode", "plan_constraints", "plan_pools",
-    "ratio_from_batch", "rules_for", "typical_step", "waterfill",
+    "REFERENCE_REQUEST",
+    "Constraint",
+    "ConstraintResult",
+    "GroupPlan",
+    "PoolPlan",
+    "RatioPolicy",
+    "ServingLimits",
+    "Workload",
+    "context_constraint",
+    "decode_shape",
+    "default_cuda_graph_batch_sizes",
+    "estimate_profile_bytes",
+    "longest_decode_batch",
+    "minimal_decode",
+    "plan_constraints",
+    "plan_pools",
+    "ratio_from_batch",
+    "rules_for",
+    "typical_step",
+    "waterfill",
 ]

@@ -32,8 +32,7 @@ def batch_floors(spec: ModelSpec, batch: Sequence[Shape]) -> dict[str, int]:
     """Pages per group that `batch` needs at once; equal shapes are counted once
     and multiplied (warmup batches repeat one shape hundreds of times)."""
     runs = Counter(batch)
-    return {g.name: sum(n * pages_needed(g, s.capacity, s.history) for s, n in runs.items())
-            for g in spec.groups}
+    return {g.name: sum(n * pages_needed(g, s.capacity, s.history) for s, n in runs.items()) for g in spec.groups}
 
 
 def merge_floors(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
@@ -116,7 +115,9 @@ def resolve_floors(
             f"budget {format_bytes(budget)} cannot hold one page of every group "
             f"({format_bytes(needed)} needed): group '{big.name}' is {short} pages "
             f"({format_bytes(excess)}) short",
-            constraint="one_page_per_group", group=big.name, short_pages=short,
+            constraint="one_page_per_group",
+            group=big.name,
+            short_pages=short,
         )
     results: list[ConstraintResult] = []
     notes: list[str] = []
@@ -152,7 +153,7 @@ def shrink_longest(
     gap = longest.capacity - longest.history
 
     def with_capacity(cap: int) -> tuple[Shape, ...]:
-        return batch[:index] + (Shape(cap, cap - gap),) + batch[index + 1:]
+        return batch[:index] + (Shape(cap, cap - gap),) + batch[index + 1 :]
 
     def fits(cap: int) -> bool:
         merged = merge_floors(floors, batch_floors(spec, with_capacity(cap)))
@@ -186,15 +187,22 @@ def infeasible(
         return floors_fit(spec, build(changed), budget)
 
     best_b = largest_fitting(1, limits.max_batch_size, lambda b: fits_with(max_batch_size=b))
-    best_l = largest_fitting_length(1, limits.max_seq_len, spec.tokens_per_block,
-                                    lambda n: fits_with(max_seq_len=n))
+    best_l = largest_fitting_length(1, limits.max_seq_len, spec.tokens_per_block, lambda n: fits_with(max_seq_len=n))
     best_n = 0
     if limits.max_num_tokens is not None:  # the context constraint grows with N
-        best_n = max(0, largest_fitting(1, limits.max_num_tokens, lambda n: floors_fit(
-            spec, build(dataclasses.replace(limits, max_num_tokens=n)), budget)))
+        best_n = max(
+            0,
+            largest_fitting(
+                1,
+                limits.max_num_tokens,
+                lambda n: floors_fit(spec, build(dataclasses.replace(limits, max_num_tokens=n)), budget),
+            ),
+        )
     what = ", ".join(f"{n}x{s.capacity}/{s.history}" for s, n in _runs(constraint.batch))
-    hints = [f"largest max_batch_size that fits: {best_b or 'none'}",
-             f"largest max_seq_len that fits: {best_l or 'none'}"]
+    hints = [
+        f"largest max_batch_size that fits: {best_b or 'none'}",
+        f"largest max_seq_len that fits: {best_l or 'none'}",
+    ]
     if limits.max_num_tokens is not None:
         hints.append(f"largest max_num_tokens that fits: {best_n or 'none'}")
     # offer --fit only where shrinking the longest request would find an answer
@@ -204,8 +212,12 @@ def infeasible(
         f"budget {format_bytes(budget)} cannot hold constraint '{constraint.name}' "
         f"[{what} capacity/history]: group '{group.name}' is {short} pages "
         f"({format_bytes(excess)}) short; {'; '.join(hints)}",
-        constraint=constraint.name, group=group.name, short_pages=short,
-        max_batch_size=max(best_b, 0), max_seq_len=max(best_l, 0), max_num_tokens=best_n,
+        constraint=constraint.name,
+        group=group.name,
+        short_pages=short,
+        max_batch_size=max(best_b, 0),
+        max_seq_len=max(best_l, 0),
+        max_num_tokens=best_n,
     )
 
 

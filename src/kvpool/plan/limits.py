@@ -34,13 +34,14 @@ class ServingLimits:
 
     def __post_init__(self) -> None:
         positive = {"max_batch_size": self.max_batch_size, "max_seq_len": self.max_seq_len}
-        optional = {"max_num_tokens": self.max_num_tokens,
-                    "avg_seq_len": self.avg_seq_len}
+        optional = {"max_num_tokens": self.max_num_tokens, "avg_seq_len": self.avg_seq_len}
         for name, value in {**positive, **{k: v for k, v in optional.items() if v is not None}}.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise LimitsError(f"{name} must be a positive integer, got {value!r}")
-        for name, value in {"max_draft_len": self.max_draft_len,
-                            "num_extra_kv_tokens": self.num_extra_kv_tokens}.items():
+        for name, value in {
+            "max_draft_len": self.max_draft_len,
+            "num_extra_kv_tokens": self.num_extra_kv_tokens,
+        }.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise LimitsError(f"{name} must be a non-negative integer, got {value!r}")
         if self.avg_seq_len is not None and self.avg_seq_len > self.max_seq_len:
@@ -53,9 +54,7 @@ class ServingLimits:
             if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
                 raise LimitsError(f"cuda_graph_batch_sizes must be positive integers, got {sizes!r}")
             if max(sizes) > self.max_batch_size:
-                raise LimitsError(
-                    f"cuda graph batch size {max(sizes)} exceeds max_batch_size {self.max_batch_size}"
-                )
+                raise LimitsError(f"cuda graph batch size {max(sizes)} exceeds max_batch_size {self.max_batch_size}")
             object.__setattr__(self, "cuda_graph_batch_sizes", tuple(sorted(set(sizes))))
 
     @property
@@ -82,5 +81,6 @@ class ServingLimits:
         graphs = None
         if self.cuda_graph_batch_sizes is not None:
             graphs = tuple(g for g in self.cuda_graph_batch_sizes if g <= b) or (b,)
-        return dataclasses.replace(self, max_batch_size=b, max_seq_len=seq, avg_seq_len=avg,
-                                   cuda_graph_batch_sizes=graphs)
+        return dataclasses.replace(
+            self, max_batch_size=b, max_seq_len=seq, avg_seq_len=avg, cuda_graph_batch_sizes=graphs
+        )

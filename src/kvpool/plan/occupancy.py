@@ -45,8 +45,13 @@ class Occupancy:
 
     name = "occupancy"
 
-    def __init__(self, lengths: Iterable[tuple[int, int]] | npt.NDArray[np.integer[Any]], *,
-                 samples: int = 16, decode_share: float = 0.5):
+    def __init__(
+        self,
+        lengths: Iterable[tuple[int, int]] | npt.NDArray[np.integer[Any]],
+        *,
+        samples: int = 16,
+        decode_share: float = 0.5,
+    ):
         if not 0 <= decode_share <= 1:
             raise LimitsError(f"decode_share must lie in [0, 1], got {decode_share}")
         self.workload = Workload(lengths, samples=samples)
@@ -96,8 +101,9 @@ class Occupancy:
         p, o = self._clipped(limits)
         more = o > 1  # decode steps after the prefill sampled the first token
         if more.any():
-            values, weights = Workload(np.stack([p[more], o[more] - 1], axis=1),
-                                       samples=self.workload.samples).length_weights(limits.max_seq_len)
+            values, weights = Workload(
+                np.stack([p[more], o[more] - 1], axis=1), samples=self.workload.samples
+            ).length_weights(limits.max_seq_len)
         else:
             values, weights = np.zeros(0, dtype=np.int64), np.zeros(0)
         shapes, steps = self.prefill_shapes(limits)
@@ -119,7 +125,9 @@ class Occupancy:
         """One line on what the model assumed (for a plan's notes)."""
         pre, dec = self.phase_steps(limits)
         c = self.chunk_tokens(limits)
-        return (f"occupancy: {len(self)} requests, prefill chunks of "
-                f"{'the whole prompt' if c is None else f'{c} tokens'} "
-                f"(N minus {self.decode_share:.0%} of B decoding), {pre:.2f} prefill + {dec:.1f} "
-                f"decode steps per request; reuse ignored")
+        return (
+            f"occupancy: {len(self)} requests, prefill chunks of "
+            f"{'the whole prompt' if c is None else f'{c} tokens'} "
+            f"(N minus {self.decode_share:.0%} of B decoding), {pre:.2f} prefill + {dec:.1f} "
+            f"decode steps per request; reuse ignored"
+        )

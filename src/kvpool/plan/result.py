@@ -96,13 +96,11 @@ class PoolPlan:
         if missing:
             raise SpecError(f"no page count given for groups {sorted(missing)}")
         groups = tuple(
-            GroupPlan(g.name, g.kind, g.window, g.ratio, g.slot_bytes, int(pages[g.name]))
-            for g in spec.groups
+            GroupPlan(g.name, g.kind, g.window, g.ratio, g.slot_bytes, int(pages[g.name])) for g in spec.groups
         )
         total = sum(g.bytes for g in groups) or 1
         groups = tuple(
-            GroupPlan(g.name, g.kind, g.window, g.ratio, g.page_bytes, g.pages, g.bytes / total)
-            for g in groups
+            GroupPlan(g.name, g.kind, g.window, g.ratio, g.page_bytes, g.pages, g.bytes / total) for g in groups
         )
         return cls(spec, limits, sum(g.bytes for g in groups), policy, groups)
 
@@ -139,13 +137,18 @@ class PoolPlan:
             "budget_bytes": self.budget_bytes,
             "total_bytes": self.total_bytes,
             "groups": [
-                {"name": g.name, "kind": g.kind, "window": g.window, "page_bytes": g.page_bytes,
-                 "pages": g.pages, "bytes": g.bytes}
+                {
+                    "name": g.name,
+                    "kind": g.kind,
+                    "window": g.window,
+                    "page_bytes": g.page_bytes,
+                    "pages": g.pages,
+                    "bytes": g.bytes,
+                }
                 for g in self.groups
             ],
             "constraints": [
-                {"name": c.name, "satisfied": c.satisfied, "short": dict(c.short)}
-                for c in self.constraints
+                {"name": c.name, "satisfied": c.satisfied, "short": dict(c.short)} for c in self.constraints
             ],
             "max_concurrency": self.max_concurrency(),
             "warnings": list(self.warnings),

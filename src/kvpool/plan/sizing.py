@@ -39,9 +39,7 @@ def check_pool_ratio(spec: ModelSpec, pool_ratio: Mapping[str, float]) -> dict[s
     then normalised). Raises LimitsError otherwise."""
     names = set(spec.group_names)
     if set(pool_ratio) != names:
-        raise LimitsError(
-            f"pool_ratio must give a share for each group {sorted(names)}, got {sorted(pool_ratio)}"
-        )
+        raise LimitsError(f"pool_ratio must give a share for each group {sorted(names)}, got {sorted(pool_ratio)}")
     shares = {k: float(v) for k, v in pool_ratio.items()}
     if any(not math.isfinite(v) or v <= 0 for v in shares.values()):
         raise LimitsError(f"pool_ratio shares must be positive numbers, got {shares}")
@@ -130,8 +128,7 @@ def plan_pools(
     if phase == "profile":
         name = "profile"
         ratio: dict[str, float] = {g.name: floors[g.name] * g.slot_bytes for g in spec.groups}
-        notes += ("profile phase: sized for the warmup shapes; pool_ratio, policy and "
-                  "avg_seq_len are not used",)
+        notes += ("profile phase: sized for the warmup shapes; pool_ratio, policy and avg_seq_len are not used",)
     elif shares is not None:
         name, ratio = "pool_ratio", shares
     elif policy is not None:
@@ -155,17 +152,24 @@ def plan_pools(
         for g, p in zip(spec.groups, pages, strict=True)
     )
     plan = PoolPlan(
-        spec, limits, kv_memory_bytes, name, groups, results, (), notes,
-        avg_seq_len=None if phase == "profile" else avg, typical_step=step, ratio=ratio,
+        spec,
+        limits,
+        kv_memory_bytes,
+        name,
+        groups,
+        results,
+        (),
+        notes,
+        avg_seq_len=None if phase == "profile" else avg,
+        typical_step=step,
+        ratio=ratio,
         phase=phase,
     )
     if phase == "final":
         fitted = tuple(n for n in notes if n.startswith("fit:"))
         # an explicit ratio drops the floors; say which of them it leaves unmet
-        opted_out = (plan_constraints(limits, rules, phase, explicit_ratio=False)
-                     if explicit else ())
-        plan = dataclasses.replace(plan, warnings=plan_warnings(plan) + fitted
-                                   + unmet_floor_warnings(plan, opted_out))
+        opted_out = plan_constraints(limits, rules, phase, explicit_ratio=False) if explicit else ()
+        plan = dataclasses.replace(plan, warnings=plan_warnings(plan) + fitted + unmet_floor_warnings(plan, opted_out))
     return plan
 
 

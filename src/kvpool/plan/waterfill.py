@@ -10,9 +10,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 
-def waterfill(
-    budget: int, slot_bytes: Sequence[int], ratio: Sequence[float], floors: Sequence[int]
-) -> list[int]:
+def waterfill(budget: int, slot_bytes: Sequence[int], ratio: Sequence[float], floors: Sequence[int]) -> list[int]:
     """Pages per group: each group's byte share of `budget` follows `ratio`, no
     group gets fewer than its floor, and `sum(pages * slot_bytes) <= budget`.
 
@@ -53,8 +51,7 @@ def waterfill(
     return pages
 
 
-def _spread_leftover(budget: int, slot_bytes: Sequence[int], weights: list[Fraction],
-                     pages: list[int]) -> None:
+def _spread_leftover(budget: int, slot_bytes: Sequence[int], weights: list[Fraction], pages: list[int]) -> None:
     """Give the bytes left after flooring to groups that can still take a page."""
     n = len(slot_bytes)
     total_w = sum(weights)
@@ -65,8 +62,7 @@ def _spread_leftover(budget: int, slot_bytes: Sequence[int], weights: list[Fract
         if not takers:
             return
         taker_w = sum(weights[i] for i in takers)
-        adds = {i: int(left * weights[i] / taker_w // slot_bytes[i]) if taker_w else 0
-                for i in takers}
+        adds = {i: int(left * weights[i] / taker_w // slot_bytes[i]) if taker_w else 0 for i in takers}
         if any(adds.values()):
             for i, k in adds.items():
                 pages[i] += k

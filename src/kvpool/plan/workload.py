@@ -41,8 +41,7 @@ class Workload:
 
     name = "workload"
 
-    def __init__(self, lengths: Iterable[tuple[int, int]] | npt.NDArray[np.integer[Any]], *,
-                 samples: int = 16):
+    def __init__(self, lengths: Iterable[tuple[int, int]] | npt.NDArray[np.integer[Any]], *, samples: int = 16):
         pairs = np.asarray(lengths if isinstance(lengths, np.ndarray) else list(lengths))
         if pairs.size == 0:
             raise LimitsError("a workload needs at least one (prompt, output) length pair")

@@ -17,8 +17,14 @@ DATA = Path(str(resources.files("kvpool.presets") / "data"))
 
 # Short GPU names -> entries of data/gpus.json (matched by prefix of "name").
 GPU_ALIASES = {
-    "a10": "A10", "l40s": "L40S", "a100": "A100", "h100": "H100",
-    "h200": "H200", "b200": "B200", "gb200": "GB200", "mi300x": "MI300X",
+    "a10": "A10",
+    "l40s": "L40S",
+    "a100": "A100",
+    "h100": "H100",
+    "h200": "H200",
+    "b200": "B200",
+    "gb200": "GB200",
+    "mi300x": "MI300X",
 }
 TRACES = {
     "azure-conv": "azure_llm_2023_conv.csv",

@@ -41,14 +41,40 @@ from kvpool.trace import MOONCAKE_BLOCK_TOKENS, Trace, TraceError
 __all__ = ["MOONCAKE_BLOCK_TOKENS", "Trace", "TraceError", "load_trace"]
 
 # Header spellings (lower-cased, spaces/dashes as underscores) per column role.
-_PROMPT = ("prompt_len", "prompt_length", "prompt_tokens", "input_len", "input_length",
-           "input_tokens", "contexttokens", "context_tokens", "request_tokens")
-_OUTPUT = ("output_len", "output_length", "output_tokens", "generatedtokens",
-           "generated_tokens", "response_tokens", "completion_tokens")
+_PROMPT = (
+    "prompt_len",
+    "prompt_length",
+    "prompt_tokens",
+    "input_len",
+    "input_length",
+    "input_tokens",
+    "contexttokens",
+    "context_tokens",
+    "request_tokens",
+)
+_OUTPUT = (
+    "output_len",
+    "output_length",
+    "output_tokens",
+    "generatedtokens",
+    "generated_tokens",
+    "response_tokens",
+    "completion_tokens",
+)
 # time column -> unit: seconds, milliseconds, or "datetime" (absolute wall clock string)
-_TIME = {"arrival_s": "s", "arrival_time": "s", "arrival_time_s": "s", "time_s": "s",
-         "timestamp_s": "s", "arrival_ms": "ms", "arrival_time_ms": "ms", "time_ms": "ms",
-         "timestamp_ms": "ms", "timestamp": "auto", "time": "auto"}
+_TIME = {
+    "arrival_s": "s",
+    "arrival_time": "s",
+    "arrival_time_s": "s",
+    "time_s": "s",
+    "timestamp_s": "s",
+    "arrival_ms": "ms",
+    "arrival_time_ms": "ms",
+    "time_ms": "ms",
+    "timestamp_ms": "ms",
+    "timestamp": "auto",
+    "time": "auto",
+}
 
 
 def load_trace(name_or_path: str | Path, *, max_requests: int | None = None) -> Trace:
@@ -62,9 +88,7 @@ def load_trace(name_or_path: str | Path, *, max_requests: int | None = None) -> 
     else:
         path, name = Path(text), Path(text).stem
         if not path.is_file():
-            raise TraceError(
-                f"trace {text!r} is neither a bundled trace ({', '.join(TRACES)}) nor a file"
-            )
+            raise TraceError(f"trace {text!r} is neither a bundled trace ({', '.join(TRACES)}) nor a file")
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: Excel's BOM
             if path.suffix.lower() in (".jsonl", ".json"):
@@ -114,8 +138,14 @@ def _seconds(value: str, unit: str, path: Path, line: int) -> float:
     return seconds
 
 
-def _finish(name: str, prompt: list[int], output: list[int], times: list[float] | None,
-            hashes: list[tuple[int, ...]] | None, path: Path) -> Trace:
+def _finish(
+    name: str,
+    prompt: list[int],
+    output: list[int],
+    times: list[float] | None,
+    hashes: list[tuple[int, ...]] | None,
+    path: Path,
+) -> Trace:
     if not prompt:
         raise TraceError(f"trace {path} has no requests")
     order = np.argsort(np.asarray(times), kind="stable") if times is not None else None
@@ -142,6 +172,7 @@ def _read_csv(rows: Sequence[Sequence[str]], name: str, path: Path) -> Trace:
         cols: dict[str, int | None] = {"prompt": 0, "output": 1, "time": 2 if len(header) == 3 else None}
         unit, data_start = "s", 0
     else:
+
         def find(names: Sequence[str]) -> int | None:
             return next((i for i, h in enumerate(header) if h in names), None)
 
@@ -154,8 +185,10 @@ def _read_csv(rows: Sequence[Sequence[str]], name: str, path: Path) -> Trace:
         time_col = cols["time"]
         timeish = [c for c, h in zip(rows[0], header, strict=True) if "time" in h or "arrival" in h]
         if time_col is None and timeish:
-            raise TraceError(f"{path}:1: column {timeish[0]!r} looks like a time but is not one kvpool "
-                             f"reads; name it arrival_s or arrival_ms (or timestamp, in seconds)")
+            raise TraceError(
+                f"{path}:1: column {timeish[0]!r} looks like a time but is not one kvpool "
+                f"reads; name it arrival_s or arrival_ms (or timestamp, in seconds)"
+            )
         unit = _TIME[header[time_col]] if time_col is not None else "s"
         data_start = 1
     prompt: list[int] = []
@@ -222,9 +255,7 @@ def _read_jsonl(lines: Sequence[str], name: str, path: Path) -> Trace:
             times.append(_seconds(str(keys[t_key]), unit, path, line))
         if "hash_ids" in keys:
             ids = keys["hash_ids"]
-            if not isinstance(ids, list) or not all(
-                isinstance(i, int) and not isinstance(i, bool) for i in ids
-            ):
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
                 raise TraceError(f"{path}:{line}: hash_ids must be a list of integers")
             if len(ids) != -(-prompt[-1] // MOONCAKE_BLOCK_TOKENS):
                 raise TraceError(
@@ -232,5 +263,4 @@ def _read_jsonl(lines: Sequence[str], name: str, path: Path) -> Trace:
                     f"ceil({prompt[-1]}/{MOONCAKE_BLOCK_TOKENS}) = {-(-prompt[-1] // MOONCAKE_BLOCK_TOKENS)}"
                 )
             hashes.append(tuple(ids))
-    return _finish(name, prompt, output, times if has_time else None,
-                   hashes if has_hash else None, path)
+    return _finish(name, prompt, output, times if has_time else None, hashes if has_hash else None, path)

@@ -10,6 +10,14 @@ from kvpool.sched.session import Session, session
 from kvpool.sched.step import Step
 
 __all__ = [
-    "PagedCache", "Scheduler", "SchedulerError", "Sequence", "Session", "Status", "Step",
-    "advance_decodes", "decode_run_limit", "session",
+    "PagedCache",
+    "Scheduler",
+    "SchedulerError",
+    "Sequence",
+    "Session",
+    "Status",
+    "Step",
+    "advance_decodes",
+    "decode_run_limit",
+    "session",
 ]

@@ -13,8 +13,9 @@ from kvpool.cache.results import Dummies
 class DummySource(Protocol):
     """Where lazy padding dummies come from (a `PagedCache`)."""
 
-    def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0,
-                           is_gen: bool = True) -> Dummies: ...
+    def add_dummy_requests(
+        self, batch_size: int, token_num: int, draft_len: int = 0, is_gen: bool = True
+    ) -> Dummies: ...
     def free(self, rid: int) -> None: ...
 
 
@@ -28,8 +29,14 @@ class GraphPadding:
     the step); when the pool is full that fails and the step runs eagerly.
     """
 
-    def __init__(self, manager: DummySource, captured: Iterable[tuple[int, int]],
-                 padding_rids: Mapping[int, int] | None = None, *, reserved: bool = True) -> None:
+    def __init__(
+        self,
+        manager: DummySource,
+        captured: Iterable[tuple[int, int]],
+        padding_rids: Mapping[int, int] | None = None,
+        *,
+        reserved: bool = True,
+    ) -> None:
         self.manager, self.reserved = manager, reserved
         self.sizes: dict[int, list[int]] = {}
         for b, d in sorted(set(captured)):

@@ -20,8 +20,7 @@ class PagedCache(Protocol):
 
     spec: ModelSpec
 
-    def create(self, rid: int, tokens: Sequence[int] | None = None,
-               salt: str | bytes | int | None = None) -> int:
+    def create(self, rid: int, tokens: Sequence[int] | None = None, salt: str | bytes | int | None = None) -> int:
         """Register `rid` with no pages, or with the longest cached prefix of
         `tokens` attached (returns its length; capacity = history = it)."""
         ...
@@ -31,8 +30,9 @@ class PagedCache(Protocol):
         every group, or changes nothing."""
         ...
 
-    def resize_many(self, rids: Sequence[int], capacities: Sequence[int],
-                    histories: Sequence[int] | None = None) -> Resize:
+    def resize_many(
+        self, rids: Sequence[int], capacities: Sequence[int], histories: Sequence[int] | None = None
+    ) -> Resize:
         """`resize` for a batch, atomic over the whole batch."""
         ...
 
@@ -57,7 +57,6 @@ class PagedCache(Protocol):
         """Pages an allocation in `group` could take now (no side effects)."""
         ...
 
-    def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0,
-                           is_gen: bool = True) -> Dummies:
+    def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0, is_gen: bool = True) -> Dummies:
         """Register `batch_size` dummies, all or none (each freed with `free`)."""
         ...

@@ -26,12 +26,12 @@ def decode_run_limit(sched: Scheduler, step: Step) -> int:
     if sched.graphs.lazy_dummy is not None or step.preempted or step.rejected:
         return 0
     max_len = sched.limits.max_seq_len
-    return min(min(s.max_new_tokens - len(s.output_ids), max_len - s.num_tokens)
-               for s, _ in step.decodes)
+    return min(min(s.max_new_tokens - len(s.output_ids), max_len - s.num_tokens) for s, _ in step.decodes)
 
 
-def advance_decodes(sched: Scheduler, step: Step, steps: int, token: int, *,
-                    on_extended: Callable[[], None] | None = None) -> list[Sequence] | None:
+def advance_decodes(
+    sched: Scheduler, step: Step, steps: int, token: int, *, on_extended: Callable[[], None] | None = None
+) -> list[Sequence] | None:
     """Run the decode-only `step` `steps` times in a row, every row sampling
     `token` each time: one `manager.extend` call covers steps 2..`steps` (the
     first was resized by `schedule`). Only when nothing else can happen
@@ -50,8 +50,11 @@ def advance_decodes(sched: Scheduler, step: Step, steps: int, token: int, *,
     rows = len(step.decodes)
     for g in sched.manager.spec.groups:
         worst = decode_worst_case_pages(g, sched.limits.headroom)
-        if (worst is not None and not g.rule.per_request  # a state slot never grows
-                and sched.manager.free_pages(g.name) < rows * worst):
+        if (
+            worst is not None
+            and not g.rule.per_request  # a state slot never grows
+            and sched.manager.free_pages(g.name) < rows * worst
+        ):
             return None
     if not sched.manager.extend([s.rid for s, _ in step.decodes], steps - 1):
         return None

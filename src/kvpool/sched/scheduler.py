@@ -1,10 +1,8 @@
-"""The shared scheduler: FCFS admission, chunked prefill, preemption by
-recompute, and padding of decode batches to captured CUDA-graph sizes.
-
-The engine and the simulator both drive this class, so both apply the same
-rules to the same `KVCacheManager`. Every page count comes from the manager
-(`create`, `resize`, `commit`, `free`, `add_dummy_requests`); the scheduler
-only decides which request gets how many positions. See docs/sched.md.
+"""The shared scheduler: FCFS admission, chunked prefill, preemption by recompute, and padding of
+decode batches to captured CUDA-graph sizes. The engine and the simulator both drive it, so both
+apply the same rules to the same `KVCacheManager`. Every page count comes from the manager (`create`,
+`resize`, `commit`, `free`, `add_dummy_requests`); the scheduler only decides which request gets how
+many positions. See docs/sched.md.
 """
 
 from __future__ import annotations
@@ -23,13 +21,11 @@ from kvpool.sched.step import Step
 class Scheduler:
     """Decides each iteration's batch and keeps the manager's pages in step with it.
 
-    `captured`: the (batch size, draft length) CUDA-graph shapes warmup captured
-    (None: every `limits.graph_batch_sizes` size with draft length 0).
-    `padding_rids`: the persistent padding dummy per draft length that warmup
-    reserved. With `padding=False` the scheduler emulates engines that allocate
-    the padding dummy lazily: it asks the manager for a fresh one-token dummy in
-    each padded step and frees it after the step; when the pool is full that
-    fails and the step runs eagerly.
+    `captured`: the (batch size, draft length) CUDA-graph shapes warmup captured (None: every
+    `limits.graph_batch_sizes` size with draft length 0). `padding_rids`: the persistent padding
+    dummy per draft length that warmup reserved. With `padding=False` it emulates engines that
+    allocate the padding dummy lazily: a fresh one-token dummy in each padded step, freed after
+    the step; when the pool is full that fails and the step runs eagerly (`sched.session` wires it).
     """
 
     def __init__(
@@ -49,7 +45,6 @@ class Scheduler:
         shapes = captured if captured is not None else [(b, 0) for b in limits.graph_batch_sizes]
         self.graphs = GraphPadding(manager, shapes, padding_rids, reserved=padding)
         self.num_preemptions = 0
-        # the step being built by `schedule`
         self._step_prefills: list[tuple[Sequence, int, int]] = []
         self._step_decodes: list[tuple[Sequence, int]] = []
         self._preempted: list[Sequence] = []
@@ -183,8 +178,7 @@ class Scheduler:
         if self.manager.resize(rid, history + tokens + extra, history):
             return tokens
         # pages needed grow with the chunk: bisect on the manager's own answer
-        n = largest_fitting(1, tokens - 1,
-                            lambda m: bool(self.manager.resize(rid, history + m + extra, history)))
+        n = largest_fitting(1, tokens - 1, lambda m: bool(self.manager.resize(rid, history + m + extra, history)))
         if n > 0 and not self.manager.resize(rid, history + n + extra, history):  # pragma: no cover
             return 0
         return max(n, 0)
@@ -209,7 +203,7 @@ class Scheduler:
         known = self._known.get(seq.rid, 0)
         if self.enable_reuse and seq.num_computed > 0:
             self._advance_history(seq)
-            fresh = seq.all_ids[known:seq.num_computed] if seq.num_computed > known else None
+            fresh = seq.all_ids[known : seq.num_computed] if seq.num_computed > known else None
             self.manager.commit(seq.rid, seq.num_computed, fresh)
             self._known[seq.rid] = max(known, seq.num_computed)
 
@@ -246,9 +240,17 @@ class Scheduler:
         if decodes and not prefills:
             padded, pad_rid = self.graphs.pad(batch, draft)
         graph = padded is not None
-        return Step(prefills=list(prefills), decodes=list(decodes), preempted=list(self._preempted),
-                    batch_size=batch, padded_batch_size=padded, padding_rid=pad_rid, graph=graph,
-                    rejected=list(self._rejected), draft_len=draft)
+        return Step(
+            prefills=list(prefills),
+            decodes=list(decodes),
+            preempted=list(self._preempted),
+            batch_size=batch,
+            padded_batch_size=padded,
+            padding_rid=pad_rid,
+            graph=graph,
+            rejected=list(self._rejected),
+            draft_len=draft,
+        )
 
     # ------------------------------------------------------------------ update
 

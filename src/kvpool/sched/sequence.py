@@ -13,8 +13,8 @@ class SchedulerError(KvpoolError, ValueError):
 
 
 class Status(Enum):
-    WAITING = "waiting"    # queued (new, or preempted and waiting to be recomputed)
-    RUNNING = "running"    # admitted: holds pages in the manager
+    WAITING = "waiting"  # queued (new, or preempted and waiting to be recomputed)
+    RUNNING = "running"  # admitted: holds pages in the manager
     FINISHED = "finished"  # max_new_tokens reached, EOS, or max_seq_len reached
     REJECTED = "rejected"  # can never fit: prompt too long, or pages even when alone
 
@@ -38,7 +38,7 @@ class Sequence:
     salt: int | None = None
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
-    num_cached: int = 0          # tokens reused from the prefix cache at the last admission
+    num_cached: int = 0  # tokens reused from the prefix cache at the last admission
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "length", "stop", "max_seq_len", or why it was rejected
     num_preemptions: int = 0

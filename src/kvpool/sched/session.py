@@ -23,8 +23,14 @@ class Session(NamedTuple):
     warmup: WarmupReport | None
 
 
-def session(plan: PoolPlan, *, enable_reuse: bool = True, padding: bool = True,
-            warmup: bool = True, draft_lens: Iterable[int] = (0,)) -> Session:
+def session(
+    plan: PoolPlan,
+    *,
+    enable_reuse: bool = True,
+    padding: bool = True,
+    warmup: bool = True,
+    draft_lens: Iterable[int] = (0,),
+) -> Session:
     """A fresh manager and scheduler over `plan`.
 
     `warmup`: run `manager.warmup` for the plan's CUDA-graph batch sizes and
@@ -44,8 +50,10 @@ def session(plan: PoolPlan, *, enable_reuse: bool = True, padding: bool = True,
             for rid in pads.values():
                 manager.free(rid)
             pads = {}
-            report = dataclasses.replace(report, padding={d: None for d in report.padding},
-                                         reserved_pages={g: 0 for g in report.reserved_pages})
-    scheduler = Scheduler(manager, plan.limits, padding=padding, captured=captured,
-                          padding_rids=pads, enable_reuse=enable_reuse)
+            report = dataclasses.replace(
+                report, padding={d: None for d in report.padding}, reserved_pages={g: 0 for g in report.reserved_pages}
+            )
+    scheduler = Scheduler(
+        manager, plan.limits, padding=padding, captured=captured, padding_rids=pads, enable_reuse=enable_reuse
+    )
     return Session(manager, scheduler, report)

@@ -35,13 +35,13 @@ def vllm_real_share(spec: ModelSpec, report: EngineReport) -> float:
     layer_page = report.pools[0].page_bytes // tensors
     if groups == 1:
         return 1.0
-    real = sum(len(g.layers) * (per_layer_bytes(g) / layer_page if g.kind == "state" else 1.0)
-               for g in spec.groups)
+    real = sum(len(g.layers) * (per_layer_bytes(g) / layer_page if g.kind == "state" else 1.0) for g in spec.groups)
     return min(1.0, real / (groups * tensors))
 
 
-def engine_plan(spec: ModelSpec, limits: ServingLimits, policy: str, *, kv_memory_bytes: int,
-                trace: Trace | None = None) -> tuple[PoolPlan, tuple[str, ...]]:
+def engine_plan(
+    spec: ModelSpec, limits: ServingLimits, policy: str, *, kv_memory_bytes: int, trace: Trace | None = None
+) -> tuple[PoolPlan, tuple[str, ...]]:
     """The plan `engine:NAME` simulates, and notes on how it was made. Raises
     KvpoolError when the engine would refuse to start."""
     engine = policy.removeprefix("engine:")
@@ -52,10 +52,13 @@ def engine_plan(spec: ModelSpec, limits: ServingLimits, policy: str, *, kv_memor
         if trace is None:
             raise KvpoolError("policy engine:vllm needs a trace (its shared pool follows the traffic)")
         share = vllm_real_share(spec, report)
-        plan = plan_pools(spec, lim, kv_memory_bytes=max(1, int(kv_memory_bytes * share)),
-                          policy=Workload(trace.lengths()))
-        note = (f"engine:vllm: shared pool as the trace's split of the {share:.1%} of memory that holds "
-                "real layers (padding excluded)")
+        plan = plan_pools(
+            spec, lim, kv_memory_bytes=max(1, int(kv_memory_bytes * share)), policy=Workload(trace.lengths())
+        )
+        note = (
+            f"engine:vllm: shared pool as the trace's split of the {share:.1%} of memory that holds "
+            "real layers (padding excluded)"
+        )
         return dataclasses.replace(plan, policy=policy), (note,)
     if engine == "sglang":
         report = sglang.allocate(spec, lim, kv_memory_bytes, max_running_requests=lim.max_batch_size)

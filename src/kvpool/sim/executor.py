@@ -50,17 +50,26 @@ class Bar:
             self._tqdm.set_postfix_str(what[:40], refresh=False)
             self._tqdm.update(1)
         else:
-            print(f"{self.label}: {self.done}/{self.total} points, "
-                  f"{time.monotonic() - self.t0:.0f} s{': ' + what if what else ''}", file=sys.stderr)
+            print(
+                f"{self.label}: {self.done}/{self.total} points, "
+                f"{time.monotonic() - self.t0:.0f} s{': ' + what if what else ''}",
+                file=sys.stderr,
+            )
 
     def close(self) -> None:
         if self._tqdm is not None:
             self._tqdm.close()
 
 
-def run_all(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None = None,
-            ray_address: str | None = None, bar: Bar | None = None,
-            describe: Callable[[T], str] = lambda _: "") -> tuple[list[R], str]:
+def run_all(
+    fn: Callable[[T], R],
+    items: Sequence[T],
+    *,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    bar: Bar | None = None,
+    describe: Callable[[T], str] = lambda _: "",
+) -> tuple[list[R], str]:
     """`[fn(x) for x in items]`, serially or on Ray (module docstring), and one
     line on how it ran. `fn` must be a module-level function for Ray.
     Raises KvpoolError when `ray_address` is given and Ray is missing."""
@@ -71,14 +80,14 @@ def run_all(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None = N
         if ray_address is not None:
             raise KvpoolError("--ray-address needs Ray: pip install 'kvpool[sweep]'")
         return _serial(fn, items, bar, describe), (
-            f"Ray is not installed (pip install 'kvpool[sweep]'): ran {len(items)} points serially")
+            f"Ray is not installed (pip install 'kvpool[sweep]'): ran {len(items)} points serially"
+        )
     if not wants_ray:
         return _serial(fn, items, bar, describe), f"ran {len(items)} points serially"
     return _on_ray(fn, items, workers, ray_address, bar, describe)
 
 
-def _serial(fn: Callable[[T], R], items: Sequence[T], bar: Bar | None,
-            describe: Callable[[T], str]) -> list[R]:
+def _serial(fn: Callable[[T], R], items: Sequence[T], bar: Bar | None, describe: Callable[[T], str]) -> list[R]:
     out = []
     for x in items:
         out.append(fn(x))
@@ -87,15 +96,20 @@ def _serial(fn: Callable[[T], R], items: Sequence[T], bar: Bar | None,
     return out
 
 
-def _on_ray(fn: Callable[[T], R], items: Sequence[T], workers: int | None, address: str | None,
-            bar: Bar | None, describe: Callable[[T], str]) -> tuple[list[R], str]:
+def _on_ray(
+    fn: Callable[[T], R],
+    items: Sequence[T],
+    workers: int | None,
+    address: str | None,
+    bar: Bar | None,
+    describe: Callable[[T], str],
+) -> tuple[list[R], str]:
     import ray as ray_module  # type: ignore[import-not-found]
 
     ray: Any = ray_module  # partly untyped
     started = not ray.is_initialized()
     if started:
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                  "configure_logging": False}
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
         if address is None:
             kwargs["num_cpus"] = workers
         else:
@@ -118,8 +132,7 @@ def _on_ray(fn: Callable[[T], R], items: Sequence[T], workers: int | None, addre
                 results[i] = ray.get(ref)
                 if bar is not None:
                     bar.step(describe(items[i]))
-        return results, (f"ran {len(items)} points as Ray tasks on "
-                         f"{address or 'a local Ray'} ({cpus} CPUs)")
+        return results, (f"ran {len(items)} points as Ray tasks on {address or 'a local Ray'} ({cpus} CPUs)")
     finally:
         if started:
             ray.shutdown()

@@ -52,8 +52,8 @@ class SimResult:
     skipped: int = 0
     reuse_hit_rate: float = 0.0
     wall_s: float = 0.0
-    end_used: dict[str, int] = field(default_factory=dict)   # pages used after the last request
-    reserved: dict[str, int] = field(default_factory=dict)   # of which padding reservations
+    end_used: dict[str, int] = field(default_factory=dict)  # pages used after the last request
+    reserved: dict[str, int] = field(default_factory=dict)  # of which padding reservations
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -82,6 +82,5 @@ class SimResult:
             "tpot_p50_s": self.percentile(self.tpot_s, 50),
             "preemptions": self.preemptions,
             "graph_step_share": self.graph_step_share,
-            "pages": {name: {"total": u.total, "peak_used": u.peak_used}
-                      for name, u in self.pages.items()},
+            "pages": {name: {"total": u.total, "peak_used": u.peak_used} for name, u in self.pages.items()},
         }

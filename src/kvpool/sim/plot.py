@@ -28,14 +28,21 @@ def check_target(path: str | Path) -> None:
     kinds = _pyplot().gcf().canvas.get_supported_filetypes()
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in kinds:
-        raise KvpoolError(f"--plot {path}: cannot write a .{suffix or '(no suffix)'} file; "
-                          f"use one of .{', .'.join(sorted(kinds))}")
+        raise KvpoolError(
+            f"--plot {path}: cannot write a .{suffix or '(no suffix)'} file; use one of .{', .'.join(sorted(kinds))}"
+        )
     if not Path(path).resolve().parent.is_dir():
         raise KvpoolError(f"--plot {path}: folder {Path(path).parent} does not exist")
 
 
-def plot_runs(path: str | Path, runs: Sequence[SimResult], *, title: str = "",
-              sweep_group: str | None = None, sweep: Sequence[tuple[float, SimResult]] = ()) -> Path:
+def plot_runs(
+    path: str | Path,
+    runs: Sequence[SimResult],
+    *,
+    title: str = "",
+    sweep_group: str | None = None,
+    sweep: Sequence[tuple[float, SimResult]] = (),
+) -> Path:
     """Write a PNG to `path` (side effect). With a sweep: output tokens/s against
     the swept group's byte share, the named policies marked on the curve; else
     one bar per run (tokens/s) with its CUDA-graph step share. Returns the path."""
@@ -44,8 +51,14 @@ def plot_runs(path: str | Path, runs: Sequence[SimResult], *, title: str = "",
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     if sweep_group and sweep:
         xs = [share for share, _ in sweep]
-        ax.plot(xs, [r.output_tokens_per_s for _, r in sweep], "-o", color="0.45", ms=3.5,
-                label=f"ratio:{sweep_group}=share")
+        ax.plot(
+            xs,
+            [r.output_tokens_per_s for _, r in sweep],
+            "-o",
+            color="0.45",
+            ms=3.5,
+            label=f"ratio:{sweep_group}=share",
+        )
         markers = iter("s^Dvp*")
         for r in runs:
             x = r.plan.group(sweep_group).share
@@ -57,9 +70,13 @@ def plot_runs(path: str | Path, runs: Sequence[SimResult], *, title: str = "",
         names = [r.policy for r in runs]
         bars = ax.bar(names, [r.output_tokens_per_s for r in runs], color="0.6")
         for bar, r in zip(bars, runs, strict=True):
-            ax.annotate(f"graphs {r.graph_step_share:.0%}\npreempt {r.preemptions}",
-                        (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=8)
+            ax.annotate(
+                f"graphs {r.graph_step_share:.0%}\npreempt {r.preemptions}",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
         ax.tick_params(axis="x", labelrotation=15)
     ax.set_ylabel("output tokens / s (simulated)")
     ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.12)

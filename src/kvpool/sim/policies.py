@@ -102,9 +102,17 @@ def parse_ratio(spec: ModelSpec, text: str) -> dict[str, float]:
     return full_ratio(spec, shares)
 
 
-def plan_for(spec: ModelSpec, limits: ServingLimits, policy: str, *, kv_memory_bytes: int,
-             trace: Trace | None = None, fit: bool = False,
-             model: StepTimeModel | None = None, padding: bool = True) -> PolicyPlan:
+def plan_for(
+    spec: ModelSpec,
+    limits: ServingLimits,
+    policy: str,
+    *,
+    kv_memory_bytes: int,
+    trace: Trace | None = None,
+    fit: bool = False,
+    model: StepTimeModel | None = None,
+    padding: bool = True,
+) -> PolicyPlan:
     """The plan `policy` gives for this budget (see the module docstring).
     `model` (step times) and `padding` are what `tuned` simulates with.
     Raises KvpoolError subclasses (unknown policy, bad ratio, infeasible plan)."""
@@ -123,8 +131,7 @@ def plan_for(spec: ModelSpec, limits: ServingLimits, policy: str, *, kv_memory_b
         if trace is None:
             raise KvpoolError("policy workload needs a trace")
         lim = dataclasses.replace(limits, avg_seq_len=None)
-        plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes,
-                          policy=Workload(trace.lengths()), fit=fit)
+        plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, policy=Workload(trace.lengths()), fit=fit)
     elif policy in ENGINE_POLICIES:
         plan, engine_notes = engine_plan(spec, limits, policy, kv_memory_bytes=kv_memory_bytes, trace=trace)
         notes += engine_notes
@@ -133,13 +140,13 @@ def plan_for(spec: ModelSpec, limits: ServingLimits, policy: str, *, kv_memory_b
             raise KvpoolError(f"policy {policy} needs a trace")
         from kvpool.sim.tuned import plan_adaptive
 
-        plan, extra = plan_adaptive(spec, limits, policy, trace, model, kv_memory_bytes=kv_memory_bytes,
-                                    fit=fit, padding=padding)
+        plan, extra = plan_adaptive(
+            spec, limits, policy, trace, model, kv_memory_bytes=kv_memory_bytes, fit=fit, padding=padding
+        )
         notes.extend(extra)
     elif policy.startswith("ratio:"):
         lim = dataclasses.replace(limits, avg_seq_len=None)
-        plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes,
-                          pool_ratio=parse_ratio(spec, policy), fit=fit)
+        plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, pool_ratio=parse_ratio(spec, policy), fit=fit)
     else:
         parse_policies(policy)  # raises with the list of known policies
         raise AssertionError(policy)  # pragma: no cover
@@ -175,4 +182,3 @@ def parse_range(text: str) -> tuple[float, float]:
 
 def ratio_policy(group: str, share: float) -> str:
     return f"ratio:{group}={share:g}"
-

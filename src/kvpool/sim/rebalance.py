@@ -42,8 +42,10 @@ def split_groups(spec: ModelSpec) -> tuple[str, str]:
     """(sliding, full) group names; RebalanceError for other models."""
     kinds = {g.kind: g.name for g in spec.groups}
     if len(spec.groups) != 2 or set(kinds) != {"sliding", "full"}:
-        raise RebalanceError(f"rebalance handles one sliding and one full group; {spec.name} has "
-                             f"{', '.join(g.kind for g in spec.groups)}")
+        raise RebalanceError(
+            f"rebalance handles one sliding and one full group; {spec.name} has "
+            f"{', '.join(g.kind for g in spec.groups)}"
+        )
     return kinds["sliding"], kinds["full"]
 
 
@@ -52,8 +54,7 @@ def pages_for_share(plan: PoolPlan, group: str, share: float) -> dict[str, int]:
     s, f = split_groups(plan.spec)
     other = f if group == s else s
     gb, ob = plan.group(group).page_bytes, plan.group(other).page_bytes
-    return {group: int(plan.budget_bytes * share // gb),
-            other: int(plan.budget_bytes * (1 - share) // ob)}
+    return {group: int(plan.budget_bytes * share // gb), other: int(plan.budget_bytes * (1 - share) // ob)}
 
 
 @dataclass
@@ -63,14 +64,13 @@ class BallastPools:
     manager: KVCacheManager
     sliding: str
     full: str
-    totals: dict[str, int]                        # pages the manager was built with
+    totals: dict[str, int]  # pages the manager was built with
     page_bytes: dict[str, int]
     units: list[tuple[int, int, bool]] = field(default_factory=list)  # (rid, tokens, is_gen)
     held: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, plan: PoolPlan, *, low: float, high: float, enable_reuse: bool
-              ) -> BallastPools:
+    def build(cls, plan: PoolPlan, *, low: float, high: float, enable_reuse: bool) -> BallastPools:
         """A manager whose pools can hold any sliding share in [low, high]."""
         s, f = split_groups(plan.spec)
         lo, hi = pages_for_share(plan, s, low), pages_for_share(plan, s, high)
@@ -82,8 +82,9 @@ class BallastPools:
         span = (hi[s] - lo[s]) + (lo[f] - hi[f])
         margin_s = span * b // max(a - b, 1) + 2 * (-(-(window + tpb) // tpb)) + 2
         totals = {s: hi[s] + margin_s, f: lo[f] + margin_s + (hi[s] - lo[s])}
-        mgr = KVCacheManager(PoolPlan.from_pages(plan.spec, totals, plan.limits, policy="rebalance"),
-                             enable_reuse=enable_reuse)
+        mgr = KVCacheManager(
+            PoolPlan.from_pages(plan.spec, totals, plan.limits, policy="rebalance"), enable_reuse=enable_reuse
+        )
         page_bytes = {gp.name: gp.page_bytes for gp in plan.groups}
         return cls(mgr, s, f, totals, page_bytes, [], {s: 0, f: 0})
 

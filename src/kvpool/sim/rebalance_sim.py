@@ -50,10 +50,17 @@ class RebalanceLog:
         return out
 
 
-def simulate_rebalanced(plan: PoolPlan, trace: Trace, model: StepTimeModel, *,
-                        rebalancer: Rebalancer | None = None, dry_run: bool = False,
-                        padding: bool = True, low: float = 0.02, high: float = 0.98,
-                        ) -> tuple[SimResult, RebalanceLog]:
+def simulate_rebalanced(
+    plan: PoolPlan,
+    trace: Trace,
+    model: StepTimeModel,
+    *,
+    rebalancer: Rebalancer | None = None,
+    dry_run: bool = False,
+    padding: bool = True,
+    low: float = 0.02,
+    high: float = 0.98,
+) -> tuple[SimResult, RebalanceLog]:
     """Replay `trace` starting from `plan`'s split, moving it online. With
     `dry_run` the split never changes and the log says what would have moved."""
     limits = plan.limits
@@ -63,16 +70,23 @@ def simulate_rebalanced(plan: PoolPlan, trace: Trace, model: StepTimeModel, *,
     budget = sum(g.bytes for g in plan.groups)
     pools.set_sizes({g.name: g.pages for g in plan.groups}, budget)
     manager = pools.manager
-    reb = rebalancer or Rebalancer(plan.spec, limits.max_seq_len, plan.budget_bytes,
-                                   {g.name: g.page_bytes for g in plan.groups}, low=low, high=high)
+    reb = rebalancer or Rebalancer(
+        plan.spec,
+        limits.max_seq_len,
+        plan.budget_bytes,
+        {g.name: g.page_bytes for g in plan.groups},
+        low=low,
+        high=high,
+    )
     report = manager.warmup(limits.graph_batch_sizes, draft_lens=(0,))
     pads = {d: r for d, r in report.padding.items() if r is not None}
     if not padding:
         for rid in pads.values():
             manager.free(rid)
         pads = {}
-    sched = Scheduler(manager, limits, padding=padding, captured=report.captured,
-                      padding_rids=pads, enable_reuse=use_reuse)
+    sched = Scheduler(
+        manager, limits, padding=padding, captured=report.captured, padding_rids=pads, enable_reuse=use_reuse
+    )
     log = RebalanceLog()
     n = len(trace)
     arrivals = (trace.arrival_s if trace.arrival_s is not None else np.zeros(n)).tolist()
@@ -147,21 +161,31 @@ def simulate_rebalanced(plan: PoolPlan, trace: Trace, model: StepTimeModel, *,
             reb.last_move = steps
             want = pages_for_share(plan, s, target)
             want = {g: max(p - 2, 1) for g, p in want.items()}  # slack for whole pages
-            if dry_run:
-                moved = {g: want[g] - pools.size(g) for g in groups}
-            else:
-                moved = pools.set_sizes(want, budget)
+            moved = {g: want[g] - pools.size(g) for g in groups} if dry_run else pools.set_sizes(want, budget)
             new_share = share_now if dry_run else pools.size(s) * pools.page_bytes[s] / pools.bytes_now()
             log.moves.append(Move(steps, now, share_now, new_share, target, moved, not dry_run))
             share_now = new_share
     makespan = last_finish - float(arrivals[0]) if n else 0.0
-    usage = {g: GroupUsage(pools.size(g), peak[g], used_time[g] / now if now > 0 else 0.0)
-             for g in groups}
+    usage = {g: GroupUsage(pools.size(g), peak[g], used_time[g] / now if now > 0 else 0.0) for g in groups}
     result = SimResult(
-        policy="rebalance" + (" (dry run)" if dry_run else ""), plan=plan, num_requests=n,
-        finished=finished, rejected=rejected, output_tokens=out_tokens, makespan_s=makespan,
-        ttft_s=np.asarray(ttft), tpot_s=np.asarray(tpot), preemptions=sched.num_preemptions,
-        steps=steps, decode_steps=decode_steps, decode_only_steps=decode_only,
-        graph_steps=graph_steps, padding_failures=0, pages=usage, captured=len(report.captured),
-        skipped=len(report.skipped), wall_s=time.perf_counter() - wall0)
+        policy="rebalance" + (" (dry run)" if dry_run else ""),
+        plan=plan,
+        num_requests=n,
+        finished=finished,
+        rejected=rejected,
+        output_tokens=out_tokens,
+        makespan_s=makespan,
+        ttft_s=np.asarray(ttft),
+        tpot_s=np.asarray(tpot),
+        preemptions=sched.num_preemptions,
+        steps=steps,
+        decode_steps=decode_steps,
+        decode_only_steps=decode_only,
+        graph_steps=graph_steps,
+        padding_failures=0,
+        pages=usage,
+        captured=len(report.captured),
+        skipped=len(report.skipped),
+        wall_s=time.perf_counter() - wall0,
+    )
     return result, log

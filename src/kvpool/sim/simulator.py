@@ -142,8 +142,7 @@ def simulate(
         idle_steps = 0
         used_now = [totals[k] - manager.free_pages(g) for k, g in enumerate(groups)]
         peak = [max(p, u) for p, u in zip(peak, used_now, strict=True)]
-        if fast and (run := _decode_run(sched, step, model, now, arrival_list, nxt, manager,
-                                        groups)) is not None:
+        if fast and (run := _decode_run(sched, step, model, now, arrival_list, nxt, manager, groups)) is not None:
             times, done, free_after = run
             dt = float(times.sum())
             for k in range(len(groups)):  # pages grow about linearly over a run: trapezoid
@@ -173,32 +172,50 @@ def simulate(
         if on_step is not None:
             on_step(manager)
         if progress is not None and tally.steps % progress_every == 0:
-            progress(Progress(policy or plan.policy, tally.finished + rejected, n, now,
-                              time.perf_counter() - wall0))
+            progress(Progress(policy or plan.policy, tally.finished + rejected, n, now, time.perf_counter() - wall0))
 
     t = tally
     makespan = t.last_finish - float(arrivals[0]) if n else 0.0
     stats = manager.stats()
     if check:
         manager.check_integrity()
-    usage = {g: GroupUsage(totals[k], peak[k], used_time[k] / now if now > 0 else 0.0)
-             for k, g in enumerate(groups)}
+    usage = {g: GroupUsage(totals[k], peak[k], used_time[k] / now if now > 0 else 0.0) for k, g in enumerate(groups)}
     return SimResult(
-        policy=policy or plan.policy, plan=plan, num_requests=n, finished=t.finished,
-        rejected=rejected, output_tokens=t.out_tokens, makespan_s=makespan,
-        ttft_s=np.asarray(t.ttft), tpot_s=np.asarray(t.tpot), preemptions=sched.num_preemptions,
-        steps=t.steps, decode_steps=t.decode_steps, decode_only_steps=t.decode_only,
-        graph_steps=t.graph_steps, padding_failures=t.pad_fail, pages=usage,
-        captured=len(report.captured), skipped=len(report.skipped),
-        reuse_hit_rate=stats.hit_rate, wall_s=time.perf_counter() - wall0,
+        policy=policy or plan.policy,
+        plan=plan,
+        num_requests=n,
+        finished=t.finished,
+        rejected=rejected,
+        output_tokens=t.out_tokens,
+        makespan_s=makespan,
+        ttft_s=np.asarray(t.ttft),
+        tpot_s=np.asarray(t.tpot),
+        preemptions=sched.num_preemptions,
+        steps=t.steps,
+        decode_steps=t.decode_steps,
+        decode_only_steps=t.decode_only,
+        graph_steps=t.graph_steps,
+        padding_failures=t.pad_fail,
+        pages=usage,
+        captured=len(report.captured),
+        skipped=len(report.skipped),
+        reuse_hit_rate=stats.hit_rate,
+        wall_s=time.perf_counter() - wall0,
         end_used={g: totals[k] - manager.free_pages(g) for k, g in enumerate(groups)},
         reserved={g: stats.groups[g].reserved for g in groups},
     )
 
 
-def _decode_run(sched: Scheduler, step: Step, model: StepTimeModel, now: float,
-                arrivals: list[float], nxt: int, manager: KVCacheManager, groups: list[str],
-                ) -> tuple[np.ndarray, list[Sequence], list[int]] | None:
+def _decode_run(
+    sched: Scheduler,
+    step: Step,
+    model: StepTimeModel,
+    now: float,
+    arrivals: list[float],
+    nxt: int,
+    manager: KVCacheManager,
+    groups: list[str],
+) -> tuple[np.ndarray, list[Sequence], list[int]] | None:
     """Run `step` and the identical steps after it at once, up to the first
     finish and not past the next arrival (a request arriving during a step
     joins at the next one). Returns (per-step times, finished, free pages per
@@ -206,8 +223,9 @@ def _decode_run(sched: Scheduler, step: Step, model: StepTimeModel, now: float,
     limit = decode_run_limit(sched, step)
     if limit < 2:
         return None
-    times = model.decode_run_times([s.num_computed for s, _ in step.decodes], limit,
-                                   graph=step.graph, padded_batch=step.padded_batch_size)
+    times = model.decode_run_times(
+        [s.num_computed for s, _ in step.decodes], limit, graph=step.graph, padded_batch=step.padded_batch_size
+    )
     if nxt < len(arrivals):
         starts = now + np.cumsum(times[:-1])  # start times of steps 2..limit
         limit = 1 + int(np.searchsorted(starts, arrivals[nxt], side="left"))

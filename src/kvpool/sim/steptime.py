@@ -54,11 +54,11 @@ from kvpool.sched import Step
 from kvpool.spec import LayerGroup, ModelSpec
 from kvpool.spec.families import head_dim, split_heads
 
-LAUNCH_S = 10e-6          # one eager op: Python dispatch + cudaLaunchKernel
-KERNELS_PER_LAYER = 10    # norms, QKV, RoPE, attention, O, residuals, gate/up, act, down
+LAUNCH_S = 10e-6  # one eager op: Python dispatch + cudaLaunchKernel
+KERNELS_PER_LAYER = 10  # norms, QKV, RoPE, attention, O, residuals, gate/up, act, down
 MOE_KERNELS_PER_LAYER = 4  # router, top-k, permute, un-permute
-KERNELS_PER_STEP = 6      # embedding, final norm, LM head, sampling, input copies
-REPLAY_S = 20e-6          # one cudaGraphLaunch of a whole decode step
+KERNELS_PER_STEP = 6  # embedding, final norm, LM head, sampling, input copies
+REPLAY_S = 20e-6  # one cudaGraphLaunch of a whole decode step
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,7 @@ def params_table() -> dict[str, Any]:
     return table
 
 
-def load_weights(model: str, *, weights_bytes: float | None = None,
-                 active_params: float | None = None) -> Weights:
+def load_weights(model: str, *, weights_bytes: float | None = None, active_params: float | None = None) -> Weights:
     """Weight facts for a bundled model, or from `weights_bytes` (a dense model of
     that many bytes at 2 bytes per parameter unless the table knows better).
     `active_params` overrides the active count. Raises KvpoolError when neither
@@ -93,21 +92,30 @@ def load_weights(model: str, *, weights_bytes: float | None = None,
             f"[and --active-params for MoE]; known: {', '.join(sorted(params_table()))}"
         )
     if row is not None:
-        w = Weights(float(row["total_params"]), float(row["active_params"]),
-                    float(row["weight_bytes_per_param"]), row.get("num_experts"),
-                    row.get("experts_per_token"), str(row["source"]))
+        w = Weights(
+            float(row["total_params"]),
+            float(row["active_params"]),
+            float(row["weight_bytes_per_param"]),
+            row.get("num_experts"),
+            row.get("experts_per_token"),
+            str(row["source"]),
+        )
     else:
         assert weights_bytes is not None
         w = Weights(weights_bytes / 2.0, weights_bytes / 2.0, source="--weights-bytes")
     if weights_bytes is not None:
-        w = Weights(weights_bytes / w.bytes_per_param, w.active_params * weights_bytes
-                    / (w.total_params * w.bytes_per_param), w.bytes_per_param,
-                    w.num_experts, w.experts_per_token, "--weights-bytes")
+        w = Weights(
+            weights_bytes / w.bytes_per_param,
+            w.active_params * weights_bytes / (w.total_params * w.bytes_per_param),
+            w.bytes_per_param,
+            w.num_experts,
+            w.experts_per_token,
+            "--weights-bytes",
+        )
     if active_params is not None:
         if active_params <= 0 or active_params > w.total_params:
             raise KvpoolError(f"active params {active_params:g} must be in (0, {w.total_params:g}]")
-        w = Weights(w.total_params, active_params, w.bytes_per_param, w.num_experts,
-                    w.experts_per_token, w.source)
+        w = Weights(w.total_params, active_params, w.bytes_per_param, w.num_experts, w.experts_per_token, w.source)
     return w
 
 
@@ -198,11 +206,13 @@ class StepTimeModel:
         return self.time(
             [(s.num_computed, k) for s, k in step.decodes],
             [(start, n) for _, start, n in step.prefills],
-            graph=step.graph, padded_batch=step.padded_batch_size,
+            graph=step.graph,
+            padded_batch=step.padded_batch_size,
         )
 
-    def decode_run_times(self, histories: Seq[int], steps: int, *, graph: bool = False,
-                         padded_batch: int | None = None) -> npt.NDArray[np.float64]:
+    def decode_run_times(
+        self, histories: Seq[int], steps: int, *, graph: bool = False, padded_batch: int | None = None
+    ) -> npt.NDArray[np.float64]:
         """Seconds of each of `steps` decode-only steps in a row (no drafts), the
         rows starting at `histories` and each step adding one position: the
         same arithmetic as `time`, vectorised over the steps."""
@@ -223,8 +233,14 @@ class StepTimeModel:
         result: npt.NDArray[np.float64] = roofline + (self.replay_s if graph else self.eager_overhead_s)
         return result
 
-    def time(self, decodes: Seq[tuple[int, int]], prefills: Seq[tuple[int, int]], *,
-             graph: bool = False, padded_batch: int | None = None) -> float:
+    def time(
+        self,
+        decodes: Seq[tuple[int, int]],
+        prefills: Seq[tuple[int, int]],
+        *,
+        graph: bool = False,
+        padded_batch: int | None = None,
+    ) -> float:
         """Seconds for a step of decode rows (history, drafts) and prefill chunks
         (start, tokens). A graph step computes its padded rows too."""
         rows = len(decodes)

@@ -37,8 +37,15 @@ from typing import Any
 
 from kvpool.errors import KvpoolError
 
-ROW_METRICS = ("output_tokens_per_s", "requests_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
-               "preemptions", "graph_step_share")
+ROW_METRICS = (
+    "output_tokens_per_s",
+    "requests_per_s",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "preemptions",
+    "graph_step_share",
+)
 
 
 class GridError(KvpoolError, ValueError):
@@ -87,8 +94,9 @@ def load_grid(path: str | Path) -> dict[str, Any]:
         try:
             import yaml  # type: ignore[import-untyped,import-not-found]
         except ImportError:
-            raise GridError("a YAML grid needs pyyaml: pip install 'kvpool[sweep]' "
-                            "(or write the grid as .json)") from None
+            raise GridError(
+                "a YAML grid needs pyyaml: pip install 'kvpool[sweep]' (or write the grid as .json)"
+            ) from None
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as e:
@@ -126,8 +134,10 @@ def expand_grid(grid: Mapping[str, Any]) -> list[Point]:
     points = []
     for values in itertools.product(*axes.values()):
         for policy in policies:
-            fields: dict[str, Any] = {k: (str(v) if k in ("kv_memory", "rate") and v is not None else v)
-                      for k, v in zip(names, values, strict=True)}
+            fields: dict[str, Any] = {
+                k: (str(v) if k in ("kv_memory", "rate") and v is not None else v)
+                for k, v in zip(names, values, strict=True)
+            }
             try:
                 points.append(Point(**fields, policy=policy))
             except TypeError as e:  # pragma: no cover - names were checked above
@@ -149,13 +159,24 @@ def run_point(point: Point) -> dict[str, Any]:
     row: dict[str, Any] = dataclasses.asdict(point)
     try:
         spec = load_model_spec(point.model, kv_dtype=point.kv_dtype, max_seq_len=point.max_seq_len)
-        limits = ServingLimits(max_batch_size=point.max_batch_size, max_seq_len=point.max_seq_len,
-                               max_num_tokens=point.max_num_tokens, avg_seq_len=point.avg_seq_len)
+        limits = ServingLimits(
+            max_batch_size=point.max_batch_size,
+            max_seq_len=point.max_seq_len,
+            max_num_tokens=point.max_num_tokens,
+            avg_seq_len=point.avg_seq_len,
+        )
         rate = None if point.rate in ("", "none", "trace") else float(point.rate)
         trace = load_trace(point.trace, max_requests=point.max_requests).with_rate(rate, point.seed)
         model = StepTimeModel.build(spec, load_gpu(point.gpu), load_weights(point.model))
-        pp = plan_for(spec, limits, point.policy, kv_memory_bytes=parse_size(point.kv_memory),
-                      trace=trace, model=model, padding=point.padding)
+        pp = plan_for(
+            spec,
+            limits,
+            point.policy,
+            kv_memory_bytes=parse_size(point.kv_memory),
+            trace=trace,
+            model=model,
+            padding=point.padding,
+        )
         result = simulate(pp.plan, trace, model, policy=point.policy, padding=point.padding)
     except (KvpoolError, ValueError) as e:
         return {**row, "error": str(e)}
@@ -173,6 +194,7 @@ def run_point(point: Point) -> dict[str, Any]:
 def best_shares(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Each row's throughput as a share of the best `ratio:` row of its
     combination (same fields but the policy); rows without a swept best get None."""
+
     def key(r: Mapping[str, Any]) -> tuple[Any, ...]:
         return tuple(r[f] for f in FIELDS if f != "policy")
 
@@ -183,7 +205,7 @@ def best_shares(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         b = best.get(key(r))
-        share = (float(r["output_tokens_per_s"]) / b if b and "error" not in r else None)
+        share = float(r["output_tokens_per_s"]) / b if b and "error" not in r else None
         out.append({**r, "share_of_best": share})
     return out
 
@@ -195,8 +217,7 @@ def write_rows(rows: Sequence[Mapping[str, Any]], out: str | Path) -> list[Path]
     if base.suffix.lower() in (".json", ".csv"):
         base = base.with_suffix("")
     paths = [base.with_suffix(".json"), base.with_suffix(".csv")]
-    clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
-             for r in rows]
+    clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()} for r in rows]
     paths[0].write_text(json.dumps({"points": clean}, indent=1) + "\n")
     columns: list[str] = []
     for r in clean:

@@ -31,13 +31,20 @@ def plot_sweep(path: str | Path, rows: Sequence[Mapping[str, Any]], group: str |
     if group and any(col in r for r in ok):
         markers = "s^Dvp*hX"
         for c, (name, rs) in enumerate(combos.items()):
-            sweep = sorted((r[col], r["output_tokens_per_s"]) for r in rs
-                           if str(r["policy"]).startswith("ratio:") and col in r)
+            sweep = sorted(
+                (r[col], r["output_tokens_per_s"]) for r in rs if str(r["policy"]).startswith("ratio:") and col in r
+            )
             line = ax.plot([x for x, _ in sweep], [y for _, y in sweep], "-o", ms=3, label=name)
             color = line[0].get_color()
             for k, r in enumerate(x for x in rs if not str(x["policy"]).startswith("ratio:")):
-                ax.plot([r[col]], [r["output_tokens_per_s"]], markers[k % len(markers)], ms=8,
-                        color=color, label=f"{r['policy']} ({name})" if c == 0 else r["policy"])
+                ax.plot(
+                    [r[col]],
+                    [r["output_tokens_per_s"]],
+                    markers[k % len(markers)],
+                    ms=8,
+                    color=color,
+                    label=f"{r['policy']} ({name})" if c == 0 else r["policy"],
+                )
         ax.set_xlabel(f"byte share of group '{group}'")
         xs = [r[col] for r in ok if col in r]
         if xs and min(xs) > 0 and max(xs) / min(xs) >= 20:

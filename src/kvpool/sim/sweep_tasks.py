@@ -37,10 +37,21 @@ def run_task(task: SimTask) -> SimResult | str:
         return str(e)
 
 
-def run_shares(spec: ModelSpec, limits: ServingLimits, group: str, shares: list[float],
-               trace: Trace, model: StepTimeModel, *, kv_memory_bytes: int, fit: bool = False,
-               padding: bool = True, workers: int | None = None, ray_address: str | None = None,
-               progress: bool = True) -> tuple[list[tuple[float, SimResult]], list[str]]:
+def run_shares(
+    spec: ModelSpec,
+    limits: ServingLimits,
+    group: str,
+    shares: list[float],
+    trace: Trace,
+    model: StepTimeModel,
+    *,
+    kv_memory_bytes: int,
+    fit: bool = False,
+    padding: bool = True,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    progress: bool = True,
+) -> tuple[list[tuple[float, SimResult]], list[str]]:
     """The `ratio:GROUP=SHARE` runs of a sweep, in share order, and notes (skipped
     shares, how the points ran)."""
     notes: list[str] = []
@@ -55,8 +66,14 @@ def run_shares(spec: ModelSpec, limits: ServingLimits, group: str, shares: list[
         tasks.append((share, SimTask(policy, pp.plan, trace, model, padding)))
     bar = Bar(len(tasks), "sweep", enabled=progress)
     try:
-        results, how = run_all(run_task, [t for _, t in tasks], workers=workers,
-                               ray_address=ray_address, bar=bar, describe=lambda t: t.label)
+        results, how = run_all(
+            run_task,
+            [t for _, t in tasks],
+            workers=workers,
+            ray_address=ray_address,
+            bar=bar,
+            describe=lambda t: t.label,
+        )
     finally:
         bar.close()
     out = []

@@ -68,9 +68,11 @@ class Tuned:
 
     def notes(self) -> tuple[str, ...]:
         best = max(v for _, v in self.evals)
-        return (f"tuned: {len(self.evals)} simulator runs on a {self.sample_size}-request sample "
-                f"of the trace; best {self.group} share {self.share:.4g} at "
-                f"{best:,.0f} tok/s on the sample; start: occupancy ratio",)
+        return (
+            f"tuned: {len(self.evals)} simulator runs on a {self.sample_size}-request sample "
+            f"of the trace; best {self.group} share {self.share:.4g} at "
+            f"{best:,.0f} tok/s on the sample; start: occupancy ratio",
+        )
 
 
 def sample_trace(trace: Trace, size: int = DEFAULT_SAMPLE, chunks: int = 4) -> Trace:
@@ -89,14 +91,19 @@ def sample_trace(trace: Trace, size: int = DEFAULT_SAMPLE, chunks: int = 4) -> T
     if trace.arrival_s is not None:
         parts, offset = [], 0.0
         for s in starts:
-            t = trace.arrival_s[s:s + block] - trace.arrival_s[s]
+            t = trace.arrival_s[s : s + block] - trace.arrival_s[s]
             parts.append(t + offset)
-            gap = float(np.diff(trace.arrival_s[s:s + block]).mean()) if block > 1 else 0.0
+            gap = float(np.diff(trace.arrival_s[s : s + block]).mean()) if block > 1 else 0.0
             offset += float(t[-1]) + gap
         arrivals = np.concatenate(parts)
-    return replace(trace, name=f"{trace.name} (sample {len(idx)})", prompt_len=trace.prompt_len[idx],
-                   output_len=trace.output_len[idx], arrival_s=arrivals,
-                   hash_ids=None if trace.hash_ids is None else tuple(trace.hash_ids[i] for i in idx))
+    return replace(
+        trace,
+        name=f"{trace.name} (sample {len(idx)})",
+        prompt_len=trace.prompt_len[idx],
+        output_len=trace.output_len[idx],
+        arrival_s=arrivals,
+        hash_ids=None if trace.hash_ids is None else tuple(trace.hash_ids[i] for i in idx),
+    )
 
 
 def tuned_group(spec: ModelSpec) -> str:
@@ -106,17 +113,29 @@ def tuned_group(spec: ModelSpec) -> str:
 
 def _with_share(ratio: dict[str, float], group: str, share: float) -> dict[str, float]:
     rest = 1.0 - ratio[group]
-    out = {k: (v / rest * (1 - share) if rest > 0 else (1 - share) / (len(ratio) - 1))
-           for k, v in ratio.items() if k != group}
+    out = {
+        k: (v / rest * (1 - share) if rest > 0 else (1 - share) / (len(ratio) - 1))
+        for k, v in ratio.items()
+        if k != group
+    }
     out[group] = share
     return out
 
 
-def tune(spec: ModelSpec, limits: ServingLimits, trace: Trace, model: StepTimeModel, *,
-         kv_memory_bytes: int, fit: bool = False, padding: bool = True,
-         sample: int = DEFAULT_SAMPLE, max_evals: int = DEFAULT_EVALS,
-         extra_shares: tuple[float, ...] = (),
-         run: Callable[[PoolPlan, Trace], float] | None = None) -> Tuned:
+def tune(
+    spec: ModelSpec,
+    limits: ServingLimits,
+    trace: Trace,
+    model: StepTimeModel,
+    *,
+    kv_memory_bytes: int,
+    fit: bool = False,
+    padding: bool = True,
+    sample: int = DEFAULT_SAMPLE,
+    max_evals: int = DEFAULT_EVALS,
+    extra_shares: tuple[float, ...] = (),
+    run: Callable[[PoolPlan, Trace], float] | None = None,
+) -> Tuned:
     """Search the split (module docstring). `extra_shares`: more candidates
     (e.g. the reference and workload shares), tried after the first grid.
     `run(plan, trace)` -> tok/s overrides the simulator (for tests).
@@ -135,8 +154,7 @@ def tune(spec: ModelSpec, limits: ServingLimits, trace: Trace, model: StepTimeMo
 
     def plan_at(share: float) -> PoolPlan:
         ratio = start if share == start[group] else _with_share(start, group, share)
-        return plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes,
-                          policy=FixedRatio("tuned", ratio), fit=fit)
+        return plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, policy=FixedRatio("tuned", ratio), fit=fit)
 
     def score(share: float) -> None:
         share = float(f"{min(max(share, 1e-4), 1 - 1e-4):.4g}")
@@ -173,15 +191,23 @@ def tune(spec: ModelSpec, limits: ServingLimits, trace: Trace, model: StepTimeMo
         step /= 2
     best_share, best_value = max(order, key=lambda sv: sv[1])
     if best_value == -math.inf:
-        raise KvpoolError(f"tuned: no split of {group} between "
-                          f"{min(seen):.3g} and {max(seen):.3g} gives a feasible plan")
-    return Tuned(plans[best_share], group, best_share, tuple(order), len(sub),
-                 time.perf_counter() - t0)
+        raise KvpoolError(
+            f"tuned: no split of {group} between {min(seen):.3g} and {max(seen):.3g} gives a feasible plan"
+        )
+    return Tuned(plans[best_share], group, best_share, tuple(order), len(sub), time.perf_counter() - t0)
 
 
-def plan_adaptive(spec: ModelSpec, limits: ServingLimits, policy: str, trace: Trace,
-                  model: StepTimeModel | None, *, kv_memory_bytes: int, fit: bool = False,
-                  padding: bool = True) -> tuple[PoolPlan, tuple[str, ...]]:
+def plan_adaptive(
+    spec: ModelSpec,
+    limits: ServingLimits,
+    policy: str,
+    trace: Trace,
+    model: StepTimeModel | None,
+    *,
+    kv_memory_bytes: int,
+    fit: bool = False,
+    padding: bool = True,
+) -> tuple[PoolPlan, tuple[str, ...]]:
     """The `occupancy` or `tuned` plan and notes on what it assumed. `tuned`
     also tries the `reference` and `workload` shares on the sample."""
     lim = dataclasses.replace(limits, avg_seq_len=None)
@@ -195,8 +221,12 @@ def plan_adaptive(spec: ModelSpec, limits: ServingLimits, policy: str, trace: Tr
     extra = []
     if len(spec.groups) > 1:
         extra.append(plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, fit=fit).group(group).share)
-        extra.append(plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, fit=fit,
-                                policy=Workload(trace.lengths())).group(group).share)
-    result = tune(spec, limits, trace, model, kv_memory_bytes=kv_memory_bytes, fit=fit,
-                  padding=padding, extra_shares=tuple(extra))
+        extra.append(
+            plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, fit=fit, policy=Workload(trace.lengths()))
+            .group(group)
+            .share
+        )
+    result = tune(
+        spec, limits, trace, model, kv_memory_bytes=kv_memory_bytes, fit=fit, padding=padding, extra_shares=tuple(extra)
+    )
     return result.plan, notes + result.notes()

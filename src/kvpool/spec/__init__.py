@@ -14,7 +14,19 @@ from kvpool.spec.pages import (
 )
 
 __all__ = [
-    "KV_DTYPES", "RULES", "Kind", "KindRule", "LayerGroup", "ModelSpec", "Shape", "batch_pages",
-    "decode_worst_case_pages", "kind_rule", "load_model_spec", "pages_needed", "pages_per_group", "register_kind",
+    "KV_DTYPES",
+    "RULES",
+    "Kind",
+    "KindRule",
+    "LayerGroup",
+    "ModelSpec",
+    "Shape",
+    "batch_pages",
+    "decode_worst_case_pages",
+    "kind_rule",
+    "load_model_spec",
+    "pages_needed",
+    "pages_per_group",
+    "register_kind",
     "stale_pages",
 ]

@@ -17,29 +17,59 @@ _MISTRAL = "transformers MistralConfig (models/mistral/configuration_mistral.py)
 
 # model_type -> (source, {field: default}). Only fields that change what a layer caches.
 DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "gemma3_text": (_GEMMA3, {
-        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
-        "head_dim": 256, "hidden_size": 2304, "sliding_window": 4096,
-        "max_position_embeddings": 131072,
-        # layer i is global when (i + 1) % 6 == 0 (the class's sliding_window_pattern)
-        "sliding_window_pattern": 6,
-    }),
-    "gemma2": (_GEMMA2, {
-        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
-        "head_dim": 256, "hidden_size": 2304, "sliding_window": 4096,
-        "max_position_embeddings": 8192,
-    }),
-    "mistral": (_MISTRAL, {
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "head_dim": 128, "hidden_size": 4096, "sliding_window": 4096,
-        "max_position_embeddings": 131072,
-    }),
-    "jamba": ("transformers JambaConfig (models/jamba/configuration_jamba.py)", {
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "hidden_size": 4096, "max_position_embeddings": 262144,
-        "attn_layer_period": 8, "attn_layer_offset": 4,
-        "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
-    }),
+    "gemma3_text": (
+        _GEMMA3,
+        {
+            "num_hidden_layers": 26,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "hidden_size": 2304,
+            "sliding_window": 4096,
+            "max_position_embeddings": 131072,
+            # layer i is global when (i + 1) % 6 == 0 (the class's sliding_window_pattern)
+            "sliding_window_pattern": 6,
+        },
+    ),
+    "gemma2": (
+        _GEMMA2,
+        {
+            "num_hidden_layers": 26,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "hidden_size": 2304,
+            "sliding_window": 4096,
+            "max_position_embeddings": 8192,
+        },
+    ),
+    "mistral": (
+        _MISTRAL,
+        {
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "hidden_size": 4096,
+            "sliding_window": 4096,
+            "max_position_embeddings": 131072,
+        },
+    ),
+    "jamba": (
+        "transformers JambaConfig (models/jamba/configuration_jamba.py)",
+        {
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "hidden_size": 4096,
+            "max_position_embeddings": 262144,
+            "attn_layer_period": 8,
+            "attn_layer_offset": 4,
+            "mamba_d_state": 16,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+        },
+    ),
 }
 # A multimodal wrapper whose text_config names no model_type of its own.
 ALIASES = {"gemma3": "gemma3_text"}

@@ -11,8 +11,11 @@ KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8", "nvfp4")
 
 # What a config's `torch_dtype` / `dtype` field means for `auto`.
 _CONFIG_DTYPES = {
-    "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
-    "float32": "fp32", "float": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
 }
 _BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 

@@ -213,8 +213,13 @@ def gated_deltanet(config: Config, ctx: Context) -> list[LayerCache]:
     def get(key: str) -> Any:  # nested (`linear_attention: {...}`) or top-level HF keys
         return lin.get(key, lin.get(key.removeprefix("linear_"), config.get(key)))
 
-    fields = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-              "linear_value_head_dim", "linear_conv_kernel_dim")
+    fields = (
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_conv_kernel_dim",
+    )
     values: dict[str, int] = {}
     for f in fields:
         value = get(f)
@@ -232,4 +237,3 @@ def gated_deltanet(config: Config, ctx: Context) -> list[LayerCache]:
         if t == "linear_attention":
             out.append(LayerCache("linear_state", "state", i, state_bytes=state))
     return out
-

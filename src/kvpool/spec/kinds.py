@@ -210,7 +210,8 @@ class Compressed(KindRule):
         if g.tokens_per_block % g.ratio:
             raise SpecError(
                 f"tokens_per_block {g.tokens_per_block} is not a multiple of compress ratio "
-                f"{g.ratio} (group {g.name}); use a multiple of {g.ratio}")
+                f"{g.ratio} (group {g.name}); use a multiple of {g.ratio}"
+            )
 
     def rows_per_page(self, g: Life) -> int:
         assert g.ratio is not None

@@ -107,8 +107,7 @@ def nemotron_h(config: Config, ctx: Context) -> list[LayerCache]:
     heads = split_heads(int(need(config, "mamba_num_heads")), ctx.tp_size)
     groups = split_heads(int(need(config, "n_groups")), ctx.tp_size)
     p, s = int(need(config, "mamba_head_dim")), int(need(config, "ssm_state_size"))
-    conv = row_bytes((heads * p + 2 * groups * s) * (int(need(config, "conv_kernel")) - 1),
-                     model_dtype(config))
+    conv = row_bytes((heads * p + 2 * groups * s) * (int(need(config, "conv_kernel")) - 1), model_dtype(config))
     ssm_dtype = model_dtype({"torch_dtype": config.get("mamba_ssm_cache_dtype", "float32")})
     state = conv + row_bytes(heads * p * s, ssm_dtype)
     kv = attention_kv(kv_heads(config), head_dim(config), ctx)

@@ -13,14 +13,38 @@ from kvpool.errors import SpecError
 
 # Counts that must be positive integers when present (null means "not set").
 POSITIVE_INTS = (
-    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size",
-    "sliding_window", "sliding_window_pattern", "attention_chunk_size", "max_position_embeddings",
-    "kv_lora_rank", "qk_rope_head_dim", "index_head_dim", "full_attention_interval",
-    "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-    "linear_value_head_dim", "linear_conv_kernel_dim", "no_rope_layer_interval",
-    "global_head_dim", "num_global_key_value_heads", "attn_layer_period",
-    "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_n_heads", "mamba_d_head",
-    "mamba_n_groups", "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_size",
+    "sliding_window",
+    "sliding_window_pattern",
+    "attention_chunk_size",
+    "max_position_embeddings",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "index_head_dim",
+    "full_attention_interval",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    "no_rope_layer_interval",
+    "global_head_dim",
+    "num_global_key_value_heads",
+    "attn_layer_period",
+    "mamba_d_state",
+    "mamba_d_conv",
+    "mamba_expand",
+    "mamba_n_heads",
+    "mamba_d_head",
+    "mamba_n_groups",
+    "mamba_num_heads",
+    "mamba_head_dim",
+    "n_groups",
+    "ssm_state_size",
     "conv_kernel",
 )
 NON_NEGATIVE_INTS = ("max_window_layers", "attn_layer_offset")
@@ -28,8 +52,13 @@ NON_NEGATIVE_INTS = ("max_window_layers", "attn_layer_offset")
 REQUIRED = {
     "deepseek_v3": ("kv_lora_rank", "qk_rope_head_dim"),
     "deepseek_v32": ("kv_lora_rank", "qk_rope_head_dim", "index_head_dim"),
-    "qwen3_next": ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                   "linear_value_head_dim", "linear_conv_kernel_dim"),
+    "qwen3_next": (
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_conv_kernel_dim",
+    ),
 }
 
 # Families whose layers keep state kvpool does not model yet (Mamba / Mamba-2 /
@@ -85,18 +114,14 @@ def validate_config(config: Mapping[str, Any], where: str) -> None:
             ints[field] = _int(config[field], field, where, 0)
     q, kv = ints.get("num_attention_heads"), ints.get("num_key_value_heads")
     if q and kv and q % kv:
-        raise SpecError(
-            f"{where}: field 'num_key_value_heads' ({kv}) must divide num_attention_heads ({q})"
-        )
+        raise SpecError(f"{where}: field 'num_key_value_heads' ({kv}) must divide num_attention_heads ({q})")
     for field in ("torch_dtype", "dtype"):
         value = config.get(field)
         if value is not None and not isinstance(value, str):
             raise SpecError(f"{where}: field {field!r} must be a string such as 'bfloat16', got {value!r}")
     for field in REQUIRED.get(model_type, ()):
         if config.get(field) is None and not isinstance(config.get("linear_attention"), Mapping):
-            raise SpecError(
-                f"{where}: model_type {model_type!r} needs field {field!r}, which the config lacks"
-            )
+            raise SpecError(f"{where}: model_type {model_type!r} needs field {field!r}, which the config lacks")
     types = config.get("layer_types")
     if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
         raise SpecError(f"{where}: field 'layer_types' must be a list of strings")

@@ -1,0 +1,88 @@
+"""What `kvpool simulate` prints besides its plans: the progress bar, the
+results table, and the reading of --rate."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any
+
+from kvpool.cli.common import table
+from kvpool.errors import KvpoolError
+from kvpool.sim import Progress, SimResult
+
+
+def parse_rate(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        rate = float(text)
+    except ValueError:
+        raise KvpoolError(f"cannot read --rate {text!r}; give requests/s, e.g. 8, or inf") from None
+    if math.isnan(rate) or rate <= 0:
+        raise KvpoolError(f"--rate must be positive or inf, got {text}")
+    return rate
+
+
+class ProgressBar:
+    """Progress on stderr: redrawn in place on a terminal; otherwise one line
+    every 15 s, only for runs that take that long."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.tty = enabled, sys.stderr.isatty()
+        self.last = time.monotonic()
+
+    def __call__(self, p: Progress) -> None:
+        if not self.enabled:
+            return
+        line = f"simulate {p.policy}: {p.done}/{p.total} requests, {p.sim_time_s:,.1f} s simulated, {p.wall_s:.0f} s"
+        if self.tty:
+            sys.stderr.write("\r" + line[:100].ljust(100))
+            sys.stderr.flush()
+        elif time.monotonic() - self.last >= 15:
+            self.last = time.monotonic()
+            print(line, file=sys.stderr)
+
+    def done(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\r" + " " * 100 + "\r")
+            sys.stderr.flush()
+
+
+def results_table(runs: list[SimResult], groups: list[str]) -> str:
+    def num(x: float | None, scale: float, digits: int) -> str:
+        return "-" if x is None else f"{x * scale:,.{digits}f}"
+
+    reuse = any(r.reuse_hit_rate for r in runs)
+    rows = []
+    for r in runs:
+        row: list[Any] = [r.policy]
+        row += [f"{r.pages[g].total:,}" for g in groups]
+        row += [
+            f"{r.output_tokens_per_s:,.0f}",
+            f"{r.requests_per_s:.2f}",
+            num(r.percentile(r.ttft_s, 50), 1, 2),
+            num(r.percentile(r.ttft_s, 99), 1, 2),
+            num(r.percentile(r.tpot_s, 50), 1e3, 1),
+            num(r.percentile(r.tpot_s, 99), 1e3, 1),
+            r.preemptions,
+            f"{r.graph_step_share:.0%}",
+            r.padding_failures,
+        ]
+        row += [
+            f"{r.pages[g].peak_used / max(r.pages[g].total, 1):.0%}/"
+            f"{r.pages[g].mean_used / max(r.pages[g].total, 1):.0%}"
+            for g in groups
+        ]
+        row += ([f"{r.reuse_hit_rate:.0%}"] if reuse else []) + [f"{r.finished}/{r.num_requests}"]
+        rows.append(row)
+    headers = (
+        ["policy"]
+        + [f"{g} pages" for g in groups]
+        + ["tok/s", "req/s", "TTFT p50 s", "TTFT p99 s", "TPOT p50 ms", "TPOT p99 ms", "preempt", "graphs", "pad fails"]
+        + [f"{g} peak/mean" for g in groups]
+        + (["reuse hits"] if reuse else [])
+        + ["done"]
+    )
+    return table(headers, rows)
