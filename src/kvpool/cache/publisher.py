@@ -143,12 +143,14 @@ class KVEventPublisher:
     """vLLM-compatible KV-event stream of one kvpool manager (see the module
     docstring for the protocol). `groups` are the manager's (`manager.groups`),
     for `group_idx` and the kind fields; `buffer_steps` batches are kept for
-    replay. Use `publish(manager.take_events())` once per engine step."""
+    replay. Use `publish(manager.take_events())` once per engine step. A
+    publisher that connects waits up to `connect_wait_s` for the peer's
+    handshake (`wait_connected`)."""
 
     def __init__(self, endpoint: str, groups: Sequence[LayerGroup], *,
                  replay_endpoint: str | None = None, topic: str = "", wire: WireFormat = "map",
                  data_parallel_rank: int = 0, buffer_steps: int = 10_000,
-                 hwm: int = 100_000) -> None:
+                 hwm: int = 100_000, connect_wait_s: float = 0.0) -> None:
         if wire not in ("map", "array"):
             raise EventPublisherError(f"unknown KV-event wire format {wire!r} (map, array)")
         if buffer_steps < 1:
@@ -163,9 +165,13 @@ class KVEventPublisher:
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pub = ctx.socket(zmq.PUB)
         self._replay: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
         try:
             self._pub.setsockopt(zmq.LINGER, 100)  # never block the exit on a lost peer
             self._pub.set_hwm(hwm)
+            monitor = connect_wait_s > 0 and not _binds(endpoint)
+            if monitor:
+                self._monitor = self._pub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
             self.endpoint = self._attach(self._pub, endpoint, bind=_binds(endpoint))
             if replay_endpoint is not None:
                 self._replay = ctx.socket(zmq.ROUTER)
@@ -177,6 +183,8 @@ class KVEventPublisher:
         except EventPublisherError:
             self.close()
             raise
+        if monitor:
+            self.wait_connected(connect_wait_s)
 
     @staticmethod
     def _attach(sock: zmq.Socket[bytes], endpoint: str, *, bind: bool) -> str:
@@ -189,6 +197,23 @@ class KVEventPublisher:
         except zmq.ZMQError as exc:
             raise EventPublisherError(f"KV events: cannot {'bind' if bind else 'connect'} "
                                       f"{endpoint!r}: {exc}") from exc
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        """Wait until the PUB socket's peer completes its handshake (at most
+        `timeout_s`, then 50 ms for its subscription), so a short run does not lose its first batches to the ZMQ
+        slow-joiner gap; True if it did. Only once, for a publisher made with
+        `connect_wait_s > 0` (the monitor is attached before connecting)."""
+        if self._monitor is None:
+            return False
+        try:
+            if not self._monitor.poll(max(0, int(timeout_s * 1000))):
+                return False
+            time.sleep(0.05)  # the subscription follows the handshake
+            return True
+        finally:
+            self._pub.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
 
     def publish(self, events: Sequence[CacheEvent]) -> int | None:
         """Send one batch holding `events` (nothing when there are none); its

@@ -13,12 +13,13 @@ commits verified tokens and frees finished requests. Greedy decoding only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from kvpool.cache import KVCacheManager
 from kvpool.engine.arch import EngineError
 from kvpool.engine.attention import PagedBatch, Row
 from kvpool.engine.drafter import NgramDrafter
@@ -78,6 +79,8 @@ class Engine:
             draft_lens=(0, speculate) if speculate else (0,))
         self.drafter = NgramDrafter(speculate) if speculate else None
         self.stats = EngineStats(peak_pages={g.name: 0 for g in self.spec.groups})
+        # called with the manager after every step of `run` (e.g. to publish its events)
+        self.on_step: Callable[[KVCacheManager], None] | None = None
         self._num_pages = {g.name: plan.pages(g.name) for g in self.spec.groups}
         self._seqs: dict[int, SchedSequence] = {}
         self._outputs: dict[int, Output] = {}
@@ -130,6 +133,8 @@ class Engine:
         while self.scheduler.has_work():
             if not self.step():
                 raise EngineError("the pools cannot hold even one request; raise --kv-memory")
+            if self.on_step is not None:
+                self.on_step(self.manager)
         self.manager.check_integrity()
 
     # ------------------------------------------------------------------ one step
