@@ -233,11 +233,11 @@ def test_bad_setup_is_a_typed_error() -> None:
         KVEventPublisher("nonsense://where", groups)
 
 
-def test_simulate_publishes_kv_events(cli) -> None:  # type: ignore[no-untyped-def]
-    """`kvpool simulate --kv-events`: every batch decodes with vLLM's structs,
-    sequence numbers rise by one, the stores carry the model's one group."""
-    # A bound SUB attaches a peer (and sends it its subscription) only when its
-    # own thread touches it, so a thread keeps reading while the command runs.
+def frames_during(command: Any) -> list[list[bytes]]:
+    """Every message a SUB on a free loopback port receives while
+    `command(endpoint)` runs. A bound SUB attaches a peer (and sends it its
+    subscription) only when its own thread touches it, so a thread keeps
+    reading meanwhile."""
     ready, stop = threading.Event(), threading.Event()
     frames: list[list[bytes]] = []
     port: list[int] = []
@@ -256,6 +256,27 @@ def test_simulate_publishes_kv_events(cli) -> None:  # type: ignore[no-untyped-d
     thread.start()
     assert ready.wait(5)
     try:
+        command(f"tcp://127.0.0.1:{port[0]}")
+    finally:
+        stop.set()
+        thread.join(10)
+    return frames
+
+
+def check_stream(frames: list[list[bytes]], kinds: set[tuple[int, str]], least: int) -> None:
+    """Every batch decodes with vLLM's structs, sequence numbers rise by one,
+    the stores name exactly `kinds` (group_idx, kv_cache_spec_kind)."""
+    types = vllm_types(array_like=False)
+    decoder = msgspec.msgpack.Decoder(types[0])
+    seqs = [int.from_bytes(seq, "big") for _, seq, _ in frames]
+    assert len(seqs) >= least and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    events = [e for _, _, payload in frames for e in decoder.decode(payload).events]
+    stored = [e for e in events if isinstance(e, types[1])]
+    assert stored and {(e.group_idx, e.kv_cache_spec_kind) for e in stored} == kinds
+
+
+def test_simulate_publishes_kv_events(cli) -> None:  # type: ignore[no-untyped-def]
+    def command(endpoint: str) -> None:
         code, _, err = cli(
             "simulate",
             "qwen3-0.6b",
@@ -277,19 +298,35 @@ def test_simulate_publishes_kv_events(cli) -> None:  # type: ignore[no-untyped-d
             "--rate",
             "inf",
             "--kv-events",
-            f"tcp://127.0.0.1:{port[0]}",
+            endpoint,
         )
         assert code == 0, err
-    finally:
-        stop.set()
-        thread.join(10)
-    types = vllm_types(array_like=False)
-    decoder = msgspec.msgpack.Decoder(types[0])
-    seqs = [int.from_bytes(seq, "big") for _, seq, _ in frames]
-    assert len(seqs) > 5 and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
-    events = [e for _, _, payload in frames for e in decoder.decode(payload).events]
-    stored = [e for e in events if isinstance(e, types[1])]
-    assert stored and {(e.group_idx, e.kv_cache_spec_kind) for e in stored} == {(0, "full_attention")}
+
+    check_stream(frames_during(command), {(0, "full_attention")}, least=20)
+
+
+def test_generate_publishes_kv_events(cli) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch")
+
+    def command(endpoint: str) -> None:
+        code, _, err = cli(
+            "generate",
+            "--tiny",
+            "llama",
+            "--prompt-ids",
+            "5,6,7,8,9,10,11,12,13",
+            "--prompt-ids",
+            "5,6,7,8,9,10,11,12,14",
+            "--max-new-tokens",
+            "40",
+            "--tokens-per-block",
+            "4",
+            "--kv-events",
+            endpoint,
+        )
+        assert code == 0, err
+
+    check_stream(frames_during(command), {(0, "full_attention")}, least=1)
 
 
 def test_kv_events_replay_needs_an_endpoint(cli) -> None:  # type: ignore[no-untyped-def]

@@ -52,116 +52,49 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 import zmq
 
 from kvpool.cache.events import CacheEvent
-from kvpool.errors import KvpoolError
-from kvpool.spec.groups import LayerGroup
-
-VLLM_COMMIT = "0181ea3173e53eea8cf04a86891488e3dc89bb34"
-MEDIUM_GPU = "GPU"
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
-WireFormat = Literal["map", "array"]
-
-# vLLM's KVCacheSpecKind values (vLLM PR #40984) for kvpool's kinds.
-SPEC_KIND = {
-    "full": "full_attention",
-    "sliding": "sliding_window",
-    "chunked": "chunked_local_attention",
-    "state": "mamba",
-}
-
-# (field names, how many are required); the rest default to None.
-STORED_FIELDS = (
-    (
-        "block_hashes",
-        "parent_block_hash",
-        "token_ids",
-        "block_size",
-        "lora_id",
-        "medium",
-        "lora_name",
-        "extra_keys",
-        "group_idx",
-        "kv_cache_spec_kind",
-        "kv_cache_spec_sliding_window",
-    ),
-    7,
+from kvpool.cache.kv_wire import (
+    BATCH_FIELDS as BATCH_FIELDS,
 )
-REMOVED_FIELDS = (("block_hashes", "medium", "group_idx"), 2)
-CLEARED_FIELDS: tuple[tuple[str, ...], int] = ((), 0)
-BATCH_FIELDS = (("ts", "events", "data_parallel_rank"), 2)
-
-
-class EventPublisherError(KvpoolError, ValueError):
-    """A publisher that cannot be set up (bad endpoint, unknown wire format)."""
-
-
-def encode_struct(tag: str | None, fields: tuple[tuple[str, ...], int], values: Sequence[Any], wire: WireFormat) -> Any:
-    """One msgspec struct as msgspec encodes it with `omit_defaults` (and
-    `tag=True` when `tag` is given): a map without default-valued optional
-    fields, or (array) a list without the trailing ones."""
-    names, required = fields
-    if wire == "map":
-        out: dict[str, Any] = {} if tag is None else {"type": tag}
-        for i, (name, value) in enumerate(zip(names, values, strict=True)):
-            if i < required or value is not None:
-                out[name] = value
-        return out
-    items = list(values)
-    while len(items) > required and items[-1] is None:
-        items.pop()
-    return items if tag is None else [tag, *items]
-
-
-def wire_events(events: Sequence[CacheEvent], groups: Sequence[LayerGroup], wire: WireFormat = "map") -> list[Any]:
-    """vLLM events (encodable by msgpack) for kvpool events, oldest first; runs
-    of chained stores and of removals in one group are merged."""
-    index = {g.name: i for i, g in enumerate(groups)}
-    out: list[Any] = []
-    i, n = 0, len(events)
-    while i < n:
-        e = events[i]
-        j = i + 1
-        hashes = [e.block_hash]
-        if e.kind == "stored":
-            while (
-                j < n
-                and events[j].kind == "stored"
-                and events[j].group == e.group
-                and events[j].num_tokens == e.num_tokens
-                and events[j].parent_hash == hashes[-1]
-            ):
-                hashes.append(events[j].block_hash)
-                j += 1
-        else:
-            while j < n and events[j].kind == "removed" and events[j].group == e.group:
-                hashes.append(events[j].block_hash)
-                j += 1
-        g = groups[index[e.group]]
-        if e.kind == "stored":
-            window = g.window if g.kind == "sliding" else None
-            values = [
-                hashes,
-                e.parent_hash,
-                [],
-                e.num_tokens,
-                None,
-                MEDIUM_GPU,
-                None,
-                None,
-                index[e.group],
-                SPEC_KIND.get(g.kind, g.kind),
-                window,
-            ]
-            out.append(encode_struct("BlockStored", STORED_FIELDS, values, wire))
-        else:
-            out.append(encode_struct("BlockRemoved", REMOVED_FIELDS, [hashes, MEDIUM_GPU, index[e.group]], wire))
-        i = j
-    return out
+from kvpool.cache.kv_wire import (
+    CLEARED_FIELDS as CLEARED_FIELDS,
+)
+from kvpool.cache.kv_wire import (
+    END_SEQ as END_SEQ,
+)
+from kvpool.cache.kv_wire import (
+    MEDIUM_GPU as MEDIUM_GPU,
+)
+from kvpool.cache.kv_wire import (
+    REMOVED_FIELDS as REMOVED_FIELDS,
+)
+from kvpool.cache.kv_wire import (
+    SPEC_KIND as SPEC_KIND,
+)
+from kvpool.cache.kv_wire import (
+    STORED_FIELDS as STORED_FIELDS,
+)
+from kvpool.cache.kv_wire import (  # re-exported: the publisher's public surface
+    VLLM_COMMIT as VLLM_COMMIT,
+)
+from kvpool.cache.kv_wire import (
+    EventPublisherError as EventPublisherError,
+)
+from kvpool.cache.kv_wire import (
+    WireFormat as WireFormat,
+)
+from kvpool.cache.kv_wire import (
+    encode_struct as encode_struct,
+)
+from kvpool.cache.kv_wire import (
+    wire_events as wire_events,
+)
+from kvpool.spec.groups import LayerGroup
 
 
 def _binds(endpoint: str) -> bool:
@@ -172,7 +105,9 @@ class KVEventPublisher:
     """vLLM-compatible KV-event stream of one kvpool manager (see the module
     docstring for the protocol). `groups` are the manager's (`manager.groups`),
     for `group_idx` and the kind fields; `buffer_steps` batches are kept for
-    replay. Use `publish(manager.take_events())` once per engine step."""
+    replay. Use `publish(manager.take_events())` once per engine step. A
+    publisher that connects waits up to `connect_wait_s` for the peer's
+    handshake (`wait_connected`)."""
 
     def __init__(
         self,
@@ -185,6 +120,7 @@ class KVEventPublisher:
         data_parallel_rank: int = 0,
         buffer_steps: int = 10_000,
         hwm: int = 100_000,
+        connect_wait_s: float = 0.0,
     ) -> None:
         if wire not in ("map", "array"):
             raise EventPublisherError(f"unknown KV-event wire format {wire!r} (map, array)")
@@ -200,9 +136,13 @@ class KVEventPublisher:
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pub = ctx.socket(zmq.PUB)
         self._replay: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
         try:
             self._pub.setsockopt(zmq.LINGER, 100)  # never block the exit on a lost peer
             self._pub.set_hwm(hwm)
+            monitor = connect_wait_s > 0 and not _binds(endpoint)
+            if monitor:
+                self._monitor = self._pub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
             self.endpoint = self._attach(self._pub, endpoint, bind=_binds(endpoint))
             if replay_endpoint is not None:
                 self._replay = ctx.socket(zmq.ROUTER)
@@ -213,6 +153,8 @@ class KVEventPublisher:
         except EventPublisherError:
             self.close()
             raise
+        if monitor:
+            self.wait_connected(connect_wait_s)
 
     @staticmethod
     def _attach(sock: zmq.Socket[bytes], endpoint: str, *, bind: bool) -> str:
@@ -224,6 +166,23 @@ class KVEventPublisher:
             return endpoint
         except zmq.ZMQError as exc:
             raise EventPublisherError(f"KV events: cannot {'bind' if bind else 'connect'} {endpoint!r}: {exc}") from exc
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        """Wait until the PUB socket's peer completes its handshake (at most
+        `timeout_s`, then 50 ms for its subscription), so a short run does not lose its first batches to the ZMQ
+        slow-joiner gap; True if it did. Only once, for a publisher made with
+        `connect_wait_s > 0` (the monitor is attached before connecting)."""
+        if self._monitor is None:
+            return False
+        try:
+            if not self._monitor.poll(max(0, int(timeout_s * 1000))):
+                return False
+            time.sleep(0.05)  # the subscription follows the handshake
+            return True
+        finally:
+            self._pub.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
 
     def publish(self, events: Sequence[CacheEvent]) -> int | None:
         """Send one batch holding `events` (nothing when there are none); its

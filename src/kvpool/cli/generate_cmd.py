@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpool.cli.common import add_json_arg, positive_int, print_json, table
+from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.engine.names import ARCHS, PACKAGED
 from kvpool.errors import KvpoolError
 
@@ -103,6 +104,7 @@ def register(sub: Any) -> None:
         help="compute and KV dtype (default: the checkpoint's; float32 for --tiny)",
     )
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    add_kv_events_args(p)
     add_json_arg(p)
     p.set_defaults(func=run)
 
@@ -197,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
             tokenizer = _tokenizer(str(folder))  # only to decode the output
     prompts = _prompts(args, tokenizer)
     engine = _engine(args, model, config, prompts)
+    engine.on_step = step_publisher(open_publisher(args, engine.spec.groups))
     outputs = engine.generate(prompts, args.max_new_tokens, eos_token_id=model.cfg.eos_token_ids or None)
     kv = engine.kv_report()
     if args.json:

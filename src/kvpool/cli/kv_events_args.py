@@ -38,7 +38,8 @@ def add_kv_events_args(group: Any) -> None:
 
 
 def open_publisher(args: argparse.Namespace, groups: Sequence[LayerGroup]) -> KVEventPublisher | None:
-    """The publisher `--kv-events` asks for (closed at exit), or None."""
+    """The publisher `--kv-events` asks for (closed at exit), or None. One
+    that connects first waits up to 1 s for the subscriber's handshake."""
     if args.kv_events is None:
         if args.kv_events_replay is not None:
             raise KvpoolError("--kv-events-replay needs --kv-events")
@@ -47,7 +48,9 @@ def open_publisher(args: argparse.Namespace, groups: Sequence[LayerGroup]) -> KV
         from kvpool.cache.publisher import KVEventPublisher
     except ImportError as exc:
         raise KvpoolError(f"--kv-events needs pyzmq and msgspec: pip install 'kvpool[events]' ({exc})") from exc
-    pub = KVEventPublisher(args.kv_events, groups, replay_endpoint=args.kv_events_replay, topic=args.kv_events_topic)
+    pub = KVEventPublisher(
+        args.kv_events, groups, replay_endpoint=args.kv_events_replay, topic=args.kv_events_topic, connect_wait_s=1.0
+    )
     atexit.register(pub.close)
     return pub
 

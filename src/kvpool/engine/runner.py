@@ -1,25 +1,24 @@
-"""The continuous-batching loop: kvpool's manager and shared scheduler drive a
-`DecoderLM` whose KV lives in page pools.
+"""The continuous-batching loop: kvpool's manager and shared scheduler drive a `DecoderLM` whose KV
+lives in page pools.
 
-Per step: the scheduler admits requests FCFS through `manager.create` (prefix
-reuse), picks decodes and chunked-prefill pieces under the token budget,
-resizes every request (preempting by recompute when pages run out) and pads
-the decode batch to a captured CUDA-graph size with the persistent padding
-dummy from `manager.warmup`. The engine runs one forward over all rows (prefill
-chunks, decode tokens with their drafts, padding rows), verifies drafts
-greedily and hands the accepted tokens back to `scheduler.update`, which
-commits verified tokens and frees finished requests. Greedy decoding only.
-"""
+Per step: the scheduler admits requests FCFS through `manager.create` (prefix reuse), picks decodes
+and chunked-prefill pieces under the token budget, resizes every request (preempting by recompute
+when pages run out) and pads the decode batch to a captured CUDA-graph size with the persistent
+padding dummy from `manager.warmup`. The engine runs one forward over all rows (prefill chunks,
+decode tokens with their drafts, padding rows), verifies drafts greedily and hands the accepted
+tokens back to `scheduler.update`, which commits verified tokens and frees finished requests.
+Greedy decoding only."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from kvpool.cache import KVCacheManager
 from kvpool.engine.arch import EngineError
 from kvpool.engine.attention import PagedBatch, Row
 from kvpool.engine.drafter import NgramDrafter
@@ -91,6 +90,8 @@ class Engine:
         )
         self.drafter = NgramDrafter(speculate) if speculate else None
         self.stats = EngineStats(peak_pages={g.name: 0 for g in self.spec.groups})
+        # called with the manager after every step of `run` (e.g. to publish its events)
+        self.on_step: Callable[[KVCacheManager], None] | None = None
         self._num_pages = {g.name: plan.pages(g.name) for g in self.spec.groups}
         self._seqs: dict[int, SchedSequence] = {}
         self._outputs: dict[int, Output] = {}
@@ -151,6 +152,8 @@ class Engine:
         while self.scheduler.has_work():
             if not self.step():
                 raise EngineError("the pools cannot hold even one request; raise --kv-memory")
+            if self.on_step is not None:
+                self.on_step(self.manager)
         self.manager.check_integrity()
 
     # ------------------------------------------------------------------ one step
