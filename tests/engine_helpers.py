@@ -62,3 +62,18 @@ def prompts() -> list[list[int]]:
     shared = rng.integers(3, 256, SHARED).tolist()
     own = [rng.integers(3, 256, n).tolist() for n in (3, 9, 17, 30)]
     return own + [shared + rng.integers(3, 256, n).tolist() for n in (1, 5, 12, 2)]
+
+
+def hf_greedy(hf: Any, prompt: list[int], max_new: int, eos: int | list[int]) -> list[int]:
+    """transformers' own greedy continuation of one prompt: the parity reference."""
+    ids = torch.tensor([prompt])
+    out = hf.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new,
+        pad_token_id=0,
+        eos_token_id=eos,
+    )
+    tokens: list[int] = out[0, len(prompt) :].tolist()
+    return tokens

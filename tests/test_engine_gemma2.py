@@ -18,6 +18,7 @@ from engine_helpers import (
     MAX_NEW,
     assert_close_logits,
     assert_same_tokens,
+    hf_greedy,
     manual_plan,
     prompts,
     tiny,
@@ -29,18 +30,9 @@ from kvpool.engine.runner import Engine
 pytest.importorskip("transformers")
 
 
-def hf_greedy(prompt: list[int]) -> list[int]:
+def gemma2_greedy(prompt: list[int]) -> list[int]:
     _, hf, config = tiny("gemma2")
-    ids = torch.tensor([prompt])
-    out = hf.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        do_sample=False,
-        max_new_tokens=MAX_NEW,
-        pad_token_id=0,
-        eos_token_id=config["eos_token_id"],
-    )
-    return out[0, len(prompt) :].tolist()
+    return hf_greedy(hf, prompt, MAX_NEW, config["eos_token_id"])
 
 
 def test_dense_logits_match_and_the_caps_matter() -> None:
@@ -63,7 +55,7 @@ def test_greedy_parity(pages: int, speculate: int) -> None:
     engine = Engine(model, plan, speculate=speculate)
     outputs = engine.generate(prompts(), MAX_NEW, eos_token_id=config["eos_token_id"])
     for i, (prompt, out) in enumerate(zip(prompts(), outputs, strict=True)):
-        assert_same_tokens(out.output_ids, hf_greedy(prompt), f"gemma2 request {i}")
+        assert_same_tokens(out.output_ids, gemma2_greedy(prompt), f"gemma2 request {i}")
     assert engine.kv_report()["reuse_hit_tokens"] > 0
     assert (engine.stats.preemptions > 0) == (pages == 30)
     assert {g.name for g in engine.spec.groups} == {"sliding", "full"}

@@ -12,6 +12,7 @@ from engine_helpers import (
     MAX_NEW,
     assert_close_logits,
     assert_same_tokens,
+    hf_greedy,
     manual_plan,
     prompts,
     tiny,
@@ -53,15 +54,7 @@ def test_greedy_parity(pages: int, speculate: int) -> None:
     engine = Engine(model, plan, speculate=speculate)
     outputs = engine.generate(prompts(), MAX_NEW, eos_token_id=config["eos_token_id"])
     for i, (prompt, out) in enumerate(zip(prompts(), outputs, strict=True)):
-        t = torch.tensor([prompt])
-        want = hf.generate(
-            t,
-            attention_mask=torch.ones_like(t),
-            do_sample=False,
-            max_new_tokens=MAX_NEW,
-            pad_token_id=0,
-            eos_token_id=config["eos_token_id"],
-        )[0, len(prompt) :].tolist()
+        want = hf_greedy(hf, prompt, MAX_NEW, config["eos_token_id"])
         assert_same_tokens(out.output_ids, want, f"mixtral request {i}")
     assert engine.kv_report()["reuse_hit_tokens"] > 0
     assert (engine.stats.preemptions > 0) == (pages == 30)

@@ -12,6 +12,7 @@ from engine_helpers import (
     MAX_NEW,
     assert_close_logits,
     assert_same_tokens,
+    hf_greedy,
     manual_plan,
     prompts,
     tiny_spec,
@@ -58,13 +59,5 @@ def test_greedy_parity_past_the_original_context() -> None:
     plan = manual_plan(tiny_spec(config), 200, max_batch_size=8, max_seq_len=64, max_num_tokens=16, max_draft_len=3)
     outputs = Engine(model, plan, speculate=3).generate(prompts(), MAX_NEW, eos_token_id=config["eos_token_id"])
     for i, (prompt, out) in enumerate(zip(prompts(), outputs, strict=True)):
-        t = torch.tensor([prompt])
-        want = hf.generate(
-            t,
-            attention_mask=torch.ones_like(t),
-            do_sample=False,
-            max_new_tokens=MAX_NEW,
-            pad_token_id=0,
-            eos_token_id=config["eos_token_id"],
-        )[0, len(prompt) :].tolist()
+        want = hf_greedy(hf, prompt, MAX_NEW, config["eos_token_id"])
         assert_same_tokens(out.output_ids, want, f"yarn request {i}")

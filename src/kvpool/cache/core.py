@@ -263,7 +263,7 @@ class KVCacheCore:
             raise CacheUsageError(f"no group {name!r}; groups: {list(self._index)}") from None
 
     def _new_request(self, rid: int, *, dummy: bool) -> Request:
-        if rid in self.requests:
+        if rid in self.requests:  # checked before a slot is taken (`Requests.add` would leak it)
             raise CacheUsageError(f"request id {rid!r} already exists")
         return self.requests.add(rid, self.tables.acquire(), dummy=dummy)
 

@@ -41,7 +41,6 @@ SOURCES = (
     "tensorrt_llm/_torch/pyexecutor/resource_manager.py: KVCacheManager (V1) and KVCacheManagerV2",
     "tensorrt_llm/_torch/pyexecutor/mamba_cache_manager.py: recurrent state slots per max_batch_size",
 )
-DEFAULT_TOKENS_PER_BLOCK = 32
 MANAGERS = ("v1", "v2")
 
 
