@@ -12,7 +12,15 @@ def test_inspect_json_shape(cli) -> None:  # type: ignore[no-untyped-def]
     code, out, err = cli("inspect", "gemma-4-26b-a4b", "--kv-dtype", "fp8", "--json")
     assert code == 0, err
     data = json.loads(out)
-    assert set(data) == {"model", "kv_dtype", "tp_size", "tokens_per_block", "groups", "full_attention_bytes_per_token"}
+    assert set(data) == {
+        "model",
+        "kv_dtype",
+        "kv_dtype_note",
+        "tp_size",
+        "tokens_per_block",
+        "groups",
+        "full_attention_bytes_per_token",
+    }
     assert (data["model"], data["kv_dtype"], data["tp_size"], data["tokens_per_block"]) == (
         "gemma-4-26b-a4b",
         "fp8",

@@ -31,7 +31,17 @@ def run_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 def test_json_has_exactly_the_issue_shape(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_json(capsys, *GEMMA, "--kv-memory", "60GiB")
-    assert set(out) == {"policy", "budget_bytes", "total_bytes", "groups", "constraints", "max_concurrency", "warnings"}
+    assert set(out) == {
+        "policy",
+        "kv_dtype",
+        "kv_dtype_note",
+        "budget_bytes",
+        "total_bytes",
+        "groups",
+        "constraints",
+        "max_concurrency",
+        "warnings",
+    }
     assert out["policy"] == "reference" and out["budget_bytes"] == 60 * GiB
     assert isinstance(out["total_bytes"], int) and out["total_bytes"] <= 60 * GiB
     groups = out["groups"]

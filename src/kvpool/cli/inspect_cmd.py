@@ -25,6 +25,7 @@ def inspect_json(spec: ModelSpec) -> dict[str, Any]:
     return {
         "model": spec.name,
         "kv_dtype": spec.kv_dtype,
+        "kv_dtype_note": spec.kv_dtype_note,
         "tp_size": spec.tp_size,
         "tokens_per_block": spec.tokens_per_block,
         "groups": [
@@ -52,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
         f"{spec.name}  ({spec.family}, kv {spec.kv_dtype}, tp {spec.tp_size}, "
         f"{spec.tokens_per_block} tokens per page, {spec.num_layers} layers)"
     )
+    if spec.kv_dtype_note:
+        print(f"note: {spec.kv_dtype_note}")
     rows = []
     for g in spec.groups:
         slot = g.rule.per_request  # one slot per request instead of pages of positions

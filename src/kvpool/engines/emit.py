@@ -17,7 +17,7 @@ from kvpool.engines.common import EngineNotModelledError, EngineReport
 from kvpool.engines.hf_ids import HF_IDS as HF_IDS
 from kvpool.engines.hf_ids import model_id_for as model_id_for
 from kvpool.plan import PoolPlan
-from kvpool.spec.dtypes import model_dtype
+from kvpool.spec.dtypes import engine_auto_dtype
 from kvpool.units import format_bytes
 
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -99,7 +99,7 @@ def _common_notes(engine: str, plan: PoolPlan) -> list[str]:
 
 def _vllm_dtype(plan: PoolPlan, notes: list[str]) -> str:
     dt = plan.spec.kv_dtype
-    if dt == model_dtype(plan.spec.config):
+    if dt == engine_auto_dtype(plan.spec.config):
         return "auto"
     if dt in ("bf16", "fp8", "nvfp4"):
         return {"bf16": "bfloat16", "fp8": "fp8", "nvfp4": "nvfp4"}[dt]
@@ -181,10 +181,10 @@ def emit_sglang(plan: PoolPlan, model_id: str) -> Emitted:
     dt = spec.kv_dtype
     kv = (
         "auto"
-        if dt == model_dtype(spec.config)
+        if dt == engine_auto_dtype(spec.config)
         else {"bf16": "bfloat16", "fp8": "fp8_e4m3", "nvfp4": "nvfp4"}.get(dt, "auto")
     )
-    if kv == "auto" and dt != model_dtype(spec.config):
+    if kv == "auto" and dt != engine_auto_dtype(spec.config):
         notes.append(f"SGLang has no KV dtype {dt}: launched with auto")
     argv = [
         "python",
@@ -246,7 +246,7 @@ def emit_trtllm(plan: PoolPlan, model_id: str) -> Emitted:
     kv: dict[str, Any] = {
         "max_gpu_total_bytes": plan.budget_bytes,
         "tokens_per_block": spec.tokens_per_block,
-        "dtype": "auto" if dt == model_dtype(spec.config) else dt,
+        "dtype": "auto" if dt == engine_auto_dtype(spec.config) else dt,
     }
     if plan.policy == "typical_step" and plan.avg_seq_len is not None:
         kv["avg_seq_len"] = plan.avg_seq_len

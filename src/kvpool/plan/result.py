@@ -134,6 +134,8 @@ class PoolPlan:
         """The plan in the `kvpool plan --json` shape."""
         return {
             "policy": self.policy,
+            "kv_dtype": self.spec.kv_dtype,
+            "kv_dtype_note": self.spec.kv_dtype_note,
             "budget_bytes": self.budget_bytes,
             "total_bytes": self.total_bytes,
             "groups": [

@@ -124,6 +124,8 @@ def plan_pools(
         return plan_constraints(lim, rules, phase, explicit_ratio=explicit)
 
     floors, results, notes = resolve_floors(spec, limits, kv_memory_bytes, build, fit=fit)
+    if spec.kv_dtype_note:
+        notes = (spec.kv_dtype_note, *notes)
     step: tuple[Shape, ...] | None = None
     if phase == "profile":
         name = "profile"

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpool.errors import SpecError
+from kvpool.spec.quant import declared_kv_dtype
 
 KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8", "nvfp4")
 
@@ -26,12 +27,51 @@ def model_dtype(config: Mapping[str, Any]) -> str:
     return _CONFIG_DTYPES.get(str(raw).lower(), "bf16") if raw else "bf16"
 
 
+def served_dtype(config: Mapping[str, Any]) -> str:
+    """The dtype an engine computes a checkpoint in: its own, except that float32
+    checkpoints are served in bf16 (vLLM `--dtype auto`, vllm/config/model.py
+    `_resolve_auto_dtype`: "Downcast for float32 models" to the platform's first
+    supported dtype, bf16 from compute capability 8.0, platforms/cuda.py)."""
+    dtype = model_dtype(config)
+    return "bf16" if dtype == "fp32" else dtype
+
+
+def auto_kv_dtype(config: Mapping[str, Any]) -> tuple[str, str | None]:
+    """(dtype, note) that KV dtype `auto` stands for, the engines' convention
+    (vLLM `--kv-cache-dtype auto`: "will use model data type"): a KV scheme the
+    checkpoint's `quantization_config` declares (`quant.declared_kv_dtype`), else
+    `served_dtype`. The note says why when `auto` is not simply the config's dtype."""
+    declared = declared_kv_dtype(config)
+    if declared is not None:
+        dtype, field = declared
+        return dtype, f"kv dtype auto = {dtype}: the checkpoint's quantization_config declares it ({field})"
+    if model_dtype(config) == "fp32":
+        return "bf16", "kv dtype auto = bf16: the checkpoint is float32, which engines serve in bf16"
+    return served_dtype(config), None
+
+
+def engine_auto_dtype(config: Mapping[str, Any]) -> str | None:
+    """What an engine's `auto` KV dtype resolves to for `config` (None when the
+    checkpoint declares a KV scheme kvpool cannot store): launch lines say
+    `auto` when the planned dtype equals it."""
+    try:
+        return auto_kv_dtype(config)[0]
+    except SpecError:
+        return None
+
+
 def resolve_kv_dtype(kv_dtype: str, config: Mapping[str, Any]) -> str:
-    """`auto` becomes the config's dtype; anything else must be a known KV dtype."""
+    """`auto` becomes `auto_kv_dtype(config)`; anything else must be a known KV dtype."""
+    return resolve_kv_dtype_noted(kv_dtype, config)[0]
+
+
+def resolve_kv_dtype_noted(kv_dtype: str, config: Mapping[str, Any]) -> tuple[str, str | None]:
+    """(dtype, note): like `resolve_kv_dtype`, plus the note of `auto_kv_dtype`
+    (None for an explicit dtype)."""
     name = str(kv_dtype).lower()
     if name not in KV_DTYPES:
         raise SpecError(f"unsupported kv dtype {kv_dtype!r}; choose one of {', '.join(KV_DTYPES)}")
-    return model_dtype(config) if name == "auto" else name
+    return auto_kv_dtype(config) if name == "auto" else (name, None)
 
 
 def row_bytes(elements: int, dtype: str) -> int:

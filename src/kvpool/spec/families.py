@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpool.errors import SpecError
-from kvpool.spec.dtypes import fp8_with_block_scales, model_dtype, row_bytes
+from kvpool.spec.dtypes import fp8_with_block_scales, row_bytes, served_dtype
 from kvpool.spec.groups import Kind
 
 Config = Mapping[str, Any]
@@ -206,8 +206,8 @@ def gated_deltanet(config: Config, ctx: Context) -> list[LayerCache]:
     """Qwen3-Next: full-attention layers plus Gated DeltaNet layers whose state
     per request is a recurrent matrix (v_heads x k_dim x v_dim) and a causal
     convolution window of (kernel - 1) steps over 2*k_heads*k_dim + v_heads*v_dim
-    channels. Heads split across tensor-parallel ranks. States stay in the model
-    dtype: engines do not quantise recurrent state with the KV dtype."""
+    channels. Heads split across tensor-parallel ranks. States stay in the dtype
+    the model is served in: engines do not quantise recurrent state with the KV dtype."""
     lin = dict(config.get("linear_attention") or {})
 
     def get(key: str) -> Any:  # nested (`linear_attention: {...}`) or top-level HF keys
@@ -229,7 +229,7 @@ def gated_deltanet(config: Config, ctx: Context) -> list[LayerCache]:
     kh = split_heads(values["linear_num_key_heads"], ctx.tp_size)
     vh = split_heads(values["linear_num_value_heads"], ctx.tp_size)
     kd, vd = values["linear_key_head_dim"], values["linear_value_head_dim"]
-    dtype = model_dtype(config)
+    dtype = served_dtype(config)
     state = row_bytes(vh * kd * vd, dtype)
     state += row_bytes((2 * kh * kd + vh * vd) * (values["linear_conv_kernel_dim"] - 1), dtype)
     out = standard_attention(config, ctx, linear_ok=True)

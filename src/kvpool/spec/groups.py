@@ -80,6 +80,9 @@ class ModelSpec:
     num_layers: int
     max_position_embeddings: int | None = None
     config: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # why `auto` became `kv_dtype` when that is not simply the config's dtype (a
+    # float32 checkpoint served in bf16, a KV scheme in quantization_config)
+    kv_dtype_note: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         names = [g.name for g in self.groups]

@@ -11,7 +11,7 @@ from kvpool import presets
 from kvpool.errors import SpecError
 from kvpool.spec.defaults import with_defaults
 from kvpool.spec.dispatch import family_of
-from kvpool.spec.dtypes import resolve_kv_dtype
+from kvpool.spec.dtypes import resolve_kv_dtype_noted
 from kvpool.spec.families import Context, LayerCache
 from kvpool.spec.groups import LayerGroup, ModelSpec
 from kvpool.spec.kinds import kind_rule
@@ -105,9 +105,10 @@ def load_model_spec(
     """The KV layout of a model.
 
     `source` is a bundled preset name (`kvpool models`), a path to a
-    `config.json` (or its folder), or a config dict. `kv_dtype` is `auto` (the
-    config's dtype), `bf16`, `fp16`, `fp32`, `fp8` or `nvfp4`. Under tensor
-    parallelism (`tp_size`) the spec is one rank's share. `tokens_per_block`
+    `config.json` (or its folder), or a config dict. `kv_dtype` is `auto` (what
+    engines serve: `spec.dtypes.auto_kv_dtype`; `ModelSpec.kv_dtype_note` says
+    why when that is not the config's dtype), `bf16`, `fp16`, `fp32`, `fp8` or
+    `nvfp4`. Under tensor parallelism (`tp_size`) the spec is one rank's share. `tokens_per_block`
     defaults to 32 (128 for DeepSeek-V4). A sliding window of at least
     `max_seq_len` (default: the config's `max_position_embeddings`) is full
     attention. Raises `SpecError` (a `KvpoolError`) on anything it cannot read.
@@ -121,7 +122,7 @@ def load_model_spec(
     tpb = tokens_per_block or FAMILY_TOKENS_PER_BLOCK.get(family, DEFAULT_TOKENS_PER_BLOCK)
     if tpb <= 0:
         raise SpecError(f"tokens_per_block must be positive, got {tpb}")
-    dtype = resolve_kv_dtype(kv_dtype, config)
+    dtype, dtype_note = resolve_kv_dtype_noted(kv_dtype, config)
     max_pos = config.get("max_position_embeddings")
     ctx = Context(kv_dtype=dtype, tp_size=tp_size, max_seq_len=max_seq_len or max_pos)
     try:
@@ -141,4 +142,5 @@ def load_model_spec(
         num_layers=num_layers,
         max_position_embeddings=int(max_pos) if max_pos else None,
         config=config,
+        kv_dtype_note=dtype_note,
     )

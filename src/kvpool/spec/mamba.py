@@ -1,8 +1,8 @@
 """Hybrid attention + Mamba families: attention layers plus one `state` group.
 
 Mamba (selective SSM) layers keep, per request, a causal-convolution window and
-an SSM state; both stay in the model dtype (engines do not quantise them with the
-KV dtype) and split over tensor-parallel ranks with the inner channels:
+an SSM state; both stay in the dtype the model is served in (engines do not
+quantise them with the KV dtype) and split over tensor-parallel ranks with the inner channels:
 
     conv  = (d_inner / tp) x (d_conv - 1)   values  (the last d_conv - 1 inputs)
     ssm   = (d_inner / tp) x d_state        values
@@ -15,7 +15,7 @@ one more than an engine needs.)
 from __future__ import annotations
 
 from kvpool.errors import SpecError
-from kvpool.spec.dtypes import model_dtype, row_bytes
+from kvpool.spec.dtypes import model_dtype, row_bytes, served_dtype
 from kvpool.spec.families import (
     Config,
     Context,
@@ -42,7 +42,7 @@ def mamba1_state_bytes(config: Config, ctx: Context) -> int:
     per_rank = -(-d_inner // ctx.tp_size)
     conv = per_rank * (int(config["mamba_d_conv"]) - 1)
     ssm = per_rank * int(config["mamba_d_state"])
-    return row_bytes(conv + ssm, model_dtype(config))
+    return row_bytes(conv + ssm, served_dtype(config))
 
 
 def jamba(config: Config, ctx: Context) -> list[LayerCache]:
@@ -69,7 +69,7 @@ def mamba2_state_bytes(config: Config, ctx: Context, prefix: str = "mamba_") -> 
     groups = split_heads(int(need(config, f"{prefix}n_groups")), ctx.tp_size)
     p, n = int(need(config, f"{prefix}d_head")), int(need(config, f"{prefix}d_state"))
     conv = (heads * p + 2 * groups * n) * (int(need(config, f"{prefix}d_conv")) - 1)
-    return row_bytes(conv + heads * p * n, model_dtype(config))
+    return row_bytes(conv + heads * p * n, served_dtype(config))
 
 
 def granite_hybrid(config: Config, ctx: Context) -> list[LayerCache]:
@@ -107,7 +107,7 @@ def nemotron_h(config: Config, ctx: Context) -> list[LayerCache]:
     heads = split_heads(int(need(config, "mamba_num_heads")), ctx.tp_size)
     groups = split_heads(int(need(config, "n_groups")), ctx.tp_size)
     p, s = int(need(config, "mamba_head_dim")), int(need(config, "ssm_state_size"))
-    conv = row_bytes((heads * p + 2 * groups * s) * (int(need(config, "conv_kernel")) - 1), model_dtype(config))
+    conv = row_bytes((heads * p + 2 * groups * s) * (int(need(config, "conv_kernel")) - 1), served_dtype(config))
     ssm_dtype = model_dtype({"torch_dtype": config.get("mamba_ssm_cache_dtype", "float32")})
     state = conv + row_bytes(heads * p * s, ssm_dtype)
     kv = attention_kv(kv_heads(config), head_dim(config), ctx)

@@ -1,0 +1,76 @@
+"""The KV cache dtype a checkpoint's `quantization_config` declares.
+
+A checkpoint calibrated for a quantized KV cache says so in its config.json, and
+engines serve it that way when the KV dtype is `auto`:
+
+- ModelOpt (`quant_method: modelopt`, NVIDIA TensorRT Model Optimizer) writes
+  `kv_cache_quant_algo` ("FP8", "NVFP4"), or in newer releases `kv_cache_scheme`,
+  either the same string or a compressed-tensors style object. vLLM reads both for
+  `--kv-cache-dtype auto` (vllm/utils/torch_utils.py `get_kv_cache_quant_algo_string`,
+  used by `resolve_kv_cache_dtype_string`): an object `{"num_bits": 8, "type":
+  "float"}` is FP8.
+- compressed-tensors (llm-compressor) writes `kv_cache_scheme`, an object of the
+  same shape (`num_bits`, `type`, `strategy`, ...), or null when the KV cache is
+  not quantized.
+
+Only the fields that fix the stored element width are read. A scheme kvpool has no
+dtype for (an INT8 KV cache, 4-bit without NVFP4's 16-value blocks, an unknown
+algorithm) is refused by name rather than planned at the wrong width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvpool.errors import SpecError
+
+# ModelOpt's algorithm names (lower-cased) -> kvpool KV dtype.
+ALGOS = {"fp8": "fp8", "nvfp4": "nvfp4"}
+
+
+def _scheme_dtype(scheme: Mapping[str, Any], field: str) -> str:
+    bits, kind = scheme.get("num_bits"), str(scheme.get("type") or "").lower()
+    if bits == 8 and kind == "float":
+        return "fp8"
+    if bits == 4 and kind == "float" and scheme.get("group_size") in (None, 16):
+        return "nvfp4"  # NVFP4: 4-bit floats with one FP8 scale per 16 values
+    raise SpecError(
+        f"quantization_config.{field} {dict(scheme)!r} declares a KV cache kvpool cannot store "
+        "(it knows 8-bit and NVFP4 floating point); give --kv-dtype explicitly"
+    )
+
+
+def _algo_dtype(algo: str, field: str) -> str:
+    dtype = ALGOS.get(algo.strip().lower())
+    if dtype is None:
+        raise SpecError(
+            f"quantization_config.{field} {algo!r} is a KV cache algorithm kvpool cannot store "
+            f"(it knows {', '.join(a.upper() for a in ALGOS)}); give --kv-dtype explicitly"
+        )
+    return dtype
+
+
+def declared_kv_dtype(config: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(kvpool KV dtype, the field that declared it) from `config`'s
+    `quantization_config`, or None when it declares no KV scheme. Raises
+    `SpecError` naming the field for a scheme kvpool cannot store."""
+    quant = config.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return None
+    # ModelOpt's own hf_quant_config.json nests the fields under "quantization"
+    inner = quant.get("quantization")
+    places: list[tuple[str, Mapping[str, Any]]] = [("", quant)]
+    if isinstance(inner, Mapping):
+        places.insert(0, ("quantization.", inner))
+    for field in ("kv_cache_scheme", "kv_cache_quant_algo"):
+        for prefix, table in places:
+            value, name = table.get(field), prefix + field
+            if value is None:
+                continue
+            if isinstance(value, Mapping):
+                return _scheme_dtype(value, name), f"quantization_config.{name}"
+            if isinstance(value, str):
+                return _algo_dtype(value, name), f"quantization_config.{name}"
+            raise SpecError(f"quantization_config.{name} must be an object or a string, got {value!r}")
+    return None
