@@ -85,6 +85,14 @@ def layer_types(config: Config) -> list[str]:
         # Qwen3-Next: every `interval`-th layer is full attention, the rest linear.
         k = int(config["full_attention_interval"])
         return ["full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(n)]
+    if isinstance(config.get("sliding_window_pattern"), str) and config.get("sliding_window"):
+        # EXAONE 4: letters repeated from layer 0, L local and G global, and the
+        # last layer global (transformers Exaone4Config's sliding_window_pattern).
+        letters = str(config["sliding_window_pattern"])
+        return [
+            "sliding_attention" if letters[i % len(letters)] == "L" and i < n - 1 else "full_attention"
+            for i in range(n)
+        ]
     if config.get("sliding_window_pattern") and config.get("sliding_window"):
         # Gemma 3 style: every `pattern`-th layer is global.
         p = int(config["sliding_window_pattern"])

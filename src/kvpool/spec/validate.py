@@ -107,6 +107,11 @@ def validate_config(config: Mapping[str, Any], where: str) -> None:
         )
     ints = {}
     for field in POSITIVE_INTS:
+        if field == "sliding_window_pattern" and isinstance(config.get(field), str):
+            # EXAONE 4 spells the pattern as letters, "LLLG": L local, G global
+            if not config[field] or set(config[field]) - {"L", "G"}:
+                raise SpecError(f"{where}: field {field!r} must be a positive integer or a string of L and G")
+            continue
         if config.get(field) is not None:
             ints[field] = _int(config[field], field, where, 1)
     for field in NON_NEGATIVE_INTS:
