@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvpool.errors import SpecError
 from kvpool.spec import load_model_spec
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
@@ -53,9 +54,14 @@ def kvpool_layers(path: Path) -> list[Layer]:
 
 
 def _hf_config(raw: dict[str, Any]) -> Any:
+    """transformers' text config object; a wrapper whose own model_type this
+    transformers does not know is read through its `text_config` (Kimi-K3)."""
     from transformers import CONFIG_MAPPING
 
     model_type = str(raw.get("model_type"))
+    text = raw.get("text_config")
+    if model_type not in CONFIG_MAPPING and isinstance(text, dict) and text.get("model_type") in CONFIG_MAPPING:
+        raw, model_type = text, str(text["model_type"])
     if model_type not in CONFIG_MAPPING:
         return None
     with warnings.catch_warnings():
@@ -73,11 +79,14 @@ def _layer_cfg(t: Any, i: int) -> Any:
     return t.per_layer_config[i] if getattr(t, "is_heterogeneous", False) else t
 
 
-def _attention_bytes(c: Any) -> int:
+def _attention_bytes(c: Any, sliding: bool = False) -> int:
     """K and V rows of one layer: KV heads x (k head size + v head size)."""
     heads = c.num_key_value_heads or c.num_attention_heads
+    if sliding and c.model_type == "mimo_v2_flash":
+        heads *= 2  # MiMoV2FlashAttention: "SWA layers double the kv heads vs full-attention"
     dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return int(BF16 * heads * (dim + dim))
+    v_dim = getattr(c, "v_head_dim", None) or dim
+    return int(BF16 * heads * (dim + v_dim))
 
 
 def _mla_bytes(t: Any) -> int:
@@ -118,7 +127,7 @@ def _hf_layer(t: Any, i: int, kind: str) -> list[Entry]:
     if kind in ("full_attention", "attention"):
         return [("full", None, _attention_bytes(c))]
     if kind == "sliding_attention":
-        return [("sliding", c.sliding_window, _attention_bytes(c))]
+        return [("sliding", c.sliding_window, _attention_bytes(c, sliding=True))]
     if kind == "chunked_attention":
         return [("chunked", t.attention_chunk_size, _attention_bytes(c))]
     if kind in ("linear_attention", "mamba"):
@@ -154,10 +163,11 @@ class Row:
     model_type: str
     kvpool: list[Layer]
     hf: list[Layer] | None
+    refused: str | None = None  # kvpool's SpecError for a family it cannot model
 
     @property
     def differing_layers(self) -> list[int]:
-        if self.hf is None:
+        if self.hf is None or self.refused is not None:
             return []
         n = max(len(self.kvpool), len(self.hf))
         pad: list[Layer] = [(("missing", None, None),)] * n
@@ -165,6 +175,8 @@ class Row:
 
     @property
     def verdict(self) -> str:
+        if self.refused is not None:
+            return "refused by kvpool (cannot model it)"
         if self.hf is None:
             return f"skipped: transformers has no {self.model_type}"
         if not self.differing_layers:
@@ -175,7 +187,11 @@ class Row:
 def compare(path: Path) -> Row:
     raw = json.loads(path.read_text())
     model_type = str(raw.get("model_type"))
-    return Row(path.stem, model_type, kvpool_layers(path), hf_layers(raw))
+    try:
+        layers = kvpool_layers(path)
+    except SpecError as e:
+        return Row(path.stem, model_type, [], hf_layers(raw), refused=str(e))
+    return Row(path.stem, model_type, layers, hf_layers(raw))
 
 
 def summary(layers: list[Layer], *, with_bytes: bool = False) -> str:
@@ -216,9 +232,9 @@ def render(rows: list[Row]) -> str:
         "|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(
-            f"| {r.model} | {r.model_type} | {len(r.kvpool)} | {summary(r.kvpool, with_bytes=True)} | {r.verdict} |"
-        )
+        layers = len(r.kvpool) if r.refused is None else "-"
+        seen = summary(r.kvpool, with_bytes=True) if r.refused is None else "-"
+        lines.append(f"| {r.model} | {r.model_type} | {layers} | {seen} | {r.verdict} |")
     if EXCEPTIONS:
         lines += ["", "Listed exceptions:", ""] + [f"- {k}: {v}" for k, v in EXCEPTIONS.items()]
     return "\n".join(lines) + "\n"

@@ -26,6 +26,8 @@ from corpus_layers import (  # noqa: E402
 )
 
 FILES = corpus_files()
+# published configs of families kvpool refuses by name (tests/test_spec_layerwise.py)
+REFUSED = {"MiniMax-M3"}
 
 
 def test_the_corpus_holds_at_least_25_published_configs_each_with_its_source() -> None:
@@ -38,8 +40,12 @@ def test_the_corpus_holds_at_least_25_published_configs_each_with_its_source() -
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_kvpool_reads_each_layer_as_transformers_does(path: Path) -> None:
     row = compare(path)
+    if row.refused is not None:
+        # a family kvpool cannot model is refused by name, never planned as plain attention
+        assert path.stem in REFUSED and f"model_type {row.model_type!r}" in row.refused, row.refused
+        return
     if row.hf is None:
-        pytest.skip(row.verdict)
+        pytest.skip(f"{row.verdict} (this transformers does not know it)")
     assert len(row.kvpool) == len(row.hf), "layer count"
     if path.stem in EXCEPTIONS:
         assert row.differing_layers, f"{path.stem} is listed as an exception but agrees: drop it from EXCEPTIONS"

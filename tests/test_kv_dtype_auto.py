@@ -135,6 +135,9 @@ def test_real_modelopt_checkpoint_with_fp8_kv() -> None:
     assert full.row_bytes == 10 * 2 * 4 * 512
     # the bf16 checkpoint of the same family has no scheme: auto stays bf16
     assert load_model_spec(CONFIGS / "gemma-4-26B-A4B.json").kv_dtype == "bf16"
+    # nvidia/Kimi-K2.5-NVFP4 (DeepSeek-V3 MLA inside a kimi_k25 wrapper): FP8 latent rows, 512 + 64 bytes
+    kimi = load_model_spec(CONFIGS / "Kimi-K2.5-NVFP4.json")
+    assert kimi.kv_dtype == "fp8" and kimi.group("mla").row_bytes == 61 * 576
 
 
 def test_real_modelopt_string_scheme() -> None:

@@ -11,19 +11,25 @@ from kvpool.spec.families import (
     LayerCache,
     deepseek_v4,
     gated_deltanet,
+    kimi_linear,
     mla,
     standard_attention,
 )
+from kvpool.spec.layerwise import mimo_v2_flash, nemotron_nas
 from kvpool.spec.mamba import falcon_h1, granite_hybrid, jamba, nemotron_h
 
 Rule = Callable[[Config, Context], list[LayerCache]]
 
-# hybrid attention + state-space families, named by their transformers model_type
+# families the fields alone do not identify (hybrid attention + state-space,
+# per-layer head counts), named by their model_type
 BY_MODEL_TYPE: dict[str, Rule] = {
     "jamba": jamba,
     "granitemoehybrid": granite_hybrid,
     "nemotron_h": nemotron_h,
     "falcon_h1": falcon_h1,
+    "kimi_linear": kimi_linear,
+    "mimo_v2_flash": mimo_v2_flash,
+    "nemotron-nas": nemotron_nas,
 }
 
 

@@ -245,3 +245,43 @@ def gated_deltanet(config: Config, ctx: Context) -> list[LayerCache]:
         if t == "linear_attention":
             out.append(LayerCache("linear_state", "state", i, state_bytes=state))
     return out
+
+
+def kimi_linear(config: Config, ctx: Context) -> list[LayerCache]:
+    """Kimi Linear: MLA full-attention layers (one latent row per position, as in
+    `mla`) and KDA (Kimi Delta Attention) layers, which keep per request a
+    recurrent H x D x D matrix and causal-convolution windows of (kernel - 1)
+    steps over Q, K and V (3 x H x D channels): vLLM's `kda_state_shape`, in the
+    dtype the model is served in. `linear_attn_config` lists both kinds of
+    layer, 1-indexed (transformers KimiLinearConfig)."""
+    n = int(need(config, "num_hidden_layers"))
+    lin = need(config, "linear_attn_config")
+    if not isinstance(lin, Mapping):
+        raise SpecError("linear_attn_config must be an object")
+    types = ["full_attention"] * n
+    if config.get("layer_types"):
+        types = layer_types(config)
+    else:
+        for key, kind in (("full_attn_layers", "full_attention"), ("kda_layers", "linear_attention")):
+            for layer in lin.get(key) or []:
+                if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= n:
+                    raise SpecError(f"linear_attn_config.{key} holds {layer!r}, not a layer number 1..{n}")
+                types[layer - 1] = kind
+    values = {}
+    for key in ("num_heads", "head_dim", "short_conv_kernel_size"):
+        if lin.get(key) is None:
+            raise SpecError(f"linear_attn_config is missing field {key!r}, which KDA layers need")
+        values[key] = int(lin[key])
+    h, d = split_heads(values["num_heads"], ctx.tp_size), values["head_dim"]
+    dtype = served_dtype(config)
+    state = row_bytes(h * d * d, dtype) + row_bytes(3 * h * d * (values["short_conv_kernel_size"] - 1), dtype)
+    latent = row_bytes(int(need(config, "kv_lora_rank")) + int(need(config, "qk_rope_head_dim")), ctx.kv_dtype)
+    out = []
+    for i, t in enumerate(types):
+        if t == "linear_attention":
+            out.append(LayerCache("linear_state", "state", i, state_bytes=state))
+        elif t == "full_attention":
+            out.append(LayerCache("mla", "full", i, latent))
+        else:
+            raise SpecError(f"layer {i}: unsupported layer type {t!r}")
+    return out

@@ -75,6 +75,8 @@ UNMODELLED = {
     "rwkv": "RWKV (recurrent)",
     "lfm2": "LFM2 (short convolutions + attention)",
     "minimax": "MiniMax (lightning attention + softmax attention)",
+    "minimax_m3": "MiniMax-M3 (block-sparse attention with its own index keys)",
+    "minimax_m3_vl_text": "MiniMax-M3 (block-sparse attention with its own index keys)",
 }
 
 
