@@ -178,3 +178,29 @@ def test_a_bad_kv_scheme_is_exit_2_in_one_line(cli, tmp_path: Path) -> None:  # 
     path = write(tmp_path, tiny(quantization_config={"kv_cache_scheme": {"num_bits": 8, "type": "int"}}))
     code, out, err = cli("inspect", path)
     assert code == 2 and err.count("\n") == 1 and "kv_cache_scheme" in err, err
+
+
+MODELOPT = Path(__file__).parent / "data" / "modelopt" / "Llama-3.1-70B-Instruct-FP8"
+
+
+def test_modelopt_hf_quant_config_beside_config_json_sets_fp8() -> None:
+    """nvidia/Llama-3.1-70B-Instruct-FP8: config.json has no quantization_config, the
+    hf_quant_config.json beside it says kv_cache_quant_algo FP8 (vLLM reads it there)."""
+    assert "quantization_config" not in json.loads((MODELOPT / "config.json").read_text())
+    for source in (MODELOPT, MODELOPT / "config.json"):
+        spec = load_model_spec(source)
+        assert spec.kv_dtype == "fp8"
+        assert spec.group("full").row_bytes == 80 * 2 * 8 * 128  # 80 layers, K+V, 8 heads of 128, 1 byte
+
+
+def test_the_sidecar_is_ignored_when_config_json_has_its_own(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(tiny(quantization_config={"quant_method": "awq"})))
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"kv_cache_quant_algo": "FP8"}}))
+    assert load_model_spec(tmp_path).kv_dtype == "bf16"
+
+
+def test_a_broken_sidecar_is_exit_2_naming_it(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "config.json").write_text(json.dumps(tiny()))
+    (tmp_path / "hf_quant_config.json").write_text("{not json")
+    code, out, err = cli("inspect", str(tmp_path))
+    assert code == 2 and "hf_quant_config.json" in err and err.count("\n") == 1, err

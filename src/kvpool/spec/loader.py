@@ -15,6 +15,7 @@ from kvpool.spec.dtypes import resolve_kv_dtype_noted
 from kvpool.spec.families import Context, LayerCache
 from kvpool.spec.groups import LayerGroup, ModelSpec
 from kvpool.spec.kinds import kind_rule
+from kvpool.spec.quant import with_sidecar_quant_config
 from kvpool.spec.validate import check_text_config, validate_config
 
 DEFAULT_TOKENS_PER_BLOCK = 32
@@ -50,6 +51,7 @@ def read_config_from(source: str | Path | Mapping[str, Any]) -> tuple[str, str, 
                 raise SpecError(f"config file {path} is not valid JSON: {e}") from None
             name = path.parent.name if path.name == "config.json" else path.stem
             where = str(path)
+            config = with_sidecar_quant_config(config, path.parent)
         else:
             name, config = str(source), presets.load_model_config(str(source))
             where = f"preset {name}"

@@ -20,7 +20,9 @@ algorithm) is refused by name rather than planned at the wrong width.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from kvpool.errors import SpecError
@@ -74,3 +76,23 @@ def declared_kv_dtype(config: Mapping[str, Any]) -> tuple[str, str] | None:
                 return _algo_dtype(value, name), f"quantization_config.{name}"
             raise SpecError(f"quantization_config.{name} must be an object or a string, got {value!r}")
     return None
+
+
+SIDECAR = "hf_quant_config.json"
+
+
+def with_sidecar_quant_config(config: Any, folder: Path) -> Any:
+    """`config` with `quantization_config` read from `folder/hf_quant_config.json`
+    when config.json has none: ModelOpt 0.29 and before wrote it beside the config,
+    and vLLM reads it there (vllm/transformers_utils/config.py). Reads that one
+    file when it exists; anything but a dict config is returned unchanged."""
+    path = folder / SIDECAR
+    if not isinstance(config, dict) or config.get("quantization_config") is not None or not path.is_file():
+        return config
+    try:
+        sidecar = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecError(f"cannot read {path}: {e}") from None
+    if not isinstance(sidecar, dict):
+        raise SpecError(f"{path} must be a JSON object")
+    return {**config, "quantization_config": sidecar}
