@@ -180,7 +180,8 @@ def test_qwen2_qkv_biases_load_and_match_transformers() -> None:
     want = hf.generate(
         ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12, pad_token_id=0, eos_token_id=None
     )[0, len(prompt) :].tolist()
-    spec = load_model_spec(config, tokens_per_block=4)
+    # the engine runs in float32 here; kv dtype auto would be bf16, what engines serve
+    spec = load_model_spec(config, kv_dtype="fp32", tokens_per_block=4)
     plan = PoolPlan.from_pages(
         spec, {g.name: 40 for g in spec.groups}, ServingLimits(max_batch_size=4, max_seq_len=64, max_num_tokens=16)
     )

@@ -120,7 +120,8 @@ def test_a_kv_scheme_kvpool_cannot_store_is_refused_by_name(quant: dict[str, Any
     with pytest.raises(SpecError, match="kv_cache") as err:
         load_model_spec(config)
     assert named in str(err.value)
-    assert engine_auto_dtype(config) is None
+    # vLLM resolves auto from ModelOpt schemes only; elsewhere its auto is the served dtype
+    assert engine_auto_dtype(config) == (None if quant.get("quant_method") == "modelopt" else "bf16")
     assert load_model_spec(config, kv_dtype="fp8").kv_dtype == "fp8"  # the way out the message names
 
 
@@ -204,3 +205,35 @@ def test_a_broken_sidecar_is_exit_2_naming_it(cli, tmp_path: Path) -> None:  # t
     (tmp_path / "hf_quant_config.json").write_text("{not json")
     code, out, err = cli("inspect", str(tmp_path))
     assert code == 2 and "hf_quant_config.json" in err and err.count("\n") == 1, err
+
+
+def vllm_kv_flag(cli, path: str, *extra: str) -> str:  # type: ignore[no-untyped-def]
+    code, out, err = cli(
+        "plan", path, "--kv-memory", "1GiB", "--max-seq-len", "4096", "--emit", "vllm", "--json", *extra
+    )
+    assert code == 0, err
+    argv = json.loads(out)["argv"]
+    return str(argv[argv.index("--kv-cache-dtype") + 1])
+
+
+@pytest.mark.parametrize(
+    ("fields", "extra", "flag"),
+    [
+        # float32 checkpoint: vLLM's own auto is bf16 too
+        ({"torch_dtype": "float32"}, (), "auto"),
+        # ModelOpt: vLLM's auto reads the scheme, so fp8 is its auto...
+        ({"quantization_config": {"quant_method": "modelopt", "kv_cache_quant_algo": "FP8"}}, (), "auto"),
+        # ...and a bf16 plan of that checkpoint must say bfloat16
+        (
+            {"quantization_config": {"quant_method": "modelopt", "kv_cache_quant_algo": "FP8"}},
+            ("--kv-dtype", "bf16"),
+            "bfloat16",
+        ),
+        # compressed-tensors: vLLM uses the scheme's scales when fp8 is asked for
+        ({"quantization_config": {"quant_method": "compressed-tensors", "kv_cache_scheme": FP8}}, (), "fp8"),
+    ],
+)
+def test_vllm_launch_line_names_the_dtype_unless_vllm_auto_gives_it(  # type: ignore[no-untyped-def]
+    cli, tmp_path: Path, fields: dict[str, Any], extra: tuple[str, ...], flag: str
+) -> None:
+    assert vllm_kv_flag(cli, write(tmp_path, tiny(**{"torch_dtype": "bfloat16", **fields})), *extra) == flag

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpool.errors import SpecError
-from kvpool.spec.quant import declared_kv_dtype
+from kvpool.spec.quant import declared_kv_dtype, declares_modelopt_kv
 
 KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8", "nvfp4")
 
@@ -51,9 +51,14 @@ def auto_kv_dtype(config: Mapping[str, Any]) -> tuple[str, str | None]:
 
 
 def engine_auto_dtype(config: Mapping[str, Any]) -> str | None:
-    """What an engine's `auto` KV dtype resolves to for `config` (None when the
-    checkpoint declares a KV scheme kvpool cannot store): launch lines say
-    `auto` when the planned dtype equals it."""
+    """What vLLM's `--kv-cache-dtype auto` resolves to for `config`: launch lines
+    say `auto` when the planned dtype equals it, else name the dtype. vLLM takes
+    `auto` from the quantization config only for ModelOpt checkpoints
+    (vllm/utils/torch_utils.py `resolve_kv_cache_dtype_string`); a compressed-tensors
+    `kv_cache_scheme` is used when fp8 is asked for, so there `auto` is the served
+    dtype. None when the ModelOpt scheme is one kvpool cannot store."""
+    if not declares_modelopt_kv(config):
+        return served_dtype(config)
     try:
         return auto_kv_dtype(config)[0]
     except SpecError:

@@ -29,6 +29,7 @@ from kvpool.errors import SpecError
 
 # ModelOpt's algorithm names (lower-cased) -> kvpool KV dtype.
 ALGOS = {"fp8": "fp8", "nvfp4": "nvfp4"}
+KV_FIELDS = ("kv_cache_scheme", "kv_cache_quant_algo")
 
 
 def _scheme_dtype(scheme: Mapping[str, Any], field: str) -> str:
@@ -65,7 +66,7 @@ def declared_kv_dtype(config: Mapping[str, Any]) -> tuple[str, str] | None:
     places: list[tuple[str, Mapping[str, Any]]] = [("", quant)]
     if isinstance(inner, Mapping):
         places.insert(0, ("quantization.", inner))
-    for field in ("kv_cache_scheme", "kv_cache_quant_algo"):
+    for field in KV_FIELDS:
         for prefix, table in places:
             value, name = table.get(field), prefix + field
             if value is None:
@@ -76,6 +77,25 @@ def declared_kv_dtype(config: Mapping[str, Any]) -> tuple[str, str] | None:
                 return _algo_dtype(value, name), f"quantization_config.{name}"
             raise SpecError(f"quantization_config.{name} must be an object or a string, got {value!r}")
     return None
+
+
+def declares_modelopt_kv(config: Mapping[str, Any]) -> bool:
+    """Whether `config` is a ModelOpt checkpoint (`quant_method: modelopt`, a
+    ModelOpt producer, or hf_quant_config.json's nested `quantization`) whose
+    quantization config names a KV scheme."""
+    quant = config.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return False
+    inner = quant.get("quantization")
+    tables = [quant, inner] if isinstance(inner, Mapping) else [quant]
+    if all(t.get(f) is None for t in tables for f in KV_FIELDS):
+        return False
+    producer = quant.get("producer")
+    return (
+        str(quant.get("quant_method") or "").startswith("modelopt")
+        or (isinstance(producer, Mapping) and producer.get("name") == "modelopt")
+        or isinstance(inner, Mapping)
+    )
 
 
 SIDECAR = "hf_quant_config.json"
