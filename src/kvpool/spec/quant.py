@@ -1,7 +1,7 @@
 """The KV cache dtype a checkpoint's `quantization_config` declares.
 
 A checkpoint calibrated for a quantized KV cache says so in its config.json, and
-engines serve it that way when the KV dtype is `auto`:
+kvpool's KV dtype `auto` then plans that dtype:
 
 - ModelOpt (`quant_method: modelopt`, NVIDIA TensorRT Model Optimizer) writes
   `kv_cache_quant_algo` ("FP8", "NVFP4"), or in newer releases `kv_cache_scheme`,
@@ -11,7 +11,9 @@ engines serve it that way when the KV dtype is `auto`:
   "float"}` is FP8.
 - compressed-tensors (llm-compressor) writes `kv_cache_scheme`, an object of the
   same shape (`num_bits`, `type`, `strategy`, ...), or null when the KV cache is
-  not quantized.
+  not quantized. Its calibrated FP8 scales are what the checkpoint is meant to be
+  served with, but vLLM uses them only when fp8 is asked for (its `auto` stays the
+  model dtype), so launch lines name the dtype (`dtypes.engine_auto_dtype`).
 
 Only the fields that fix the stored element width are read. A scheme kvpool has no
 dtype for (an INT8 KV cache, 4-bit without NVFP4's 16-value blocks, an unknown
