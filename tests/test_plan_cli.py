@@ -41,6 +41,7 @@ def test_json_has_exactly_the_issue_shape(capsys: pytest.CaptureFixture[str]) ->
         "constraints",
         "max_concurrency",
         "warnings",
+        "notes",
     }
     assert out["policy"] == "reference" and out["budget_bytes"] == 60 * GiB
     assert isinstance(out["total_bytes"], int) and out["total_bytes"] <= 60 * GiB
@@ -84,10 +85,13 @@ def test_pool_ratio_and_profile_phase(capsys: pytest.CaptureFixture[str]) -> Non
     )
     assert out["policy"] == "pool_ratio" and out["constraints"] == []
     out = run_json(
-        capsys, "plan", "llama-3.1-8b-instruct", "--kv-memory", "2GiB", "--phase", "profile", "--max-batch-size", "1024"
+        capsys, "plan", "llama-3.1-8b-instruct", "--kv-memory", "8GiB", "--phase", "profile", "--max-batch-size", "1024"
     )
     assert out["policy"] == "profile"
-    assert [c["name"] for c in out["constraints"]] == ["context", "graph_decodes"]  # type: ignore[index]
+    names = [c["name"] for c in out["constraints"]]  # type: ignore[index]
+    assert names == ["warmup_context", "warmup_batch", "graph_longest"]
+    # 1024 minimal decodes, one 4 MiB page each, are the largest of the three at L = 8192
+    assert any("4.00 GiB" in n for n in out["notes"]), out["notes"]  # type: ignore[union-attr]
 
 
 def test_workload_trace(capsys: pytest.CaptureFixture[str]) -> None:

@@ -108,10 +108,11 @@ def test_deepseek_v4_longest_decode_constraint_includes_draft_and_extra_tokens()
     plan = plan_pools(spec, dsv4_limits(max_draft_len=2, num_extra_kv_tokens=3), kv_memory_bytes=20 * GiB)
     by_name = {c.name: c for c in plan.constraints}
     assert set(by_name) == {"context", "longest_decode"}
-    # Context: N + E = 2048 + 3. Longest decode: (L, L - 1) plus B - 1 = 3 minimal
+    # Context: N + E = 2048 + 3. Longest decode: the warmup dummy of L tokens,
+    # capacity L + d + E = 4096 + 2 + 3 and history L - 1, plus B - 1 = 3 minimal
     # decodes of 1 + d + E = 1 + 2 + 3 = 6 positions, no history.
     assert by_name["context"].batch == (Shape(2051, 0),)
-    assert by_name["longest_decode"].batch == (Shape(4096, 4095),) + (Shape(6, 0),) * 3
+    assert by_name["longest_decode"].batch == (Shape(4101, 4095),) + (Shape(6, 0),) * 3
     for c in plan.constraints:
         assert_holds(plan, c.batch, c.name)
 
@@ -130,4 +131,4 @@ def test_generic_models_never_get_the_longest_decode_constraint(name: str) -> No
     plan = plan_pools(spec, limits, kv_memory_bytes=64 * GiB)
     assert [c.name for c in plan.constraints] == ["context"]
     profile = plan_pools(spec, limits, kv_memory_bytes=64 * GiB, phase="profile")
-    assert [c.name for c in profile.constraints] == ["context", "graph_decodes"]
+    assert [c.name for c in profile.constraints] == ["warmup_context", "warmup_batch", "graph_longest"]

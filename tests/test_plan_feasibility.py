@@ -111,11 +111,12 @@ def test_fit_shrinks_to_the_exact_longest_length_that_fits(
         assert not fits_at(spec, limits.clamped(max_seq_len=1), budget)
         return
     (c,) = plan.constraints
-    got = c.batch[0].capacity
+    # the longest decode is the warmup dummy of L tokens: capacity L + d, history L - 1
+    got = c.batch[0].capacity - d
     if c.shrunk_from is None:
         assert got == seq
         return
-    assert c.shrunk_from == (seq, seq - 1) and c.batch[0] == (got, got - 1)
+    assert c.shrunk_from == (seq + d, seq - 1) and c.batch[0] == (got + d, got - 1)
     assert fits_at(spec, limits.clamped(max_seq_len=got), budget)
     longer = [n for n in range(got + 1, seq + 1) if fits_at(spec, limits.clamped(max_seq_len=n), budget)]
     assert not longer, f"shrunk to {got} but {longer[:5]} also fit"

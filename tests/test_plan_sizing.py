@@ -11,10 +11,7 @@ from hypothesis import strategies as st
 
 from kvpool.errors import InfeasiblePlanError, KvpoolError
 from kvpool.plan import (
-    Constraint,
     ServingLimits,
-    estimate_profile_bytes,
-    longest_decode_batch,
     plan_constraints,
     plan_pools,
     rules_for,
@@ -70,40 +67,6 @@ def test_gemma4_forcing_s_equal_l_starves_the_sliding_pool_and_warns() -> None:
     window_decodes = plan.pages("sliding") // WINDOW_DECODE_PAGES
     assert window_decodes < 0.6 * 256, window_decodes
     assert any("'sliding'" in w and "256" in w and "eager" in w for w in plan.warnings), plan.warnings
-
-
-# --------------------------------------------------------------------------- profile phase
-
-
-def test_profile_plan_of_ordinary_model_stays_within_its_estimate() -> None:
-    spec = load_model_spec("llama-3.1-8b-instruct")
-    limits = ServingLimits(max_batch_size=1024, max_seq_len=131072, max_num_tokens=8192)
-    assert limits.largest_graph_batch == 256
-    estimate = estimate_profile_bytes(spec, limits)
-    # 32 layers x 2 x 8 heads x 128 dims x 2 bytes = 131,072 B per position, 4 MiB
-    # per 32-token page. Context 8192/32 = 256 pages; 256 minimal decodes 1 page
-    # each = 256 pages. Floors are the max over constraints: 256 pages = 1 GiB.
-    assert estimate == 256 * 4 * 2**20
-    plan = plan_pools(spec, limits, kv_memory_bytes=estimate, phase="profile")
-    assert_within_budget(plan)
-    assert plan.total_bytes <= estimate and plan.pages("full") == 256
-    assert [c.name for c in plan.constraints] == ["context", "graph_decodes"]
-    assert all(max(s.capacity for s in c.batch) <= 8192 for c in plan.constraints)
-    # The generic longest-decode floor (the PR 1 regression) would need
-    # 131072/32 + 1023 = 5119 pages: far past the estimate.
-    longest = Constraint("longest_decode", longest_decode_batch(limits, 1024))
-    assert not floors_fit(spec, [longest], estimate)
-
-
-def test_profile_plan_of_deepseek_v4_uses_the_largest_graph_batch() -> None:
-    spec = load_model_spec("deepseek-v4-flash")
-    limits = ServingLimits(
-        max_batch_size=512, max_seq_len=8192, max_num_tokens=4096, cuda_graph_batch_sizes=(1, 2, 4, 8)
-    )
-    plan = plan_pools(spec, limits, kv_memory_bytes=estimate_profile_bytes(spec, limits), phase="profile")
-    by_name = {c.name: c.batch for c in plan.constraints}
-    assert by_name["longest_decode"] == (Shape(8192, 8191),) + (Shape(1, 0),) * 7
-    assert_within_budget(plan)
 
 
 # --------------------------------------------------------------------------- infeasible

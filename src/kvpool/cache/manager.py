@@ -68,15 +68,20 @@ class KVCacheManager(KVCacheCore):
         """Largest token_num (history + current input) the longest row of a
         decode batch of `batch_size` can have, the other rows being minimal
         decodes, given the pages free now; page-exact, capped at
-        `limits.max_seq_len`, 0 if nothing fits (see `cache.warmup`)."""
+        `limits.max_seq_len`, 0 if nothing fits (see `plan.capture`)."""
+        warmup_mod.check_dummy_args(batch_size, 1, draft_len)
         return warmup_mod.max_generation_length(self, batch_size, draft_len)
 
     def warmup(self, batch_sizes: Iterable[int] | None = None, draft_lens: Iterable[int] = (0,)) -> WarmupReport:
         """Dry-run CUDA-graph warmup for every (batch size, draft length)
         (default batch sizes: `limits.graph_batch_sizes`), then reserve one
         persistent padding dummy per draft length (see `padding_dummy`)."""
-        sizes = self.limits.graph_batch_sizes if batch_sizes is None else batch_sizes
-        return warmup_mod.warmup(self, sizes, draft_lens)
+        sizes = tuple(self.limits.graph_batch_sizes if batch_sizes is None else batch_sizes)
+        drafts = tuple(draft_lens)
+        for b in sizes:
+            for d in drafts:
+                warmup_mod.check_dummy_args(b, 1, d)
+        return warmup_mod.warmup(self, sizes, drafts)
 
     def reserve_padding_dummy(self, draft_len: int = 0) -> int | None:
         """The persistent padding dummy for `draft_len` (a minimal generation

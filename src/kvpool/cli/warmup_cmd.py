@@ -9,6 +9,7 @@ from kvpool.cache import KVCacheManager, WarmupReport
 from kvpool.cli.common import add_json_arg, print_json, table
 from kvpool.cli.plan_args import add_plan_args, plan_from_args
 from kvpool.errors import LimitsError
+from kvpool.plan.report import window_decodes_below_graph
 
 
 def register(sub: Any) -> None:
@@ -83,6 +84,8 @@ def render(report: WarmupReport, batch_sizes: tuple[int, ...], drafts: tuple[int
             f"warning: no pages for the draft-{d} padding dummy (short {short}): padded "
             "batches of that draft length fall back to eager"
         )
+    for name, short in report.unfit.items():
+        lines.append(f"warning: warmup shape '{name}' does not fit (short {short}): the engine's warmup would fail")
     return "\n".join(lines)
 
 
@@ -99,4 +102,10 @@ def run(args: argparse.Namespace) -> int:
             f" pages (max_seq_len {plan.limits.max_seq_len})"
         )
         print(render(report, sizes, drafts))
+        for name, (held, per) in window_decodes_below_graph(plan).items():
+            print(
+                f"note: group '{name}' holds {held} full-window decodes ({per} pages each) at once, fewer than the "
+                f"largest graph batch {plan.limits.largest_graph_batch}: larger captured batches form only from "
+                "requests shorter than its window (the same note as `kvpool plan`)"
+            )
     return 0

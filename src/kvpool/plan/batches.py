@@ -63,6 +63,31 @@ def context_constraint(limits: ServingLimits) -> Constraint | None:
     return Constraint("context", (context_shape(limits, limits.max_num_tokens),))
 
 
-def graph_decodes_constraint(limits: ServingLimits) -> Constraint:
-    """The largest CUDA-graph batch of minimal decodes, as warmup captures it."""
-    return Constraint("graph_decodes", (minimal_decode(limits),) * limits.largest_graph_batch)
+def generation_dummy(token_num: int, limits: ServingLimits) -> Shape:
+    """A warmup generation dummy of `token_num` (history plus the current input
+    token): capacity `token_num + d + E`, history `token_num - 1` (docs/design.md,
+    rule 2: the current input is inside `token_num`, not counted again)."""
+    return Shape(token_num + limits.max_draft_len + limits.num_extra_kv_tokens, token_num - 1)
+
+
+def warmup_context(limits: ServingLimits) -> Shape | None:
+    """The context warmup dummy: N prompt tokens, the first generated token and
+    d drafts, plus E: `(N + 1 + d + E, 0)`; None without a token budget."""
+    if limits.max_num_tokens is None:
+        return None
+    return Shape(limits.max_num_tokens + limits.headroom, 0)
+
+
+def warmup_constraints(limits: ServingLimits) -> tuple[Constraint, ...]:
+    """The shapes warmup runs, one after another (so each is a floor of its own):
+    the context dummy, the general warmup batch of B minimal decodes, and the
+    largest CUDA-graph batch padded around one dummy of max_seq_len tokens (the
+    longest decode a captured graph is warmed up with; smaller graph batches
+    are subsets of it)."""
+    minimal = minimal_decode(limits)
+    context = warmup_context(limits)
+    out = [Constraint("warmup_context", (context,))] if context else []
+    out.append(Constraint("warmup_batch", (minimal,) * limits.max_batch_size))
+    longest = generation_dummy(limits.max_seq_len, limits)
+    out.append(Constraint("graph_longest", (longest,) + (minimal,) * (limits.largest_graph_batch - 1)))
+    return tuple(out)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
-from kvpool.plan.batches import Constraint, minimal_decode
+from kvpool.plan.batches import Constraint, generation_dummy, minimal_decode
 from kvpool.plan.limits import ServingLimits
 from kvpool.spec import ModelSpec, Shape
 
@@ -42,18 +42,20 @@ class GenericRules:
 
 
 def longest_decode_batch(limits: ServingLimits, batch_size: int) -> tuple[Shape, ...]:
-    """One decode at max length `(L, L - 1)` plus `batch_size - 1` minimal decodes
-    of `1 + d + E` positions: a CUDA-graph warmup batch padded around the longest
-    request."""
-    longest = Shape(limits.max_seq_len, limits.max_seq_len - 1)
+    """One generation dummy of max_seq_len tokens `(L + d + E, L - 1)` plus
+    `batch_size - 1` minimal decodes of `1 + d + E` positions: the CUDA-graph
+    warmup batch padded around the longest request, exactly as warmup allocates
+    it (its drafts and extra KV tokens lie past L and need pages too)."""
+    longest = generation_dummy(limits.max_seq_len, limits)
     return (longest,) + (minimal_decode(limits),) * (batch_size - 1)
 
 
 class DeepSeekV4Rules:
     """DeepSeek-V4 keeps the max-length model: S falls back to L, and the longest
     decode plus `B - 1` short requests must always fit, so that its ageless
-    compressed pools never starve the window pool during warmup. In the profile
-    phase the batch is the largest CUDA-graph batch, which is what warmup runs."""
+    compressed pools never starve the window pool during warmup. The profile
+    phase needs nothing more: its generic `graph_longest` shape is this batch
+    at the largest CUDA-graph batch size, which is what warmup runs."""
 
     name = "deepseek_v4"
 
@@ -61,8 +63,9 @@ class DeepSeekV4Rules:
         return limits.avg_seq_len or limits.max_seq_len
 
     def constraints(self, limits: ServingLimits, phase: Phase) -> tuple[Constraint, ...]:
-        batch = limits.largest_graph_batch if phase == "profile" else limits.max_batch_size
-        return (Constraint("longest_decode", longest_decode_batch(limits, batch)),)
+        if phase == "profile":
+            return ()
+        return (Constraint("longest_decode", longest_decode_batch(limits, limits.max_batch_size)),)
 
 
 _RULES: dict[str, FamilyRules] = {"deepseek_v4": DeepSeekV4Rules()}

@@ -67,23 +67,26 @@ def largest_fitting(lo: int, hi: int, fits: Callable[[int], bool]) -> int:
     return lo
 
 
-def largest_fitting_length(lo: int, hi: int, tpb: int, fits: Callable[[int], bool]) -> int:
+def largest_fitting_length(lo: int, hi: int, tpb: int, fits: Callable[[int], bool], *, lead: int = 0) -> int:
     """Largest request length x in [lo, hi] with fits(x); lo - 1 if none.
+    The shapes tested for x end at capacity `x + lead` (a decode's drafts and
+    extra KV tokens lie past its length).
 
     Page needs are not monotone in the length: a decode one position past a
     page boundary can hold one more sliding page than one exactly at the
     boundary, so bisection alone can miss the answer. They are monotone over
-    page-aligned lengths (a shift by tpb shifts the window by whole pages), and
-    no length inside a page needs fewer pages than the page's aligned start.
-    So: bisect over multiples of tpb, then scan down the page above the last
-    fitting one. Exact for full, sliding, compressed and state groups.
+    lengths whose capacity is page-aligned (a shift by tpb shifts the window by
+    whole pages), and no length inside such a page needs fewer pages than its
+    aligned start. So: bisect over the aligned lengths, then scan down the page
+    above the last fitting one. Exact for full, sliding, compressed and state
+    groups.
     """
     if hi < lo:
         return lo - 1
-    k_lo, k_hi = -(-lo // tpb), hi // tpb
-    k = largest_fitting(k_lo, k_hi, lambda j: fits(j * tpb)) if k_lo <= k_hi else k_lo - 1
-    top = min(hi, (k + 1) * tpb - 1)
-    bottom = max(lo, k * tpb)
+    k_lo, k_hi = -(-(lo + lead) // tpb), (hi + lead) // tpb
+    k = largest_fitting(k_lo, k_hi, lambda j: fits(j * tpb - lead)) if k_lo <= k_hi else k_lo - 1
+    top = min(hi, (k + 1) * tpb - 1 - lead)
+    bottom = max(lo, k * tpb - lead)
     for x in range(top, bottom - 1, -1):
         if fits(x):
             return x
@@ -187,7 +190,13 @@ def infeasible(
         return floors_fit(spec, build(changed), budget)
 
     best_b = largest_fitting(1, limits.max_batch_size, lambda b: fits_with(max_batch_size=b))
-    best_l = largest_fitting_length(1, limits.max_seq_len, spec.tokens_per_block, lambda n: fits_with(max_seq_len=n))
+    best_l = largest_fitting_length(
+        1,
+        limits.max_seq_len,
+        spec.tokens_per_block,
+        lambda n: fits_with(max_seq_len=n),
+        lead=limits.max_draft_len + limits.num_extra_kv_tokens,  # longest decodes end at L + d + E
+    )
     best_n = 0
     if limits.max_num_tokens is not None:  # the context constraint grows with N
         best_n = max(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvpool.plan.batches import Constraint, decode_shape, minimal_decode
+from kvpool.plan.plan_pages import plan_warmup
 from kvpool.plan.result import PoolPlan
 from kvpool.spec import decode_worst_case_pages, pages_needed, pages_per_group
 
@@ -21,21 +22,80 @@ def graph_padding_pages(plan: PoolPlan, name: str) -> int:
     return pages_needed(group, shape.capacity, shape.history)
 
 
-def plan_warnings(plan: PoolPlan) -> tuple[str, ...]:
-    """Warnings for a final plan: a group that cannot hold the largest CUDA-graph
-    batch of full-window decodes (padding dummies then fail and padded batches run
-    eagerly), and a max-length request that does not fit at all."""
-    out = []
-    graph = plan.limits.largest_graph_batch
+def spans(selected: Sequence[int], sizes: Sequence[int]) -> str:
+    """The `selected` graph batch sizes as runs over the listed `sizes`, e.g.
+    "1..64, 96" ("all 35 (1..256)" when nothing is left out)."""
+    chosen = set(selected)
+    if not chosen:
+        return "none"
+    runs: list[list[int]] = []
+    for i, b in enumerate(sizes):
+        if b in chosen:
+            if runs and i > 0 and sizes[i - 1] == runs[-1][-1]:
+                runs[-1].append(b)
+            else:
+                runs.append([b])
+    text = ", ".join(f"{r[0]}..{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+    return f"all {len(sizes)} ({text})" if chosen >= set(sizes) else text
+
+
+def window_decodes_below_graph(plan: PoolPlan) -> dict[str, tuple[int, int]]:
+    """Groups with a bounded decode need (a full window) whose pages hold fewer
+    such decodes than the largest CUDA-graph batch: name -> (decodes held,
+    pages per decode)."""
+    out = {}
     for g in plan.groups:
-        per = graph_padding_pages(plan, g.name)
-        if graph * per > g.pages:
+        per = decode_worst_case_pages(plan.spec.group(g.name), plan.limits.headroom)
+        if per is not None and plan.limits.largest_graph_batch * per > g.pages:
+            out[g.name] = (g.pages // per, per)
+    return out
+
+
+def graph_warnings(plan: PoolPlan) -> list[str]:
+    """What the CUDA-graph warmup on this plan's pages finds (`plan_warmup`, the
+    computation `kvpool warmup` runs on the manager): sizes it cannot capture,
+    a padding dummy without pages, a warmup shape that does not fit, and groups
+    that hold fewer full-window decodes than the largest graph batch. Each
+    graph warning names the sizes that are safe (captured)."""
+    report = plan_warmup(plan)
+    limits = plan.limits
+    sizes = limits.graph_batch_sizes
+    tail = ", or drop avg_seq_len)" if limits.avg_seq_len is not None else ")"
+    out = []
+    for d in sorted(report.padding):
+        safe = [b for b, dd in report.captured if dd == d]
+        skipped = [s for s in report.skipped if s.draft_len == d]
+        if skipped:
+            worst = max(skipped, key=lambda s: s.short_pages)
             out.append(
-                f"group '{g.name}' holds {g.pages // per} decodes of {per} page{'s' * (per != 1)} each but the "
-                f"largest CUDA-graph batch is {graph}: padded decode batches may not fit and "
-                "fall back to eager mode (raise its share or lower the graph batch sizes"
-                + (", or drop avg_seq_len)" if plan.limits.avg_seq_len is not None else ")")
+                f"CUDA-graph batch sizes {spans([s.batch_size for s in skipped], sizes)} (draft {d}) cannot be captured: "
+                f"group '{worst.group}' is up to {worst.short_pages} pages short, so those batches run eagerly; "
+                f"safe sizes: {spans(safe, sizes)} (raise its share or lower the graph batch sizes" + tail
             )
+        if d in report.padding_short:
+            out.append(
+                f"no pages for the draft-{d} padding dummy (short {dict(report.padding_short[d])}): padded batches "
+                "of that draft length run eagerly"
+            )
+    for name, short in report.unfit.items():
+        out.append(f"warmup shape '{name}' does not fit (short {dict(short)}): the engine's warmup would fail")
+    graph = limits.largest_graph_batch
+    safe0 = [b for b, d in report.captured if d == limits.max_draft_len]
+    for name, (held, per) in window_decodes_below_graph(plan).items():
+        out.append(
+            f"group '{name}' holds {held} decodes of {per} page{'s' * (per != 1)} each (a full window) but the "
+            f"largest CUDA-graph batch is {graph}: batches above {held} form only from requests shorter than "
+            "its window, and an engine that allocates its padding dummy per step falls back to eager mode when "
+            f"the pool is full; kvpool's warmup captures sizes {spans(safe0, sizes)} with a reserved padding dummy "
+            "(raise its share or lower the graph batch sizes" + tail
+        )
+    return out
+
+
+def plan_warnings(plan: PoolPlan) -> tuple[str, ...]:
+    """Warnings for a final plan: the CUDA-graph findings of `graph_warnings`,
+    and a max-length request that does not fit at all."""
+    out = graph_warnings(plan)
     longest = decode_shape(plan.limits.max_seq_len, plan.limits)
     if plan.max_requests(longest) == 0:
         out.append(f"not even one request at max_seq_len {plan.limits.max_seq_len} fits the pools")

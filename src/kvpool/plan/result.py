@@ -154,4 +154,5 @@ class PoolPlan:
             ],
             "max_concurrency": self.max_concurrency(),
             "warnings": list(self.warnings),
+            "notes": list(self.notes),
         }

@@ -10,9 +10,9 @@ from kvpool.errors import LimitsError
 from kvpool.plan.batches import (
     Constraint,
     context_constraint,
-    graph_decodes_constraint,
     reference_batch,
     typical_step,
+    warmup_constraints,
 )
 from kvpool.plan.families import FamilyRules, Phase, rules_for
 from kvpool.plan.feasibility import base_floors, merge_floors, pages_bytes, resolve_floors
@@ -22,6 +22,7 @@ from kvpool.plan.result import GroupPlan, PoolPlan
 from kvpool.plan.waterfill import waterfill
 from kvpool.plan.workload import RatioPolicy
 from kvpool.spec import ModelSpec, Shape, pages_per_group
+from kvpool.units import format_bytes
 
 PHASES = ("final", "profile")
 
@@ -71,14 +72,15 @@ def plan_constraints(
     """The batches that must fit (docs/design.md, rule 4).
 
     final: none with an explicit ratio (an opt-out) or without S; else the
-    generic context constraint plus the family's. profile: what warmup runs,
-    one context of N and the largest CUDA-graph batch of minimal decodes, plus
-    the family's profile constraints (none for ordinary models).
+    generic context constraint plus the family's. profile: the shapes warmup
+    runs (`warmup_constraints`: the context dummy with its generated token and
+    drafts, the general batch of B minimal decodes, the largest CUDA-graph batch
+    around one max-length dummy), plus the family's profile constraints.
     """
+    if phase == "profile":
+        return warmup_constraints(limits) + rules.constraints(limits, phase)
     context = context_constraint(limits)
     generic = (context,) if context else ()
-    if phase == "profile":
-        return generic + (graph_decodes_constraint(limits),) + rules.constraints(limits, phase)
     if explicit_ratio or rules.typical_seq_len(limits) is None:
         return ()
     return generic + rules.constraints(limits, phase)
@@ -130,7 +132,10 @@ def plan_pools(
     if phase == "profile":
         name = "profile"
         ratio: dict[str, float] = {g.name: floors[g.name] * g.slot_bytes for g in spec.groups}
-        notes += ("profile phase: sized for the warmup shapes; pool_ratio, policy and avg_seq_len are not used",)
+        notes += (
+            f"profile phase: the warmup shapes need {format_bytes(pages_bytes(spec, floors))} "
+            "(estimate_profile_bytes); pool_ratio, policy and avg_seq_len are not used",
+        )
     elif shares is not None:
         name, ratio = "pool_ratio", shares
     elif policy is not None:
@@ -176,10 +181,12 @@ def plan_pools(
 
 
 def estimate_profile_bytes(spec: ModelSpec, limits: ServingLimits) -> int:
-    """Bytes the profile plan's floors need: one page per group, one context of
-    N + E, the largest CUDA-graph batch of minimal decodes, and the family's
-    profile constraints, all at once. A profile plan given at least this budget
-    always succeeds and never allocates more than it is given."""
+    """Bytes the profile plan's floors need: one page per group and the largest
+    need of each group over the warmup shapes (`warmup_constraints`), which
+    warmup runs one after another. A profile plan given at least this budget
+    always succeeds, holds every warmup shape, and never allocates more than
+    it is given; one given less raises `InfeasiblePlanError` naming the shape
+    (floors never grow the budget)."""
     floors = base_floors(spec)
     for c in plan_constraints(limits, rules_for(spec), "profile", explicit_ratio=False):
         floors = merge_floors(floors, pages_per_group(spec, c.batch))
