@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from kvpool.spec.dispatch import family_of
 from kvpool.spec.dtypes import resolve_kv_dtype_noted
 from kvpool.spec.families import Context, LayerCache
 from kvpool.spec.groups import LayerGroup, ModelSpec
+from kvpool.spec.jsonfile import read_json
 from kvpool.spec.kinds import kind_rule
 from kvpool.spec.quant import with_sidecar_quant_config
 from kvpool.spec.validate import check_text_config, validate_config
@@ -41,14 +41,7 @@ def read_config_from(source: str | Path | Mapping[str, Any]) -> tuple[str, str, 
         if path.is_dir():
             path = path / "config.json"
         if path.suffix == ".json" or path.exists():
-            try:
-                config = json.loads(path.read_text())
-            except FileNotFoundError:
-                raise SpecError(f"config file {path} does not exist") from None
-            except (OSError, UnicodeDecodeError) as e:
-                raise SpecError(f"cannot read config file {path}: {e}") from None
-            except json.JSONDecodeError as e:
-                raise SpecError(f"config file {path} is not valid JSON: {e}") from None
+            config = read_json(path)
             name = path.parent.name if path.name == "config.json" else path.stem
             where = str(path)
             config = with_sidecar_quant_config(config, path.parent)
@@ -115,15 +108,16 @@ def load_model_spec(
     `max_seq_len` (default: the config's `max_position_embeddings`) is full
     attention. Raises `SpecError` (a `KvpoolError`) on anything it cannot read.
     """
-    if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
-        raise SpecError(f"tp_size must be a positive integer, got {tp_size!r}")
+    for arg, value in (("tp_size", tp_size), ("tokens_per_block", tokens_per_block), ("max_seq_len", max_seq_len)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise SpecError(f"{arg} must be a positive integer, got {value!r}")
+    if not isinstance(source, str | Path | Mapping):
+        raise SpecError(f"a model is a preset name, a config path or a config dict, not {type(source).__name__}")
     name, where, config = read_config_from(source)
     validate_config(config, where)
     config = with_defaults(config)
     family, rule = family_of(config)
     tpb = tokens_per_block or FAMILY_TOKENS_PER_BLOCK.get(family, DEFAULT_TOKENS_PER_BLOCK)
-    if tpb <= 0:
-        raise SpecError(f"tokens_per_block must be positive, got {tpb}")
     dtype, dtype_note = resolve_kv_dtype_noted(kv_dtype, config)
     max_pos = config.get("max_position_embeddings")
     ctx = Context(kv_dtype=dtype, tp_size=tp_size, max_seq_len=max_seq_len or max_pos)

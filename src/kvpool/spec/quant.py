@@ -22,12 +22,12 @@ algorithm) is refused by name rather than planned at the wrong width.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from kvpool.errors import SpecError
+from kvpool.spec.jsonfile import read_json
 
 # ModelOpt's algorithm names (lower-cased) -> kvpool KV dtype.
 ALGOS = {"fp8": "fp8", "nvfp4": "nvfp4"}
@@ -111,10 +111,7 @@ def with_sidecar_quant_config(config: Any, folder: Path) -> Any:
     path = folder / SIDECAR
     if not isinstance(config, dict) or config.get("quantization_config") is not None or not path.is_file():
         return config
-    try:
-        sidecar = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpecError(f"cannot read {path}: {e}") from None
+    sidecar = read_json(path, "quantization sidecar")
     if not isinstance(sidecar, dict):
         raise SpecError(f"{path} must be a JSON object")
     return {**config, "quantization_config": sidecar}

@@ -80,6 +80,12 @@ UNMODELLED = {
 }
 
 
+MAX_CONFIG_INT = 2**31 - 1
+# Tighter bounds where kvpool walks the count one by one (the deepest published
+# decoder has a few hundred layers).
+MAX_FIELD = {"num_hidden_layers": 10_000}
+
+
 def _int(value: Any, field: str, where: str, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError(f"{where}: malformed field {field!r}: must be an integer, got {value!r}")
@@ -88,6 +94,11 @@ def _int(value: Any, field: str, where: str, low: int) -> int:
     if value < low:
         what = "positive" if low == 1 else "non-negative"
         raise SpecError(f"{where}: field {field!r} must be {what}, got {value!r}")
+    if value > MAX_CONFIG_INT:
+        # no real dimension comes near this; past it sizes overflow int64 arithmetic
+        raise SpecError(f"{where}: field {field!r} is implausibly large ({value!r} > 2**31 - 1)")
+    if value > MAX_FIELD.get(field, MAX_CONFIG_INT):
+        raise SpecError(f"{where}: field {field!r} is implausibly large ({value!r} > {MAX_FIELD[field]:,})")
     return int(value)
 
 
