@@ -22,7 +22,9 @@ _UNITS = {
     "g": 2**30,
     "t": 2**40,
 }
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+# 1 EiB: far past any machine, and small enough that every sum of sizes stays exact in int64.
+MAX_SIZE = 2**60
 
 
 def parse_size(text: str | int) -> int:
@@ -35,9 +37,14 @@ def parse_size(text: str | int) -> int:
         unit = match.group(2).lower() if match else None
         if match is None or unit not in _UNITS:
             raise KvpoolError(f"cannot read size {text!r}; write e.g. 40GiB, 512MiB or 1073741824")
-        value = int(float(match.group(1)) * _UNITS[unit])
+        number = float(match.group(1)) * _UNITS[unit]
+        if number > MAX_SIZE:  # also inf: '1e400' overflows the float
+            raise KvpoolError(f"size {text!r} is larger than 1 EiB; write the budget of one GPU, e.g. 40GiB")
+        value = int(number)
     if value <= 0:
         raise KvpoolError(f"size {text!r} must be positive")
+    if value > MAX_SIZE:
+        raise KvpoolError(f"size {text!r} is larger than 1 EiB; write the budget of one GPU, e.g. 40GiB")
     return value
 
 

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvpool.spec import KV_DTYPES, ModelSpec, load_model_spec
 
+# Past this a count is a typo, and sizes derived from it would overflow int64.
+MAX_COUNT = 2**40
 
-def int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= `low` (one clear message otherwise)."""
+
+def int_at_least(low: int, high: int = MAX_COUNT) -> Callable[[str], int]:
+    """An argparse type: an integer in [`low`, `high`] (one clear message otherwise)."""
     what = "a positive integer" if low == 1 else f"an integer >= {low}" if low else "a non-negative integer"
 
     def parse(text: str) -> int:
@@ -22,12 +26,25 @@ def int_at_least(low: int) -> Callable[[str], int]:
             value = low - 1
         if value < low:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"expected at most {high:,}, got {text!r}")
         return value
 
     return parse
 
 
 positive_int = int_at_least(1)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (nan, inf and 0 are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite positive number, got {text!r}")
+    return value
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

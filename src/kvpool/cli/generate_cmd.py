@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpool.cli.common import add_json_arg, positive_int, print_json, table
+from kvpool.cli.generate_checks import check_device, check_positions
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.engine.names import ARCHS, PACKAGED
 from kvpool.errors import KvpoolError
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     from kvpool.engine import weights
 
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
-    _check_device(torch, args.device)
+    check_device(torch, args.device)
     tokenizer = None
     if args.tiny:
         config = weights.tiny_config(args.tiny)
@@ -232,16 +233,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_device(torch: Any, name: str) -> None:
-    """One clear line for a device this torch build cannot use."""
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise KvpoolError(f"--device {name!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise KvpoolError(f"--device {name}: this torch build sees no CUDA device; use --device cpu")
-
-
 # Files a Hugging Face tokenizer is loaded from; a folder with none has no tokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -268,6 +259,7 @@ def _engine(args: argparse.Namespace, model: Any, config: dict[str, Any], prompt
     from kvpool.units import parse_size
 
     longest = max(len(p) for p in prompts) + args.max_new_tokens
+    check_positions(config, max(len(p) for p in prompts), args.max_new_tokens)
     kv_dtype = DTYPES[str(model.dtype).removeprefix("torch.")]
     spec = load_model_spec(config, kv_dtype=kv_dtype, tokens_per_block=args.tokens_per_block)
     limits = ServingLimits(

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -48,10 +49,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def join_negative_values(argv: Sequence[str]) -> list[str]:
+    """`--opt -5GiB` as `--opt=-5GiB`: argparse takes a value that starts with
+    '-' and is not a plain number for an option and answers "expected one
+    argument"; joined, the option's own check says what is wrong with it."""
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and re.match(r"-[0-9.]", token):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # a full disk or closed pipe shows here, not in the interpreter's exit
         return code
     except KvpoolError as e:
         print(f"kvpool {args.command}: error: {e}", file=sys.stderr)
@@ -62,9 +77,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # the reader left (`kvpool ... | head`): not an error. Point stdout at
         # devnull so that the interpreter's final flush does not fail again.
-        with contextlib.suppress(OSError, ValueError):  # stdout may not be a real file
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _silence_stdout()
         return 0
+    except OSError as e:  # the machine's, not kvpool's: a full disk, a device gone
+        _silence_stdout()
+        where = f" ({e.filename})" if e.filename else " (writing the output)"
+        print(f"kvpool {args.command}: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
     except Exception as e:  # an internal failure: say so, keep the traceback opt-in
         if os.environ.get("KVPOOL_DEBUG"):
             raise
@@ -73,6 +92,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _silence_stdout() -> None:
+    """Point stdout at devnull so that the interpreter's final flush of what is
+    still buffered does not fail a second time."""
+    with contextlib.suppress(OSError, ValueError):  # stdout may not be a real file
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -29,9 +29,12 @@ non_negative_int = int_at_least(0)
 
 
 def optional_tokens(text: str) -> int | None:
-    """A positive token count, or `none` for no per-iteration budget."""
-    if text.lower() in ("none", "0"):
+    """A positive token count, or `none` for no per-iteration budget (0 is
+    refused: it reads as "no tokens per step", which cannot serve anything)."""
+    if text.lower() == "none":
         return None
+    if text.strip() == "0":
+        raise argparse.ArgumentTypeError("expected a positive token budget, or 'none' for no per-step budget; got '0'")
     return positive_int(text)
 
 

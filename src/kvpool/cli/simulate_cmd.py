@@ -9,7 +9,7 @@ from typing import Any
 
 from kvpool import presets
 from kvpool.cli.budget import kv_budget
-from kvpool.cli.common import add_json_arg, int_at_least, positive_int, print_json
+from kvpool.cli.common import add_json_arg, int_at_least, positive_float, positive_int, print_json
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.cli.plan_args import (
     add_plan_args,
@@ -32,6 +32,9 @@ from kvpool.sim.policies import (
     sweep_shares,
 )
 from kvpool.units import format_bytes, parse_size
+
+# Each sweep point is a whole simulation of the trace: past this a typo, not a study.
+MAX_SWEEP_POINTS = 200
 
 
 def register(sub: Any) -> None:
@@ -68,7 +71,11 @@ def register(sub: Any) -> None:
         "to find the best split; the policies are placed on the curve",
     )
     s.add_argument(
-        "--sweep-points", type=positive_int, default=10, metavar="K", help="shares in the sweep (default 10)"
+        "--sweep-points",
+        type=int_at_least(1, MAX_SWEEP_POINTS),
+        default=10,
+        metavar="K",
+        help=f"shares in the sweep (default 10, at most {MAX_SWEEP_POINTS}: each is a whole simulation)",
     )
     s.add_argument(
         "--sweep-range",
@@ -114,7 +121,11 @@ def register(sub: Any) -> None:
         help="model weights size (default: data/model_params.json for bundled models)",
     )
     s.add_argument(
-        "--active-params", type=float, default=None, metavar="N", help="active parameters per token (MoE), e.g. 3.8e9"
+        "--active-params",
+        type=positive_float,
+        default=None,
+        metavar="N",
+        help="active parameters per token (MoE), e.g. 3.8e9",
     )
     s.add_argument("--plot", default=None, metavar="OUT.png", help="write a plot (needs matplotlib)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")

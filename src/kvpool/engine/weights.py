@@ -214,11 +214,15 @@ def load_folder(
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise EngineError(f"{folder} has no *.safetensors weights")
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(str(f)))
+        try:
+            state.update(load_file(str(f)))
+        except SafetensorError as e:  # a header too large, too small or not JSON: the file, not kvpool
+            raise EngineError(f"{f} is not a readable safetensors file: {e}") from None
     if dtype is None:
         name = str(config.get("torch_dtype") or config.get("dtype") or "float32")
         dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.float32)

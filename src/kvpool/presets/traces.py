@@ -40,6 +40,12 @@ from kvpool.trace import MOONCAKE_BLOCK_TOKENS, Trace, TraceError
 
 __all__ = ["MOONCAKE_BLOCK_TOKENS", "Trace", "TraceError", "load_trace"]
 
+# Traces are read whole into arrays; past this size the lists of a CSV reader
+# alone take several GB (the bundled traces are a few MB).
+MAX_TRACE_BYTES = 512 * 2**20
+# Token counts past int32 are no real request, and overflow the simulator's int64 sums.
+MAX_REQUEST_TOKENS = 2**31 - 1
+
 # Header spellings (lower-cased, spaces/dashes as underscores) per column role.
 _PROMPT = (
     "prompt_len",
@@ -90,6 +96,12 @@ def load_trace(name_or_path: str | Path, *, max_requests: int | None = None) -> 
         if not path.is_file():
             raise TraceError(f"trace {text!r} is neither a bundled trace ({', '.join(TRACES)}) nor a file")
     try:
+        size = path.stat().st_size
+        if size > MAX_TRACE_BYTES:
+            raise TraceError(
+                f"trace {path} is {size / 2**30:.1f} GiB, over the {MAX_TRACE_BYTES // 2**20} MiB kvpool reads whole: "
+                f"cut it first (e.g. head -n 1000001 {path} > part{path.suffix})"
+            )
         with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: Excel's BOM
             if path.suffix.lower() in (".jsonl", ".json"):
                 trace = _read_jsonl(f.read().splitlines(), name, path)
@@ -118,6 +130,8 @@ def _int(value: object, path: Path, line: int, column: str) -> int:
         raise TraceError(f"{path}:{line}: {column} must be a whole number, got {value!r}") from None
     if result < 1:
         raise TraceError(f"{path}:{line}: {column} must be at least 1, got {result}")
+    if result > MAX_REQUEST_TOKENS:
+        raise TraceError(f"{path}:{line}: {column} {result} is implausibly long (more than 2**31 - 1 tokens)")
     return result
 
 

@@ -31,8 +31,17 @@ def check_target(path: str | Path) -> None:
         raise KvpoolError(
             f"--plot {path}: cannot write a .{suffix or '(no suffix)'} file; use one of .{', .'.join(sorted(kinds))}"
         )
-    if not Path(path).resolve().parent.is_dir():
-        raise KvpoolError(f"--plot {path}: folder {Path(path).parent} does not exist")
+    target = Path(path)
+    if not target.resolve().parent.is_dir():
+        raise KvpoolError(f"--plot {path}: folder {target.parent} does not exist")
+    existed = target.exists()
+    try:  # the only sure test of "can be written" (/proc is a folder, root passes access())
+        with target.open("ab"):
+            pass
+    except OSError as e:
+        raise KvpoolError(f"--plot {path}: cannot write there ({e.strerror or e})") from None
+    if not existed:
+        target.unlink()  # leave nothing behind if the runs fail
 
 
 def plot_runs(
