@@ -165,14 +165,22 @@ def test_unknown_and_duplicate_ids_raise() -> None:
         m.free_pages("sliding")
 
 
-def test_more_requests_than_slots_and_longer_than_max_seq_len() -> None:
-    # slot arrays start at max_batch_size + 8 = 9 rows and tables at ~max_seq_len: both grow
+def test_more_requests_than_slots_but_never_longer_than_max_seq_len() -> None:
+    # slot arrays start at max_batch_size + 8 = 9 rows: they grow. Capacity stops at
+    # max_seq_len + headroom (64 + 1), the length the pools were sized for.
+    from kvpool.cache import CacheUsageError
+
     m = manager(full_spec(tpb=16), {"full": 200}, max_batch_size=1, max_seq_len=64)
     for rid in range(20):
         m.create(rid)
         assert m.resize(rid, 16, 0)
-    assert m.resize(0, 16 * 150, 0)  # 150 pages, far past the 64-token limit
-    assert m.live_pages(0, "full") == 150 and m.free_pages("full") == 200 - 150 - 19
+    assert m.resize(0, 65, 0)  # 5 pages: max_seq_len plus one decode token
+    with pytest.raises(CacheUsageError, match="max_seq_len"):
+        m.resize(0, 66, 0)
+    with pytest.raises(CacheUsageError, match="max_seq_len"):
+        m.extend([0, 1], 1)  # request 0 would reach 66
+    assert m.capacity(0) == 65 and m.capacity(1) == 16
+    assert m.live_pages(0, "full") == 5 and m.free_pages("full") == 200 - 5 - 19
     m.check_integrity()
 
 

@@ -71,8 +71,10 @@ def test_dummy_batches_are_all_or_nothing() -> None:
 def test_query_is_capped_at_max_seq_len_and_counts_pages_free_now() -> None:
     m = manager(full_spec(tpb=16), {"full": 100}, max_seq_len=300)
     assert m.max_generation_length(1) == 300  # 100 pages = 1600 positions, capped
-    m.create(1)
-    assert m.resize(1, 16 * 95, 0)  # 5 pages left = 80 positions
+    for rid, pages in enumerate([18] * 5 + [5]):  # 95 pages in requests no longer than max_seq_len
+        m.create(rid)
+        assert m.resize(rid, 16 * pages, 0)
+    assert m.free_pages("full") == 5  # 80 positions
     assert m.max_generation_length(1) == 80
     assert m.max_generation_length(2, 3) == 64 - 3  # one page for the short row, 4 left
     assert m.max_generation_length(6) == 0  # 5 short rows eat every page
@@ -140,6 +142,7 @@ def test_query_is_page_exact(
         max_seq_len=max_seq_len,
     )
     m.create(0)
+    held = min(held, max_seq_len)  # a request is never longer than the plan's max_seq_len
     m.resize(0, held, held // 2)  # another request holds some pages (may be refused)
     answer = m.max_generation_length(batch, draft)
 
@@ -181,7 +184,7 @@ def bounded_spec(tpb: int, w1: int, w2: int, chunk: int) -> ModelSpec:
     w2=st.integers(1, 120),
     chunk=st.integers(1, 100),
     batch=st.integers(1, 3),
-    pages=st.tuples(st.integers(0, 30), st.integers(0, 30), st.integers(0, 30)),
+    pages=st.tuples(st.integers(1, 30), st.integers(1, 30), st.integers(1, 30)),
     max_seq_len=st.integers(1, 400),
 )
 def test_query_is_exact_with_only_bounded_groups(
@@ -206,14 +209,17 @@ def test_query_is_exact_with_only_bounded_groups(
     assert answer == max(fitting, default=0), f"answer {answer}, brute force {fitting[-3:]}"
 
 
-def test_query_is_fast_when_a_window_pool_is_empty_at_a_million_tokens() -> None:
-    # used to scan a million lengths one by one; the answer (0) is the same
+def test_query_is_fast_when_a_window_pool_is_tiny_at_a_million_tokens() -> None:
+    # used to scan a million lengths one by one. One 128-token page of a 128-token
+    # window holds a row whose token_num T is a multiple of 128: capacity T ends on
+    # a page boundary and history T - 1 leaves every earlier page stale. 2**20 is
+    # one, and the other groups hold it (sliding_b: 2 of 5 pages, chunked: 64 of 100).
     plan = PoolPlan.from_pages(
         bounded_spec(128, 128, 256, 8192),
-        {"sliding_a": 0, "sliding_b": 5, "chunked": 100},
+        {"sliding_a": 1, "sliding_b": 5, "chunked": 100},
         ServingLimits(max_batch_size=8, max_seq_len=1 << 20),
     )
-    assert KVCacheManager(plan).max_generation_length(1) == 0
+    assert KVCacheManager(plan).max_generation_length(1) == 1 << 20
 
 
 def test_manager_signature_matches_the_issue() -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvpool.cache import reuse
+from kvpool.cache.checks import as_position, check_capacity, check_rid, check_tokens
 from kvpool.cache.events import CacheEvent, CacheUsageError
 from kvpool.cache.pool import PagePool
 from kvpool.cache.request import Request, Requests
@@ -63,6 +64,7 @@ class KVCacheCore:
             max(8, self.limits.max_batch_size + 8),
             self.limits.max_seq_len + self.limits.headroom,
         )
+        self.max_capacity = self.limits.max_seq_len + self.limits.headroom  # what the pools were sized for
         self._keeps_stale = enable_reuse and not all(self.tables.never_stale)
         self.requests = Requests()
         self.reuse_queried_tokens = 0
@@ -78,12 +80,17 @@ class KVCacheCore:
         history become the reused length, which is returned. The lookup counts
         in `stats()` once the request's first resize succeeds: a scheduler that
         creates, finds no room and frees again does not inflate the hit rate.
-        Raises `CacheUsageError` for a duplicate id."""
+        Raises `CacheUsageError` for a duplicate or non-int id, tokens that
+        are not token ids, or a salt of another type (nothing registered then)."""
+        check_rid(rid)
+        reusing = self.enable_reuse and tokens is not None
+        ids = check_tokens(tokens, f"request {rid}: tokens") if reusing and tokens is not None else []
+        seed = reuse.salt_seed(salt) if reusing else 0
         req = self._new_request(rid, dummy=False)
-        if not (self.enable_reuse and tokens is not None):
+        if not reusing:
             return 0
-        req.tokens = list(tokens)
-        req.seed = reuse.salt_seed(salt)
+        req.tokens = ids
+        req.seed = seed
         hit = reuse.attach_prefix(self.tables, req)
         self._lookups[rid] = (len(req.tokens), hit)
         return hit
@@ -128,9 +135,11 @@ class KVCacheCore:
         req = self.requests.get(rid)
         slot, t = req.slot, self.tables
         old = int(t.hist[slot])
-        cap = int(capacity)
-        hist = old if history is None else int(history)
+        cap = as_position(capacity, "capacity")
+        hist = old if history is None else as_position(history, "history")
         self._check_shape(rid, cap, hist, old)
+        if cap > self.max_capacity and not req.dummy:
+            check_capacity(rid, cap, self.max_capacity)
         if self._keeps_stale and req.tokens is not None and not req.dummy and hist >= int(t.stale_next[:, slot].min()):
             dry = t.apply([slot], [cap], [hist], dry_run=True)
             if not dry:
@@ -151,11 +160,14 @@ class KVCacheCore:
 
     def can_resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
         """What `resize(rid, capacity, history)` would answer now; changes nothing."""
-        slot = self.requests.get(rid).slot
-        old = int(self.tables.hist[slot])
-        hist = old if history is None else int(history)
-        self._check_shape(rid, int(capacity), hist, old)
-        return self.tables.apply([slot], [int(capacity)], [hist], dry_run=True)
+        req = self.requests.get(rid)
+        old = int(self.tables.hist[req.slot])
+        cap = as_position(capacity, "capacity")
+        hist = old if history is None else as_position(history, "history")
+        self._check_shape(rid, cap, hist, old)
+        if cap > self.max_capacity and not req.dummy:
+            check_capacity(rid, cap, self.max_capacity)
+        return self.tables.apply([req.slot], [cap], [hist], dry_run=True)
 
     def resize_many(
         self, rids: Sequence[int], capacities: npt.ArrayLike, histories: npt.ArrayLike | None = None
@@ -163,9 +175,9 @@ class KVCacheCore:
         """`resize` for a batch of distinct requests in one call, atomic over the
         whole batch (falsy: nothing changed). The per-step decode path."""
         slots = self.requests.slots(rids)
-        caps = np.broadcast_to(np.asarray(capacities, np.int64), slots.shape)
+        caps = self._batch_positions(capacities, slots.shape, "capacities")
         old = self.tables.hist[slots]
-        hists = old if histories is None else np.broadcast_to(np.asarray(histories, np.int64), slots.shape)
+        hists = old if histories is None else self._batch_positions(histories, slots.shape, "histories")
         if (caps < hists).any() or (hists < old).any():
             bad = int(np.flatnonzero((caps < hists) | (hists < old))[0])
             raise CacheUsageError(
@@ -174,12 +186,22 @@ class KVCacheCore:
             )
         return self._resize_batch(rids, slots, caps, hists)
 
+    @staticmethod
+    def _batch_positions(values: npt.ArrayLike, shape: tuple[int, ...], what: str) -> npt.NDArray[np.int64]:
+        """`values` as int64 positions of `shape` (a scalar broadcasts); one
+        per request, whole numbers, else `CacheUsageError`."""
+        array = np.asarray(values)
+        if array.dtype.kind not in "iu" and array.size:
+            raise CacheUsageError(f"resize_many: {what} must be integers, got dtype {array.dtype}")
+        if array.ndim and array.shape != shape:
+            raise CacheUsageError(f"resize_many: {len(array)} {what} for {shape[0]} requests")
+        return np.broadcast_to(array.astype(np.int64, copy=False), shape)
+
     def extend(self, rids: Sequence[int], num_tokens: int = 1) -> Resize:
         """One decode step for a batch: capacity and history of each request
         both advance by `num_tokens` (the tokens in flight become computed and
         as many new ones get slots). Atomic over the batch like `resize_many`."""
-        if num_tokens < 0:
-            raise CacheUsageError(f"extend needs num_tokens >= 0, got {num_tokens}")
+        num_tokens = as_position(num_tokens, "extend's num_tokens")
         slots = self.requests.slots(rids)
         t = self.tables
         return self._resize_batch(rids, slots, t.cap[slots] + num_tokens, t.hist[slots] + num_tokens)
@@ -192,6 +214,10 @@ class KVCacheCore:
         hists: npt.NDArray[np.int64],
     ) -> Resize:
         t = self.tables
+        if len(caps) and int(caps.max()) > self.max_capacity:
+            for j in np.flatnonzero(caps > self.max_capacity).tolist():
+                if not self.requests.get(rids[j]).dummy:
+                    check_capacity(rids[j], int(caps[j]), self.max_capacity)
         if self._keeps_stale:
             going = [
                 (self.requests.get(rids[j]), int(hists[j]))
@@ -219,7 +245,9 @@ class KVCacheCore:
         req = self.requests.get(rid)
         if not self.enable_reuse or req.dummy:
             return 0
-        return reuse.commit(self.tables, req, int(num_tokens), tokens, state_snapshots=self.state_snapshots)
+        ids = None if tokens is None else check_tokens(tokens, f"request {rid}: commit's tokens")
+        count = as_position(num_tokens, "commit's num_tokens")
+        return reuse.commit(self.tables, req, count, ids, state_snapshots=self.state_snapshots)
 
     def take_events(self) -> list[CacheEvent]:
         """Stored/removed page events since the last call (oldest first); clears them."""

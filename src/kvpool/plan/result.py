@@ -6,7 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpool.errors import SpecError
+import numpy as np
+
+from kvpool.errors import LimitsError, SpecError
 from kvpool.plan.batches import REFERENCE_REQUEST, decode_shape
 from kvpool.plan.limits import ServingLimits
 from kvpool.spec import ModelSpec, Shape, pages_needed, pages_per_group
@@ -95,6 +97,13 @@ class PoolPlan:
         missing = set(spec.group_names) - set(pages)
         if missing:
             raise SpecError(f"no page count given for groups {sorted(missing)}")
+        unknown = set(pages) - set(spec.group_names)
+        if unknown:
+            raise SpecError(f"page counts given for groups {sorted(unknown)} that {spec.name} does not have")
+        for name in spec.group_names:
+            n = pages[name]
+            if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
+                raise LimitsError(f"group {name!r}: pages must be a positive integer, got {n!r}")
         groups = tuple(
             GroupPlan(g.name, g.kind, g.window, g.ratio, g.slot_bytes, int(pages[g.name])) for g in spec.groups
         )
