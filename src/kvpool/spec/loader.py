@@ -9,6 +9,7 @@ from typing import Any
 
 from kvpool import presets
 from kvpool.errors import SpecError
+from kvpool.models import ModelSource, resolve_model
 from kvpool.spec.defaults import with_defaults
 from kvpool.spec.dispatch import family_of
 from kvpool.spec.dtypes import resolve_kv_dtype_noted
@@ -33,14 +34,29 @@ def read_config(source: str | Path | Mapping[str, Any]) -> tuple[str, dict[str, 
 def read_config_from(source: str | Path | Mapping[str, Any]) -> tuple[str, str, dict[str, Any]]:
     """(name, where, config dict): like `read_config`, plus `where` (the file,
     preset or dict it came from) for error messages."""
+    name, where, config, _origin = read_model_config(source)
+    return name, where, config
+
+
+def read_model_config(
+    source: str | Path | Mapping[str, Any],
+) -> tuple[str, str, dict[str, Any], ModelSource | None]:
+    """(name, where, config dict, origin): like `read_config_from`, plus where a
+    MODEL came from (`kvpool.models.resolve_model`: preset, path or Hugging Face
+    id; None for a dict). A hub id may read and fill the hub cache (see
+    `resolve_model`). Sidecar files (hf_quant_config.json) are read from the
+    folder the config lies in, a hub snapshot's included."""
+    origin: ModelSource | None = None
     if isinstance(source, Mapping):
         name, config = str(source.get("_name_or_path") or source.get("model_type") or "model"), dict(source)
         where = f"config {name}"
     else:
-        path = Path(source)
-        if path.is_dir():
-            path = path / "config.json"
-        if path.suffix == ".json" or path.exists():
+        origin = resolve_model(source)
+        if origin.kind == "preset":
+            name, config = str(source), presets.load_model_config(str(source))
+            where = f"preset {name}"
+        else:
+            path = origin.config_path
             try:
                 config = json.loads(path.read_text())
             except FileNotFoundError:
@@ -49,12 +65,11 @@ def read_config_from(source: str | Path | Mapping[str, Any]) -> tuple[str, str, 
                 raise SpecError(f"cannot read config file {path}: {e}") from None
             except json.JSONDecodeError as e:
                 raise SpecError(f"config file {path} is not valid JSON: {e}") from None
-            name = path.parent.name if path.name == "config.json" else path.stem
-            where = str(path)
-            config = with_sidecar_quant_config(config, path.parent)
-        else:
-            name, config = str(source), presets.load_model_config(str(source))
-            where = f"preset {name}"
+            if origin.repo_id:
+                name, where = origin.repo_id, f"{origin.repo_id} ({path})"
+            else:
+                name, where = path.parent.name if path.name == "config.json" else path.stem, str(path)
+            config = with_sidecar_quant_config(config, origin.folder or path.parent)
     if not isinstance(config, dict):
         raise SpecError(f"config of {name} must be a JSON object")
     check_text_config(config, where)
@@ -63,7 +78,7 @@ def read_config_from(source: str | Path | Mapping[str, Any]) -> tuple[str, str, 
         merged = {k: v for k, v in config.items() if k != "text_config"}
         merged.update(text)
         config = merged
-    return name, where, config
+    return name, where, config, origin
 
 
 def build_groups(caches: list[LayerCache], tokens_per_block: int) -> tuple[LayerGroup, ...]:
@@ -107,7 +122,9 @@ def load_model_spec(
     """The KV layout of a model.
 
     `source` is a bundled preset name (`kvpool models`), a path to a
-    `config.json` (or its folder), or a config dict. `kv_dtype` is `auto` (what
+    `config.json` (or its folder), a Hugging Face id `org/name[@revision]` (read
+    from the local hub cache first, see docs/models.md), or a config dict;
+    `ModelSpec.source` records which. `kv_dtype` is `auto` (what
     engines serve: `spec.dtypes.auto_kv_dtype`; `ModelSpec.kv_dtype_note` says
     why when that is not the config's dtype), `bf16`, `fp16`, `fp32`, `fp8` or
     `nvfp4`. Under tensor parallelism (`tp_size`) the spec is one rank's share. `tokens_per_block`
@@ -117,7 +134,7 @@ def load_model_spec(
     """
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
         raise SpecError(f"tp_size must be a positive integer, got {tp_size!r}")
-    name, where, config = read_config_from(source)
+    name, where, config, origin = read_model_config(source)
     validate_config(config, where)
     config = with_defaults(config)
     family, rule = family_of(config)
@@ -145,4 +162,5 @@ def load_model_spec(
         max_position_embeddings=int(max_pos) if max_pos else None,
         config=config,
         kv_dtype_note=dtype_note,
+        source=origin,
     )
