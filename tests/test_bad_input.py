@@ -73,6 +73,12 @@ def test_cli_bad_input_is_one_line_and_exit_2(cli: Any, bad_files: Path, argv: s
     assert out == ""  # refused before anything ran: no half-printed table
 
 
+def test_an_empty_model_names_the_three_forms(cli: Any) -> None:
+    code, out, err = cli("inspect", "")
+    assert_one_line_error(code, err, "preset name")
+    assert "hugging face id" in err.lower() and "does not exist" not in err and out == ""
+
+
 def test_plot_path_is_checked_before_the_runs(cli: Any, tmp_path: Path) -> None:
     """A plot that cannot be written fails at once (not after every run), and
     the check leaves no empty file behind in a writable folder."""

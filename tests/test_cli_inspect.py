@@ -14,6 +14,7 @@ def test_inspect_json_shape(cli) -> None:  # type: ignore[no-untyped-def]
     data = json.loads(out)
     assert set(data) == {
         "model",
+        "source",
         "kv_dtype",
         "kv_dtype_note",
         "tp_size",
@@ -27,6 +28,7 @@ def test_inspect_json_shape(cli) -> None:  # type: ignore[no-untyped-def]
         1,
         32,
     )
+    assert (data["source"]["kind"], data["source"]["repo_id"], data["source"]["folder"]) == ("preset", None, None)
     by_name = {g["name"]: g for g in data["groups"]}
     assert by_name["sliding"] == {
         "name": "sliding",

@@ -13,12 +13,19 @@ class SpecError(KvpoolError, ValueError):
 
 
 class UnknownPresetError(SpecError):
-    """A preset name that is not bundled; `suggestions` holds the closest names."""
+    """A preset name that is not bundled; `suggestions` holds the closest names.
+    `also` is appended to the message (e.g. the other forms a MODEL may take)."""
 
-    def __init__(self, kind: str, name: str, suggestions: list[str], available: list[str]):
+    def __init__(self, kind: str, name: str, suggestions: list[str], available: list[str], also: str = ""):
         self.kind, self.name, self.suggestions = kind, name, suggestions
+        self.available, self.also = available, also
         hint = f"did you mean {', '.join(suggestions)}?" if suggestions else f"available: {', '.join(available)}"
-        super().__init__(f"unknown {kind} preset {name!r}; {hint}")
+        super().__init__(f"unknown {kind} preset {name!r}; {hint}{also}")
+
+
+class ModelSourceError(KvpoolError):
+    """A MODEL argument that names no preset, no local path and no usable
+    Hugging Face id (not in the cache while offline, gated, not found, ...)."""
 
 
 class LimitsError(KvpoolError, ValueError):

@@ -49,7 +49,12 @@ def positive_float(text: str) -> float:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """MODEL plus the options that shape its KV spec."""
-    p.add_argument("model", metavar="MODEL", help="preset name (kvpool models) or path to a config.json")
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="preset name (kvpool models), path to a config.json (or its folder), or Hugging Face id "
+        "org/name[@revision] (local cache first; HF_HUB_OFFLINE=1: cache only)",
+    )
     p.add_argument("--kv-dtype", default="auto", help=f"KV storage dtype: {', '.join(KV_DTYPES)} (default auto)")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size; the spec is one rank's")
     p.add_argument(

@@ -4,6 +4,7 @@ plan, and the launch that makes the engine follow the plan."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from kvpool.cli.common import table
@@ -93,7 +94,13 @@ def engine_outputs(args: argparse.Namespace, plan: PoolPlan) -> tuple[EngineRepo
     report = engine_report(args.engine, plan) if args.engine else None
     emitted = None
     if args.emit:
-        emitted = emit(args.emit, plan, args.model_id or model_id_for(args.model))
+        source = plan.spec.source
+        hub_id = source.repo_id if source is not None and source.kind == "hub" else None
+        emitted = emit(args.emit, plan, args.model_id or hub_id or model_id_for(args.model))
+        if hub_id and source is not None and source.revision != "main":
+            # an engine takes the revision as its own option, never as id@revision
+            note = f"planned from {hub_id} at revision {source.revision}: give the engine that revision too"
+            emitted = dataclasses.replace(emitted, notes=(*emitted.notes, note))
     return report, emitted
 
 

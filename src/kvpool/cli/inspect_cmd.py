@@ -24,6 +24,7 @@ def register(sub: Any) -> None:
 def inspect_json(spec: ModelSpec) -> dict[str, Any]:
     return {
         "model": spec.name,
+        "source": None if spec.source is None else spec.source.to_json(),
         "kv_dtype": spec.kv_dtype,
         "kv_dtype_note": spec.kv_dtype_note,
         "tp_size": spec.tp_size,
@@ -53,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
         f"{spec.name}  ({spec.family}, kv {spec.kv_dtype}, tp {spec.tp_size}, "
         f"{spec.tokens_per_block} tokens per page, {spec.num_layers} layers)"
     )
+    if spec.source is not None:
+        print(f"source: {spec.source.describe()}")
     if spec.kv_dtype_note:
         print(f"note: {spec.kv_dtype_note}")
     rows = []

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool.errors import SpecError
+from kvpool.models import ModelSource
 from kvpool.spec.kinds import KindRule, kind_rule
 
 Kind = str  # a name registered in `spec.kinds.RULES`: full, sliding, chunked, compressed, state
@@ -83,6 +84,8 @@ class ModelSpec:
     # why `auto` became `kv_dtype` when that is not simply the config's dtype (a
     # float32 checkpoint served in bf16, a KV scheme in quantization_config)
     kv_dtype_note: str | None = field(default=None, compare=False)
+    # where the config came from (preset, path or Hugging Face id); None for a dict
+    source: ModelSource | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         names = [g.name for g in self.groups]

@@ -8,6 +8,7 @@ from typing import Any
 
 from kvpool import presets
 from kvpool.errors import SpecError
+from kvpool.models import ModelSource, resolve_model
 from kvpool.spec.defaults import with_defaults
 from kvpool.spec.dispatch import family_of
 from kvpool.spec.dtypes import resolve_kv_dtype_noted
@@ -33,21 +34,35 @@ def read_config(source: str | Path | Mapping[str, Any]) -> tuple[str, dict[str, 
 def read_config_from(source: str | Path | Mapping[str, Any]) -> tuple[str, str, dict[str, Any]]:
     """(name, where, config dict): like `read_config`, plus `where` (the file,
     preset or dict it came from) for error messages."""
+    name, where, config, _origin = read_model_config(source)
+    return name, where, config
+
+
+def read_model_config(
+    source: str | Path | Mapping[str, Any],
+) -> tuple[str, str, dict[str, Any], ModelSource | None]:
+    """(name, where, config dict, origin): like `read_config_from`, plus where a
+    MODEL came from (`kvpool.models.resolve_model`: preset, path or Hugging Face
+    id; None for a dict). A hub id may read and fill the hub cache (see
+    `resolve_model`). Sidecar files (hf_quant_config.json) are read from the
+    folder the config lies in, a hub snapshot's included."""
+    origin: ModelSource | None = None
     if isinstance(source, Mapping):
         name, config = str(source.get("_name_or_path") or source.get("model_type") or "model"), dict(source)
         where = f"config {name}"
     else:
-        path = Path(source)
-        if path.is_dir():
-            path = path / "config.json"
-        if path.suffix == ".json" or path.exists():
-            config = read_json(path)
-            name = path.parent.name if path.name == "config.json" else path.stem
-            where = str(path)
-            config = with_sidecar_quant_config(config, path.parent)
-        else:
+        origin = resolve_model(source)
+        if origin.kind == "preset":
             name, config = str(source), presets.load_model_config(str(source))
             where = f"preset {name}"
+        else:
+            path = origin.config_path
+            config = read_json(path)
+            if origin.repo_id:
+                name, where = origin.repo_id, f"{origin.repo_id} ({path})"
+            else:
+                name, where = path.parent.name if path.name == "config.json" else path.stem, str(path)
+            config = with_sidecar_quant_config(config, origin.folder or path.parent)
     if not isinstance(config, dict):
         raise SpecError(f"config of {name} must be a JSON object")
     check_text_config(config, where)
@@ -56,7 +71,7 @@ def read_config_from(source: str | Path | Mapping[str, Any]) -> tuple[str, str, 
         merged = {k: v for k, v in config.items() if k != "text_config"}
         merged.update(text)
         config = merged
-    return name, where, config
+    return name, where, config, origin
 
 
 def build_groups(caches: list[LayerCache], tokens_per_block: int) -> tuple[LayerGroup, ...]:
@@ -100,7 +115,9 @@ def load_model_spec(
     """The KV layout of a model.
 
     `source` is a bundled preset name (`kvpool models`), a path to a
-    `config.json` (or its folder), or a config dict. `kv_dtype` is `auto` (what
+    `config.json` (or its folder), a Hugging Face id `org/name[@revision]` (read
+    from the local hub cache first, see docs/models.md), or a config dict;
+    `ModelSpec.source` records which. `kv_dtype` is `auto` (what
     engines serve: `spec.dtypes.auto_kv_dtype`; `ModelSpec.kv_dtype_note` says
     why when that is not the config's dtype), `bf16`, `fp16`, `fp32`, `fp8` or
     `nvfp4`. Under tensor parallelism (`tp_size`) the spec is one rank's share. `tokens_per_block`
@@ -112,8 +129,10 @@ def load_model_spec(
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise SpecError(f"{arg} must be a positive integer, got {value!r}")
     if not isinstance(source, str | Path | Mapping):
-        raise SpecError(f"a model is a preset name, a config path or a config dict, not {type(source).__name__}")
-    name, where, config = read_config_from(source)
+        raise SpecError(
+            f"a model is a preset name, a path, a Hugging Face id or a config dict, not {type(source).__name__}"
+        )
+    name, where, config, origin = read_model_config(source)
     validate_config(config, where)
     config = with_defaults(config)
     family, rule = family_of(config)
@@ -139,4 +158,5 @@ def load_model_spec(
         max_position_embeddings=int(max_pos) if max_pos else None,
         config=config,
         kv_dtype_note=dtype_note,
+        source=origin,
     )
