@@ -168,3 +168,27 @@ def test_paged_attend_matches_masked_dense(kind: str, window: int | None) -> Non
     # wholly before chunk 8..15 stale: floor(13 / 8) * 8 / 4 = 2 pages (0..7).
     if kind == "chunked":
         assert stale_pages(group, 13) == 2
+
+
+def test_a_window_as_long_as_the_positions_keeps_its_window_past_them() -> None:
+    """Mistral-style `sliding_window == max_position_embeddings` (16 here): the
+    default spec reads the window as full attention, which is the same for
+    requests up to 16 tokens. A plan for longer requests on that spec is
+    refused; a spec built for them keeps the window and matches transformers
+    (which keeps the window past its positions) token for token."""
+    from engine_helpers import hf_greedy
+
+    from kvpool.engine.runner import Engine
+    from kvpool.engine.weights import tiny_model
+    from kvpool.spec import load_model_spec
+
+    torch.set_num_threads(1)
+    model, hf, config = tiny_model("mistral", 0, sliding_window=16, max_position_embeddings=16)
+    assert [g.window for g in tiny_spec(config).groups] == [None]  # full attention
+    with pytest.raises(EngineError, match="max_seq_len=40"):
+        Engine(model, manual_plan(tiny_spec(config), 64, max_batch_size=2, max_seq_len=40))
+    spec = load_model_spec(config, kv_dtype="fp32", tokens_per_block=4, max_seq_len=40)
+    assert [(g.kind, g.window) for g in spec.groups] == [("sliding", 16)]
+    prompt = list(range(5, 15))
+    got = Engine(model, manual_plan(spec, 64, max_batch_size=2, max_seq_len=40)).generate([prompt], 30)
+    assert got[0].output_ids == hf_greedy(hf, prompt, 30, eos=[])

@@ -8,6 +8,8 @@ allocated equal the plan's bytes; the constructor asserts it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from kvpool.engine.arch import ArchConfig, EngineError
@@ -20,6 +22,7 @@ class KVStore:
 
     def __init__(self, plan: PoolPlan, cfg: ArchConfig, dtype: torch.dtype, device: torch.device | str = "cpu"):
         spec = plan.spec
+        check_windows(cfg.windows, plan)
         self.plan = plan
         self.tensors: dict[str, torch.Tensor] = {}
         self.group_of_layer: dict[int, str] = {}
@@ -52,3 +55,19 @@ class KVStore:
     def total_bytes(self) -> int:
         """Bytes held by all pools (equals `plan.total_bytes`)."""
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+def check_windows(windows: Sequence[int | None], plan: PoolPlan) -> None:
+    """Refuse a plan whose spec reads a layer's sliding window as full attention
+    (a window of at least the spec's max_seq_len, e.g. Mistral's 4096 = its
+    max_position_embeddings) while the plan serves longer requests: past the
+    window the masks would differ from the model's (transformers keeps it)."""
+    longest = plan.limits.max_seq_len
+    for g in plan.spec.groups:
+        for layer in g.layers:
+            w = windows[layer] if layer < len(windows) else None
+            if w is not None and g.window is None and longest > w:
+                raise EngineError(
+                    f"layer {layer} has a sliding window of {w} that the spec reads as full attention, but the plan "
+                    f"serves {longest} tokens: build the spec with load_model_spec(..., max_seq_len={longest})"
+                )
