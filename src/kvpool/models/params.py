@@ -9,7 +9,8 @@ n / k = query / KV heads of head_dim d, I = intermediate_size:
 - embeddings V x H; lm_head V x H unless `tie_word_embeddings` (default per
   transformers config class: true for Gemma, false for the others); final norm H;
 - attention (GQA/MQA/MHA) per layer: q n*d x H, k and v k*d x H each, o H x n*d;
-  biases where the family has them (Qwen2: q, k, v; `attention_bias`: q, k, v, o);
+  biases where the family has them (Qwen2: q, k, v; `attention_bias`, default true
+  for gpt-oss only: q, k, v, o);
   Qwen3 / Gemma 3 add q_norm and k_norm (d each); gpt-oss one sink per head;
 - MLA (DeepSeek-V2/V3, Kimi-K2) per layer, q_lora r_q, kv_lora r_kv, nope / rope /
   v head dims: q_a r_q x H + q_a_layernorm r_q + q_b n*(nope+rope) x r_q (or q
@@ -17,7 +18,7 @@ n / k = query / KV heads of head_dim d, I = intermediate_size:
   kv_b n*(nope+v) x r_kv, o H x n*v; DeepSeek-V3.2's indexer adds wq_b
   (ih*in) x r_q, wk ih x H, k_norm 2*ih (LayerNorm weight + bias), weights_proj in x H;
 - dense gated MLP: gate and up I x H, down H x I (`mlp_bias`: + biases);
-- MoE layer: router E x H (+ E: gpt-oss bias, DeepSeek e_score_correction_bias),
+- MoE layer: router E x H (+ E: gpt-oss bias, DeepSeek-V3 e_score_correction_bias),
   E routed experts of gate/up/down at moe_intermediate_size, shared experts as one
   dense MLP of n_shared x moe_intermediate_size (Qwen2-MoE: shared_expert_intermediate_size
   plus a 1 x H shared_expert_gate); which layers are MoE follows each family's
@@ -95,9 +96,10 @@ def _attention(c: Config, family: str, p: str) -> list[Matrix]:
         Matrix(f"{p}.v_proj.weight", k * d, h),
         Matrix(f"{p}.o_proj.weight", h, n * d),
     ]
-    if family in ("qwen2", "qwen2_moe") or c.get("attention_bias"):
+    bias = c.get("attention_bias", family == "gpt_oss")  # GptOssConfig defaults it to true
+    if family in ("qwen2", "qwen2_moe") or bias:
         out += [Matrix(f"{p}.q_proj.bias", n * d), Matrix(f"{p}.k_proj.bias", k * d), Matrix(f"{p}.v_proj.bias", k * d)]
-    if c.get("attention_bias"):
+    if bias:
         out.append(Matrix(f"{p}.o_proj.bias", h))
     if family in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"):
         out += [Matrix(f"{p}.q_norm.weight", d), Matrix(f"{p}.k_norm.weight", d)]
@@ -195,7 +197,9 @@ def _mlp(c: Config, family: str, i: int, p: str) -> list[Matrix]:
     inter = int(_get(c, "moe_intermediate_size"))
     if family in MLA:
         e = int(_get(c, "n_routed_experts"))
-        out = [Matrix(f"{p}.gate.weight", e, h), Matrix(f"{p}.gate.e_score_correction_bias", e)]
+        out = [Matrix(f"{p}.gate.weight", e, h)]
+        if family != "deepseek_v2":  # V3's aux-loss-free routing stores one bias per expert
+            out.append(Matrix(f"{p}.gate.e_score_correction_bias", e))
         out += _gated_mlp(f"{p}.experts", h, inter, count=e)
         shared = int(c.get("n_shared_experts") or 0)
         return out + (_gated_mlp(f"{p}.shared_experts", h, shared * inter) if shared else [])
@@ -218,7 +222,7 @@ def matrices(config: Config) -> list[Matrix]:
         int(_get(config, "num_hidden_layers")),
     )
     out = [Matrix("model.embed_tokens.weight", v, h)]
-    norms = ("input_layernorm", "post_attention_layernorm")
+    norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
     if family in ("gemma2", "gemma3", "gemma3_text"):
         norms += ("pre_feedforward_layernorm", "post_feedforward_layernorm")
     if family == "olmo2":
