@@ -48,7 +48,11 @@ FAMILIES = DENSE + MOE + MLA
 TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "gemma3_text")
 
 
-class UnknownFamilyError(KvpoolError):
+class ParameterCountError(KvpoolError):
+    """The parameters of a config cannot be counted (a field the formula needs is missing)."""
+
+
+class UnknownFamilyError(ParameterCountError):
     """kvpool has no parameter formula for this model family."""
 
 
@@ -70,7 +74,7 @@ def _get(config: Config, key: str, default: Any = None) -> Any:
     value = config.get(key)
     if value is None:
         if default is None:
-            raise KvpoolError(f"config is missing field {key!r}, which the parameter count needs")
+            raise ParameterCountError(f"config is missing field {key!r}, which the parameter count needs")
         return default
     return value
 

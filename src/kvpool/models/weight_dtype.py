@@ -37,6 +37,10 @@ from kvpool.errors import KvpoolError
 UNCONVERTED_BYTES = 2
 
 
+class WeightSchemeError(KvpoolError):
+    """A quantization_config whose weight storage kvpool cannot size."""
+
+
 @dataclass(frozen=True)
 class WeightScheme:
     """How converted matrices are stored: `kind` (none, fp8, fp8_block, nvfp4,
@@ -76,7 +80,9 @@ def _group_scheme(q: Mapping[str, Any]) -> WeightScheme:
     weights = [g.get("weights") for g in groups.values() if isinstance(g, Mapping)]
     kinds = {(w.get("num_bits"), w.get("type"), w.get("group_size")) for w in weights if isinstance(w, Mapping)}
     if len(kinds) != 1:
-        raise KvpoolError(f"weights of quantization config_groups {sorted(map(str, kinds))}: kvpool sizes one scheme")
+        raise WeightSchemeError(
+            f"weights of quantization config_groups {sorted(map(str, kinds))}: kvpool sizes one scheme"
+        )
     bits, kind, group = kinds.pop()
     skip = _skip_list(q)
     if (bits, kind) == (8, "float"):
@@ -85,7 +91,7 @@ def _group_scheme(q: Mapping[str, Any]) -> WeightScheme:
         return WeightScheme("nvfp4", 4, 16, skip=skip)
     if bits in (2, 3, 4, 8) and kind == "int" and group:
         return WeightScheme("int", int(bits), int(group), skip=skip)
-    raise KvpoolError(f"weight quantization {bits}-bit {kind} group {group}: kvpool cannot size it")
+    raise WeightSchemeError(f"weight quantization {bits}-bit {kind} group {group}: kvpool cannot size it")
 
 
 def weight_scheme(config: Mapping[str, Any]) -> WeightScheme:
@@ -111,7 +117,7 @@ def weight_scheme(config: Mapping[str, Any]) -> WeightScheme:
     if algo in ("FP8", "NVFP4"):
         skip = _skip_list(q) + _skip_list(q.get("quantization") or {})
         return WeightScheme("fp8", 8, skip=skip) if algo == "FP8" else WeightScheme("nvfp4", 4, 16, skip=skip)
-    raise KvpoolError(f"weight quantization {method or algo or q!r}: kvpool cannot size it; give --non-kv-memory")
+    raise WeightSchemeError(f"weight quantization {method or algo or q!r}: kvpool cannot size it; give --non-kv-memory")
 
 
 def matrix_bytes(scheme: WeightScheme, rows: int, cols: int, *, convertible: bool) -> int:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpool.errors import KvpoolError
-from kvpool.models.params import matrices, model_type, parameter_count
+from kvpool.models.params import ParameterCountError, matrices, model_type, parameter_count
 from kvpool.models.safetensors_headers import checkpoint_files, checkpoint_tensors
 from kvpool.models.weight_dtype import matrix_bytes, weight_scheme
 
@@ -182,7 +182,7 @@ class ModelWeights:
 def _counts(config: Mapping[str, Any]) -> tuple[int, int, int]:
     layers = int(config.get("num_hidden_layers") or 0)
     if layers < 1:
-        raise KvpoolError("config is missing field 'num_hidden_layers', which the weights need")
+        raise ParameterCountError("config is missing field 'num_hidden_layers', which the weights need")
     heads = int(config.get("num_key_value_heads") or config.get("num_attention_heads") or 1)
     experts = int(config.get("n_routed_experts") or config.get("num_local_experts") or config.get("num_experts") or 0)
     return layers, heads, experts
