@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from kvpool.errors import KvpoolError
 from kvpool.models.params import parameter_count
 from kvpool.models.weight_dtype import matrix_bytes, weight_scheme
-from kvpool.models.weights import ModelWeights, Parallel, model_weights, stage_layers, weights_from_config
+from kvpool.models.weights import ModelWeights, Parallel, model_weights, part_of, stage_layers, weights_from_config
 from weights_helpers import tiny_config
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
@@ -39,6 +39,28 @@ def test_data_parallel_attention_replicates_attention_only() -> None:
     w = weights_from_config(tiny_config("llama"))
     attention = 2048 + 1024 + 1024 + 2048
     assert w.per_rank_bytes(Parallel(tp=2, dp=2)) == 3072 * 2 + 3 * (attention + 4608 + 128) + 64
+
+
+@pytest.mark.parametrize(
+    ("name", "part", "layer"),
+    [
+        ("model.embed_tokens.weight", "embed", None),
+        ("lm_head.weight", "lm_head", None),
+        ("model.norm.weight", "final_norm", None),
+        ("model.layers.3.self_attn.k_proj.qweight", "kv", 3),  # AWQ packed weights follow their module
+        ("model.layers.3.self_attn.kv_b_proj.weight", "attention", 3),
+        ("model.layers.3.self_attn.kv_a_proj_with_mqa.weight_scale_inv", "attention_replicated", 3),
+        ("model.layers.5.mlp.experts.17.down_proj.weight", "experts", 5),
+        ("model.layers.5.mlp.shared_experts.up_proj.weight", "mlp", 5),
+        ("model.layers.5.mlp.gate.weight", "replicated", 5),
+        ("model.layers.5.mlp.experts.gate_up_proj_blocks", "experts", 5),
+        ("model.layers.61.mlp.experts.0.up_proj.weight", "unloaded", 61),  # DeepSeek-V3's MTP layer
+        ("model.language_model.layers.2.mlp.down_proj.weight", "mlp", 2),
+        ("model.vision_tower.encoder.layers.2.self_attn.q_proj.weight", "replicated", None),
+    ],
+)
+def test_checkpoint_names_fall_into_their_parts(name: str, part: str, layer: int | None) -> None:
+    assert part_of(name, 61) == (part, layer)
 
 
 def test_pipeline_stages_follow_vllm() -> None:

@@ -83,9 +83,10 @@ def model_type(config: Config) -> str:
     """The family name (`model_type`), refused unless kvpool can count its parameters."""
     family = str(config.get("model_type") or "")
     if family not in FAMILIES:
+        what = f"model family {family!r}" if family else "a config without model_type"
         raise UnknownFamilyError(
-            f"no parameter formula for model family {family or '(no model_type)'!r}; "
-            f"give --non-kv-memory, or a folder with its *.safetensors (known: {', '.join(FAMILIES)})"
+            f"no parameter formula for {what}; give --weights-memory or --non-kv-memory, "
+            f"or a folder with its *.safetensors (formulas: {', '.join(FAMILIES)})"
         )
     return family
 

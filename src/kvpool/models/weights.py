@@ -50,12 +50,15 @@ from kvpool.models.weight_dtype import matrix_bytes, weight_scheme
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _REPLICATED_ATTENTION = re.compile(r"\.(q_a_proj|kv_a_proj_with_mqa|q_a_layernorm|kv_a_layernorm|indexer)\.")
 _ROUTER = re.compile(r"\.(mlp|block_sparse_moe)\.(gate|router)\.")
+_VISION = re.compile(r"(^|\.)(vision_tower|vision_model|visual|multi_modal_projector|vision_embed|embed_vision)\.")
 _CONVERTIBLE = ("attention", "kv", "attention_replicated", "mlp", "experts")
 
 
 def part_of(name: str, num_layers: int) -> tuple[str, int | None]:
     """(part, layer) of a checkpoint tensor name (module docstring); layer None
     for tensors outside the decoder layers."""
+    if _VISION.search(name):  # a vision tower's own layers are not decoder layers
+        return "replicated", None
     m = _LAYER.search(name)
     layer = int(m.group(1)) if m else None
     if "embed_tokens" in name:
