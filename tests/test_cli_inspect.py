@@ -21,7 +21,10 @@ def test_inspect_json_shape(cli) -> None:  # type: ignore[no-untyped-def]
         "tokens_per_block",
         "groups",
         "full_attention_bytes_per_token",
+        "parameters",
+        "weights_bytes",
     }
+    assert data["parameters"] is None and data["weights_bytes"] is None  # no formula for Gemma 4
     assert (data["model"], data["kv_dtype"], data["tp_size"], data["tokens_per_block"]) == (
         "gemma-4-26b-a4b",
         "fp8",
@@ -41,6 +44,19 @@ def test_inspect_json_shape(cli) -> None:  # type: ignore[no-untyped-def]
     }
     # 5 global layers x (K + V) x 2 heads x 512 x 1 byte
     assert data["full_attention_bytes_per_token"] == 5 * 2 * 2 * 512
+
+
+def test_inspect_json_weights_of_llama_70b_at_tp_8(cli) -> None:  # type: ignore[no-untyped-def]
+    code, out, err = cli("inspect", "llama-3.1-70b", "--tp", "8", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    # published config: V 128256, H 8192, I 28672, 80 layers, 64 heads / 8 KV heads of 128, untied
+    v, h, inter, layers, q, kv = 128256, 8192, 28672, 80, 64 * 128, 8 * 128
+    layer = h * q * 2 + h * kv * 2 + 3 * h * inter + 2 * h
+    assert data["parameters"] == 2 * v * h + layers * layer + h
+    # tp 8, bf16: every matrix split 8 ways (8 KV heads, one per rank); norms on every rank
+    per_layer = 2 * (layer - 2 * h) // 8 + 2 * 2 * h
+    assert data["weights_bytes"] == 2 * 2 * v * h // 8 + layers * per_layer + 2 * h
 
 
 def test_inspect_state_group_json(cli) -> None:  # type: ignore[no-untyped-def]

@@ -137,7 +137,10 @@ def test_fit_turns_the_failure_into_a_warning(capsys: pytest.CaptureFixture[str]
         ["plan", "llama-3.1-8b-instruct"],  # no budget
         ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--gpu", "h100"],
         ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--memory-fraction", "7"],
-        ["plan", "llama-3.1-8b-instruct", "--gpu", "h100"],
+        ["plan", "gemma-4-26b-a4b", "--gpu", "h100"],  # no parameter formula: asks for --non-kv-memory
+        ["plan", "llama-3.1-70b", "--gpu", "h100"],  # 70B in bf16 does not fit one H100
+        ["plan", "llama-3.1-8b-instruct", "--gpu", "h100", "--non-kv-memory", "1GiB", "--reserved-memory", "1GiB"],
+        ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--activation-memory", "1GiB"],
         ["plan", "llama-3.1-8b-instruct", "--gpu", "h100", "--non-kv-memory", "200GiB"],
         ["plan", "llama-3.1-8b-instruct", "--kv-memory", "lots"],
         ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--avg-seq-len", "9000"],

@@ -6,7 +6,11 @@ import argparse
 from typing import Any
 
 from kvpool.cli.common import add_json_arg, add_model_args, print_json, spec_from_args, table
+from kvpool.models.params import ParameterCountError
+from kvpool.models.weight_dtype import WeightSchemeError
+from kvpool.models.weights import Parallel, model_weights
 from kvpool.spec import ModelSpec
+from kvpool.spec.loader import read_config
 from kvpool.units import format_bytes
 
 
@@ -21,7 +25,18 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def inspect_json(spec: ModelSpec) -> dict[str, Any]:
+def weights_facts(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """(parameters, weight bytes per rank at --tp) of the model, None where kvpool
+    has no formula for its family (the KV layout is still shown)."""
+    _, config = read_config(args.model)
+    try:
+        weights = model_weights(config, args.model)
+    except (ParameterCountError, WeightSchemeError):
+        return None, None
+    return weights.parameters, weights.per_rank_bytes(Parallel(tp=args.tp))
+
+
+def inspect_json(spec: ModelSpec, parameters: int | None = None, weights_bytes: int | None = None) -> dict[str, Any]:
     return {
         "model": spec.name,
         "source": None if spec.source is None else spec.source.to_json(),
@@ -42,13 +57,16 @@ def inspect_json(spec: ModelSpec) -> dict[str, Any]:
             for g in spec.groups
         ],
         "full_attention_bytes_per_token": spec.full_attention_bytes_per_token,
+        "parameters": parameters,
+        "weights_bytes": weights_bytes,
     }
 
 
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
+    parameters, weights_bytes = weights_facts(args)
     if args.json:
-        print_json(inspect_json(spec))
+        print_json(inspect_json(spec, parameters, weights_bytes))
         return 0
     print(
         f"{spec.name}  ({spec.family}, kv {spec.kv_dtype}, tp {spec.tp_size}, "
@@ -74,4 +92,7 @@ def run(args: argparse.Namespace) -> int:
         )
     print(table(["group", "kind", "life cycle", "layers", "bytes/token", "bytes/page", "state/request"], rows))
     print(f"full-attention bytes per token: {spec.full_attention_bytes_per_token:,}")
+    if weights_bytes is not None:
+        count = f"{parameters / 1e9:.2f}B parameters, " if parameters else ""
+        print(f"weights: {count}{format_bytes(weights_bytes)} per rank at tp {spec.tp_size}")
     return 0

@@ -10,7 +10,7 @@ import argparse
 
 import numpy as np
 
-from kvpool.cli.budget import DEFAULT_MEMORY_FRACTION, kv_budget
+from kvpool.cli.budget import DEFAULT_MEMORY_FRACTION, Budget, kv_budget
 from kvpool.cli.common import add_model_args, int_at_least, positive_int
 from kvpool.errors import LimitsError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
@@ -43,23 +43,36 @@ def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True, workload: b
     (`--workload` unless `workload=False`, for commands that take a trace otherwise)."""
     if model:
         add_model_args(p)
-    b = p.add_argument_group("budget (give --kv-memory, or --gpu with --non-kv-memory)")
+    b = p.add_argument_group("budget per rank (--kv-memory, or --gpu: the whole GPU, or --gpu with --non-kv-memory)")
     b.add_argument("--kv-memory", metavar="SIZE", help="KV cache budget, e.g. 40GiB, 512MiB or bytes")
     b.add_argument(
         "--gpu",
         metavar="NAME",
-        help="GPU preset (kvpool gpus); budget = (GPU memory - non-KV memory) x memory fraction",
+        help="GPU preset (kvpool gpus); budget = GPU memory x utilization - weights per rank - "
+        "activations - CUDA graphs - reserve (docs/plan.md)",
     )
     b.add_argument(
-        "--non-kv-memory", metavar="SIZE", help="with --gpu: memory used by weights, activations, graphs (e.g. 20GiB)"
+        "--non-kv-memory",
+        metavar="SIZE",
+        help="with --gpu: all non-KV memory (weights, activations, graphs); budget = (GPU - this) x F",
     )
     b.add_argument(
         "--memory-fraction",
+        "--gpu-memory-utilization",
+        dest="memory_fraction",
         type=float,
         default=None,
         metavar="F",
-        help=f"with --gpu: share of the rest given to KV (default {DEFAULT_MEMORY_FRACTION})",
+        help=f"with --gpu: share of the GPU's memory the engine uses (default {DEFAULT_MEMORY_FRACTION}, "
+        "vLLM's gpu_memory_utilization); with --non-kv-memory: share of the rest",
     )
+    for flag, what in (
+        ("--weights-memory", "weights per rank (default: safetensors headers, else the parameter count)"),
+        ("--activation-memory", "activation peak per rank (default: estimate for --max-num-tokens)"),
+        ("--cuda-graph-memory", "CUDA-graph pool per rank (default: estimate for the largest graph; 0 if eager)"),
+        ("--reserved-memory", "CUDA context, workspaces, fragmentation (default 1GiB)"),
+    ):
+        b.add_argument(flag, metavar="SIZE", default=None, help=f"with --gpu: {what}")
     lim = p.add_argument_group("serving limits")
     lim.add_argument(
         "--max-batch-size",
@@ -192,15 +205,22 @@ def workload_from_args(args: argparse.Namespace) -> Workload | None:
     return Workload(np.stack([trace.prompt_len, trace.output_len], axis=1))
 
 
-def plan_from_args(args: argparse.Namespace) -> PoolPlan:
-    """The plan the options describe. Raises KvpoolError subclasses on bad input
-    or an infeasible plan."""
+def budget_from_args(args: argparse.Namespace) -> Budget:
+    """The KV budget per rank the options describe (cli/budget.py)."""
+    _, max_len = spec_for_plan(args)
+    return kv_budget(args, limits_from_args(args, max_len))
+
+
+def plan_from_args(args: argparse.Namespace, budget: Budget | None = None) -> PoolPlan:
+    """The plan the options describe, on `budget` (default: the options' own).
+    Raises KvpoolError subclasses on bad input or an infeasible plan."""
     spec, max_len = spec_for_plan(args)
     limits = limits_from_args(args, max_len)
+    budget = kv_budget(args, limits) if budget is None else budget
     return plan_pools(
         spec,
         limits,
-        kv_memory_bytes=kv_budget(args).kv_bytes,
+        kv_memory_bytes=budget.kv_bytes,
         pool_ratio=parse_pool_ratio(args.pool_ratio),
         policy=workload_from_args(args),
         fit=args.fit,

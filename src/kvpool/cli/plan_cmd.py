@@ -7,9 +7,10 @@ from typing import Any
 
 from kvpool.cli import engines_out
 from kvpool.cli.common import add_json_arg, print_json, table
-from kvpool.cli.plan_args import add_plan_args, plan_from_args
+from kvpool.cli.plan_args import add_plan_args, budget_from_args, plan_from_args
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
+from kvpool.plan.memory import MemoryBudget
 from kvpool.units import format_bytes
 
 
@@ -99,7 +100,25 @@ def render(plan: PoolPlan) -> str:
     return "\n".join(lines)
 
 
+def render_memory(memory: MemoryBudget, gpu: str, tp: int) -> str:
+    """The whole-GPU breakdown of one rank: a table of what is subtracted from the usable memory."""
+    rows = [
+        [f"{gpu} x {memory.utilization:g}", format_bytes(memory.usable_bytes), "utilization of the device's memory"],
+        ["- weights", format_bytes(memory.weights_bytes), memory.how["weights"]],
+        ["- activations", format_bytes(memory.activation_bytes), memory.how["activation"]],
+        ["- CUDA graphs", format_bytes(memory.cuda_graph_bytes), memory.how["cuda_graph"]],
+        ["- reserved", format_bytes(memory.reserved_bytes), memory.how["reserved"]],
+        ["= KV cache", format_bytes(memory.kv_bytes), ""],
+    ]
+    head = (
+        f"memory per rank (tp {tp}; utilization {memory.utilization:g} of the GPU's memory, "
+        "vLLM's gpu_memory_utilization convention):"
+    )
+    return head + "\n" + table(["part", "bytes", "from"], rows) + "\n"
+
+
 def run(args: argparse.Namespace) -> int:
+    budget = budget_from_args(args)
     if args.sizing != "workload":
         from kvpool.cli.plan_sizing import adaptive_plan
 
@@ -107,11 +126,16 @@ def run(args: argparse.Namespace) -> int:
     elif args.sim_gpu is not None:
         raise KvpoolError("--sim-gpu is for --sizing tuned")
     else:
-        plan = plan_from_args(args)
+        plan = plan_from_args(args, budget)
     report, emitted = engines_out.engine_outputs(args, plan)
     if args.json:
-        print_json(engines_out.to_json(report, emitted, plan))
+        out = engines_out.to_json(report, emitted, plan)
+        if budget.memory is not None and emitted is None:
+            out["memory"] = budget.memory.to_json()
+        print_json(out)
     else:
+        if budget.memory is not None:
+            print(render_memory(budget.memory, args.gpu, args.tp))
         print(render(plan))
         if report is not None or emitted is not None:
             print("\n" + engines_out.render(report, emitted, plan))

@@ -27,7 +27,7 @@ def adaptive_plan(args: argparse.Namespace) -> PoolPlan:
         raise KvpoolError(f"--sizing {args.sizing} plans the final phase; drop --phase profile")
     spec, max_len = spec_for_plan(args)
     limits = limits_from_args(args, max_len)
-    kv = kv_budget(args).kv_bytes
+    kv = kv_budget(args, limits).kv_bytes
     trace = load_trace(args.workload)
     model = None
     rate_note: tuple[str, ...] = ()

@@ -5,6 +5,7 @@ they buy."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from kvpool import presets
@@ -31,6 +32,7 @@ from kvpool.sim.policies import (
     resolve_group,
     sweep_shares,
 )
+from kvpool.sim.steptime import Weights
 from kvpool.units import format_bytes, parse_size
 
 # Each sweep point is a whole simulation of the trace: past this a typo, not a study.
@@ -43,8 +45,8 @@ def register(sub: Any) -> None:
         help="replay a request trace against sizing policies (simulated throughput)",
         description="Replay a trace through the shared scheduler and the real KV cache manager "
         "with a roofline step-time model; compare sizing policies by the throughput "
-        "they buy. The budget is --kv-memory, or (GPU memory - non-KV memory) x F "
-        "where non-KV memory defaults to the model's weights.",
+        "they buy. The budget is --kv-memory, or the whole GPU per rank (GPU memory x utilization - "
+        "weights per rank - activations - CUDA graphs - reserve), or (GPU memory - --non-kv-memory) x F.",
     )
     add_plan_args(p, workload=False)  # the trace is --trace; `--policy workload` uses it
     s = p.add_argument_group("simulation")
@@ -134,6 +136,13 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def per_rank(weights: Weights, share: float) -> Weights:
+    """`weights` scaled to one rank's `share` of the bytes (total and active alike)."""
+    return dataclasses.replace(
+        weights, total_params=weights.total_params * share, active_params=weights.active_params * share
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     if args.gpu is None:
         raise KvpoolError("simulate needs --gpu NAME for its step times (kvpool gpus)")
@@ -147,9 +156,14 @@ def run(args: argparse.Namespace) -> int:
         weights_bytes=parse_size(args.weights_bytes) if args.weights_bytes else None,
         active_params=args.active_params,
     )
-    kv_bytes, how = kv_budget(
-        args, weights_bytes=weights.total_params * weights.bytes_per_param, gpu_only_for_budget=False
-    )
+    given = -(-parse_size(args.weights_bytes) // args.tp) if args.weights_bytes else None
+    budget = kv_budget(args, limits, weights_bytes=given, gpu_only_for_budget=False)
+    kv_bytes, how = budget.kv_bytes, budget.how
+    # one rank's step reads and computes its own share of the weights (the budget's, when it has one)
+    if budget.memory is not None:
+        weights = per_rank(weights, budget.memory.weights_bytes / (weights.total_params * weights.bytes_per_param))
+    elif args.tp > 1:
+        weights = per_rank(weights, 1 / args.tp)
     rate = parse_rate(args.rate)
     trace = load_trace(args.trace, max_requests=args.max_requests).with_rate(rate, args.seed)
     model = StepTimeModel.build(spec, gpu, weights)

@@ -1,0 +1,145 @@
+"""The whole GPU's memory, one rank at a time: what is left for the KV cache.
+
+    kv = gpu_memory x utilization - weights - activations - cuda_graphs - reserved
+
+- **utilization**: the share of the device's memory the engine may use, 0.9 by
+  default: vLLM's `gpu_memory_utilization` default and meaning (a fraction of the
+  device's total memory, vllm/config/cache.py). The device's memory is what it
+  reports (`kvpool gpus`).
+- **weights**: the busiest rank's share (models/weights.py: safetensors headers or
+  the parameter formula, split by tp / pp / ep / dp).
+- **activations** (estimate): the peak of one layer's forward pass over the
+  largest step, as vLLM measures it with a dummy forward at
+  `max_num_batched_tokens` (vllm/v1/worker/gpu_worker.py `determine_available_memory`).
+  Per token, in 2-byte activations: the residual stream and its normalised copy
+  (2H), the QKV output ((n + 2k) d / (tp/dp); MLA: n (2 nope + rope + v) / (tp/dp)
+  + kv_lora + rope), and the gated MLP's gate/up output and activation
+  (3 I' / tp, I' = intermediate_size, or for MoE top_k x moe_intermediate_size plus the shared
+  experts, plus top_k x H for the routed outputs before they are combined):
+  `N x 2 x (2H + qkv + 3 I'/tp [+ top_k H])`, N = max_num_tokens (max_seq_len
+  without a token budget); plus the sampler's float32 logits and probabilities of
+  `max_batch_size` rows over the whole vocabulary, `2 x B x V x 4`.
+- **CUDA graphs** (estimate): the graphs of all captured batch sizes share one
+  memory pool (vLLM captures them largest first into one `graph_pool_handle`,
+  PyTorch "CUDA Graphs" docs: graphs that share a pool reuse its memory), so the
+  pool holds the largest graph's intermediates: the per-token activation above x
+  the largest captured batch size. Kernel and workspace memory per graph are not
+  counted; pass --cuda-graph-memory for a measured figure.
+- **reserved**: `DEFAULT_RESERVED` = 1 GiB for what no formula here sees: the CUDA
+  context, cuBLAS / NCCL workspaces and allocator fragmentation (kvpool's allowance,
+  not a measurement; --reserved-memory sets it).
+
+Each estimate can be replaced by a given figure; a budget that comes out at zero
+or below is refused by name with what to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvpool.errors import KvpoolError
+from kvpool.models.weights import Parallel
+from kvpool.plan.limits import ServingLimits
+from kvpool.units import format_bytes
+
+DEFAULT_UTILIZATION = 0.9
+DEFAULT_RESERVED = 2**30
+ACTIVATION_BYTES = 2  # bf16 / fp16 activations
+LOGIT_BYTES = 4  # float32 logits and probabilities in the sampler
+
+
+def _field(config: Mapping[str, Any], key: str) -> int:
+    value = config.get(key)
+    if not value:
+        raise KvpoolError(f"config is missing field {key!r} for the activation estimate; give --activation-memory")
+    return int(value)
+
+
+def activation_per_token(config: Mapping[str, Any], par: Parallel) -> int:
+    """Bytes of one token's peak per-layer activations on one rank (module docstring)."""
+    h, n = _field(config, "hidden_size"), _field(config, "num_attention_heads")
+    attn_tp = par.tp // par.dp
+    if config.get("kv_lora_rank"):
+        nope, rope, v = (_field(config, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+        qkv = -(-n * (2 * nope + rope + v) // attn_tp) + _field(config, "kv_lora_rank") + rope
+    else:
+        k = int(config.get("num_key_value_heads") or n)
+        d = int(config.get("head_dim") or h // n)
+        qkv = -(-(n + 2 * k) * d // attn_tp)
+    top_k = int(config.get("num_experts_per_tok") or config.get("experts_per_token") or 0)
+    experts = config.get("n_routed_experts") or config.get("num_local_experts") or config.get("num_experts")
+    dense = int(config.get("intermediate_size") or 0)
+    mlp, routed_out = dense, 0
+    if experts and top_k:
+        moe = int(config.get("moe_intermediate_size") or dense)
+        shared = int(config.get("n_shared_experts") or 0) * moe + int(
+            config.get("shared_expert_intermediate_size") or 0
+        )
+        mlp, routed_out = max(dense, top_k * moe + shared), top_k * h
+    if not mlp:
+        raise KvpoolError("config is missing field 'intermediate_size' for the activation estimate")
+    return ACTIVATION_BYTES * (2 * h + qkv + -(-3 * mlp // par.tp) + routed_out)
+
+
+def activation_bytes(config: Mapping[str, Any], limits: ServingLimits, par: Parallel) -> int:
+    """The activation peak of the largest step plus the sampler's logits (module docstring)."""
+    tokens = limits.max_num_tokens or limits.max_seq_len
+    logits = 2 * limits.max_batch_size * _field(config, "vocab_size") * LOGIT_BYTES
+    return tokens * activation_per_token(config, par) + logits
+
+
+def cuda_graph_bytes(config: Mapping[str, Any], limits: ServingLimits, par: Parallel) -> int:
+    """The shared CUDA-graph pool: the largest captured batch's activations."""
+    return limits.largest_graph_batch * activation_per_token(config, par)
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """One rank's memory, in bytes, and where each figure came from (`how`:
+    part -> 'estimate', 'safetensors headers', a flag, ...)."""
+
+    gpu_bytes: int
+    utilization: float
+    weights_bytes: int
+    activation_bytes: int
+    cuda_graph_bytes: int
+    reserved_bytes: int
+    how: Mapping[str, str]
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.gpu_bytes * self.utilization)
+
+    @property
+    def kv_bytes(self) -> int:
+        """What is left for the KV cache (negative when the rest does not fit)."""
+        used = self.weights_bytes + self.activation_bytes + self.cuda_graph_bytes + self.reserved_bytes
+        return self.usable_bytes - used
+
+    def to_json(self) -> dict[str, Any]:
+        keys = ("gpu_bytes", "utilization", "weights_bytes", "activation_bytes", "cuda_graph_bytes", "reserved_bytes")
+        return {**{k: getattr(self, k) for k in keys}, "kv_bytes": self.kv_bytes, "per_rank": True}
+
+    def check(self, gpu: str, par: Parallel) -> None:
+        """Raise KvpoolError naming the shortfall and what to change when no KV memory is left."""
+        if self.kv_bytes > 0:
+            return
+        biggest = max(
+            ("weights", self.weights_bytes),
+            ("activations", self.activation_bytes),
+            ("CUDA graphs", self.cuda_graph_bytes),
+            key=lambda kv: kv[1],
+        )[0]
+        hint = {
+            "weights": f"more --tp (now {par.tp}) or a quantized checkpoint",
+            "activations": "a smaller --max-num-tokens or --max-batch-size (or give --activation-memory)",
+            "CUDA graphs": "smaller --cuda-graph-batch-sizes (or give --cuda-graph-memory)",
+        }[biggest]
+        raise KvpoolError(
+            f"no memory left for the KV cache on {gpu}: weights {format_bytes(self.weights_bytes)} + activations "
+            f"{format_bytes(self.activation_bytes)} + CUDA graphs {format_bytes(self.cuda_graph_bytes)} + reserved "
+            f"{format_bytes(self.reserved_bytes)} exceed {self.utilization:g} x {format_bytes(self.gpu_bytes)} by "
+            f"{format_bytes(-self.kv_bytes)}; use {hint}"
+        )
