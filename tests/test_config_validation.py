@@ -11,7 +11,7 @@ import pytest
 
 from conftest import attention_config
 from kvpool import SpecError, load_model_spec
-from kvpool.spec.defaults import applied_defaults
+from kvpool.spec.defaults import DEFAULTS, applied_defaults
 
 DATA = Path(__file__).parent / "data" / "configs"
 
@@ -251,3 +251,17 @@ def test_falcon_h1_every_layer_has_kv_and_mamba2_state() -> None:
     assert groups["full"].row_bytes == 4 * 2 * 2 * 64 * 2
     per_layer = ((24 * 64 + 2 * 128) * 3 + 24 * 64 * 128) * 2
     assert groups["mamba_state"].state_bytes == 4 * per_layer
+
+
+@pytest.mark.parametrize("model_type", sorted(DEFAULTS))
+def test_recorded_defaults_are_transformers_own(model_type: str) -> None:
+    """Each default kvpool applies to an omitted field is the value the
+    transformers config class gives that field (a class attribute spelled with
+    a leading underscore, like Gemma 3's `_sliding_window_pattern`, included)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model(model_type)
+    for field, value in DEFAULTS[model_type][1].items():
+        theirs = getattr(config, field, None)
+        if theirs is None:
+            theirs = getattr(config, f"_{field}")
+        assert theirs == value, f"{model_type}.{field}: kvpool {value!r}, transformers {theirs!r}"

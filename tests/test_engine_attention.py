@@ -177,7 +177,6 @@ def test_a_window_as_long_as_the_positions_keeps_its_window_past_them() -> None:
     refused; a spec built for them keeps the window and matches transformers
     (which keeps the window past its positions) token for token."""
     from engine_helpers import hf_greedy
-
     from kvpool.engine.runner import Engine
     from kvpool.engine.weights import tiny_model
     from kvpool.spec import load_model_spec

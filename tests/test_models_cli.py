@@ -117,3 +117,28 @@ def test_emitted_launch_names_the_repo_and_the_revision(hub: Path, cli: Any) -> 
     emitted = json.loads(out)  # --emit --json prints the launch object
     assert emitted["argv"][:3] == ["vllm", "serve", GEMMA3_ID]
     assert any(GEMMA3_SHA in note for note in emitted["notes"])
+
+
+def gemma3_27b_text_bytes() -> int:
+    """bf16 bytes of gemma-3-27b-it's decoder, by hand from its config (hidden
+    5376, 62 layers, 32 query / 16 KV heads of 128, MLP 21504) and
+    Gemma3TextConfig's defaults for what it omits (vocab 262208, tied
+    embeddings): embeddings + per layer q, k, v, o, q/k norms, gate/up/down and
+    four norms + the final norm."""
+    h, heads, kv, d, mlp = 5376, 32, 16, 128, 21504
+    layer = h * heads * d * 2 + h * kv * d * 2 + 2 * d + 3 * h * mlp + 4 * h
+    return 2 * (262208 * h + 62 * layer + h)
+
+
+def test_plan_with_an_id_and_the_whole_gpu(hub: Path, cli: Any) -> None:
+    """`kvpool plan google/gemma-3-27b-it --gpu h100`: offline, from the cache,
+    no --non-kv-memory; the weights are the decoder's (the vision tower is not
+    counted) and the KV budget is what the breakdown leaves."""
+    code, out, err = cli("plan", GEMMA3_ID, "--gpu", "h100", "--max-seq-len", "8192", "--json")
+    assert code == 0, err
+    memory = json.loads(out)["memory"]
+    assert memory["weights_bytes"] == gemma3_27b_text_bytes()
+    rest = int(memory["gpu_bytes"] * memory["utilization"]) - sum(
+        memory[k] for k in ("weights_bytes", "activation_bytes", "cuda_graph_bytes", "reserved_bytes")
+    )
+    assert abs(memory["kv_bytes"] - rest) <= 1 and memory["per_rank"] is True

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from kvpool import presets
 from kvpool.errors import KvpoolError
+from kvpool.models import resolve_model
 from kvpool.models.weights import Parallel, model_weights
 from kvpool.plan.limits import ServingLimits
 from kvpool.plan.memory import (
@@ -27,6 +28,7 @@ from kvpool.plan.memory import (
     activation_bytes,
     cuda_graph_bytes,
 )
+from kvpool.spec.defaults import with_defaults
 from kvpool.spec.loader import read_config
 from kvpool.units import format_bytes, parse_size
 
@@ -103,7 +105,7 @@ def whole_gpu(
     args: argparse.Namespace, limits: ServingLimits, gpu_bytes: int, utilization: float, weights_bytes: int | None
 ) -> MemoryBudget:
     """The per-rank breakdown of `--gpu` alone: each part from its flag, else estimated."""
-    _, config = read_config(args.model)
+    config = with_defaults(read_config(args.model)[1])  # transformers' values for omitted fields
     par = Parallel(tp=args.tp)
     how: dict[str, str] = {}
     values: dict[str, int] = {}
@@ -115,7 +117,8 @@ def whole_gpu(
         if weights_bytes is not None:
             values["weights_memory"], how["weights_memory"] = weights_bytes, "--weights-bytes / tp"
         else:
-            weights = model_weights(config, args.model)
+            # a hub id's snapshot folder holds the safetensors headers when the cache has them
+            weights = model_weights(config, resolve_model(args.model).folder or args.model)
             values["weights_memory"], how["weights_memory"] = weights.per_rank_bytes(par), weights.source
     if "activation_memory" not in values:
         values["activation_memory"] = activation_bytes(config, limits, par)

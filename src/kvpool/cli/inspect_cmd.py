@@ -10,6 +10,7 @@ from kvpool.models.params import ParameterCountError
 from kvpool.models.weight_dtype import WeightSchemeError
 from kvpool.models.weights import Parallel, model_weights
 from kvpool.spec import ModelSpec
+from kvpool.spec.defaults import with_defaults
 from kvpool.spec.loader import read_config
 from kvpool.units import format_bytes
 
@@ -30,7 +31,7 @@ def weights_facts(args: argparse.Namespace) -> tuple[int | None, int | None]:
     has no formula for its family (the KV layout is still shown)."""
     _, config = read_config(args.model)
     try:
-        weights = model_weights(config, args.model)
+        weights = model_weights(with_defaults(config), args.model)
     except (ParameterCountError, WeightSchemeError):
         return None, None
     return weights.parameters, weights.per_rank_bytes(Parallel(tp=args.tp))

@@ -15,7 +15,8 @@ _GEMMA3 = "transformers Gemma3TextConfig (models/gemma3/configuration_gemma3.py)
 _GEMMA2 = "transformers Gemma2Config (models/gemma2/configuration_gemma2.py)"
 _MISTRAL = "transformers MistralConfig (models/mistral/configuration_mistral.py)"
 
-# model_type -> (source, {field: default}). Only fields that change what a layer caches.
+# model_type -> (source, {field: default}). Only fields that change what a layer caches
+# or the weights' size.
 DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
     "gemma3_text": (
         _GEMMA3,
@@ -29,6 +30,10 @@ DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
             "max_position_embeddings": 131072,
             # layer i is global when (i + 1) % 6 == 0 (the class's sliding_window_pattern)
             "sliding_window_pattern": 6,
+            # the weights' fields (gemma-3-27b-it's text_config omits them)
+            "vocab_size": 262208,
+            "intermediate_size": 9216,
+            "tie_word_embeddings": True,
         },
     ),
     "gemma2": (
