@@ -19,6 +19,7 @@ CLASSES = {
     "gemma2": "Gemma2Config",
     "gemma3_text": "Gemma3TextConfig",
     "mixtral": "MixtralConfig",
+    "qwen3_moe": "Qwen3MoeConfig",
 }
 
 

@@ -27,6 +27,7 @@ MODEL_TYPES = {
     "gemma3": "gemma3",
     "gemma2": "gemma2",
     "mixtral": "mistral",
+    "qwen3_moe": "qwen3",
 }
 
 
@@ -157,8 +158,11 @@ class ArchConfig:
     final_logit_softcap: float | None = None
     attn_logit_softcap: float | None = None
     eos_token_ids: tuple[int, ...] = ()  # every stop id (config.json, generation_config.json)
-    num_experts: int = 0  # > 0: a Mixtral sparse MoE MLP in every layer (engine/moe.py)
+    num_experts: int = 0  # > 0: a sparse MoE MLP in the layers `moe_layers` names (engine/moe.py)
     experts_per_token: int = 0
+    moe_intermediate_size: int = 0  # each expert's MLP width (Qwen-MoE; Mixtral's is intermediate_size)
+    norm_topk_prob: bool = True  # renormalise the top-k weights (Mixtral always; Qwen-MoE per config)
+    moe_layers: tuple[bool, ...] = ()  # per layer: MoE (True) or the dense MLP
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> ArchConfig:
@@ -220,9 +224,35 @@ class ArchConfig:
             # it; only Gemma 2 caps attention logits.
             attn_logit_softcap=config.get("attn_logit_softcapping") if arch == "gemma2" else None,
             eos_token_ids=eos_ids,
-            num_experts=int(config.get("num_local_experts") or 0) if config.get("model_type") == "mixtral" else 0,
-            experts_per_token=int(config.get("num_experts_per_tok") or 0),
+            **cls._moe(config, n),
         )
+
+    @staticmethod
+    def _moe(config: Mapping[str, Any], n: int) -> dict[str, Any]:
+        """The MoE fields: Mixtral routes every layer and renormalises; Qwen3-MoE
+        routes layer i when i is not in `mlp_only_layers` and (i + 1) is a
+        multiple of `decoder_sparse_step`, renormalising when `norm_topk_prob`
+        (transformers' Qwen3MoeDecoderLayer and Qwen3MoeTopKRouter)."""
+        model_type = config.get("model_type")
+        if model_type == "mixtral":
+            experts = int(config.get("num_local_experts") or 0)
+            return {
+                "num_experts": experts,
+                "experts_per_token": int(config.get("num_experts_per_tok") or 0),
+                "moe_intermediate_size": int(config["intermediate_size"]),
+                "moe_layers": (experts > 0,) * n,
+            }
+        if model_type != "qwen3_moe":
+            return {}
+        experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+        step, dense = int(config.get("decoder_sparse_step") or 1), set(config.get("mlp_only_layers") or ())
+        return {
+            "num_experts": experts,
+            "experts_per_token": int(config.get("num_experts_per_tok") or 0),
+            "moe_intermediate_size": int(config["moe_intermediate_size"]),
+            "norm_topk_prob": bool(config.get("norm_topk_prob", False)),
+            "moe_layers": tuple(experts > 0 and i not in dense and (i + 1) % step == 0 for i in range(n)),
+        }
 
     @staticmethod
     def _ropes(config: Mapping[str, Any], types: list[str], gemma: bool) -> tuple[Rope, ...]:

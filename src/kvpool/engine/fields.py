@@ -78,11 +78,16 @@ IMPLEMENTED: dict[str, frozenset[str]] = {
     "gemma2": _CORE | _GEMMA | {"attn_logit_softcapping"},
     "gemma3_text": _CORE | _GEMMA | {"_sliding_window_pattern"},
     "mixtral": _CORE | {"hidden_act", "sliding_window", "num_local_experts", "num_experts_per_tok"},
+    "qwen3_moe": _CORE
+    | {"hidden_act", "attention_bias", "sliding_window", "use_sliding_window"}
+    | {"num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob"}
+    | {"decoder_sparse_step", "mlp_only_layers"},
 }
 IRRELEVANT: dict[str, frozenset[str]] = {
     **{t: _BOOKKEEPING for t in IMPLEMENTED},
     "gemma3_text": _BOOKKEEPING | {"attn_logit_softcapping"},
     "mixtral": _BOOKKEEPING | {"output_router_logits", "router_aux_loss_coef", "router_jitter_noise"},
+    "qwen3_moe": _BOOKKEEPING | {"output_router_logits", "router_aux_loss_coef"},
 }
 # field -> the one value the engine runs
 REFUSED: dict[str, dict[str, Any]] = {

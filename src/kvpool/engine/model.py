@@ -98,11 +98,11 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ArchConfig):
+    def __init__(self, cfg: ArchConfig, index: int):
         super().__init__()
         eps, gemma = cfg.rms_norm_eps, cfg.gemma
         self.self_attn = Attention(cfg)
-        if cfg.num_experts:
+        if cfg.moe_layers and cfg.moe_layers[index]:
             from kvpool.engine.moe import SparseMoE
 
             self.mlp: nn.Module = SparseMoE(cfg)
@@ -131,7 +131,7 @@ class Backbone(nn.Module):
     def __init__(self, cfg: ArchConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.gemma)
 
 

