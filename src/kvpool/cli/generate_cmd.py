@@ -271,7 +271,7 @@ def _engine(args: argparse.Namespace, model: Any, config: dict[str, Any], prompt
     longest = max(len(p) for p in prompts) + args.max_new_tokens
     check_positions(config, max(len(p) for p in prompts), args.max_new_tokens)
     kv_dtype = DTYPES[str(model.dtype).removeprefix("torch.")]
-    spec = load_model_spec(config, kv_dtype=kv_dtype, tokens_per_block=args.tokens_per_block, max_seq_len=longest)
+    spec = load_model_spec(config, kv_dtype=kv_dtype, tokens_per_block=args.tokens_per_block)
     limits = ServingLimits(
         max_batch_size=len(prompts),
         max_seq_len=longest,
