@@ -18,6 +18,7 @@ def test_inspect_json_shape(cli) -> None:  # type: ignore[no-untyped-def]
         "kv_dtype",
         "kv_dtype_note",
         "tp_size",
+        "pp_stage",
         "tokens_per_block",
         "groups",
         "full_attention_bytes_per_token",

@@ -17,9 +17,10 @@ import argparse
 from typing import NamedTuple
 
 from kvpool import presets
+from kvpool.cli.common import parallel_from_args
 from kvpool.errors import KvpoolError
 from kvpool.models import resolve_model
-from kvpool.models.weights import Parallel, model_weights
+from kvpool.models.weights import model_weights
 from kvpool.plan.limits import ServingLimits
 from kvpool.plan.memory import (
     DEFAULT_RESERVED,
@@ -97,7 +98,7 @@ def kv_budget(
             raise KvpoolError(f"{how} leaves no memory on {gpu.name} ({format_bytes(gpu.memory_bytes)})")
         return Budget(int(rest * fraction), f"({gpu.key} - {how}) x {fraction:g}")
     memory = whole_gpu(args, limits, gpu.memory_bytes, fraction, weights_bytes)
-    memory.check(gpu.name, Parallel(tp=args.tp))
+    memory.check(gpu.name, parallel_from_args(args))
     return Budget(memory.kv_bytes, f"{gpu.key} x {fraction:g} - weights - activations - CUDA graphs - reserve", memory)
 
 
@@ -106,7 +107,7 @@ def whole_gpu(
 ) -> MemoryBudget:
     """The per-rank breakdown of `--gpu` alone: each part from its flag, else estimated."""
     config = with_defaults(read_config(args.model)[1])  # transformers' values for omitted fields
-    par = Parallel(tp=args.tp)
+    par = parallel_from_args(args)
     how: dict[str, str] = {}
     values: dict[str, int] = {}
     for part in PARTS:

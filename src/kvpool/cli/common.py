@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvpool.errors import KvpoolError
+from kvpool.models.weights import Parallel
 from kvpool.spec import KV_DTYPES, ModelSpec, load_model_spec
 
 # Past this a count is a typo, and sizes derived from it would overflow int64.
@@ -58,6 +60,18 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-dtype", default="auto", help=f"KV storage dtype: {', '.join(KV_DTYPES)} (default auto)")
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size; the spec is one rank's")
     p.add_argument(
+        "--pp", type=positive_int, default=1, help="pipeline stages; the spec is the stage with the most KV bytes"
+    )
+    p.add_argument(
+        "--ep", type=positive_int, default=1, help="expert-parallel size (divides --tp): shards routed experts"
+    )
+    p.add_argument(
+        "--dp",
+        type=positive_int,
+        default=1,
+        help="data-parallel attention (divides --tp): attention and KV split over tp/dp ranks, each with its own requests",
+    )
+    p.add_argument(
         "--tokens-per-block",
         type=positive_int,
         default=None,
@@ -70,8 +84,28 @@ def add_json_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
 
+def attention_tp(args: argparse.Namespace) -> int:
+    """Ranks one attention layer (and its KV) is split over: --tp, or --tp / --dp
+    with data-parallel attention (SGLang's convention: --dp must divide --tp)."""
+    if args.tp % args.dp or args.tp % args.ep:
+        flag = "--dp" if args.tp % args.dp else "--ep"
+        raise KvpoolError(f"{flag} {getattr(args, flag[2:])} must divide --tp {args.tp}")
+    return int(args.tp // args.dp)
+
+
+def parallel_from_args(args: argparse.Namespace) -> Parallel:
+    """The --tp / --pp / --ep / --dp layout the weights are split by."""
+    return Parallel(tp=args.tp, pp=args.pp, ep=args.ep, dp=args.dp)
+
+
 def spec_from_args(args: argparse.Namespace) -> ModelSpec:
-    return load_model_spec(args.model, kv_dtype=args.kv_dtype, tp_size=args.tp, tokens_per_block=args.tokens_per_block)
+    return load_model_spec(
+        args.model,
+        kv_dtype=args.kv_dtype,
+        tp_size=attention_tp(args),
+        pp_size=args.pp,
+        tokens_per_block=args.tokens_per_block,
+    )
 
 
 def print_json(obj: Any) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from kvpool.cli.common import table
 from kvpool.engines.common import EnginePool, EngineReport
 from kvpool.engines.emit import ENGINES, Emitted, emit, engine_report, model_id_for
+from kvpool.errors import KvpoolError
 from kvpool.plan import REFERENCE_REQUEST, PoolPlan, decode_shape
 from kvpool.units import format_bytes
 
@@ -94,6 +95,9 @@ def engine_outputs(args: argparse.Namespace, plan: PoolPlan) -> tuple[EngineRepo
     report = engine_report(args.engine, plan) if args.engine else None
     emitted = None
     if args.emit:
+        beyond_tp = [f"--{k} {getattr(args, k)}" for k in ("pp", "ep", "dp") if getattr(args, k, 1) > 1]
+        if beyond_tp:  # the launch lines carry tensor parallelism only: refuse rather than emit a wrong one
+            raise KvpoolError(f"--emit does not yet state {', '.join(beyond_tp)} as engine flags; plan without them")
         source = plan.spec.source
         hub_id = source.repo_id if source is not None and source.kind == "hub" else None
         emitted = emit(args.emit, plan, args.model_id or hub_id or model_id_for(args.model))

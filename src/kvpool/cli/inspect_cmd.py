@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvpool.cli.common import add_json_arg, add_model_args, print_json, spec_from_args, table
+from kvpool.cli.common import add_json_arg, add_model_args, parallel_from_args, print_json, spec_from_args, table
 from kvpool.models.params import ParameterCountError
 from kvpool.models.weight_dtype import WeightSchemeError
-from kvpool.models.weights import Parallel, model_weights
+from kvpool.models.weights import model_weights
 from kvpool.spec import ModelSpec
 from kvpool.spec.defaults import with_defaults
 from kvpool.spec.loader import read_config
@@ -34,7 +34,7 @@ def weights_facts(args: argparse.Namespace) -> tuple[int | None, int | None]:
         weights = model_weights(with_defaults(config), args.model)
     except (ParameterCountError, WeightSchemeError):
         return None, None
-    return weights.parameters, weights.per_rank_bytes(Parallel(tp=args.tp))
+    return weights.parameters, weights.per_rank_bytes(parallel_from_args(args))
 
 
 def inspect_json(spec: ModelSpec, parameters: int | None = None, weights_bytes: int | None = None) -> dict[str, Any]:
@@ -44,6 +44,7 @@ def inspect_json(spec: ModelSpec, parameters: int | None = None, weights_bytes: 
         "kv_dtype": spec.kv_dtype,
         "kv_dtype_note": spec.kv_dtype_note,
         "tp_size": spec.tp_size,
+        "pp_stage": None if spec.pp_stage is None else list(spec.pp_stage),
         "tokens_per_block": spec.tokens_per_block,
         "groups": [
             {
@@ -75,6 +76,13 @@ def run(args: argparse.Namespace) -> int:
     )
     if spec.source is not None:
         print(f"source: {spec.source.describe()}")
+    if spec.pp_stage is not None:
+        index, stages = spec.pp_stage
+        layers = sorted(i for g in spec.groups for i in g.layers)
+        print(
+            f"pipeline stage {index} of {stages} (layers {layers[0]}..{layers[-1]}): "
+            "the stage with the most KV bytes per reference request"
+        )
     if spec.kv_dtype_note:
         print(f"note: {spec.kv_dtype_note}")
     rows = []

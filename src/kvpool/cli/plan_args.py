@@ -11,7 +11,7 @@ import argparse
 import numpy as np
 
 from kvpool.cli.budget import DEFAULT_MEMORY_FRACTION, Budget, kv_budget
-from kvpool.cli.common import add_model_args, int_at_least, positive_int
+from kvpool.cli.common import add_model_args, attention_tp, int_at_least, positive_int
 from kvpool.errors import LimitsError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
 from kvpool.plan.sizing import parse_shares
@@ -177,7 +177,12 @@ def spec_for_plan(args: argparse.Namespace) -> tuple[ModelSpec, int]:
         max_pos = config.get("max_position_embeddings")
         max_len = min(int(max_pos) if max_pos else DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
     spec = load_model_spec(
-        args.model, kv_dtype=args.kv_dtype, tp_size=args.tp, tokens_per_block=args.tokens_per_block, max_seq_len=max_len
+        args.model,
+        kv_dtype=args.kv_dtype,
+        tp_size=attention_tp(args),
+        pp_size=args.pp,
+        tokens_per_block=args.tokens_per_block,
+        max_seq_len=max_len,
     )
     return spec, max_len
 

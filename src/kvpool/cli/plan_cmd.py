@@ -100,7 +100,7 @@ def render(plan: PoolPlan) -> str:
     return "\n".join(lines)
 
 
-def render_memory(memory: MemoryBudget, gpu: str, tp: int) -> str:
+def render_memory(memory: MemoryBudget, gpu: str, layout: str) -> str:
     """The whole-GPU breakdown of one rank: a table of what is subtracted from the usable memory."""
     rows = [
         [f"{gpu} x {memory.utilization:g}", format_bytes(memory.usable_bytes), "utilization of the device's memory"],
@@ -111,7 +111,7 @@ def render_memory(memory: MemoryBudget, gpu: str, tp: int) -> str:
         ["= KV cache", format_bytes(memory.kv_bytes), ""],
     ]
     head = (
-        f"memory per rank (tp {tp}; utilization {memory.utilization:g} of the GPU's memory, "
+        f"memory per rank ({layout}; utilization {memory.utilization:g} of the GPU's memory, "
         "vLLM's gpu_memory_utilization convention):"
     )
     return head + "\n" + table(["part", "bytes", "from"], rows) + "\n"
@@ -135,7 +135,10 @@ def run(args: argparse.Namespace) -> int:
         print_json(out)
     else:
         if budget.memory is not None:
-            print(render_memory(budget.memory, args.gpu, args.tp))
+            layout = ", ".join(
+                f"{k} {getattr(args, k)}" for k in ("tp", "pp", "ep", "dp") if k == "tp" or getattr(args, k) > 1
+            )
+            print(render_memory(budget.memory, args.gpu, layout))
         print(render(plan))
         if report is not None or emitted is not None:
             print("\n" + engines_out.render(report, emitted, plan))

@@ -86,6 +86,8 @@ class ModelSpec:
     kv_dtype_note: str | None = field(default=None, compare=False)
     # where the config came from (preset, path or Hugging Face id); None for a dict
     source: ModelSource | None = field(default=None, compare=False)
+    # (stage index, pp size) when the spec is one pipeline stage's layers (spec/stages.py)
+    pp_stage: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         names = [g.name for g in self.groups]

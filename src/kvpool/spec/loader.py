@@ -17,6 +17,7 @@ from kvpool.spec.groups import LayerGroup, ModelSpec
 from kvpool.spec.jsonfile import read_json
 from kvpool.spec.kinds import kind_rule
 from kvpool.spec.quant import with_sidecar_quant_config
+from kvpool.spec.stages import busiest_stage
 from kvpool.spec.validate import check_text_config, validate_config
 
 DEFAULT_TOKENS_PER_BLOCK = 32
@@ -109,6 +110,7 @@ def load_model_spec(
     *,
     kv_dtype: str = "auto",
     tp_size: int = 1,
+    pp_size: int = 1,
     tokens_per_block: int | None = None,
     max_seq_len: int | None = None,
 ) -> ModelSpec:
@@ -120,12 +122,19 @@ def load_model_spec(
     `ModelSpec.source` records which. `kv_dtype` is `auto` (what
     engines serve: `spec.dtypes.auto_kv_dtype`; `ModelSpec.kv_dtype_note` says
     why when that is not the config's dtype), `bf16`, `fp16`, `fp32`, `fp8` or
-    `nvfp4`. Under tensor parallelism (`tp_size`) the spec is one rank's share. `tokens_per_block`
+    `nvfp4`. Under tensor parallelism (`tp_size`) the spec is one rank's share; under pipeline
+    parallelism (`pp_size`) it holds the layers of the stage that needs the most KV bytes (`pp_stage`). `tokens_per_block`
     defaults to 32 (128 for DeepSeek-V4). A sliding window of at least
     `max_seq_len` (default: the config's `max_position_embeddings`) is full
     attention. Raises `SpecError` (a `KvpoolError`) on anything it cannot read.
     """
-    for arg, value in (("tp_size", tp_size), ("tokens_per_block", tokens_per_block), ("max_seq_len", max_seq_len)):
+    checked = (
+        ("tp_size", tp_size),
+        ("pp_size", pp_size),
+        ("tokens_per_block", tokens_per_block),
+        ("max_seq_len", max_seq_len),
+    )
+    for arg, value in checked:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise SpecError(f"{arg} must be a positive integer, got {value!r}")
     if not isinstance(source, str | Path | Mapping):
@@ -147,6 +156,10 @@ def load_model_spec(
         if isinstance(e, SpecError):
             raise
         raise SpecError(f"config of {name} has a malformed field: {e}") from None
+    stage = None
+    if pp_size > 1:
+        index, caches = busiest_stage(caches, num_layers, pp_size, lambda c: build_groups(c, tpb))
+        stage = (index, pp_size)
     return ModelSpec(
         name=name,
         family=family,
@@ -159,4 +172,5 @@ def load_model_spec(
         config=config,
         kv_dtype_note=dtype_note,
         source=origin,
+        pp_stage=stage,
     )
