@@ -160,3 +160,14 @@ def test_bad_flag_values_are_usage_errors(capsys: pytest.CaptureFixture[str]) ->
         main(["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--phase", "warm"])
     assert info.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_default_length_below_the_models_positions_says_so(cli) -> None:  # type: ignore[no-untyped-def]
+    """llama-3.1-8b has 131,072 positions; without --max-seq-len the plan is at
+    8,192 and says why, in text and in --json; given, nothing is said."""
+    code, out, _ = cli("plan", "llama-3.1-8b-instruct", "--kv-memory", "16GiB")
+    assert code == 0 and "note: max_seq_len defaults to 8,192, below the model's 131,072 positions" in out
+    code, out, _ = cli("plan", "llama-3.1-8b-instruct", "--kv-memory", "16GiB", "--json")
+    assert code == 0 and any("131,072 positions" in n for n in json.loads(out)["notes"])
+    code, out, _ = cli("plan", "llama-3.1-8b-instruct", "--kv-memory", "16GiB", "--max-seq-len", "8192")
+    assert code == 0 and "defaults to" not in out

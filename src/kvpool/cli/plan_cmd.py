@@ -128,8 +128,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         plan = plan_from_args(args, budget)
     report, emitted = engines_out.engine_outputs(args, plan)
+    capped = default_length_note(args, plan)
     if args.json:
         out = engines_out.to_json(report, emitted, plan)
+        if capped and isinstance(out.get("notes"), list):
+            out["notes"].append(capped)
         if budget.memory is not None and emitted is None:
             out["memory"] = budget.memory.to_json()
         print_json(out)
@@ -140,6 +143,19 @@ def run(args: argparse.Namespace) -> int:
             )
             print(render_memory(budget.memory, args.gpu, layout))
         print(render(plan))
+        if capped:
+            print(f"note: {capped}")
         if report is not None or emitted is not None:
             print("\n" + engines_out.render(report, emitted, plan))
     return 0
+
+
+def default_length_note(args: argparse.Namespace, plan: PoolPlan) -> str | None:
+    """Why L is below the model's positions when --max-seq-len was not given."""
+    max_pos, length = plan.spec.max_position_embeddings, plan.limits.max_seq_len
+    if args.max_seq_len is not None or not max_pos or max_pos <= length:
+        return None
+    return (
+        f"max_seq_len defaults to {length:,}, below the model's {max_pos:,} positions: planning every request "
+        f"at full context would reserve pages most deployments never use; give --max-seq-len {max_pos} for it"
+    )
