@@ -24,6 +24,8 @@ def main() -> None:
     for m in rows:
         weights = model_weights(with_defaults(load_model_config(m["preset"])))
         published, counted = m["published_params"], weights.parameters
+        if counted is None:  # a header sum without a count: not this table's case
+            continue
         print(
             f"{m['preset']:26} {published / 1e9:9.2f}B {counted / 1e9:9.3f}B {100 * (counted / published - 1):+6.2f}%"
             f" {format_bytes(weights.per_rank_bytes(Parallel())):>11} {format_bytes(weights.per_rank_bytes(Parallel(tp=8))):>12}"
