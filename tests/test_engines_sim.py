@@ -59,6 +59,7 @@ def test_vllm_policy_is_one_shared_pool_gemma3() -> None:
     assert kinds == [("sliding", 1024)] * 6 + [("full", None)]
     assert all(plan.pages(g.name) == 8192 for g in plan.spec.groups)
     assert sorted(set(plan.origin.values())) == ["full", "sliding"]
+    assert plan.share_of("sliding") == pytest.approx(6 / 7)  # 6 of the pool's 7 groups (padding included)
     # the same count vllm.allocate prints at --block-size 32
     assert vllm.allocate(spec, LIMITS, 20 * GiB, block_size=32).reported["num_gpu_blocks"] == 8192
 

@@ -96,7 +96,9 @@ def groups_by_pool(mgr: DummyPages) -> dict[str, list[LayerGroup]]:
 def _shared_max_generation_length(mgr: DummyPages, batch_size: int, draft_len: int) -> int:
     """`max_generation_length` when groups share a pool: their needs are summed.
     Between the longest that fits with every bounded group at its worst and the
-    longest the growing groups alone allow, each length is tried from the top."""
+    longest the growing groups alone allow, each length is tried from the top
+    (a pool without a growing group whose worst case does not fit is scanned
+    from `max_seq_len` down: slow, still exact)."""
     extra, headroom = mgr.limits.num_extra_kv_tokens, 1 + draft_len + mgr.limits.num_extra_kv_tokens
     short_c, short_h = dummy_shape(1, draft_len, extra)
     shared = groups_by_pool(mgr)

@@ -101,6 +101,14 @@ class PoolPlan:
                 return s.name
         return group
 
+    def share_of(self, group: str) -> float:
+        """Byte share of model group `group`: its own, or on a regrouped spec
+        (`origin`) the sum over the groups holding its layers (for a shared pool,
+        the share of the pool's groups, padding included)."""
+        if group in self.origin.values():
+            return sum(g.share for g in self.groups if self.origin.get(g.name) == group)
+        return self.group(group).share
+
     def pool_pages(self) -> dict[str, int]:
         """Pages per pool (a shared pool once, under its name)."""
         return {self.pool_of(g.name): g.pages for g in self.groups}
@@ -204,8 +212,9 @@ class PoolPlan:
         return ConstraintResult(name, tuple(batch), not short, short)
 
     def to_json(self) -> dict[str, Any]:
-        """The plan in the `kvpool plan --json` shape."""
-        return {
+        """The plan in the `kvpool plan --json` shape (plus `shared_pools` for a
+        plan with a shared pool)."""
+        out = {
             "policy": self.policy,
             "kv_dtype": self.spec.kv_dtype,
             "kv_dtype_note": self.spec.kv_dtype_note,
@@ -222,10 +231,6 @@ class PoolPlan:
                 }
                 for g in self.groups
             ],
-            "shared_pools": [
-                {"name": p.name, "page_bytes": p.page_bytes, "pages": p.pages, "groups": list(p.groups)}
-                for p in self.shared
-            ],
             "constraints": [
                 {"name": c.name, "satisfied": c.satisfied, "short": dict(c.short)} for c in self.constraints
             ],
@@ -233,3 +238,9 @@ class PoolPlan:
             "warnings": list(self.warnings),
             "notes": list(self.notes),
         }
+        if self.shared:
+            out["shared_pools"] = [
+                {"name": p.name, "page_bytes": p.page_bytes, "pages": p.pages, "groups": list(p.groups)}
+                for p in self.shared
+            ]
+        return out

@@ -57,7 +57,7 @@ def advance_decodes(
         pool = manager.pool_of(g.name)
         if worst is not None and not g.rule.per_request:  # a state slot never grows
             need[pool] = need.get(pool, 0) + rows * worst
-        elif worst is None and pool != g.name:
+        elif worst is None and pool != g.name and not g.rule.per_request:
             # a growing group in a shared pool: its growth meanwhile counts against the others
             need[pool] = need.get(pool, 0) + rows * -(-(steps - 1) // g.tokens_per_block)
     for g in manager.spec.groups:
