@@ -8,7 +8,8 @@ import pytest
 from kvpool.engines import sglang, trtllm, vllm
 from kvpool.errors import KvpoolError
 from kvpool.plan import ServingLimits
-from kvpool.sim.engine_policies import vllm_real_share
+from kvpool.presets import GpuSpec
+from kvpool.sim import StepTimeModel, Weights, simulate
 from kvpool.sim.policies import parse_policies, plan_for
 from kvpool.spec import load_model_spec
 from kvpool.trace import Trace
@@ -16,6 +17,8 @@ from kvpool.trace import Trace
 GiB = 2**30
 LIMITS = ServingLimits(max_seq_len=8192)
 TRACE = Trace("t", np.array([1000, 3000, 200]), np.array([100, 200, 50]))
+GPU = GpuSpec("toy", "toy", 80 * GiB, 3e12, 1e15, None, "marketed", "test")
+WEIGHTS = Weights(27e9, 27e9, 2.0)
 
 
 def test_engine_policies_parse() -> None:
@@ -41,13 +44,58 @@ def test_sglang_and_trtllm_pools_become_pages() -> None:
     assert blocks is not None and tr.pages("sliding") == blocks["sliding"]
 
 
-def test_vllm_policy_excludes_padding() -> None:
+def test_vllm_policy_is_one_shared_pool_gemma3() -> None:
+    # Gemma-3-27B: 62 layers (52 sliding of W 1024, 10 full), 16 KV heads x 128 dims in bf16:
+    # 2 (K, V) x 16 x 128 x 2 B = 8,192 B per position per layer, every layer alike.
+    # vLLM: group size 10 (52 >= 1.5 x 10), so 6 sliding groups (8 padding layers) + 1 full;
+    # a block at the simulated 32 positions holds 10 layers: 10 x 8,192 x 32 = 2,621,440 B.
+    # 20 GiB / 2,621,440 B = 8,192 blocks.
     spec = load_model_spec("gemma-3-27b", max_seq_len=8192)
-    report = vllm.allocate(spec, LIMITS, 10 * GiB)
-    assert vllm_real_share(spec, report) == pytest.approx(62 / 70)  # 7 groups of 10, 62 real layers
-    pp = plan_for(spec, LIMITS, "engine:vllm", kv_memory_bytes=10 * GiB, trace=TRACE)
-    assert pp.plan.total_bytes <= 10 * GiB * 62 / 70
-    assert any("padding excluded" in n for n in pp.notes)
+    plan = plan_for(spec, LIMITS, "engine:vllm", kv_memory_bytes=20 * GiB, trace=TRACE).plan
+    assert len(plan.shared) == 1 and plan.shared[0].pages == 8192
+    assert plan.shared[0].page_bytes == 2_621_440 and plan.total_bytes == 20 * GiB
+    assert plan.spec.tokens_per_block == 32
+    kinds = [(g.kind, g.window) for g in plan.spec.groups]
+    assert kinds == [("sliding", 1024)] * 6 + [("full", None)]
+    assert all(plan.pages(g.name) == 8192 for g in plan.spec.groups)
+    assert sorted(set(plan.origin.values())) == ["full", "sliding"]
+    assert plan.share_of("sliding") == pytest.approx(6 / 7)  # 6 of the pool's 7 groups (padding included)
+    # the same count vllm.allocate prints at --block-size 32
+    assert vllm.allocate(spec, LIMITS, 20 * GiB, block_size=32).reported["num_gpu_blocks"] == 8192
+
+
+def test_vllm_policy_repeats_groups_of_smaller_blocks_gemma4() -> None:
+    # Gemma-4-26B-A4B, fp8 KV: 25 sliding layers of 8 KV heads x 256 dims (2 x 8 x 256 x 1 B =
+    # 4,096 B per position) and 5 global layers of 2 heads x 512 (2 x 2 x 512 x 1 B = 2,048 B).
+    # vLLM: groups of 5 layers (25 >= 1.5 x 5): 5 sliding + 1 global; pages unified by doubling
+    # the global block to 64 positions: a block is 5 x 4,096 x 32 = 655,360 B, and
+    # 60 GiB / 655,360 B = 98,304 blocks. Simulated at 32 positions a page is half a block
+    # (327,680 B, one global block of 32 positions): 196,608 pages; each sliding group's
+    # 32-position block costs two pages, so each appears twice: 5 x 2 + 1 = 11 groups.
+    spec = load_model_spec("gemma-4-26b-a4b", kv_dtype="fp8", max_seq_len=32768)
+    lim = ServingLimits(max_seq_len=32768)
+    plan = plan_for(spec, lim, "engine:vllm", kv_memory_bytes=60 * GiB, trace=TRACE).plan
+    assert plan.shared[0].pages == 196_608 and plan.shared[0].page_bytes == 327_680
+    assert plan.total_bytes == 60 * GiB
+    assert [g.kind for g in plan.spec.groups].count("sliding") == 10 and len(plan.spec.groups) == 11
+
+
+def test_vllm_shared_pool_simulates_consistently() -> None:
+    # a tight pool (1.5 GiB: 614 blocks of 10 layers; a 2,000-token request takes 63 full and
+    # 6 x 33 sliding blocks) so that requests wait and are preempted
+    spec = load_model_spec("gemma-3-27b", max_seq_len=4096)
+    lim = ServingLimits(max_seq_len=4096, max_num_tokens=512)
+    plan = plan_for(spec, lim, "engine:vllm", kv_memory_bytes=3 * GiB // 2, trace=TRACE).plan
+    rng = np.random.default_rng(3)
+    trace = Trace("t", rng.integers(200, 3000, 24), rng.integers(5, 60, 24))
+    model = StepTimeModel.build(spec, GPU, WEIGHTS)
+    fast = simulate(plan, trace, model, check=True, fast=True)
+    slow = simulate(plan, trace, model, check=True, fast=False)
+    assert fast.finished == slow.finished == 24
+    assert fast.steps == slow.steps and fast.preemptions == slow.preemptions
+    assert set(fast.pages) == {"sliding", "full"}  # reported by the model's groups
+    assert fast.pages["full"].total == plan.shared[0].pages
+    assert fast.end_used == fast.reserved  # no page leaked
 
 
 def test_engine_that_refuses_is_an_error() -> None:

@@ -18,9 +18,9 @@ import numpy.typing as npt
 from kvpool.cache import reuse
 from kvpool.cache.checks import as_position, check_capacity, check_rid, check_tokens
 from kvpool.cache.events import CacheEvent, CacheUsageError
-from kvpool.cache.pool import PagePool
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import Resize
+from kvpool.cache.shared_pool import build_pools
 from kvpool.cache.slots import SlotTables
 from kvpool.plan.result import PoolPlan
 
@@ -57,7 +57,7 @@ class KVCacheCore:
         # With reuse on, pages that leave a sliding window or a finished chunk
         # are stored before they are released (see `reuse.store_before_release`).
         self.events: deque[CacheEvent] = deque(maxlen=EVENT_BUFFER)
-        self.pools = [PagePool(g.name, plan.pages(g.name), self.events) for g in self.groups]
+        self.pools = build_pools(plan, self.events)  # one per group; views where the plan shares a pool
         self.tables = SlotTables(
             self.groups,
             self.pools,

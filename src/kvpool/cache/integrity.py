@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
+import numpy.typing as npt
 
 from kvpool.cache.events import CacheIntegrityError
+from kvpool.cache.pool import PagePool
 from kvpool.cache.request import Request
+from kvpool.cache.shared_pool import PoolView
 from kvpool.cache.slots import SlotTables
 from kvpool.spec.pages import pages_needed, stale_pages
 
@@ -19,16 +22,48 @@ def check_integrity(t: SlotTables, requests: Iterable[Request]) -> None:
     table entries name pages of the pool; a page shared by several requests
     carries a prefix hash (only reuse shares pages);
     owned pages are in neither; the hash map and page hashes agree; every
-    table matches `pages_needed`/`stale_pages` of its request's shape."""
+    table matches `pages_needed`/`stale_pages` of its request's shape.
+
+    A pool shared by several groups (`cache.shared_pool`) is checked once,
+    under its name, against the owners of all its groups; a page named by two
+    of its groups, or a hash held in the map of a group other than the one
+    holding the page, is an error too."""
     bad: dict[str, list[int]] = {}
     reasons: list[str] = []
     slots = [req.slot for req in requests]
+    members: dict[int, list[int]] = {}  # id of the page storage -> groups drawing from it
     for gi, pool in enumerate(t.pools):
-        group = t.groups[gi]
-        n = pool.num_pages
-        owners = np.zeros(n, np.int64)
+        members.setdefault(id(pool.shared if isinstance(pool, PoolView) else pool), []).append(gi)
+    for gis in members.values():
+        pool = t.pools[gis[0]]
+        label = pool.shared.name if isinstance(pool, PoolView) else t.groups[gis[0]].name
         offending: set[int] = set()
-        table = t.tables[gi]
+        owners = _owners(t, gis, slots, label, reasons, offending)
+        _check_lists(t, gis, pool, owners, label, reasons, offending)
+        if offending:
+            bad[label] = sorted(offending)
+    if bad:
+        raise CacheIntegrityError(
+            "page bookkeeping is inconsistent: "
+            + "; ".join(
+                reasons or [f"{g}: pages {p} are not exactly one of free/owned/cached" for g, p in bad.items()]
+            ),
+            bad,
+        )
+
+
+def _owners(
+    t: SlotTables, gis: list[int], slots: list[int], label: str, reasons: list[str], offending: set[int]
+) -> npt.NDArray[np.int64]:
+    """Table entries naming each page of the pool of groups `gis`; tables that
+    do not match their request's shape, entries outside the pool and pages
+    named by two groups are reported."""
+    n = t.pools[gis[0]].num_pages
+    owners = np.zeros(n, np.int64)
+    holder = np.full(n, -1, np.int64)  # the group whose tables name the page
+    for gi in gis:
+        group, table = t.groups[gi], t.tables[gi]
+        mine = np.zeros(n, np.int64)
         for slot in slots:
             nblk, nstale = int(t.nblk[gi, slot]), int(t.nstale[gi, slot])
             cap, hist = int(t.cap[slot]), int(t.hist[slot])
@@ -41,8 +76,7 @@ def check_integrity(t: SlotTables, requests: Iterable[Request]) -> None:
                 or (row[nblk:] != -1).any()
                 or (row[nstale:nblk] < 0).any()
             ):
-                live = row[row >= 0].tolist()
-                offending.update(live)
+                offending.update(row[row >= 0].tolist())
                 reasons.append(
                     f"{group.name}: slot {slot} table {row[: nblk + 1].tolist()} does not "
                     f"match capacity {cap}, history {hist}"
@@ -52,54 +86,74 @@ def check_integrity(t: SlotTables, requests: Iterable[Request]) -> None:
             if out_of_range:
                 reasons.append(f"{group.name}: slot {slot} names pages {out_of_range} outside the pool of {n}")
                 offending.update(out_of_range)
-            np.add.at(owners, live_pages[(live_pages >= 0) & (live_pages < n)], 1)
-        ref = np.asarray(pool.ref, np.int64)
-        wrong_ref = np.flatnonzero(ref != owners).tolist()
-        if wrong_ref:
-            reasons.append(f"{group.name}: ref counts differ from owners at pages {wrong_ref}")
-            offending.update(wrong_ref)
-        if not group.rule.per_request:
-            # only a prefix hit shares a page, and a hit page carries its hash:
-            # a shared page without one means two requests write the same page
-            shared = [p for p in np.flatnonzero(ref > 1).tolist() if pool.page_hash[p] is None]
-            if shared:
-                reasons.append(f"{group.name}: pages {shared} are shared without a prefix hash")
-                offending.update(shared)
-        free = pool.free_stack
-        lru = pool.lru_order()
-        seen: dict[int, int] = {}
-        for p in free + lru:
-            seen[p] = seen.get(p, 0) + 1
-        twice = [p for p, c in seen.items() if c > 1]
-        if twice or len(lru) != pool.lru_len:
-            reasons.append(f"{group.name}: pages listed twice as free/cached: {twice}")
-            offending.update(twice)
-        hashed = [p for p in range(n) if pool.page_hash[p] is not None]
-        free_set, lru_set = set(free), set(lru)
-        lost = []
-        for p in range(n):
-            owned = ref[p] > 0
-            if owned and (p in free_set or p in lru_set):
-                lost.append(p)  # owned yet allocatable
-            elif not owned and p not in free_set and p not in lru_set:
-                lost.append(p)  # leaked: nobody owns it and nothing can allocate it
-            elif (p in free_set and pool.page_hash[p] is not None) or (p in lru_set and pool.page_hash[p] is None):
-                lost.append(p)  # on the wrong list for its content
-        if lost:
-            reasons.append(f"{group.name}: pages {lost} are not exactly one of free/owned/cached")
-            offending.update(lost)
-        stale_map = [p for p in hashed if pool.cached.get(pool.page_hash[p] or 0) != p]
-        stale_map += [p for h, p in pool.cached.items() if pool.page_hash[p] != h]
-        if stale_map:
-            reasons.append(f"{group.name}: hash map and page hashes disagree at pages {stale_map}")
-            offending.update(stale_map)
-        if offending:
-            bad[group.name] = sorted(offending)
-    if bad:
-        raise CacheIntegrityError(
-            "page bookkeeping is inconsistent: "
-            + "; ".join(
-                reasons or [f"{g}: pages {p} are not exactly one of free/owned/cached" for g, p in bad.items()]
-            ),
-            bad,
-        )
+            np.add.at(mine, live_pages[(live_pages >= 0) & (live_pages < n)], 1)
+        crossed = np.flatnonzero((mine > 0) & (holder >= 0)).tolist()
+        if crossed:
+            others = sorted({t.groups[int(holder[p])].name for p in crossed})
+            reasons.append(f"{label}: pages {crossed} are named by group {group.name} and by {others}")
+            offending.update(crossed)
+        holder[mine > 0] = gi
+        owners += mine
+        view = t.pools[gi]
+        if len(gis) > 1:
+            foreign = [p for p in view.cached.values() if 0 <= p < n and holder[p] not in (-1, gi)]
+            if foreign:
+                reasons.append(f"{label}: group {group.name} caches pages {foreign} that another group holds")
+                offending.update(foreign)
+    return owners
+
+
+def _check_lists(
+    t: SlotTables,
+    gis: list[int],
+    pool: PagePool,
+    owners: npt.NDArray[np.int64],
+    label: str,
+    reasons: list[str],
+    offending: set[int],
+) -> None:
+    """Ref counts against `owners`, the free stack, the LRU and the hash maps
+    of one pool (the maps of every group drawing from it)."""
+    n = pool.num_pages
+    ref = np.asarray(pool.ref, np.int64)
+    wrong_ref = np.flatnonzero(ref != owners).tolist()
+    if wrong_ref:
+        reasons.append(f"{label}: ref counts differ from owners at pages {wrong_ref}")
+        offending.update(wrong_ref)
+    if not any(t.groups[gi].rule.per_request for gi in gis):
+        # only a prefix hit shares a page, and a hit page carries its hash:
+        # a shared page without one means two requests write the same page
+        shared = [p for p in np.flatnonzero(ref > 1).tolist() if pool.page_hash[p] is None]
+        if shared:
+            reasons.append(f"{label}: pages {shared} are shared without a prefix hash")
+            offending.update(shared)
+    free = pool.free_stack
+    lru = pool.lru_order()
+    seen: dict[int, int] = {}
+    for p in free + lru:
+        seen[p] = seen.get(p, 0) + 1
+    twice = [p for p, c in seen.items() if c > 1]
+    if twice or len(lru) != pool.lru_len:
+        reasons.append(f"{label}: pages listed twice as free/cached: {twice}")
+        offending.update(twice)
+    hashed = [p for p in range(n) if pool.page_hash[p] is not None]
+    free_set, lru_set = set(free), set(lru)
+    lost = []
+    for p in range(n):
+        owned = ref[p] > 0
+        if owned and (p in free_set or p in lru_set):
+            lost.append(p)  # owned yet allocatable
+        elif not owned and p not in free_set and p not in lru_set:
+            lost.append(p)  # leaked: nobody owns it and nothing can allocate it
+        elif (p in free_set and pool.page_hash[p] is not None) or (p in lru_set and pool.page_hash[p] is None):
+            lost.append(p)  # on the wrong list for its content
+    if lost:
+        reasons.append(f"{label}: pages {lost} are not exactly one of free/owned/cached")
+        offending.update(lost)
+    maps = [t.pools[gi].cached for gi in gis]
+    # each hashed page is in exactly one group's map, under its own hash
+    stale_map = [p for p in hashed if sum(m.get(pool.page_hash[p] or 0) == p for m in maps) != 1]
+    stale_map += [p for m in maps for h, p in m.items() if not 0 <= p < n or pool.page_hash[p] != h]
+    if stale_map:
+        reasons.append(f"{label}: hash map and page hashes disagree at pages {stale_map}")
+        offending.update(stale_map)

@@ -99,6 +99,19 @@ class KVCacheManager(KVCacheCore):
         """Id of the reserved padding dummy for `draft_len`, or None."""
         return self._padding.get(draft_len)
 
+    def pool_of(self, group: str) -> str:
+        """The pool `group` takes pages from: the name of the shared pool it
+        draws from with other groups (`PoolPlan.shared`), else its own name.
+        Groups of one shared pool report that pool's free and total pages."""
+        self._group(group)
+        return self.plan.pool_of(group)
+
+    def held_pages(self, group: str) -> int:
+        """Pages the tables of `group` name now, summed over requests (a page
+        shared by a prefix hit counts once per holder); no side effects."""
+        gi = self._group(group)
+        return int((self.tables.nblk[gi] - self.tables.nstale[gi]).sum())
+
     def check_integrity(self) -> None:
         """Raise `CacheIntegrityError` (naming page ids per group) unless every
         page is exactly one of free, owned (ref count = owners) or cached, and
@@ -107,7 +120,8 @@ class KVCacheManager(KVCacheCore):
 
     def stats(self) -> CacheStats:
         """Pages per group (total, free, used, cached, dummy, reserved) and
-        cumulative reuse counters."""
+        cumulative reuse counters; groups that share a pool report its total,
+        free, used and cached pages."""
         padding = set(self._padding.values())
         dummy_slots = [r.slot for r in self.requests if r.dummy and r.rid not in padding]
         pad_slots = [self.requests.get(r).slot for r in padding]

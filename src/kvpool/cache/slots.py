@@ -3,12 +3,11 @@
 A request is a (capacity, history) pair (docs/design.md, vocabulary). Its page table in a group has
 one entry per page-sized block of positions; blocks that left a window or a finished chunk hold `STALE`.
 Every page count comes from `kvpool.spec.pages`: a move to a new shape asks `pages_needed` and
-`stale_pages` for the target and takes the table there, all groups or none (rule 6).
-
-For each group and slot the arrays also keep the capacities `(cap_lo, cap_hi]` and the history
-`stale_next` within which the table stays as it is, so a batched step finds with three vector
-comparisons the requests that cross a page boundary and plans only those, with the same planner a
-single resize uses.
+`stale_pages` for the target and takes the table there, all groups or none (rule 6; groups that share
+one pool, `cache.shared_pool`, are summed). For each group and slot the arrays also keep the capacities
+`(cap_lo, cap_hi]` and the history `stale_next` within which the table stays as it is, so a batched step
+finds with three vector comparisons the requests that cross a page boundary and plans only those, with
+the same planner a single resize uses.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ import numpy.typing as npt
 
 from kvpool.cache.pool import PagePool
 from kvpool.cache.results import RESIZED, Resize
+from kvpool.cache.shared_pool import is_shared, shared_shortfall
 from kvpool.spec.groups import LayerGroup
 from kvpool.spec.kinds import NEVER  # threshold of a group that never goes stale
 from kvpool.spec.pages import pages_needed, stale_pages
@@ -50,7 +50,7 @@ class SlotTables:
 
     def __init__(self, groups: Sequence[LayerGroup], pools: list[PagePool], slots: int, longest: int) -> None:
         self.groups = tuple(groups)
-        self.pools = pools
+        self.pools, self.shared = pools, is_shared(pools)  # shared: groups drawing from one pool
         self.tokens_per_block = groups[0].tokens_per_block
         self.is_state = [g.rule.per_request for g in groups]
         self.never_stale = [stale_pages(g, NEVER) == 0 for g in groups]
@@ -179,6 +179,7 @@ class SlotTables:
                 if missing > 0:
                     short[pool.name] = missing
             plans.append(changes)
+        short = shared_shortfall(self.pools, plans, short) if self.shared else short  # summed per shared pool
         if short:
             return Resize(short)
         if dry_run:

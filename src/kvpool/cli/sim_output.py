@@ -58,7 +58,7 @@ def results_table(runs: list[SimResult], groups: list[str]) -> str:
     rows = []
     for r in runs:
         row: list[Any] = [r.policy]
-        row += [f"{r.pages[g].total:,}" for g in groups]
+        row += [f"{r.pages[g].total:,}" + (" shared" if r.plan.shared else "") for g in groups]
         row += [
             f"{r.output_tokens_per_s:,.0f}",
             f"{r.requests_per_s:.2f}",

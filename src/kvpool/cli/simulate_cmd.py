@@ -271,12 +271,12 @@ def run(args: argparse.Namespace) -> int:
     if sweep and group:
         best = max(everything, key=lambda r: r.output_tokens_per_s)
         print(
-            f"\nbest split: {best.policy} ({best.plan.group(group).share:.1%} to {group}), "
+            f"\nbest split: {best.policy} ({best.plan.share_of(group):.1%} to {group}), "
             f"{best.output_tokens_per_s:,.0f} tok/s"
         )
         for r in runs:
             print(
-                f"  {r.policy}: {r.plan.group(group).share:.1%} to {group}, "
+                f"  {r.policy}: {r.plan.share_of(group):.1%} to {group}, "
                 f"{r.output_tokens_per_s:,.0f} tok/s = "
                 f"{r.output_tokens_per_s / best.output_tokens_per_s:.1%} of the best"
             )

@@ -10,7 +10,7 @@ from kvpool.plan.batches import (
 )
 from kvpool.plan.families import longest_decode_batch, rules_for
 from kvpool.plan.limits import ServingLimits, default_cuda_graph_batch_sizes
-from kvpool.plan.result import ConstraintResult, GroupPlan, PoolPlan
+from kvpool.plan.result import ConstraintResult, GroupPlan, PoolPlan, SharedPool
 from kvpool.plan.sizing import (
     estimate_profile_bytes,
     plan_constraints,
@@ -27,6 +27,7 @@ __all__ = [
     "GroupPlan",
     "PoolPlan",
     "RatioPolicy",
+    "SharedPool",
     "ServingLimits",
     "Workload",
     "context_constraint",

@@ -55,6 +55,7 @@ class DummyPages(Protocol):
     @property
     def limits(self) -> ServingLimits: ...
     def free_pages(self, group: str) -> int: ...
+    def pool_of(self, group: str) -> str: ...
     def live_pages(self, rid: int, group: str) -> int: ...
     def add_dummy_requests(
         self, batch_size: int, token_num: int, draft_len: int = 0, is_gen: bool = True
@@ -71,16 +72,55 @@ def dummy_shape(token_num: int, draft_len: int, extra: int, is_gen: bool = True)
 
 
 def shortfall(mgr: DummyPages, batch: Iterable[tuple[int, int]]) -> dict[str, int]:
-    """Pages missing per group (only groups that lack pages) for new requests
-    of the given (capacity, history) shapes, against the pages free now."""
+    """Pages missing per pool (a group's own, or a shared pool's name; only
+    pools that lack pages) for new requests of the given (capacity, history)
+    shapes, against the pages free now."""
     shapes = list(batch)
     short = {}
-    for g in mgr.groups:
-        need = sum(pages_needed(g, c, h) for c, h in shapes)
-        free = mgr.free_pages(g.name)
+    for name, groups in groups_by_pool(mgr).items():
+        need = sum(pages_needed(g, c, h) for g in groups for c, h in shapes)
+        free = mgr.free_pages(groups[0].name)
         if need > free:
-            short[g.name] = need - free
+            short[name] = need - free
     return short
+
+
+def groups_by_pool(mgr: DummyPages) -> dict[str, list[LayerGroup]]:
+    """The groups drawing from each pool, by pool name (`DummyPages.pool_of`)."""
+    out: dict[str, list[LayerGroup]] = {}
+    for g in mgr.groups:
+        out.setdefault(mgr.pool_of(g.name), []).append(g)
+    return out
+
+
+def _shared_max_generation_length(mgr: DummyPages, batch_size: int, draft_len: int) -> int:
+    """`max_generation_length` when groups share a pool: their needs are summed.
+    Between the longest that fits with every bounded group at its worst and the
+    longest the growing groups alone allow, each length is tried from the top
+    (a pool without a growing group whose worst case does not fit is scanned
+    from `max_seq_len` down: slow, still exact)."""
+    extra, headroom = mgr.limits.num_extra_kv_tokens, 1 + draft_len + mgr.limits.num_extra_kv_tokens
+    short_c, short_h = dummy_shape(1, draft_len, extra)
+    shared = groups_by_pool(mgr)
+    free = {
+        k: mgr.free_pages(gs[0].name) - (batch_size - 1) * sum(pages_needed(g, short_c, short_h) for g in gs)
+        for k, gs in shared.items()
+    }
+    growing = {k: [g for g in gs if decode_worst_case_pages(g, headroom) is None] for k, gs in shared.items()}
+    worst = {k: sum(decode_worst_case_pages(g, headroom) or 0 for g in gs) for k, gs in shared.items()}
+
+    def fits(groups: dict[str, list[LayerGroup]], token_num: int, slack: dict[str, int] | None = None) -> bool:
+        c, h = dummy_shape(token_num, draft_len, extra)
+        return all(
+            sum(pages_needed(g, c, h) for g in gs) + (slack or {}).get(k, 0) <= free[k] for k, gs in groups.items()
+        )
+
+    top = largest_fitting(1, mgr.limits.max_seq_len, lambda n: fits(growing, n))
+    low = largest_fitting(1, top, lambda n: fits(growing, n, worst))
+    for token_num in range(top, low, -1):
+        if fits(shared, token_num):
+            return token_num
+    return max(0, low)
 
 
 def max_generation_length(mgr: DummyPages, batch_size: int, draft_len: int = 0) -> int:
@@ -97,6 +137,8 @@ def max_generation_length(mgr: DummyPages, batch_size: int, draft_len: int = 0) 
     chunked, state) are then checked downward from there, since their need
     rises and falls with the offset inside a page or chunk.
     """
+    if any(mgr.pool_of(g.name) != g.name for g in mgr.groups):
+        return _shared_max_generation_length(mgr, batch_size, draft_len)
     extra = mgr.limits.num_extra_kv_tokens
     short_c, short_h = dummy_shape(1, draft_len, extra)
     free = {g.name: mgr.free_pages(g.name) - (batch_size - 1) * pages_needed(g, short_c, short_h) for g in mgr.groups}

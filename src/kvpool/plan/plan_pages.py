@@ -20,7 +20,7 @@ class PlanPages:
 
     def __init__(self, plan: PoolPlan) -> None:
         self._plan = plan
-        self._free = {g.name: g.pages for g in plan.groups}
+        self._free = plan.pool_pages()  # by pool: groups sharing a pool share its pages
         self._live: dict[int, dict[str, int]] = {}
         self._next = -1
         self._padding: dict[int, int] = {}
@@ -34,7 +34,10 @@ class PlanPages:
         return self._plan.limits
 
     def free_pages(self, group: str) -> int:
-        return self._free[group]
+        return self._free[self._plan.pool_of(group)]
+
+    def pool_of(self, group: str) -> str:
+        return self._plan.pool_of(group)
 
     def live_pages(self, rid: int, group: str) -> int:
         return self._live[rid][group]
@@ -42,7 +45,10 @@ class PlanPages:
     def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0, is_gen: bool = True) -> Rows:
         cap, hist = dummy_shape(token_num, draft_len, self.limits.num_extra_kv_tokens, is_gen)
         each = {g.name: pages_needed(g, cap, hist) for g in self.groups}
-        short = {k: batch_size * n - self._free[k] for k, n in each.items() if batch_size * n > self._free[k]}
+        pooled: dict[str, int] = {}
+        for k, n in each.items():
+            pooled[self.pool_of(k)] = pooled.get(self.pool_of(k), 0) + n
+        short = {k: batch_size * n - self._free[k] for k, n in pooled.items() if batch_size * n > self._free[k]}
         if short:
             return Rows(short=short)
         ids = []
@@ -50,7 +56,7 @@ class PlanPages:
             self._live[self._next] = dict(each)
             ids.append(self._next)
             self._next -= 1
-        for k, n in each.items():
+        for k, n in pooled.items():
             self._free[k] -= batch_size * n
         return Rows(tuple(ids))
 
@@ -64,7 +70,7 @@ class PlanPages:
 
     def free(self, rid: int) -> None:
         for k, n in self._live.pop(rid).items():
-            self._free[k] += n
+            self._free[self.pool_of(k)] += n
 
 
 def plan_warmup(plan: PoolPlan, draft_lens: Iterable[int] | None = None) -> WarmupReport:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,21 @@ class ConstraintResult:
 
 
 @dataclass(frozen=True)
+class SharedPool:
+    """One pool that several groups of equal page bytes draw from (vLLM v1's
+    shared block pool): `pages` slots of `page_bytes`, counted once."""
+
+    name: str
+    page_bytes: int
+    pages: int
+    groups: tuple[str, ...]
+
+    @property
+    def bytes(self) -> int:
+        return self.page_bytes * self.pages
+
+
+@dataclass(frozen=True)
 class PoolPlan:
     """How a KV budget is split into page pools. `spec` is at the plan's page size.
 
@@ -67,10 +83,35 @@ class PoolPlan:
     typical_step: tuple[Shape, ...] | None = None
     ratio: Mapping[str, float] = field(default_factory=dict)
     phase: str = "final"
+    # pools several groups share (`from_shared_pool`); their groups' `pages` are the pool's
+    shared: tuple[SharedPool, ...] = ()
+    # plan group -> the model's group whose layers it holds, when the spec was regrouped
+    origin: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
-        return sum(g.bytes for g in self.groups)
+        """Allocated bytes: a shared pool counted once."""
+        inside = {g for s in self.shared for g in s.groups}
+        return sum(g.bytes for g in self.groups if g.name not in inside) + sum(s.bytes for s in self.shared)
+
+    def pool_of(self, group: str) -> str:
+        """The pool `group` takes pages from: a shared pool's name, else the group's own."""
+        for s in self.shared:
+            if group in s.groups:
+                return s.name
+        return group
+
+    def share_of(self, group: str) -> float:
+        """Byte share of model group `group`: its own, or on a regrouped spec
+        (`origin`) the sum over the groups holding its layers (for a shared pool,
+        the share of the pool's groups, padding included)."""
+        if group in self.origin.values():
+            return sum(g.share for g in self.groups if self.origin.get(g.name) == group)
+        return self.group(group).share
+
+    def pool_pages(self) -> dict[str, int]:
+        """Pages per pool (a shared pool once, under its name)."""
+        return {self.pool_of(g.name): g.pages for g in self.groups}
 
     def group(self, name: str) -> GroupPlan:
         for g in self.groups:
@@ -113,14 +154,42 @@ class PoolPlan:
         )
         return cls(spec, limits, sum(g.bytes for g in groups), policy, groups)
 
+    @classmethod
+    def from_shared_pool(
+        cls,
+        spec: ModelSpec,
+        pages: int,
+        limits: ServingLimits | None = None,
+        *,
+        name: str = "shared",
+        policy: str = "manual",
+        origin: Mapping[str, str] | None = None,
+    ) -> PoolPlan:
+        """A plan whose groups all draw from one pool of `pages` pages (every
+        group must have the same page bytes; a state group's slot counts as one
+        page). `origin` maps each group to the model group it holds layers of."""
+        sizes = {g.slot_bytes for g in spec.groups}
+        if len(sizes) != 1:
+            raise SpecError(f"{spec.name}: a shared pool needs equal page bytes, got {sorted(sizes)}")
+        if name in spec.group_names:
+            raise SpecError(f"shared pool name {name!r} is also a group name")
+        plan = cls.from_pages(spec, {g: pages for g in spec.group_names}, limits, policy=policy)
+        pool = SharedPool(name, sizes.pop(), int(pages), tuple(spec.group_names))
+        share = 1 / len(spec.groups)
+        groups = tuple(dataclasses.replace(g, share=share) for g in plan.groups)
+        return dataclasses.replace(
+            plan, groups=groups, budget_bytes=pool.bytes, shared=(pool,), origin=dict(origin or {})
+        )
+
     def max_requests(self, shape: tuple[int, int]) -> int:
         """How many requests of one (capacity, history) shape the pools hold at
         once: the smallest `pages // pages_needed` over groups."""
-        counts = []
+        need: dict[str, int] = {}
         for g in self.spec.groups:
-            need = pages_needed(g, shape[0], shape[1])
-            if need:
-                counts.append(self.pages(g.name) // need)
+            pool = self.pool_of(g.name)
+            need[pool] = need.get(pool, 0) + pages_needed(g, shape[0], shape[1])
+        pages = self.pool_pages()
+        counts = [pages[k] // n for k, n in need.items() if n]
         return min(counts) if counts else 0
 
     def max_concurrency(self) -> dict[str, int | None]:
@@ -135,13 +204,17 @@ class PoolPlan:
 
     def check(self, name: str, batch: tuple[Shape, ...]) -> ConstraintResult:
         """Whether `batch` fits the pools all at once, and the pages short per group."""
-        need = pages_per_group(self.spec, batch)
-        short = {k: v - self.pages(k) for k, v in need.items() if v > self.pages(k)}
+        need: dict[str, int] = {}
+        for k, v in pages_per_group(self.spec, batch).items():
+            need[self.pool_of(k)] = need.get(self.pool_of(k), 0) + v
+        pages = self.pool_pages()
+        short = {k: v - pages[k] for k, v in need.items() if v > pages[k]}
         return ConstraintResult(name, tuple(batch), not short, short)
 
     def to_json(self) -> dict[str, Any]:
-        """The plan in the `kvpool plan --json` shape."""
-        return {
+        """The plan in the `kvpool plan --json` shape (plus `shared_pools` for a
+        plan with a shared pool)."""
+        out = {
             "policy": self.policy,
             "kv_dtype": self.spec.kv_dtype,
             "kv_dtype_note": self.spec.kv_dtype_note,
@@ -165,3 +238,9 @@ class PoolPlan:
             "warnings": list(self.warnings),
             "notes": list(self.notes),
         }
+        if self.shared:
+            out["shared_pools"] = [
+                {"name": p.name, "page_bytes": p.page_bytes, "pages": p.pages, "groups": list(p.groups)}
+                for p in self.shared
+            ]
+        return out

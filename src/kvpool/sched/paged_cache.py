@@ -57,6 +57,11 @@ class PagedCache(Protocol):
         """Pages an allocation in `group` could take now (no side effects)."""
         ...
 
+    def pool_of(self, group: str) -> str:
+        """The pool `group` draws from: its own name, or a pool it shares with
+        other groups (which then report the same free pages); no side effects."""
+        ...
+
     def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0, is_gen: bool = True) -> Dummies:
         """Register `batch_size` dummies, all or none (each freed with `free`)."""
         ...

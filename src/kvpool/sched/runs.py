@@ -39,7 +39,9 @@ def advance_decodes(
     the pools hold every intermediate state: for groups whose need is not
     monotone in length (sliding, chunked) the free pages must cover every row
     at its worst-case decode pages (`spec.decode_worst_case_pages`); full and
-    compressed groups only grow, so the final state is the largest. Returns the
+    compressed groups only grow, so the final state is the largest. In a pool
+    shared by several groups the free pages must cover those worst cases plus
+    the growing groups' growth over the run. Returns the
     finished requests (their pages freed), or None (nothing changed).
     `on_extended` is called once the last step's pages are allocated, before
     finished requests free theirs (to measure peak usage)."""
@@ -48,13 +50,18 @@ def advance_decodes(
     if any(token in s.stop_ids for s, _ in step.decodes):
         return None
     rows = len(step.decodes)
-    for g in sched.manager.spec.groups:
+    manager = sched.manager
+    need: dict[str, int] = {}  # pages every intermediate state may take, per pool
+    for g in manager.spec.groups:
         worst = decode_worst_case_pages(g, sched.limits.headroom)
-        if (
-            worst is not None
-            and not g.rule.per_request  # a state slot never grows
-            and sched.manager.free_pages(g.name) < rows * worst
-        ):
+        pool = manager.pool_of(g.name)
+        if worst is not None and not g.rule.per_request:  # a state slot never grows
+            need[pool] = need.get(pool, 0) + rows * worst
+        elif worst is None and pool != g.name and not g.rule.per_request:
+            # a growing group in a shared pool: its growth meanwhile counts against the others
+            need[pool] = need.get(pool, 0) + rows * -(-(steps - 1) // g.tokens_per_block)
+    for g in manager.spec.groups:
+        if manager.free_pages(g.name) < need.get(manager.pool_of(g.name), 0):
             return None
     if not sched.manager.extend([s.rid for s, _ in step.decodes], steps - 1):
         return None

@@ -4,12 +4,19 @@ engine's own split of the same memory, run through kvpool's manager and schedule
 - `engine:sglang`, `engine:trtllm`: the engine's pools map one to one onto
   kvpool's groups (SGLang's tokens, TensorRT-LLM V1's blocks per window), turned
   into pages at the simulated page size.
-- `engine:vllm`: vLLM's shared pool lets any group take any free block, so it
-  follows the traffic's mix; it is simulated as the trace's workload split of the
-  memory that holds real layers: the budget times the share of each block that
-  is not padding (empty padding layers, Mamba state pages padded to the
-  attention page). kvpool's manager keeps one pool per group, so the shared
-  pool's moment-to-moment flexibility is approximated by that static split.
+- `engine:vllm`: vLLM v1's shared block pool itself. `engines.vllm.allocate`
+  (at `--block-size` = the simulated page size) gives vLLM's KV-cache groups:
+  layers cut into groups of equal layer count, the last of each type padded with
+  empty layers, pages unified to one size, state pages padded to it, one group
+  per state block a request holds. Each becomes a group of a regrouped spec
+  whose page is one block, and all of them draw from one pool of vLLM's
+  `num_gpu_blocks` (`PoolPlan.from_shared_pool`): any group takes any free
+  block, sliding groups give back the blocks that leave the window. Where vLLM
+  raised some groups' block size to unify pages (Gemma 4's global layers: 2 x),
+  the spec's page is the smallest block and a group whose block covers k times
+  fewer tokens appears k times (its pages cost k units): bytes are exact, the
+  larger blocks are allocated at the smaller granularity. The page size is the
+  smallest block (vLLM raises it for state models: Qwen3-Next's 544 tokens).
 """
 
 from __future__ import annotations
@@ -17,26 +24,58 @@ from __future__ import annotations
 import dataclasses
 
 from kvpool.engines import sglang, trtllm, vllm
-from kvpool.engines.common import EngineReport, per_layer_bytes
+from kvpool.engines.common import EngineNotModelledError, EngineReport
 from kvpool.errors import KvpoolError
-from kvpool.plan import PoolPlan, ServingLimits, plan_pools
-from kvpool.plan.workload import Workload
-from kvpool.spec import ModelSpec
+from kvpool.plan import PoolPlan, ServingLimits
+from kvpool.spec import LayerGroup, ModelSpec
 from kvpool.trace import Trace
 
 ENGINE_POLICIES = ("engine:vllm", "engine:sglang", "engine:trtllm")
+SHARED_POOL = "vllm-shared"  # name of the simulated shared block pool
 
 
-def vllm_real_share(spec: ModelSpec, report: EngineReport) -> float:
-    """The share of vLLM's allocated bytes that holds real layers' KV or state:
-    every layer slot of a block has one (unified) page; padding slots hold
-    nothing and a state layer fills `state / page` of its slot."""
-    tensors, groups = int(report.reported["tensors"]), int(report.reported["kv_cache_groups"])
-    layer_page = report.pools[0].page_bytes // tensors
-    if groups == 1:
-        return 1.0
-    real = sum(len(g.layers) * (per_layer_bytes(g) / layer_page if g.kind == "state" else 1.0) for g in spec.groups)
-    return min(1.0, real / (groups * tensors))
+def vllm_shared_plan(spec: ModelSpec, limits: ServingLimits, report: EngineReport) -> PoolPlan:
+    """vLLM's shared block pool as a `PoolPlan` over a regrouped spec: one group
+    per KV-cache group (state: per state block; a group whose block covers fewer
+    tokens than the largest repeated to make up the unit), all drawing from one
+    pool; `plan.origin` maps each back to the model's group."""
+    pool = report.pools[0]
+    members = pool.members
+    unit_tokens = min(m.tokens_per_block for m in members if m.kind != "state")
+    widest = max(m.tokens_per_block for m in members if m.kind != "state")
+    if pool.page_bytes % widest or widest % unit_tokens:
+        raise EngineNotModelledError(f"{spec.name}: vLLM's blocks do not split into pages of {unit_tokens} tokens")
+    row_bytes = pool.page_bytes // widest  # bytes per position in a page of the smallest block
+    origin_of = {m.name: _origin(spec, m.name) for m in members}
+    chunk: dict[str, int] = {}  # per model group: next chunk of its layers
+    groups: list[LayerGroup] = []
+    origin: dict[str, str] = {}
+    for m in members:
+        home = spec.group(origin_of[m.name])
+        per_block = widest // (m.tokens_per_block if m.kind != "state" else unit_tokens)
+        j = chunk.get(home.name, 0)
+        size = int(report.reported["tensors"])
+        layers = home.layers[j * size : (j + 1) * size] if m.kind != "state" else home.layers
+        chunk[home.name] = j + (m.kind != "state")
+        for r in range(per_block):
+            name = m.name if per_block == 1 else f"{m.name}.{r}"
+            if m.kind == "state":
+                g = LayerGroup(name, "state", layers, unit_tokens, state_bytes=row_bytes * unit_tokens)
+            else:
+                g = LayerGroup(name, m.kind, layers, unit_tokens, row_bytes=row_bytes, window=m.window)
+            groups.append(g)
+            origin[name] = home.name
+    regrouped = dataclasses.replace(spec, groups=tuple(groups), tokens_per_block=unit_tokens)
+    pages = pool.pages * (widest // unit_tokens)
+    return PoolPlan.from_shared_pool(regrouped, pages, limits, name=SHARED_POOL, policy="engine:vllm", origin=origin)
+
+
+def _origin(spec: ModelSpec, member: str) -> str:
+    """The model group a vLLM member (`group.i` or `group.i.j`) holds layers of."""
+    for name in sorted(spec.group_names, key=len, reverse=True):
+        if member.startswith(name + "."):
+            return name
+    raise EngineNotModelledError(f"vLLM group {member!r} matches no group of {spec.name}")
 
 
 def engine_plan(
@@ -47,19 +86,18 @@ def engine_plan(
     engine = policy.removeprefix("engine:")
     lim = dataclasses.replace(limits, avg_seq_len=None)
     if engine == "vllm":
-        report = vllm.allocate(spec, lim, kv_memory_bytes)
+        report = vllm.allocate(spec, lim, kv_memory_bytes, block_size=spec.tokens_per_block)
         _refuse(policy, report)
-        if trace is None:
-            raise KvpoolError("policy engine:vllm needs a trace (its shared pool follows the traffic)")
-        share = vllm_real_share(spec, report)
-        plan = plan_pools(
-            spec, lim, kv_memory_bytes=max(1, int(kv_memory_bytes * share)), policy=Workload(trace.lengths())
-        )
+        plan = vllm_shared_plan(spec, lim, report)
+        padding = int(report.reported["padding_layers"])
         note = (
-            f"engine:vllm: shared pool as the trace's split of the {share:.1%} of memory that holds "
-            "real layers (padding excluded)"
+            f"engine:vllm: one shared pool of {report.reported['num_gpu_blocks']:,} blocks "
+            f"({plan.shared[0].pages:,} pages of {plan.spec.tokens_per_block} tokens) for "
+            f"{report.reported['kv_cache_groups']} KV-cache groups of {report.reported['tensors']} layers"
+            + (f", {padding} of them padding" if padding else "")
+            + f"; {report.lines[0]}"
         )
-        return dataclasses.replace(plan, policy=policy), (note,)
+        return plan, (note,)
     if engine == "sglang":
         report = sglang.allocate(spec, lim, kv_memory_bytes, max_running_requests=lim.max_batch_size)
     elif engine == "trtllm":

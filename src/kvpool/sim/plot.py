@@ -70,7 +70,7 @@ def plot_runs(
         )
         markers = iter("s^Dvp*")
         for r in runs:
-            x = r.plan.group(sweep_group).share
+            x = r.plan.share_of(sweep_group)
             ax.plot([x], [r.output_tokens_per_s], next(markers, "o"), ms=9, label=r.policy)
         ax.set_xlabel(f"byte share of group '{sweep_group}'")
         if max(xs) / min(xs) >= 20:  # a geometric sweep (sim.policies.sweep_shares)

@@ -106,8 +106,7 @@ def simulate(
     n = len(trace)
     arrivals = trace.arrival_s if trace.arrival_s is not None else np.zeros(n)
     arrival_list = arrivals.tolist()
-    groups = [g.name for g in plan.spec.groups]
-    totals = [manager.total_pages(g) for g in groups]
+    groups, totals, used = _usage(plan, manager)
     peak = [0] * len(groups)
     used_time = [0.0] * len(groups)
     one = [OUTPUT_TOKEN]
@@ -140,13 +139,13 @@ def simulate(
                 raise KvpoolError("simulation made no progress: no request can be scheduled")
             continue
         idle_steps = 0
-        used_now = [totals[k] - manager.free_pages(g) for k, g in enumerate(groups)]
+        used_now = used()
         peak = [max(p, u) for p, u in zip(peak, used_now, strict=True)]
-        if fast and (run := _decode_run(sched, step, model, now, arrival_list, nxt, manager, groups)) is not None:
-            times, done, free_after = run
+        if fast and (run := _decode_run(sched, step, model, now, arrival_list, nxt, used)) is not None:
+            times, done, used_after = run
             dt = float(times.sum())
             for k in range(len(groups)):  # pages grow about linearly over a run: trapezoid
-                after = totals[k] - free_after[k]
+                after = used_after[k]
                 peak[k] = max(peak[k], after)
                 used_time[k] += (used_now[k] + after) / 2 * dt
             now += dt
@@ -201,8 +200,8 @@ def simulate(
         skipped=len(report.skipped),
         reuse_hit_rate=stats.hit_rate,
         wall_s=time.perf_counter() - wall0,
-        end_used={g: totals[k] - manager.free_pages(g) for k, g in enumerate(groups)},
-        reserved={g: stats.groups[g].reserved for g in groups},
+        end_used=dict(zip(groups, used(), strict=True)),
+        reserved={o: sum(stats.groups[g].reserved for g in members) for o, members in _members(plan).items()},
     )
 
 
@@ -213,13 +212,12 @@ def _decode_run(
     now: float,
     arrivals: list[float],
     nxt: int,
-    manager: KVCacheManager,
-    groups: list[str],
+    used: Callable[[], list[int]],
 ) -> tuple[np.ndarray, list[Sequence], list[int]] | None:
     """Run `step` and the identical steps after it at once, up to the first
     finish and not past the next arrival (a request arriving during a step
-    joins at the next one). Returns (per-step times, finished, free pages per
-    group during the last step) or None."""
+    joins at the next one). Returns (per-step times, finished, used pages per
+    reported group during the last step) or None."""
     limit = decode_run_limit(sched, step)
     if limit < 2:
         return None
@@ -232,13 +230,46 @@ def _decode_run(
         if limit < 2:
             return None
         times = times[:limit]
-    free: list[int] = []
+    used_after: list[int] = []
 
     def measure() -> None:
-        free.extend(manager.free_pages(g) for g in groups)
+        used_after.extend(used())
 
     done = advance_decodes(sched, step, limit, OUTPUT_TOKEN, on_extended=measure)
-    return None if done is None else (times, done, free)
+    return None if done is None else (times, done, used_after)
+
+
+def _members(plan: PoolPlan) -> dict[str, list[str]]:
+    """The plan's groups under each group results report (the model's, for a
+    plan on a regrouped spec: `PoolPlan.origin`)."""
+    out: dict[str, list[str]] = {}
+    for g in plan.spec.groups:
+        out.setdefault(plan.origin.get(g.name, g.name), []).append(g.name)
+    return out
+
+
+def _usage(plan: PoolPlan, manager: KVCacheManager) -> tuple[list[str], list[int], Callable[[], list[int]]]:
+    """Reported groups, their total pages and a function giving their used pages
+    now. Groups with pools of their own: total - free. Groups of a shared pool
+    (`engine:vllm`, one pool): the pool's total, and the pages their regrouped
+    tables hold (prefix pages held by several requests counted once overall)."""
+    members = _members(plan)
+    names = list(members)
+    if not plan.shared:
+        totals = [manager.total_pages(g) for g in names]
+        return names, totals, lambda: [t - manager.free_pages(g) for t, g in zip(totals, names, strict=True)]
+    if len(plan.shared) > 1 or len(plan.shared[0].groups) < len(plan.spec.groups):
+        raise KvpoolError("the simulator reports a shared pool only when every group draws from it")
+    totals = [max(manager.total_pages(g) for g in members[o]) for o in names]
+    first = next(iter(members.values()))[0]
+
+    def used() -> list[int]:
+        # table entries count a prefix page once per holder: scale to the pages in use
+        held = [sum(manager.held_pages(g) for g in members[o]) for o in names]
+        in_use, total = totals[0] - manager.free_pages(first), sum(held)
+        return held if total <= in_use else [round(h * in_use / total) for h in held]
+
+    return names, totals, used
 
 
 def _needs_padding(sched: Scheduler, step: Step) -> bool:

@@ -182,10 +182,10 @@ def run_point(point: Point) -> dict[str, Any]:
         return {**row, "error": str(e)}
     data = result.to_json()
     row.update({k: data[k] for k in ROW_METRICS})
-    for g in pp.plan.groups:
-        row[f"share_{g.name}"] = g.share
-        row[f"pages_{g.name}"] = g.pages
-        row[f"peak_{g.name}"] = result.pages[g.name].peak_used
+    for name, usage in result.pages.items():  # the model's groups (engine:vllm regroups them)
+        row[f"share_{name}"] = pp.plan.share_of(name)
+        row[f"pages_{name}"] = usage.total
+        row[f"peak_{name}"] = usage.peak_used
     row["finished"], row["rejected"] = result.finished, result.rejected
     row["notes"] = " | ".join(pp.notes)
     return row
