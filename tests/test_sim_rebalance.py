@@ -129,7 +129,7 @@ def test_dry_run_changes_nothing_and_reports_its_moves() -> None:
 
 def test_rebalance_beats_every_split_of_a_static_sweep_on_a_shifting_trace() -> None:
     limits, trace, model, spec, kv = shifting_case()
-    static = {}
+    static: dict[float | str, float] = {}
     for share in (0.2, 0.35, 0.5, 0.65, 0.8, 0.95):
         plan = plan_for(spec, limits, ratio_policy("sliding", share), kv_memory_bytes=kv).plan
         static[share] = simulate(plan, trace, model).output_tokens_per_s
