@@ -254,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
     for line in rebalance_lines(everything):
         print(line)
     if sweep and group:
-        best = max(everything, key=lambda r: r.output_tokens_per_s)
+        best = max((r for r in everything if r.rebalance is None), key=lambda r: r.output_tokens_per_s)
         print(
             f"\nbest split: {best.policy} ({best.plan.group(group).share:.1%} to {group}), "
             f"{best.output_tokens_per_s:,.0f} tok/s"
