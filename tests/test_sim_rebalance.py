@@ -123,6 +123,8 @@ def test_dry_run_changes_nothing_and_reports_its_moves() -> None:
         tuple((g.name, g.pages) for g in sorted(plan.groups, key=lambda g: g.name))
     }
     assert log.moves and not any(m.applied for m in log.moves)
+    last = pages_for_share(plan, "sliding", log.moves[-1].target)  # each move is counted from the one before
+    assert all(sum(m.moved[g.name] for m in log.moves) == last[g.name] - g.pages for g in plan.groups)
     assert (dry.output_tokens, dry.preemptions, dry.steps) == (static.output_tokens, static.preemptions, static.steps)
     assert dry.makespan_s == pytest.approx(static.makespan_s, rel=1e-9)
 

@@ -225,6 +225,7 @@ class Mover:
     def __init__(self, plan: PoolPlan, pools: BallastPools, reb: Rebalancer, log: RebalanceLog, dry_run: bool):
         self.plan, self.pools, self.reb, self.log, self.dry_run = plan, pools, reb, log, dry_run
         self.share = pools.share(pools.sliding)  # the split the decisions see (virtual in a dry run)
+        self.virtual = pools.sizes()  # a dry run's pool sizes had its moves been made
         self.pending: dict[str, int] | None = None
 
     def after_step(self, step: int, now: float) -> None:
@@ -235,7 +236,8 @@ class Mover:
             move = Move(step, now, self.share, target, self.share, {g: 0 for g in want}, not self.dry_run)
             self.log.moves.append(move)
             if self.dry_run:
-                move.moved = {g: want[g] - self.pools.size(g) for g in want}
+                move.moved = {g: want[g] - self.virtual[g] for g in want}
+                self.virtual = want
                 move.share_to = self.share = target
                 move.done_step = step
                 return
