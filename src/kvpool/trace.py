@@ -88,3 +88,45 @@ class Trace:
         gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
         gaps[0] = 0.0
         return replace(self, arrival_s=np.cumsum(gaps))
+
+
+def concat_traces(parts: list[Trace], name: str | None = None) -> Trace:
+    """`parts` one after another (a mix that shifts, e.g. chat then long
+    documents). Re-timed: each part keeps its own gaps and starts one mean gap
+    of its own after the previous part's last arrival (all at 0 when no part
+    has times). Prefix hashes: when some part has them, a part without gets
+    fresh block ids that no other request shares (its prompts stay unique)."""
+    if not parts:
+        raise TraceError("concatenating traces needs at least one trace")
+    blocks = {p.hash_block_tokens for p in parts}
+    if len(blocks) > 1:
+        raise TraceError(f"traces with different hash block sizes {sorted(blocks)} cannot be concatenated")
+    block = blocks.pop()
+    timed = any(p.arrival_s is not None for p in parts)
+    times: list[FloatArray] = []
+    offset = 0.0
+    for p in parts:
+        t = p.arrival_s if p.arrival_s is not None else np.zeros(len(p))
+        gap = float(t[-1] - t[0]) / (len(p) - 1) if len(p) > 1 else 0.0
+        start = offset + gap if times else 0.0
+        times.append(t - t[0] + start)
+        offset = float(times[-1][-1])
+    hashes: list[tuple[int, ...]] | None = None
+    if any(p.hash_ids is not None for p in parts):
+        fresh = 1 + max((max(h) for p in parts if p.hash_ids is not None for h in p.hash_ids if h), default=-1)
+        hashes = []
+        for p in parts:
+            if p.hash_ids is not None:
+                hashes.extend(p.hash_ids)
+                continue
+            for n in (-(-int(x) // block) for x in p.prompt_len.tolist()):
+                hashes.append(tuple(range(fresh, fresh + n)))
+                fresh += n
+    return Trace(
+        name or "+".join(p.name for p in parts),
+        np.concatenate([p.prompt_len for p in parts]),
+        np.concatenate([p.output_len for p in parts]),
+        np.concatenate(times) if timed else None,
+        tuple(hashes) if hashes is not None else None,
+        block,
+    )

@@ -86,3 +86,27 @@ def results_table(runs: list[SimResult], groups: list[str]) -> str:
         + ["done"]
     )
     return table(headers, rows)
+
+
+def rebalance_lines(runs: list[SimResult]) -> list[str]:
+    """One line per online rebalanced run: its moves, the pages moved, the
+    split after each move, and its throughput against the best static run."""
+    best = max((r for r in runs if r.rebalance is None), key=lambda r: r.output_tokens_per_s, default=None)
+    out = []
+    for r in runs:
+        if r.rebalance is None:
+            continue
+        log = r.rebalance
+        moved = " / ".join(f"{n:,} {g}" for g, n in log["pages_moved"].items()) or "none"
+        shares = [f"{r.plan.group(log['group']).share:.1%}"] + [f"{m['share_to']:.1%}" for m in log["log"]]
+        line = (
+            f"{r.policy}: {log['moves']} moves{' (dry run: would move)' if log['dry_run'] else ''}, "
+            f"pages moved {moved}; {log['group']} share {' -> '.join(shares)}"
+        )
+        if best is not None:
+            line += (
+                f"; {r.output_tokens_per_s:,.0f} tok/s = {r.output_tokens_per_s / best.output_tokens_per_s:.1%} "
+                f"of the best static run ({best.policy})"
+            )
+        out.append(line)
+    return out

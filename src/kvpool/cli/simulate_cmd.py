@@ -18,7 +18,7 @@ from kvpool.cli.plan_args import (
     parse_pool_ratio,
     spec_for_plan,
 )
-from kvpool.cli.sim_output import ProgressBar, parse_rate, results_table
+from kvpool.cli.sim_output import ProgressBar, parse_rate, rebalance_lines, results_table
 from kvpool.errors import KvpoolError
 from kvpool.plan.sizing import check_pool_ratio
 from kvpool.presets.traces import load_trace
@@ -60,7 +60,10 @@ def register(sub: Any) -> None:
         "--policy",
         default=None,
         metavar="P",
-        help="reference (default), typical, workload, occupancy, tuned or ratio:GROUP=SHARE,...",
+        help="reference (default), typical, workload, occupancy, tuned, rebalance (online) or ratio:GROUP=SHARE,...",
+    )
+    s.add_argument(
+        "--dry-run", action="store_true", help="rebalance only reports the moves it would make; the split stays"
     )
     s.add_argument(
         "--compare", default=None, metavar="P1,P2,...", help="run several policies on the same trace, side by side"
@@ -219,9 +222,14 @@ def run(args: argparse.Namespace) -> int:
     def one(policy: str, pp: PolicyPlan | None = None) -> SimResult:
         pp = pp or plan_for(spec, limits, policy, kv_memory_bytes=kv_bytes, trace=trace, fit=args.fit)
         notes.extend(n for n in pp.notes if n not in notes)
-        result = simulate(
-            pp.plan, trace, model, policy=policy, padding=padding, progress=bar, on_step=step_publisher(publisher)
-        )
+        if policy == "rebalance":
+            from kvpool.sim.rebalance_sim import simulate_rebalanced
+
+            result, _ = simulate_rebalanced(pp.plan, trace, model, dry_run=args.dry_run, padding=padding)
+        else:
+            result = simulate(
+                pp.plan, trace, model, policy=policy, padding=padding, progress=bar, on_step=step_publisher(publisher)
+            )
         bar.done()
         return result
 
@@ -268,13 +276,15 @@ def run(args: argparse.Namespace) -> int:
         f"rate {args.rate or 'trace times'}; padding dummies {'reserved' if padding else 'lazy'}"
     )
     print(results_table(everything, [g.name for g in spec.groups]))
+    for line in rebalance_lines(everything):
+        print(line)
     if sweep and group:
-        best = max(everything, key=lambda r: r.output_tokens_per_s)
+        best = max((r for r in everything if r.rebalance is None), key=lambda r: r.output_tokens_per_s)
         print(
             f"\nbest split: {best.policy} ({best.plan.share_of(group):.1%} to {group}), "
             f"{best.output_tokens_per_s:,.0f} tok/s"
         )
-        for r in runs:
+        for r in (r for r in runs if r.rebalance is None):
             print(
                 f"  {r.policy}: {r.plan.share_of(group):.1%} to {group}, "
                 f"{r.output_tokens_per_s:,.0f} tok/s = "

@@ -1,8 +1,10 @@
 """Request traces: (prompt length, output length, arrival time, prefix blocks).
 
 `load_trace` reads the bundled traces by name (`azure-conv`, `azure-code`,
-`mooncake-conv`) or a file in one of these formats, told apart by extension
-and header:
+`mooncake-conv`), a shifting mix of them (`azure-conv:600+mooncake-conv:300`:
+the first 600 chat requests, then the first 300 Mooncake ones, see
+`kvpool.trace.concat_traces`), or a file in one of these formats, told apart
+by extension and header:
 
 - Azure LLM inference trace 2023 CSV: `TIMESTAMP,ContextTokens,GeneratedTokens`
   (absolute wall-clock timestamps such as `2023-11-16 18:15:46.6805900`);
@@ -36,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvpool.trace import MOONCAKE_BLOCK_TOKENS, Trace, TraceError
+from kvpool.trace import MOONCAKE_BLOCK_TOKENS, Trace, TraceError, concat_traces
 
 __all__ = ["MOONCAKE_BLOCK_TOKENS", "Trace", "TraceError", "load_trace"]
 
@@ -89,6 +91,8 @@ def load_trace(name_or_path: str | Path, *, max_requests: int | None = None) -> 
     from kvpool.presets import TRACES, trace_path
 
     text = str(name_or_path)
+    if "+" in text and not Path(text).is_file():
+        return concat_traces([_part(p) for p in text.split("+")], text).head(max_requests)
     if text.lower() in TRACES:
         path, name = trace_path(text), text.lower()
     else:
@@ -112,6 +116,16 @@ def load_trace(name_or_path: str | Path, *, max_requests: int | None = None) -> 
     except OSError as e:
         raise TraceError(f"cannot read trace {path}: {e}") from None
     return trace.head(max_requests)
+
+
+def _part(text: str) -> Trace:
+    """`NAME[:N]` of a mix: a bundled trace or file, its first N requests."""
+    name, sep, count = text.strip().rpartition(":")
+    if not sep or not count.isdigit():
+        return load_trace(text.strip())
+    if int(count) < 1:
+        raise TraceError(f"trace part {text!r}: the request count must be positive")
+    return load_trace(name, max_requests=int(count))
 
 
 def _key(header: str) -> str:

@@ -54,6 +54,7 @@ class SimResult:
     wall_s: float = 0.0
     end_used: dict[str, int] = field(default_factory=dict)  # pages used after the last request
     reserved: dict[str, int] = field(default_factory=dict)  # of which padding reservations
+    rebalance: dict[str, Any] | None = None  # moves and pages moved of an online rebalanced run
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -83,4 +84,5 @@ class SimResult:
             "preemptions": self.preemptions,
             "graph_step_share": self.graph_step_share,
             "pages": {name: {"total": u.total, "peak_used": u.peak_used} for name, u in self.pages.items()},
+            **({"rebalance": self.rebalance} if self.rebalance is not None else {}),
         }

@@ -13,6 +13,8 @@
   time in flight, prefill chunks included (Little's law per length).
 - `tuned`: a bounded search over the split, each candidate simulated on a
   sample of the trace (`kvpool.sim.tuned`); needs the trace and a step model.
+- `rebalance`: starts at the `reference` split and moves it online while the
+  trace runs (`kvpool.sim.rebalance`; one sliding and one full group only).
 - `ratio:GROUP=SHARE,...`: an explicit byte share per group (no constraints).
   Groups left out share the rest in the proportions of the reference split,
   so `ratio:full=0.3` is enough for a two-group model.
@@ -33,7 +35,7 @@ from kvpool.sim.steptime import StepTimeModel
 from kvpool.spec import ModelSpec
 from kvpool.trace import Trace
 
-POLICIES = ("reference", "typical", "workload", "occupancy", "tuned")
+POLICIES = ("reference", "typical", "workload", "occupancy", "tuned", "rebalance")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +119,12 @@ def plan_for(
     `model` (step times) and `padding` are what `tuned` simulates with.
     Raises KvpoolError subclasses (unknown policy, bad ratio, infeasible plan)."""
     notes: list[str] = []
-    if policy == "reference":
+    if policy in ("reference", "rebalance"):
+        if policy == "rebalance":
+            from kvpool.sim.ballast import split_groups
+
+            split_groups(spec)  # RebalanceError for models it cannot move
+            notes.append("rebalance: starts at the reference split and moves it online (kvpool.sim.rebalance)")
         lim = dataclasses.replace(limits, avg_seq_len=None)
         plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, fit=fit)
     elif policy == "typical":

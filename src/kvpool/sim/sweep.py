@@ -177,7 +177,12 @@ def run_point(point: Point) -> dict[str, Any]:
             model=model,
             padding=point.padding,
         )
-        result = simulate(pp.plan, trace, model, policy=point.policy, padding=point.padding)
+        if point.policy == "rebalance":  # online: the plan is only where it starts
+            from kvpool.sim.rebalance_sim import simulate_rebalanced
+
+            result, _ = simulate_rebalanced(pp.plan, trace, model, padding=point.padding)
+        else:
+            result = simulate(pp.plan, trace, model, policy=point.policy, padding=point.padding)
     except (KvpoolError, ValueError) as e:
         return {**row, "error": str(e)}
     data = result.to_json()
