@@ -10,7 +10,7 @@ from typing import Any
 
 from kvpool import presets
 from kvpool.cli.budget import kv_budget
-from kvpool.cli.common import add_json_arg, int_at_least, positive_float, positive_int, print_json
+from kvpool.cli.common import add_json_arg, print_json
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.cli.plan_args import (
     add_plan_args,
@@ -19,6 +19,7 @@ from kvpool.cli.plan_args import (
     spec_for_plan,
 )
 from kvpool.cli.sim_output import ProgressBar, parse_rate, rebalance_lines, results_table
+from kvpool.cli.simulate_args import add_simulation_args
 from kvpool.errors import KvpoolError
 from kvpool.plan.sizing import check_pool_ratio
 from kvpool.presets.traces import load_trace
@@ -35,9 +36,6 @@ from kvpool.sim.policies import (
 from kvpool.sim.steptime import Weights
 from kvpool.units import format_bytes, parse_size
 
-# Each sweep point is a whole simulation of the trace: past this a typo, not a study.
-MAX_SWEEP_POINTS = 200
-
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
@@ -49,91 +47,7 @@ def register(sub: Any) -> None:
         "weights per rank - activations - CUDA graphs - reserve), or (GPU memory - --non-kv-memory) x F.",
     )
     add_plan_args(p, workload=False)  # the trace is --trace; `--policy workload` uses it
-    s = p.add_argument_group("simulation")
-    s.add_argument(
-        "--trace",
-        required=True,
-        metavar="NAME|PATH",
-        help=f"bundled trace ({', '.join(presets.trace_names())}) or a trace file",
-    )
-    s.add_argument(
-        "--policy",
-        default=None,
-        metavar="P",
-        help="reference (default), typical, workload, occupancy, tuned, rebalance (online) or ratio:GROUP=SHARE,...",
-    )
-    s.add_argument(
-        "--dry-run", action="store_true", help="rebalance only reports the moves it would make; the split stays"
-    )
-    s.add_argument(
-        "--compare", default=None, metavar="P1,P2,...", help="run several policies on the same trace, side by side"
-    )
-    s.add_argument(
-        "--sweep-ratio",
-        default=None,
-        metavar="GROUP",
-        help="scan GROUP's byte share (a group name, or a kind one group has) "
-        "to find the best split; the policies are placed on the curve",
-    )
-    s.add_argument(
-        "--sweep-points",
-        type=int_at_least(1, MAX_SWEEP_POINTS),
-        default=10,
-        metavar="K",
-        help=f"shares in the sweep (default 10, at most {MAX_SWEEP_POINTS}: each is a whole simulation)",
-    )
-    s.add_argument(
-        "--sweep-range",
-        default="0.05:0.95",
-        metavar="LOW:HIGH",
-        help="shares swept (default 0.05:0.95; evenly spaced, geometric when "
-        "HIGH/LOW >= 20, e.g. 0.002:0.2 for a small window)",
-    )
-    s.add_argument(
-        "--workers",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="run the --sweep-ratio points as Ray tasks on N local CPUs (needs kvpool[sweep]; serially without Ray)",
-    )
-    s.add_argument(
-        "--ray-address",
-        default=None,
-        metavar="ADDR",
-        help="run the --sweep-ratio points on this Ray cluster (auto, ray://HOST:10001)",
-    )
-    s.add_argument(
-        "--rate",
-        default=None,
-        metavar="R",
-        help="requests/s on average (rescaled trace times, or Poisson when the trace "
-        "has none); 'inf' sends all at time 0; default: the trace's own times",
-    )
-    s.add_argument(
-        "--max-requests", type=positive_int, default=None, metavar="N", help="only the first N requests of the trace"
-    )
-    s.add_argument("--seed", type=int_at_least(0), default=0, help="seed of Poisson arrivals (default 0)")
-    s.add_argument(
-        "--no-padding-reservation",
-        action="store_true",
-        help="no persistent CUDA-graph padding dummies: allocate one per padded step "
-        "(as engines that allocate it lazily do); it fails when the pool is full",
-    )
-    s.add_argument(
-        "--weights-bytes",
-        default=None,
-        metavar="SIZE",
-        help="model weights size (default: data/model_params.json for bundled models)",
-    )
-    s.add_argument(
-        "--active-params",
-        type=positive_float,
-        default=None,
-        metavar="N",
-        help="active parameters per token (MoE), e.g. 3.8e9",
-    )
-    s.add_argument("--plot", default=None, metavar="OUT.png", help="write a plot (needs matplotlib)")
-    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s = add_simulation_args(p)
     add_kv_events_args(s)
     add_json_arg(p)
     p.set_defaults(func=run)
