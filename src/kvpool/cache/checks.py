@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 
 from kvpool.cache.events import CacheUsageError
 
@@ -32,18 +33,20 @@ def check_rid(rid: object) -> int:
     return rid
 
 
-def check_tokens(tokens: Iterable[object], what: str = "tokens") -> list[int]:
-    """`tokens` as a list of token ids (ints in [0, 2**63)); refuses strings,
-    floats and ids past int64, which would hash but match no real prompt.
-    An int64 array does the type and range test in C (prompts are long)."""
-    out = cast("list[int]", list(tokens))  # checked next: the int64 array refuses anything else
+def check_tokens(tokens: Iterable[object], what: str = "tokens") -> array[int]:
+    """`tokens` as an int64 array of token ids (ints in [0, 2**63)); refuses
+    strings, floats and ids past int64, which would hash but match no real
+    prompt. The array does the type and range test in C (prompts are long),
+    and its bytes are what the page digests hash (`cache/hashing.py`)."""
+    # a list or tuple goes straight in; anything else is listed first (`array("q", b"..")` would read raw bytes)
+    items = tokens if type(tokens) is list or type(tokens) is tuple else list(tokens)
     try:
-        ids = array("q", out)
+        ids = array("q", cast("list[int]", items))
     except (TypeError, OverflowError) as e:
         raise CacheUsageError(f"{what} must be token ids (integers in [0, 2**63)): {e}") from None
     if ids and min(ids) < 0:
         raise CacheUsageError(f"{what}: token id {min(ids)} is negative")
-    return out
+    return ids
 
 
 def check_capacity(rid: int, capacity: int, limit: int) -> None:
@@ -53,3 +56,23 @@ def check_capacity(rid: int, capacity: int, limit: int) -> None:
         raise CacheUsageError(
             f"request {rid}: capacity {capacity} is past max_seq_len + headroom ({limit}) that the plan was sized for"
         )
+
+
+def check_shape(rid: int, cap: int, hist: int, old: int) -> None:
+    """A resize keeps capacity >= history >= the previous history."""
+    if cap < hist or hist < old:
+        raise CacheUsageError(
+            f"request {rid}: need capacity >= history >= previous history, got capacity {cap}, "
+            f"history {hist}, previous history {old}"
+        )
+
+
+def batch_positions(values: npt.ArrayLike, shape: tuple[int, ...], what: str) -> npt.NDArray[np.int64]:
+    """`values` as int64 positions of `shape` (a scalar broadcasts); one
+    per request, whole numbers, else `CacheUsageError`."""
+    array = np.asarray(values)
+    if array.dtype.kind not in "iu" and array.size:
+        raise CacheUsageError(f"resize_many: {what} must be integers, got dtype {array.dtype}")
+    if array.ndim and array.shape != shape:
+        raise CacheUsageError(f"resize_many: {len(array)} {what} for {shape[0]} requests")
+    return np.broadcast_to(array.astype(np.int64, copy=False), shape)

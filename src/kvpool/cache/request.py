@@ -9,6 +9,7 @@ tables and the request, never the manager.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -21,16 +22,26 @@ from kvpool.cache.events import CacheUsageError
 @dataclass(slots=True)
 class Request:
     """One registered request: its id, its slot in the tables, the reuse scope
-    (`seed`, from the salt), the token ids known so far and their page hashes,
-    and how many leading whole pages were already offered for reuse."""
+    (`seed`, from the salt), the token ids known so far (int64) and their page
+    hashes, and how many leading whole pages were already offered for reuse.
+
+    `cap`, `hist`, `lo`, `hi` and `nxt` are the single-request fast path's
+    mirror of the slot's shape (see `SlotTables.mirror`): while `hi >= 0` the
+    shape is `cap`/`hist` here, and any capacity in `(lo, hi]` with a history in
+    `[hist, nxt)` moves no page in any group. `hi == -1`: no mirror."""
 
     rid: int
     slot: int
     seed: int = 0
-    tokens: list[int] | None = None
+    tokens: array[int] | None = None
     hashes: list[int] = field(default_factory=list)
     committed: int = 0
     dummy: bool = False
+    cap: int = 0
+    hist: int = 0
+    lo: int = 0
+    hi: int = -1
+    nxt: int = 0
 
 
 class Requests:

@@ -18,6 +18,7 @@ tables and the request record, never the manager.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 from kvpool.cache.events import CacheUsageError
@@ -88,7 +89,7 @@ def attach_prefix(t: SlotTables, req: Request) -> int:
         table[slot, nblk - len(pages) : nblk] = pages
         t.set_blocks(gi, [slot], [nblk], [stale])
         t.stale_next[gi, slot] = t.next_stale(gi, n)
-    t.cap[slot] = t.hist[slot] = n
+    t.cap_data[slot] = t.hist_data[slot] = n
     req.committed = k
     return n
 
@@ -100,48 +101,50 @@ def store_before_release(t: SlotTables, req: Request, history: int) -> None:
     that they go to the cache, not the free list: a later request that shares
     only an early prefix (a system prompt) needs exactly those pages. Call only
     when the resize is known to succeed; state groups are left alone (their
-    snapshots follow `commit`)."""
+    snapshots follow `commit`). `req` is not mirrored (`cache/shapes.py`)."""
     if req.dummy or req.tokens is None:
         return
     # only pages that exist now can be stored: those below the current capacity
-    n = min(len(req.tokens), history, int(t.cap[req.slot]))
+    n = min(len(req.tokens), history, int(t.cap_data[req.slot]))
     if n // t.tokens_per_block > req.committed:
-        commit(t, req, n, None, computed=history)
+        commit(t, req, n, None, int(t.hist_data[req.slot]), computed=history)
 
 
 def commit(
     t: SlotTables,
     req: Request,
     num_tokens: int,
-    tokens: Sequence[int] | None,
+    tokens: Sequence[int] | array[int] | None,
+    hist: int,
     *,
     computed: int | None = None,
     state_snapshots: bool = False,
 ) -> int:
     """Store the hashes of the whole pages among the first `num_tokens`
-    positions (see `KVCacheManager.commit`). `computed` (default: the
-    request's history) bounds `num_tokens`; a caller that passes it is about to
-    raise history there, and state snapshots are then skipped. Without
+    positions (see `KVCacheManager.commit`); `tokens` (checked token ids) are
+    appended first, `hist` is the request's history. `computed` (default:
+    `hist`) bounds `num_tokens`; a caller that passes it is about to raise
+    history there, and state snapshots are then skipped. Without
     `state_snapshots` state groups are never snapshotted."""
-    fresh = [int(x) for x in tokens] if tokens is not None else []
-    known = (len(req.tokens) if req.tokens is not None else 0) + len(fresh)
-    slot = req.slot
-    hist = int(t.hist[slot])
+    known = len(req.tokens) if req.tokens is not None else 0
+    if tokens is not None:
+        known += len(tokens)
     if not 0 <= num_tokens <= min(known, hist if computed is None else computed):
         raise CacheUsageError(
             f"request {req.rid}: cannot commit {num_tokens} tokens: {known} token ids known, "
             f"history {hist} (commit only computed, verified tokens)"
         )
-    if fresh:
+    if tokens:
         if req.tokens is None:
-            req.tokens = []
-        req.tokens.extend(fresh)
+            req.tokens = array("q")
+        req.tokens.extend(tokens)
     tpb = t.tokens_per_block
     k = num_tokens // tpb  # whole pages only
     done = req.committed
-    if k <= done:
+    if k <= done:  # no page completes: nothing to hash or store
         return done * tpb
     assert req.tokens is not None
+    slot = req.slot
     hashes = req.hashes
     extend_hashes(hashes, req.tokens, tpb, req.seed, k)
     for gi, pool in enumerate(t.pools):
@@ -161,8 +164,7 @@ def commit(
                 pool.store(page, hashes[k - 1], hashes[k - 2] if k > 1 else None, k * tpb, source_page=int(row[0]))
                 pool.release([page])
             continue
-        for b, page in enumerate(row[done : min(k, nblk)].tolist(), start=done):
-            if page >= 0:
-                pool.store(page, hashes[b], hashes[b - 1] if b else None, tpb)
+        if nblk > done:
+            pool.store_chain(row[done : min(k, nblk)].tolist(), hashes, done, tpb)
     req.committed = k
     return k * tpb

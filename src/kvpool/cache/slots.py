@@ -8,7 +8,8 @@ Every page count comes from `kvpool.spec.pages`: a move to a new shape asks `pag
 For each group and slot the arrays also keep the capacities `(cap_lo, cap_hi]` and the history
 `stale_next` within which the table stays as it is, so a batched step finds with three vector
 comparisons the requests that cross a page boundary and plans only those, with the same planner a
-single resize uses.
+single resize uses. A single resize reads the same thresholds from the request's mirror
+(`mirror`): plain ints, so a step that crosses no boundary touches no NumPy scalar.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ import numpy.typing as npt
 
 from kvpool.cache.pool import PagePool
 from kvpool.cache.results import RESIZED, Resize
+from kvpool.cache.shapes import IntArray, ShapeArrays
 from kvpool.spec.groups import LayerGroup
 from kvpool.spec.kinds import NEVER  # threshold of a group that never goes stale
 from kvpool.spec.pages import pages_needed, stale_pages
 
 STALE = -1  # block-table entry of a block that has no page (stale or never needed)
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(slots=True)
@@ -44,7 +45,7 @@ class _Change:
     hist: int
 
 
-class SlotTables:
+class SlotTables(ShapeArrays):
     """Shapes and page tables of up to `len(cap)` requests (grows on demand).
     Methods that return a `Resize` change nothing when it is falsy."""
 
@@ -54,15 +55,7 @@ class SlotTables:
         self.tokens_per_block = groups[0].tokens_per_block
         self.is_state = [g.rule.per_request for g in groups]
         self.never_stale = [stale_pages(g, NEVER) == 0 for g in groups]
-        n_groups = len(groups)
-        self.cap: IntArray = np.zeros(slots, np.int64)
-        self.hist: IntArray = np.zeros(slots, np.int64)
-        self.nblk: IntArray = np.zeros((n_groups, slots), np.int64)
-        self.nstale: IntArray = np.zeros((n_groups, slots), np.int64)
-        # one array, so that a single request's three thresholds are one read
-        self.thresholds: IntArray = np.zeros((3, n_groups, slots), np.int64)
-        self.thresholds[1], self.thresholds[2] = -1, NEVER
-        self.cap_hi, self.cap_lo, self.stale_next = self.thresholds
+        super().__init__(len(groups), slots)
         # wide enough for `longest` positions (at most 1024 blocks; `widen` doubles)
         self.tables = [np.full((slots, min(1024, pages_needed(g, longest) + 1)), STALE, np.int32) for g in groups]
         self.free_slots = list(range(slots - 1, -1, -1))
@@ -81,17 +74,18 @@ class SlotTables:
     def release(self, slot: int) -> None:
         """Drop every page of `slot` (walking each table backwards, so that the
         tail is evicted before a shared prefix) and return the slot."""
-        for gi, pool in enumerate(self.pools):
-            nblk, nstale = int(self.nblk[gi, slot]), int(self.nstale[gi, slot])
+        self.unmirror_slots([slot])
+        nstales = self.nstale[:, slot].tolist()
+        for gi, nblk in enumerate(self.nblk[:, slot].tolist()):
             if nblk:
                 row = self.tables[gi][slot]
-                pages = row[nstale:nblk].tolist()
+                pages = row[nstales[gi] : nblk].tolist()
                 pages.reverse()
-                pool.release(pages)
+                self.pools[gi].release(pages)
                 row[:nblk] = STALE
-        self.cap[slot] = self.hist[slot] = 0
+        self.cap_data[slot] = self.hist_data[slot] = 0
         self.nblk[:, slot] = self.nstale[:, slot] = 0
-        self.cap_hi[:, slot], self.cap_lo[:, slot], self.stale_next[:, slot] = 0, -1, NEVER
+        self.thresholds[:, :, slot] = self.reset
         self.free_slots.append(slot)
 
     def live(self, gi: int, slot: int) -> int:
@@ -100,14 +94,14 @@ class SlotTables:
     # ------------------------------------------------------------------ moving shapes
 
     def resize_one(self, slot: int, cap: int, hist: int) -> Resize:
-        """Move one request (validated shape) unless a group lacks pages."""
+        """Move one unmirrored request (validated shape) unless a group lacks pages."""
         hi, lo, nxt = self.thresholds[:, :, slot].tolist()
         if cap > min(hi) or cap <= max(lo) or hist >= min(nxt):
             done = self.apply([slot], [cap], [hist])
             if not done:
                 return done
-        self.cap[slot] = cap
-        self.hist[slot] = hist
+        self.cap_data[slot] = cap
+        self.hist_data[slot] = hist
         return RESIZED
 
     def resize_batch(
@@ -115,6 +109,8 @@ class SlotTables:
     ) -> Resize:
         """Move a batch of distinct requests (validated shapes), all or none
         (`dry_run`: only answer)."""
+        if self.mirrored:
+            self.flush()
         c, h = caps[None, :], hists[None, :]
         crossing = (c > self.cap_hi[:, slots]) | (c <= self.cap_lo[:, slots]) | (h >= self.stale_next[:, slots])
         idx = np.flatnonzero(crossing.any(axis=0))
@@ -125,8 +121,8 @@ class SlotTables:
             if not done:
                 return done
         if not dry_run:
-            self.cap[slots] = caps
-            self.hist[slots] = hists
+            self.cap_data[slots] = caps
+            self.hist_data[slots] = hists
         return RESIZED
 
     def apply(
@@ -142,7 +138,10 @@ class SlotTables:
         only where `mask[group][i]`): plan with `pages_needed`/`stale_pages`;
         if every group has the pages, apply (all releases first, then the
         allocations); else change nothing and say which groups lacked pages.
-        Does not write `cap`/`hist` (the callers do). `dry_run`: only answer."""
+        Does not write `cap`/`hist` (the callers do). `dry_run`: only answer.
+        Mirrored requests among `slots` are unmirrored first (their thresholds move)."""
+        if self.mirrored:
+            self.unmirror_slots(slots)
         if len(slots) == 1:  # a view and a flat list: cheaper than fancy indexing
             old_nblk = [[n] for n in self.nblk[:, slots[0]].tolist()]
             old_nstale = [[n] for n in self.nstale[:, slots[0]].tolist()]
@@ -270,12 +269,12 @@ class SlotTables:
 
     def grow(self) -> None:
         """Double the slot arrays (more live requests than planned for)."""
-        old = self.cap.shape[0]
+        old = self.cap_data.shape[0]
 
         def more(a: IntArray, fill: int) -> IntArray:
             return np.concatenate([a, np.full(a.shape[:-1] + (old,), fill, a.dtype)], axis=-1)
 
-        self.cap, self.hist = more(self.cap, 0), more(self.hist, 0)
+        self.cap_data, self.hist_data = more(self.cap_data, 0), more(self.hist_data, 0)
         self.nblk, self.nstale = more(self.nblk, 0), more(self.nstale, 0)
         self.thresholds = np.stack([more(self.thresholds[i], fill) for i, fill in enumerate((0, -1, NEVER))])
         self.cap_hi, self.cap_lo, self.stale_next = self.thresholds
