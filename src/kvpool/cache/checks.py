@@ -6,13 +6,15 @@ per-step path."""
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import cast
 
 import numpy as np
 import numpy.typing as npt
 
 from kvpool.cache.events import CacheUsageError
+
+INT64_MAX = (1 << 63) - 1
 
 
 def as_position(value: object, what: str) -> int:
@@ -44,9 +46,22 @@ def check_tokens(tokens: Iterable[object], what: str = "tokens") -> array[int]:
         ids = array("q", cast("list[int]", items))
     except (TypeError, OverflowError) as e:
         raise CacheUsageError(f"{what} must be token ids (integers in [0, 2**63)): {e}") from None
-    if ids and min(ids) < 0:
+    if ids and (min(ids) if len(ids) <= 64 else int(np.frombuffer(ids, np.int64).min())) < 0:
         raise CacheUsageError(f"{what}: token id {min(ids)} is negative")
     return ids
+
+
+def check_few_tokens(tokens: Iterable[object], what: str = "tokens") -> Sequence[int]:
+    """`check_tokens` for the few tokens a decode step commits: a short list
+    or tuple of plain ints in range is returned as it is (a loop beats
+    building an array for one token); anything else goes to `check_tokens`."""
+    if (type(tokens) is tuple or type(tokens) is list) and len(tokens) <= 8:
+        for x in tokens:
+            if type(x) is not int or not 0 <= x <= INT64_MAX:
+                break
+        else:
+            return cast("Sequence[int]", tokens)
+    return check_tokens(tokens, what)
 
 
 def check_capacity(rid: int, capacity: int, limit: int) -> None:

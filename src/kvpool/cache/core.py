@@ -17,9 +17,11 @@ import numpy.typing as npt
 
 from kvpool.cache import reuse
 from kvpool.cache.checks import (
+    INT64_MAX,
     as_position,
     batch_positions,
     check_capacity,
+    check_few_tokens,
     check_rid,
     check_shape,
     check_tokens,
@@ -30,6 +32,7 @@ from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Resize
 from kvpool.cache.slots import SlotTables
 from kvpool.plan.result import PoolPlan
+from kvpool.spec.kinds import NEVER
 
 EVENT_BUFFER = 1 << 16  # event records (runs of pages) kept until `take_events`; older ones are dropped
 
@@ -104,6 +107,7 @@ class KVCacheCore:
         req.tokens, req.seed = ids, seed
         hit = reuse.attach_prefix(self.tables, req)
         self._lookups[rid] = (len(ids), hit)
+        req.nxt = -1  # no fast path until the first resize counted the lookup
         return hit
 
     def _count_lookups(self, rids: Iterable[int]) -> None:
@@ -117,7 +121,7 @@ class KVCacheCore:
         """Release every page of `rid` (cached content stays reusable until
         evicted) and forget the request."""
         req = self.requests.get(rid)
-        self.tables.release(req.slot)
+        self.tables.release(req)
         self._lookups.pop(rid, None)
         self.requests.remove(rid)
 
@@ -125,12 +129,10 @@ class KVCacheCore:
         return rid in self.requests
 
     def capacity(self, rid: int) -> int:
-        req = self.requests.get(rid)
-        return req.cap if req.hi >= 0 else int(self.tables.cap_data[req.slot])
+        return self.tables.shape(self.requests.get(rid))[0]
 
     def history(self, rid: int) -> int:
-        req = self.requests.get(rid)
-        return req.hist if req.hi >= 0 else int(self.tables.hist_data[req.slot])
+        return self.tables.shape(self.requests.get(rid))[1]
 
     @property
     def num_requests(self) -> int:
@@ -155,24 +157,26 @@ class KVCacheCore:
                 req.hist = hist
                 return RESIZED
         req = self.requests.get(rid)
-        slot, t = req.slot, self.tables
-        t.unmirror(req)
-        old = int(t.hist_data[slot])
+        t = self.tables
+        if req.hi < 0:  # a batch move or a reader of the arrays took the mirror back
+            t.mirror(req, NEVER if req.dummy else self.max_capacity)
+            if rid in self._lookups:
+                req.nxt = -1
+        old = req.hist
         cap = as_position(capacity, "capacity")
         hist = old if history is None else as_position(history, "history")
         check_shape(rid, cap, hist, old)
         if cap > self.max_capacity and not req.dummy:
             check_capacity(rid, cap, self.max_capacity)
-        if self._keeps_stale and req.tokens is not None and not req.dummy and hist >= int(t.stale_next[:, slot].min()):
-            dry = t.apply([slot], [cap], [hist], dry_run=True)
+        if self._keeps_stale and req.tokens is not None and not req.dummy and hist >= min(req.nxts):
+            dry = t.move_one(req, cap, hist, dry_run=True)
             if not dry:
                 return dry
             reuse.store_before_release(t, req, hist)
-        done = t.resize_one(slot, cap, hist)
-        if done:
-            if self._lookups:
-                self._count_lookups((rid,))
-            t.mirror(req, None if req.dummy else self.max_capacity)
+        done = t.move_one(req, cap, hist)
+        if done and self._lookups and rid in self._lookups:
+            self._count_lookups((rid,))
+            t.rebound(req)  # the fast path is open from now on
         return done
 
     def resize_many(
@@ -240,9 +244,25 @@ class KVCacheCore:
         req = self._by_id.get(rid) or self.requests.get(rid)
         if not self.enable_reuse or req.dummy:
             return 0
-        ids = None if tokens is None else check_tokens(tokens, f"request {rid}: commit's tokens")
+        known = req.tokens
+        # Fast path (a decode step): a mirrored request, at most one new plain token and no page completes.
+        if req.hi >= 0 and known is not None and type(num_tokens) is int and 0 <= num_tokens <= req.hist:
+            done = req.committed
+            if num_tokens // self.tokens_per_block <= done:
+                if tokens is None and num_tokens <= len(known):
+                    return done * self.tokens_per_block
+                if (
+                    (type(tokens) is tuple or type(tokens) is list)
+                    and len(tokens) == 1
+                    and num_tokens <= len(known) + 1
+                ):
+                    x = tokens[0]
+                    if type(x) is int and 0 <= x <= INT64_MAX:
+                        known.append(x)
+                        return done * self.tokens_per_block
+        ids = None if tokens is None else check_few_tokens(tokens, f"request {rid}: commit's tokens")
         count = as_position(num_tokens, "commit's num_tokens")
-        hist = req.hist if req.hi >= 0 else int(self.tables.hist_data[req.slot])
+        hist = self.tables.shape(req)[1]
         return reuse.commit(self.tables, req, count, ids, hist, state_snapshots=self.state_snapshots)
 
     def take_events(self) -> list[CacheEvent]:
@@ -258,15 +278,16 @@ class KVCacheCore:
         """Page ids of `rid` in `group`, one per block of positions (a copy);
         `STALE` (-1) marks blocks without a page. A state group has one entry."""
         gi = self._group(group)
-        slot = self.requests.get(rid).slot
-        return self.tables.tables[gi][slot, : int(self.tables.nblk[gi, slot])].copy()
+        req = self.requests.get(rid)
+        return self.tables.tables[gi][req.slot, : self.tables.counts(req)[0][gi]].copy()
 
     def block_tables(self, rids: Sequence[int], group: str) -> npt.NDArray[np.int32]:
         """Block tables of a batch as one 2-D array padded with `STALE`."""
         gi = self._group(group)
         slots = self.requests.slots(rids)
-        width = int(self.tables.nblk[gi, slots].max()) if len(slots) else 0
-        return self.tables.tables[gi][slots, :width]
+        t = self.tables
+        width = max((t.counts(self.requests.get(r))[0][gi] for r in rids), default=0)
+        return t.tables[gi][slots, :width]
 
     def free_pages(self, group: str) -> int:
         """Pages of `group` an allocation can take now (evictable cached ones included)."""
@@ -277,7 +298,7 @@ class KVCacheCore:
 
     def live_pages(self, rid: int, group: str) -> int:
         """Pages `rid` holds in `group` now."""
-        return self.tables.live(self._group(group), self.requests.get(rid).slot)
+        return self.tables.live(self._group(group), self.requests.get(rid))
 
     # ------------------------------------------------------------------ internals
 
@@ -290,7 +311,9 @@ class KVCacheCore:
     def _new_request(self, rid: int, *, dummy: bool) -> Request:
         if rid in self.requests:  # checked before a slot is taken (`Requests.add` would leak it)
             raise CacheUsageError(f"request id {rid!r} already exists")
-        return self.requests.add(rid, self.tables.acquire(), dummy=dummy)
+        req = self.requests.add(rid, self.tables.acquire(), dummy=dummy)
+        self.tables.start(req, NEVER if dummy else self.max_capacity)
+        return req
 
     def iter_requests(self) -> Iterable[tuple[int, bool]]:
         """(rid, is_dummy) of every registered request."""

@@ -53,7 +53,8 @@ class KVCacheManager(KVCacheCore):
         check_shape(rid, cap, hist, old)
         if cap > self.max_capacity and not req.dummy:
             check_capacity(rid, cap, self.max_capacity)
-        self.tables.unmirror(req)  # `apply` reads the arrays
+        if req.hi >= 0:
+            return self.tables.move_one(req, cap, hist, dry_run=True)
         return self.tables.apply([req.slot], [cap], [hist], dry_run=True)
 
     def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0, is_gen: bool = True) -> Dummies:

@@ -125,6 +125,14 @@ class PagePool:
             self._lru_unlink(page)
         self.ref[page] += 1
 
+    def take_cached_many(self, pages: Iterable[int]) -> None:
+        """`take_cached` for each page of a prefix hit (one call for a long prompt)."""
+        ref, unlink = self.ref, self._lru_unlink
+        for page in pages:
+            if ref[page] == 0:
+                unlink(page)
+            ref[page] += 1
+
     def release(self, pages: Iterable[int]) -> None:
         """Drop one owner of each page; an unowned page becomes cached (if it has
         a hash: appended to the LRU tail) or free."""

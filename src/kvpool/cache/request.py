@@ -25,10 +25,11 @@ class Request:
     (`seed`, from the salt), the token ids known so far (int64) and their page
     hashes, and how many leading whole pages were already offered for reuse.
 
-    `cap`, `hist`, `lo`, `hi` and `nxt` are the single-request fast path's
-    mirror of the slot's shape (see `SlotTables.mirror`): while `hi >= 0` the
-    shape is `cap`/`hist` here, and any capacity in `(lo, hi]` with a history in
-    `[hist, nxt)` moves no page in any group. `hi == -1`: no mirror."""
+    The rest is the single-request path's mirror of the slot's numbers
+    (`cache/shapes.py`): while `hi >= 0` the request's shape is `cap`/`hist`,
+    its block counts and next-stale histories per group `nblks`, `nstales`,
+    `nxts`, and any capacity in `(lo, hi]` (`hi` at most `limit`) with a
+    history in `[hist, nxt)` moves no page in any group. `hi == -1`: no mirror."""
 
     rid: int
     slot: int
@@ -42,6 +43,10 @@ class Request:
     lo: int = 0
     hi: int = -1
     nxt: int = 0
+    limit: int = 0
+    nblks: list[int] = field(default_factory=list)
+    nstales: list[int] = field(default_factory=list)
+    nxts: list[int] = field(default_factory=list)
 
 
 class Requests:

@@ -60,8 +60,9 @@ def longest_hit(t: SlotTables, hashes: Sequence[int]) -> int:
 
 
 def attach_prefix(t: SlotTables, req: Request) -> int:
-    """Attach the longest cached prefix of `req.tokens` to a fresh request;
-    returns the reused tokens. The last prompt token is never reused."""
+    """Attach the longest cached prefix of `req.tokens` to a fresh request
+    (mirrored by `SlotTables.start`); returns the reused tokens. The last
+    prompt token is never reused."""
     tokens = req.tokens
     tpb = t.tokens_per_block
     if not tokens:
@@ -80,16 +81,16 @@ def attach_prefix(t: SlotTables, req: Request) -> int:
             pool.forget(page)
             pages = [page]
         else:
-            pages = [pool.cached[h] for h in req.hashes[stale:k]]
-            for page in pages:
-                pool.take_cached(page)
+            cached = pool.cached
+            pages = [cached[h] for h in req.hashes[stale:k]]
+            pool.take_cached_many(pages)
         table = t.tables[gi]
         if nblk > table.shape[1]:
             table = t.widen(gi, nblk)
         table[slot, nblk - len(pages) : nblk] = pages
-        t.set_blocks(gi, [slot], [nblk], [stale])
-        t.stale_next[gi, slot] = t.next_stale(gi, n)
-    t.cap_data[slot] = t.hist_data[slot] = n
+        req.nblks[gi], req.nstales[gi], req.nxts[gi] = nblk, stale, t.next_stale(gi, n)
+    req.cap = req.hist = n
+    t.rebound(req)
     req.committed = k
     return n
 
@@ -101,13 +102,14 @@ def store_before_release(t: SlotTables, req: Request, history: int) -> None:
     that they go to the cache, not the free list: a later request that shares
     only an early prefix (a system prompt) needs exactly those pages. Call only
     when the resize is known to succeed; state groups are left alone (their
-    snapshots follow `commit`). `req` is not mirrored (`cache/shapes.py`)."""
+    snapshots follow `commit`)."""
     if req.dummy or req.tokens is None:
         return
+    cap, hist = t.shape(req)
     # only pages that exist now can be stored: those below the current capacity
-    n = min(len(req.tokens), history, int(t.cap_data[req.slot]))
+    n = min(len(req.tokens), history, cap)
     if n // t.tokens_per_block > req.committed:
-        commit(t, req, n, None, int(t.hist_data[req.slot]), computed=history)
+        commit(t, req, n, None, hist, computed=history)
 
 
 def commit(
@@ -129,7 +131,7 @@ def commit(
     known = len(req.tokens) if req.tokens is not None else 0
     if tokens is not None:
         known += len(tokens)
-    if not 0 <= num_tokens <= min(known, hist if computed is None else computed):
+    if num_tokens > known or num_tokens > (hist if computed is None else computed):
         raise CacheUsageError(
             f"request {req.rid}: cannot commit {num_tokens} tokens: {known} token ids known, "
             f"history {hist} (commit only computed, verified tokens)"
@@ -147,9 +149,10 @@ def commit(
     slot = req.slot
     hashes = req.hashes
     extend_hashes(hashes, req.tokens, tpb, req.seed, k)
+    nblks = t.counts(req)[0]
     for gi, pool in enumerate(t.pools):
         row = t.tables[gi][slot]
-        nblk = int(t.nblk[gi, slot])
+        nblk = nblks[gi]
         if t.is_state[gi]:
             # the state slot holds the state after exactly `hist` positions
             if (
