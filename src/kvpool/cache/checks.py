@@ -91,3 +91,12 @@ def batch_positions(values: npt.ArrayLike, shape: tuple[int, ...], what: str) ->
     if array.ndim and array.shape != shape:
         raise CacheUsageError(f"resize_many: {len(array)} {what} for {shape[0]} requests")
     return np.broadcast_to(array.astype(np.int64, copy=False), shape)
+
+
+def check_batch_shapes(
+    rids: Sequence[int], caps: npt.NDArray[np.int64], hists: npt.NDArray[np.int64], old: npt.NDArray[np.int64]
+) -> None:
+    """`check_shape` for a batch: the first offending request is named."""
+    if (caps < hists).any() or (hists < old).any():
+        bad = int(np.flatnonzero((caps < hists) | (hists < old))[0])
+        check_shape(rids[bad], int(caps[bad]), int(hists[bad]), int(old[bad]))

@@ -15,11 +15,11 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from kvpool.cache import reuse
+from kvpool.cache import batch, reuse
 from kvpool.cache.checks import (
-    INT64_MAX,
     as_position,
     batch_positions,
+    check_batch_shapes,
     check_capacity,
     check_few_tokens,
     check_rid,
@@ -188,12 +188,7 @@ class KVCacheCore:
         caps = batch_positions(capacities, slots.shape, "capacities")
         old = self.tables.hist[slots]
         hists = old if histories is None else batch_positions(histories, slots.shape, "histories")
-        if (caps < hists).any() or (hists < old).any():
-            bad = int(np.flatnonzero((caps < hists) | (hists < old))[0])
-            raise CacheUsageError(
-                f"request {rids[bad]}: need capacity >= history >= previous history, got capacity "
-                f"{int(caps[bad])}, history {int(hists[bad])}, previous history {int(old[bad])}"
-            )
+        check_batch_shapes(rids, caps, hists, old)
         return self._resize_batch(rids, slots, caps, hists)
 
     def extend(self, rids: Sequence[int], num_tokens: int = 1) -> Resize:
@@ -212,24 +207,7 @@ class KVCacheCore:
         caps: npt.NDArray[np.int64],
         hists: npt.NDArray[np.int64],
     ) -> Resize:
-        t = self.tables
-        if len(caps) and int(caps.max()) > self.max_capacity:
-            for j in np.flatnonzero(caps > self.max_capacity).tolist():
-                if not self.requests.get(rids[j]).dummy:
-                    check_capacity(rids[j], int(caps[j]), self.max_capacity)
-        if self._keeps_stale:
-            going = [
-                (self.requests.get(rids[j]), int(hists[j]))
-                for j in np.flatnonzero(hists >= t.stale_next[:, slots].min(axis=0)).tolist()
-            ]
-            going = [(req, h) for req, h in going if req.tokens is not None and not req.dummy]
-            if going:
-                dry = t.resize_batch(slots, caps, hists, dry_run=True)
-                if not dry:
-                    return dry
-                for req, h in going:
-                    reuse.store_before_release(t, req, h)
-        done = t.resize_batch(slots, caps, hists)
+        done = batch.move(self.tables, self.requests, rids, slots, caps, hists, self.max_capacity, self._keeps_stale)
         if done and self._lookups:
             self._count_lookups(rids)
         return done
@@ -244,22 +222,23 @@ class KVCacheCore:
         req = self._by_id.get(rid) or self.requests.get(rid)
         if not self.enable_reuse or req.dummy:
             return 0
-        known = req.tokens
-        # Fast path (a decode step): a mirrored request, at most one new plain token and no page completes.
-        if req.hi >= 0 and known is not None and type(num_tokens) is int and 0 <= num_tokens <= req.hist:
-            done = req.committed
-            if num_tokens // self.tokens_per_block <= done:
-                if tokens is None and num_tokens <= len(known):
-                    return done * self.tokens_per_block
-                if (
-                    (type(tokens) is tuple or type(tokens) is list)
-                    and len(tokens) == 1
-                    and num_tokens <= len(known) + 1
-                ):
-                    x = tokens[0]
-                    if type(x) is int and 0 <= x <= INT64_MAX:
-                        known.append(x)
-                        return done * self.tokens_per_block
+        known, tpb = req.tokens, self.tokens_per_block
+        # Fast path (a decode step): a mirrored request, at most one new plain token, no page completes.
+        if (
+            req.hi >= 0
+            and known is not None
+            and type(num_tokens) is int
+            and 0 <= num_tokens <= req.hist
+            and num_tokens < (req.committed + 1) * tpb
+        ):
+            if tokens is None:
+                if num_tokens <= len(known):
+                    return req.committed * tpb
+            elif type(tokens) is tuple and len(tokens) == 1 and num_tokens <= len(known) + 1:
+                x = tokens[0]
+                if type(x) is int and 0 <= x < 0x8000000000000000:  # an int64 token id
+                    known.append(x)
+                    return req.committed * tpb
         ids = None if tokens is None else check_few_tokens(tokens, f"request {rid}: commit's tokens")
         count = as_position(num_tokens, "commit's num_tokens")
         hist = self.tables.shape(req)[1]
