@@ -156,7 +156,8 @@ class KVCacheCore:
                 req.cap = capacity
                 req.hist = hist
                 return RESIZED
-        req = self.requests.get(rid)
+        if req is None:
+            req = self.requests.get(rid)  # raises
         t = self.tables
         if req.hi < 0:  # a batch move or a reader of the arrays took the mirror back
             t.mirror(req, NEVER if req.dummy else self.max_capacity)
@@ -168,16 +169,16 @@ class KVCacheCore:
         check_shape(rid, cap, hist, old)
         if cap > self.max_capacity and not req.dummy:
             check_capacity(rid, cap, self.max_capacity)
+        plans, short = t.plan_one(req, cap, hist)
+        if short:
+            return Resize(short)
         if self._keeps_stale and req.tokens is not None and not req.dummy and hist >= min(req.nxts):
-            dry = t.move_one(req, cap, hist, dry_run=True)
-            if not dry:
-                return dry
-            reuse.store_before_release(t, req, hist)
-        done = t.move_one(req, cap, hist)
-        if done and self._lookups and rid in self._lookups:
+            reuse.store_before_release(t, req, hist)  # hashes only: the plan stays valid
+        t.apply_one(req, plans, cap, hist)
+        if self._lookups and rid in self._lookups:
             self._count_lookups((rid,))
             t.rebound(req)  # the fast path is open from now on
-        return done
+        return RESIZED
 
     def resize_many(
         self, rids: Sequence[int], capacities: npt.ArrayLike, histories: npt.ArrayLike | None = None

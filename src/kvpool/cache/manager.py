@@ -15,7 +15,7 @@ from kvpool.cache import warmup as warmup_mod
 from kvpool.cache.checks import as_position, check_capacity, check_shape
 from kvpool.cache.core import KVCacheCore
 from kvpool.cache.events import CacheStats, GroupStats
-from kvpool.cache.results import Dummies, Resize
+from kvpool.cache.results import RESIZED, Dummies, Resize
 from kvpool.cache.slots import STALE
 from kvpool.cache.warmup import WarmupReport
 from kvpool.plan.result import PoolPlan
@@ -54,7 +54,8 @@ class KVCacheManager(KVCacheCore):
         if cap > self.max_capacity and not req.dummy:
             check_capacity(rid, cap, self.max_capacity)
         if req.hi >= 0:
-            return self.tables.move_one(req, cap, hist, dry_run=True)
+            short = self.tables.plan_one(req, cap, hist)[1]
+            return Resize(short) if short else RESIZED
         return self.tables.apply([req.slot], [cap], [hist], dry_run=True)
 
     def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0, is_gen: bool = True) -> Dummies:

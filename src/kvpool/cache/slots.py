@@ -99,25 +99,27 @@ class SlotTables(ShapeArrays):
 
     # ------------------------------------------------------------------ moving shapes
 
-    def move_one(self, req: Request, cap: int, hist: int, *, dry_run: bool = False) -> Resize:
-        """Move one mirrored request (validated shape) unless a group lacks
-        pages: `apply` for one request, on its mirror (`dry_run`: only answer)."""
-        slot = req.slot
+    def plan_one(self, req: Request, cap: int, hist: int) -> tuple[list[tuple[int, _Change]], dict[str, int]]:
+        """`apply`'s plan for one mirrored request (validated shape): the
+        changes per group, and the pages short per group (empty: it fits)."""
+        slot, nblks, nstales = req.slot, req.nblks, req.nstales
         plans: list[tuple[int, _Change]] = []
-        short = {}
+        short: dict[str, int] = {}
         for gi, pool in enumerate(self.pools):
-            ch = self.plan_change(gi, slot, cap, hist, req.nblks[gi], req.nstales[gi])
+            ch = self.plan_change(gi, slot, cap, hist, nblks[gi], nstales[gi])
             if ch is None:
                 continue
-            if ch.new > pool.num_free:
+            if ch.new and ch.new > len(pool.free_stack) + pool.lru_len:
                 missing = ch.new - pool.num_free - _freed(pool, ch.release)
                 if missing > 0:
                     short[pool.name] = missing
             plans.append((gi, ch))
-        if short:
-            return Resize(short)
-        if dry_run:
-            return RESIZED
+        return plans, short
+
+    def apply_one(self, req: Request, plans: list[tuple[int, _Change]], cap: int, hist: int) -> None:
+        """Carry out `plan_one`'s plan that fits: releases first, then the new
+        pages, into the tables and the request's mirror."""
+        slot = req.slot
         for gi, ch in plans:
             if ch.release:
                 self.unlink(gi, ch)
@@ -137,7 +139,6 @@ class SlotTables(ShapeArrays):
         req.cap, req.hist = cap, hist
         if plans:
             self.rebound(req)
-        return RESIZED
 
     def resize_batch(
         self, slots: npt.NDArray[np.intp], caps: IntArray, hists: IntArray, *, dry_run: bool = False
