@@ -97,7 +97,7 @@ def extend_hashes(
     if first >= num_blocks:
         return
     h = page_digest if digest is None else digest
-    ids = tokens if isinstance(tokens, array) else array("q", tokens)
+    ids = tokens if type(tokens) is array else array("q", tokens)
     data = ids[first * tokens_per_block : num_blocks * tokens_per_block].tobytes()  # only the new pages
     width = 8 * tokens_per_block
     parent = (hashes[-1] if hashes else seed).to_bytes(8, "little", signed=True)

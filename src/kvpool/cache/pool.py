@@ -175,7 +175,12 @@ class PagePool:
                 continue
             page_hash[page] = h
             cached[h] = page
-        if len(pages) > start:
+        if start == 0 and pages and self.record_events:  # the common case: one run, the list as it is
+            parent = hashes[first - 1] if first else None
+            self.events.append(
+                ("stored", self.name, hashes[first : first + len(pages)], parent, pages, num_tokens, None)
+            )
+        elif len(pages) > start:
             self._stored_run(pages, hashes, first, start, len(pages), num_tokens)
 
     def _stored_run(self, pages: list[int], hashes: list[int], first: int, a: int, b: int, num_tokens: int) -> None:

@@ -151,23 +151,23 @@ def commit(
     extend_hashes(hashes, req.tokens, tpb, req.seed, k)
     nblks = t.counts(req)[0]
     for gi, pool in enumerate(t.pools):
-        row = t.tables[gi][slot]
         nblk = nblks[gi]
-        if t.is_state[gi]:
-            # the state slot holds the state after exactly `hist` positions
-            if (
-                computed is None
-                and state_snapshots
-                and k * tpb == hist
-                and nblk == 1
-                and hashes[k - 1] not in pool.cached
-                and pool.num_free
-            ):
-                page = pool.take(1)[0]
-                pool.store(page, hashes[k - 1], hashes[k - 2] if k > 1 else None, k * tpb, source_page=int(row[0]))
-                pool.release([page])
+        if not t.is_state[gi]:
+            if nblk > done:
+                pool.store_chain(t.tables[gi][slot, done : min(k, nblk)].tolist(), hashes, done, tpb)
             continue
-        if nblk > done:
-            pool.store_chain(row[done : min(k, nblk)].tolist(), hashes, done, tpb)
+        # a state group: its slot holds the state after exactly `hist` positions
+        if (
+            computed is None
+            and state_snapshots
+            and k * tpb == hist
+            and nblk == 1
+            and hashes[k - 1] not in pool.cached
+            and pool.num_free
+        ):
+            page = pool.take(1)[0]
+            source = int(t.tables[gi][slot, 0])
+            pool.store(page, hashes[k - 1], hashes[k - 2] if k > 1 else None, k * tpb, source_page=source)
+            pool.release([page])
     req.committed = k
     return k * tpb
