@@ -59,6 +59,8 @@ class Requests:
         self.slot_of: dict[int, int] = {}
         self.next_dummy = -1
         self.free_dummy_ids: list[int] = []  # heap of -id
+        # the last batch `slots` answered: a decode loop asks for the same batch every step
+        self.last_batch: tuple[tuple[int, ...], npt.NDArray[np.intp]] | None = None
 
     def __contains__(self, rid: object) -> bool:
         return rid in self.by_id
@@ -81,6 +83,7 @@ class Requests:
         if rid in self.by_id:
             raise CacheUsageError(f"request id {rid!r} already exists")
         req = Request(rid, slot, dummy=dummy)
+        self.last_batch = None
         self.by_id[rid] = req
         self.slot_of[rid] = slot
         return req
@@ -89,6 +92,7 @@ class Requests:
         """Forget `rid` (its id becomes reusable if it was a dummy's)."""
         req = self.by_id.pop(rid)
         del self.slot_of[rid]
+        self.last_batch = None
         if req.dummy:
             heapq.heappush(self.free_dummy_ids, -rid)
         return req
@@ -106,7 +110,11 @@ class Requests:
         return rid
 
     def slots(self, rids: Sequence[int]) -> npt.NDArray[np.intp]:
-        """Slots of a batch of distinct registered requests."""
+        """Slots of a batch of distinct registered requests (read-only: the
+        same array answers the same batch until a request comes or goes)."""
+        key = tuple(rids)
+        if self.last_batch is not None and self.last_batch[0] == key:
+            return self.last_batch[1]
         slot_of = self.slot_of
         try:
             slots = np.fromiter(map(slot_of.__getitem__, rids), np.intp, len(rids))
@@ -114,4 +122,6 @@ class Requests:
             raise CacheUsageError(f"unknown request id {e.args[0]!r}") from None
         if len(set(slots.tolist())) != len(slots):
             raise CacheUsageError("a batch names the same request twice")
+        slots.flags.writeable = False
+        self.last_batch = (key, slots)
         return slots

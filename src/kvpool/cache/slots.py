@@ -147,8 +147,8 @@ class SlotTables(ShapeArrays):
         (`dry_run`: only answer)."""
         if self.mirrored:
             self.flush()
-        c, h, thr = caps[None, :], hists[None, :], self.thr_data
-        crossing = (c > thr[0][:, slots]) | (c <= thr[1][:, slots]) | (h >= thr[2][:, slots])
+        c, h, thr = caps[None, :], hists[None, :], self.thr_data[:, :, slots]  # one gather
+        crossing = (c > thr[0]) | (c <= thr[1]) | (h >= thr[2])
         idx = np.flatnonzero(crossing.any(axis=0))
         if idx.size:
             done = self.apply(
