@@ -108,11 +108,15 @@ class ShapeArrays:
     def rebound(self, req: Request) -> None:
         """The mirror's bounds from its block counts: any capacity in `(lo, hi]`
         with a history below `nxt` moves no page in any group."""
-        hi, lo, tpb = req.limit, -1, self.tokens_per_block
-        for n, state in zip(req.nblks, self.is_state, strict=True):
-            h, low = block_bounds(n, tpb, state)
-            hi, lo = min(hi, h), max(lo, low)
-        req.lo, req.hi, req.nxt = lo, hi, min(req.nxts)
+        hi, lo, tpb, is_state = req.limit, -1, self.tokens_per_block, self.is_state
+        for gi, n in enumerate(req.nblks):  # plain comparisons: this runs at every page crossing
+            h, low = block_bounds(n, tpb, is_state[gi])
+            if h < hi:
+                hi = h
+            if low > lo:
+                lo = low
+        nxts = req.nxts
+        req.lo, req.hi, req.nxt = lo, hi, nxts[0] if len(nxts) == 1 else min(nxts)
 
     def shape(self, req: Request) -> tuple[int, int]:
         """(capacity, history) of `req`, from its mirror if it has one."""
