@@ -136,15 +136,21 @@ class PagePool:
     def release(self, pages: Iterable[int]) -> None:
         """Drop one owner of each page; an unowned page becomes cached (if it has
         a hash: appended to the LRU tail) or free."""
-        ref, page_hash = self.ref, self.page_hash
+        ref, page_hash, free = self.ref, self.page_hash, self.free_stack.append
+        prev, nxt, sentinel = self.prev, self.nxt, self.num_pages
+        cached = 0
         for page in pages:
             left = ref[page] - 1
             ref[page] = left
             if left == 0:
                 if page_hash[page] is None:
-                    self.free_stack.append(page)
-                else:
-                    self._lru_append(page)
+                    free(page)
+                else:  # `_lru_append`, inlined: a request's free walks every page it holds
+                    last = prev[sentinel]
+                    prev[page], nxt[page] = last, sentinel
+                    nxt[last] = prev[sentinel] = page
+                    cached += 1
+        self.lru_len += cached
 
     def store(
         self, page: int, block_hash: int, parent_hash: int | None, num_tokens: int, source_page: int | None = None
