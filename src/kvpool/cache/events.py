@@ -1,10 +1,16 @@
 """What the manager reports: page events for KV-aware routers, statistics,
-and the exceptions of the cache layer."""
+and the exceptions of the cache layer.
+
+Pools log events as records, one per run of pages a call stored or evicted
+(`EventRecord`), not one object per page; `expand` turns them into
+`CacheEvent`s only when someone asks (`KVCacheCore.take_events`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 from kvpool.errors import KvpoolError
 
@@ -26,6 +32,30 @@ class CacheEvent(NamedTuple):
     page: int
     num_tokens: int
     source_page: int | None = None
+
+
+# ("stored", group, hashes, parent of hashes[0], pages, num_tokens, source_page): page i holds
+# hashes[i], its parent is hashes[i - 1]; ("removed", group, hashes, pages).
+StoredRun: TypeAlias = tuple[Literal["stored"], str, list[int], int | None, list[int], int, int | None]
+RemovedRun: TypeAlias = tuple[Literal["removed"], str, list[int], list[int]]
+EventRecord: TypeAlias = StoredRun | RemovedRun
+
+
+def expand(records: Iterable[EventRecord]) -> list[CacheEvent]:
+    """The `CacheEvent`s of `records`, oldest first."""
+    out: list[CacheEvent] = []
+    for rec in records:
+        if rec[0] == "stored":
+            _, group, hashes, parent, pages, num_tokens, source = rec
+            for h, page in zip(hashes, pages, strict=True):
+                out.append(CacheEvent("stored", group, h, parent, page, num_tokens, source))
+                parent = h
+        else:
+            _, group, hashes, pages = rec
+            out.extend(
+                CacheEvent("removed", group, h, None, page, 0, None) for h, page in zip(hashes, pages, strict=True)
+            )
+    return out
 
 
 @dataclass(frozen=True)

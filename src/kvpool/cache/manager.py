@@ -12,9 +12,10 @@ from collections.abc import Iterable
 
 from kvpool.cache import integrity
 from kvpool.cache import warmup as warmup_mod
+from kvpool.cache.checks import as_position, check_capacity, check_shape
 from kvpool.cache.core import KVCacheCore
 from kvpool.cache.events import CacheStats, GroupStats
-from kvpool.cache.results import Dummies
+from kvpool.cache.results import RESIZED, Dummies, Resize
 from kvpool.cache.slots import STALE
 from kvpool.cache.warmup import WarmupReport
 from kvpool.plan.result import PoolPlan
@@ -29,8 +30,10 @@ class KVCacheManager(KVCacheCore):
     reserves (`reserve_padding_dummy`), `stats` and `check_integrity`.
     """
 
-    def __init__(self, plan: PoolPlan, *, enable_reuse: bool = True, state_snapshots: bool = False) -> None:
-        super().__init__(plan, enable_reuse=enable_reuse, state_snapshots=state_snapshots)
+    def __init__(
+        self, plan: PoolPlan, *, enable_reuse: bool = True, state_snapshots: bool = False, events: bool = True
+    ) -> None:
+        super().__init__(plan, enable_reuse=enable_reuse, state_snapshots=state_snapshots, events=events)
         self._padding: dict[int, int] = {}  # draft length -> persistent padding dummy id
 
     def free(self, rid: int) -> None:
@@ -40,6 +43,20 @@ class KVCacheManager(KVCacheCore):
         for d, pad in list(self._padding.items()):
             if pad == rid:
                 del self._padding[d]
+
+    def can_resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
+        """What `resize(rid, capacity, history)` would answer now; changes nothing."""
+        req = self.requests.get(rid)
+        old = self.history(rid)
+        cap = as_position(capacity, "capacity")
+        hist = old if history is None else as_position(history, "history")
+        check_shape(rid, cap, hist, old)
+        if cap > self.max_capacity and not req.dummy:
+            check_capacity(rid, cap, self.max_capacity)
+        if req.hi >= 0:
+            short = self.tables.plan_one(req, cap, hist)[1]
+            return Resize(short) if short else RESIZED
+        return self.tables.apply([req.slot], [cap], [hist], dry_run=True)
 
     def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0, is_gen: bool = True) -> Dummies:
         """Register `batch_size` dummy requests of `token_num` tokens, all or
@@ -56,8 +73,8 @@ class KVCacheManager(KVCacheCore):
         slots = [r.slot for r in reqs]
         done = self.tables.apply(slots, [cap] * batch_size, [hist] * batch_size)
         if done:
-            self.tables.cap[slots] = cap
-            self.tables.hist[slots] = hist
+            self.tables.cap_data[slots] = cap  # fresh slots: never mirrored
+            self.tables.hist_data[slots] = hist
             return Dummies(tuple(r.rid for r in reqs))
         for r in reversed(reqs):  # slots go back in the order they came
             self.free(r.rid)
@@ -110,7 +127,8 @@ class KVCacheManager(KVCacheCore):
         """Pages the tables of `group` name now, summed over requests (a page
         shared by a prefix hit counts once per holder); no side effects."""
         gi = self._group(group)
-        return int((self.tables.nblk[gi] - self.tables.nstale[gi]).sum())
+        slots = [r.slot for r in self.requests]  # a freed slot keeps its old numbers until reused
+        return int((self.tables.nblk[gi, slots] - self.tables.nstale[gi, slots]).sum())
 
     def check_integrity(self) -> None:
         """Raise `CacheIntegrityError` (naming page ids per group) unless every

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from kvpool.cache.events import CacheEvent
+from kvpool.cache.events import EventRecord
 
 
 class PagePool:
@@ -41,7 +41,7 @@ class PagePool:
         "record_events",
     )
 
-    def __init__(self, name: str, num_pages: int, events: deque[CacheEvent]) -> None:
+    def __init__(self, name: str, num_pages: int, events: deque[EventRecord]) -> None:
         n = num_pages
         self.name = name
         self.num_pages = n
@@ -53,7 +53,7 @@ class PagePool:
         self.nxt = [n] * (n + 1)
         self.lru_len = 0
         self.cached: dict[int, int] = {}  # block hash -> page holding it
-        self.events = events
+        self.events = events  # a log of `EventRecord`s, one per run of pages (`cache/events.py`)
         self.record_events = True
 
     @property
@@ -97,18 +97,23 @@ class PagePool:
 
     def take(self, count: int) -> list[int]:
         """Hand out `count` pages (ref 1): free ones first, then evict the least
-        recently used cached pages (each eviction drops its hash and records a
-        `removed` event). The caller has checked `count <= num_free`."""
+        recently used cached pages (each eviction drops its hash; one `removed`
+        record for them all). The caller has checked `count <= num_free`."""
         stack = self.free_stack
         n_stack = min(count, len(stack))
         pages = stack[len(stack) - n_stack :]
         del stack[len(stack) - n_stack :]
         pages.reverse()
-        for _ in range(count - n_stack):
-            page = self.nxt[self.num_pages]
-            self._lru_unlink(page)
-            self._forget(page)
-            pages.append(page)
+        if count > n_stack:
+            evicted, hashes = [], []
+            for _ in range(count - n_stack):
+                page = self.nxt[self.num_pages]
+                self._lru_unlink(page)
+                hashes.append(self._drop_hash(page))
+                evicted.append(page)
+            if self.record_events:
+                self.events.append(("removed", self.name, hashes, evicted))
+            pages += evicted
         ref = self.ref
         for page in pages:
             ref[page] = 1
@@ -120,18 +125,32 @@ class PagePool:
             self._lru_unlink(page)
         self.ref[page] += 1
 
+    def take_cached_many(self, pages: Iterable[int]) -> None:
+        """`take_cached` for each page of a prefix hit (one call for a long prompt)."""
+        ref, unlink = self.ref, self._lru_unlink
+        for page in pages:
+            if ref[page] == 0:
+                unlink(page)
+            ref[page] += 1
+
     def release(self, pages: Iterable[int]) -> None:
         """Drop one owner of each page; an unowned page becomes cached (if it has
         a hash: appended to the LRU tail) or free."""
-        ref, page_hash = self.ref, self.page_hash
+        ref, page_hash, free = self.ref, self.page_hash, self.free_stack.append
+        prev, nxt, sentinel = self.prev, self.nxt, self.num_pages
+        cached = 0
         for page in pages:
             left = ref[page] - 1
             ref[page] = left
             if left == 0:
                 if page_hash[page] is None:
-                    self.free_stack.append(page)
-                else:
-                    self._lru_append(page)
+                    free(page)
+                else:  # `_lru_append`, inlined: a request's free walks every page it holds
+                    last = prev[sentinel]
+                    prev[page], nxt[page] = last, sentinel
+                    nxt[last] = prev[sentinel] = page
+                    cached += 1
+        self.lru_len += cached
 
     def store(
         self, page: int, block_hash: int, parent_hash: int | None, num_tokens: int, source_page: int | None = None
@@ -143,8 +162,39 @@ class PagePool:
         self.page_hash[page] = block_hash
         self.cached[block_hash] = page
         if self.record_events:
-            self.events.append(CacheEvent("stored", self.name, block_hash, parent_hash, page, num_tokens, source_page))
+            self.events.append(("stored", self.name, [block_hash], parent_hash, [page], num_tokens, source_page))
         return True
+
+    def store_chain(self, pages: list[int], hashes: list[int], first: int, num_tokens: int) -> None:
+        """`store` each page of a run of consecutive blocks: `pages[i]` is block
+        `first + i`, under `hashes[first + i]` with parent `hashes[first + i - 1]`
+        (None for block 0); entries < 0 (no page) are skipped. One event record
+        per unbroken run of stored pages."""
+        page_hash, cached = self.page_hash, self.cached
+        start = 0
+        for i, page in enumerate(pages):
+            h = hashes[first + i]
+            if page < 0 or page_hash[page] is not None or h in cached:
+                if i > start:
+                    self._stored_run(pages, hashes, first, start, i, num_tokens)
+                start = i + 1
+                continue
+            page_hash[page] = h
+            cached[h] = page
+        if start == 0 and pages and self.record_events:  # the common case: one run, the list as it is
+            parent = hashes[first - 1] if first else None
+            self.events.append(
+                ("stored", self.name, hashes[first : first + len(pages)], parent, pages, num_tokens, None)
+            )
+        elif len(pages) > start:
+            self._stored_run(pages, hashes, first, start, len(pages), num_tokens)
+
+    def _stored_run(self, pages: list[int], hashes: list[int], first: int, a: int, b: int, num_tokens: int) -> None:
+        if self.record_events:
+            parent = hashes[first + a - 1] if first + a else None
+            self.events.append(
+                ("stored", self.name, hashes[first + a : first + b], parent, pages[a:b], num_tokens, None)
+            )
 
     def lookup(self, block_hash: int) -> int | None:
         """The page holding `block_hash`, or None."""
@@ -153,12 +203,13 @@ class PagePool:
     def forget(self, page: int) -> None:
         """Drop a page's hash (its content is about to change); it stays owned."""
         if self.page_hash[page] is not None:
-            self._forget(page)
+            block_hash = self._drop_hash(page)
+            if self.record_events:
+                self.events.append(("removed", self.name, [block_hash], [page]))
 
-    def _forget(self, page: int) -> None:
+    def _drop_hash(self, page: int) -> int:
         block_hash = self.page_hash[page]
         assert block_hash is not None
         del self.cached[block_hash]
         self.page_hash[page] = None
-        if self.record_events:
-            self.events.append(CacheEvent("removed", self.name, block_hash, None, page, 0, None))
+        return block_hash

@@ -9,6 +9,7 @@ tables and the request, never the manager.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -21,16 +22,31 @@ from kvpool.cache.events import CacheUsageError
 @dataclass(slots=True)
 class Request:
     """One registered request: its id, its slot in the tables, the reuse scope
-    (`seed`, from the salt), the token ids known so far and their page hashes,
-    and how many leading whole pages were already offered for reuse."""
+    (`seed`, from the salt), the token ids known so far (int64) and their page
+    hashes, and how many leading whole pages were already offered for reuse.
+
+    The rest is the single-request path's mirror of the slot's numbers
+    (`cache/shapes.py`): while `hi >= 0` the request's shape is `cap`/`hist`,
+    its block counts and next-stale histories per group `nblks`, `nstales`,
+    `nxts`, and any capacity in `(lo, hi]` (`hi` at most `limit`) with a
+    history in `[hist, nxt)` moves no page in any group. `hi == -1`: no mirror."""
 
     rid: int
     slot: int
     seed: int = 0
-    tokens: list[int] | None = None
+    tokens: array[int] | None = None
     hashes: list[int] = field(default_factory=list)
     committed: int = 0
     dummy: bool = False
+    cap: int = 0
+    hist: int = 0
+    lo: int = 0
+    hi: int = -1
+    nxt: int = 0
+    limit: int = 0
+    nblks: list[int] = field(default_factory=list)
+    nstales: list[int] = field(default_factory=list)
+    nxts: list[int] = field(default_factory=list)
 
 
 class Requests:
@@ -43,6 +59,8 @@ class Requests:
         self.slot_of: dict[int, int] = {}
         self.next_dummy = -1
         self.free_dummy_ids: list[int] = []  # heap of -id
+        # the last batch `slots` answered: a decode loop asks for the same batch every step
+        self.last_batch: tuple[tuple[int, ...], npt.NDArray[np.intp]] | None = None
 
     def __contains__(self, rid: object) -> bool:
         return rid in self.by_id
@@ -65,6 +83,7 @@ class Requests:
         if rid in self.by_id:
             raise CacheUsageError(f"request id {rid!r} already exists")
         req = Request(rid, slot, dummy=dummy)
+        self.last_batch = None
         self.by_id[rid] = req
         self.slot_of[rid] = slot
         return req
@@ -73,6 +92,7 @@ class Requests:
         """Forget `rid` (its id becomes reusable if it was a dummy's)."""
         req = self.by_id.pop(rid)
         del self.slot_of[rid]
+        self.last_batch = None
         if req.dummy:
             heapq.heappush(self.free_dummy_ids, -rid)
         return req
@@ -90,7 +110,11 @@ class Requests:
         return rid
 
     def slots(self, rids: Sequence[int]) -> npt.NDArray[np.intp]:
-        """Slots of a batch of distinct registered requests."""
+        """Slots of a batch of distinct registered requests (read-only: the
+        same array answers the same batch until a request comes or goes)."""
+        key = tuple(rids)
+        if self.last_batch is not None and self.last_batch[0] == key:
+            return self.last_batch[1]
         slot_of = self.slot_of
         try:
             slots = np.fromiter(map(slot_of.__getitem__, rids), np.intp, len(rids))
@@ -98,4 +122,6 @@ class Requests:
             raise CacheUsageError(f"unknown request id {e.args[0]!r}") from None
         if len(set(slots.tolist())) != len(slots):
             raise CacheUsageError("a batch names the same request twice")
+        slots.flags.writeable = False
+        self.last_batch = (key, slots)
         return slots

@@ -18,6 +18,7 @@ tables and the request record, never the manager.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 from kvpool.cache.events import CacheUsageError
@@ -59,8 +60,9 @@ def longest_hit(t: SlotTables, hashes: Sequence[int]) -> int:
 
 
 def attach_prefix(t: SlotTables, req: Request) -> int:
-    """Attach the longest cached prefix of `req.tokens` to a fresh request;
-    returns the reused tokens. The last prompt token is never reused."""
+    """Attach the longest cached prefix of `req.tokens` to a fresh request
+    (mirrored by `SlotTables.start`); returns the reused tokens. The last
+    prompt token is never reused."""
     tokens = req.tokens
     tpb = t.tokens_per_block
     if not tokens:
@@ -79,16 +81,16 @@ def attach_prefix(t: SlotTables, req: Request) -> int:
             pool.forget(page)
             pages = [page]
         else:
-            pages = [pool.cached[h] for h in req.hashes[stale:k]]
-            for page in pages:
-                pool.take_cached(page)
+            cached = pool.cached
+            pages = [cached[h] for h in req.hashes[stale:k]]
+            pool.take_cached_many(pages)
         table = t.tables[gi]
         if nblk > table.shape[1]:
             table = t.widen(gi, nblk)
         table[slot, nblk - len(pages) : nblk] = pages
-        t.set_blocks(gi, [slot], [nblk], [stale])
-        t.stale_next[gi, slot] = t.next_stale(gi, n)
-    t.cap[slot] = t.hist[slot] = n
+        req.nblks[gi], req.nstales[gi], req.nxts[gi] = nblk, stale, t.next_stale(gi, n)
+    req.cap = req.hist = n
+    t.rebound(req)
     req.committed = k
     return n
 
@@ -103,66 +105,69 @@ def store_before_release(t: SlotTables, req: Request, history: int) -> None:
     snapshots follow `commit`)."""
     if req.dummy or req.tokens is None:
         return
+    cap, hist = t.shape(req)
     # only pages that exist now can be stored: those below the current capacity
-    n = min(len(req.tokens), history, int(t.cap[req.slot]))
+    n = min(len(req.tokens), history, cap)
     if n // t.tokens_per_block > req.committed:
-        commit(t, req, n, None, computed=history)
+        commit(t, req, n, None, hist, computed=history)
 
 
 def commit(
     t: SlotTables,
     req: Request,
     num_tokens: int,
-    tokens: Sequence[int] | None,
+    tokens: Sequence[int] | array[int] | None,
+    hist: int,
     *,
     computed: int | None = None,
     state_snapshots: bool = False,
 ) -> int:
     """Store the hashes of the whole pages among the first `num_tokens`
-    positions (see `KVCacheManager.commit`). `computed` (default: the
-    request's history) bounds `num_tokens`; a caller that passes it is about to
-    raise history there, and state snapshots are then skipped. Without
+    positions (see `KVCacheManager.commit`); `tokens` (checked token ids) are
+    appended first, `hist` is the request's history. `computed` (default:
+    `hist`) bounds `num_tokens`; a caller that passes it is about to raise
+    history there, and state snapshots are then skipped. Without
     `state_snapshots` state groups are never snapshotted."""
-    fresh = [int(x) for x in tokens] if tokens is not None else []
-    known = (len(req.tokens) if req.tokens is not None else 0) + len(fresh)
-    slot = req.slot
-    hist = int(t.hist[slot])
-    if not 0 <= num_tokens <= min(known, hist if computed is None else computed):
+    known = len(req.tokens) if req.tokens is not None else 0
+    if tokens is not None:
+        known += len(tokens)
+    if num_tokens > known or num_tokens > (hist if computed is None else computed):
         raise CacheUsageError(
             f"request {req.rid}: cannot commit {num_tokens} tokens: {known} token ids known, "
             f"history {hist} (commit only computed, verified tokens)"
         )
-    if fresh:
+    if tokens:
         if req.tokens is None:
-            req.tokens = []
-        req.tokens.extend(fresh)
+            req.tokens = array("q")
+        req.tokens.extend(tokens)
     tpb = t.tokens_per_block
     k = num_tokens // tpb  # whole pages only
     done = req.committed
-    if k <= done:
+    if k <= done:  # no page completes: nothing to hash or store
         return done * tpb
     assert req.tokens is not None
+    slot = req.slot
     hashes = req.hashes
     extend_hashes(hashes, req.tokens, tpb, req.seed, k)
+    nblks = t.counts(req)[0]
     for gi, pool in enumerate(t.pools):
-        row = t.tables[gi][slot]
-        nblk = int(t.nblk[gi, slot])
-        if t.is_state[gi]:
-            # the state slot holds the state after exactly `hist` positions
-            if (
-                computed is None
-                and state_snapshots
-                and k * tpb == hist
-                and nblk == 1
-                and hashes[k - 1] not in pool.cached
-                and pool.num_free
-            ):
-                page = pool.take(1)[0]
-                pool.store(page, hashes[k - 1], hashes[k - 2] if k > 1 else None, k * tpb, source_page=int(row[0]))
-                pool.release([page])
+        nblk = nblks[gi]
+        if not t.is_state[gi]:
+            if nblk > done:
+                pool.store_chain(t.tables[gi][slot, done : min(k, nblk)].tolist(), hashes, done, tpb)
             continue
-        for b, page in enumerate(row[done : min(k, nblk)].tolist(), start=done):
-            if page >= 0:
-                pool.store(page, hashes[b], hashes[b - 1] if b else None, tpb)
+        # a state group: its slot holds the state after exactly `hist` positions
+        if (
+            computed is None
+            and state_snapshots
+            and k * tpb == hist
+            and nblk == 1
+            and hashes[k - 1] not in pool.cached
+            and pool.num_free
+        ):
+            page = pool.take(1)[0]
+            source = int(t.tables[gi][slot, 0])
+            pool.store(page, hashes[k - 1], hashes[k - 2] if k > 1 else None, k * tpb, source_page=source)
+            pool.release([page])
     req.committed = k
     return k * tpb

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
 
-from kvpool.cache.events import CacheEvent
+from kvpool.cache.events import EventRecord
 from kvpool.cache.pool import PagePool
 from kvpool.plan.result import PoolPlan
 
@@ -49,7 +49,7 @@ class PoolView(PagePool):
 
     __slots__ = ("shared",)
 
-    def __init__(self, name: str, shared: SharedPages, events: deque[CacheEvent]) -> None:
+    def __init__(self, name: str, shared: SharedPages, events: deque[EventRecord]) -> None:
         # PagePool.__init__ would allocate private storage: bind the shared lists instead
         self.shared = shared
         self.name = name
@@ -82,7 +82,33 @@ class PoolView(PagePool):
         self.shared.holder[page] = self
         return True
 
-    def _forget(self, page: int) -> None:
+    def store_chain(self, pages: list[int], hashes: list[int], first: int, num_tokens: int) -> None:
+        """`PagePool.store_chain`, remembering that this view's map holds each hash it stored."""
+        super().store_chain(pages, hashes, first, num_tokens)
+        holder, cached = self.shared.holder, self.cached
+        for i, page in enumerate(pages):
+            if page >= 0 and cached.get(hashes[first + i]) == page:
+                holder[page] = self
+
+    def take(self, count: int) -> list[int]:
+        """`PagePool.take`; a cached page it evicts may be another group's, so
+        each eviction's `removed` record names the group whose map held it."""
+        n_stack = len(self.free_stack)
+        if count <= n_stack:
+            return super().take(count)
+        pages = super().take(n_stack) if n_stack else []
+        for _ in range(count - n_stack):
+            page = self.nxt[self.num_pages]
+            self._lru_unlink(page)
+            holder = self.shared.holder[page]
+            block_hash = self._drop_hash(page)
+            if holder is not None and holder.record_events:
+                holder.events.append(("removed", holder.name, [block_hash], [page]))
+            self.ref[page] = 1
+            pages.append(page)
+        return pages
+
+    def _drop_hash(self, page: int) -> int:
         """Drop a page's hash from the map of the view that cached it (an
         eviction in one group may take another group's cached page)."""
         holder = self.shared.holder[page]
@@ -92,11 +118,10 @@ class PoolView(PagePool):
         assert block_hash is not None
         del holder.cached[block_hash]
         holder.page_hash[page] = None
-        if holder.record_events:
-            holder.events.append(CacheEvent("removed", holder.name, block_hash, None, page, 0, None))
+        return block_hash
 
 
-def build_pools(plan: PoolPlan, events: deque[CacheEvent]) -> list[PagePool]:
+def build_pools(plan: PoolPlan, events: deque[EventRecord]) -> list[PagePool]:
     """One pool per group of `plan.spec`, in group order: a `PagePool` of
     `plan.pages(group)` pages, or a `PoolView` of the plan's shared pool."""
     storages = {s.name: SharedPages(s.name, s.pages) for s in plan.shared}

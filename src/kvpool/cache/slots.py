@@ -4,10 +4,13 @@ A request is a (capacity, history) pair (docs/design.md, vocabulary). Its page t
 one entry per page-sized block of positions; blocks that left a window or a finished chunk hold `STALE`.
 Every page count comes from `kvpool.spec.pages`: a move to a new shape asks `pages_needed` and
 `stale_pages` for the target and takes the table there, all groups or none (rule 6; groups that share
-one pool, `cache.shared_pool`, are summed). For each group and slot the arrays also keep the capacities
-`(cap_lo, cap_hi]` and the history `stale_next` within which the table stays as it is, so a batched step
-finds with three vector comparisons the requests that cross a page boundary and plans only those, with
-the same planner a single resize uses.
+one pool, `cache.shared_pool`, are summed).
+
+For each group and slot the arrays also keep the capacities `(cap_lo, cap_hi]` and the history
+`stale_next` within which the table stays as it is, so a batched step finds with three vector
+comparisons the requests that cross a page boundary and plans only those, with the same planner a
+single resize uses (`plan_change`). A single resize works on the request's mirror of those numbers
+(`cache/shapes.py`): plain ints, so only the page ids it changes touch NumPy.
 """
 
 from __future__ import annotations
@@ -19,14 +22,14 @@ import numpy as np
 import numpy.typing as npt
 
 from kvpool.cache.pool import PagePool
+from kvpool.cache.request import Request
 from kvpool.cache.results import RESIZED, Resize
+from kvpool.cache.shapes import IntArray, ShapeArrays
 from kvpool.cache.shared_pool import is_shared, shared_shortfall
 from kvpool.spec.groups import LayerGroup
-from kvpool.spec.kinds import NEVER  # threshold of a group that never goes stale
 from kvpool.spec.pages import pages_needed, stale_pages
 
 STALE = -1  # block-table entry of a block that has no page (stale or never needed)
-IntArray = npt.NDArray[np.int64]
 
 
 @dataclass(slots=True)
@@ -44,25 +47,13 @@ class _Change:
     hist: int
 
 
-class SlotTables:
+class SlotTables(ShapeArrays):
     """Shapes and page tables of up to `len(cap)` requests (grows on demand).
     Methods that return a `Resize` change nothing when it is falsy."""
 
     def __init__(self, groups: Sequence[LayerGroup], pools: list[PagePool], slots: int, longest: int) -> None:
-        self.groups = tuple(groups)
+        super().__init__(groups, slots)
         self.pools, self.shared = pools, is_shared(pools)  # shared: groups drawing from one pool
-        self.tokens_per_block = groups[0].tokens_per_block
-        self.is_state = [g.rule.per_request for g in groups]
-        self.never_stale = [stale_pages(g, NEVER) == 0 for g in groups]
-        n_groups = len(groups)
-        self.cap: IntArray = np.zeros(slots, np.int64)
-        self.hist: IntArray = np.zeros(slots, np.int64)
-        self.nblk: IntArray = np.zeros((n_groups, slots), np.int64)
-        self.nstale: IntArray = np.zeros((n_groups, slots), np.int64)
-        # one array, so that a single request's three thresholds are one read
-        self.thresholds: IntArray = np.zeros((3, n_groups, slots), np.int64)
-        self.thresholds[1], self.thresholds[2] = -1, NEVER
-        self.cap_hi, self.cap_lo, self.stale_next = self.thresholds
         # wide enough for `longest` positions (at most 1024 blocks; `widen` doubles)
         self.tables = [np.full((slots, min(1024, pages_needed(g, longest) + 1)), STALE, np.int32) for g in groups]
         self.free_slots = list(range(slots - 1, -1, -1))
@@ -70,53 +61,101 @@ class SlotTables:
     # ------------------------------------------------------------------ slots
 
     def acquire(self) -> int:
-        """A fresh slot: capacity 0, no pages."""
+        """A fresh slot (give it a shape with `start`)."""
         if not self.free_slots:
             self.grow()
-        slot = self.free_slots.pop()
-        for gi in range(len(self.groups)):
-            self.stale_next[gi, slot] = self.next_stale(gi, 0)
-        return slot
+        return self.free_slots.pop()
 
-    def release(self, slot: int) -> None:
-        """Drop every page of `slot` (walking each table backwards, so that the
-        tail is evicted before a shared prefix) and return the slot."""
-        for gi, pool in enumerate(self.pools):
-            nblk, nstale = int(self.nblk[gi, slot]), int(self.nstale[gi, slot])
+    def start(self, req: Request, limit: int) -> None:
+        """`req` (in a fresh slot) has capacity 0 and no pages, in its mirror."""
+        n = len(self.groups)
+        req.cap = req.hist = 0
+        req.nblks, req.nstales = [0] * n, [0] * n
+        req.nxts = [self.next_stale(gi, 0) for gi in range(n)]
+        req.limit = limit
+        req.hi = 0  # mirrored
+        self.mirrored[req.slot] = req
+        self.rebound(req)
+
+    def release(self, req: Request) -> None:
+        """Drop every page of `req` (walking each table backwards, so that the
+        tail is evicted before a shared prefix) and return its slot. The
+        slot's numbers are left as they are: `start` sets them anew."""
+        slot = req.slot
+        nblks, nstales = self.counts(req)
+        if self.mirrored.pop(slot, None) is not None:
+            req.hi = -1
+        for gi, nblk in enumerate(nblks):
             if nblk:
                 row = self.tables[gi][slot]
-                pages = row[nstale:nblk].tolist()
+                pages = row[nstales[gi] : nblk].tolist()
                 pages.reverse()
-                pool.release(pages)
+                self.pools[gi].release(pages)
                 row[:nblk] = STALE
-        self.cap[slot] = self.hist[slot] = 0
-        self.nblk[:, slot] = self.nstale[:, slot] = 0
-        self.cap_hi[:, slot], self.cap_lo[:, slot], self.stale_next[:, slot] = 0, -1, NEVER
         self.free_slots.append(slot)
 
-    def live(self, gi: int, slot: int) -> int:
-        return int(self.nblk[gi, slot] - self.nstale[gi, slot])
+    def live(self, gi: int, req: Request) -> int:
+        """Pages `req` holds in group `gi`."""
+        nblks, nstales = self.counts(req)
+        return nblks[gi] - nstales[gi]
 
     # ------------------------------------------------------------------ moving shapes
 
-    def resize_one(self, slot: int, cap: int, hist: int) -> Resize:
-        """Move one request (validated shape) unless a group lacks pages."""
-        hi, lo, nxt = self.thresholds[:, :, slot].tolist()
-        if cap > min(hi) or cap <= max(lo) or hist >= min(nxt):
-            done = self.apply([slot], [cap], [hist])
-            if not done:
-                return done
-        self.cap[slot] = cap
-        self.hist[slot] = hist
-        return RESIZED
+    def plan_one(self, req: Request, cap: int, hist: int) -> tuple[list[tuple[int, _Change]], dict[str, int]]:
+        """`apply`'s plan for one mirrored request (validated shape): the
+        changes per group, and the pages short per group (empty: it fits)."""
+        slot, nblks, nstales = req.slot, req.nblks, req.nstales
+        plans: list[tuple[int, _Change]] = []
+        short: dict[str, int] = {}
+        for gi, pool in enumerate(self.pools):
+            ch = self.plan_change(gi, slot, cap, hist, nblks[gi], nstales[gi])
+            if ch is None:
+                continue
+            if ch.new and ch.new > len(pool.free_stack) + pool.lru_len:
+                missing = ch.new - pool.num_free - _freed(pool, ch.release)
+                if missing > 0:
+                    short[pool.name] = missing
+            plans.append((gi, ch))
+        if self.shared:  # groups of one pool are summed (rule 6 across groups)
+            grouped: list[list[_Change]] = [[] for _ in self.pools]
+            for gi, ch in plans:
+                grouped[gi].append(ch)
+            short = shared_shortfall(self.pools, grouped, short)
+        return plans, short
+
+    def apply_one(self, req: Request, plans: list[tuple[int, _Change]], cap: int, hist: int) -> None:
+        """Carry out `plan_one`'s plan that fits: releases first, then the new
+        pages, into the tables and the request's mirror."""
+        slot = req.slot
+        for gi, ch in plans:
+            if ch.release:
+                self.unlink(gi, ch)
+        for gi, ch in plans:
+            if ch.new:
+                table, pool = self.tables[gi], self.pools[gi]
+                if ch.nblk > table.shape[1]:
+                    table = self.widen(gi, ch.nblk)
+                if ch.new == 1:
+                    table[slot, ch.first_new] = pool.take(1)[0]
+                else:
+                    table[slot, ch.first_new : ch.nblk] = pool.take(ch.new)
+            req.nblks[gi] = ch.nblk
+            if ch.nstale != ch.old_nstale:
+                req.nstales[gi] = ch.nstale
+                req.nxts[gi] = self.next_stale(gi, hist)
+        req.cap, req.hist = cap, hist
+        if plans:
+            self.rebound(req)
 
     def resize_batch(
         self, slots: npt.NDArray[np.intp], caps: IntArray, hists: IntArray, *, dry_run: bool = False
     ) -> Resize:
         """Move a batch of distinct requests (validated shapes), all or none
         (`dry_run`: only answer)."""
-        c, h = caps[None, :], hists[None, :]
-        crossing = (c > self.cap_hi[:, slots]) | (c <= self.cap_lo[:, slots]) | (h >= self.stale_next[:, slots])
+        if self.mirrored:
+            self.flush()
+        c, h, thr = caps[None, :], hists[None, :], self.thr_data[:, :, slots]  # one gather
+        crossing = (c > thr[0]) | (c <= thr[1]) | (h >= thr[2])
         idx = np.flatnonzero(crossing.any(axis=0))
         if idx.size:
             done = self.apply(
@@ -125,9 +164,34 @@ class SlotTables:
             if not done:
                 return done
         if not dry_run:
-            self.cap[slots] = caps
-            self.hist[slots] = hists
+            self.cap_data[slots] = caps
+            self.hist_data[slots] = hists
         return RESIZED
+
+    def plan_change(self, gi: int, slot: int, cap: int, hist: int, nblk: int, nstale: int) -> _Change | None:
+        """How `slot`'s table in group `gi` moves from `nblk` blocks (`nstale`
+        stale) to shape (cap, hist), by `pages_needed`/`stale_pages`; None if it stays."""
+        g = self.groups[gi]
+        stale = stale_pages(g, hist)
+        total = pages_needed(g, cap, hist) + stale
+        if total == nblk and stale == nstale:
+            return None
+        table = self.tables[gi]
+        release = table[slot, nstale : min(stale, nblk)].tolist() if stale > nstale else []
+        if total < nblk:
+            release += table[slot, total:nblk].tolist()
+        first_new = max(nblk, stale)
+        new = total - first_new if total > first_new else 0
+        return _Change(slot, total, stale, first_new, new, release, nstale, nblk, hist)
+
+    def unlink(self, gi: int, ch: _Change) -> None:
+        """Take a planned change's released pages out of its table and release them."""
+        table = self.tables[gi]
+        if ch.nstale > ch.old_nstale:
+            table[ch.slot, ch.old_nstale : min(ch.nstale, ch.old_nblk)] = STALE
+        if ch.nblk < ch.old_nblk:
+            table[ch.slot, ch.nblk : ch.old_nblk] = STALE
+        self.pools[gi].release(ch.release)
 
     def apply(
         self,
@@ -142,17 +206,20 @@ class SlotTables:
         only where `mask[group][i]`): plan with `pages_needed`/`stale_pages`;
         if every group has the pages, apply (all releases first, then the
         allocations); else change nothing and say which groups lacked pages.
-        Does not write `cap`/`hist` (the callers do). `dry_run`: only answer."""
+        Does not write `cap`/`hist` (the callers do). `dry_run`: only answer.
+        Mirrored requests among `slots` are unmirrored first (it works on the arrays)."""
+        if self.mirrored:
+            self.unmirror_slots(slots)
         if len(slots) == 1:  # a view and a flat list: cheaper than fancy indexing
-            old_nblk = [[n] for n in self.nblk[:, slots[0]].tolist()]
-            old_nstale = [[n] for n in self.nstale[:, slots[0]].tolist()]
+            old_nblk = [[n] for n in self.nblk_data[:, slots[0]].tolist()]
+            old_nstale = [[n] for n in self.nstale_data[:, slots[0]].tolist()]
         else:
-            old_nblk = self.nblk[:, slots].tolist()
-            old_nstale = self.nstale[:, slots].tolist()
+            old_nblk = self.nblk_data[:, slots].tolist()
+            old_nstale = self.nstale_data[:, slots].tolist()
         plans: list[list[_Change]] = []
         short = {}
-        for gi, g in enumerate(self.groups):
-            row_mask, table = mask[gi] if mask else None, self.tables[gi]
+        for gi, pool in enumerate(self.pools):
+            row_mask = mask[gi] if mask else None
             nblks, nstales = old_nblk[gi], old_nstale[gi]
             changes: list[_Change] = []
             need = 0
@@ -160,20 +227,11 @@ class SlotTables:
             for j, slot in enumerate(slots):
                 if row_mask is not None and not row_mask[j]:
                     continue
-                hist, nblk, nstale = hists[j], nblks[j], nstales[j]
-                stale = stale_pages(g, hist)
-                total = pages_needed(g, caps[j], hist) + stale
-                if total == nblk and stale == nstale:
-                    continue
-                release = table[slot, nstale : min(stale, nblk)].tolist() if stale > nstale else []
-                if total < nblk:
-                    release += table[slot, total:nblk].tolist()
-                first_new = max(nblk, stale)
-                new = total - first_new if total > first_new else 0
-                need += new
-                released += release
-                changes.append(_Change(slot, total, stale, first_new, new, release, nstale, nblk, hist))
-            pool = self.pools[gi]
+                ch = self.plan_change(gi, slot, caps[j], hists[j], nblks[j], nstales[j])
+                if ch is not None:
+                    need += ch.new
+                    released += ch.release
+                    changes.append(ch)
             if need > pool.num_free:
                 missing = need - pool.num_free - _freed(pool, released)
                 if missing > 0:
@@ -185,14 +243,9 @@ class SlotTables:
         if dry_run:
             return RESIZED
         for gi, changes in enumerate(plans):
-            table, pool = self.tables[gi], self.pools[gi]
             for ch in changes:
                 if ch.release:
-                    if ch.nstale > ch.old_nstale:
-                        table[ch.slot, ch.old_nstale : min(ch.nstale, ch.old_nblk)] = STALE
-                    if ch.nblk < ch.old_nblk:
-                        table[ch.slot, ch.nblk : ch.old_nblk] = STALE
-                    pool.release(ch.release)
+                    self.unlink(gi, ch)
         for gi, changes in enumerate(plans):
             if changes:
                 self._allocate(gi, changes)
@@ -219,67 +272,14 @@ class SlotTables:
         self.set_blocks(gi, [ch.slot for ch in changes], [ch.nblk for ch in changes], [ch.nstale for ch in changes])
         for ch in changes:
             if ch.nstale != ch.old_nstale:
-                self.stale_next[gi, ch.slot] = self.next_stale(gi, ch.hist)
-
-    def set_blocks(self, gi: int, slots: list[int], nblk: list[int], nstale: list[int]) -> None:
-        """Record tables' block counts and the capacities that keep them."""
-        tpb, state = self.tokens_per_block, self.is_state[gi]
-        if len(slots) < 8:  # scalar writes beat building arrays for a few requests
-            for slot, n, stale in zip(slots, nblk, nstale, strict=True):
-                self.nblk[gi, slot] = n
-                self.nstale[gi, slot] = stale
-                if state:
-                    self.cap_hi[gi, slot], self.cap_lo[gi, slot] = (NEVER, 0) if n else (0, -1)
-                else:  # block j covers positions [j*tpb, (j+1)*tpb)
-                    self.cap_hi[gi, slot] = n * tpb
-                    self.cap_lo[gi, slot] = (n - 1) * tpb if n else -1
-            return
-        count = np.asarray(nblk, np.int64)
-        self.nblk[gi, slots] = count
-        self.nstale[gi, slots] = nstale
-        if state:
-            self.cap_hi[gi, slots] = np.where(count > 0, NEVER, 0)
-            self.cap_lo[gi, slots] = np.where(count > 0, 0, -1)
-        else:
-            self.cap_hi[gi, slots] = count * tpb
-            self.cap_lo[gi, slots] = np.where(count > 0, (count - 1) * tpb, -1)
-
-    def next_stale(self, gi: int, hist: int) -> int:
-        """Smallest history above `hist` at which `stale_pages` grows; searched
-        with `stale_pages` itself (galloping, then bisection) so there is no
-        second copy of the arithmetic."""
-        if self.never_stale[gi]:
-            return NEVER
-        g = self.groups[gi]
-        now = stale_pages(g, hist)
-        guess = hist + self.tokens_per_block  # right at a crossing, the next is a page later
-        if stale_pages(g, guess) > now and stale_pages(g, guess - 1) == now:
-            return guess
-        lo, step = hist, self.tokens_per_block
-        while stale_pages(g, hist + step) == now:
-            lo, step = hist + step, step * 2
-        hi = hist + step
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if stale_pages(g, mid) == now:
-                lo = mid
-            else:
-                hi = mid
-        return hi
+                self.thr_data[2, gi, ch.slot] = self.next_stale(gi, ch.hist)
 
     # ------------------------------------------------------------------ storage
 
     def grow(self) -> None:
         """Double the slot arrays (more live requests than planned for)."""
-        old = self.cap.shape[0]
-
-        def more(a: IntArray, fill: int) -> IntArray:
-            return np.concatenate([a, np.full(a.shape[:-1] + (old,), fill, a.dtype)], axis=-1)
-
-        self.cap, self.hist = more(self.cap, 0), more(self.hist, 0)
-        self.nblk, self.nstale = more(self.nblk, 0), more(self.nstale, 0)
-        self.thresholds = np.stack([more(self.thresholds[i], fill) for i, fill in enumerate((0, -1, NEVER))])
-        self.cap_hi, self.cap_lo, self.stale_next = self.thresholds
+        old = self.cap_data.shape[0]
+        self.grow_shapes(old)
         self.tables = [np.concatenate([t, np.full_like(t, STALE)]) for t in self.tables]
         self.free_slots = list(range(2 * old - 1, old - 1, -1)) + self.free_slots
 

@@ -1,0 +1,152 @@
+"""Page digests (cache/hashing.py): a real hash of the int64 bytes of each page's
+tokens, chained with the parent digest from the salt's digest; XXH3-64 with the
+`xxhash` extra, BLAKE2b-64 without; the same in every process."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from cache_helpers import full_spec, manager
+from kvpool.cache import hashing
+from kvpool.cache.hashing import ROOT_HASH, digest_function, extend_hashes, salt_seed
+
+TPB = 4
+TOKENS = [7, 8, 9, 10, 11, 12, 13, 14, 15]  # two whole pages of 4 (and one token over)
+DIGESTS = ["blake2b", "xxh3"]
+
+
+def chain_by_hand(h: Callable[[bytes], bytes], seed: int, tokens: list[int], pages: int, tpb: int = TPB) -> list[int]:
+    """The documented format, spelled out with struct: digest(parent 8 bytes LE
+    signed || page tokens as '<q' each), as a signed 64-bit int."""
+    out, parent = [], struct.pack("<q", seed)
+    for i in range(pages):
+        parent = h(parent + struct.pack(f"<{tpb}q", *tokens[i * tpb : (i + 1) * tpb]))
+        out.append(struct.unpack("<q", parent)[0])
+    return out
+
+
+def reference(name: str) -> Callable[[bytes], bytes]:
+    """The digest straight from its library, not through kvpool."""
+    if name == "xxh3":
+        xxhash = pytest.importorskip("xxhash")
+        return xxhash.xxh3_64_digest  # type: ignore[no-any-return]
+    return lambda data: hashlib.blake2b(data, digest_size=8, person=b"kvpool-page").digest()
+
+
+@pytest.mark.parametrize("name", DIGESTS)
+@pytest.mark.parametrize("salt", [None, "tenant-a", -1, b"\x00"])
+def test_digest_is_the_documented_chain(name: str, salt: str | bytes | int | None) -> None:
+    h = reference(name)
+    got: list[int] = []
+    extend_hashes(got, TOKENS, TPB, salt_seed(salt), 2, digest_function(name))
+    assert got == chain_by_hand(h, salt_seed(salt), TOKENS, 2)
+    # extending page by page gives the same chain as in one go
+    step: list[int] = []
+    extend_hashes(step, TOKENS, TPB, salt_seed(salt), 1, digest_function(name))
+    extend_hashes(step, TOKENS, TPB, salt_seed(salt), 2, digest_function(name))
+    assert step == got
+    assert all(-(2**63) <= x < 2**63 for x in got)  # the int64 vLLM's events carry
+
+
+@pytest.mark.parametrize("name", DIGESTS)
+@pytest.mark.parametrize(("a", "b"), [(-1, -2), (5, 5 + 2**61 - 1), (1, "1"), ("1", b"1"), (1, b"1"), (None, 0)])
+def test_salts_stay_isolated_in_every_page(name: str, a: object, b: object) -> None:
+    if name == "xxh3":
+        pytest.importorskip("xxhash")
+    chains = []
+    for salt in (a, b):
+        out: list[int] = []
+        extend_hashes(out, TOKENS, TPB, salt_seed(salt), 2, digest_function(name))  # type: ignore[arg-type]
+        chains.append(out)
+    assert chains[0][0] != chains[1][0] and chains[0][1] != chains[1][1]
+
+
+@pytest.mark.parametrize("name", DIGESTS)
+def test_tokens_python_hash_confuses_are_told_apart(name: str) -> None:
+    if name == "xxh3":
+        pytest.importorskip("xxhash")
+    other = [TOKENS[0] + 2**61 - 1, *TOKENS[1:]]  # still an int64 token id
+    assert hash((ROOT_HASH, tuple(TOKENS[:TPB]))) == hash((ROOT_HASH, tuple(other[:TPB])))  # the old scheme
+    ours: list[int] = []
+    theirs: list[int] = []
+    extend_hashes(ours, TOKENS, TPB, ROOT_HASH, 1, digest_function(name))
+    extend_hashes(theirs, other, TPB, ROOT_HASH, 1, digest_function(name))
+    assert ours != theirs
+
+
+def test_prompts_python_hash_confuses_share_no_page() -> None:
+    m = manager(full_spec(tpb=16), {"full": 20})
+    prompt = list(range(100, 150))
+    twin = [prompt[0] + 2**61 - 1, *prompt[1:]]
+    m.create(1, prompt)
+    assert m.resize(1, len(prompt) + 1, len(prompt))
+    m.commit(1, len(prompt))
+    assert m.create(2, twin) == 0
+    assert m.create(3, prompt) == 48
+    m.check_integrity()
+
+
+def test_unknown_digest_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown page digest"):
+        digest_function("md5")
+
+
+def run_python(code: str, **env: str) -> str:
+    path = os.pathsep.join(p for p in sys.path if p)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": path, **env},
+        timeout=120,
+    )
+    return out.stdout.strip()
+
+
+CHAIN_CODE = (
+    "from kvpool.cache.hashing import DIGEST, extend_hashes, salt_seed\n"
+    "out = []\n"
+    "extend_hashes(out, list(range(40)), 4, salt_seed('tenant-a'), 10)\n"
+    "print(DIGEST, out)\n"
+)
+
+
+def test_digests_are_stable_across_processes() -> None:
+    here: list[int] = []
+    extend_hashes(here, list(range(40)), 4, salt_seed("tenant-a"), 10)
+    expected = f"{hashing.DIGEST} {here}"
+    # string hashing is randomised per process: the digests must not depend on it
+    assert run_python(CHAIN_CODE, PYTHONHASHSEED="1") == expected
+    assert run_python(CHAIN_CODE, PYTHONHASHSEED="2") == expected
+
+
+def test_without_xxhash_the_blake2b_fallback_is_used() -> None:
+    blocked = "import sys\nsys.modules['xxhash'] = None  # import xxhash now raises ImportError\n"
+    got = run_python(blocked + CHAIN_CODE)
+    fallback: list[int] = []
+    extend_hashes(fallback, list(range(40)), 4, salt_seed("tenant-a"), 10, digest_function("blake2b"))
+    assert got == f"blake2b {fallback}"
+
+
+@pytest.mark.parametrize("name", DIGESTS)
+def test_manager_reuses_under_either_digest(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if name == "xxh3":
+        pytest.importorskip("xxhash")
+    monkeypatch.setattr(hashing, "page_digest", digest_function(name))
+    m = manager(full_spec(tpb=16), {"full": 20})
+    prompt = list(range(1000, 1100))
+    m.create(1, prompt, salt="a")
+    assert m.resize(1, 101, 100)
+    m.commit(1, 100)  # 100 // 16 = 6 whole pages stored
+    assert [e.block_hash for e in m.take_events()] == chain_by_hand(reference(name), salt_seed("a"), prompt, 6, 16)
+    assert m.create(2, prompt, salt="a") == 96
+    assert m.create(3, prompt, salt="b") == 0
+    m.check_integrity()

@@ -1,0 +1,149 @@
+"""The per-request fast paths and lazy events (cache/shapes.py, cache/events.py):
+a request's mirror gives the same pages as the batch path, the arrays read the
+truth, and page events cost nothing when off and are built only when taken."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cache_helpers import full_spec, hybrid_spec, manager
+from kvpool.cache import CacheEvent, KVCacheManager, events
+from kvpool.plan import PoolPlan, ServingLimits
+
+PROMPTS = [list(range(1000 * i, 1000 * i + 70)) for i in range(1, 5)]
+
+
+def shapes_and_tables(m: KVCacheManager) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for rid, _ in m.iter_requests():
+        out[rid] = (m.capacity(rid), m.history(rid), [m.block_table(rid, g.name).tolist() for g in m.groups])
+    out["free"] = [m.free_pages(g.name) for g in m.groups]
+    return out
+
+
+# each step: (request index, capacity growth, history growth up to capacity)
+steps = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 20), st.integers(0, 20)), min_size=1, max_size=60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=steps, reuse=st.booleans())
+def test_single_resizes_move_pages_as_the_batch_path(steps: list[tuple[int, int, int]], reuse: bool) -> None:
+    pages = {"full": 60, "sliding": 60, "linear_state": 8}
+    one, many = (manager(hybrid_spec(tpb=4, window=10), pages, reuse=reuse) for _ in range(2))
+    for m in (one, many):
+        for rid, prompt in enumerate(PROMPTS):
+            m.create(rid, prompt)
+    for rid, grow, done in steps:
+        cap = one.capacity(rid) + grow
+        hist = min(cap, one.history(rid) + done)
+        a = one.resize(rid, cap, hist)  # mirror path (no array read in between)
+        b = many.resize_many([rid], [cap], [hist])  # array path
+        assert a == b
+        assert shapes_and_tables(one) == shapes_and_tables(many)
+    one.check_integrity()  # reads the arrays: every mirror written back first
+    many.check_integrity()
+    assert shapes_and_tables(one) == shapes_and_tables(many)
+
+
+def test_array_readers_see_the_mirrored_shape() -> None:
+    m = manager(full_spec(tpb=16), {"full": 40})
+    m.create(1)
+    assert m.resize(1, 20, 0)
+    for n in range(21, 30):  # within the second page: the mirror alone moves
+        assert m.resize(1, n, n - 1)
+    slot = m.requests.get(1).slot
+    assert (int(m.tables.cap[slot]), int(m.tables.hist[slot])) == (29, 28)
+    assert int(m.tables.nblk[0, slot]) == 2  # ceil(29 / 16)
+    assert m.extend([1], 4)  # a batch move after single ones
+    assert (m.capacity(1), m.history(1)) == (33, 32)
+    assert m.block_table(1, "full").tolist() == [0, 1, 2]
+    m.check_integrity()
+
+
+def test_a_pending_lookup_is_counted_by_a_resize_that_moves_nothing() -> None:
+    m = manager(full_spec(tpb=16), {"full": 40})
+    m.create(1, PROMPTS[0])
+    assert m.resize(1, 71, 70)
+    m.commit(1, 70)
+    assert m.create(2, PROMPTS[0]) == 64
+    assert m.resize(2, 64, 64)  # same shape as the hit: no page moves, the lookup still counts
+    s = m.stats()
+    assert (s.reuse_queried_tokens, s.reuse_hit_tokens) == (140, 64)
+
+
+def workload(m: KVCacheManager) -> list[int]:
+    """Admissions that hit, commits, evictions; returns the hits.
+
+    12 pages of 16, prompts of 70 tokens (5 pages, 4 whole): P0 stores 4; P0
+    again hits 4 (64 tokens) and stores none; P1 stores 4; P2 takes the 4 free
+    pages and evicts P0's 4th page (the LRU tail of a released table goes
+    first), stores 4; P0 then hits 3 pages (48), evicts P1's 4th page for its
+    5th block and stores its 4th page again: 13 stored, 2 removed."""
+    hits = []
+    for rid, prompt in enumerate([PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[0]]):
+        hit = m.create(rid, prompt)
+        hits.append(hit)
+        assert m.resize(rid, len(prompt) + 1, len(prompt))
+        m.commit(rid, len(prompt))
+        m.free(rid)
+    return hits
+
+
+@pytest.fixture
+def built(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts `CacheEvent` objects built from now on (one list entry each)."""
+    made: list[int] = []
+    real_new = CacheEvent.__new__
+
+    def counting_new(cls: type[CacheEvent], *args: Any, **kwargs: Any) -> CacheEvent:
+        made.append(1)
+        return real_new(cls, *args, **kwargs)
+
+    monkeypatch.setattr(CacheEvent, "__new__", counting_new)
+    return made
+
+
+def make(events_on: bool) -> KVCacheManager:
+    # 12 pages of 16: the later prompts evict the earlier ones' cached pages
+    plan = PoolPlan.from_pages(full_spec(tpb=16), {"full": 12}, ServingLimits(max_batch_size=8, max_seq_len=4096))
+    return KVCacheManager(plan, events=events_on)
+
+
+def test_events_off_builds_and_records_nothing(built: list[int]) -> None:
+    m = make(False)
+    hits = workload(m)
+    assert len(m.events) == 0 and not built
+    assert m.take_events() == [] and not built
+    assert hits == [0, 64, 0, 0, 48]  # reuse itself is unchanged (see `workload`)
+    m.check_integrity()
+
+
+def test_events_on_are_built_only_when_taken(built: list[int]) -> None:
+    m = make(True)
+    workload(m)
+    assert not built  # the pools logged records, no event objects
+    records = len(m.events)
+    taken = m.take_events()
+    assert len(built) == len(taken) > records  # several pages per record
+    stored = [e for e in taken if e.kind == "stored"]
+    removed = [e for e in taken if e.kind == "removed"]
+    assert (len(stored), len(removed)) == (13, 2)  # see `workload`
+    assert {e.block_hash for e in removed} <= {e.block_hash for e in stored}
+    assert m.take_events() == [] and len(m.events) == 0
+
+
+def test_recorded_runs_expand_to_chained_events() -> None:
+    recs: list[events.EventRecord] = [
+        ("stored", "full", [11, 12, 13], None, [0, 1, 2], 16, None),
+        ("removed", "full", [11], [0]),
+    ]
+    assert events.expand(recs) == [
+        CacheEvent("stored", "full", 11, None, 0, 16),
+        CacheEvent("stored", "full", 12, 11, 1, 16),
+        CacheEvent("stored", "full", 13, 12, 2, 16),
+        CacheEvent("removed", "full", 11, None, 0, 0),
+    ]
