@@ -75,3 +75,22 @@ def assert_unchanged(before: dict[str, Any], after: dict[str, Any]) -> None:
 def assert_table(m: KVCacheManager, rid: int, group: str, expected: list[int]) -> None:
     got = m.block_table(rid, group).tolist()
     assert got == expected, f"request {rid} group {group}: table {got}, expected {expected}"
+
+
+def twin_spec(tpb: int = 16, window: int = 40) -> ModelSpec:
+    """One full and one sliding(W) layer of 2 KV heads x 32 dims in bf16:
+    2 x 2 x 32 x 2 = 256 bytes per position per layer, so both groups' pages
+    are 256 x tpb bytes (equal, as a shared pool needs)."""
+    return load_model_spec(
+        {
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "hidden_size": 128,
+            "max_position_embeddings": 1 << 20,
+            "torch_dtype": "bfloat16",
+            "layer_types": ["full_attention", "sliding_attention"],
+            "sliding_window": window,
+        },
+        tokens_per_block=tpb,
+    )

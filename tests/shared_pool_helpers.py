@@ -7,28 +7,9 @@ from typing import Any
 
 from kvpool.cache import KVCacheManager
 from kvpool.plan import PoolPlan, ServingLimits
-from kvpool.spec import ModelSpec, load_model_spec
+from kvpool.spec import ModelSpec
 
 POOL = "shared"
-
-
-def twin_spec(tpb: int = 16, window: int = 40) -> ModelSpec:
-    """One full and one sliding(W) layer of 2 KV heads x 32 dims in bf16:
-    2 x 2 x 32 x 2 = 256 bytes per position per layer, so both groups' pages
-    are 256 x tpb bytes (equal, as a shared pool needs)."""
-    return load_model_spec(
-        {
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "hidden_size": 128,
-            "max_position_embeddings": 1 << 20,
-            "torch_dtype": "bfloat16",
-            "layer_types": ["full_attention", "sliding_attention"],
-            "sliding_window": window,
-        },
-        tokens_per_block=tpb,
-    )
 
 
 def shared_manager(spec: ModelSpec, pages: int, *, reuse: bool = True, **limits: Any) -> KVCacheManager:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cache_helpers import assert_table, full_spec, hybrid_spec, manager
+from cache_helpers import assert_table, full_spec, hybrid_spec, manager, twin_spec
 from kvpool.cache import STALE, CacheUsageError, KVCacheManager
-from kvpool.spec import load_model_spec
 
 PROMPT = list(range(1000, 1100))  # 100 tokens = 6 whole pages of 16 + 4
 
@@ -119,24 +118,8 @@ def test_commit_checks_history_and_takes_generated_tokens() -> None:
         m.commit(3, 16)  # no token ids known
 
 
-def full_sliding_spec(tpb: int = 16, window: int = 40):  # type: ignore[no-untyped-def]
-    return load_model_spec(
-        {
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "hidden_size": 128,
-            "max_position_embeddings": 1 << 20,
-            "torch_dtype": "bfloat16",
-            "layer_types": ["full_attention", "sliding_attention"],
-            "sliding_window": window,
-        },
-        tokens_per_block=tpb,
-    )
-
-
 def test_sliding_group_needs_only_the_last_window_of_a_hit() -> None:
-    m = manager(full_sliding_spec(tpb=16, window=40), {"full": 20, "sliding": 20})
+    m = manager(twin_spec(tpb=16, window=40), {"full": 20, "sliding": 20})
     prefilled(m, 1, PROMPT)
     # at history 100 request 1 holds sliding blocks floor((100+1-40)/16) = 3 .. 6, so
     # blocks 0..2 were never stored there; a 96-token hit needs blocks
@@ -153,7 +136,7 @@ def test_pages_leaving_the_window_stay_reusable() -> None:
     # before release, so a request sharing only the first 48 tokens hits them:
     # 2 whole pages (the last prompt token is never reused), sliding pages
     # floor((32 + 1 - 40)/16) = 0 .. 1 needed.
-    m = manager(full_sliding_spec(tpb=16, window=40), {"full": 20, "sliding": 20})
+    m = manager(twin_spec(tpb=16, window=40), {"full": 20, "sliding": 20})
     m.create(1, PROMPT)
     assert m.resize(1, 64, 0)
     first_sliding_page = int(m.block_table(1, "sliding")[0])
@@ -168,7 +151,7 @@ def test_pages_leaving_the_window_stay_reusable() -> None:
 def test_refused_resize_stores_nothing_before_release() -> None:
     # the history raise would release sliding page 0, but the full pool cannot
     # grow to 80 positions (5 pages, 4 in the pool): nothing may change
-    m = manager(full_sliding_spec(tpb=16, window=40), {"full": 4, "sliding": 20})
+    m = manager(twin_spec(tpb=16, window=40), {"full": 4, "sliding": 20})
     m.create(1, PROMPT)
     assert m.resize(1, 64, 0)
     m.take_events()

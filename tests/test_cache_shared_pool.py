@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from cache_helpers import assert_table, assert_unchanged, snapshot
+from cache_helpers import assert_table, assert_unchanged, snapshot, twin_spec
 from kvpool.cache import CacheIntegrityError, KVCacheManager
 from kvpool.errors import SpecError
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.spec import Shape, load_model_spec
-from shared_pool_helpers import POOL, shared_manager, twin_spec
+from shared_pool_helpers import POOL, shared_manager
 
 TOKENS = list(range(1000, 1065))  # 65 prompt tokens: 4 whole pages, the last token never reused
 

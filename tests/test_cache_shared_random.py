@@ -13,10 +13,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cache_helpers import assert_unchanged, snapshot
+from cache_helpers import assert_unchanged, snapshot, twin_spec
 from kvpool.cache import KVCacheManager
 from kvpool.spec.pages import pages_needed
-from shared_pool_helpers import shared_manager, twin_spec
+from shared_pool_helpers import shared_manager
 
 PAGES = 24
 OPS = st.lists(
