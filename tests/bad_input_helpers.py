@@ -12,6 +12,7 @@ from cache_helpers import assert_unchanged, hybrid_spec, manager, snapshot
 from kvpool import KVCacheManager, PoolPlan, ServingLimits, load_model_spec, plan_pools
 from kvpool.cache import CacheUsageError
 from kvpool.errors import KvpoolError, LimitsError, SpecError
+from kvpool.units import parse_size
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ def _from_pages(n: Any) -> Callable[[KVCacheManager], Any]:
 
 
 LIBRARY_CASES = [
+    LibraryCase("parse_size int past 1 EiB", lambda _m: parse_size(2**61), KvpoolError, "1 EiB"),
+    LibraryCase("parse_size 0", lambda _m: parse_size(0), KvpoolError, "positive"),
     LibraryCase("rid str", lambda m: m.create("a"), CacheUsageError, "ints"),  # type: ignore[arg-type]
     LibraryCase("rid float", lambda m: m.create(1.5), CacheUsageError, "ints"),  # type: ignore[arg-type]
     LibraryCase("rid None", lambda m: m.create(None), CacheUsageError, "ints"),  # type: ignore[arg-type]

@@ -1,8 +1,10 @@
-"""Byte sizes as people write them (`40GiB`, `512MiB`, `1.5e9`) and back."""
+"""Byte sizes as people write them (`40GiB`, `512MiB`, `1.5e9`) and back, and the
+one test of a count (`is_positive_int`) every layer checks its arguments with."""
 
 from __future__ import annotations
 
 import re
+from typing import TypeGuard
 
 from kvpool.errors import KvpoolError
 
@@ -31,21 +33,24 @@ def parse_size(text: str | int) -> int:
     """Bytes in `text`: a plain integer, or a number with a unit (KiB/MiB/GiB/TiB
     are powers of 2; KB/MB/GB/TB powers of 10; a bare K/M/G/T means KiB/MiB/GiB/TiB)."""
     if isinstance(text, int):
-        value = text
+        number: float = text
     else:
         match = _SIZE.match(text)
         unit = match.group(2).lower() if match else None
         if match is None or unit not in _UNITS:
             raise KvpoolError(f"cannot read size {text!r}; write e.g. 40GiB, 512MiB or 1073741824")
         number = float(match.group(1)) * _UNITS[unit]
-        if number > MAX_SIZE:  # also inf: '1e400' overflows the float
-            raise KvpoolError(f"size {text!r} is larger than 1 EiB; write the budget of one GPU, e.g. 40GiB")
-        value = int(number)
+    if number > MAX_SIZE:  # checked before int(): '1e400' is an infinite float
+        raise KvpoolError(f"size {text!r} is larger than 1 EiB; write the budget of one GPU, e.g. 40GiB")
+    value = int(number)
     if value <= 0:
         raise KvpoolError(f"size {text!r} must be positive")
-    if value > MAX_SIZE:
-        raise KvpoolError(f"size {text!r} is larger than 1 EiB; write the budget of one GPU, e.g. 40GiB")
     return value
+
+
+def is_positive_int(value: object) -> TypeGuard[int]:
+    """A count: an `int` >= 1 (a bool is not one, nor a float that is whole)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def format_bytes(n: float) -> str:

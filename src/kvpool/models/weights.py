@@ -46,6 +46,7 @@ from kvpool.errors import KvpoolError
 from kvpool.models.params import ParameterCountError, matrices, model_type, parameter_count
 from kvpool.models.safetensors_headers import checkpoint_files, checkpoint_tensors
 from kvpool.models.weight_dtype import matrix_bytes, weight_scheme
+from kvpool.units import is_positive_int
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _REPLICATED_ATTENTION = re.compile(r"\.(q_a_proj|kv_a_proj_with_mqa|q_a_layernorm|kv_a_layernorm|indexer)\.")
@@ -94,7 +95,7 @@ class Parallel:
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "ep", "dp"):
-            if getattr(self, key) < 1:
+            if not is_positive_int(getattr(self, key)):
                 raise KvpoolError(f"--{key} must be a positive integer, got {getattr(self, key)}")
         for key in ("ep", "dp"):
             if self.tp % getattr(self, key):

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from kvpool.errors import LimitsError
+from kvpool.units import is_positive_int
 
 
 def default_cuda_graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
@@ -36,7 +37,7 @@ class ServingLimits:
         positive = {"max_batch_size": self.max_batch_size, "max_seq_len": self.max_seq_len}
         optional = {"max_num_tokens": self.max_num_tokens, "avg_seq_len": self.avg_seq_len}
         for name, value in {**positive, **{k: v for k, v in optional.items() if v is not None}}.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_positive_int(value):
                 raise LimitsError(f"{name} must be a positive integer, got {value!r}")
         for name, value in {
             "max_draft_len": self.max_draft_len,

@@ -13,6 +13,7 @@ from kvpool.errors import LimitsError, SpecError
 from kvpool.plan.batches import REFERENCE_REQUEST, decode_shape
 from kvpool.plan.limits import ServingLimits
 from kvpool.spec import ModelSpec, Shape, pages_needed, pages_per_group
+from kvpool.units import is_positive_int
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ class PoolPlan:
             raise SpecError(f"page counts given for groups {sorted(unknown)} that {spec.name} does not have")
         for name in spec.group_names:
             n = pages[name]
-            if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
+            if not is_positive_int(int(n) if isinstance(n, np.integer) else n):
                 raise LimitsError(f"group {name!r}: pages must be a positive integer, got {n!r}")
         groups = tuple(
             GroupPlan(g.name, g.kind, g.window, g.ratio, g.slot_bytes, int(pages[g.name])) for g in spec.groups

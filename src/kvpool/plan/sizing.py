@@ -22,7 +22,7 @@ from kvpool.plan.result import GroupPlan, PoolPlan
 from kvpool.plan.waterfill import waterfill
 from kvpool.plan.workload import RatioPolicy
 from kvpool.spec import ModelSpec, Shape, pages_per_group
-from kvpool.units import format_bytes
+from kvpool.units import format_bytes, is_positive_int
 
 PHASES = ("final", "profile")
 
@@ -111,7 +111,7 @@ def plan_pools(
     `PoolPlan.notes`), `LimitsError` on a bad ratio, budget or phase.
     Pure: returns a new plan, changes nothing.
     """
-    if isinstance(kv_memory_bytes, bool) or not isinstance(kv_memory_bytes, int) or kv_memory_bytes < 1:
+    if not is_positive_int(kv_memory_bytes):
         raise LimitsError(f"kv_memory_bytes must be a positive integer, got {kv_memory_bytes!r}")
     if phase not in PHASES:
         raise LimitsError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")

@@ -19,6 +19,7 @@ from kvpool.spec.kinds import kind_rule
 from kvpool.spec.quant import with_sidecar_quant_config
 from kvpool.spec.stages import busiest_stage
 from kvpool.spec.validate import check_text_config, validate_config
+from kvpool.units import is_positive_int
 
 DEFAULT_TOKENS_PER_BLOCK = 32
 # DeepSeek-V4 keeps ratio-128 compressed rows, so its pages must cover 128 positions.
@@ -135,7 +136,7 @@ def load_model_spec(
         ("max_seq_len", max_seq_len),
     )
     for arg, value in checked:
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if value is not None and not is_positive_int(value):
             raise SpecError(f"{arg} must be a positive integer, got {value!r}")
     if not isinstance(source, str | Path | Mapping):
         raise SpecError(

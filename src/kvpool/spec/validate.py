@@ -94,11 +94,9 @@ def _int(value: Any, field: str, where: str, low: int) -> int:
     if value < low:
         what = "positive" if low == 1 else "non-negative"
         raise SpecError(f"{where}: field {field!r} must be {what}, got {value!r}")
-    if value > MAX_CONFIG_INT:
-        # no real dimension comes near this; past it sizes overflow int64 arithmetic
-        raise SpecError(f"{where}: field {field!r} is implausibly large ({value!r} > 2**31 - 1)")
-    if value > MAX_FIELD.get(field, MAX_CONFIG_INT):
-        raise SpecError(f"{where}: field {field!r} is implausibly large ({value!r} > {MAX_FIELD[field]:,})")
+    high = MAX_FIELD.get(field, MAX_CONFIG_INT)  # past 2**31 - 1 sizes would overflow int64 arithmetic
+    if value > high:
+        raise SpecError(f"{where}: field {field!r} is implausibly large ({value!r} > {high:,})")
     return int(value)
 
 
