@@ -82,6 +82,18 @@ def check_shape(rid: int, cap: int, hist: int, old: int) -> None:
         )
 
 
+def checked_shape(rid: int, capacity: object, history: object, old: int, limit: int | None) -> tuple[int, int]:
+    """The (capacity, history) a single resize of `rid` asks for, checked:
+    integer positions (`history` None: unchanged, `old`), capacity >= history
+    >= `old`, and capacity within `limit` (None: a dummy, which has no limit)."""
+    cap = as_position(capacity, "capacity")
+    hist = old if history is None else as_position(history, "history")
+    check_shape(rid, cap, hist, old)
+    if limit is not None and cap > limit:
+        check_capacity(rid, cap, limit)
+    return cap, hist
+
+
 def batch_positions(values: npt.ArrayLike, shape: tuple[int, ...], what: str) -> npt.NDArray[np.int64]:
     """`values` as int64 positions of `shape` (a scalar broadcasts); one
     per request, whole numbers, else `CacheUsageError`."""

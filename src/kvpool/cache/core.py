@@ -20,11 +20,10 @@ from kvpool.cache.checks import (
     as_position,
     batch_positions,
     check_batch_shapes,
-    check_capacity,
     check_few_tokens,
     check_rid,
-    check_shape,
     check_tokens,
+    checked_shape,
 )
 from kvpool.cache.events import CacheEvent, CacheUsageError, EventRecord, expand
 from kvpool.cache.request import Request, Requests
@@ -163,12 +162,7 @@ class KVCacheCore:
             t.mirror(req, NEVER if req.dummy else self.max_capacity)
             if rid in self._lookups:
                 req.nxt = -1
-        old = req.hist
-        cap = as_position(capacity, "capacity")
-        hist = old if history is None else as_position(history, "history")
-        check_shape(rid, cap, hist, old)
-        if cap > self.max_capacity and not req.dummy:
-            check_capacity(rid, cap, self.max_capacity)
+        cap, hist = checked_shape(rid, capacity, history, req.hist, None if req.dummy else self.max_capacity)
         plans, short = t.plan_one(req, cap, hist)
         if short:
             return Resize(short)

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from kvpool.cache import integrity
 from kvpool.cache import warmup as warmup_mod
-from kvpool.cache.checks import as_position, check_capacity, check_shape
+from kvpool.cache.checks import checked_shape
 from kvpool.cache.core import KVCacheCore
 from kvpool.cache.events import CacheStats, GroupStats
 from kvpool.cache.results import RESIZED, Dummies, Resize
@@ -47,12 +47,8 @@ class KVCacheManager(KVCacheCore):
     def can_resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
         """What `resize(rid, capacity, history)` would answer now; changes nothing."""
         req = self.requests.get(rid)
-        old = self.history(rid)
-        cap = as_position(capacity, "capacity")
-        hist = old if history is None else as_position(history, "history")
-        check_shape(rid, cap, hist, old)
-        if cap > self.max_capacity and not req.dummy:
-            check_capacity(rid, cap, self.max_capacity)
+        limit = None if req.dummy else self.max_capacity
+        cap, hist = checked_shape(rid, capacity, history, self.history(rid), limit)
         if req.hi >= 0:
             short = self.tables.plan_one(req, cap, hist)[1]
             return Resize(short) if short else RESIZED
