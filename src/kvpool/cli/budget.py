@@ -14,12 +14,12 @@ The GPU's memory is what the device reports (`kvpool gpus`)."""
 from __future__ import annotations
 
 import argparse
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from kvpool import presets
 from kvpool.cli.common import parallel_from_args
 from kvpool.errors import KvpoolError
-from kvpool.models import resolve_model
 from kvpool.models.weights import model_weights
 from kvpool.plan.limits import ServingLimits
 from kvpool.plan.memory import (
@@ -30,7 +30,7 @@ from kvpool.plan.memory import (
     cuda_graph_bytes,
 )
 from kvpool.spec.defaults import with_defaults
-from kvpool.spec.loader import read_config
+from kvpool.spec.loader import read_model_config
 from kvpool.units import format_bytes, parse_size
 
 DEFAULT_MEMORY_FRACTION = DEFAULT_UTILIZATION
@@ -102,11 +102,18 @@ def kv_budget(
     return Budget(memory.kv_bytes, f"{gpu.key} x {fraction:g} - weights - activations - CUDA graphs - reserve", memory)
 
 
+def model_facts(model: str) -> tuple[dict[str, Any], str | Path]:
+    """(config with transformers' values for omitted fields, where its weights'
+    headers are looked for): a hub id's cache snapshot, else MODEL itself."""
+    _, _, raw, origin = read_model_config(model)
+    return with_defaults(raw), (origin.folder if origin is not None and origin.folder else model)
+
+
 def whole_gpu(
     args: argparse.Namespace, limits: ServingLimits, gpu_bytes: int, utilization: float, weights_bytes: int | None
 ) -> MemoryBudget:
     """The per-rank breakdown of `--gpu` alone: each part from its flag, else estimated."""
-    config = with_defaults(read_config(args.model)[1])  # transformers' values for omitted fields
+    config, folder = model_facts(args.model)
     par = parallel_from_args(args)
     how: dict[str, str] = {}
     values: dict[str, int] = {}
@@ -118,8 +125,7 @@ def whole_gpu(
         if weights_bytes is not None:
             values["weights_memory"], how["weights_memory"] = weights_bytes, "--weights-bytes / tp"
         else:
-            # a hub id's snapshot folder holds the safetensors headers when the cache has them
-            weights = model_weights(config, resolve_model(args.model).folder or args.model)
+            weights = model_weights(config, folder)
             values["weights_memory"], how["weights_memory"] = weights.per_rank_bytes(par), weights.source
     if "activation_memory" not in values:
         values["activation_memory"] = activation_bytes(config, limits, par)

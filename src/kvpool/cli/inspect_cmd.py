@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kvpool.cli.budget import model_facts
 from kvpool.cli.common import add_json_arg, add_model_args, parallel_from_args, print_json, spec_from_args, table
 from kvpool.models.params import ParameterCountError
 from kvpool.models.weight_dtype import WeightSchemeError
 from kvpool.models.weights import model_weights
 from kvpool.spec import ModelSpec
-from kvpool.spec.defaults import with_defaults
-from kvpool.spec.loader import read_config
 from kvpool.units import format_bytes
 
 
@@ -29,9 +28,9 @@ def register(sub: Any) -> None:
 def weights_facts(args: argparse.Namespace) -> tuple[int | None, int | None]:
     """(parameters, weight bytes per rank at --tp) of the model, None where kvpool
     has no formula for its family (the KV layout is still shown)."""
-    _, config = read_config(args.model)
+    config, folder = model_facts(args.model)
     try:
-        weights = model_weights(with_defaults(config), args.model)
+        weights = model_weights(config, folder)
     except (ParameterCountError, WeightSchemeError):
         return None, None
     return weights.parameters, weights.per_rank_bytes(parallel_from_args(args))
