@@ -8,10 +8,7 @@ from typing import NamedTuple
 
 from kvpool.plan.limits import ServingLimits
 from kvpool.spec import Shape
-
-# One request just past 2K tokens, in its first decode step: the shape the pool
-# ratio comes from when nothing is known about the workload (docs/design.md, rule 4).
-REFERENCE_REQUEST = Shape(2049, 2048)
+from kvpool.spec.pages import REFERENCE_REQUEST as REFERENCE_REQUEST  # re-exported: the plan layer's name for it
 
 
 class Constraint(NamedTuple):

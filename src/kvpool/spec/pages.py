@@ -22,6 +22,12 @@ class Shape(NamedTuple):
     history: int = 0
 
 
+# One request just past 2K tokens, in its first decode step: the shape the pool
+# ratio comes from when nothing is known about the workload (docs/design.md, rule 4),
+# and the one pipeline stages are compared at (spec/stages.py).
+REFERENCE_REQUEST = Shape(2049, 2048)
+
+
 def stale_pages(group: LayerGroup, history: int) -> int:
     """Leading pages no longer needed once `history` positions are computed
     (the group's kind rule says which: `spec.kinds`). sliding(W): the in-flight

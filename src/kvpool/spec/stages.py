@@ -10,10 +10,7 @@ from collections.abc import Callable, Sequence
 from kvpool.models.weights import stage_layers
 from kvpool.spec.families import LayerCache
 from kvpool.spec.groups import LayerGroup
-from kvpool.spec.pages import pages_needed
-
-# The shape stages are compared at: the reference request (docs/design.md).
-REFERENCE = (2049, 2048)
+from kvpool.spec.pages import REFERENCE_REQUEST, pages_needed
 
 
 def busiest_stage(
@@ -30,7 +27,7 @@ def busiest_stage(
     for index, layers in enumerate(stage_layers(num_layers, pp_size)):
         mine = [c for c in caches if c.layer in layers]
         groups = build(mine)
-        need = sum(pages_needed(g, *REFERENCE) * g.slot_bytes for g in groups)
+        need = sum(pages_needed(g, *REFERENCE_REQUEST) * g.slot_bytes for g in groups)
         if best is None or need > best[0]:
             best = (need, index, mine)
     assert best is not None  # stage_layers gives at least one stage
