@@ -25,6 +25,7 @@ from kvpool.cache.checks import (
     check_tokens,
     checked_shape,
 )
+from kvpool.cache.crossing import can_cross, cross, plan_cross
 from kvpool.cache.events import CacheEvent, CacheUsageError, EventRecord, expand
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Resize
@@ -80,6 +81,8 @@ class KVCacheCore:
         )
         self.max_capacity = self.limits.max_seq_len + self.limits.headroom  # what the pools were sized for
         self._keeps_stale = enable_reuse and not all(self.tables.never_stale)
+        self._crosses = can_cross(self.tables)
+        self._pages_only = not any(self.tables.is_state)  # no state group to snapshot at a commit
         self.requests = Requests()
         self._by_id = self.requests.by_id  # the fast paths' lookup (no method call)
         self.reuse_queried_tokens = 0
@@ -147,14 +150,23 @@ class KVCacheCore:
         per group, changed nothing. Raises `CacheUsageError` if capacity <
         history or history decreases."""
         # Fast path: the request's mirror (`cache/shapes.py`) says no page moves in any group (and the
-        # capacity stays within max_capacity); plain ints only. Anything else takes the full path below.
+        # capacity stays within max_capacity); plain ints only. Next, a one-page crossing
+        # (`cache/crossing.py`). Anything else takes the full path below.
         req = self._by_id.get(rid)
         if req is not None and type(capacity) is int:
             hist = req.hist if history is None else history
-            if type(hist) is int and req.lo < capacity <= req.hi and req.hist <= hist < req.nxt and hist <= capacity:
-                req.cap = capacity
-                req.hist = hist
-                return RESIZED
+            if type(hist) is int and req.lo < capacity and req.hist <= hist <= capacity:
+                if capacity <= req.hi and hist < req.nxt:
+                    req.cap = capacity
+                    req.hist = hist
+                    return RESIZED
+                if self._crosses and req.hi >= 0 and capacity <= req.limit and req.nxt > 0:
+                    crossing = plan_cross(self.tables, req, capacity, hist)
+                    if crossing is not None:
+                        if crossing[1] and self._keeps_stale and req.tokens is not None and not req.dummy:
+                            reuse.store_before_release(self.tables, req, hist)
+                        cross(self.tables, req, capacity, hist, crossing)
+                        return RESIZED
         if req is None:
             req = self.requests.get(rid)  # raises
         t = self.tables
@@ -218,22 +230,29 @@ class KVCacheCore:
         if not self.enable_reuse or req.dummy:
             return 0
         known, tpb = req.tokens, self.tokens_per_block
-        # Fast path (a decode step): a mirrored request, at most one new plain token, no page completes.
+        # Fast path (a decode step): a mirrored request, at most one new plain token, and no page
+        # completes, or exactly one does and no state group would want a snapshot of it.
         if (
             req.hi >= 0
             and known is not None
             and type(num_tokens) is int
             and 0 <= num_tokens <= req.hist
-            and num_tokens < (req.committed + 1) * tpb
+            and num_tokens < (req.committed + 2) * tpb
         ):
             if tokens is None:
-                if num_tokens <= len(known):
-                    return req.committed * tpb
+                if num_tokens > len(known):
+                    num_tokens = -1  # the general path names the error
             elif type(tokens) is tuple and len(tokens) == 1 and num_tokens <= len(known) + 1:
                 x = tokens[0]
                 if type(x) is int and 0 <= x < 0x8000000000000000:  # an int64 token id
                     known.append(x)
+                    tokens = None
+            if tokens is None and num_tokens >= 0:
+                if num_tokens < (req.committed + 1) * tpb:
                     return req.committed * tpb
+                if self._pages_only:
+                    return reuse.commit_next_page(self.tables, req)
+                return reuse.commit(self.tables, req, num_tokens, None, req.hist, state_snapshots=self.state_snapshots)
         ids = None if tokens is None else check_few_tokens(tokens, f"request {rid}: commit's tokens")
         count = as_position(num_tokens, "commit's num_tokens")
         hist = self.tables.shape(req)[1]

@@ -27,7 +27,7 @@ from kvpool.cache.request import Request
 from kvpool.cache.slots import SlotTables
 from kvpool.spec.pages import pages_needed, stale_pages
 
-__all__ = ["attach_prefix", "commit", "longest_hit", "salt_seed", "store_before_release"]
+__all__ = ["attach_prefix", "commit", "commit_next_page", "longest_hit", "salt_seed", "store_before_release"]
 
 
 def longest_hit(t: SlotTables, hashes: Sequence[int]) -> int:
@@ -171,3 +171,23 @@ def commit(
             pool.release([page])
     req.committed = k
     return k * tpb
+
+
+def commit_next_page(t: SlotTables, req: Request) -> int:
+    """`commit` of exactly one more page, `req.committed`, whose tokens are
+    known and computed (the caller checked), in tables without state groups:
+    the decode step's commit, one digest and one `store` per group. Returns the
+    tokens now reusable."""
+    k, tpb, slot = req.committed, t.tokens_per_block, req.slot
+    assert req.tokens is not None
+    hashes = req.hashes
+    extend_hashes(hashes, req.tokens, tpb, req.seed, k + 1)
+    block_hash, parent = hashes[k], hashes[k - 1] if k else None
+    nblks = t.nblk_data[:, slot] if req.hi < 0 else req.nblks
+    for gi, pool in enumerate(t.pools):
+        if nblks[gi] > k:
+            page = int(t.tables[gi][slot, k])
+            if page >= 0:
+                pool.store(page, block_hash, parent, tpb)
+    req.committed = k + 1
+    return (k + 1) * tpb

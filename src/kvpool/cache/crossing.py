@@ -1,0 +1,86 @@
+"""The decode step's page crossing on a request's mirror (`cache/shapes.py`), without the
+general planner.
+
+A decode step moves a request by a token or a few. Most steps cross no page boundary (the
+mirror's bounds answer those in `KVCacheCore.resize`); the rest cross exactly one: capacity
+passes the end of its last block by at most one block, so each paged group whose last block
+is full takes one page, and/or history passes the next stale position by one page, so one
+page leaves each sliding window or finished chunk that reached it. `cross` does exactly that
+case with plain ints and one table write per page. For everything else (a shrink, a jump of
+more than a page, a state group's first slot, groups that share one pool, a pool with no page
+to hand out) `plan_cross` answers None, having changed nothing, and the caller takes the general path
+(`SlotTables.plan_one` / `apply_one`), which gives the same tables (a property test drives
+both on random shapes).
+"""
+
+from __future__ import annotations
+
+from kvpool.cache.request import Request
+from kvpool.cache.slots import STALE, SlotTables
+from kvpool.spec.pages import stale_pages
+
+
+def can_cross(t: SlotTables) -> bool:
+    """Whether a crossing may ever apply to these tables: no groups share a pool
+    (their pages are counted together, which the planner does)."""
+    return not t.shared
+
+
+Crossing = tuple[list[int], list[int]]  # (groups that take a page, groups that drop one)
+
+
+def plan_cross(t: SlotTables, req: Request, cap: int, hist: int) -> Crossing | None:
+    """The groups that take a page and those that drop one when mirrored `req`
+    moves to (cap, hist), if that is a one-page crossing whose pages are free;
+    None otherwise. Changes nothing. The caller has checked the shape: `req.hist
+    <= hist <= cap`, `req.lo < cap <= req.limit`, and that the mirror is open
+    (`req.hi >= 0`, `req.nxt > 0`)."""
+    tpb, nblks = t.tokens_per_block, req.nblks
+    is_state = t.is_state
+    grow: list[int] = []
+    if cap > req.hi:
+        if cap > req.hi + tpb:
+            return None
+        for gi, n in enumerate(nblks):
+            if is_state[gi]:
+                if not n:  # a state group's first slot: the planner's case
+                    return None
+            elif n * tpb < cap:
+                pool = t.pools[gi]
+                if not pool.free_stack and not pool.lru_len:
+                    return None
+                grow.append(gi)
+    drop: list[int] = []
+    if hist >= req.nxt:
+        nstales, groups = req.nstales, t.groups
+        for gi, nxt in enumerate(req.nxts):
+            if nxt <= hist:
+                if stale_pages(groups[gi], hist) != nstales[gi] + 1 or nstales[gi] >= nblks[gi]:
+                    return None
+                drop.append(gi)
+    return grow, drop
+
+
+def cross(t: SlotTables, req: Request, cap: int, hist: int, crossing: Crossing) -> None:
+    """Carry out `plan_cross`'s answer: releases first (a page going stale may
+    be the one a growing group takes), then one new page per growing group,
+    into the tables, the pools and the mirror. With reuse on, the caller has
+    stored the pages about to go stale."""
+    grow, drop = crossing
+    slot, nblks = req.slot, req.nblks
+    for gi in drop:
+        row, first = t.tables[gi][slot], req.nstales[gi]
+        page = int(row[first])
+        row[first] = STALE
+        t.pools[gi].release((page,))
+        req.nstales[gi] = first + 1
+        req.nxts[gi] = t.next_stale(gi, hist)
+    for gi in grow:
+        n = nblks[gi]
+        table = t.tables[gi]
+        if n >= table.shape[1]:
+            table = t.widen(gi, n + 1)
+        table[slot, n] = t.pools[gi].take(1)[0]
+        nblks[gi] = n + 1
+    req.cap, req.hist = cap, hist
+    t.rebound(req)

@@ -1,0 +1,125 @@
+"""The decode step's page crossing (cache/crossing.py) and the one-page commit
+(reuse.commit_next_page): a per-request manager that takes them moves the same
+pages, stores the same hashes and records the same events as one driven
+through the batch path and the general commit, refusals and evictions included."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cache_helpers import manager, twin_spec
+from kvpool.cache import KVCacheManager
+from kvpool.cache.slots import SlotTables
+
+TPB, WINDOW = 4, 10
+BASE = list(range(500, 530))
+PROMPTS = [BASE[:18], BASE[:18] + [7, 8, 9], BASE[:9], list(range(900, 913))]
+
+
+def observed(m: KVCacheManager) -> dict[str, Any]:
+    """Shapes, tables and pools (owners, hashes, free stack, LRU order); read
+    through the mirror (`stats` would write every mirror back, closing the fast paths)."""
+    out: dict[str, Any] = {}
+    for rid, _ in m.iter_requests():
+        out[f"r{rid}"] = (m.capacity(rid), m.history(rid), [m.block_table(rid, g.name).tolist() for g in m.groups])
+    for p in m.pools:
+        out[p.name] = (list(p.ref), list(p.page_hash), list(p.free_stack), p.lru_order())
+    return out
+
+
+class Driver:
+    """One manager and the token ids it has been told, per request."""
+
+    def __init__(self, m: KVCacheManager, batched: bool) -> None:
+        self.m, self.batched = m, batched
+        self.known: dict[int, list[int]] = {}
+
+    def create(self, rid: int, prompt: list[int]) -> int:
+        self.known[rid] = list(prompt)
+        return self.m.create(rid, prompt)
+
+    def step(self, rid: int, cap: int, hist: int) -> Any:
+        if self.batched:  # the array path: the request's mirror is written back first
+            return self.m.resize_many([rid], [cap], [hist])
+        return self.m.resize(rid, cap, hist)
+
+    def commit(self, rid: int) -> int:
+        hist, known = self.m.history(rid), self.known[rid]
+        new = tuple(range(10_000 + len(known), 10_000 + hist)) if hist > len(known) else None
+        known.extend(new or ())
+        if self.batched:
+            self.m.tables.flush()  # the request is no longer mirrored: the general commit
+        return self.m.commit(rid, hist, new)
+
+
+ops = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(0, TPB + 1), st.integers(0, TPB + 1), st.sampled_from("rcf")),
+    min_size=10,
+    max_size=80,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=ops, reuse=st.booleans(), full_pages=st.integers(8, 20), sliding_pages=st.integers(6, 14))
+def test_crossings_and_page_commits_match_the_general_path(
+    ops: list[tuple[int, int, int, str]], reuse: bool, full_pages: int, sliding_pages: int
+) -> None:
+    pages = {"full": full_pages, "sliding": sliding_pages}
+    fast, slow = (Driver(manager(twin_spec(tpb=TPB, window=WINDOW), pages, reuse=reuse), b) for b in (False, True))
+    for d in (fast, slow):
+        for rid, prompt in enumerate(PROMPTS):  # admitted and prefilled: decodes from here on
+            hit = d.create(rid, prompt)
+            d.step(rid, max(hit, len(prompt) - 3), max(hit, len(prompt) - 3))
+    for rid, grow, done, op in ops:
+        if op == "f":  # free and admit again: prefix hits on the pages committed so far
+            fast.m.free(rid)
+            slow.m.free(rid)
+            assert fast.create(rid, PROMPTS[rid]) == slow.create(rid, PROMPTS[rid])
+            continue
+        cap = fast.m.capacity(rid) + grow
+        hist = min(cap, fast.m.history(rid) + done)
+        if cap > fast.m.max_capacity:
+            continue
+        a, b = fast.step(rid, cap, hist), slow.step(rid, cap, hist)
+        assert (bool(a), a.short) == (bool(b), b.short)
+        if op == "c" and reuse:
+            assert fast.commit(rid) == slow.commit(rid)
+        assert fast.m.take_events() == slow.m.take_events()
+        assert observed(fast.m) == observed(slow.m)
+    assert fast.m.stats() == slow.m.stats()
+    for d in (fast, slow):
+        d.m.check_integrity()
+
+
+def test_a_decode_takes_neither_the_planner_nor_the_general_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 200 decode steps of two requests over 16-token pages, a sliding window of 40 and reuse on:
+    # every page crossing and every page that completes goes through the fast paths
+    m = manager(twin_spec(tpb=16, window=40), {"full": 64, "sliding": 16})
+    prompts = [list(range(100, 170)), list(range(300, 370))]
+    for rid, prompt in enumerate(prompts):
+        m.create(rid, prompt)
+        assert m.resize(rid, 70, 0) and m.resize(rid, 71, 70)
+        m.commit(rid, 70)
+    planned: list[int] = []
+    real_plan = SlotTables.plan_one
+
+    def counted_plan(*args: Any) -> Any:
+        planned.append(1)
+        return real_plan(*args)
+
+    monkeypatch.setattr(SlotTables, "plan_one", counted_plan)
+    for step in range(1, 201):
+        for rid in (0, 1):
+            assert m.resize(rid, 71 + step, 70 + step)
+            assert m.commit(rid, 70 + step, (1000 + step,)) == (70 + step) // 16 * 16
+    assert planned == []
+    # 271 positions: ceil(271 / 16) = 17 full pages; the window keeps pages from floor((270 + 1 - 40) / 16) = 14
+    assert m.block_table(0, "full").tolist() == [p for p in m.block_table(0, "full").tolist() if p >= 0]
+    assert len(m.block_table(0, "full")) == 17
+    assert sum(p >= 0 for p in m.block_table(0, "sliding").tolist()) == 17 - 14
+    assert m.stats().groups["full"].cached == 0  # nothing released yet; 2 x 16 committed pages stay owned
+    m.check_integrity()
