@@ -1,5 +1,5 @@
 """Page digests (cache/hashing.py): a real hash of the int64 bytes of each page's
-tokens, chained with the parent digest from the salt's digest; XXH3-64 with the
+tokens, keyed by the parent digest from the salt's digest; XXH3-64 with the
 `xxhash` extra, BLAKE2b-64 without; the same in every process."""
 
 from __future__ import annotations
@@ -9,48 +9,48 @@ import os
 import struct
 import subprocess
 import sys
-from collections.abc import Callable
 
 import pytest
 
 from cache_helpers import full_spec, manager
 from kvpool.cache import hashing
-from kvpool.cache.hashing import ROOT_HASH, digest_function, extend_hashes, salt_seed
+from kvpool.cache.hashing import ROOT_HASH, chain_function, extend_hashes, salt_seed
 
 TPB = 4
 TOKENS = [7, 8, 9, 10, 11, 12, 13, 14, 15]  # two whole pages of 4 (and one token over)
 DIGESTS = ["blake2b", "xxh3"]
 
 
-def chain_by_hand(h: Callable[[bytes], bytes], seed: int, tokens: list[int], pages: int, tpb: int = TPB) -> list[int]:
-    """The documented format, spelled out with struct: digest(parent 8 bytes LE
-    signed || page tokens as '<q' each), as a signed 64-bit int."""
-    out, parent = [], struct.pack("<q", seed)
+def chain_by_hand(name: str, seed: int, tokens: list[int], pages: int, tpb: int = TPB) -> list[int]:
+    """The documented format, spelled out with struct and the digest's own
+    library: each page's tokens as '<q' each, keyed by the parent digest (XXH3's
+    seed as an unsigned 64-bit int; BLAKE2b's input prefixed by the parent's 8
+    bytes, little-endian signed); every digest read back as a signed 64-bit int."""
+    out, parent = [], seed
     for i in range(pages):
-        parent = h(parent + struct.pack(f"<{tpb}q", *tokens[i * tpb : (i + 1) * tpb]))
-        out.append(struct.unpack("<q", parent)[0])
+        page = struct.pack(f"<{tpb}q", *tokens[i * tpb : (i + 1) * tpb])
+        if name == "xxh3":
+            xxhash = pytest.importorskip("xxhash")
+            digest = struct.pack(
+                "<Q", xxhash.xxh3_64_intdigest(page, seed=struct.unpack("<Q", struct.pack("<q", parent))[0])
+            )
+        else:
+            digest = hashlib.blake2b(struct.pack("<q", parent) + page, digest_size=8, person=b"kvpool-page").digest()
+        parent = struct.unpack("<q", digest)[0]
+        out.append(parent)
     return out
-
-
-def reference(name: str) -> Callable[[bytes], bytes]:
-    """The digest straight from its library, not through kvpool."""
-    if name == "xxh3":
-        xxhash = pytest.importorskip("xxhash")
-        return xxhash.xxh3_64_digest  # type: ignore[no-any-return]
-    return lambda data: hashlib.blake2b(data, digest_size=8, person=b"kvpool-page").digest()
 
 
 @pytest.mark.parametrize("name", DIGESTS)
 @pytest.mark.parametrize("salt", [None, "tenant-a", -1, b"\x00"])
 def test_digest_is_the_documented_chain(name: str, salt: str | bytes | int | None) -> None:
-    h = reference(name)
     got: list[int] = []
-    extend_hashes(got, TOKENS, TPB, salt_seed(salt), 2, digest_function(name))
-    assert got == chain_by_hand(h, salt_seed(salt), TOKENS, 2)
+    extend_hashes(got, TOKENS, TPB, salt_seed(salt), 2, chain_function(name))
+    assert got == chain_by_hand(name, salt_seed(salt), TOKENS, 2)
     # extending page by page gives the same chain as in one go
     step: list[int] = []
-    extend_hashes(step, TOKENS, TPB, salt_seed(salt), 1, digest_function(name))
-    extend_hashes(step, TOKENS, TPB, salt_seed(salt), 2, digest_function(name))
+    extend_hashes(step, TOKENS, TPB, salt_seed(salt), 1, chain_function(name))
+    extend_hashes(step, TOKENS, TPB, salt_seed(salt), 2, chain_function(name))
     assert step == got
     assert all(-(2**63) <= x < 2**63 for x in got)  # the int64 vLLM's events carry
 
@@ -63,7 +63,7 @@ def test_salts_stay_isolated_in_every_page(name: str, a: object, b: object) -> N
     chains = []
     for salt in (a, b):
         out: list[int] = []
-        extend_hashes(out, TOKENS, TPB, salt_seed(salt), 2, digest_function(name))  # type: ignore[arg-type]
+        extend_hashes(out, TOKENS, TPB, salt_seed(salt), 2, chain_function(name))  # type: ignore[arg-type]
         chains.append(out)
     assert chains[0][0] != chains[1][0] and chains[0][1] != chains[1][1]
 
@@ -76,8 +76,8 @@ def test_tokens_python_hash_confuses_are_told_apart(name: str) -> None:
     assert hash((ROOT_HASH, tuple(TOKENS[:TPB]))) == hash((ROOT_HASH, tuple(other[:TPB])))  # the old scheme
     ours: list[int] = []
     theirs: list[int] = []
-    extend_hashes(ours, TOKENS, TPB, ROOT_HASH, 1, digest_function(name))
-    extend_hashes(theirs, other, TPB, ROOT_HASH, 1, digest_function(name))
+    extend_hashes(ours, TOKENS, TPB, ROOT_HASH, 1, chain_function(name))
+    extend_hashes(theirs, other, TPB, ROOT_HASH, 1, chain_function(name))
     assert ours != theirs
 
 
@@ -95,7 +95,7 @@ def test_prompts_python_hash_confuses_share_no_page() -> None:
 
 def test_unknown_digest_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown page digest"):
-        digest_function("md5")
+        chain_function("md5")
 
 
 def run_python(code: str, **env: str) -> str:
@@ -132,7 +132,7 @@ def test_without_xxhash_the_blake2b_fallback_is_used() -> None:
     blocked = "import sys\nsys.modules['xxhash'] = None  # import xxhash now raises ImportError\n"
     got = run_python(blocked + CHAIN_CODE)
     fallback: list[int] = []
-    extend_hashes(fallback, list(range(40)), 4, salt_seed("tenant-a"), 10, digest_function("blake2b"))
+    extend_hashes(fallback, list(range(40)), 4, salt_seed("tenant-a"), 10, chain_function("blake2b"))
     assert got == f"blake2b {fallback}"
 
 
@@ -140,13 +140,13 @@ def test_without_xxhash_the_blake2b_fallback_is_used() -> None:
 def test_manager_reuses_under_either_digest(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if name == "xxh3":
         pytest.importorskip("xxhash")
-    monkeypatch.setattr(hashing, "page_digest", digest_function(name))
+    monkeypatch.setattr(hashing, "page_chain", chain_function(name))
     m = manager(full_spec(tpb=16), {"full": 20})
     prompt = list(range(1000, 1100))
     m.create(1, prompt, salt="a")
     assert m.resize(1, 101, 100)
     m.commit(1, 100)  # 100 // 16 = 6 whole pages stored
-    assert [e.block_hash for e in m.take_events()] == chain_by_hand(reference(name), salt_seed("a"), prompt, 6, 16)
+    assert [e.block_hash for e in m.take_events()] == chain_by_hand(name, salt_seed("a"), prompt, 6, 16)
     assert m.create(2, prompt, salt="a") == 96
     assert m.create(3, prompt, salt="b") == 0
     m.check_integrity()

@@ -226,33 +226,33 @@ class KVCacheCore:
         prompt came with `create`; pass generated tokens here). Commit only
         verified tokens, never drafts: `num_tokens` may not exceed history.
         Returns the tokens now reusable; a no-op (0) with reuse off or for dummies."""
-        req = self._by_id.get(rid) or self.requests.get(rid)
+        # Fast path (a decode step): a mirrored request with known tokens (so reuse is on and it is
+        # no dummy), at most one new plain token, and no page completes, or exactly one does and no
+        # state group would want a snapshot of it.
+        req = self._by_id.get(rid)
+        if req is not None and type(num_tokens) is int and req.hi >= 0 and 0 <= num_tokens <= req.hist:
+            known = req.tokens
+            if known is not None:
+                done = req.committed * self.tokens_per_block
+                if tokens is None:
+                    if num_tokens <= len(known):
+                        if num_tokens < done + self.tokens_per_block:
+                            return done
+                        if num_tokens < done + 2 * self.tokens_per_block and self._pages_only:
+                            return reuse.commit_next_page(self.tables, req)
+                elif type(tokens) is tuple and len(tokens) == 1 and num_tokens <= len(known) + 1:
+                    x = tokens[0]
+                    if type(x) is int and 0 <= x < 0x8000000000000000:  # an int64 token id
+                        if num_tokens < done + self.tokens_per_block:
+                            known.append(x)
+                            return done
+                        if num_tokens < done + 2 * self.tokens_per_block and self._pages_only:
+                            known.append(x)
+                            return reuse.commit_next_page(self.tables, req)
+        if req is None:
+            req = self.requests.get(rid)  # raises
         if not self.enable_reuse or req.dummy:
             return 0
-        known, tpb = req.tokens, self.tokens_per_block
-        # Fast path (a decode step): a mirrored request, at most one new plain token, and no page
-        # completes, or exactly one does and no state group would want a snapshot of it.
-        if (
-            req.hi >= 0
-            and known is not None
-            and type(num_tokens) is int
-            and 0 <= num_tokens <= req.hist
-            and num_tokens < (req.committed + 2) * tpb
-        ):
-            if tokens is None:
-                if num_tokens > len(known):
-                    num_tokens = -1  # the general path names the error
-            elif type(tokens) is tuple and len(tokens) == 1 and num_tokens <= len(known) + 1:
-                x = tokens[0]
-                if type(x) is int and 0 <= x < 0x8000000000000000:  # an int64 token id
-                    known.append(x)
-                    tokens = None
-            if tokens is None and num_tokens >= 0:
-                if num_tokens < (req.committed + 1) * tpb:
-                    return req.committed * tpb
-                if self._pages_only:
-                    return reuse.commit_next_page(self.tables, req)
-                return reuse.commit(self.tables, req, num_tokens, None, req.hist, state_snapshots=self.state_snapshots)
         ids = None if tokens is None else check_few_tokens(tokens, f"request {rid}: commit's tokens")
         count = as_position(num_tokens, "commit's num_tokens")
         hist = self.tables.shape(req)[1]

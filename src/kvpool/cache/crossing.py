@@ -80,7 +80,11 @@ def cross(t: SlotTables, req: Request, cap: int, hist: int, crossing: Crossing) 
         table = t.tables[gi]
         if n >= table.shape[1]:
             table = t.widen(gi, n + 1)
-        table[slot, n] = t.pools[gi].take(1)[0]
+        table[slot, n] = t.pools[gi].take_one()
         nblks[gi] = n + 1
     req.cap, req.hist = cap, hist
-    t.rebound(req)
+    if grow:
+        t.rebound(req)
+    else:  # no block count changed: the capacity bounds stand
+        nxts = req.nxts
+        req.nxt = nxts[0] if len(nxts) == 1 else min(nxts)

@@ -2,19 +2,19 @@
 
 The digest of page i covers the salt and every token of pages 0..i, so equal
 digests mean equal prefixes (up to 64-bit collisions of a real hash): page i's
-digest is a hash of the previous page's 8-byte digest followed by page i's
-token ids as little-endian int64 bytes, and the chain starts from the salt's
-own digest (`salt_seed`). Every input is fixed-width bytes, so two different
-(salt, prefix) pairs never feed the hash the same bytes: unlike Python's
-`hash()` of a tuple of ints (where n and n + 2**61 - 1 hash alike), nothing
-collides by construction.
-
-The hash is XXH3-64 from the optional `xxhash` package (the extra
-`kvpool[fast]`) when it is installed, else BLAKE2b-64 from `hashlib` (about
-3x slower); both are deterministic across processes and machines, which keeps
-event hashes stable for a KV-aware router (a router must see every engine
-use the same one: `DIGEST` names it). Digests are signed 64-bit ints, the type
-vLLM's KV events carry.
+digest is a hash of page i's token ids as little-endian int64 bytes keyed by
+the previous page's digest, and the chain starts from the salt's own digest
+(`salt_seed`). With XXH3-64 (the optional `xxhash` package, extra
+`kvpool[fast]`) the parent digest is the hash's 64-bit seed, so a page costs
+one call on a slice of the prompt's bytes; the BLAKE2b-64 fallback (`hashlib`,
+about 3x slower) hashes the parent's 8 bytes followed by the page's. Every
+input is fixed-width, so two different (salt, prefix) pairs never feed the hash
+the same input: unlike Python's `hash()` of a tuple of ints (where n and
+n + 2**61 - 1 hash alike), nothing collides by construction. Both are
+deterministic across processes and machines, which keeps event hashes stable
+for a KV-aware router (a router must see every engine use the same one:
+`DIGEST` names it). Digests are signed 64-bit ints, the type vLLM's KV events
+carry.
 """
 
 from __future__ import annotations
@@ -26,30 +26,49 @@ from collections.abc import Callable, Sequence
 from kvpool.cache.events import CacheUsageError
 
 ROOT_HASH = 0x6B7670_6F6F6C  # seed of every chain without a salt ("kvpool")
+MASK64, HALF64 = (1 << 64) - 1, 1 << 63
+
+# (parent digest, bytes of whole pages, page width in bytes) -> the pages' digests, chained
+Chain = Callable[[int, bytes, int], list[int]]
 
 
-def blake2b_digest(data: bytes) -> bytes:
-    """BLAKE2b with an 8-byte digest: the fallback page digest."""
-    return hashlib.blake2b(data, digest_size=8, person=b"kvpool-page").digest()
+def blake2b_chain(parent: int, data: bytes, width: int) -> list[int]:
+    """Page digests by BLAKE2b-64 of (parent's 8 bytes, little-endian signed)
+    followed by the page's bytes: the fallback."""
+    out: list[int] = []
+    prev, from_bytes, blake2b = parent.to_bytes(8, "little", signed=True), int.from_bytes, hashlib.blake2b
+    for off in range(0, len(data), width):
+        prev = blake2b(prev + data[off : off + width], digest_size=8, person=b"kvpool-page").digest()
+        out.append(from_bytes(prev, "little", signed=True))
+    return out
 
 
-def digest_function(name: str) -> Callable[[bytes], bytes]:
-    """The 8-byte page digest called `name` ("xxh3" or "blake2b"); raises
-    ImportError for "xxh3" without the `xxhash` package."""
+def chain_function(name: str) -> Chain:
+    """The page chain called `name` ("xxh3" or "blake2b"); raises ImportError
+    for "xxh3" without the `xxhash` package."""
     if name == "blake2b":
-        return blake2b_digest
+        return blake2b_chain
     if name == "xxh3":
-        import xxhash  # optional extra kvpool[fast]
+        from xxhash import xxh3_64_intdigest  # optional extra kvpool[fast]
 
-        return xxhash.xxh3_64_digest  # type: ignore[no-any-return]
+        def xxh3_chain(parent: int, data: bytes, width: int) -> list[int]:
+            """Page digests by XXH3-64 of the page's bytes, seeded with the parent digest (mod 2**64)."""
+            out: list[int] = []
+            seed, append = parent & MASK64, out.append
+            for off in range(0, len(data), width):
+                seed = xxh3_64_intdigest(data[off : off + width], seed)
+                append(seed - (seed >= HALF64 and 1 << 64))  # as a signed int64
+            return out
+
+        return xxh3_chain
     raise ValueError(f"unknown page digest {name!r}")
 
 
 try:
-    page_digest = digest_function("xxh3")
+    page_chain = chain_function("xxh3")
     DIGEST = "xxh3"
 except ImportError:
-    page_digest = blake2b_digest
+    page_chain = blake2b_chain
     DIGEST = "blake2b"
 
 
@@ -88,20 +107,14 @@ def extend_hashes(
     tokens_per_block: int,
     seed: int,
     num_blocks: int,
-    digest: Callable[[bytes], bytes] | None = None,
+    chain: Chain | None = None,
 ) -> None:
     """Append page digests to `hashes` until it covers `num_blocks` whole pages
     of `tokens` (int64 token ids; at least `num_blocks * tokens_per_block` of
-    them). `digest` defaults to `page_digest`."""
+    them). `chain` defaults to `page_chain`."""
     first = len(hashes)
     if first >= num_blocks:
         return
-    h = page_digest if digest is None else digest
     ids = tokens if type(tokens) is array else array("q", tokens)
     data = ids[first * tokens_per_block : num_blocks * tokens_per_block].tobytes()  # only the new pages
-    width = 8 * tokens_per_block
-    parent = (hashes[-1] if hashes else seed).to_bytes(8, "little", signed=True)
-    from_bytes, append = int.from_bytes, hashes.append
-    for off in range(0, len(data), width):
-        parent = h(parent + data[off : off + width])
-        append(from_bytes(parent, "little", signed=True))
+    hashes += (page_chain if chain is None else chain)(hashes[-1] if hashes else seed, data, 8 * tokens_per_block)

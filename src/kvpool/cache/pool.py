@@ -119,6 +119,15 @@ class PagePool:
             ref[page] = 1
         return pages
 
+    def take_one(self) -> int:
+        """`take(1)`, without building a list when a free page is on the stack
+        (the decode step's allocation)."""
+        if self.free_stack:
+            page = self.free_stack.pop()
+            self.ref[page] = 1
+            return page
+        return self.take(1)[0]
+
     def take_cached(self, page: int) -> None:
         """Add an owner to a page holding reusable content (a prefix hit)."""
         if self.ref[page] == 0:

@@ -44,6 +44,7 @@ class ShapeArrays:
         self.groups = tuple(groups)
         self.tokens_per_block = groups[0].tokens_per_block
         self.is_state = [g.rule.per_request for g in groups]
+        self.paged_only = not any(self.is_state)
         self.never_stale = [stale_pages(g, NEVER) == 0 for g in groups]
         n_groups = len(groups)
         self.cap_data: IntArray = np.zeros(slots, np.int64)
@@ -108,13 +109,20 @@ class ShapeArrays:
     def rebound(self, req: Request) -> None:
         """The mirror's bounds from its block counts: any capacity in `(lo, hi]`
         with a history below `nxt` moves no page in any group."""
-        hi, lo, tpb, is_state = req.limit, -1, self.tokens_per_block, self.is_state
-        for gi, n in enumerate(req.nblks):  # plain comparisons: this runs at every page crossing
-            h, low = block_bounds(n, tpb, is_state[gi])
-            if h < hi:
-                hi = h
-            if low > lo:
-                lo = low
+        hi, lo, tpb, nblks = req.limit, -1, self.tokens_per_block, req.nblks
+        if self.paged_only:  # block_bounds grow with the count: the fewest blocks bound hi, the most lo
+            few, most = (nblks[0], nblks[0]) if len(nblks) == 1 else (min(nblks), max(nblks))
+            if few * tpb < hi:
+                hi = few * tpb
+            if most:
+                lo = (most - 1) * tpb
+        else:
+            for n, state in zip(nblks, self.is_state, strict=True):
+                h, low = block_bounds(n, tpb, state)
+                if h < hi:
+                    hi = h
+                if low > lo:
+                    lo = low
         nxts = req.nxts
         req.lo, req.hi, req.nxt = lo, hi, nxts[0] if len(nxts) == 1 else min(nxts)
 
