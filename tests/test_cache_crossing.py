@@ -1,11 +1,13 @@
-"""The decode step's page crossing (cache/crossing.py) and the one-page commit
-(reuse.commit_next_page): a per-request manager that takes them moves the same
-pages, stores the same hashes and records the same events as one driven
-through the batch path and the general commit, refusals and evictions included."""
+"""The decode step's page crossings, per request (cache/crossing.py) and batched
+(batch.grow_by_one), and the one-page commit (reuse.commit_next_page): a manager
+that takes them moves the same pages, stores the same hashes and records the
+same events as one driven through the planner (`SlotTables.apply`) and the
+general commit, refusals and evictions included."""
 
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -43,8 +45,9 @@ class Driver:
         return self.m.create(rid, prompt)
 
     def step(self, rid: int, cap: int, hist: int) -> Any:
-        if self.batched:  # the array path: the request's mirror is written back first
-            return self.m.resize_many([rid], [cap], [hist])
+        if self.batched:  # the array path (the request's mirror is written back first), planner only
+            with mock.patch("kvpool.cache.batch.grow_by_one", return_value=False):
+                return self.m.resize_many([rid], [cap], [hist])
         return self.m.resize(rid, cap, hist)
 
     def commit(self, rid: int) -> int:
@@ -123,3 +126,29 @@ def test_a_decode_takes_neither_the_planner_nor_the_general_commit(monkeypatch: 
     assert sum(p >= 0 for p in m.block_table(0, "sliding").tolist()) == 17 - 14
     assert m.stats().groups["full"].cached == 0  # nothing released yet; 2 x 16 committed pages stay owned
     m.check_integrity()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    grows=st.lists(st.lists(st.integers(-2, TPB + 1), min_size=6, max_size=6), min_size=1, max_size=30),
+    full_pages=st.integers(10, 40),
+)
+def test_batched_crossings_match_the_planner(grows: list[list[int]], full_pages: int) -> None:
+    # six requests decoding in one batch, each by -2..TPB+1 tokens a step (a shrink gives back
+    # drafted slots, never computed ones): the batch path's one-page grow (or its refusal, naming
+    # the pages short) and the thresholds it leaves equal the planner's
+    pages = {"full": full_pages, "sliding": 40}
+    fast, slow = (manager(twin_spec(tpb=TPB, window=WINDOW), pages, reuse=False) for _ in range(2))
+    rids = list(range(6))
+    for m in (fast, slow):
+        for rid in rids:
+            m.create(rid)
+    for step in grows:
+        hists = [max(fast.history(r), fast.capacity(r) - 2 * TPB) for r in rids]
+        caps = [max(h, fast.capacity(r) + g) for r, g, h in zip(rids, step, hists, strict=True)]
+        a = fast.resize_many(rids, caps, hists)
+        with mock.patch("kvpool.cache.batch.grow_by_one", return_value=False):
+            b = slow.resize_many(rids, caps, hists)
+        assert (bool(a), a.short) == (bool(b), b.short)
+        assert observed(fast) == observed(slow)
+    fast.check_integrity()

@@ -1,6 +1,12 @@
 """Moving a batch of requests at once (`KVCacheCore.resize_many`, `extend`): the capacity
 check, storing the pages that are about to go stale (with reuse on), then one vectorised
-move of the slot tables, all or nothing (docs/design.md, rule 6)."""
+move of the slot tables, all or nothing (docs/design.md, rule 6).
+
+Three vector comparisons against each slot's thresholds find the requests that cross a page
+boundary. When every crossing only passes the end of its last block by at most one block in
+groups of pages of their own (a decode step), `grow_by_one` hands out the pages and updates
+the counts with a few array operations; anything else goes through the planner
+(`SlotTables.apply`), which gives the same tables (the batch-path tests drive both)."""
 
 from __future__ import annotations
 
@@ -12,7 +18,8 @@ import numpy.typing as npt
 from kvpool.cache import reuse
 from kvpool.cache.checks import check_capacity
 from kvpool.cache.request import Requests
-from kvpool.cache.results import Resize
+from kvpool.cache.results import RESIZED, Resize
+from kvpool.cache.shapes import IntArray
 from kvpool.cache.slots import SlotTables
 
 
@@ -41,9 +48,61 @@ def move(
         ]
         going = [(req, h) for req, h in going if req.tokens is not None and not req.dummy]
         if going:
-            dry = t.resize_batch(slots, caps, hists, dry_run=True)
+            dry = resize_batch(t, slots, caps, hists, dry_run=True)
             if not dry:
                 return dry
             for req, h in going:
                 reuse.store_before_release(t, req, h)
-    return t.resize_batch(slots, caps, hists)
+    return resize_batch(t, slots, caps, hists)
+
+
+def resize_batch(
+    t: SlotTables, slots: npt.NDArray[np.intp], caps: IntArray, hists: IntArray, *, dry_run: bool = False
+) -> Resize:
+    """Move a batch of distinct requests (validated shapes) in tables `t`, all
+    or none (`dry_run`: only answer). Mirrors are written back first."""
+    if t.mirrored:
+        t.flush()
+    c, h, thr = caps[None, :], hists[None, :], t.thr_data[:, :, slots]  # one gather
+    grows, shrinks, stales = c > thr[0], c <= thr[1], h >= thr[2]
+    crossing = grows | shrinks | stales
+    idx = np.flatnonzero(crossing.any(axis=0))
+    if idx.size:
+        simple = not t.shared and not shrinks.any() and not stales.any() and not (c > thr[0] + t.tokens_per_block).any()
+        if not (simple and grow_by_one(t, slots[idx], grows[:, idx], dry_run)):
+            done = t.apply(
+                slots[idx].tolist(), caps[idx].tolist(), hists[idx].tolist(), crossing[:, idx].tolist(), dry_run=dry_run
+            )
+            if not done:
+                return done
+    if not dry_run:
+        t.cap_data[slots] = caps
+        t.hist_data[slots] = hists
+    return RESIZED
+
+
+def grow_by_one(t: SlotTables, slots: npt.NDArray[np.intp], grows: npt.NDArray[np.bool_], dry_run: bool) -> bool:
+    """One new page for each `slots[j]` in each group `gi` where `grows[gi, j]`
+    (capacity passes the end of its last block by at most one block; no pool is
+    shared, nothing goes stale or shrinks). False, having changed nothing, when
+    a pool lacks the pages or a state group is among them (the planner's cases)."""
+    rows = [np.flatnonzero(g) for g in grows]
+    for gi, r in enumerate(rows):
+        if r.size and (t.is_state[gi] or r.size > t.pools[gi].num_free):
+            return False
+    if dry_run:
+        return True
+    tpb = t.tokens_per_block
+    for gi, r in enumerate(rows):
+        if not r.size:
+            continue
+        sl = slots[r]
+        cols = t.nblk_data[gi, sl]
+        table = t.tables[gi]
+        if int(cols.max()) >= table.shape[1]:
+            table = t.widen(gi, int(cols.max()) + 1)
+        table[sl, cols] = t.pools[gi].take(int(r.size))
+        t.nblk_data[gi, sl] = cols + 1
+        t.thr_data[1, gi, sl] = cols * tpb  # the new last block starts where the old one ended
+        t.thr_data[0, gi, sl] = (cols + 1) * tpb
+    return True

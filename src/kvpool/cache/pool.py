@@ -136,11 +136,12 @@ class PagePool:
 
     def take_cached_many(self, pages: Iterable[int]) -> None:
         """`take_cached` for each page of a prefix hit (one call for a long prompt)."""
-        ref, unlink = self.ref, self._lru_unlink
+        ref = self.ref
         for page in pages:
-            if ref[page] == 0:
-                unlink(page)
-            ref[page] += 1
+            r = ref[page]
+            if not r:
+                self._lru_unlink(page)
+            ref[page] = r + 1
 
     def release(self, pages: Iterable[int]) -> None:
         """Drop one owner of each page; an unowned page becomes cached (if it has

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from itertools import takewhile
 
 from kvpool.cache.events import CacheUsageError
 from kvpool.cache.hashing import extend_hashes, salt_seed
@@ -35,11 +36,8 @@ def longest_hit(t: SlotTables, hashes: Sequence[int]) -> int:
     k = len(hashes)
     pools = t.pools
     for gi, pool in enumerate(pools):
-        if t.never_stale[gi] and not t.is_state[gi]:
-            j = 0
-            while j < k and hashes[j] in pool.cached:
-                j += 1
-            k = j
+        if t.never_stale[gi] and not t.is_state[gi]:  # the leading cached run, counted in C
+            k = min(k, len(list(takewhile(pool.cached.__contains__, hashes))))
     tpb = t.tokens_per_block
     checks = [gi for gi in range(len(pools)) if t.is_state[gi] or not t.never_stale[gi]]
     while k > 0:
@@ -81,8 +79,7 @@ def attach_prefix(t: SlotTables, req: Request) -> int:
             pool.forget(page)
             pages = [page]
         else:
-            cached = pool.cached
-            pages = [cached[h] for h in req.hashes[stale:k]]
+            pages = list(map(pool.cached.__getitem__, req.hashes[stale:k]))
             pool.take_cached_many(pages)
         table = t.tables[gi]
         if nblk > table.shape[1]:

@@ -24,7 +24,7 @@ import numpy.typing as npt
 from kvpool.cache.pool import PagePool
 from kvpool.cache.request import Request
 from kvpool.cache.results import RESIZED, Resize
-from kvpool.cache.shapes import IntArray, ShapeArrays
+from kvpool.cache.shapes import ShapeArrays
 from kvpool.cache.shared_pool import is_shared, shared_shortfall
 from kvpool.spec.groups import LayerGroup
 from kvpool.spec.pages import pages_needed, stale_pages
@@ -146,27 +146,6 @@ class SlotTables(ShapeArrays):
         req.cap, req.hist = cap, hist
         if plans:
             self.rebound(req)
-
-    def resize_batch(
-        self, slots: npt.NDArray[np.intp], caps: IntArray, hists: IntArray, *, dry_run: bool = False
-    ) -> Resize:
-        """Move a batch of distinct requests (validated shapes), all or none
-        (`dry_run`: only answer)."""
-        if self.mirrored:
-            self.flush()
-        c, h, thr = caps[None, :], hists[None, :], self.thr_data[:, :, slots]  # one gather
-        crossing = (c > thr[0]) | (c <= thr[1]) | (h >= thr[2])
-        idx = np.flatnonzero(crossing.any(axis=0))
-        if idx.size:
-            done = self.apply(
-                slots[idx].tolist(), caps[idx].tolist(), hists[idx].tolist(), crossing[:, idx].tolist(), dry_run=dry_run
-            )
-            if not done:
-                return done
-        if not dry_run:
-            self.cap_data[slots] = caps
-            self.hist_data[slots] = hists
-        return RESIZED
 
     def plan_change(self, gi: int, slot: int, cap: int, hist: int, nblk: int, nstale: int) -> _Change | None:
         """How `slot`'s table in group `gi` moves from `nblk` blocks (`nstale`
