@@ -265,34 +265,6 @@ class KVCacheCore:
         self.events.clear()
         return events
 
-    # ------------------------------------------------------------------ tables and pools
-
-    def block_table(self, rid: int, group: str) -> npt.NDArray[np.int32]:
-        """Page ids of `rid` in `group`, one per block of positions (a copy);
-        `STALE` (-1) marks blocks without a page. A state group has one entry."""
-        gi = self._group(group)
-        req = self.requests.get(rid)
-        return self.tables.tables[gi][req.slot, : self.tables.counts(req)[0][gi]].copy()
-
-    def block_tables(self, rids: Sequence[int], group: str) -> npt.NDArray[np.int32]:
-        """Block tables of a batch as one 2-D array padded with `STALE`."""
-        gi = self._group(group)
-        slots = self.requests.slots(rids)
-        t = self.tables
-        width = max((t.counts(self.requests.get(r))[0][gi] for r in rids), default=0)
-        return t.tables[gi][slots, :width]
-
-    def free_pages(self, group: str) -> int:
-        """Pages of `group` an allocation can take now (evictable cached ones included)."""
-        return self.pools[self._group(group)].num_free
-
-    def total_pages(self, group: str) -> int:
-        return self.pools[self._group(group)].num_pages
-
-    def live_pages(self, rid: int, group: str) -> int:
-        """Pages `rid` holds in `group` now."""
-        return self.tables.live(self._group(group), self.requests.get(rid))
-
     # ------------------------------------------------------------------ internals
 
     def _group(self, name: str) -> int:
@@ -307,7 +279,3 @@ class KVCacheCore:
         req = self.requests.add(rid, self.tables.acquire(), dummy=dummy)
         self.tables.start(req, NEVER if dummy else self.max_capacity)
         return req
-
-    def iter_requests(self) -> Iterable[tuple[int, bool]]:
-        """(rid, is_dummy) of every registered request."""
-        return ((r.rid, r.dummy) for r in self.requests)

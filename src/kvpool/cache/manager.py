@@ -8,7 +8,10 @@ statistics.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
 
 from kvpool.cache import integrity
 from kvpool.cache import warmup as warmup_mod
@@ -27,7 +30,8 @@ class KVCacheManager(KVCacheCore):
     """Run-time pages of a `PoolPlan` (see `KVCacheCore` for requests, resizes
     and reuse), plus dummies and warmup: `add_dummy_requests`,
     `max_generation_length`, `warmup` and the persistent padding dummies it
-    reserves (`reserve_padding_dummy`), `stats` and `check_integrity`.
+    reserves (`reserve_padding_dummy`); and the readers: block tables, pages
+    free, total and live, `stats` and `check_integrity`.
     """
 
     def __init__(
@@ -154,3 +158,35 @@ class KVCacheManager(KVCacheCore):
         return CacheStats(
             groups, self.reuse_queried_tokens, self.reuse_hit_tokens, len(self.requests) - dummies, dummies
         )
+
+    # ------------------------------------------------------------------ tables and pools
+
+    def block_table(self, rid: int, group: str) -> npt.NDArray[np.int32]:
+        """Page ids of `rid` in `group`, one per block of positions (a copy);
+        `STALE` (-1) marks blocks without a page. A state group has one entry."""
+        gi = self._group(group)
+        req = self.requests.get(rid)
+        return self.tables.tables[gi][req.slot, : self.tables.counts(req)[0][gi]].copy()
+
+    def block_tables(self, rids: Sequence[int], group: str) -> npt.NDArray[np.int32]:
+        """Block tables of a batch as one 2-D array padded with `STALE`."""
+        gi = self._group(group)
+        slots = self.requests.slots(rids)
+        t = self.tables
+        width = max((t.counts(self.requests.get(r))[0][gi] for r in rids), default=0)
+        return t.tables[gi][slots, :width]
+
+    def free_pages(self, group: str) -> int:
+        """Pages of `group` an allocation can take now (evictable cached ones included)."""
+        return self.pools[self._group(group)].num_free
+
+    def total_pages(self, group: str) -> int:
+        return self.pools[self._group(group)].num_pages
+
+    def live_pages(self, rid: int, group: str) -> int:
+        """Pages `rid` holds in `group` now."""
+        return self.tables.live(self._group(group), self.requests.get(rid))
+
+    def iter_requests(self) -> Iterable[tuple[int, bool]]:
+        """(rid, is_dummy) of every registered request."""
+        return ((r.rid, r.dummy) for r in self.requests)
