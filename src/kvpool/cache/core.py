@@ -25,7 +25,7 @@ from kvpool.cache.checks import (
     check_tokens,
     checked_shape,
 )
-from kvpool.cache.crossing import can_cross, cross, plan_cross
+from kvpool.cache.crossing import can_cross, cross
 from kvpool.cache.events import CacheEvent, CacheUsageError, EventRecord, expand
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Resize
@@ -160,13 +160,14 @@ class KVCacheCore:
                     req.cap = capacity
                     req.hist = hist
                     return RESIZED
-                if self._crosses and req.hi >= 0 and capacity <= req.limit and req.nxt > 0:
-                    crossing = plan_cross(self.tables, req, capacity, hist)
-                    if crossing is not None:
-                        if crossing[1] and self._keeps_stale and req.tokens is not None and not req.dummy:
-                            reuse.store_before_release(self.tables, req, hist)
-                        cross(self.tables, req, capacity, hist, crossing)
-                        return RESIZED
+                if (
+                    self._crosses
+                    and req.hi >= 0
+                    and capacity <= req.limit
+                    and req.nxt > 0
+                    and cross(self.tables, req, capacity, hist, self._keeps_stale)
+                ):
+                    return RESIZED
         if req is None:
             req = self.requests.get(rid)  # raises
         t = self.tables

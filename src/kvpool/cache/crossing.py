@@ -8,7 +8,7 @@ is full takes one page, and/or history passes the next stale position by one pag
 page leaves each sliding window or finished chunk that reached it. `cross` does exactly that
 case with plain ints and one table write per page. For everything else (a shrink, a jump of
 more than a page, a state group's first slot, groups that share one pool, a pool with no page
-to hand out) `plan_cross` answers None, having changed nothing, and the caller takes the general path
+to hand out) `cross` answers False, having changed nothing, and the caller takes the general path
 (`SlotTables.plan_one` / `apply_one`), which gives the same tables (a property test drives
 both on random shapes).
 """
@@ -16,6 +16,7 @@ both on random shapes).
 from __future__ import annotations
 
 from kvpool.cache.request import Request
+from kvpool.cache.reuse import store_before_release
 from kvpool.cache.slots import STALE, SlotTables
 from kvpool.spec.pages import stale_pages
 
@@ -26,61 +27,53 @@ def can_cross(t: SlotTables) -> bool:
     return not t.shared
 
 
-Crossing = tuple[list[int], list[int]]  # (groups that take a page, groups that drop one)
-
-
-def plan_cross(t: SlotTables, req: Request, cap: int, hist: int) -> Crossing | None:
-    """The groups that take a page and those that drop one when mirrored `req`
-    moves to (cap, hist), if that is a one-page crossing whose pages are free;
-    None otherwise. Changes nothing. The caller has checked the shape: `req.hist
-    <= hist <= cap`, `req.lo < cap <= req.limit`, and that the mirror is open
-    (`req.hi >= 0`, `req.nxt > 0`)."""
-    tpb, nblks = t.tokens_per_block, req.nblks
-    is_state = t.is_state
+def cross(t: SlotTables, req: Request, cap: int, hist: int, keeps_stale: bool) -> bool:
+    """Move mirrored `req` to (cap, hist) if that is a one-page crossing whose
+    pages are free: releases first (a page going stale may be the one a growing
+    group takes), then one new page per growing group, into the tables, the
+    pools and the mirror. With `keeps_stale` (reuse on, some group goes stale)
+    the pages about to go stale are stored first. False: not this case, nothing
+    changed. The caller has checked the shape: `req.hist <= hist <= cap`,
+    `req.lo < cap <= req.limit`, and that the mirror is open (`req.hi >= 0`,
+    `req.nxt > 0`)."""
+    tpb, nblks, pools = t.tokens_per_block, req.nblks, t.pools
     grow: list[int] = []
     if cap > req.hi:
         if cap > req.hi + tpb:
-            return None
+            return False
+        is_state = t.is_state
         for gi, n in enumerate(nblks):
             if is_state[gi]:
                 if not n:  # a state group's first slot: the planner's case
-                    return None
+                    return False
             elif n * tpb < cap:
-                pool = t.pools[gi]
-                if not pool.free_stack and not pool.lru_len:
-                    return None
+                if not pools[gi].free_stack and not pools[gi].lru_len:
+                    return False
                 grow.append(gi)
-    drop: list[int] = []
+    slot = req.slot
     if hist >= req.nxt:
+        drop = []
         nstales, groups = req.nstales, t.groups
         for gi, nxt in enumerate(req.nxts):
             if nxt <= hist:
                 if stale_pages(groups[gi], hist) != nstales[gi] + 1 or nstales[gi] >= nblks[gi]:
-                    return None
+                    return False
                 drop.append(gi)
-    return grow, drop
-
-
-def cross(t: SlotTables, req: Request, cap: int, hist: int, crossing: Crossing) -> None:
-    """Carry out `plan_cross`'s answer: releases first (a page going stale may
-    be the one a growing group takes), then one new page per growing group,
-    into the tables, the pools and the mirror. With reuse on, the caller has
-    stored the pages about to go stale."""
-    grow, drop = crossing
-    slot, nblks = req.slot, req.nblks
-    for gi in drop:
-        row, first = t.tables[gi][slot], req.nstales[gi]
-        page = int(row[first])
-        row[first] = STALE
-        t.pools[gi].release((page,))
-        req.nstales[gi] = first + 1
-        req.nxts[gi] = t.next_stale(gi, hist)
+        if keeps_stale and req.tokens is not None and not req.dummy:
+            store_before_release(t, req, hist)
+        for gi in drop:
+            row, first = t.tables[gi][slot], nstales[gi]
+            page = int(row[first])
+            row[first] = STALE
+            pools[gi].release((page,))
+            nstales[gi] = first + 1
+            req.nxts[gi] = t.next_stale(gi, hist)
     for gi in grow:
         n = nblks[gi]
         table = t.tables[gi]
         if n >= table.shape[1]:
             table = t.widen(gi, n + 1)
-        table[slot, n] = t.pools[gi].take_one()
+        table[slot, n] = pools[gi].take_one()
         nblks[gi] = n + 1
     req.cap, req.hist = cap, hist
     if grow:
@@ -88,3 +81,4 @@ def cross(t: SlotTables, req: Request, cap: int, hist: int, crossing: Crossing) 
     else:  # no block count changed: the capacity bounds stand
         nxts = req.nxts
         req.nxt = nxts[0] if len(nxts) == 1 else min(nxts)
+    return True

@@ -175,16 +175,14 @@ def commit_next_page(t: SlotTables, req: Request) -> int:
     known and computed (the caller checked), in tables without state groups:
     the decode step's commit, one digest and one `store` per group. Returns the
     tokens now reusable."""
-    k, tpb, slot = req.committed, t.tokens_per_block, req.slot
-    assert req.tokens is not None
-    hashes = req.hashes
-    extend_hashes(hashes, req.tokens, tpb, req.seed, k + 1)
+    k, tpb, slot, hashes = req.committed, t.tokens_per_block, req.slot, req.hashes
+    if len(hashes) <= k:
+        extend_hashes(hashes, req.tokens or (), tpb, req.seed, k + 1)
     block_hash, parent = hashes[k], hashes[k - 1] if k else None
-    nblks = t.nblk_data[:, slot] if req.hi < 0 else req.nblks
-    for gi, pool in enumerate(t.pools):
-        if nblks[gi] > k:
+    for gi, n in enumerate(t.counts(req)[0]):
+        if n > k:
             page = int(t.tables[gi][slot, k])
             if page >= 0:
-                pool.store(page, block_hash, parent, tpb)
+                t.pools[gi].store(page, block_hash, parent, tpb)
     req.committed = k + 1
     return (k + 1) * tpb
