@@ -23,22 +23,25 @@ DIGESTS = ["blake2b", "xxh3"]
 
 def chain_by_hand(name: str, seed: int, tokens: list[int], pages: int, tpb: int = TPB) -> list[int]:
     """The documented format, spelled out with struct and the digest's own
-    library: each page's tokens as '<q' each, keyed by the parent digest (XXH3's
-    seed as an unsigned 64-bit int; BLAKE2b's input prefixed by the parent's 8
-    bytes, little-endian signed); every digest read back as a signed 64-bit int."""
-    out, parent = [], seed
+    library: each page's tokens as '<q' each, keyed by the parent digest as an
+    unsigned 64-bit int (XXH3's seed; BLAKE2b's input prefixed by its 8 bytes,
+    little-endian); every digest an unsigned 64-bit int."""
+    out, parent = [], seed % 2**64
     for i in range(pages):
         page = struct.pack(f"<{tpb}q", *tokens[i * tpb : (i + 1) * tpb])
         if name == "xxh3":
             xxhash = pytest.importorskip("xxhash")
-            digest = struct.pack(
-                "<Q", xxhash.xxh3_64_intdigest(page, seed=struct.unpack("<Q", struct.pack("<q", parent))[0])
-            )
+            parent = xxhash.xxh3_64_intdigest(page, seed=parent)
         else:
-            digest = hashlib.blake2b(struct.pack("<q", parent) + page, digest_size=8, person=b"kvpool-page").digest()
-        parent = struct.unpack("<q", digest)[0]
+            digest = hashlib.blake2b(struct.pack("<Q", parent) + page, digest_size=8, person=b"kvpool-page").digest()
+            parent = struct.unpack("<Q", digest)[0]
         out.append(parent)
     return out
+
+
+def signed(digests: list[int]) -> list[int]:
+    """Unsigned 64-bit digests read as signed int64, as events carry them."""
+    return [struct.unpack("<q", struct.pack("<Q", d))[0] for d in digests]
 
 
 @pytest.mark.parametrize("name", DIGESTS)
@@ -52,7 +55,7 @@ def test_digest_is_the_documented_chain(name: str, salt: str | bytes | int | Non
     extend_hashes(step, TOKENS, TPB, salt_seed(salt), 1, chain_function(name))
     extend_hashes(step, TOKENS, TPB, salt_seed(salt), 2, chain_function(name))
     assert step == got
-    assert all(-(2**63) <= x < 2**63 for x in got)  # the int64 vLLM's events carry
+    assert all(0 <= x < 2**64 for x in got)  # unsigned inside the manager
 
 
 @pytest.mark.parametrize("name", DIGESTS)
@@ -146,7 +149,10 @@ def test_manager_reuses_under_either_digest(name: str, monkeypatch: pytest.Monke
     m.create(1, prompt, salt="a")
     assert m.resize(1, 101, 100)
     m.commit(1, 100)  # 100 // 16 = 6 whole pages stored
-    assert [e.block_hash for e in m.take_events()] == chain_by_hand(name, salt_seed("a"), prompt, 6, 16)
+    events = m.take_events()
+    want = signed(chain_by_hand(name, salt_seed("a"), prompt, 6, 16))  # the int64 vLLM's events carry
+    assert [e.block_hash for e in events] == want
+    assert [e.parent_hash for e in events] == [None, *want[:-1]]
     assert m.create(2, prompt, salt="a") == 96
     assert m.create(3, prompt, salt="b") == 0
     m.check_integrity()

@@ -18,6 +18,7 @@ msgspec = pytest.importorskip("msgspec")
 
 from cache_helpers import full_spec, hybrid_spec, manager  # noqa: E402
 from kvpool.cache import KVCacheManager  # noqa: E402
+from kvpool.cache.events import as_signed  # noqa: E402
 from kvpool.cache.publisher import END_SEQ, EventPublisherError, KVEventPublisher  # noqa: E402
 
 TPB = 16
@@ -151,7 +152,7 @@ def test_subscriber_rebuilds_the_cached_pages(wire: str, hybrid: bool) -> None:
             got = receive(sub, pub.next_seq - 1)
             assert all(topic == b"kv@test" for topic, _, _ in got)
             assert [s for _, s, _ in got] == list(range(got[0][1], pub.next_seq))
-            expected = {i: set(pool.cached) for i, pool in enumerate(m.pools) if pool.cached}
+            expected = {i: set(map(as_signed, pool.cached)) for i, pool in enumerate(m.pools) if pool.cached}
             assert sum(map(len, expected.values())) > 0
             assert rebuild([p for _, _, p in got], decoder, types) == expected
 

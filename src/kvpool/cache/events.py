@@ -41,19 +41,27 @@ RemovedRun: TypeAlias = tuple[Literal["removed"], str, list[int], list[int]]
 EventRecord: TypeAlias = StoredRun | RemovedRun
 
 
+def as_signed(digest: int) -> int:
+    """An unsigned 64-bit page digest as the signed int64 events carry."""
+    return digest - ((digest >> 63) << 64)
+
+
 def expand(records: Iterable[EventRecord]) -> list[CacheEvent]:
-    """The `CacheEvent`s of `records`, oldest first."""
+    """The `CacheEvent`s of `records`, oldest first (digests as signed int64)."""
     out: list[CacheEvent] = []
     for rec in records:
         if rec[0] == "stored":
             _, group, hashes, parent, pages, num_tokens, source = rec
+            up = None if parent is None else as_signed(parent)
             for h, page in zip(hashes, pages, strict=True):
-                out.append(CacheEvent("stored", group, h, parent, page, num_tokens, source))
-                parent = h
+                signed = as_signed(h)
+                out.append(CacheEvent("stored", group, signed, up, page, num_tokens, source))
+                up = signed
         else:
             _, group, hashes, pages = rec
             out.extend(
-                CacheEvent("removed", group, h, None, page, 0, None) for h, page in zip(hashes, pages, strict=True)
+                CacheEvent("removed", group, as_signed(h), None, page, 0, None)
+                for h, page in zip(hashes, pages, strict=True)
             )
     return out
 

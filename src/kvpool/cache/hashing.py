@@ -13,8 +13,9 @@ the same input: unlike Python's `hash()` of a tuple of ints (where n and
 n + 2**61 - 1 hash alike), nothing collides by construction. Both are
 deterministic across processes and machines, which keeps event hashes stable
 for a KV-aware router (a router must see every engine use the same one:
-`DIGEST` names it). Digests are signed 64-bit ints, the type vLLM's KV events
-carry.
+`DIGEST` names it). Digests are unsigned 64-bit ints inside the manager (no
+sign fix-up per page); `CacheEvent`s carry them as signed 64-bit ints, the type
+vLLM's KV events carry (`events.as_signed`).
 """
 
 from __future__ import annotations
@@ -26,20 +27,20 @@ from collections.abc import Callable, Sequence
 from kvpool.cache.events import CacheUsageError
 
 ROOT_HASH = 0x6B7670_6F6F6C  # seed of every chain without a salt ("kvpool")
-MASK64, HALF64 = (1 << 64) - 1, 1 << 63
+MASK64 = (1 << 64) - 1
 
-# (parent digest, bytes of whole pages, page width in bytes) -> the pages' digests, chained
+# (parent digest, bytes of whole pages, page width in bytes) -> the pages' unsigned digests, chained
 Chain = Callable[[int, bytes, int], list[int]]
 
 
 def blake2b_chain(parent: int, data: bytes, width: int) -> list[int]:
-    """Page digests by BLAKE2b-64 of (parent's 8 bytes, little-endian signed)
-    followed by the page's bytes: the fallback."""
+    """Page digests by BLAKE2b-64 of (parent's 8 bytes, little-endian, as an
+    unsigned 64-bit int) followed by the page's bytes: the fallback."""
     out: list[int] = []
-    prev, from_bytes, blake2b = parent.to_bytes(8, "little", signed=True), int.from_bytes, hashlib.blake2b
+    prev, from_bytes, blake2b = (parent & MASK64).to_bytes(8, "little"), int.from_bytes, hashlib.blake2b
     for off in range(0, len(data), width):
         prev = blake2b(prev + data[off : off + width], digest_size=8, person=b"kvpool-page").digest()
-        out.append(from_bytes(prev, "little", signed=True))
+        out.append(from_bytes(prev, "little"))
     return out
 
 
@@ -57,7 +58,7 @@ def chain_function(name: str) -> Chain:
             seed, append = parent & MASK64, out.append
             for off in range(0, len(data), width):
                 seed = xxh3_64_intdigest(data[off : off + width], seed)
-                append(seed - (seed >= HALF64 and 1 << 64))  # as a signed int64
+                append(seed)
             return out
 
         return xxh3_chain
