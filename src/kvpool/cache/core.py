@@ -231,25 +231,30 @@ class KVCacheCore:
         # no dummy), at most one new plain token, and no page completes, or exactly one does and no
         # state group would want a snapshot of it.
         req = self._by_id.get(rid)
-        if req is not None and type(num_tokens) is int and req.hi >= 0 and 0 <= num_tokens <= req.hist:
-            known = req.tokens
-            if known is not None:
-                done = req.committed * self.tokens_per_block
-                if tokens is None:
-                    if num_tokens <= len(known):
-                        if num_tokens < done + self.tokens_per_block:
-                            return done
-                        if num_tokens < done + 2 * self.tokens_per_block and self._pages_only:
-                            return reuse.commit_next_page(self.tables, req)
-                elif type(tokens) is tuple and len(tokens) == 1 and num_tokens <= len(known) + 1:
+        if (
+            req is not None
+            and type(num_tokens) is int
+            and req.hi >= 0
+            and 0 <= num_tokens <= req.hist
+            and (known := req.tokens) is not None
+        ):
+            tpb = self.tokens_per_block
+            done = req.committed * tpb
+            if type(tokens) is tuple:
+                if len(tokens) == 1 and num_tokens <= len(known) + 1 and num_tokens < done + 2 * tpb:
                     x = tokens[0]
                     if type(x) is int and 0 <= x < 0x8000000000000000:  # an int64 token id
-                        if num_tokens < done + self.tokens_per_block:
+                        if num_tokens < done + tpb:
                             known.append(x)
                             return done
-                        if num_tokens < done + 2 * self.tokens_per_block and self._pages_only:
+                        if self._pages_only:
                             known.append(x)
                             return reuse.commit_next_page(self.tables, req)
+            elif tokens is None and num_tokens <= len(known):
+                if num_tokens < done + tpb:
+                    return done
+                if num_tokens < done + 2 * tpb and self._pages_only:
+                    return reuse.commit_next_page(self.tables, req)
         if req is None:
             req = self.requests.get(rid)  # raises
         if not self.enable_reuse or req.dummy:
