@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cache_helpers import manager, twin_spec
+from cache_helpers import full_spec, manager, twin_spec
 from kvpool.cache import KVCacheManager
 from kvpool.cache.slots import SlotTables
 
@@ -60,19 +60,27 @@ class Driver:
 
 
 ops = st.lists(
-    st.tuples(st.integers(0, 3), st.integers(0, TPB + 1), st.integers(0, TPB + 1), st.sampled_from("rcf")),
+    st.tuples(st.integers(0, 3), st.integers(-2, TPB + 1), st.integers(0, TPB + 1), st.sampled_from("rcf")),
     min_size=10,
     max_size=80,
 )
 
 
-@settings(max_examples=80, deadline=None)
-@given(ops=ops, reuse=st.booleans(), full_pages=st.integers(8, 20), sliding_pages=st.integers(6, 14))
+@settings(max_examples=100, deadline=None)
+@given(
+    ops=ops,
+    reuse=st.booleans(),
+    full_pages=st.integers(8, 20),
+    sliding_pages=st.integers(6, 14),
+    sliding=st.booleans(),
+)
 def test_crossings_and_page_commits_match_the_general_path(
-    ops: list[tuple[int, int, int, str]], reuse: bool, full_pages: int, sliding_pages: int
+    ops: list[tuple[int, int, int, str]], reuse: bool, full_pages: int, sliding_pages: int, sliding: bool
 ) -> None:
-    pages = {"full": full_pages, "sliding": sliding_pages}
-    fast, slow = (Driver(manager(twin_spec(tpb=TPB, window=WINDOW), pages, reuse=reuse), b) for b in (False, True))
+    # full + sliding groups (`cross`), or one full group (its single-group grow)
+    spec = twin_spec(tpb=TPB, window=WINDOW) if sliding else full_spec(tpb=TPB)
+    pages = {"full": full_pages, "sliding": sliding_pages} if sliding else {"full": full_pages}
+    fast, slow = (Driver(manager(spec, pages, reuse=reuse), b) for b in (False, True))
     for d in (fast, slow):
         for rid, prompt in enumerate(PROMPTS):  # admitted and prefilled: decodes from here on
             hit = d.create(rid, prompt)
@@ -83,7 +91,7 @@ def test_crossings_and_page_commits_match_the_general_path(
             slow.m.free(rid)
             assert fast.create(rid, PROMPTS[rid]) == slow.create(rid, PROMPTS[rid])
             continue
-        cap = fast.m.capacity(rid) + grow
+        cap = max(fast.m.history(rid), fast.m.capacity(rid) + grow)  # a shrink gives back drafted slots
         hist = min(cap, fast.m.history(rid) + done)
         if cap > fast.m.max_capacity:
             continue
@@ -152,3 +160,19 @@ def test_batched_crossings_match_the_planner(grows: list[list[int]], full_pages:
         assert (bool(a), a.short) == (bool(b), b.short)
         assert observed(fast) == observed(slow)
     fast.check_integrity()
+
+
+@pytest.mark.parametrize("sliding", [False, True])
+def test_a_shrink_to_the_page_edge_after_a_crossing_gives_the_page_back(sliding: bool) -> None:
+    # 16-token pages: capacity 16 -> 17 crosses into a second page (the one-page crossing), 17 -> 16
+    # gives it back (capacity 16 needs ceil(16 / 16) = 1 page), 16 -> 32 -> 33 crosses again
+    spec = twin_spec(tpb=16, window=40) if sliding else full_spec(tpb=16)
+    m = manager(spec, {g.name: 8 for g in spec.groups}, reuse=False)
+    m.create(1)
+    assert m.resize(1, 16, 0)
+    for cap, pages in ((17, 2), (16, 1), (32, 2), (33, 3), (32, 2)):
+        assert m.resize(1, cap, 0)
+        for g in spec.groups:
+            assert len(m.block_table(1, g.name)) == pages
+            assert m.free_pages(g.name) == 8 - pages
+    m.check_integrity()

@@ -37,6 +37,8 @@ def cross(t: SlotTables, req: Request, cap: int, hist: int, keeps_stale: bool) -
     `req.lo < cap <= req.limit`, and that the mirror is open (`req.hi >= 0`,
     `req.nxt > 0`)."""
     tpb, nblks, pools = t.tokens_per_block, req.nblks, t.pools
+    if len(nblks) == 1 and hist < req.nxt and not t.is_state[0]:  # one group of pages growing: no loops
+        return grow_single(t, req, cap, hist) if cap <= req.hi + tpb else False
     grow: list[int] = []
     if cap > req.hi:
         if cap > req.hi + tpb:
@@ -81,4 +83,22 @@ def cross(t: SlotTables, req: Request, cap: int, hist: int, keeps_stale: bool) -
     else:  # no block count changed: the capacity bounds stand
         nxts = req.nxts
         req.nxt = nxts[0] if len(nxts) == 1 else min(nxts)
+    return True
+
+
+def grow_single(t: SlotTables, req: Request, cap: int, hist: int) -> bool:
+    """`cross` for tables of one group of pages when nothing goes stale:
+    capacity passed the end of the last block by at most one block, so the
+    request takes one page (False, nothing changed, if the pool has none)."""
+    pool, n = t.pools[0], req.nblks[0]
+    if not pool.free_stack and not pool.lru_len:
+        return False
+    table = t.tables[0]
+    if n >= table.shape[1]:
+        table = t.widen(0, n + 1)
+    table[req.slot, n] = pool.take_one()
+    req.nblks[0] = n + 1
+    tpb = t.tokens_per_block
+    req.cap, req.hist, req.lo = cap, hist, n * tpb  # block_bounds of n + 1 blocks, capped at the limit
+    req.hi = min(req.limit, (n + 1) * tpb)
     return True
