@@ -5,6 +5,7 @@ per-step path."""
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Iterable, Sequence
 from typing import cast
@@ -38,15 +39,18 @@ def check_rid(rid: object) -> int:
 def check_tokens(tokens: Iterable[object], what: str = "tokens") -> array[int]:
     """`tokens` as an int64 array of token ids (ints in [0, 2**63)); refuses
     strings, floats and ids past int64, which would hash but match no real
-    prompt. The array does the type and range test in C (prompts are long),
-    and its bytes are what the page digests hash (`cache/hashing.py`)."""
+    prompt. `struct` packs the ids in C (prompts are long; it is about twice as
+    fast as building the array from the list), and the array's bytes are what
+    the page digests hash (`cache/hashing.py`)."""
     # a list or tuple goes straight in; anything else is listed first (`array("q", b"..")` would read raw bytes)
     items = tokens if type(tokens) is list or type(tokens) is tuple else list(tokens)
     try:
-        ids = array("q", cast("list[int]", items))
-    except (TypeError, OverflowError) as e:
+        data = struct.pack(f"<{len(items)}q", *items)
+    except struct.error as e:
         raise CacheUsageError(f"{what} must be token ids (integers in [0, 2**63)): {e}") from None
-    if ids and (min(ids) if len(ids) <= 64 else int(np.frombuffer(ids, np.int64).min())) < 0:
+    ids = array("q")
+    ids.frombytes(data)
+    if ids and (min(ids) if len(ids) <= 64 else int(np.frombuffer(data, np.int64).min())) < 0:
         raise CacheUsageError(f"{what}: token id {min(ids)} is negative")
     return ids
 
