@@ -1,5 +1,5 @@
 """The decode step's page crossings, per request (cache/crossing.py) and batched
-(batch.grow_by_one), and the one-page commit (reuse.commit_next_page): a manager
+(batch.cross_by_one), and the one-page commit (reuse.commit_next_page): a manager
 that takes them moves the same pages, stores the same hashes and records the
 same events as one driven through the planner (`SlotTables.apply`) and the
 general commit, refusals and evictions included."""
@@ -46,7 +46,7 @@ class Driver:
 
     def step(self, rid: int, cap: int, hist: int) -> Any:
         if self.batched:  # the array path (the request's mirror is written back first), planner only
-            with mock.patch("kvpool.cache.batch.grow_by_one", return_value=False):
+            with mock.patch("kvpool.cache.batch.cross_by_one", return_value=False):
                 return self.m.resize_many([rid], [cap], [hist])
         return self.m.resize(rid, cap, hist)
 
@@ -136,29 +136,36 @@ def test_a_decode_takes_neither_the_planner_nor_the_general_commit(monkeypatch: 
     m.check_integrity()
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    grows=st.lists(st.lists(st.integers(-2, TPB + 1), min_size=6, max_size=6), min_size=1, max_size=30),
-    full_pages=st.integers(10, 40),
+# per request and step: (capacity change, how far history trails the new capacity)
+batch_steps = st.lists(
+    st.lists(st.tuples(st.integers(-2, TPB + 1), st.integers(0, 2 * TPB)), min_size=6, max_size=6),
+    min_size=1,
+    max_size=40,
 )
-def test_batched_crossings_match_the_planner(grows: list[list[int]], full_pages: int) -> None:
-    # six requests decoding in one batch, each by -2..TPB+1 tokens a step (a shrink gives back
-    # drafted slots, never computed ones): the batch path's one-page grow (or its refusal, naming
-    # the pages short) and the thresholds it leaves equal the planner's
+
+
+@settings(max_examples=80, deadline=None)
+@given(steps=batch_steps, full_pages=st.integers(10, 40), reuse=st.booleans())
+def test_batched_crossings_match_the_planner(steps: list[list[tuple[int, int]]], full_pages: int, reuse: bool) -> None:
+    # six requests decoding in one batch: capacity moves by -2..TPB+1 a step (a shrink gives back
+    # drafted slots, never computed ones) with history trailing it; the batch path's one-page
+    # crossings (or their refusal, naming the pages short) and the thresholds they leave equal
+    # the planner's
     pages = {"full": full_pages, "sliding": 40}
-    fast, slow = (manager(twin_spec(tpb=TPB, window=WINDOW), pages, reuse=False) for _ in range(2))
+    fast, slow = (manager(twin_spec(tpb=TPB, window=WINDOW), pages, reuse=reuse) for _ in range(2))
     rids = list(range(6))
     for m in (fast, slow):
         for rid in rids:
-            m.create(rid)
-    for step in grows:
-        hists = [max(fast.history(r), fast.capacity(r) - 2 * TPB) for r in rids]
-        caps = [max(h, fast.capacity(r) + g) for r, g, h in zip(rids, step, hists, strict=True)]
+            m.create(rid, list(range(100 * rid, 100 * rid + 60)))
+    for step in steps:
+        caps = [max(fast.history(r), fast.capacity(r) + g) for r, (g, _) in zip(rids, step, strict=True)]
+        hists = [max(fast.history(r), c - lag) for r, c, (_, lag) in zip(rids, caps, step, strict=True)]
         a = fast.resize_many(rids, caps, hists)
-        with mock.patch("kvpool.cache.batch.grow_by_one", return_value=False):
+        with mock.patch("kvpool.cache.batch.cross_by_one", return_value=False):
             b = slow.resize_many(rids, caps, hists)
         assert (bool(a), a.short) == (bool(b), b.short)
         assert observed(fast) == observed(slow)
+        assert fast.take_events() == slow.take_events()
     fast.check_integrity()
 
 

@@ -3,10 +3,11 @@ check, storing the pages that are about to go stale (with reuse on), then one ve
 move of the slot tables, all or nothing (docs/design.md, rule 6).
 
 Three vector comparisons against each slot's thresholds find the requests that cross a page
-boundary. When every crossing only passes the end of its last block by at most one block in
-groups of pages of their own (a decode step), `grow_by_one` hands out the pages and updates
-the counts with a few array operations; anything else goes through the planner
-(`SlotTables.apply`), which gives the same tables (the batch-path tests drive both)."""
+boundary. When every crossing is one page in groups of pages of their own (a decode step:
+capacity passes the end of its last block by at most one block, history moves one page out of
+a window), `cross_by_one` drops and hands out the pages and updates the counts with a few
+array operations; anything else goes through the planner (`SlotTables.apply`), which gives
+the same tables (the batch-path tests drive both)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from kvpool.cache.checks import check_capacity
 from kvpool.cache.request import Requests
 from kvpool.cache.results import RESIZED, Resize
 from kvpool.cache.shapes import IntArray
-from kvpool.cache.slots import SlotTables
+from kvpool.cache.slots import STALE, SlotTables
+from kvpool.spec.pages import stale_pages
 
 
 def move(
@@ -68,8 +70,8 @@ def resize_batch(
     crossing = grows | shrinks | stales
     idx = np.flatnonzero(crossing.any(axis=0))
     if idx.size:
-        simple = not t.shared and not shrinks.any() and not stales.any() and not (c > thr[0] + t.tokens_per_block).any()
-        if not (simple and grow_by_one(t, slots[idx], grows[:, idx], dry_run)):
+        simple = not t.shared and not shrinks.any() and not (c > thr[0] + t.tokens_per_block).any()
+        if not (simple and cross_by_one(t, slots[idx], hists[idx], grows[:, idx], stales[:, idx], dry_run)):
             done = t.apply(
                 slots[idx].tolist(), caps[idx].tolist(), hists[idx].tolist(), crossing[:, idx].tolist(), dry_run=dry_run
             )
@@ -81,28 +83,64 @@ def resize_batch(
     return RESIZED
 
 
-def grow_by_one(t: SlotTables, slots: npt.NDArray[np.intp], grows: npt.NDArray[np.bool_], dry_run: bool) -> bool:
-    """One new page for each `slots[j]` in each group `gi` where `grows[gi, j]`
-    (capacity passes the end of its last block by at most one block; no pool is
-    shared, nothing goes stale or shrinks). False, having changed nothing, when
-    a pool lacks the pages or a state group is among them (the planner's cases)."""
-    rows = [np.flatnonzero(g) for g in grows]
-    for gi, r in enumerate(rows):
+def cross_by_one(
+    t: SlotTables,
+    slots: npt.NDArray[np.intp],
+    hists: IntArray,
+    grows: npt.NDArray[np.bool_],
+    stales: npt.NDArray[np.bool_],
+    dry_run: bool,
+) -> bool:
+    """The batch's crossings when each is one page: where `stales[gi, j]`,
+    `slots[j]` drops the one page of group `gi` that leaves its window at
+    history `hists[j]`; then where `grows[gi, j]` it takes one page (capacity
+    passed the end of its last block by at most one block; no pool is shared,
+    nothing shrinks). False, having changed nothing, when a drop is more than
+    one page, a pool lacks the pages for the grows (counted before the drops
+    free any) or a state group grows: the planner's cases."""
+    drops = [np.flatnonzero(g).tolist() for g in stales]
+    for gi, rows in enumerate(drops):
+        if rows:
+            nstale, nblk = t.nstale_data[gi, slots[rows]].tolist(), t.nblk_data[gi, slots[rows]].tolist()
+            group, hs = t.groups[gi], hists[rows].tolist()
+            if any(stale_pages(group, h) != n + 1 or n >= b for h, n, b in zip(hs, nstale, nblk, strict=True)):
+                return False
+    grown = [np.flatnonzero(g) for g in grows]
+    for gi, r in enumerate(grown):
         if r.size and (t.is_state[gi] or r.size > t.pools[gi].num_free):
             return False
     if dry_run:
         return True
-    tpb = t.tokens_per_block
-    for gi, r in enumerate(rows):
-        if not r.size:
-            continue
-        sl = slots[r]
-        cols = t.nblk_data[gi, sl]
-        table = t.tables[gi]
-        if int(cols.max()) >= table.shape[1]:
-            table = t.widen(gi, int(cols.max()) + 1)
-        table[sl, cols] = t.pools[gi].take(int(r.size))
-        t.nblk_data[gi, sl] = cols + 1
-        t.thr_data[1, gi, sl] = cols * tpb  # the new last block starts where the old one ended
-        t.thr_data[0, gi, sl] = (cols + 1) * tpb
+    for gi, rows in enumerate(drops):
+        if rows:
+            drop_one(t, gi, slots[rows], hists[rows].tolist())
+    for gi, r in enumerate(grown):
+        if r.size:
+            grow_one(t, gi, slots[r])
     return True
+
+
+def drop_one(t: SlotTables, gi: int, slots: npt.NDArray[np.intp], hists: list[int]) -> None:
+    """Release the first live page of group `gi` in each of `slots` (it left
+    the window at the history in `hists`) and move its stale count on."""
+    cols = t.nstale_data[gi, slots]
+    table = t.tables[gi]
+    pages = table[slots, cols].tolist()
+    table[slots, cols] = STALE
+    t.pools[gi].release(pages)
+    t.nstale_data[gi, slots] = cols + 1
+    t.thr_data[2, gi, slots] = [t.next_stale(gi, h) for h in hists]
+
+
+def grow_one(t: SlotTables, gi: int, slots: npt.NDArray[np.intp]) -> None:
+    """One new page at the end of group `gi`'s table in each of `slots`, with
+    the block counts and capacity thresholds that go with it."""
+    tpb = t.tokens_per_block
+    cols = t.nblk_data[gi, slots]
+    table = t.tables[gi]
+    if int(cols.max()) >= table.shape[1]:
+        table = t.widen(gi, int(cols.max()) + 1)
+    table[slots, cols] = t.pools[gi].take(len(slots))
+    t.nblk_data[gi, slots] = cols + 1
+    t.thr_data[1, gi, slots] = cols * tpb  # the new last block starts where the old one ended
+    t.thr_data[0, gi, slots] = (cols + 1) * tpb
