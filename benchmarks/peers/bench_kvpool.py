@@ -1,13 +1,9 @@
 """Drive kvpool's KVCacheManager (src/kvpool/cache/manager.py) with W1/W2/W3.
 
-Three ways of calling it, reported as separate peers:
-  (default)    per-request API: create / resize / free, one resize per request per step; with
-                caching on the step's resize passes the new token (resize(rid, cap, hist, (tok,)):
-                the token is recorded and pages become reusable as they fill, as vLLM's
-                allocate_slots and nano-vllm's hash_blocks register them). A kvpool without that
-                argument (an older KV_BASE_SRC) takes the two calls below instead.
-  --two-calls  the same with caching on as two calls per request per step: resize, then
-                commit(rid, hist, (tok,))
+Two ways of calling it, reported as separate peers:
+  (default)    per-request API: create / resize / commit / free, one resize per request per step
+                (plus one commit per request per step with caching on, passing the new token, so
+                pages become reusable as they fill, as vLLM and nano-vllm register them)
   --batch      batched API: one resize_many for all 256 admissions, then per decode step one
                 resize_many (step 1) or extend(rids, 1) (steps 2..200); with caching on, the
                 generated tokens are committed once at the end (resize + commit before free),
@@ -23,7 +19,6 @@ Hashing (tuple hash of 16 ids, chained) happens inside the manager: in create() 
 whole pages bar the last token, and in commit() for the rest; it is inside the admission figure.
 """
 
-import inspect
 import os
 import sys
 
@@ -35,8 +30,6 @@ from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.spec import load_model_spec
 
 MODE = "batch" if "--batch" in sys.argv else "req"
-# one call per decode step where resize takes the new tokens (this checkout), else resize + commit
-ONE_CALL = "--two-calls" not in sys.argv and "tokens" in inspect.signature(KVCacheManager.resize).parameters
 L, S = W1_PROMPT, W1_STEPS
 
 
@@ -100,11 +93,7 @@ def w1(caching, sliding=False):
             resize, commit = m.resize, m.commit
             for step in range(1, S + 1):
                 cap, hist = L + step, L + step - 1
-                if caching and step >= 2 and ONE_CALL:
-                    for rid in rids:
-                        if not resize(rid, cap, hist, (w1_decode_token(rid, step - 2),)):
-                            raise AssertionError("pool exhausted")
-                elif caching and step >= 2:
+                if caching and step >= 2:
                     for rid in rids:
                         if not resize(rid, cap, hist):
                             raise AssertionError("pool exhausted")
@@ -208,5 +197,4 @@ if __name__ == "__main__":
     import kvpool
 
     sha = os.popen(f"git -C {os.path.dirname(kvpool.__file__)} rev-parse --short HEAD").read().strip()
-    calls = "resize with tokens" if ONE_CALL else "resize + commit"
-    main(f"kvpool@{sha} KVCacheManager ({MODE}{', ' + calls if MODE == 'req' else ''})", CONFIGS)
+    main(f"kvpool@{sha} KVCacheManager ({MODE})", CONFIGS)

@@ -1,6 +1,6 @@
 """One interleaved pass over every peer: each peer runs as a worker process in its own venv
 (imports once), and for rep in 1..REPS, for each configuration, the peers run one after another
-(kvpool-req, kvpool-req2, kvpool-batch, vllm, vllm-xxh, nano, sglang), each run in a fresh manager after gc.collect().
+(kvpool-req, kvpool-batch, vllm, vllm-xxh, nano, sglang), each run in a fresh manager after gc.collect().
 So machine drift during the pass hits all peers alike. Stdlib only.
 
 usage: python3 orchestrate.py OUT.json [--reps N]
@@ -27,7 +27,6 @@ KV_BASE_SRC = os.environ.get("KV_BASE_SRC")
 
 PEERS = [  # the interleaving order
     ("kvpool-req", [KV_PY, "bench_kvpool.py", "--worker"], {"PYTHONPATH": KV_SRC}),
-    ("kvpool-req2", [KV_PY, "bench_kvpool.py", "--worker", "--two-calls"], {"PYTHONPATH": KV_SRC}),
     ("kvpool-batch", [KV_PY, "bench_kvpool.py", "--worker", "--batch"], {"PYTHONPATH": KV_SRC}),
     *(
         [

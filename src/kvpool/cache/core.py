@@ -1,9 +1,10 @@
 """`KVCacheCore`: requests and their pages, the part of the manager every
 allocation goes through.
 
-It keeps the request records (`cache/request.py`), one page pool per group and the slot
-tables (`cache/slots.py`); reuse rules live in `cache/reuse.py`. `KVCacheManager`
-(`cache/manager.py`) adds dummies, the capacity query, warmup, the readers and statistics.
+It keeps the request records (`cache/request.py`), one page pool per group and
+the slot tables (`cache/slots.py`); reuse rules live in `cache/reuse.py`.
+`KVCacheManager` (`cache/manager.py`) adds dummies, the capacity query, warmup
+and statistics on top.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from kvpool.cache.checks import (
     checked_shape,
 )
 from kvpool.cache.crossing import can_cross, cross
-from kvpool.cache.events import CacheUsageError, EventRecord
+from kvpool.cache.events import CacheEvent, CacheUsageError, EventRecord, expand
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Resize
 from kvpool.cache.shared_pool import build_pools
@@ -126,58 +127,47 @@ class KVCacheCore:
         self._lookups.pop(rid, None)
         self.requests.remove(rid)
 
+    def __contains__(self, rid: object) -> bool:
+        return rid in self.requests
+
+    def capacity(self, rid: int) -> int:
+        return self.tables.shape(self.requests.get(rid))[0]
+
+    def history(self, rid: int) -> int:
+        return self.tables.shape(self.requests.get(rid))[1]
+
+    @property
+    def num_requests(self) -> int:
+        """Registered requests, dummies included."""
+        return len(self.requests)
+
     # ------------------------------------------------------------------ resizing
 
-    def resize(
-        self, rid: int, capacity: int, history: int | None = None, tokens: Sequence[int] | None = None
-    ) -> Resize:
+    def resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
         """Give `rid` pages for `capacity` positions with `history` of them
         computed (None: unchanged); raising history releases pages that went
         stale. All groups or nothing: a falsy result, naming the pages short
         per group, changed nothing. Raises `CacheUsageError` if capacity <
-        history or history decreases.
-
-        `tokens` makes it a decode step's one call: with reuse on, token ids
-        the manager has not seen yet (the verified tokens, as `commit` takes
-        them) are appended once the resize succeeds, and the whole pages among
-        the first min(history, known tokens) positions are offered for reuse,
-        as `commit` would. They are checked before anything changes (a bad id
-        raises `CacheUsageError`); with reuse off or for a dummy they are ignored."""
+        history or history decreases."""
         # Fast path: the request's mirror (`cache/shapes.py`) says no page moves in any group (and the
-        # capacity stays within max_capacity); plain ints only; with one new token, no page completes.
-        # Next, a one-page crossing (`cache/crossing.py`). Anything else takes the full path below.
+        # capacity stays within max_capacity); plain ints only. Next, a one-page crossing
+        # (`cache/crossing.py`). Anything else takes the full path below.
         req = self._by_id.get(rid)
         if req is not None and type(capacity) is int:
             hist = req.hist if history is None else history
             if type(hist) is int and req.lo < capacity and req.hist <= hist <= capacity:
                 if capacity <= req.hi and hist < req.nxt:
-                    if tokens is None:
-                        req.cap = capacity
-                        req.hist = hist
-                        return RESIZED
-                    if (
-                        (known := req.tokens) is not None
-                        and type(tokens) is tuple
-                        and len(tokens) == 1
-                        and hist < (req.committed + 1) * self.tokens_per_block
-                        and type(x := tokens[0]) is int
-                        and 0 <= x < 0x8000000000000000  # an int64 token id
-                    ):
-                        req.cap = capacity
-                        req.hist = hist
-                        known.append(x)
-                        return RESIZED
-                elif (
-                    tokens is None
-                    and self._crosses
+                    req.cap = capacity
+                    req.hist = hist
+                    return RESIZED
+                if (
+                    self._crosses
                     and req.hi >= 0
                     and capacity <= req.limit
                     and req.nxt > 0
                     and cross(self.tables, req, capacity, hist, self._keeps_stale)
                 ):
                     return RESIZED
-        if tokens is not None:
-            return self._resize_and_commit(rid, capacity, history, tokens)
         if req is None:
             req = self.requests.get(rid)  # raises
         t = self.tables
@@ -196,16 +186,6 @@ class KVCacheCore:
             self._count_lookups((rid,))
             t.rebound(req)  # the fast path is open from now on
         return RESIZED
-
-    def _resize_and_commit(self, rid: int, capacity: int, history: int | None, tokens: Sequence[int]) -> Resize:
-        """`resize` with `tokens`, the long way: check them, resize, then commit."""
-        ids = check_few_tokens(tokens, f"request {rid}: resize's tokens")
-        done = self.resize(rid, capacity, history)
-        req = self.requests.get(rid)
-        if done and self.enable_reuse and not req.dummy:
-            known = len(req.tokens) if req.tokens is not None else 0
-            self.commit(rid, min(self.tables.shape(req)[1], known + len(ids)), ids)
-        return done
 
     def resize_many(
         self, rids: Sequence[int], capacities: npt.ArrayLike, histories: npt.ArrayLike | None = None
@@ -283,6 +263,13 @@ class KVCacheCore:
         count = as_position(num_tokens, "commit's num_tokens")
         hist = self.tables.shape(req)[1]
         return reuse.commit(self.tables, req, count, ids, hist, state_snapshots=self.state_snapshots)
+
+    def take_events(self) -> list[CacheEvent]:
+        """Stored/removed page events since the last call (oldest first), built
+        now from the pools' records; clears them. Empty with `events=False`."""
+        events = expand(self.events)
+        self.events.clear()
+        return events
 
     # ------------------------------------------------------------------ internals
 

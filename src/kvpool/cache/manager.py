@@ -17,7 +17,7 @@ from kvpool.cache import integrity
 from kvpool.cache import warmup as warmup_mod
 from kvpool.cache.checks import checked_shape
 from kvpool.cache.core import KVCacheCore
-from kvpool.cache.events import CacheEvent, CacheStats, GroupStats, expand
+from kvpool.cache.events import CacheStats, GroupStats
 from kvpool.cache.results import RESIZED, Dummies, Resize
 from kvpool.cache.slots import STALE
 from kvpool.cache.warmup import WarmupReport
@@ -158,29 +158,6 @@ class KVCacheManager(KVCacheCore):
         return CacheStats(
             groups, self.reuse_queried_tokens, self.reuse_hit_tokens, len(self.requests) - dummies, dummies
         )
-
-    # ------------------------------------------------------------------ requests and events
-
-    def __contains__(self, rid: object) -> bool:
-        return rid in self.requests
-
-    def capacity(self, rid: int) -> int:
-        return self.tables.shape(self.requests.get(rid))[0]
-
-    def history(self, rid: int) -> int:
-        return self.tables.shape(self.requests.get(rid))[1]
-
-    @property
-    def num_requests(self) -> int:
-        """Registered requests, dummies included."""
-        return len(self.requests)
-
-    def take_events(self) -> list[CacheEvent]:
-        """Stored/removed page events since the last call (oldest first), built
-        now from the pools' records; clears them. Empty with `events=False`."""
-        events = expand(self.events)
-        self.events.clear()
-        return events
 
     # ------------------------------------------------------------------ tables and pools
 
