@@ -12,17 +12,18 @@ the same tables (the batch-path tests drive both)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
 
 from kvpool.cache import reuse
 from kvpool.cache.checks import check_capacity
+from kvpool.cache.crossing import drops_one_page
 from kvpool.cache.request import Requests
 from kvpool.cache.results import RESIZED, Resize
 from kvpool.cache.shapes import IntArray
 from kvpool.cache.slots import STALE, SlotTables
-from kvpool.spec.pages import stale_pages
 
 
 def move(
@@ -103,7 +104,7 @@ def cross_by_one(
         if rows:
             nstale, nblk = t.nstale_data[gi, slots[rows]].tolist(), t.nblk_data[gi, slots[rows]].tolist()
             group, hs = t.groups[gi], hists[rows].tolist()
-            if any(stale_pages(group, h) != n + 1 or n >= b for h, n, b in zip(hs, nstale, nblk, strict=True)):
+            if not all(map(partial(drops_one_page, group), hs, nstale, nblk)):
                 return False
     grown = [np.flatnonzero(g) for g in grows]
     for gi, r in enumerate(grown):
@@ -135,12 +136,9 @@ def drop_one(t: SlotTables, gi: int, slots: npt.NDArray[np.intp], hists: list[in
 def grow_one(t: SlotTables, gi: int, slots: npt.NDArray[np.intp]) -> None:
     """One new page at the end of group `gi`'s table in each of `slots`, with
     the block counts and capacity thresholds that go with it."""
-    tpb = t.tokens_per_block
     cols = t.nblk_data[gi, slots]
     table = t.tables[gi]
     if int(cols.max()) >= table.shape[1]:
         table = t.widen(gi, int(cols.max()) + 1)
     table[slots, cols] = t.pools[gi].take(len(slots))
-    t.nblk_data[gi, slots] = cols + 1
-    t.thr_data[1, gi, slots] = cols * tpb  # the new last block starts where the old one ended
-    t.thr_data[0, gi, slots] = (cols + 1) * tpb
+    t.set_blocks(gi, slots.tolist(), (cols + 1).tolist(), t.nstale_data[gi, slots].tolist())

@@ -25,7 +25,7 @@ from kvpool.cache.checks import (
     check_tokens,
     checked_shape,
 )
-from kvpool.cache.crossing import can_cross, cross
+from kvpool.cache.crossing import cross
 from kvpool.cache.events import CacheEvent, CacheUsageError, EventRecord, expand
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Resize
@@ -81,8 +81,9 @@ class KVCacheCore:
         )
         self.max_capacity = self.limits.max_seq_len + self.limits.headroom  # what the pools were sized for
         self._keeps_stale = enable_reuse and not all(self.tables.never_stale)
-        self._crosses = can_cross(self.tables)
-        self._pages_only = not any(self.tables.is_state)  # no state group to snapshot at a commit
+        # groups that share a pool are counted together: the planner's case, not a crossing's
+        self._crosses = not self.tables.shared
+        self._pages_only = self.tables.paged_only  # no state group to snapshot at a commit
         self.requests = Requests()
         self._by_id = self.requests.by_id  # the fast paths' lookup (no method call)
         self.reuse_queried_tokens = 0

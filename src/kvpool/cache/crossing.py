@@ -17,14 +17,16 @@ from __future__ import annotations
 
 from kvpool.cache.request import Request
 from kvpool.cache.reuse import store_before_release
+from kvpool.cache.shapes import block_bounds
 from kvpool.cache.slots import STALE, SlotTables
+from kvpool.spec.groups import LayerGroup
 from kvpool.spec.pages import stale_pages
 
 
-def can_cross(t: SlotTables) -> bool:
-    """Whether a crossing may ever apply to these tables: no groups share a pool
-    (their pages are counted together, which the planner does)."""
-    return not t.shared
+def drops_one_page(group: LayerGroup, hist: int, nstale: int, nblk: int) -> bool:
+    """Whether raising history to `hist` makes exactly one more of a table's
+    `nblk` blocks (`nstale` stale now) go stale in `group`, by `stale_pages`."""
+    return stale_pages(group, hist) == nstale + 1 and nstale < nblk
 
 
 def cross(t: SlotTables, req: Request, cap: int, hist: int, keeps_stale: bool) -> bool:
@@ -58,7 +60,7 @@ def cross(t: SlotTables, req: Request, cap: int, hist: int, keeps_stale: bool) -
         nstales, groups = req.nstales, t.groups
         for gi, nxt in enumerate(req.nxts):
             if nxt <= hist:
-                if stale_pages(groups[gi], hist) != nstales[gi] + 1 or nstales[gi] >= nblks[gi]:
+                if not drops_one_page(groups[gi], hist, nstales[gi], nblks[gi]):
                     return False
                 drop.append(gi)
         if keeps_stale and req.tokens is not None and not req.dummy:
@@ -98,7 +100,6 @@ def grow_single(t: SlotTables, req: Request, cap: int, hist: int) -> bool:
         table = t.widen(0, n + 1)
     table[req.slot, n] = pool.take_one()
     req.nblks[0] = n + 1
-    tpb = t.tokens_per_block
-    req.cap, req.hist, req.lo = cap, hist, n * tpb  # block_bounds of n + 1 blocks, capped at the limit
-    req.hi = min(req.limit, (n + 1) * tpb)
+    hi, req.lo = block_bounds(n + 1, t.tokens_per_block, False)
+    req.cap, req.hist, req.hi = cap, hist, min(req.limit, hi)
     return True

@@ -22,7 +22,6 @@ from array import array
 from collections.abc import Sequence
 from itertools import takewhile
 
-from kvpool.cache import hashing
 from kvpool.cache.events import CacheUsageError
 from kvpool.cache.hashing import extend_hashes, salt_seed
 from kvpool.cache.request import Request
@@ -177,9 +176,7 @@ def commit_next_page(t: SlotTables, req: Request) -> int:
     the decode step's commit, one digest and one `store` per group. Returns the
     tokens now reusable."""
     k, tpb, slot, hashes = req.committed, t.tokens_per_block, req.slot, req.hashes
-    if len(hashes) <= k and req.tokens is not None:  # the page's digest, straight from the chain
-        data = req.tokens[k * tpb : (k + 1) * tpb].tobytes()
-        hashes += hashing.page_chain(hashes[k - 1] if k else req.seed, data, len(data))
+    extend_hashes(hashes, req.tokens or (), tpb, req.seed, k + 1)  # a no-op when create hashed it
     block_hash, parent = hashes[k], hashes[k - 1] if k else None
     for gi, n in enumerate(t.counts(req)[0]):
         if n > k:

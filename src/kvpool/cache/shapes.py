@@ -111,11 +111,8 @@ class ShapeArrays:
         with a history below `nxt` moves no page in any group."""
         hi, lo, tpb, nblks = req.limit, -1, self.tokens_per_block, req.nblks
         if self.paged_only:  # block_bounds grow with the count: the fewest blocks bound hi, the most lo
-            few, most = (nblks[0], nblks[0]) if len(nblks) == 1 else (min(nblks), max(nblks))
-            if few * tpb < hi:
-                hi = few * tpb
-            if most:
-                lo = (most - 1) * tpb
+            hi = min(hi, block_bounds(min(nblks), tpb, False)[0])
+            lo = block_bounds(max(nblks), tpb, False)[1]
         else:
             for n, state in zip(nblks, self.is_state, strict=True):
                 h, low = block_bounds(n, tpb, state)
