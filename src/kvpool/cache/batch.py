@@ -141,4 +141,4 @@ def grow_one(t: SlotTables, gi: int, slots: npt.NDArray[np.intp]) -> None:
     if int(cols.max()) >= table.shape[1]:
         table = t.widen(gi, int(cols.max()) + 1)
     table[slots, cols] = t.pools[gi].take(len(slots))
-    t.set_blocks(gi, slots.tolist(), (cols + 1).tolist(), t.nstale_data[gi, slots].tolist())
+    t.set_blocks(gi, slots, cols + 1, t.nstale_data[gi, slots])

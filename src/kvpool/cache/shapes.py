@@ -17,6 +17,7 @@ single-request path reads the mirror (`counts`, `Request.cap`) instead.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +28,7 @@ from kvpool.spec.kinds import NEVER  # threshold of a group that never goes stal
 from kvpool.spec.pages import stale_pages
 
 IntArray = npt.NDArray[np.int64]
+Ints = list[int] | npt.NDArray[np.integer[Any]]
 
 
 def block_bounds(nblk: int, tokens_per_block: int, state: bool) -> tuple[int, int]:
@@ -162,8 +164,9 @@ class ShapeArrays:
 
     # ------------------------------------------------------------------ thresholds
 
-    def set_blocks(self, gi: int, slots: list[int], nblk: list[int], nstale: list[int]) -> None:
-        """Record unmirrored tables' block counts and the capacities that keep them."""
+    def set_blocks(self, gi: int, slots: Ints, nblk: Ints, nstale: Ints) -> None:
+        """Record unmirrored tables' block counts and the capacities that keep them
+        (lists or integer arrays, one entry per slot)."""
         tpb, state = self.tokens_per_block, self.is_state[gi]
         if len(slots) < 8:  # scalar writes beat building arrays for a few requests
             for slot, n, stale in zip(slots, nblk, nstale, strict=True):
