@@ -14,7 +14,7 @@ import pytest
 
 from cache_helpers import full_spec, manager
 from kvpool.cache import hashing
-from kvpool.cache.hashing import ROOT_HASH, chain_function, extend_hashes, salt_seed
+from kvpool.cache.hashing import ROOT_HASH, chain_function, digest_function, extend_hashes, salt_seed
 
 TPB = 4
 TOKENS = [7, 8, 9, 10, 11, 12, 13, 14, 15]  # two whole pages of 4 (and one token over)
@@ -96,9 +96,21 @@ def test_prompts_python_hash_confuses_share_no_page() -> None:
     m.check_integrity()
 
 
+@pytest.mark.parametrize("name", DIGESTS)
+@pytest.mark.parametrize("parent", [ROOT_HASH, 0, 2**64 - 1, -1, 2**70 + 3])
+def test_one_page_digest_is_the_chain_of_one_page(name: str, parent: int) -> None:
+    if name == "xxh3":
+        pytest.importorskip("xxhash")
+    page = struct.pack(f"<{TPB}q", *TOKENS[:TPB])
+    assert digest_function(name)(parent, page) == chain_function(name)(parent, page, len(page))[0]
+    assert digest_function(name)(parent, page) == chain_by_hand(name, parent, TOKENS, 1)[0]
+
+
 def test_unknown_digest_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown page digest"):
         chain_function("md5")
+    with pytest.raises(ValueError, match="unknown page digest"):
+        digest_function("md5")
 
 
 def run_python(code: str, **env: str) -> str:
@@ -144,6 +156,7 @@ def test_manager_reuses_under_either_digest(name: str, monkeypatch: pytest.Monke
     if name == "xxh3":
         pytest.importorskip("xxhash")
     monkeypatch.setattr(hashing, "page_chain", chain_function(name))
+    monkeypatch.setattr(hashing, "page_digest", digest_function(name))
     m = manager(full_spec(tpb=16), {"full": 20})
     prompt = list(range(1000, 1100))
     m.create(1, prompt, salt="a")
@@ -155,4 +168,29 @@ def test_manager_reuses_under_either_digest(name: str, monkeypatch: pytest.Monke
     assert [e.parent_hash for e in events] == [None, *want[:-1]]
     assert m.create(2, prompt, salt="a") == 96
     assert m.create(3, prompt, salt="b") == 0
+    m.check_integrity()
+
+
+@pytest.mark.parametrize("name", DIGESTS)
+def test_decode_commits_chain_under_either_digest(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One token per step, as a decode loop commits: the page each step
+    completes (the one-page commit) carries the documented chain's digest."""
+    if name == "xxh3":
+        pytest.importorskip("xxhash")
+    monkeypatch.setattr(hashing, "page_chain", chain_function(name))
+    monkeypatch.setattr(hashing, "page_digest", digest_function(name))
+    m = manager(full_spec(tpb=16), {"full": 20})
+    prompt, generated = list(range(1000, 1020)), list(range(50, 110))
+    m.create(1, prompt, salt="a")
+    assert m.resize(1, 21, 20)
+    m.commit(1, 20)  # the prompt's one whole page
+    for i, token in enumerate(generated):  # position 20 + i is computed, and its token told
+        history = 21 + i
+        assert m.resize(1, history + 1, history)
+        m.commit(1, history, (token,))
+    every = prompt + generated
+    pages = len(every) // 16  # 5: one at the prompt's commit, four at decode steps
+    want = signed(chain_by_hand(name, salt_seed("a"), every, pages, 16))
+    assert [e.block_hash for e in m.take_events()] == want
+    assert m.create(2, [*every, 0], salt="a") == pages * 16  # one token past the pages, to compute
     m.check_integrity()

@@ -31,6 +31,8 @@ MASK64 = (1 << 64) - 1
 
 # (parent digest, bytes of whole pages, page width in bytes) -> the pages' unsigned digests, chained
 Chain = Callable[[int, bytes, int], list[int]]
+# (parent digest, one page's bytes) -> that page's unsigned digest: a chain of one page, one call
+Digest = Callable[[int, bytes], int]
 
 
 def blake2b_chain(parent: int, data: bytes, width: int) -> list[int]:
@@ -42,6 +44,27 @@ def blake2b_chain(parent: int, data: bytes, width: int) -> list[int]:
         prev = blake2b(prev + data[off : off + width], digest_size=8, person=b"kvpool-page").digest()
         out.append(from_bytes(prev, "little"))
     return out
+
+
+def blake2b_digest(parent: int, page: bytes) -> int:
+    """`blake2b_chain` of one page."""
+    prev = (parent & MASK64).to_bytes(8, "little")
+    return int.from_bytes(hashlib.blake2b(prev + page, digest_size=8, person=b"kvpool-page").digest(), "little")
+
+
+def digest_function(name: str) -> Digest:
+    """The one-page digest of the chain called `name` (`chain_function`)."""
+    if name == "blake2b":
+        return blake2b_digest
+    if name == "xxh3":
+        from xxhash import xxh3_64_intdigest
+
+        def xxh3_digest(parent: int, page: bytes) -> int:
+            """`xxh3_chain` of one page."""
+            return xxh3_64_intdigest(page, parent & MASK64)
+
+        return xxh3_digest
+    raise ValueError(f"unknown page digest {name!r}")
 
 
 def chain_function(name: str) -> Chain:
@@ -66,10 +89,10 @@ def chain_function(name: str) -> Chain:
 
 
 try:
-    page_chain = chain_function("xxh3")
+    page_chain, page_digest = chain_function("xxh3"), digest_function("xxh3")
     DIGEST = "xxh3"
 except ImportError:
-    page_chain = blake2b_chain
+    page_chain, page_digest = blake2b_chain, blake2b_digest
     DIGEST = "blake2b"
 
 

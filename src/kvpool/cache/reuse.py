@@ -22,6 +22,7 @@ from array import array
 from collections.abc import Sequence
 from itertools import takewhile
 
+from kvpool.cache import hashing
 from kvpool.cache.events import CacheUsageError
 from kvpool.cache.hashing import extend_hashes, salt_seed
 from kvpool.cache.request import Request
@@ -172,16 +173,19 @@ def commit(
 
 def commit_next_page(t: SlotTables, req: Request) -> int:
     """`commit` of exactly one more page, `req.committed`, whose tokens are
-    known and computed (the caller checked), in tables without state groups:
-    the decode step's commit, one digest and one `store` per group. Returns the
-    tokens now reusable."""
-    k, tpb, slot, hashes = req.committed, t.tokens_per_block, req.slot, req.hashes
-    extend_hashes(hashes, req.tokens or (), tpb, req.seed, k + 1)  # a no-op when create hashed it
+    known and computed (the caller checked), of a mirrored request in tables
+    without state groups: the decode step's commit, one digest (unless
+    `create` made it) and one `store` per group. Returns the tokens now reusable."""
+    k, tpb, hashes = req.committed, t.tokens_per_block, req.hashes
+    if len(hashes) == k:  # past the prompt's pages: hash this one, chained to the last
+        tokens = req.tokens
+        assert tokens is not None
+        page = tokens[k * tpb : (k + 1) * tpb].tobytes()
+        hashes.append(hashing.page_digest(hashes[-1] if k else req.seed, page))
     block_hash, parent = hashes[k], hashes[k - 1] if k else None
-    for gi, n in enumerate(t.counts(req)[0]):
-        if n > k:
-            page = int(t.tables[gi][slot, k])
-            if page >= 0:
-                t.pools[gi].store(page, block_hash, parent, tpb)
+    slot = req.slot
+    for gi, n in enumerate(req.nblks):
+        if n > k and (page_id := int(t.tables[gi][slot, k])) >= 0:
+            t.pools[gi].store(page_id, block_hash, parent, tpb)
     req.committed = k + 1
     return (k + 1) * tpb
