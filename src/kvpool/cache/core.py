@@ -34,6 +34,7 @@ from kvpool.cache.slots import SlotTables
 from kvpool.plan.result import PoolPlan
 from kvpool.spec.kinds import NEVER
 
+INT64_END = 1 << 63  # token ids are int64: 0 <= id < INT64_END
 EVENT_BUFFER = 1 << 16  # event records (runs of pages) kept until `take_events`; older ones are dropped
 
 
@@ -230,25 +231,25 @@ class KVCacheCore:
         Returns the tokens now reusable; a no-op (0) with reuse off or for dummies."""
         # Fast path (a decode step): a mirrored request with known tokens (so reuse is on and it is
         # no dummy), at most one new plain token, and no page completes, or exactly one does and no
-        # state group would want a snapshot of it.
+        # state group would want a snapshot of it. The common case (one token, no page) is tested first.
         req = self._by_id.get(rid)
         if (
             req is not None
             and type(num_tokens) is int
+            and (known := req.tokens) is not None
             and req.hi >= 0
             and 0 <= num_tokens <= req.hist
-            and (known := req.tokens) is not None
         ):
             tpb = self.tokens_per_block
             done = req.committed * tpb
             if type(tokens) is tuple:
-                if len(tokens) == 1 and num_tokens <= len(known) + 1 and num_tokens < done + 2 * tpb:
+                if len(tokens) == 1 and num_tokens <= len(known) + 1:
                     x = tokens[0]
-                    if type(x) is int and 0 <= x < 0x8000000000000000:  # an int64 token id
+                    if type(x) is int and 0 <= x < INT64_END:  # an int64 token id
                         if num_tokens < done + tpb:
                             known.append(x)
                             return done
-                        if self._pages_only:
+                        if num_tokens < done + 2 * tpb and self._pages_only:
                             known.append(x)
                             return reuse.commit_next_page(self.tables, req)
             elif tokens is None and num_tokens <= len(known):
