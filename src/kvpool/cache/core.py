@@ -27,6 +27,7 @@ from kvpool.cache.checks import (
 )
 from kvpool.cache.crossing import cross
 from kvpool.cache.events import CacheEvent, CacheUsageError, EventRecord, expand
+from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Resize
 from kvpool.cache.shared_pool import build_pools
@@ -90,6 +91,7 @@ class KVCacheCore:
         self.reuse_queried_tokens = 0
         self.reuse_hit_tokens = 0
         self._lookups: dict[int, tuple[int, int]] = {}  # rid -> (queried, hit) not yet counted
+        self._prompts = PromptMemo()  # the last prompt's digests, for the next that shares its start
 
     # ------------------------------------------------------------------ requests
 
@@ -109,7 +111,7 @@ class KVCacheCore:
         if ids is None:
             return 0
         req.tokens, req.seed = ids, seed
-        hit = reuse.attach_prefix(self.tables, req)
+        hit = reuse.attach_prefix(self.tables, req, self._prompts)
         self._lookups[rid] = (len(ids), hit)
         req.nxt = -1  # no fast path until the first resize counted the lookup
         return hit

@@ -39,6 +39,7 @@ class PagePool:
         "cached",
         "events",
         "record_events",
+        "drops",
     )
 
     def __init__(self, name: str, num_pages: int, events: deque[EventRecord]) -> None:
@@ -55,6 +56,7 @@ class PagePool:
         self.cached: dict[int, int] = {}  # block hash -> page holding it
         self.events = events  # a log of `EventRecord`s, one per run of pages (`cache/events.py`)
         self.record_events = True
+        self.drops = 0  # entries `cached` has lost: a page found under a hash stays there while this is unchanged
 
     @property
     def num_free(self) -> int:
@@ -222,4 +224,5 @@ class PagePool:
         assert block_hash is not None
         del self.cached[block_hash]
         self.page_hash[page] = None
+        self.drops += 1
         return block_hash

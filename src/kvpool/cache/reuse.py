@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from itertools import takewhile
+from itertools import islice, takewhile
 
 from kvpool.cache import hashing
 from kvpool.cache.events import CacheUsageError
 from kvpool.cache.hashing import extend_hashes, salt_seed
+from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request
 from kvpool.cache.slots import SlotTables
 from kvpool.spec.pages import pages_needed, stale_pages
@@ -32,13 +33,16 @@ from kvpool.spec.pages import pages_needed, stale_pages
 __all__ = ["attach_prefix", "commit", "commit_next_page", "longest_hit", "salt_seed", "store_before_release"]
 
 
-def longest_hit(t: SlotTables, hashes: Sequence[int]) -> int:
-    """Largest k <= len(hashes) such that a request can reuse k whole pages."""
+def longest_hit(t: SlotTables, hashes: Sequence[int], known: dict[int, list[int]] | None = None) -> int:
+    """Largest k <= len(hashes) such that a request can reuse k whole pages.
+    `known[gi]`: leading pages of a never-stale group known to hold these
+    digests (`PromptMemo.cached_pages`), not looked up again."""
     k = len(hashes)
     pools = t.pools
     for gi, pool in enumerate(pools):
         if t.never_stale[gi] and not t.is_state[gi]:  # the leading cached run, counted in C
-            k = min(k, len(list(takewhile(pool.cached.__contains__, hashes))))
+            skip = len(known[gi]) if known and gi in known else 0
+            k = min(k, skip + len(list(takewhile(pool.cached.__contains__, islice(hashes, skip, None)))))
     tpb = t.tokens_per_block
     checks = [gi for gi in range(len(pools)) if t.is_state[gi] or not t.never_stale[gi]]
     while k > 0:
@@ -58,17 +62,21 @@ def longest_hit(t: SlotTables, hashes: Sequence[int]) -> int:
     return 0
 
 
-def attach_prefix(t: SlotTables, req: Request) -> int:
+def attach_prefix(t: SlotTables, req: Request, memo: PromptMemo) -> int:
     """Attach the longest cached prefix of `req.tokens` to a fresh request
     (mirrored by `SlotTables.start`); returns the reused tokens. The last
-    prompt token is never reused."""
+    prompt token is never reused. The prompt's digests come from `memo`
+    (the pages it shares with the previous prompt are not digested again)."""
     tokens = req.tokens
     tpb = t.tokens_per_block
     if not tokens:
         return 0
-    extend_hashes(req.hashes, tokens, tpb, req.seed, (len(tokens) - 1) // tpb)
-    k = longest_hit(t, req.hashes)
+    # the part shared with the last prompt, where its hit's pages still hold, needs no lookup
+    req.hashes, known = memo.digests(tokens, tpb, req.seed, (len(tokens) - 1) // tpb, t.pools)
+    k = longest_hit(t, req.hashes, known)
+    attached: dict[int, list[int]] = {}
     if k == 0:
+        memo.remember_hit(attached, t.pools)
         return 0
     n, slot = k * tpb, req.slot
     for gi, (group, pool) in enumerate(zip(t.groups, t.pools, strict=True)):
@@ -79,6 +87,10 @@ def attach_prefix(t: SlotTables, req: Request) -> int:
             pool.take_cached(page)
             pool.forget(page)
             pages = [page]
+        elif t.never_stale[gi]:  # pages 0..k-1, remembered for the next prompt
+            head = known.get(gi, [])[:k]
+            pages = attached[gi] = head + list(map(pool.cached.__getitem__, req.hashes[len(head) : k]))
+            pool.take_cached_many(pages)
         else:
             pages = list(map(pool.cached.__getitem__, req.hashes[stale:k]))
             pool.take_cached_many(pages)
@@ -90,6 +102,7 @@ def attach_prefix(t: SlotTables, req: Request) -> int:
     req.cap = req.hist = n
     t.rebound(req)
     req.committed = k
+    memo.remember_hit(attached, t.pools)
     return n
 
 

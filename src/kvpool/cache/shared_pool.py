@@ -62,6 +62,7 @@ class PoolView(PagePool):
         self.cached = {}
         self.events = events
         self.record_events = True
+        self.drops = 0
         shared.views.append(self)
 
     @property  # type: ignore[override]
@@ -118,6 +119,7 @@ class PoolView(PagePool):
         assert block_hash is not None
         del holder.cached[block_hash]
         holder.page_hash[page] = None
+        holder.drops += 1
         return block_hash
 
 

@@ -1,0 +1,147 @@
+"""The prompt memo (cache/prompt_memo.py): digests and prefix hits taken from
+the previous prompt are exactly those computed from scratch, and a manager that
+uses it is indistinguishable from one that does not, evictions included."""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cache_helpers import full_spec, manager, twin_spec
+from kvpool.cache import KVCacheManager, hashing
+from kvpool.cache.checks import check_tokens
+from kvpool.cache.hashing import extend_hashes, salt_seed
+from kvpool.cache.pool import PagePool
+from kvpool.cache.prompt_memo import PromptMemo
+
+TPB = 4
+BASES = [list(range(100, 140)), list(range(100, 120)) + list(range(700, 720)), list(range(300, 340))]
+
+# a prompt: a base, cut at some length, then a tail of its own; and a salt
+prompts = st.tuples(
+    st.integers(0, 2), st.integers(0, 40), st.lists(st.integers(0, 9), max_size=9), st.sampled_from([None, "a"])
+)
+
+
+def prompt_of(base: int, cut: int, tail: list[int]) -> list[int]:
+    return BASES[base][:cut] + tail
+
+
+class ScratchMemo(PromptMemo):
+    """A memo that remembers nothing: every digest from scratch, every page looked up."""
+
+    def digests(
+        self, ids: array[int], tokens_per_block: int, seed: int, num_blocks: int, pools: list[PagePool]
+    ) -> tuple[list[int], dict[int, list[int]]]:
+        out: list[int] = []
+        extend_hashes(out, ids, tokens_per_block, seed, num_blocks)
+        return out, {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(prompts, st.integers(0, 12)), min_size=1, max_size=12))
+def test_digests_are_those_from_scratch(calls: list[tuple[tuple[int, int, list[int], str | None], int]]) -> None:
+    memo = PromptMemo()
+    for (base, cut, tail, salt), blocks in calls:
+        ids = check_tokens(prompt_of(base, cut, tail))
+        blocks = min(blocks, len(ids) // TPB)
+        want: list[int] = []
+        extend_hashes(want, ids, TPB, salt_seed(salt), blocks)
+        got, known = memo.digests(ids, TPB, salt_seed(salt), blocks, [])
+        assert got == want and known == {}  # no hit remembered: no pages known
+        ids.append(1)  # the memo holds no view of the caller's ids: they stay resizable
+
+
+def observed(m: KVCacheManager) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for rid, _ in m.iter_requests():
+        out[f"r{rid}"] = (m.capacity(rid), m.history(rid), [m.block_table(rid, g.name).tolist() for g in m.groups])
+    for p in m.pools:
+        out[p.name] = (list(p.ref), list(p.page_hash), list(p.free_stack), p.lru_order())
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(st.tuples(st.sampled_from("aafg"), st.integers(0, 3), prompts, st.integers(1, 16)), max_size=40),
+    sliding=st.booleans(),
+    full_pages=st.integers(12, 30),
+)
+def test_a_manager_with_the_memo_is_one_without(
+    ops: list[tuple[str, int, tuple[int, int, list[int], str | None], int]], sliding: bool, full_pages: int
+) -> None:
+    # admissions (free if running, create, prefill, commit), frees, and growth that evicts the
+    # pages a freed prompt left cached, before the next admission that shares its prefix
+    spec = twin_spec(tpb=TPB, window=10) if sliding else full_spec(tpb=TPB)
+    pages = {"full": full_pages, "sliding": 12} if sliding else {"full": full_pages}
+    memo, scratch = manager(spec, pages), manager(spec, pages)
+    scratch._prompts = ScratchMemo()  # the one without
+    for kind, rid, (base, cut, tail, salt), n in ops:
+        if kind == "g":
+            if rid in memo and memo.capacity(rid) + n <= memo.max_capacity:
+                grown = [bool(m.resize(rid, m.capacity(rid) + n)) for m in (memo, scratch)]
+                assert grown[0] == grown[1]
+        elif rid in memo:
+            memo.free(rid)
+            scratch.free(rid)
+        if kind == "a":
+            prompt = prompt_of(base, cut, tail) or [5]
+            hits = [m.create(rid, prompt, salt=salt) for m in (memo, scratch)]
+            assert hits[0] == hits[1]
+            ok = [bool(m.resize(rid, len(prompt), len(prompt))) for m in (memo, scratch)]  # prefilled
+            assert ok[0] == ok[1]
+            if ok[0]:
+                assert memo.commit(rid, len(prompt)) == scratch.commit(rid, len(prompt))
+        assert memo.take_events() == scratch.take_events()
+        assert observed(memo) == observed(scratch)
+    assert memo.stats() == scratch.stats()
+    memo.check_integrity()
+
+
+def test_a_shared_system_prompt_is_digested_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = manager(full_spec(tpb=16), {"full": 200})
+    system = list(range(1000, 1000 + 16 * 40))
+    calls: list[int] = []
+    real = hashing.page_chain
+
+    def counted(parent: int, data: bytes, width: int) -> list[int]:
+        calls.append(len(data) // width)
+        return real(parent, data, width)
+
+    monkeypatch.setattr(hashing, "page_chain", counted)
+    for rid in range(3):
+        prompt = system + list(range(5000 + 100 * rid, 5000 + 100 * rid + 20))
+        hit = m.create(rid, prompt)
+        assert hit == (40 * 16 if rid else 0)
+        assert m.resize(rid, len(prompt), len(prompt))
+        m.commit(rid, len(prompt))
+    # the first prompt digests its 41 whole pages; the next ones only the page past the system prompt
+    assert calls[0] == 41 and all(c == 1 for c in calls[1:] if c)
+    m.check_integrity()
+
+
+def test_pages_evicted_since_the_last_hit_are_looked_up_again() -> None:
+    # the last prompt's hit is remembered; its pages are freed and evicted (a running request grows
+    # over them, no admission in between); the same prompt again must not be handed those pages
+    spec, pages = full_spec(tpb=TPB), {"full": 12}
+    memo, scratch = manager(spec, pages), manager(spec, pages)
+    scratch._prompts = ScratchMemo()
+    a = BASES[0]  # 40 tokens: 10 pages
+    for m in (memo, scratch):
+        m.create(2, [1, 2, 3])
+        assert m.resize(2, 3, 3)
+        m.create(0, a)
+        assert m.resize(0, 40, 40)
+        m.commit(0, 40)
+        assert m.create(1, a) == 36  # the remembered hit: pages of blocks 0..8
+        m.free(1)
+        m.free(0)
+        assert m.resize(2, 44, 3)  # 11 pages: 9 of the 10 cached pages of `a` are evicted
+    # a free walks each table backwards, so the tail went first: block 0 is still cached
+    assert memo.create(3, a) == scratch.create(3, a) == TPB
+    assert observed(memo) == observed(scratch)
+    memo.check_integrity()
