@@ -94,3 +94,14 @@ def twin_spec(tpb: int = 16, window: int = 40) -> ModelSpec:
         },
         tokens_per_block=tpb,
     )
+
+
+def observed(m: KVCacheManager) -> dict[str, Any]:
+    """Shapes, tables and pools (owners, hashes, free stack, LRU order); read
+    through the mirror (`stats` would write every mirror back, closing the fast paths)."""
+    out: dict[str, Any] = {}
+    for rid, _ in m.iter_requests():
+        out[f"r{rid}"] = (m.capacity(rid), m.history(rid), [m.block_table(rid, g.name).tolist() for g in m.groups])
+    for p in m.pools:
+        out[p.name] = (list(p.ref), list(p.page_hash), list(p.free_stack), p.lru_order())
+    return out

@@ -13,24 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cache_helpers import full_spec, manager, twin_spec
+from cache_helpers import full_spec, manager, observed, twin_spec
 from kvpool.cache import KVCacheManager
 from kvpool.cache.slots import SlotTables
 
 TPB, WINDOW = 4, 10
 BASE = list(range(500, 530))
 PROMPTS = [BASE[:18], BASE[:18] + [7, 8, 9], BASE[:9], list(range(900, 913))]
-
-
-def observed(m: KVCacheManager) -> dict[str, Any]:
-    """Shapes, tables and pools (owners, hashes, free stack, LRU order); read
-    through the mirror (`stats` would write every mirror back, closing the fast paths)."""
-    out: dict[str, Any] = {}
-    for rid, _ in m.iter_requests():
-        out[f"r{rid}"] = (m.capacity(rid), m.history(rid), [m.block_table(rid, g.name).tolist() for g in m.groups])
-    for p in m.pools:
-        out[p.name] = (list(p.ref), list(p.page_hash), list(p.free_stack), p.lru_order())
-    return out
 
 
 class Driver:

@@ -5,14 +5,13 @@ uses it is indistinguishable from one that does not, evictions included."""
 from __future__ import annotations
 
 from array import array
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cache_helpers import full_spec, manager, twin_spec
-from kvpool.cache import KVCacheManager, hashing
+from cache_helpers import full_spec, manager, observed, twin_spec
+from kvpool.cache import hashing
 from kvpool.cache.checks import check_tokens
 from kvpool.cache.hashing import extend_hashes, salt_seed
 from kvpool.cache.pool import PagePool
@@ -54,15 +53,6 @@ def test_digests_are_those_from_scratch(calls: list[tuple[tuple[int, int, list[i
         got, known = memo.digests(ids, TPB, salt_seed(salt), blocks, [])
         assert got == want and known == {}  # no hit remembered: no pages known
         ids.append(1)  # the memo holds no view of the caller's ids: they stay resizable
-
-
-def observed(m: KVCacheManager) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for rid, _ in m.iter_requests():
-        out[f"r{rid}"] = (m.capacity(rid), m.history(rid), [m.block_table(rid, g.name).tolist() for g in m.groups])
-    for p in m.pools:
-        out[p.name] = (list(p.ref), list(p.page_hash), list(p.free_stack), p.lru_order())
-    return out
 
 
 @settings(max_examples=200, deadline=None)
