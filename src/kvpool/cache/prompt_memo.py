@@ -30,8 +30,8 @@ __all__ = ["PromptMemo"]
 
 
 class PromptMemo:
-    """Digests of the last prompt given to `digests` (one prompt: a bounded,
-    constant memory cost of its ids and digests)."""
+    """Digests of the last prompt given to `digests`, and the pages its hit
+    found (`remember_hit`): one prompt, a bounded memory cost."""
 
     def __init__(self) -> None:
         self.seed = 0
