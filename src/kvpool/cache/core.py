@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from kvpool.cache import batch, reuse
 from kvpool.cache.checks import (
+    INT64_MAX,
     as_position,
     batch_positions,
     check_batch_shapes,
@@ -35,7 +36,6 @@ from kvpool.cache.slots import SlotTables
 from kvpool.plan.result import PoolPlan
 from kvpool.spec.kinds import NEVER
 
-INT64_END = 1 << 63  # token ids are int64: 0 <= id < INT64_END
 EVENT_BUFFER = 1 << 16  # event records (runs of pages) kept until `take_events`; older ones are dropped
 
 
@@ -247,7 +247,7 @@ class KVCacheCore:
             if type(tokens) is tuple:
                 if len(tokens) == 1 and num_tokens <= len(known) + 1:
                     x = tokens[0]
-                    if type(x) is int and 0 <= x < INT64_END:  # an int64 token id
+                    if type(x) is int and 0 <= x <= INT64_MAX:  # an int64 token id
                         if num_tokens < done + tpb:
                             known.append(x)
                             return done

@@ -39,10 +39,9 @@ def blake2b_chain(parent: int, data: bytes, width: int) -> list[int]:
     """Page digests by BLAKE2b-64 of (parent's 8 bytes, little-endian, as an
     unsigned 64-bit int) followed by the page's bytes: the fallback."""
     out: list[int] = []
-    prev, from_bytes, blake2b = (parent & MASK64).to_bytes(8, "little"), int.from_bytes, hashlib.blake2b
     for off in range(0, len(data), width):
-        prev = blake2b(prev + data[off : off + width], digest_size=8, person=b"kvpool-page").digest()
-        out.append(from_bytes(prev, "little"))
+        parent = blake2b_digest(parent, data[off : off + width])
+        out.append(parent)
     return out
 
 

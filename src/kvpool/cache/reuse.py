@@ -36,7 +36,7 @@ __all__ = ["attach_prefix", "commit", "commit_next_page", "longest_hit", "salt_s
 def longest_hit(t: SlotTables, hashes: Sequence[int], known: dict[int, list[int]] | None = None) -> int:
     """Largest k <= len(hashes) such that a request can reuse k whole pages.
     `known[gi]`: leading pages of a never-stale group known to hold these
-    digests (`PromptMemo.cached_pages`), not looked up again."""
+    digests (from `PromptMemo.digests`), not looked up again."""
     k = len(hashes)
     pools = t.pools
     for gi, pool in enumerate(pools):
@@ -87,13 +87,12 @@ def attach_prefix(t: SlotTables, req: Request, memo: PromptMemo) -> int:
             pool.take_cached(page)
             pool.forget(page)
             pages = [page]
-        elif t.never_stale[gi]:  # pages 0..k-1, remembered for the next prompt
+        else:  # pages stale..k-1; only never-stale groups (stale 0) have known ones, and are remembered
             head = known.get(gi, [])[:k]
-            pages = attached[gi] = head + list(map(pool.cached.__getitem__, req.hashes[len(head) : k]))
+            pages = head + list(map(pool.cached.__getitem__, req.hashes[stale + len(head) : k]))
             pool.take_cached_many(pages)
-        else:
-            pages = list(map(pool.cached.__getitem__, req.hashes[stale:k]))
-            pool.take_cached_many(pages)
+            if t.never_stale[gi]:
+                attached[gi] = pages
         table = t.tables[gi]
         if nblk > table.shape[1]:
             table = t.widen(gi, nblk)
