@@ -15,7 +15,7 @@ from kvpool.cache import hashing
 from kvpool.cache.checks import check_tokens
 from kvpool.cache.hashing import extend_hashes, salt_seed
 from kvpool.cache.pool import PagePool
-from kvpool.cache.prompt_memo import PromptMemo
+from kvpool.cache.prompt_memo import KnownPages, PromptMemo
 
 TPB = 4
 BASES = [list(range(100, 140)), list(range(100, 120)) + list(range(700, 720)), list(range(300, 340))]
@@ -35,7 +35,7 @@ class ScratchMemo(PromptMemo):
 
     def digests(
         self, ids: array[int], tokens_per_block: int, seed: int, num_blocks: int, pools: list[PagePool]
-    ) -> tuple[list[int], dict[int, list[int]]]:
+    ) -> tuple[list[int], dict[int, KnownPages]]:
         out: list[int] = []
         extend_hashes(out, ids, tokens_per_block, seed, num_blocks)
         return out, {}

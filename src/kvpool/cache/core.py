@@ -245,7 +245,7 @@ class KVCacheCore:
             tpb = self.tokens_per_block
             done = req.committed * tpb
             if type(tokens) is tuple:
-                if len(tokens) == 1 and num_tokens <= len(known) + 1:
+                if len(tokens) == 1 and num_tokens <= req.base + len(known) + 1:
                     x = tokens[0]
                     if type(x) is int and 0 <= x <= INT64_MAX:  # an int64 token id
                         if num_tokens < done + tpb:
@@ -254,7 +254,7 @@ class KVCacheCore:
                         if num_tokens < done + 2 * tpb and self._pages_only:
                             known.append(x)
                             return reuse.commit_next_page(self.tables, req)
-            elif tokens is None and num_tokens <= len(known):
+            elif tokens is None and num_tokens <= req.base + len(known):
                 if num_tokens < done + tpb:
                     return done
                 if num_tokens < done + 2 * tpb and self._pages_only:

@@ -131,13 +131,16 @@ def extend_hashes(
     seed: int,
     num_blocks: int,
     chain: Chain | None = None,
+    *,
+    base: int = 0,
 ) -> None:
     """Append page digests to `hashes` until it covers `num_blocks` whole pages
-    of `tokens` (int64 token ids; at least `num_blocks * tokens_per_block` of
-    them). `chain` defaults to `page_chain`."""
+    of `tokens` (int64 token ids of positions `base`..., up to at least
+    `num_blocks * tokens_per_block`; `base` at most the first new page's start).
+    `chain` defaults to `page_chain`."""
     first = len(hashes)
     if first >= num_blocks:
         return
     ids = tokens if type(tokens) is array else array("q", tokens)
-    data = ids[first * tokens_per_block : num_blocks * tokens_per_block].tobytes()  # only the new pages
+    data = ids[first * tokens_per_block - base : num_blocks * tokens_per_block - base].tobytes()  # only the new pages
     hashes += (page_chain if chain is None else chain)(hashes[-1] if hashes else seed, data, 8 * tokens_per_block)

@@ -20,13 +20,24 @@ and the shared part of the next hit needs no lookup at all.
 from __future__ import annotations
 
 from array import array
+from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from kvpool.cache.hashing import extend_hashes
 from kvpool.cache.pool import PagePool
 
-__all__ = ["PromptMemo"]
+__all__ = ["KnownPages", "PromptMemo"]
+
+
+class KnownPages(NamedTuple):
+    """Leading pages of a group known to hold a prompt's leading digests, twice:
+    as ints for the pool's reference counts and as a table row, so a hit
+    writes them into its table with one array copy (a list converts per item)."""
+
+    pages: list[int]
+    row: npt.NDArray[np.int32]
 
 
 class PromptMemo:
@@ -35,34 +46,38 @@ class PromptMemo:
 
     def __init__(self) -> None:
         self.seed = 0
-        self.ids = np.empty(0, np.int64)
+        self.ids = array("q")
         self.hashes: list[int] = []
-        self.pages: dict[int, list[int]] = {}  # group index -> the pages the last hit attached
+        self.pages: dict[int, KnownPages] = {}  # group index -> the pages the last hit attached
         self.drops: dict[int, int] = {}  # group index -> its pool's `drops` when they were remembered
 
     def digests(
         self, ids: array[int], tokens_per_block: int, seed: int, num_blocks: int, pools: list[PagePool]
-    ) -> tuple[list[int], dict[int, list[int]]]:
+    ) -> tuple[list[int], dict[int, KnownPages]]:
         """The chained digests of the first `num_blocks` whole pages of `ids`
         (checked int64 token ids) under `seed` (a list of the caller's own),
         and by group the pages known to hold the leading ones: the remembered
         hit's, for the part shared with the remembered prompt, in each group
-        whose pool has dropped no hash since. Remembers the digests (and
-        forgets the hit: `remember_hit` gives the new one)."""
+        whose pool has dropped no hash since. Remembers the digests and `ids`
+        itself (so change no id of it afterwards; appending is fine), and
+        forgets the hit (`remember_hit` gives the new one)."""
         out: list[int] = []
-        known: dict[int, list[int]] = {}
+        known: dict[int, KnownPages] = {}
         if seed == self.seed and self.hashes:
             same = self.common_pages(ids, tokens_per_block, num_blocks)
             out = self.hashes[:same]
-            known = {gi: pages[:same] for gi, pages in self.pages.items() if pools[gi].drops == self.drops[gi]}
+            known = {
+                gi: KnownPages(held.pages[:same], held.row[:same])
+                for gi, held in self.pages.items()
+                if pools[gi].drops == self.drops[gi]
+            }
         extend_hashes(out, ids, tokens_per_block, seed, num_blocks)
         if num_blocks:
-            n = num_blocks * tokens_per_block
-            self.seed, self.ids, self.hashes = seed, np.frombuffer(ids[:n].tobytes(), np.int64), out[:]
+            self.seed, self.ids, self.hashes = seed, ids, out[:]
         self.pages = {}
         return out, known
 
-    def remember_hit(self, pages: dict[int, list[int]], pools: list[PagePool]) -> None:
+    def remember_hit(self, pages: dict[int, KnownPages], pools: list[PagePool]) -> None:
         """The pages that the hit of the prompt last given to `digests`
         attached, by group (block i holds digest i; never-stale groups only)."""
         self.pages, self.drops = pages, {gi: pools[gi].drops for gi in pages}
@@ -71,8 +86,9 @@ class PromptMemo:
         """Leading whole pages (at most `num_blocks`) whose token ids equal the
         remembered prompt's."""
         n = min(num_blocks, len(self.hashes), len(self.ids) // tokens_per_block) * tokens_per_block
-        if n == 0:
+        if n == 0 or ids[:tokens_per_block] != self.ids[:tokens_per_block]:  # unrelated prompts: no NumPy
             return 0
         new = np.frombuffer(ids, np.int64, count=n)  # a view: gone (and `ids` resizable again) on return
-        differ = np.flatnonzero(new != self.ids[:n])
-        return (int(differ[0]) if differ.size else n) // tokens_per_block
+        differ = new != np.frombuffer(self.ids, np.int64, count=n)
+        first = int(differ.argmax())  # stops at the first difference (`flatnonzero` walks them all)
+        return (first if differ[first] else n) // tokens_per_block

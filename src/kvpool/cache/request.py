@@ -22,8 +22,10 @@ from kvpool.cache.events import CacheUsageError
 @dataclass(slots=True)
 class Request:
     """One registered request: its id, its slot in the tables, the reuse scope
-    (`seed`, from the salt), the token ids known so far (int64) and their page
-    hashes, and how many leading whole pages were already offered for reuse.
+    (`seed`, from the salt), the token ids known so far (int64) past the first
+    `base` (the whole pages already digested into `hashes`, whose ids are not
+    needed again: a long prompt is not kept twice), their page hashes, and how
+    many leading whole pages were already offered for reuse.
 
     The rest is the single-request path's mirror of the slot's numbers
     (`cache/shapes.py`): while `hi >= 0` the request's shape is `cap`/`hist`,
@@ -35,6 +37,7 @@ class Request:
     slot: int
     seed: int = 0
     tokens: array[int] | None = None
+    base: int = 0
     hashes: list[int] = field(default_factory=list)
     committed: int = 0
     dummy: bool = False

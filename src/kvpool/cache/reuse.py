@@ -25,7 +25,7 @@ from itertools import islice, takewhile
 from kvpool.cache import hashing
 from kvpool.cache.events import CacheUsageError
 from kvpool.cache.hashing import extend_hashes, salt_seed
-from kvpool.cache.prompt_memo import PromptMemo
+from kvpool.cache.prompt_memo import KnownPages, PromptMemo
 from kvpool.cache.request import Request
 from kvpool.cache.slots import SlotTables
 from kvpool.spec.pages import pages_needed, stale_pages
@@ -33,7 +33,7 @@ from kvpool.spec.pages import pages_needed, stale_pages
 __all__ = ["attach_prefix", "commit", "commit_next_page", "longest_hit", "salt_seed", "store_before_release"]
 
 
-def longest_hit(t: SlotTables, hashes: Sequence[int], known: dict[int, list[int]] | None = None) -> int:
+def longest_hit(t: SlotTables, hashes: Sequence[int], known: dict[int, KnownPages] | None = None) -> int:
     """Largest k <= len(hashes) such that a request can reuse k whole pages.
     `known[gi]`: leading pages of a never-stale group known to hold these
     digests (from `PromptMemo.digests`), not looked up again."""
@@ -41,7 +41,7 @@ def longest_hit(t: SlotTables, hashes: Sequence[int], known: dict[int, list[int]
     pools = t.pools
     for gi, pool in enumerate(pools):
         if t.never_stale[gi] and not t.is_state[gi]:  # the leading cached run, counted in C
-            skip = len(known[gi]) if known and gi in known else 0
+            skip = len(known[gi].pages) if known and gi in known else 0
             k = min(k, skip + len(list(takewhile(pool.cached.__contains__, islice(hashes, skip, None)))))
     tpb = t.tokens_per_block
     checks = [gi for gi in range(len(pools)) if t.is_state[gi] or not t.never_stale[gi]]
@@ -73,8 +73,12 @@ def attach_prefix(t: SlotTables, req: Request, memo: PromptMemo) -> int:
         return 0
     # the part shared with the last prompt, where its hit's pages still hold, needs no lookup
     req.hashes, known = memo.digests(tokens, tpb, req.seed, (len(tokens) - 1) // tpb, t.pools)
+    # keep only the ids past the digested pages (at most a page): a long prompt's array, held by every
+    # live request, would be fresh memory (page faults) for each one
+    req.base = len(req.hashes) * tpb
+    req.tokens = tokens[req.base :]
     k = longest_hit(t, req.hashes, known)
-    attached: dict[int, list[int]] = {}
+    attached: dict[int, KnownPages] = {}
     if k == 0:
         memo.remember_hit(attached, t.pools)
         return 0
@@ -82,21 +86,28 @@ def attach_prefix(t: SlotTables, req: Request, memo: PromptMemo) -> int:
     for gi, (group, pool) in enumerate(zip(t.groups, t.pools, strict=True)):
         stale = stale_pages(group, n)
         nblk = pages_needed(group, n, n) + stale
+        table = t.tables[gi]
+        if nblk > table.shape[1]:
+            table = t.widen(gi, nblk)
+        row = table[slot]
         if t.is_state[gi]:
             page = pool.cached[req.hashes[k - 1]]
             pool.take_cached(page)
             pool.forget(page)
-            pages = [page]
-        else:  # pages stale..k-1; only never-stale groups (stale 0) have known ones, and are remembered
-            head = known.get(gi, [])[:k]
-            pages = head + list(map(pool.cached.__getitem__, req.hashes[stale + len(head) : k]))
-            pool.take_cached_many(pages)
+            row[nblk - 1] = page
+        else:  # pages stale..k-1 at the row's end; only never-stale groups (stale 0) have known ones
+            first = nblk - (k - stale)
+            head = known.get(gi)
+            h = 0 if head is None else min(k, len(head.pages))
+            rest = list(map(pool.cached.__getitem__, req.hashes[stale + h : k]))
+            if head is not None:
+                pool.take_cached_many(islice(head.pages, h))
+                row[first : first + h] = head.row[:h]
+            pool.take_cached_many(rest)
+            row[first + h : nblk] = rest
             if t.never_stale[gi]:
-                attached[gi] = pages
-        table = t.tables[gi]
-        if nblk > table.shape[1]:
-            table = t.widen(gi, nblk)
-        table[slot, nblk - len(pages) : nblk] = pages
+                pages = rest if head is None else head.pages[:h] + rest
+                attached[gi] = KnownPages(pages, row[first:nblk].copy())
         req.nblks[gi], req.nstales[gi], req.nxts[gi] = nblk, stale, t.next_stale(gi, n)
     req.cap = req.hist = n
     t.rebound(req)
@@ -117,7 +128,7 @@ def store_before_release(t: SlotTables, req: Request, history: int) -> None:
         return
     cap, hist = t.shape(req)
     # only pages that exist now can be stored: those below the current capacity
-    n = min(len(req.tokens), history, cap)
+    n = min(req.base + len(req.tokens), history, cap)
     if n // t.tokens_per_block > req.committed:
         commit(t, req, n, None, hist, computed=history)
 
@@ -138,7 +149,7 @@ def commit(
     `hist`) bounds `num_tokens`; a caller that passes it is about to raise
     history there, and state snapshots are then skipped. Without
     `state_snapshots` state groups are never snapshotted."""
-    known = len(req.tokens) if req.tokens is not None else 0
+    known = req.base + len(req.tokens) if req.tokens is not None else 0
     if tokens is not None:
         known += len(tokens)
     if num_tokens > known or num_tokens > (hist if computed is None else computed):
@@ -158,7 +169,7 @@ def commit(
     assert req.tokens is not None
     slot = req.slot
     hashes = req.hashes
-    extend_hashes(hashes, req.tokens, tpb, req.seed, k)
+    extend_hashes(hashes, req.tokens, tpb, req.seed, k, base=req.base)
     nblks = t.counts(req)[0]
     for gi, pool in enumerate(t.pools):
         nblk = nblks[gi]
@@ -192,7 +203,8 @@ def commit_next_page(t: SlotTables, req: Request) -> int:
     if len(hashes) == k:  # past the prompt's pages: hash this one, chained to the last
         tokens = req.tokens
         assert tokens is not None
-        page = tokens[k * tpb : (k + 1) * tpb].tobytes()
+        start = k * tpb - req.base
+        page = tokens[start : start + tpb].tobytes()
         hashes.append(hashing.page_digest(hashes[-1] if k else req.seed, page))
     block_hash, parent = hashes[k], hashes[k - 1] if k else None
     slot = req.slot

@@ -1,0 +1,58 @@
+"""What a live request holds: not its prompt. A request keeps the token ids
+past its digested pages only (`Request.base`, cache/request.py), so a server
+admitting many long prompts does not hold each one a second time (and does
+not fault in fresh memory for each copy); commits after that are unchanged."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+from cache_helpers import full_spec, manager
+from kvpool.cache.checks import check_tokens
+from kvpool.cache.hashing import extend_hashes, salt_seed
+
+TPB = 16
+PROMPT = 4096 + 7  # tokens: 256 whole pages and a partial one
+REQUESTS = 16
+
+
+def held_per_request(prompts: list[list[int]]) -> float:
+    """Bytes the manager's allocations grow by per admitted request."""
+    m = manager(full_spec(TPB), {"full": REQUESTS * (PROMPT // TPB + 2)}, max_batch_size=REQUESTS, max_seq_len=8192)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for rid, prompt in enumerate(prompts):
+        assert m.resize(rid, PROMPT, m.create(rid, prompt))
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return grown / len(prompts)
+
+
+def test_live_requests_do_not_hold_their_prompts() -> None:
+    prompts = [[rid * 100_000 + i for i in range(PROMPT)] for rid in range(REQUESTS)]
+    # an int64 copy of a prompt is 8 bytes a token; what a request must hold is its 256 digests
+    # (a list of Python ints, ~40 bytes each) and a page of ids
+    copy = 8 * PROMPT
+    assert held_per_request(prompts) < copy * 0.75
+
+
+def test_commits_after_the_prompt_hash_every_token() -> None:
+    """Generated tokens committed one by one past a long prompt give the pages
+    the chain of the whole sequence would (a page hashed from the wrong ids
+    would not be found by a request that repeats the sequence)."""
+    m = manager(full_spec(TPB), {"full": 64}, max_seq_len=1024)
+    prompt, generated = list(range(1000, 1000 + 5 * TPB + 3)), list(range(7, 7 + 3 * TPB))
+    m.create(0, prompt)
+    assert m.resize(0, len(prompt), 0)
+    assert m.resize(0, len(prompt), len(prompt))
+    m.commit(0, len(prompt))
+    for i, token in enumerate(generated):
+        n = len(prompt) + i + 1
+        assert m.resize(0, n, n)
+        assert m.commit(0, n, (token,)) == n // TPB * TPB
+    want: list[int] = []
+    extend_hashes(want, check_tokens(prompt + generated), TPB, salt_seed(None), (len(prompt) + len(generated)) // TPB)
+    assert set(want) <= set(m.pools[0].cached)
+    m.free(0)
+    again = prompt + generated + [1]  # its whole pages are all cached: a hit of every one
+    assert m.create(1, again) == len(want) * TPB
