@@ -150,18 +150,18 @@ class PagePool:
         a hash: appended to the LRU tail) or free."""
         ref, page_hash, free = self.ref, self.page_hash, self.free_stack.append
         prev, nxt, sentinel = self.prev, self.nxt, self.num_pages
-        cached = 0
+        cached, last = 0, prev[sentinel]
         for page in pages:
             left = ref[page] - 1
             ref[page] = left
             if left == 0:
                 if page_hash[page] is None:
                     free(page)
-                else:  # `_lru_append`, inlined: a request's free walks every page it holds
-                    last = prev[sentinel]
-                    prev[page], nxt[page] = last, sentinel
-                    nxt[last] = prev[sentinel] = page
+                else:  # `_lru_append`, inlined and chained: the tail is closed once, after the loop
+                    prev[page] = last
+                    nxt[last] = last = page
                     cached += 1
+        nxt[last], prev[sentinel] = sentinel, last
         self.lru_len += cached
 
     def store(
