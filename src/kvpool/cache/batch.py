@@ -1,4 +1,4 @@
-"""Moving a batch of requests at once (`KVCacheCore.resize_many`, `extend`): the capacity
+"""Moving a batch of requests at once (`KVCacheManager.resize_many`, `extend`): the capacity
 check, storing the pages that are about to go stale (with reuse on), then one vectorised
 move of the slot tables, all or nothing (docs/design.md, rule 6).
 

@@ -3,8 +3,8 @@ allocation goes through.
 
 It keeps the request records (`cache/request.py`), one page pool per group and
 the slot tables (`cache/slots.py`); reuse rules live in `cache/reuse.py`.
-`KVCacheManager` (`cache/manager.py`) adds dummies, the capacity query, warmup
-and statistics on top.
+`KVCacheManager` (`cache/manager.py`) adds the batched calls, dummies, the
+capacity query, warmup, events and statistics on top.
 """
 
 from __future__ import annotations
@@ -12,22 +12,17 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-import numpy as np
-import numpy.typing as npt
-
-from kvpool.cache import batch, reuse
+from kvpool.cache import reuse
 from kvpool.cache.checks import (
     INT64_MAX,
     as_position,
-    batch_positions,
-    check_batch_shapes,
     check_few_tokens,
     check_rid,
     check_tokens,
     checked_shape,
 )
 from kvpool.cache.crossing import cross
-from kvpool.cache.events import CacheEvent, CacheUsageError, EventRecord, expand
+from kvpool.cache.events import CacheUsageError, EventRecord
 from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Resize
@@ -191,39 +186,6 @@ class KVCacheCore:
             t.rebound(req)  # the fast path is open from now on
         return RESIZED
 
-    def resize_many(
-        self, rids: Sequence[int], capacities: npt.ArrayLike, histories: npt.ArrayLike | None = None
-    ) -> Resize:
-        """`resize` for a batch of distinct requests in one call, atomic over the
-        whole batch (falsy: nothing changed). The per-step decode path."""
-        slots = self.requests.slots(rids)
-        caps = batch_positions(capacities, slots.shape, "capacities")
-        old = self.tables.hist[slots]
-        hists = old if histories is None else batch_positions(histories, slots.shape, "histories")
-        check_batch_shapes(rids, caps, hists, old)
-        return self._resize_batch(rids, slots, caps, hists)
-
-    def extend(self, rids: Sequence[int], num_tokens: int = 1) -> Resize:
-        """One decode step for a batch: capacity and history of each request
-        both advance by `num_tokens` (the tokens in flight become computed and
-        as many new ones get slots). Atomic over the batch like `resize_many`."""
-        num_tokens = as_position(num_tokens, "extend's num_tokens")
-        slots = self.requests.slots(rids)
-        t = self.tables
-        return self._resize_batch(rids, slots, t.cap[slots] + num_tokens, t.hist[slots] + num_tokens)
-
-    def _resize_batch(
-        self,
-        rids: Sequence[int],
-        slots: npt.NDArray[np.intp],
-        caps: npt.NDArray[np.int64],
-        hists: npt.NDArray[np.int64],
-    ) -> Resize:
-        done = batch.move(self.tables, self.requests, rids, slots, caps, hists, self.max_capacity, self._keeps_stale)
-        if done and self._lookups:
-            self._count_lookups(rids)
-        return done
-
     def commit(self, rid: int, num_tokens: int, tokens: Sequence[int] | None = None) -> int:
         """Offer the whole pages among the first `num_tokens` positions of `rid`
         for reuse (chained hashes of token ids and the salt; records `stored`
@@ -268,12 +230,55 @@ class KVCacheCore:
         hist = self.tables.shape(req)[1]
         return reuse.commit(self.tables, req, count, ids, hist, state_snapshots=self.state_snapshots)
 
-    def take_events(self) -> list[CacheEvent]:
-        """Stored/removed page events since the last call (oldest first), built
-        now from the pools' records; clears them. Empty with `events=False`."""
-        events = expand(self.events)
-        self.events.clear()
-        return events
+    def advance(self, rid: int, token: int | None = None) -> Resize:
+        """One decode step of `rid`: the token in flight (at position
+        `history`) has been computed, so history and capacity both advance by
+        one, and with reuse on `token`, that token's id, is committed (the
+        pages it completes become reusable). The same as `resize(rid,
+        capacity + 1, history + 1)` then `commit(rid, history + 1, (token,))`,
+        in one call. Falsy, nothing changed, if a pool is short. Raises
+        `CacheUsageError`, before any change, for a token that is no token id
+        or a request whose known ids do not reach its history (commit them
+        first). `token=None` (or reuse off) commits nothing."""
+        # Fast path: no page moves (the mirror's bounds) and no page completes; a closed mirror
+        # (hi = -1) fails `cap <= hi`. `array.append` checks the id's type and int64 range in C.
+        try:
+            req = self._by_id[rid]
+        except KeyError:
+            req = self.requests.get(rid)  # raises
+        cap, hist = req.cap + 1, req.hist + 1
+        if req.lo < cap <= req.hi and hist < req.nxt:
+            known = req.tokens
+            if token is None or (known is None and (req.dummy or not self.enable_reuse)):
+                req.cap = cap
+                req.hist = hist
+                return RESIZED
+            if (
+                known is not None
+                and req.base + len(known) == req.hist
+                and hist < (req.committed + 1) * self.tokens_per_block
+            ):
+                try:
+                    if token >= 0:
+                        known.append(token)
+                        req.cap = cap
+                        req.hist = hist
+                        return RESIZED
+                except (TypeError, OverflowError):
+                    pass  # the checks below name the problem
+        cap, hist = self.tables.shape(req)
+        if token is not None and self.enable_reuse and not req.dummy:
+            check_few_tokens((token,), f"request {rid}: advance's token")
+            known_ids = 0 if req.tokens is None else req.base + len(req.tokens)
+            if known_ids != hist:
+                raise CacheUsageError(
+                    f"request {rid}: advance commits the id of position {hist}, but {known_ids} token ids "
+                    "are known (commit the ids before it first)"
+                )
+        done = self.resize(rid, cap + 1, hist + 1)
+        if done and token is not None:
+            self.commit(rid, hist + 1, (token,))
+        return done
 
     # ------------------------------------------------------------------ internals
 

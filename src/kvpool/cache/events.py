@@ -3,7 +3,7 @@ and the exceptions of the cache layer.
 
 Pools log events as records, one per run of pages a call stored or evicted
 (`EventRecord`), not one object per page; `expand` turns them into
-`CacheEvent`s only when someone asks (`KVCacheCore.take_events`).
+`CacheEvent`s only when someone asks (`KVCacheManager.take_events`).
 """
 
 from __future__ import annotations

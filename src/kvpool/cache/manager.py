@@ -1,7 +1,7 @@
 """`KVCacheManager`: the public face of the run-time page manager.
 
-`KVCacheCore` (`cache/core.py`) holds requests and their pages; the manager
-adds dummy requests, the capacity query and the CUDA-graph warmup dry run
+`KVCacheCore` (`cache/core.py`) holds requests and their pages, one request
+at a time; the manager adds the batched moves (`resize_many`, `extend`), dummy requests, the capacity query and the CUDA-graph warmup dry run
 (`cache/warmup.py`), the persistent padding dummies, the integrity check and
 statistics.
 """
@@ -13,11 +13,11 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from kvpool.cache import integrity
+from kvpool.cache import batch, integrity
 from kvpool.cache import warmup as warmup_mod
-from kvpool.cache.checks import checked_shape
+from kvpool.cache.checks import as_position, batch_positions, check_batch_shapes, checked_shape
 from kvpool.cache.core import KVCacheCore
-from kvpool.cache.events import CacheStats, GroupStats
+from kvpool.cache.events import CacheEvent, CacheStats, GroupStats, expand
 from kvpool.cache.results import RESIZED, Dummies, Resize
 from kvpool.cache.slots import STALE
 from kvpool.cache.warmup import WarmupReport
@@ -47,6 +47,46 @@ class KVCacheManager(KVCacheCore):
         for d, pad in list(self._padding.items()):
             if pad == rid:
                 del self._padding[d]
+
+    def resize_many(
+        self, rids: Sequence[int], capacities: npt.ArrayLike, histories: npt.ArrayLike | None = None
+    ) -> Resize:
+        """`resize` for a batch of distinct requests in one call, atomic over the
+        whole batch (falsy: nothing changed). The per-step decode path."""
+        slots = self.requests.slots(rids)
+        caps = batch_positions(capacities, slots.shape, "capacities")
+        old = self.tables.hist[slots]
+        hists = old if histories is None else batch_positions(histories, slots.shape, "histories")
+        check_batch_shapes(rids, caps, hists, old)
+        return self._resize_batch(rids, slots, caps, hists)
+
+    def extend(self, rids: Sequence[int], num_tokens: int = 1) -> Resize:
+        """One decode step for a batch: capacity and history of each request
+        both advance by `num_tokens` (the tokens in flight become computed and
+        as many new ones get slots). Atomic over the batch like `resize_many`."""
+        num_tokens = as_position(num_tokens, "extend's num_tokens")
+        slots = self.requests.slots(rids)
+        t = self.tables
+        return self._resize_batch(rids, slots, t.cap[slots] + num_tokens, t.hist[slots] + num_tokens)
+
+    def _resize_batch(
+        self,
+        rids: Sequence[int],
+        slots: npt.NDArray[np.intp],
+        caps: npt.NDArray[np.int64],
+        hists: npt.NDArray[np.int64],
+    ) -> Resize:
+        done = batch.move(self.tables, self.requests, rids, slots, caps, hists, self.max_capacity, self._keeps_stale)
+        if done and self._lookups:
+            self._count_lookups(rids)
+        return done
+
+    def take_events(self) -> list[CacheEvent]:
+        """Stored/removed page events since the last call (oldest first), built
+        now from the pools' records; clears them. Empty with `events=False`."""
+        events = expand(self.events)
+        self.events.clear()
+        return events
 
     def can_resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
         """What `resize(rid, capacity, history)` would answer now; changes nothing."""
