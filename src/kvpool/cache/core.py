@@ -269,10 +269,9 @@ class KVCacheCore:
         cap, hist = self.tables.shape(req)
         if token is not None and self.enable_reuse and not req.dummy:
             check_few_tokens((token,), f"request {rid}: advance's token")
-            known_ids = 0 if req.tokens is None else req.base + len(req.tokens)
-            if known_ids != hist:
+            if req.num_known != hist:
                 raise CacheUsageError(
-                    f"request {rid}: advance commits the id of position {hist}, but {known_ids} token ids "
+                    f"request {rid}: advance commits the id of position {hist}, but {req.num_known} token ids "
                     "are known (commit the ids before it first)"
                 )
         done = self.resize(rid, cap + 1, hist + 1)

@@ -1,9 +1,10 @@
 """`KVCacheManager`: the public face of the run-time page manager.
 
 `KVCacheCore` (`cache/core.py`) holds requests and their pages, one request
-at a time; the manager adds the batched moves (`resize_many`, `extend`), dummy requests, the capacity query and the CUDA-graph warmup dry run
-(`cache/warmup.py`), the persistent padding dummies, the integrity check and
-statistics.
+at a time; the manager adds the batched moves (`resize_many`, `extend`),
+dummy requests, the capacity query and the CUDA-graph warmup dry run
+(`cache/warmup.py`), the persistent padding dummies, events, the integrity
+check and statistics.
 """
 
 from __future__ import annotations

@@ -51,6 +51,13 @@ class Request:
     nstales: list[int] = field(default_factory=list)
     nxts: list[int] = field(default_factory=list)
 
+    @property
+    def num_known(self) -> int:
+        """Token ids known so far, the digested pages' included (the decode
+        fast paths in `cache/core.py` spell it out: a property call there costs
+        more than the step)."""
+        return 0 if self.tokens is None else self.base + len(self.tokens)
+
 
 class Requests:
     """Request ids -> `Request`. Real requests use the caller's ids (use

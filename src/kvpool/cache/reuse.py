@@ -128,7 +128,7 @@ def store_before_release(t: SlotTables, req: Request, history: int) -> None:
         return
     cap, hist = t.shape(req)
     # only pages that exist now can be stored: those below the current capacity
-    n = min(req.base + len(req.tokens), history, cap)
+    n = min(req.num_known, history, cap)
     if n // t.tokens_per_block > req.committed:
         commit(t, req, n, None, hist, computed=history)
 
@@ -149,7 +149,7 @@ def commit(
     `hist`) bounds `num_tokens`; a caller that passes it is about to raise
     history there, and state snapshots are then skipped. Without
     `state_snapshots` state groups are never snapshotted."""
-    known = req.base + len(req.tokens) if req.tokens is not None else 0
+    known = req.num_known
     if tokens is not None:
         known += len(tokens)
     if num_tokens > known or num_tokens > (hist if computed is None else computed):
