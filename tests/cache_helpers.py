@@ -60,11 +60,12 @@ def manager(
 
 
 def snapshot(m: KVCacheManager) -> dict[str, Any]:
-    """Everything observable about a manager, to compare before/after a refused call."""
-    tables = {(rid, g.name): m.block_table(rid, g.name).tolist() for rid, _ in m.iter_requests() for g in m.groups}
-    shapes = {rid: (m.capacity(rid), m.history(rid)) for rid, _ in m.iter_requests()}
-    pools = {p.name: (list(p.ref), list(p.page_hash), list(p.free_stack), p.lru_order()) for p in m.pools}
-    return {"tables": tables, "shapes": shapes, "pools": pools, "stats": m.stats(), "events": list(m.events)}
+    """Everything observable about a manager, to compare before/after a refused
+    call: `observed` plus the lookup counters and the event records. Not
+    `stats()`: it writes every mirror back, which would close the fast paths
+    the refused call should be tried on."""
+    counters = (m.reuse_queried_tokens, m.reuse_hit_tokens)
+    return {"observed": observed(m), "counters": counters, "events": list(m.events)}
 
 
 def assert_unchanged(before: dict[str, Any], after: dict[str, Any]) -> None:

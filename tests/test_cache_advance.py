@@ -30,10 +30,16 @@ def two_calls(m: KVCacheManager, rid: int, token: int | None) -> bool:
     reuse=st.booleans(),
     full_pages=st.integers(6, 30),
     prompts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=11), min_size=1, max_size=4),
+    lagging=st.lists(st.booleans(), min_size=4, max_size=4),
     steps=st.lists(st.tuples(st.integers(0, 3), st.one_of(st.none(), st.integers(0, 3))), max_size=60),
 )
 def test_advance_is_resize_then_commit(
-    sliding: bool, reuse: bool, full_pages: int, prompts: list[list[int]], steps: list[tuple[int, int | None]]
+    sliding: bool,
+    reuse: bool,
+    full_pages: int,
+    prompts: list[list[int]],
+    lagging: list[bool],
+    steps: list[tuple[int, int | None]],
 ) -> None:
     spec = twin_spec(tpb=TPB, window=6) if sliding else full_spec(tpb=TPB)
     pages = {"full": full_pages, "sliding": 10} if sliding else {"full": full_pages}
@@ -45,8 +51,9 @@ def test_advance_is_resize_then_commit(
         ok = [bool(m.resize(rid, len(prompt), len(prompt))) for m in (one, two)]
         assert ok[0] == ok[1]
         if ok[0]:
-            for m in (one, two):
-                m.commit(rid, len(prompt))
+            if not lagging[rid]:  # a lagging prompt's pages are committed by the first advance with a token
+                for m in (one, two):
+                    m.commit(rid, len(prompt))
             live.append(rid)
     untokened: set[int] = set()  # requests advanced without an id: their known ids stop short of history
     for pick, token in steps:
@@ -69,17 +76,34 @@ def test_advance_is_resize_then_commit(
     one.check_integrity()
 
 
-def test_a_bad_token_changes_nothing() -> None:
+@pytest.mark.parametrize("prompt_len", range(1, 2 * TPB + 1))
+def test_a_bad_token_changes_nothing(prompt_len: int) -> None:
+    """Wherever the step lands (inside a page, completing one, crossing into the next)."""
     m = manager(full_spec(tpb=TPB), {"full": 8})
-    m.create(0, [1, 2, 3])
-    assert m.resize(0, 3, 3)
+    m.create(0, list(range(prompt_len)))
+    assert m.resize(0, prompt_len, prompt_len)
+    m.commit(0, prompt_len)
     before = snapshot(m)
     for bad in (-1, 1 << 63, 2.0, "7"):
         with pytest.raises(CacheUsageError, match="advance's token"):
             m.advance(0, bad)  # type: ignore[arg-type]
         assert_unchanged(before, snapshot(m))
-    assert m.advance(0, 4) and (m.capacity(0), m.history(0)) == (4, 4)
-    assert m.commit(0, 4) == 4  # the id reached the page: it completed and was stored
+    assert m.advance(0, 4) and (m.capacity(0), m.history(0)) == (prompt_len + 1, prompt_len + 1)
+    assert m.commit(0, prompt_len + 1) == (prompt_len + 1) // TPB * TPB  # the id reached its page
+
+
+@pytest.mark.parametrize("steps", range(2 * TPB + 1))
+def test_ids_short_of_history_raise_wherever_the_step_lands(steps: int) -> None:
+    m = manager(full_spec(tpb=TPB), {"full": 8})
+    m.create(0, [1, 2, 3])
+    assert m.resize(0, 3, 3)
+    for token in range(steps):
+        assert m.advance(0, token)
+    assert m.advance(0)  # no id: the known ids stop one short of history from here on
+    before = snapshot(m)
+    with pytest.raises(CacheUsageError, match="known"):
+        m.advance(0, 7)
+    assert_unchanged(before, snapshot(m))
 
 
 def test_a_short_pool_refuses_and_changes_nothing() -> None:
@@ -89,3 +113,46 @@ def test_a_short_pool_refuses_and_changes_nothing() -> None:
     before = snapshot(m)
     assert not m.advance(0, 9)  # capacity 5 needs a second page
     assert_unchanged(before, snapshot(m))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sliding=st.booleans(),
+    full_pages=st.integers(4, 24),
+    prompts=st.lists(
+        st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=13), st.integers(0, 5), st.booleans()),
+        min_size=1,
+        max_size=3,
+    ),
+    steps=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3)), min_size=20, max_size=90),
+)
+def test_decode_runs_with_tokens_match_two_calls(
+    sliding: bool, full_pages: int, prompts: list[tuple[list[int], int, bool]], steps: list[tuple[int, int]]
+) -> None:
+    """Reuse on and an id at every step, the decode loop's shape: runs long
+    enough to cross pages, complete them and (sliding) drop them, with room
+    for drafts (capacity ahead of history) and prompts left uncommitted."""
+    spec = twin_spec(tpb=TPB, window=6) if sliding else full_spec(tpb=TPB)
+    pages = {"full": full_pages, "sliding": 8} if sliding else {"full": full_pages}
+    one, two = manager(spec, pages), manager(spec, pages)
+    live: list[int] = []
+    for rid, (prompt, ahead, lagging) in enumerate(prompts):
+        for m in (one, two):
+            m.create(rid, prompt)
+        ok = [bool(m.resize(rid, len(prompt) + ahead, len(prompt))) for m in (one, two)]
+        assert ok[0] == ok[1]
+        if ok[0]:
+            if not lagging:
+                for m in (one, two):
+                    m.commit(rid, len(prompt))
+            live.append(rid)
+    for pick, token in steps:
+        if not live:
+            break
+        rid = live[pick % len(live)]
+        done = bool(one.advance(rid, token))
+        assert done == two_calls(two, rid, token)
+        assert one.take_events() == two.take_events()
+        assert observed(one) == observed(two)
+    assert one.stats() == two.stats()
+    one.check_integrity()

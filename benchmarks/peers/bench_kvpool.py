@@ -1,9 +1,11 @@
 """Drive kvpool's KVCacheManager (src/kvpool/cache/manager.py) with W1/W2/W3.
 
 Two ways of calling it, reported as separate peers:
-  (default)    per-request API: create / resize / commit / free, one resize per request per step
-                (plus one commit per request per step with caching on, passing the new token, so
-                pages become reusable as they fill, as vLLM and nano-vllm register them)
+  (default)    per-request API: create / resize / commit / advance / free, one call per request
+                per decode step: resize at step 1, then advance(rid, token), the decode step in one
+                call (with caching on it commits the new token, so pages become reusable as they
+                fill, as vLLM and nano-vllm register them; advance == resize + commit, property-
+                tested in tests/test_cache_advance.py)
   --batch      batched API: one resize_many for all 256 admissions, then per decode step one
                 resize_many (step 1) or extend(rids, 1) (steps 2..200); with caching on, the
                 generated tokens are committed once at the end (resize + commit before free),
@@ -13,6 +15,7 @@ Shapes (capacity, history) follow the peers' slot counts exactly:
   admission   create(rid, prompt) -> hit; resize(rid, L, hit)        (slots for the prompt)
               caching on: resize(rid, L, L) + commit(rid, L)        (prompt computed, pages stored)
   decode s    resize(rid, L+s, L+s-1)                               (1 more slot; s=1..200)
+              per-request, s >= 2: advance(rid, token of step s-2)  (the same move, plus the commit)
   free        free(rid)
 so after decode every request has 1200 slots = 75 pages, like vLLM's allocate_slots(req, 1).
 Hashing (tuple hash of 16 ids, chained) happens inside the manager: in create() for the prompt's
@@ -90,17 +93,26 @@ def w1(caching, sliding=False):
         u_admit = used(m)
         t3 = begin()
         if MODE == "req":
-            resize, commit = m.resize, m.commit
-            for step in range(1, S + 1):
-                cap, hist = L + step, L + step - 1
-                if caching and step >= 2:
+            resize, advance = m.resize, getattr(m, "advance", None)
+            for rid in rids:
+                if not resize(rid, L + 1, L):
+                    raise AssertionError("pool exhausted")
+            for step in range(2, S + 1):
+                if advance is None:  # a KV_BASE_SRC from before advance: the same step in two calls
+                    cap, hist = L + step, L + step - 1
                     for rid in rids:
                         if not resize(rid, cap, hist):
                             raise AssertionError("pool exhausted")
-                        commit(rid, hist, (w1_decode_token(rid, step - 2),))
+                        if caching:
+                            m.commit(rid, hist, (w1_decode_token(rid, step - 2),))
+                    continue
+                if caching:
+                    for rid in rids:
+                        if not advance(rid, w1_decode_token(rid, step - 2)):
+                            raise AssertionError("pool exhausted")
                 else:
                     for rid in rids:
-                        if not resize(rid, cap, hist):
+                        if not advance(rid):
                             raise AssertionError("pool exhausted")
         else:
             assert m.resize_many(rids, L + 1, L)

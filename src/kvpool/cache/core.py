@@ -21,7 +21,7 @@ from kvpool.cache.checks import (
     check_tokens,
     checked_shape,
 )
-from kvpool.cache.crossing import cross
+from kvpool.cache.crossing import advance_across, cross
 from kvpool.cache.events import CacheUsageError, EventRecord
 from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request, Requests
@@ -81,6 +81,7 @@ class KVCacheCore:
         # groups that share a pool are counted together: the planner's case, not a crossing's
         self._crosses = not self.tables.shared
         self._pages_only = self.tables.paged_only  # no state group to snapshot at a commit
+        self._moves_across = self._crosses and self._pages_only and enable_reuse  # `advance_across`
         self.requests = Requests()
         self._by_id = self.requests.by_id  # the fast paths' lookup (no method call)
         self.reuse_queried_tokens = 0
@@ -266,6 +267,9 @@ class KVCacheCore:
                         return RESIZED
                 except (TypeError, OverflowError):
                     pass  # the checks below name the problem
+        # Next, a step that crosses a page boundary or completes a page (one in tpb): one move.
+        if self._moves_across and advance_across(self.tables, req, token, self._keeps_stale):
+            return RESIZED
         cap, hist = self.tables.shape(req)
         if token is not None and self.enable_reuse and not req.dummy:
             check_few_tokens((token,), f"request {rid}: advance's token")
@@ -280,12 +284,6 @@ class KVCacheCore:
         return done
 
     # ------------------------------------------------------------------ internals
-
-    def _group(self, name: str) -> int:
-        try:
-            return self._index[name]
-        except KeyError:
-            raise CacheUsageError(f"no group {name!r}; groups: {list(self._index)}") from None
 
     def _new_request(self, rid: int, *, dummy: bool) -> Request:
         if rid in self.requests:  # checked before a slot is taken (`Requests.add` would leak it)

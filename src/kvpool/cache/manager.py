@@ -18,7 +18,7 @@ from kvpool.cache import batch, integrity
 from kvpool.cache import warmup as warmup_mod
 from kvpool.cache.checks import as_position, batch_positions, check_batch_shapes, checked_shape
 from kvpool.cache.core import KVCacheCore
-from kvpool.cache.events import CacheEvent, CacheStats, GroupStats, expand
+from kvpool.cache.events import CacheEvent, CacheStats, CacheUsageError, GroupStats, expand
 from kvpool.cache.results import RESIZED, Dummies, Resize
 from kvpool.cache.slots import STALE
 from kvpool.cache.warmup import WarmupReport
@@ -156,6 +156,12 @@ class KVCacheManager(KVCacheCore):
     def padding_dummy(self, draft_len: int = 0) -> int | None:
         """Id of the reserved padding dummy for `draft_len`, or None."""
         return self._padding.get(draft_len)
+
+    def _group(self, name: str) -> int:
+        try:
+            return self._index[name]
+        except KeyError:
+            raise CacheUsageError(f"no group {name!r}; groups: {list(self._index)}") from None
 
     def pool_of(self, group: str) -> str:
         """The pool `group` takes pages from: the name of the shared pool it
