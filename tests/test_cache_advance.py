@@ -106,6 +106,21 @@ def test_ids_short_of_history_raise_wherever_the_step_lands(steps: int) -> None:
     assert_unchanged(before, snapshot(m))
 
 
+@pytest.mark.parametrize("prompt_len", [8, 9, 10])
+def test_an_advance_right_after_create_counts_the_prompt_lookup(prompt_len: int) -> None:
+    """The prefix lookup counts at a request's first move, whichever call makes it."""
+    prompt = list(range(prompt_len))
+    one, two = (manager(full_spec(tpb=TPB), {"full": 8}) for _ in range(2))
+    for m in (one, two):
+        m.create(0, prompt)
+        assert m.resize(0, prompt_len, prompt_len)
+        m.commit(0, prompt_len)
+        assert m.create(1, prompt) > 0  # a hit: capacity and history at the reused length
+    assert one.advance(1) and two_calls(two, 1, None)
+    assert observed(one) == observed(two)
+    assert one.stats() == two.stats() and one.stats().reuse_hit_tokens > 0
+
+
 def test_a_short_pool_refuses_and_changes_nothing() -> None:
     m = manager(full_spec(tpb=TPB), {"full": 1})
     m.create(0, [1, 2, 3])

@@ -81,7 +81,7 @@ class KVCacheCore:
         # groups that share a pool are counted together: the planner's case, not a crossing's
         self._crosses = not self.tables.shared
         self._pages_only = self.tables.paged_only  # no state group to snapshot at a commit
-        self._moves_across = self._crosses and self._pages_only and enable_reuse  # `advance_across`
+        self._moves_across = self._crosses and self._pages_only  # `advance_across` with a commit
         self.requests = Requests()
         self._by_id = self.requests.by_id  # the fast paths' lookup (no method call)
         self.reuse_queried_tokens = 0
@@ -241,34 +241,38 @@ class KVCacheCore:
         `CacheUsageError`, before any change, for a token that is no token id
         or a request whose known ids do not reach its history (commit them
         first). `token=None` (or reuse off) commits nothing."""
-        # Fast path: no page moves (the mirror's bounds) and no page completes; a closed mirror
+        # Fast paths: no page moves (the mirror's bounds) and no page completes; a closed mirror
         # (hi = -1) fails `cap <= hi`. `array.append` checks the id's type and int64 range in C.
+        # Next, a step that crosses a page boundary or completes a page (one in tpb): one move.
         try:
             req = self._by_id[rid]
         except KeyError:
             req = self.requests.get(rid)  # raises
         cap, hist = req.cap + 1, req.hist + 1
-        if req.lo < cap <= req.hi and hist < req.nxt:
-            known = req.tokens
-            if token is None or (known is None and (req.dummy or not self.enable_reuse)):
+        known = req.tokens
+        if token is None or (known is None and (req.dummy or not self.enable_reuse)):  # a move only
+            if req.lo < cap <= req.hi and hist < req.nxt:
                 req.cap = cap
                 req.hist = hist
                 return RESIZED
-            if (
-                known is not None
-                and req.base + len(known) == req.hist
-                and hist < (req.committed + 1) * self.tokens_per_block
-            ):
-                try:
-                    if token >= 0:
-                        known.append(token)
-                        req.cap = cap
-                        req.hist = hist
-                        return RESIZED
-                except (TypeError, OverflowError):
-                    pass  # the checks below name the problem
-        # Next, a step that crosses a page boundary or completes a page (one in tpb): one move.
-        if self._moves_across and advance_across(self.tables, req, token, self._keeps_stale):
+            if self._crosses and advance_across(self.tables, req, None, self._keeps_stale):
+                return RESIZED
+        elif (
+            req.lo < cap <= req.hi
+            and hist < req.nxt
+            and known is not None
+            and req.base + len(known) == req.hist
+            and hist < (req.committed + 1) * self.tokens_per_block
+        ):
+            try:
+                if token >= 0:
+                    known.append(token)
+                    req.cap = cap
+                    req.hist = hist
+                    return RESIZED
+            except (TypeError, OverflowError):
+                pass  # the checks below name the problem
+        elif self._moves_across and advance_across(self.tables, req, token, self._keeps_stale):
             return RESIZED
         cap, hist = self.tables.shape(req)
         if token is not None and self.enable_reuse and not req.dummy:

@@ -107,26 +107,30 @@ def grow_single(t: SlotTables, req: Request, cap: int, hist: int) -> bool:
 
 
 def advance_across(t: SlotTables, req: Request, token: int | None, keeps_stale: bool) -> bool:
-    """`KVCacheCore.advance` of `req` by one position with the id `token`, for
-    tables of pages only (no state group, no shared pool) and reuse on: the
-    move (`cross`, or none), then `token` appended to the known ids and the
-    page it completes, if any, committed (`commit_next_page`), as `resize` then
-    `commit` would, without their checks. False: not that case (no int64 id,
-    known ids short of history, a closed mirror, a commit of more than one
-    page, a move `cross` declines); nothing changed."""
-    tokens, tpb = req.tokens, t.tokens_per_block
-    if tokens is None or type(token) is not int or not 0 <= token <= INT64_MAX:
+    """`KVCacheCore.advance` of mirrored `req` by one position as one move:
+    the page crossing (`cross`, or none), then, unless `token` is None, the
+    id `token` appended to the known ids and the page it completes, if any,
+    committed (`commit_next_page`, so tables of pages only), as `resize` then
+    `commit` would, without their checks. False, nothing changed: not that
+    case (a closed mirror, a shape the crossing declines, or with a `token`:
+    no int64 id, known ids short of history, a commit of more than one page)."""
+    cap, hist, tpb, tokens = req.cap + 1, req.hist + 1, t.tokens_per_block, req.tokens
+    if not (req.hi >= 0 and req.nxt > 0 and req.lo < cap <= req.limit):
         return False
-    cap, hist = req.cap + 1, req.hist + 1
-    if not (req.hi >= 0 and req.nxt > 0 and req.lo < cap <= req.limit and req.base + len(tokens) == req.hist):
-        return False
-    if hist >= (req.committed + 2) * tpb:
+    if token is not None and (
+        tokens is None
+        or type(token) is not int
+        or not 0 <= token <= INT64_MAX
+        or req.base + len(tokens) != req.hist
+        or hist >= (req.committed + 2) * tpb
+    ):
         return False
     if cap <= req.hi and hist < req.nxt:  # no page moves: only a page completes
         req.cap, req.hist = cap, hist
     elif not cross(t, req, cap, hist, keeps_stale):
         return False
-    tokens.append(token)
-    if hist >= (req.committed + 1) * tpb:
-        commit_next_page(t, req)
+    if token is not None and tokens is not None:
+        tokens.append(token)
+        if hist >= (req.committed + 1) * tpb:
+            commit_next_page(t, req)
     return True
