@@ -67,12 +67,11 @@ def cross(t: SlotTables, req: Request, cap: int, hist: int, keeps_stale: bool) -
         if keeps_stale and req.tokens is not None and not req.dummy:
             store_before_release(t, req, hist)
         for gi in drop:
-            row, first = t.tables[gi][slot], nstales[gi]
-            page = int(row[first])
-            row[first] = STALE
-            pools[gi].release((page,))
+            table, first = t.tables[gi], nstales[gi]
+            pools[gi].release_one(table.item(slot, first))
+            table[slot, first] = STALE
             nstales[gi] = first + 1
-            req.nxts[gi] = t.next_stale(gi, hist)
+            req.nxts[gi] = t.next_stale(gi, hist, first + 1)
     for gi in grow:
         n = nblks[gi]
         table = t.tables[gi]

@@ -145,6 +145,16 @@ class PagePool:
                 self._lru_unlink(page)
             ref[page] = r + 1
 
+    def release_one(self, page: int) -> None:
+        """`release((page,))` without the loop (a page leaving a sliding window)."""
+        left = self.ref[page] - 1
+        self.ref[page] = left
+        if left == 0:
+            if self.page_hash[page] is None:
+                self.free_stack.append(page)
+            else:
+                self._lru_append(page)
+
     def release(self, pages: Iterable[int]) -> None:
         """Drop one owner of each page; an unowned page becomes cached (if it has
         a hash: appended to the LRU tail) or free."""

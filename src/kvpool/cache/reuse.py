@@ -209,7 +209,7 @@ def commit_next_page(t: SlotTables, req: Request) -> int:
     block_hash, parent = hashes[k], hashes[k - 1] if k else None
     slot = req.slot
     for gi, n in enumerate(req.nblks):
-        if n > k and (page_id := int(t.tables[gi][slot, k])) >= 0:
+        if n > k and (page_id := t.tables[gi].item(slot, k)) >= 0:
             t.pools[gi].store(page_id, block_hash, parent, tpb)
     req.committed = k + 1
     return (k + 1) * tpb

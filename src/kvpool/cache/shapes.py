@@ -184,16 +184,19 @@ class ShapeArrays:
             self.thr_data[0, gi, slots] = count * tpb
             self.thr_data[1, gi, slots] = np.where(count > 0, (count - 1) * tpb, -1)
 
-    def next_stale(self, gi: int, hist: int) -> int:
-        """Smallest history above `hist` at which `stale_pages` grows; searched
-        with `stale_pages` itself (galloping, then bisection) so there is no
-        second copy of the arithmetic."""
+    def next_stale(self, gi: int, hist: int, now: int | None = None) -> int:
+        """Smallest history above `hist` at which `stale_pages` grows (`now`:
+        `stale_pages` at `hist`, if the caller knows it); searched with
+        `stale_pages` itself (galloping, then bisection) so there is no second
+        copy of the arithmetic."""
         if self.never_stale[gi]:
             return NEVER
         g = self.groups[gi]
-        now = stale_pages(g, hist)
+        if now is None:
+            now = stale_pages(g, hist)
         guess = hist + self.tokens_per_block  # right at a crossing, the next is a page later
-        if stale_pages(g, guess) > now and stale_pages(g, guess - 1) == now:
+        rule = g.rule  # `stale_pages`, one call less: this runs at every page a window drops
+        if rule.stale_pages(g, guess) > now and rule.stale_pages(g, guess - 1) == now:
             return guess
         lo, step = hist, self.tokens_per_block
         while stale_pages(g, hist + step) == now:
