@@ -11,6 +11,11 @@ Two ways of calling it, reported as separate peers:
                 generated tokens are committed once at the end (resize + commit before free),
                 which is what kvpool's own Scheduler does (sched/scheduler.py _commit_computed).
 
+Events: off (`events=False`), like the peers' rows: vLLM's harness leaves enable_kv_cache_events at
+its default False, nano-vllm and SGLang's allocator record none. KV_BENCH_EVENTS=1 turns kvpool's
+on (the orchestrator's kvpool-req-ev peer, on the workloads that store pages: their cost).
+KV_BENCH_ONLY="W1 on,W2" runs only those workloads.
+
 Shapes (capacity, history) follow the peers' slot counts exactly:
   admission   create(rid, prompt) -> hit; resize(rid, L, hit)        (slots for the prompt)
               caching on: resize(rid, L, L) + commit(rid, L)        (prompt computed, pages stored)
@@ -33,6 +38,7 @@ from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.spec import load_model_spec
 
 MODE = "batch" if "--batch" in sys.argv else "req"
+EVENTS = os.environ.get("KV_BENCH_EVENTS") == "1"
 L, S = W1_PROMPT, W1_STEPS
 
 
@@ -56,7 +62,7 @@ LIMITS = ServingLimits(max_batch_size=W1_REQS, max_seq_len=8192)
 
 def make(pages, reuse, sliding=False):
     s = SPEC_SWA if sliding else SPEC_FULL
-    return KVCacheManager(PoolPlan.from_pages(s, pages, LIMITS), enable_reuse=reuse)
+    return KVCacheManager(PoolPlan.from_pages(s, pages, LIMITS), enable_reuse=reuse, events=EVENTS)
 
 
 def used(m):
@@ -205,8 +211,11 @@ CONFIGS = {
     "W3 on": w1(True, sliding=True),
 }
 
+if os.environ.get("KV_BENCH_ONLY"):
+    CONFIGS = {k: CONFIGS[k] for k in os.environ["KV_BENCH_ONLY"].split(",")}
+
 if __name__ == "__main__":
     import kvpool
 
     sha = os.popen(f"git -C {os.path.dirname(kvpool.__file__)} rev-parse --short HEAD").read().strip()
-    main(f"kvpool@{sha} KVCacheManager ({MODE})", CONFIGS)
+    main(f"kvpool@{sha} KVCacheManager ({MODE}{', events' if EVENTS else ''})", CONFIGS)

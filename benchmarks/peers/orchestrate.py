@@ -28,6 +28,12 @@ KV_BASE_SRC = os.environ.get("KV_BASE_SRC")
 PEERS = [  # the interleaving order
     ("kvpool-req", [KV_PY, "bench_kvpool.py", "--worker"], {"PYTHONPATH": KV_SRC}),
     ("kvpool-batch", [KV_PY, "bench_kvpool.py", "--worker", "--batch"], {"PYTHONPATH": KV_SRC}),
+    # kvpool records no events in the rows above, like the peers; this one shows what they cost
+    (
+        "kvpool-req-ev",
+        [KV_PY, "bench_kvpool.py", "--worker"],
+        {"PYTHONPATH": KV_SRC, "KV_BENCH_EVENTS": "1", "KV_BENCH_ONLY": "W1 on,W2,W3 on"},
+    ),
     *(
         [
             ("kvpool-base-req", [KV_PY, "bench_kvpool.py", "--worker"], {"PYTHONPATH": KV_BASE_SRC}),
