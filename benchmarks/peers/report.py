@@ -6,7 +6,17 @@ import json
 import statistics
 import sys
 
-PEERS = ["kvpool-req", "kvpool-batch", "kvpool-req-ev", "kvpool-base-req", "kvpool-base-batch", "vllm", "vllm-xxh", "nano", "sglang"]
+PEERS = [
+    "kvpool-req",
+    "kvpool-batch",
+    "kvpool-req-ev",
+    "kvpool-base-req",
+    "kvpool-base-batch",
+    "vllm",
+    "vllm-xxh",
+    "nano",
+    "sglang",
+]
 ROWS = [  # (config, metric, label)
     ("W1 off", "admit_us_per_req", "W1 off: admission / req (manager calls)"),
     ("W1 off", "admit_incl_construct_us_per_req", "W1 off: admission / req incl. request object"),
