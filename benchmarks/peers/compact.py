@@ -4,19 +4,9 @@ usage: python3 compact.py pass1.json pass2.json [@cpu]"""
 
 import sys
 
+from report import PEERS as P
 from report import fmt, load, med
 
-P = [
-    "kvpool-req",
-    "kvpool-batch",
-    "kvpool-req-ev",
-    "kvpool-base-req",
-    "kvpool-base-batch",
-    "vllm",
-    "vllm-xxh",
-    "nano",
-    "sglang",
-]
 ROWS = [
     ("W1 off", "admit_us_per_req", "W1 off admission/req (manager calls)"),
     ("W1 off", "admit_incl_construct_us_per_req", "W1 off admission/req incl. request object"),
