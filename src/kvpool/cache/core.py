@@ -81,7 +81,7 @@ class KVCacheCore:
         # groups that share a pool are counted together: the planner's case, not a crossing's
         self._crosses = not self.tables.shared
         self._pages_only = self.tables.paged_only  # no state group to snapshot at a commit
-        self._moves_across = self._crosses and self._pages_only  # `advance_across` with a commit
+        self._moves_across = self._crosses and self._pages_only  # `advance_across` (a crossing and a commit)
         self.requests = Requests()
         self._by_id = self.requests.by_id  # the fast paths' lookup (no method call)
         self.reuse_queried_tokens = 0
@@ -160,13 +160,7 @@ class KVCacheCore:
                     req.cap = capacity
                     req.hist = hist
                     return RESIZED
-                if (
-                    self._crosses
-                    and req.hi >= 0
-                    and capacity <= req.limit
-                    and req.nxt > 0
-                    and cross(self.tables, req, capacity, hist, self._keeps_stale)
-                ):
+                if self._crosses and cross(self.tables, req, capacity, hist, self._keeps_stale):
                     return RESIZED
         if req is None:
             req = self.requests.get(rid)  # raises
@@ -255,7 +249,7 @@ class KVCacheCore:
                 req.cap = cap
                 req.hist = hist
                 return RESIZED
-            if self._crosses and advance_across(self.tables, req, None, self._keeps_stale):
+            if self._crosses and req.lo < cap and cross(self.tables, req, cap, hist, self._keeps_stale):
                 return RESIZED
         elif (
             req.lo < cap <= req.hi

@@ -35,10 +35,13 @@ def cross(t: SlotTables, req: Request, cap: int, hist: int, keeps_stale: bool) -
     pages are free: releases first (a page going stale may be the one a growing
     group takes), then one new page per growing group, into the tables, the
     pools and the mirror. With `keeps_stale` (reuse on, some group goes stale)
-    the pages about to go stale are stored first. False: not this case, nothing
+    the pages about to go stale are stored first. False: not this case (a
+    closed mirror, a lookup still to count, past `req.limit`), nothing
     changed. The caller has checked the shape: `req.hist <= hist <= cap`,
-    `req.lo < cap <= req.limit`, and that the mirror is open (`req.hi >= 0`,
-    `req.nxt > 0`)."""
+    `req.lo < cap`, and that some page moves (not `cap <= req.hi` with
+    `hist < req.nxt`)."""
+    if req.hi < 0 or req.nxt <= 0 or cap > req.limit:
+        return False
     tpb, nblks, pools = t.tokens_per_block, req.nblks, t.pools
     if len(nblks) == 1 and hist < req.nxt and not t.is_state[0]:  # one group of pages growing: no loops
         return grow_single(t, req, cap, hist) if cap <= req.hi + tpb else False
@@ -105,31 +108,29 @@ def grow_single(t: SlotTables, req: Request, cap: int, hist: int) -> bool:
     return True
 
 
-def advance_across(t: SlotTables, req: Request, token: int | None, keeps_stale: bool) -> bool:
-    """`KVCacheCore.advance` of mirrored `req` by one position as one move:
-    the page crossing (`cross`, or none), then, unless `token` is None, the
-    id `token` appended to the known ids and the page it completes, if any,
-    committed (`commit_next_page`, so tables of pages only), as `resize` then
-    `commit` would, without their checks. False, nothing changed: not that
-    case (a closed mirror, a shape the crossing declines, or with a `token`:
-    no int64 id, known ids short of history, a commit of more than one page)."""
+def advance_across(t: SlotTables, req: Request, token: int, keeps_stale: bool) -> bool:
+    """`KVCacheCore.advance` of mirrored `req` by one position with the id
+    `token`, as one move: the page crossing (`cross`, or none), then `token`
+    appended to the known ids and the page it completes, if any, committed
+    (`commit_next_page`, so tables of pages only), as `resize` then `commit`
+    would, without their checks. False, nothing changed: not that case (no
+    int64 id, known ids short of history, a commit of more than one page, a
+    shape `cross` declines)."""
     cap, hist, tpb, tokens = req.cap + 1, req.hist + 1, t.tokens_per_block, req.tokens
-    if not (req.hi >= 0 and req.nxt > 0 and req.lo < cap <= req.limit):
-        return False
-    if token is not None and (
+    if (
         tokens is None
         or type(token) is not int
         or not 0 <= token <= INT64_MAX
         or req.base + len(tokens) != req.hist
         or hist >= (req.committed + 2) * tpb
+        or cap <= req.lo
     ):
         return False
     if cap <= req.hi and hist < req.nxt:  # no page moves: only a page completes
         req.cap, req.hist = cap, hist
     elif not cross(t, req, cap, hist, keeps_stale):
         return False
-    if token is not None and tokens is not None:
-        tokens.append(token)
-        if hist >= (req.committed + 1) * tpb:
-            commit_next_page(t, req)
+    tokens.append(token)
+    if hist >= (req.committed + 1) * tpb:
+        commit_next_page(t, req)
     return True

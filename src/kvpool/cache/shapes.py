@@ -192,19 +192,19 @@ class ShapeArrays:
         if self.never_stale[gi]:
             return NEVER
         g = self.groups[gi]
+        stale = g.rule.stale_pages  # what `stale_pages` calls: one frame less at every page a window drops
         if now is None:
-            now = stale_pages(g, hist)
+            now = stale(g, hist)
         guess = hist + self.tokens_per_block  # right at a crossing, the next is a page later
-        rule = g.rule  # `stale_pages`, one call less: this runs at every page a window drops
-        if rule.stale_pages(g, guess) > now and rule.stale_pages(g, guess - 1) == now:
+        if stale(g, guess) > now and stale(g, guess - 1) == now:
             return guess
         lo, step = hist, self.tokens_per_block
-        while stale_pages(g, hist + step) == now:
+        while stale(g, hist + step) == now:
             lo, step = hist + step, step * 2
         hi = hist + step
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if stale_pages(g, mid) == now:
+            if stale(g, mid) == now:
                 lo = mid
             else:
                 hi = mid
