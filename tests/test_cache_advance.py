@@ -24,6 +24,29 @@ def two_calls(m: KVCacheManager, rid: int, token: int | None) -> bool:
     return done
 
 
+def admit(one: KVCacheManager, two: KVCacheManager, rid: int, prompt: list[int], ahead: int, commit: bool) -> bool:
+    """Create `rid` in both managers, resize it to the prompt (plus `ahead`
+    slots for drafts; both answer alike) and commit the prompt unless not
+    `commit` (a lagging prompt: its pages commit at the first advance with an id)."""
+    for m in (one, two):
+        m.create(rid, prompt)
+    ok = [bool(m.resize(rid, len(prompt) + ahead, len(prompt))) for m in (one, two)]
+    assert ok[0] == ok[1]
+    if ok[0] and commit:
+        for m in (one, two):
+            m.commit(rid, len(prompt))
+    return ok[0]
+
+
+def step_both(one: KVCacheManager, two: KVCacheManager, rid: int, token: int | None) -> bool:
+    """`advance` on `one`, the two calls on `two`: same answer, events and state."""
+    done = bool(one.advance(rid, token))
+    assert done == two_calls(two, rid, token)
+    assert one.take_events() == two.take_events()
+    assert observed(one) == observed(two)
+    return done
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     sliding=st.booleans(),
@@ -44,17 +67,7 @@ def test_advance_is_resize_then_commit(
     spec = twin_spec(tpb=TPB, window=6) if sliding else full_spec(tpb=TPB)
     pages = {"full": full_pages, "sliding": 10} if sliding else {"full": full_pages}
     one, two = manager(spec, pages, reuse=reuse), manager(spec, pages, reuse=reuse)
-    live: list[int] = []
-    for rid, prompt in enumerate(prompts):
-        for m in (one, two):
-            m.create(rid, prompt)
-        ok = [bool(m.resize(rid, len(prompt), len(prompt))) for m in (one, two)]
-        assert ok[0] == ok[1]
-        if ok[0]:
-            if not lagging[rid]:  # a lagging prompt's pages are committed by the first advance with a token
-                for m in (one, two):
-                    m.commit(rid, len(prompt))
-            live.append(rid)
+    live = [rid for rid, prompt in enumerate(prompts) if admit(one, two, rid, prompt, 0, not lagging[rid])]
     untokened: set[int] = set()  # requests advanced without an id: their known ids stop short of history
     for pick, token in steps:
         if not live:
@@ -66,12 +79,8 @@ def test_advance_is_resize_then_commit(
                 one.advance(rid, token)
             assert_unchanged(before, snapshot(one))
             continue
-        done = bool(one.advance(rid, token))
-        assert done == two_calls(two, rid, token)
-        if done and token is None:
+        if step_both(one, two, rid, token) and token is None:
             untokened.add(rid)
-        assert one.take_events() == two.take_events()
-        assert observed(one) == observed(two)
     assert one.stats() == two.stats()
     one.check_integrity()
 
@@ -111,13 +120,10 @@ def test_an_advance_right_after_create_counts_the_prompt_lookup(prompt_len: int)
     """The prefix lookup counts at a request's first move, whichever call makes it."""
     prompt = list(range(prompt_len))
     one, two = (manager(full_spec(tpb=TPB), {"full": 8}) for _ in range(2))
+    assert admit(one, two, 0, prompt, 0, True)
     for m in (one, two):
-        m.create(0, prompt)
-        assert m.resize(0, prompt_len, prompt_len)
-        m.commit(0, prompt_len)
         assert m.create(1, prompt) > 0  # a hit: capacity and history at the reused length
-    assert one.advance(1) and two_calls(two, 1, None)
-    assert observed(one) == observed(two)
+    assert step_both(one, two, 1, None)
     assert one.stats() == two.stats() and one.stats().reuse_hit_tokens > 0
 
 
@@ -150,24 +156,12 @@ def test_decode_runs_with_tokens_match_two_calls(
     spec = twin_spec(tpb=TPB, window=6) if sliding else full_spec(tpb=TPB)
     pages = {"full": full_pages, "sliding": 8} if sliding else {"full": full_pages}
     one, two = manager(spec, pages), manager(spec, pages)
-    live: list[int] = []
-    for rid, (prompt, ahead, lagging) in enumerate(prompts):
-        for m in (one, two):
-            m.create(rid, prompt)
-        ok = [bool(m.resize(rid, len(prompt) + ahead, len(prompt))) for m in (one, two)]
-        assert ok[0] == ok[1]
-        if ok[0]:
-            if not lagging:
-                for m in (one, two):
-                    m.commit(rid, len(prompt))
-            live.append(rid)
+    live = [
+        rid for rid, (prompt, ahead, lagging) in enumerate(prompts) if admit(one, two, rid, prompt, ahead, not lagging)
+    ]
     for pick, token in steps:
         if not live:
             break
-        rid = live[pick % len(live)]
-        done = bool(one.advance(rid, token))
-        assert done == two_calls(two, rid, token)
-        assert one.take_events() == two.take_events()
-        assert observed(one) == observed(two)
+        step_both(one, two, live[pick % len(live)], token)
     assert one.stats() == two.stats()
     one.check_integrity()
