@@ -1,10 +1,12 @@
 """The house rules of docs/design.md, checked on the source itself: no module
-imports another module's private name, the package's runtime imports form no
-circle, and no source file grows past 300 lines."""
+imports another module's private name and the package's runtime imports form no
+circle. A file past about 500 lines is a hint to look for a second concept in it
+(a warning, not a failure: a file is split by concept, not by line count)."""
 
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "kvpool"
@@ -81,9 +83,17 @@ def test_the_package_has_no_import_circles() -> None:
     assert not cycle, " -> ".join(cycle)
 
 
-def test_no_source_file_over_300_lines() -> None:
-    long = {str(p.relative_to(ROOT)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > 300}
-    assert not long, long
+LONG_FILE_HINT = 500
+
+
+def test_long_source_files_are_named_as_a_hint() -> None:
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in SRC.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > LONG_FILE_HINT
+    }
+    for path, n in sorted(long.items()):
+        warnings.warn(f"{path} has {n} lines: does it hold a second concept?", stacklevel=1)
 
 
 def test_tests_import_factories_from_helper_modules_not_from_other_tests() -> None:
