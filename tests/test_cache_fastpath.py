@@ -1,6 +1,7 @@
-"""The per-request fast paths and lazy events (cache/shapes.py, cache/events.py):
-a request's mirror gives the same pages as the batch path, the arrays read the
-truth, and page events cost nothing when off and are built only when taken."""
+"""The early returns of the one move and lazy events (cache/manager.py,
+cache/events.py): a single resize gives the same pages as the batch path, a
+step that moves no page plans nothing, and page events cost nothing when off
+and are built only when taken."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cache_helpers import full_spec, hybrid_spec, manager
+from cache_helpers import full_spec, hybrid_spec, manager, twin_spec
 from kvpool.cache import CacheEvent, KVCacheManager, events
+from kvpool.cache.tables import PageTables
 from kvpool.plan import PoolPlan, ServingLimits
+from kvpool.spec.pages import stale_pages, table_blocks
 
 PROMPTS = [list(range(1000 * i, 1000 * i + 70)) for i in range(1, 5)]
 
@@ -40,27 +43,54 @@ def test_single_resizes_move_pages_as_the_batch_path(steps: list[tuple[int, int,
     for rid, grow, done in steps:
         cap = one.capacity(rid) + grow
         hist = min(cap, one.history(rid) + done)
-        a = one.resize(rid, cap, hist)  # mirror path (no array read in between)
-        b = many.resize_many([rid], [cap], [hist])  # array path
+        a = one.resize(rid, cap, hist)  # the single path
+        b = many.resize_many([rid], [cap], [hist])  # the batch path
         assert a == b
         assert shapes_and_tables(one) == shapes_and_tables(many)
-    one.check_integrity()  # reads the arrays: every mirror written back first
+    one.check_integrity()
     many.check_integrity()
     assert shapes_and_tables(one) == shapes_and_tables(many)
 
 
-def test_array_readers_see_the_mirrored_shape() -> None:
+def test_a_batch_move_after_single_ones_starts_from_their_shape() -> None:
     m = manager(full_spec(tpb=16), {"full": 40})
     m.create(1)
     assert m.resize(1, 20, 0)
-    for n in range(21, 30):  # within the second page: the mirror alone moves
+    for n in range(21, 30):  # within the second page: the early return alone moves
         assert m.resize(1, n, n - 1)
-    slot = m.requests.get(1).slot
-    assert (int(m.tables.cap[slot]), int(m.tables.hist[slot])) == (29, 28)
-    assert int(m.tables.nblk[0, slot]) == 2  # ceil(29 / 16)
+    assert (m.capacity(1), m.history(1)) == (29, 28)
+    assert m.live_pages(1, "full") == 2  # ceil(29 / 16)
     assert m.extend([1], 4)  # a batch move after single ones
     assert (m.capacity(1), m.history(1)) == (33, 32)
     assert m.block_table(1, "full").tolist() == [0, 1, 2]
+    m.check_integrity()
+
+
+def test_only_steps_that_move_a_page_are_planned(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 200 decode steps over 16-token pages, a sliding window of 40: a step is planned exactly when
+    # `table_blocks` or `stale_pages` changes in some group (the rest take the early return)
+    spec = twin_spec(tpb=16, window=40)
+    m = manager(spec, {"full": 64, "sliding": 16})
+    m.create(0, list(range(100, 170)))
+    assert m.resize(0, 71, 70)
+    planned: list[int] = []
+    real_plan = PageTables.plan
+
+    def counted(self: PageTables, req: Any, cap: int, hist: int) -> Any:
+        planned.append(cap)
+        return real_plan(self, req, cap, hist)
+
+    monkeypatch.setattr(PageTables, "plan", counted)
+    expected = []
+    for step in range(1, 201):
+        cap, hist = 71 + step, 70 + step
+        if any(
+            (table_blocks(g, cap), stale_pages(g, hist)) != (table_blocks(g, cap - 1), stale_pages(g, hist - 1))
+            for g in spec.groups
+        ):
+            expected.append(cap)
+        assert m.resize(0, cap, hist) if step % 2 else m.extend([0])
+    assert planned == expected and 0 < len(expected) < 40
     m.check_integrity()
 
 

@@ -5,7 +5,6 @@ for each request, which pages hold its positions (`block_table`). Every page
 count comes from `kvpool.spec.pages` (docs/design.md, rule 1).
 """
 
-from kvpool.cache.core import KVCacheCore
 from kvpool.cache.events import (
     CacheEvent,
     CacheIntegrityError,
@@ -16,7 +15,7 @@ from kvpool.cache.events import (
 from kvpool.cache.manager import STALE, KVCacheManager
 from kvpool.cache.request import Request
 from kvpool.cache.results import Dummies, Resize
-from kvpool.cache.warmup import SkippedShape, WarmupReport
+from kvpool.plan.capture import SkippedShape, WarmupReport
 
 __all__ = [
     "STALE",
@@ -26,7 +25,6 @@ __all__ = [
     "CacheUsageError",
     "Dummies",
     "GroupStats",
-    "KVCacheCore",
     "KVCacheManager",
     "Request",
     "Resize",

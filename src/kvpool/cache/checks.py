@@ -125,3 +125,10 @@ def check_batch_shapes(
     if (caps < hists).any() or (hists < old).any():
         bad = int(np.flatnonzero((caps < hists) | (hists < old))[0])
         check_shape(rids[bad], int(caps[bad]), int(hists[bad]), int(old[bad]))
+
+
+def check_dummy_args(batch_size: int, token_num: int, draft_len: int) -> None:
+    """Raise `CacheUsageError` unless batch_size, token_num >= 1 and draft_len >= 0 are integers."""
+    for name, value, low in (("batch_size", batch_size, 1), ("token_num", token_num, 1), ("draft_len", draft_len, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise CacheUsageError(f"{name} must be an integer >= {low}, got {value!r}")

@@ -10,12 +10,11 @@ import numpy.typing as npt
 from kvpool.cache.events import CacheIntegrityError
 from kvpool.cache.pool import PagePool
 from kvpool.cache.request import Request
-from kvpool.cache.shared_pool import PoolView
-from kvpool.cache.slots import SlotTables
-from kvpool.spec.pages import pages_needed, stale_pages
+from kvpool.cache.tables import PageTables
+from kvpool.spec.pages import stale_pages, table_blocks
 
 
-def check_integrity(t: SlotTables, requests: Iterable[Request]) -> None:
+def check_integrity(t: PageTables, requests: Iterable[Request]) -> None:
     """Raise `CacheIntegrityError` naming the offending pages per group unless:
     ref counts equal the number of table entries naming each page; unowned
     pages are on the free stack (no hash) or in the LRU (hash) exactly once;
@@ -30,19 +29,26 @@ def check_integrity(t: SlotTables, requests: Iterable[Request]) -> None:
     holding the page, is an error too."""
     bad: dict[str, list[int]] = {}
     reasons: list[str] = []
-    slots = [req.slot for req in requests]
-    members: dict[int, list[int]] = {}  # id of the page storage -> groups drawing from it
-    for gi, pool in enumerate(t.pools):
-        members.setdefault(id(pool.shared if isinstance(pool, PoolView) else pool), []).append(gi)
+    reqs = list(requests)
+    members: dict[int, list[int]] = {}  # store -> groups drawing from it
+    for gi, s in enumerate(t.store_of):
+        members.setdefault(s, []).append(gi)
     for gis in members.values():
         pool = t.pools[gis[0]]
-        label = pool.shared.name if isinstance(pool, PoolView) else t.groups[gis[0]].name
+        label = pool.store.name
         offending: set[int] = set()
-        owners = _owners(t, gis, slots, label, reasons, offending)
+        owners = _owners(t, gis, reqs, label, reasons, offending)
         _check_lists(t, gis, pool, owners, label, reasons, offending)
         if offending:
             bad[label] = sorted(offending)
-    if bad:
+    for req in reqs:
+        bounds = (req.lo, req.hi, req.next_stale)
+        t.rebound(req)  # recomputed from the counts, then put back as found
+        if bounds != (req.lo, req.hi, req.next_stale):
+            reasons.append(f"request {req.rid}: bounds {bounds} do not match its block counts")
+            bad.setdefault(t.groups[0].name, [])
+        req.lo, req.hi, req.next_stale = bounds
+    if bad or reasons:
         raise CacheIntegrityError(
             "page bookkeeping is inconsistent: "
             + "; ".join(
@@ -53,7 +59,7 @@ def check_integrity(t: SlotTables, requests: Iterable[Request]) -> None:
 
 
 def _owners(
-    t: SlotTables, gis: list[int], slots: list[int], label: str, reasons: list[str], offending: set[int]
+    t: PageTables, gis: list[int], reqs: list[Request], label: str, reasons: list[str], offending: set[int]
 ) -> npt.NDArray[np.int64]:
     """Table entries naming each page of the pool of groups `gis`; tables that
     do not match their request's shape, entries outside the pool and pages
@@ -64,14 +70,14 @@ def _owners(
     for gi in gis:
         group, table = t.groups[gi], t.tables[gi]
         mine = np.zeros(n, np.int64)
-        for slot in slots:
-            nblk, nstale = int(t.nblk[gi, slot]), int(t.nstale[gi, slot])
-            cap, hist = int(t.cap[slot]), int(t.hist[slot])
+        for req in reqs:
+            slot, nblk, nstale, cap, hist = req.slot, req.nblk[gi], req.nstale[gi], req.cap, req.hist
             row = table[slot]
             want_stale = stale_pages(group, hist)
             if (
                 nstale != want_stale
-                or nblk != pages_needed(group, cap, hist) + want_stale
+                or nblk != table_blocks(group, cap)
+                or req.stale_at[gi] != t.next_stale(gi, hist, want_stale)
                 or (row[:nstale] != -1).any()
                 or (row[nblk:] != -1).any()
                 or (row[nstale:nblk] < 0).any()
@@ -104,7 +110,7 @@ def _owners(
 
 
 def _check_lists(
-    t: SlotTables,
+    t: PageTables,
     gis: list[int],
     pool: PagePool,
     owners: npt.NDArray[np.int64],
@@ -133,7 +139,7 @@ def _check_lists(
     for p in free + lru:
         seen[p] = seen.get(p, 0) + 1
     twice = [p for p, c in seen.items() if c > 1]
-    if twice or len(lru) != pool.lru_len:
+    if twice or len(lru) != pool.num_cached:
         reasons.append(f"{label}: pages listed twice as free/cached: {twice}")
         offending.update(twice)
     hashed = [p for p in range(n) if pool.page_hash[p] is not None]

@@ -1,103 +1,329 @@
-"""`KVCacheManager`: the public face of the run-time page manager.
+"""`KVCacheManager`: the run-time page manager of a `PoolPlan`.
 
-`KVCacheCore` (`cache/core.py`) holds requests and their pages, one request
-at a time; the manager adds the batched moves (`resize_many`, `extend`),
-dummy requests, the capacity query and the CUDA-graph warmup dry run
-(`cache/warmup.py`), the persistent padding dummies, events, the integrity
-check and statistics.
+One pool per group (`cache/pool.py`, `cache/shared_pool.py`), a record per
+request (`cache/request.py`), block tables and the one move of a request's
+pages (`cache/tables.py`) and the prefix cache (`cache/prefix.py`); dummy
+requests and the CUDA-graph warmup dry run are page arithmetic in `plan.capture`.
+
+Every move, single or batched, is the same: requests whose pages stay as they
+are only take the new shape (the early return, the common decode step); the
+others are planned, checked against the pools together, and applied all or
+none (docs/design.md, rule 6).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from kvpool.cache import batch, integrity
-from kvpool.cache import warmup as warmup_mod
-from kvpool.cache.checks import as_position, batch_positions, check_batch_shapes, checked_shape
-from kvpool.cache.core import KVCacheCore
-from kvpool.cache.events import CacheEvent, CacheStats, CacheUsageError, GroupStats, expand
+from kvpool.cache import integrity, prefix
+from kvpool.cache.checks import (
+    INT64_MAX,
+    as_position,
+    batch_positions,
+    check_batch_shapes,
+    check_capacity,
+    check_dummy_args,
+    check_few_tokens,
+    check_rid,
+    check_tokens,
+    checked_shape,
+)
+from kvpool.cache.events import CacheEvent, CacheStats, CacheUsageError, EventRecord, GroupStats, expand
+from kvpool.cache.hashing import salt_seed
+from kvpool.cache.prompt_memo import PromptMemo
+from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Dummies, Resize
-from kvpool.cache.slots import STALE
-from kvpool.cache.warmup import WarmupReport
+from kvpool.cache.shared_pool import build_pools
+from kvpool.cache.tables import STALE, Move, PageTables
+from kvpool.plan import capture
+from kvpool.plan.capture import WarmupReport
 from kvpool.plan.result import PoolPlan
+from kvpool.spec.kinds import NEVER
 
 __all__ = ["STALE", "KVCacheManager"]
 
+EVENT_BUFFER = 1 << 16  # event records (runs of pages) kept until `take_events`; older ones are dropped
 
-class KVCacheManager(KVCacheCore):
-    """Run-time pages of a `PoolPlan` (see `KVCacheCore` for requests, resizes
-    and reuse), plus dummies and warmup: `add_dummy_requests`,
-    `max_generation_length`, `warmup` and the persistent padding dummies it
-    reserves (`reserve_padding_dummy`); and the readers: block tables, pages
-    free, total and live, `stats` and `check_integrity`.
+
+class KVCacheManager:
+    """Run-time pages of a `PoolPlan`: one pool per group, page tables per request.
+
+    Not thread-safe. Request ids are ints chosen by the caller (use
+    non-negative ones: negative ids are the dummies').
+
+    Every method that allocates returns a `Resize` (or `Dummies`) that is
+    truthy on success and, on refusal, names the pages short per group and has
+    changed nothing (`cache.results`). Usage errors raise `CacheUsageError`
+    before anything changes. `tables`, `pools`, `requests` and `events` (records
+    of runs of pages; `take_events` builds the `CacheEvent`s) are the
+    bookkeeping, public for the integrity checker, tools and tests: read them,
+    never write them. `events=False` records no events at all.
+
+    `state_snapshots=True` lets `commit` snapshot state groups (recurrent
+    state) so that models with a state group can reuse prefixes at all; the
+    engine must then copy each snapshot (see `CacheEvent.source_page`). Off by
+    default: a hit on a snapshot the engine never filled would be silently wrong.
     """
 
     def __init__(
         self, plan: PoolPlan, *, enable_reuse: bool = True, state_snapshots: bool = False, events: bool = True
     ) -> None:
-        super().__init__(plan, enable_reuse=enable_reuse, state_snapshots=state_snapshots, events=events)
+        self.plan = plan
+        self.spec = plan.spec
+        self.limits = plan.limits
+        self.enable_reuse = enable_reuse
+        self.state_snapshots = state_snapshots
+        self.tokens_per_block = self.spec.tokens_per_block
+        self.groups = self.spec.groups
+        self._index = {g.name: i for i, g in enumerate(self.groups)}
+        self.events: deque[EventRecord] = deque(maxlen=EVENT_BUFFER)
+        self.pools = build_pools(plan, self.events)  # one per group; shared stores where the plan shares a pool
+        for pool in self.pools:
+            pool.record_events = events
+        self.max_capacity = self.limits.max_seq_len + self.limits.headroom  # what the pools were sized for
+        self.tables = PageTables(self.groups, self.pools, max(8, self.limits.max_batch_size + 8), self.max_capacity)
+        # with reuse on, pages that leave a sliding window or a finished chunk are stored before they are released
+        self._keeps_stale = enable_reuse and not all(self.tables.never_stale)
+        # a commit may snapshot a state group even when no page completes (`prefix.commit`)
+        self._snapshots = state_snapshots and any(self.tables.is_state)
+        self.requests = Requests()
+        self._by_id = self.requests.by_id  # the per-step lookup (no method call)
+        self.reuse_queried_tokens = 0
+        self.reuse_hit_tokens = 0
+        self._prompts = PromptMemo()  # the last prompt's digests, for the next that shares its start
         self._padding: dict[int, int] = {}  # draft length -> persistent padding dummy id
+
+    # ------------------------------------------------------------------ requests
+
+    def create(self, rid: int, tokens: Sequence[int] | None = None, salt: str | bytes | int | None = None) -> int:
+        """Register request `rid` (capacity 0). With reuse on and `tokens` (the
+        prompt) given, attach the longest cached prefix of whole pages (never
+        the last prompt token, which must be computed for logits): capacity and
+        history become the reused length, which is returned. The lookup counts
+        in `stats()` once the request's first resize succeeds: a scheduler that
+        creates, finds no room and frees again does not inflate the hit rate.
+        Raises `CacheUsageError` for a duplicate or non-int id, tokens that
+        are not token ids, or a salt of another type (nothing registered then)."""
+        check_rid(rid)
+        ids = check_tokens(tokens, f"request {rid}: tokens") if self.enable_reuse and tokens is not None else None
+        seed = salt_seed(salt) if ids is not None else 0
+        req = self._new_request(rid, dummy=False)
+        if ids is None:
+            return 0
+        req.tokens, req.seed = ids, seed
+        hit = prefix.attach_prefix(self.tables, req, self._prompts)
+        req.lookup = (len(ids), hit)
+        return hit
 
     def free(self, rid: int) -> None:
         """Release every page of `rid` (cached content stays reusable until
         evicted) and forget the request; a padding dummy stops being reserved."""
-        super().free(rid)
-        for d, pad in list(self._padding.items()):
-            if pad == rid:
-                del self._padding[d]
+        req = self.requests.get(rid)
+        self.tables.release(req)
+        self.requests.remove(rid)
+        if req.dummy:
+            for d, pad in list(self._padding.items()):
+                if pad == rid:
+                    del self._padding[d]
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self.requests
+
+    def capacity(self, rid: int) -> int:
+        return self.requests.get(rid).cap
+
+    def history(self, rid: int) -> int:
+        return self.requests.get(rid).hist
+
+    @property
+    def num_requests(self) -> int:
+        """Registered requests, dummies included."""
+        return len(self.requests)
+
+    def iter_requests(self) -> Iterable[tuple[int, bool]]:
+        """(rid, is_dummy) of every registered request."""
+        return ((r.rid, r.dummy) for r in self.requests)
+
+    # ------------------------------------------------------------------ moves
+
+    def resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
+        """Give `rid` pages for `capacity` positions with `history` of them
+        computed (None: unchanged); raising history releases pages that went
+        stale. All groups or nothing: a falsy result, naming the pages short
+        per group, changed nothing. Raises `CacheUsageError` if capacity <
+        history, history decreases or capacity passes max_seq_len + headroom."""
+        req = self._by_id.get(rid)
+        if req is not None and type(capacity) is int:  # early return: no page moves (a plain-int decode step)
+            hist = req.hist if history is None else history
+            if (
+                type(hist) is int
+                and req.lo < capacity <= req.hi
+                and req.hist <= hist < req.next_stale
+                and hist <= capacity
+                and req.lookup is None
+            ):
+                req.cap = capacity
+                req.hist = hist
+                return RESIZED
+        if req is None:
+            req = self.requests.get(rid)  # raises
+        cap, hist = checked_shape(rid, capacity, history, req.hist, None if req.dummy else self.max_capacity)
+        return self._move([self.tables.plan(req, cap, hist)])
+
+    def advance(self, rid: int, token: int | None = None) -> Resize:
+        """One decode step of `rid`: the token in flight (at position
+        `history`) has been computed, so history and capacity both advance by
+        one, and with reuse on `token`, that token's id, is committed (the
+        pages it completes become reusable). The same as `resize(rid,
+        capacity + 1, history + 1)` then `commit(rid, history + 1, (token,))`.
+        Falsy, nothing changed, if a pool is short. Raises `CacheUsageError`,
+        before any change, for a token that is no token id or a request whose
+        known ids do not reach its history (commit them first). `token=None`
+        (or reuse off) commits nothing."""
+        req = self._by_id.get(rid)
+        if req is not None and req.cap + 1 <= req.hi and req.hist + 1 < req.next_stale and req.lookup is None:
+            # early return: no page moves, and no page completes (or nothing to commit)
+            known = req.tokens
+            if token is None or (known is None and (req.dummy or not self.enable_reuse)):
+                req.cap += 1
+                req.hist += 1
+                return RESIZED
+            if (
+                known is not None
+                and not self._snapshots
+                and type(token) is int
+                and 0 <= token <= INT64_MAX
+                and req.base + len(known) == req.hist
+                and req.hist + 1 < (req.committed + 1) * self.tokens_per_block
+            ):
+                known.append(token)
+                req.cap += 1
+                req.hist += 1
+                return RESIZED
+        if req is None:
+            req = self.requests.get(rid)  # raises
+        commits = token is not None and self.enable_reuse and not req.dummy
+        if commits:
+            check_few_tokens((token,), f"request {rid}: advance's token")
+            if req.num_known != req.hist:
+                raise CacheUsageError(
+                    f"request {rid}: advance commits the id of position {req.hist}, but {req.num_known} "
+                    "token ids are known (commit the ids before it first)"
+                )
+        done = self.resize(rid, req.cap + 1, req.hist + 1)
+        if done and token is not None and commits:
+            self.commit(rid, req.hist, (token,))
+        return done
 
     def resize_many(
         self, rids: Sequence[int], capacities: npt.ArrayLike, histories: npt.ArrayLike | None = None
     ) -> Resize:
         """`resize` for a batch of distinct requests in one call, atomic over the
         whole batch (falsy: nothing changed). The per-step decode path."""
-        slots = self.requests.slots(rids)
-        caps = batch_positions(capacities, slots.shape, "capacities")
-        old = self.tables.hist[slots]
-        hists = old if histories is None else batch_positions(histories, slots.shape, "histories")
-        check_batch_shapes(rids, caps, hists, old)
-        return self._resize_batch(rids, slots, caps, hists)
+        reqs = self.requests.batch(rids)
+        caps = batch_positions(capacities, (len(reqs),), "capacities").tolist()
+        old = [r.hist for r in reqs]
+        hists = old if histories is None else batch_positions(histories, (len(reqs),), "histories").tolist()
+        check_batch_shapes(rids, np.asarray(caps), np.asarray(hists), np.asarray(old))
+        return self._move_batch(reqs, caps, hists)
 
     def extend(self, rids: Sequence[int], num_tokens: int = 1) -> Resize:
         """One decode step for a batch: capacity and history of each request
         both advance by `num_tokens` (the tokens in flight become computed and
         as many new ones get slots). Atomic over the batch like `resize_many`."""
-        num_tokens = as_position(num_tokens, "extend's num_tokens")
-        slots = self.requests.slots(rids)
-        t = self.tables
-        return self._resize_batch(rids, slots, t.cap[slots] + num_tokens, t.hist[slots] + num_tokens)
-
-    def _resize_batch(
-        self,
-        rids: Sequence[int],
-        slots: npt.NDArray[np.intp],
-        caps: npt.NDArray[np.int64],
-        hists: npt.NDArray[np.int64],
-    ) -> Resize:
-        done = batch.move(self.tables, self.requests, rids, slots, caps, hists, self.max_capacity, self._keeps_stale)
-        if done and self._lookups:
-            self._count_lookups(rids)
-        return done
-
-    def take_events(self) -> list[CacheEvent]:
-        """Stored/removed page events since the last call (oldest first), built
-        now from the pools' records; clears them. Empty with `events=False`."""
-        events = expand(self.events)
-        self.events.clear()
-        return events
+        n = as_position(num_tokens, "extend's num_tokens")
+        reqs = self.requests.batch(rids)
+        return self._move_batch(reqs, [r.cap + n for r in reqs], [r.hist + n for r in reqs])
 
     def can_resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
         """What `resize(rid, capacity, history)` would answer now; changes nothing."""
         req = self.requests.get(rid)
-        limit = None if req.dummy else self.max_capacity
-        cap, hist = checked_shape(rid, capacity, history, self.history(rid), limit)
-        if req.hi >= 0:
-            short = self.tables.plan_one(req, cap, hist)[1]
-            return Resize(short) if short else RESIZED
-        return self.tables.apply([req.slot], [cap], [hist], dry_run=True)
+        cap, hist = checked_shape(rid, capacity, history, req.hist, None if req.dummy else self.max_capacity)
+        short = self.tables.shortfall([self.tables.plan(req, cap, hist)])
+        return Resize(short) if short else RESIZED
+
+    def _move_batch(self, reqs: list[Request], caps: list[int], hists: list[int]) -> Resize:
+        """Move validated shapes of distinct requests: the early return per
+        request, the rest planned together."""
+        moves = []
+        for req, cap, hist in zip(reqs, caps, hists, strict=True):
+            if not (req.lo < cap <= req.hi and hist < req.next_stale and req.lookup is None):
+                if cap > self.max_capacity and not req.dummy:
+                    check_capacity(req.rid, cap, self.max_capacity)
+                moves.append(self.tables.plan(req, cap, hist))
+        if moves:
+            done = self._move(moves)
+            if not done:
+                return done
+        for req, cap, hist in zip(reqs, caps, hists, strict=True):
+            req.cap = cap
+            req.hist = hist
+        return RESIZED
+
+    def _move(self, moves: list[Move]) -> Resize:
+        """Apply planned moves if the pools hold them all; else change nothing.
+        With reuse on, the pages about to leave a window are stored first; a
+        request's first successful move counts its prefix lookup."""
+        t = self.tables
+        short = t.shortfall(moves)
+        if short:
+            return Resize(short)
+        if self._keeps_stale:
+            for req, _, hist, _ in moves:
+                if hist >= req.next_stale and req.tokens is not None:
+                    prefix.store_before_release(t, req, hist)  # hashes only: the plan stays valid
+        t.apply(moves)
+        for req, *_ in moves:
+            if req.lookup is not None:
+                self.reuse_queried_tokens += req.lookup[0]
+                self.reuse_hit_tokens += req.lookup[1]
+                req.lookup = None
+        return RESIZED
+
+    def commit(self, rid: int, num_tokens: int, tokens: Sequence[int] | None = None) -> int:
+        """Offer the whole pages among the first `num_tokens` positions of `rid`
+        for reuse (chained hashes of token ids and the salt; records `stored`
+        events). `tokens` appends token ids the manager has not seen yet (the
+        prompt came with `create`; pass generated tokens here). Commit only
+        verified tokens, never drafts: `num_tokens` may not exceed history.
+        Returns the tokens now reusable; a no-op (0) with reuse off or for dummies."""
+        req = self._by_id.get(rid)
+        if (  # early return: no page completes, no state to snapshot; at most one new plain token id
+            req is not None
+            and (known := req.tokens) is not None  # so reuse is on and it is no dummy
+            and not self._snapshots
+            and type(num_tokens) is int
+            and 0 <= num_tokens <= req.hist
+            and num_tokens < (req.committed + 1) * self.tokens_per_block
+        ):
+            if tokens is None:
+                if num_tokens <= req.base + len(known):
+                    return req.committed * self.tokens_per_block
+            elif type(tokens) is tuple and len(tokens) == 1 and num_tokens <= req.base + len(known) + 1:
+                x = tokens[0]
+                if type(x) is int and 0 <= x <= INT64_MAX:
+                    known.append(x)
+                    return req.committed * self.tokens_per_block
+        if req is None:
+            req = self.requests.get(rid)  # raises
+        if not self.enable_reuse or req.dummy:
+            return 0
+        ids = None if tokens is None else check_few_tokens(tokens, f"request {rid}: commit's tokens")
+        count = as_position(num_tokens, "commit's num_tokens")
+        return prefix.commit(self.tables, req, count, ids, state_snapshots=self.state_snapshots)
+
+    def _new_request(self, rid: int, *, dummy: bool) -> Request:
+        if rid in self.requests:  # checked before a row is taken
+            raise CacheUsageError(f"request id {rid!r} already exists")
+        req = self.tables.new_request(rid, dummy=dummy, limit=NEVER if dummy else self.max_capacity)
+        self.requests.add(req)
+        return req
+
+    # ------------------------------------------------------------------ dummies and warmup
 
     def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0, is_gen: bool = True) -> Dummies:
         """Register `batch_size` dummy requests of `token_num` tokens, all or
@@ -106,18 +332,15 @@ class KVCacheManager(KVCacheCore):
         window), a context dummy capacity `token_num + E` and history 0. The
         result holds their (negative) ids, each released with `free`; falsy
         (nothing changed, the pages short named) when they do not fit."""
-        warmup_mod.check_dummy_args(batch_size, token_num, draft_len)
-        cap, hist = warmup_mod.dummy_shape(token_num, draft_len, self.limits.num_extra_kv_tokens, is_gen)
+        check_dummy_args(batch_size, token_num, draft_len)
+        cap, hist = capture.dummy_shape(token_num, draft_len, self.limits.num_extra_kv_tokens, is_gen)
         registry = self.requests
         next_dummy, free_ids = registry.next_dummy, list(registry.free_dummy_ids)
         reqs = [self._new_request(registry.dummy_id(), dummy=True) for _ in range(batch_size)]
-        slots = [r.slot for r in reqs]
-        done = self.tables.apply(slots, [cap] * batch_size, [hist] * batch_size)
+        done = self._move([self.tables.plan(r, cap, hist) for r in reqs])
         if done:
-            self.tables.cap_data[slots] = cap  # fresh slots: never mirrored
-            self.tables.hist_data[slots] = hist
             return Dummies(tuple(r.rid for r in reqs))
-        for r in reversed(reqs):  # slots go back in the order they came
+        for r in reversed(reqs):  # rows go back in the order they came
             self.free(r.rid)
         registry.next_dummy, registry.free_dummy_ids = next_dummy, free_ids
         return Dummies(short=done.short)
@@ -127,8 +350,8 @@ class KVCacheManager(KVCacheCore):
         decode batch of `batch_size` can have, the other rows being minimal
         decodes, given the pages free now; page-exact, capped at
         `limits.max_seq_len`, 0 if nothing fits (see `plan.capture`)."""
-        warmup_mod.check_dummy_args(batch_size, 1, draft_len)
-        return warmup_mod.max_generation_length(self, batch_size, draft_len)
+        check_dummy_args(batch_size, 1, draft_len)
+        return capture.max_generation_length(self, batch_size, draft_len)
 
     def warmup(self, batch_sizes: Iterable[int] | None = None, draft_lens: Iterable[int] = (0,)) -> WarmupReport:
         """Dry-run CUDA-graph warmup for every (batch size, draft length)
@@ -138,8 +361,8 @@ class KVCacheManager(KVCacheCore):
         drafts = tuple(draft_lens)
         for b in sizes:
             for d in drafts:
-                warmup_mod.check_dummy_args(b, 1, d)
-        return warmup_mod.warmup(self, sizes, drafts)
+                check_dummy_args(b, 1, d)
+        return capture.warmup(self, sizes, drafts)
 
     def reserve_padding_dummy(self, draft_len: int = 0) -> int | None:
         """The persistent padding dummy for `draft_len` (a minimal generation
@@ -157,10 +380,12 @@ class KVCacheManager(KVCacheCore):
         """Id of the reserved padding dummy for `draft_len`, or None."""
         return self._padding.get(draft_len)
 
+    # ------------------------------------------------------------------ readers
+
     def _group(self, name: str) -> int:
         try:
             return self._index[name]
-        except KeyError:
+        except (KeyError, TypeError):
             raise CacheUsageError(f"no group {name!r}; groups: {list(self._index)}") from None
 
     def pool_of(self, group: str) -> str:
@@ -170,12 +395,42 @@ class KVCacheManager(KVCacheCore):
         self._group(group)
         return self.plan.pool_of(group)
 
+    def block_table(self, rid: int, group: str) -> npt.NDArray[np.int32]:
+        """Page ids of `rid` in `group`, one per block of positions (a copy);
+        `STALE` (-1) marks blocks without a page. A state group has one entry."""
+        gi = self._group(group)
+        return self.tables.row(self.requests.get(rid), gi).copy()
+
+    def block_tables(self, rids: Sequence[int], group: str) -> npt.NDArray[np.int32]:
+        """Block tables of a batch as one 2-D array padded with `STALE`."""
+        gi = self._group(group)
+        reqs = self.requests.batch(rids)
+        width = max((r.nblk[gi] for r in reqs), default=0)
+        return self.tables.tables[gi][[r.slot for r in reqs], :width]
+
+    def free_pages(self, group: str) -> int:
+        """Pages of `group` an allocation can take now (evictable cached ones included)."""
+        return self.pools[self._group(group)].num_free
+
+    def total_pages(self, group: str) -> int:
+        return self.pools[self._group(group)].num_pages
+
+    def live_pages(self, rid: int, group: str) -> int:
+        """Pages `rid` holds in `group` now."""
+        return self.requests.get(rid).live(self._group(group))
+
     def held_pages(self, group: str) -> int:
         """Pages the tables of `group` name now, summed over requests (a page
         shared by a prefix hit counts once per holder); no side effects."""
         gi = self._group(group)
-        slots = [r.slot for r in self.requests]  # a freed slot keeps its old numbers until reused
-        return int((self.tables.nblk[gi, slots] - self.tables.nstale[gi, slots]).sum())
+        return sum(r.live(gi) for r in self.requests)
+
+    def take_events(self) -> list[CacheEvent]:
+        """Stored/removed page events since the last call (oldest first), built
+        now from the pools' records; clears them. Empty with `events=False`."""
+        events = expand(self.events)
+        self.events.clear()
+        return events
 
     def check_integrity(self) -> None:
         """Raise `CacheIntegrityError` (naming page ids per group) unless every
@@ -188,52 +443,17 @@ class KVCacheManager(KVCacheCore):
         cumulative reuse counters; groups that share a pool report its total,
         free, used and cached pages."""
         padding = set(self._padding.values())
-        dummy_slots = [r.slot for r in self.requests if r.dummy and r.rid not in padding]
-        pad_slots = [self.requests.get(r).slot for r in padding]
         groups = {}
         for gi, pool in enumerate(self.pools):
-            live = self.tables.nblk[gi] - self.tables.nstale[gi]
             groups[pool.name] = GroupStats(
                 total=pool.num_pages,
                 free=pool.num_free,
                 used=pool.num_pages - pool.num_free,
                 cached=pool.num_cached,
-                dummy=int(live[dummy_slots].sum()),
-                reserved=int(live[pad_slots].sum()),
+                dummy=sum(r.live(gi) for r in self.requests if r.dummy and r.rid not in padding),
+                reserved=sum(self.requests.get(r).live(gi) for r in padding),
             )
-        dummies = sum(1 for r in self.requests if r.dummy)
+        dummy_count = sum(1 for r in self.requests if r.dummy)
         return CacheStats(
-            groups, self.reuse_queried_tokens, self.reuse_hit_tokens, len(self.requests) - dummies, dummies
+            groups, self.reuse_queried_tokens, self.reuse_hit_tokens, len(self.requests) - dummy_count, dummy_count
         )
-
-    # ------------------------------------------------------------------ tables and pools
-
-    def block_table(self, rid: int, group: str) -> npt.NDArray[np.int32]:
-        """Page ids of `rid` in `group`, one per block of positions (a copy);
-        `STALE` (-1) marks blocks without a page. A state group has one entry."""
-        gi = self._group(group)
-        req = self.requests.get(rid)
-        return self.tables.tables[gi][req.slot, : self.tables.counts(req)[0][gi]].copy()
-
-    def block_tables(self, rids: Sequence[int], group: str) -> npt.NDArray[np.int32]:
-        """Block tables of a batch as one 2-D array padded with `STALE`."""
-        gi = self._group(group)
-        slots = self.requests.slots(rids)
-        t = self.tables
-        width = max((t.counts(self.requests.get(r))[0][gi] for r in rids), default=0)
-        return t.tables[gi][slots, :width]
-
-    def free_pages(self, group: str) -> int:
-        """Pages of `group` an allocation can take now (evictable cached ones included)."""
-        return self.pools[self._group(group)].num_free
-
-    def total_pages(self, group: str) -> int:
-        return self.pools[self._group(group)].num_pages
-
-    def live_pages(self, rid: int, group: str) -> int:
-        """Pages `rid` holds in `group` now."""
-        return self.tables.live(self._group(group), self.requests.get(rid))
-
-    def iter_requests(self) -> Iterable[tuple[int, bool]]:
-        """(rid, is_dummy) of every registered request."""
-        return ((r.rid, r.dummy) for r in self.requests)

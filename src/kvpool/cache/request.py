@@ -1,9 +1,12 @@
-"""The manager's record of one request, and the registry that maps request
-ids to slots of the `SlotTables`.
+"""The manager's record of one request, and the registry of requests by id.
 
-A `Request` is shared, by design, between the manager and the functions that
-work on its pages (`cache/reuse.py`, `cache/integrity.py`): they take the
-tables and the request, never the manager.
+A `Request` is the one source of truth for a request's shape: its capacity and
+history, and per group its table's block count, stale count and the history at
+which the next block goes stale. The page ids themselves live in the page
+tables (`cache/tables.py`), one row per request (`slot`). The record also keeps
+what prefix reuse needs (`cache/prefix.py`): the reuse scope, the token ids
+past the digested pages, the page digests, and how many leading pages were
+offered for reuse.
 """
 
 from __future__ import annotations
@@ -13,50 +16,53 @@ from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-import numpy.typing as npt
-
 from kvpool.cache.events import CacheUsageError
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Request:
-    """One registered request: its id, its slot in the tables, the reuse scope
-    (`seed`, from the salt), the token ids known so far (int64) past the first
-    `base` (the whole pages already digested into `hashes`, whose ids are not
-    needed again: a long prompt is not kept twice), their page hashes, and how
-    many leading whole pages were already offered for reuse.
+    """One registered request.
 
-    The rest is the single-request path's mirror of the slot's numbers
-    (`cache/shapes.py`): while `hi >= 0` the request's shape is `cap`/`hist`,
-    its block counts and next-stale histories per group `nblks`, `nstales`,
-    `nxts`, and any capacity in `(lo, hi]` (`hi` at most `limit`) with a
-    history in `[hist, nxt)` moves no page in any group. `hi == -1`: no mirror."""
+    Shape: `cap`/`hist`; per group `nblk` (table entries, stale ones included),
+    `nstale` (leading entries without a page) and `stale_at` (the smallest
+    history at which `nstale` grows). `lo`, `hi` and `next_stale` summarise
+    them (`PageTables.rebound`): any capacity in `(lo, hi]` with a history
+    below `next_stale` moves no page in any group; `hi` never passes `limit`,
+    the largest capacity the request may have.
+
+    Reuse: `seed` (from the salt), the token ids known past the first `base`
+    (the whole pages already digested into `hashes`, whose ids are not needed
+    again: a long prompt is not kept twice), and `committed`, the leading whole
+    pages already offered for reuse. `lookup`: the (queried, hit) tokens of the
+    prompt's prefix lookup, until the first resize that succeeds counts them."""
 
     rid: int
     slot: int
+    dummy: bool
+    limit: int
+    nblk: list[int]
+    nstale: list[int]
+    stale_at: list[int]
+    cap: int = 0
+    hist: int = 0
+    lo: int = -1
+    hi: int = 0
+    next_stale: int = 0
     seed: int = 0
     tokens: array[int] | None = None
     base: int = 0
     hashes: list[int] = field(default_factory=list)
     committed: int = 0
-    dummy: bool = False
-    cap: int = 0
-    hist: int = 0
-    lo: int = 0
-    hi: int = -1
-    nxt: int = 0
-    limit: int = 0
-    nblks: list[int] = field(default_factory=list)
-    nstales: list[int] = field(default_factory=list)
-    nxts: list[int] = field(default_factory=list)
+    lookup: tuple[int, int] | None = None
 
     @property
     def num_known(self) -> int:
-        """Token ids known so far, the digested pages' included (the decode
-        fast paths in `cache/core.py` spell it out: a property call there costs
-        more than the step)."""
+        """Token ids known so far, the digested pages' included."""
         return 0 if self.tokens is None else self.base + len(self.tokens)
+
+    def live(self, gi: int) -> int:
+        """Pages the request holds in group `gi`."""
+        return self.nblk[gi] - self.nstale[gi]
 
 
 class Requests:
@@ -66,11 +72,10 @@ class Requests:
 
     def __init__(self) -> None:
         self.by_id: dict[int, Request] = {}
-        self.slot_of: dict[int, int] = {}
         self.next_dummy = -1
         self.free_dummy_ids: list[int] = []  # heap of -id
-        # the last batch `slots` answered: a decode loop asks for the same batch every step
-        self.last_batch: tuple[tuple[int, ...], npt.NDArray[np.intp]] | None = None
+        # the last batch `batch` answered: a decode loop asks for the same batch every step
+        self.last_batch: tuple[tuple[int, ...], list[Request]] | None = None
 
     def __contains__(self, rid: object) -> bool:
         return rid in self.by_id
@@ -85,23 +90,19 @@ class Requests:
         """The request `rid`; CacheUsageError when it is not registered."""
         try:
             return self.by_id[rid]
-        except KeyError:
+        except (KeyError, TypeError):
             raise CacheUsageError(f"unknown request id {rid!r}") from None
 
-    def add(self, rid: int, slot: int, *, dummy: bool) -> Request:
-        """Register `rid` in `slot`; CacheUsageError for a duplicate id."""
-        if rid in self.by_id:
-            raise CacheUsageError(f"request id {rid!r} already exists")
-        req = Request(rid, slot, dummy=dummy)
+    def add(self, req: Request) -> None:
+        """Register `req`; CacheUsageError for a duplicate id."""
+        if req.rid in self.by_id:
+            raise CacheUsageError(f"request id {req.rid!r} already exists")
         self.last_batch = None
-        self.by_id[rid] = req
-        self.slot_of[rid] = slot
-        return req
+        self.by_id[req.rid] = req
 
     def remove(self, rid: int) -> Request:
         """Forget `rid` (its id becomes reusable if it was a dummy's)."""
         req = self.by_id.pop(rid)
-        del self.slot_of[rid]
         self.last_batch = None
         if req.dummy:
             heapq.heappush(self.free_dummy_ids, -rid)
@@ -119,19 +120,18 @@ class Requests:
         self.next_dummy -= 1
         return rid
 
-    def slots(self, rids: Sequence[int]) -> npt.NDArray[np.intp]:
-        """Slots of a batch of distinct registered requests (read-only: the
-        same array answers the same batch until a request comes or goes)."""
+    def batch(self, rids: Sequence[int]) -> list[Request]:
+        """The records of a batch of distinct registered requests (read-only:
+        the same list answers the same batch until a request comes or goes)."""
         key = tuple(rids)
         if self.last_batch is not None and self.last_batch[0] == key:
             return self.last_batch[1]
-        slot_of = self.slot_of
+        by_id = self.by_id
         try:
-            slots = np.fromiter(map(slot_of.__getitem__, rids), np.intp, len(rids))
-        except KeyError as e:
+            reqs = [by_id[r] for r in key]
+        except (KeyError, TypeError) as e:
             raise CacheUsageError(f"unknown request id {e.args[0]!r}") from None
-        if len(set(slots.tolist())) != len(slots):
+        if len({id(r) for r in reqs}) != len(reqs):
             raise CacheUsageError("a batch names the same request twice")
-        slots.flags.writeable = False
-        self.last_batch = (key, slots)
-        return slots
+        self.last_batch = (key, reqs)
+        return reqs

@@ -36,17 +36,23 @@ def stale_pages(group: LayerGroup, history: int) -> int:
     return group.rule.stale_pages(group, history)
 
 
-def pages_needed(group: LayerGroup, capacity: int, history: int = 0) -> int:
-    """Live pages (slots) of one request in `group`: `ceil(capacity/tpb) - stale`.
-
-    A per-request (`state`) group needs one slot per request that has any capacity.
-    """
+def table_blocks(group: LayerGroup, capacity: int) -> int:
+    """Entries of one request's block table in `group`, stale ones included:
+    one per page-sized block of positions, `ceil(capacity/tpb)`; one slot for a
+    per-request (`state`) group once the request has any capacity."""
     if capacity <= 0:
         return 0
-    rule = group.rule
-    if rule.per_request:
+    if group.rule.per_request:
         return 1
-    return -(-capacity // group.tokens_per_block) - rule.stale_pages(group, history)
+    return -(-capacity // group.tokens_per_block)
+
+
+def pages_needed(group: LayerGroup, capacity: int, history: int = 0) -> int:
+    """Live pages (slots) of one request in `group`: `table_blocks - stale`,
+    i.e. `ceil(capacity/tpb) - stale`; one for a state group."""
+    if capacity <= 0:
+        return 0
+    return table_blocks(group, capacity) - group.rule.stale_pages(group, history)
 
 
 def batch_pages(group: LayerGroup, batch: Iterable[tuple[int, int]]) -> int:

@@ -1,0 +1,255 @@
+"""`PageTables`: every request's block table per group, and the one move of a
+request's pages to a new shape.
+
+A request is a (capacity, history) pair (docs/design.md, vocabulary). Its table in
+a group has one entry per page-sized block of positions; blocks that left a window
+or a finished chunk hold `STALE`. How many entries a shape spans and how many of
+them are stale is the group's kind rule's answer (`spec.pages.table_blocks` and
+`stale_pages`, rule 1), never worked out here.
+
+A move is planned per request (`plan`: one `Change` per group whose table moves),
+checked against the pools for a whole batch at once (`shortfall`, groups that share
+a pool summed), and applied only if everything fits (`apply`: every release first,
+then the new pages; rule 6). The request's record (`cache/request.py`) holds the
+counts; the tables hold the page ids, one NumPy row per request (`slot`), so a
+batch's tables can be read as one array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from kvpool.cache.pool import PagePool
+from kvpool.cache.request import Request
+from kvpool.spec.groups import LayerGroup
+from kvpool.spec.kinds import NEVER
+from kvpool.spec.pages import stale_pages, table_blocks
+
+STALE = -1  # block-table entry of a block that has no page (stale or never needed)
+
+
+class Change(NamedTuple):
+    """How one request's table in group `gi` moves: to `nblk` entries of which
+    the first `nstale` are stale, releasing `release` (one owner each) and
+    taking `new` pages for entries `first_new..nblk-1`."""
+
+    gi: int
+    nblk: int
+    nstale: int
+    release: list[int]
+    first_new: int
+    new: int
+
+
+class Move(NamedTuple):
+    """A planned move of one request to (`cap`, `hist`)."""
+
+    req: Request
+    cap: int
+    hist: int
+    changes: list[Change]
+
+
+class PageTables:
+    """Block tables of up to `slots` requests (growing on demand) over one pool
+    per group. Only `apply`, `release` and a prefix hit's
+    writes (`fresh_row`, `set_counts`) change anything."""
+
+    def __init__(self, groups: Sequence[LayerGroup], pools: list[PagePool], slots: int, longest: int) -> None:
+        self.groups = tuple(groups)
+        self.pools = pools
+        self.tokens_per_block = groups[0].tokens_per_block
+        self.is_state = [g.rule.per_request for g in groups]
+        self.never_stale = [stale_pages(g, NEVER) == 0 for g in groups]
+        # groups drawing from one store (`cache/shared_pool.py`) are counted together
+        stores = [id(p.store) for p in pools]
+        self.store_of = [stores.index(s) for s in stores]
+        self.shared = len(set(stores)) < len(stores)
+        # wide enough for `longest` positions (at most 1024 blocks; `widen` doubles)
+        self.tables = [np.full((slots, min(1024, table_blocks(g, longest) + 1)), STALE, np.int32) for g in groups]
+        self.free_slots = list(range(slots - 1, -1, -1))
+
+    # ------------------------------------------------------------------ requests
+
+    def new_request(self, rid: int, *, dummy: bool, limit: int) -> Request:
+        """A request of capacity 0 (no pages) in a fresh row, capacities up to `limit`."""
+        if not self.free_slots:
+            self.grow()
+        n = len(self.groups)
+        req = Request(rid, self.free_slots.pop(), dummy, limit, [0] * n, [0] * n, [0] * n)
+        req.stale_at = [self.next_stale(gi, 0) for gi in range(n)]
+        self.rebound(req)
+        return req
+
+    def release(self, req: Request) -> None:
+        """Drop every page of `req` (walking each table backwards, so that the
+        tail is evicted before a shared prefix) and give its row back."""
+        for gi, nblk in enumerate(req.nblk):
+            if nblk:
+                row = self.tables[gi][req.slot]
+                pages = row[req.nstale[gi] : nblk].tolist()
+                pages.reverse()
+                self.pools[gi].release(pages)
+                row[:nblk] = STALE
+        self.free_slots.append(req.slot)
+
+    def rebound(self, req: Request) -> None:
+        """`req.lo`, `req.hi`, `req.next_stale` from its counts: the capacities
+        in `(lo, hi]` keep every group's block count (the shapes whose
+        `table_blocks` is `nblk`), histories below `next_stale` its stale count."""
+        hi, lo, tpb = req.limit, -1, self.tokens_per_block
+        for n, state in zip(req.nblk, self.is_state, strict=True):
+            if state:  # one slot for any positive capacity
+                h, low = (NEVER, 0) if n else (0, -1)
+            else:  # block j covers positions [j*tpb, (j+1)*tpb)
+                h, low = n * tpb, (n - 1) * tpb if n else -1
+            if h < hi:
+                hi = h
+            if low > lo:
+                lo = low
+        req.lo, req.hi, req.next_stale = lo, hi, min(req.stale_at)
+
+    def next_stale(self, gi: int, hist: int, now: int | None = None) -> int:
+        """Smallest history above `hist` at which `stale_pages` grows (`now`:
+        `stale_pages` at `hist`, if the caller knows it); searched with
+        `stale_pages` itself (galloping, then bisection) so there is no second
+        copy of the arithmetic."""
+        if self.never_stale[gi]:
+            return NEVER
+        g = self.groups[gi]
+        stale = g.rule.stale_pages
+        if now is None:
+            now = stale(g, hist)
+        guess = hist + self.tokens_per_block  # right at a crossing, the next is a page later
+        if stale(g, guess) > now and stale(g, guess - 1) == now:
+            return guess
+        lo, step = hist, self.tokens_per_block
+        while stale(g, hist + step) == now:
+            lo, step = hist + step, step * 2
+        hi = hist + step
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if stale(g, mid) == now:
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+    # ------------------------------------------------------------------ moving
+
+    def plan(self, req: Request, cap: int, hist: int) -> Move:
+        """How `req`'s tables move to (cap, hist) (a validated shape), by
+        `table_blocks` and `stale_pages`; changes nothing."""
+        changes = []
+        row = req.slot
+        for gi, g in enumerate(self.groups):
+            nblk, nstale = req.nblk[gi], req.nstale[gi]
+            stale = nstale if hist < req.stale_at[gi] else stale_pages(g, hist)
+            total = table_blocks(g, cap)
+            if total == nblk and stale == nstale:
+                continue
+            table = self.tables[gi]
+            release = table[row, nstale : min(stale, nblk)].tolist() if stale > nstale else []
+            if total < nblk:
+                release += table[row, total:nblk].tolist()
+            first_new = max(nblk, stale)
+            changes.append(Change(gi, total, stale, release, first_new, max(0, total - first_new)))
+        return Move(req, cap, hist, changes)
+
+    def shortfall(self, moves: Iterable[Move]) -> dict[str, int]:
+        """Pages missing per pool for planned `moves` taken together (groups
+        that share a pool are summed and named by the pool); empty if they fit."""
+        need: dict[int, int] = {}
+        for move in moves:
+            for ch in move.changes:
+                if ch.new:
+                    s = self.store_of[ch.gi]
+                    need[s] = need.get(s, 0) + ch.new
+        short: dict[str, int] = {}
+        for s, n in need.items():
+            pool = self.pools[s]
+            if n > pool.num_free:
+                # a released page whose every owner lets go becomes allocatable again
+                count: dict[int, int] = {}
+                for move in moves:
+                    for ch in move.changes:
+                        if self.store_of[ch.gi] == s:
+                            for p in ch.release:
+                                count[p] = count.get(p, 0) + 1
+                missing = n - pool.num_free - sum(1 for p, c in count.items() if pool.ref[p] == c)
+                if missing > 0:
+                    short[pool.store.name] = missing
+        return short
+
+    def apply(self, moves: Sequence[Move]) -> None:
+        """Carry out planned moves that fit (`shortfall` empty): every release
+        first (a page one request lets go may be the one another takes), then
+        the new pages, group by group; the records' shapes, counts and bounds
+        with them."""
+        tables, pools = self.tables, self.pools
+        by_group = [
+            [(move.req, ch) for move in moves for ch in move.changes if ch.gi == gi] for gi in range(len(pools))
+        ]
+        for gi, changes in enumerate(by_group):
+            for req, (_, nblk, nstale, release, _, _) in changes:
+                if release:
+                    row, old_stale, old_nblk = tables[gi][req.slot], req.nstale[gi], req.nblk[gi]
+                    if nstale > old_stale:
+                        row[old_stale : min(nstale, old_nblk)] = STALE
+                    if nblk < old_nblk:
+                        row[nblk:old_nblk] = STALE
+                    pools[gi].release(release)
+        for gi, changes in enumerate(by_group):
+            for req, (_, nblk, _, _, first_new, new) in changes:
+                if new:
+                    table = tables[gi] if nblk <= tables[gi].shape[1] else self.widen(gi, nblk)
+                    if new == 1:
+                        table[req.slot, first_new] = pools[gi].take(1)[0]
+                    else:
+                        table[req.slot, first_new:nblk] = pools[gi].take(new)
+        for req, cap, hist, planned in moves:
+            for gi, nblk, nstale, *_ in planned:
+                req.nblk[gi] = nblk
+                if nstale != req.nstale[gi]:
+                    req.nstale[gi] = nstale
+                    req.stale_at[gi] = self.next_stale(gi, hist, nstale)
+            req.cap, req.hist = cap, hist
+            if planned:
+                self.rebound(req)
+
+    def fresh_row(self, req: Request, gi: int, width: int) -> npt.NDArray[np.int32]:
+        """`req`'s whole row in group `gi`, at least `width` entries wide, for a
+        prefix hit to write its pages into (then `set_counts`)."""
+        table = self.tables[gi] if width <= self.tables[gi].shape[1] else self.widen(gi, width)
+        row: npt.NDArray[np.int32] = table[req.slot]
+        return row
+
+    def set_counts(self, req: Request, gi: int, nblk: int, nstale: int, hist: int) -> None:
+        """Record that `req`'s table in group `gi` now has `nblk` entries, the
+        first `nstale` stale, at history `hist` (call `rebound` after the last group)."""
+        req.nblk[gi], req.nstale[gi] = nblk, nstale
+        req.stale_at[gi] = self.next_stale(gi, hist, nstale)
+
+    def row(self, req: Request, gi: int) -> npt.NDArray[np.int32]:
+        """`req`'s table in group `gi` (a view of its entries)."""
+        return self.tables[gi][req.slot, : req.nblk[gi]]
+
+    # ------------------------------------------------------------------ storage
+
+    def grow(self) -> None:
+        """Double the rows (more live requests than planned for)."""
+        old = self.tables[0].shape[0]
+        self.tables = [np.concatenate([t, np.full_like(t, STALE)]) for t in self.tables]
+        self.free_slots = list(range(2 * old - 1, old - 1, -1)) + self.free_slots
+
+    def widen(self, gi: int, width: int) -> npt.NDArray[np.int32]:
+        """Make group `gi`'s tables at least `width` blocks wide (doubling)."""
+        t = self.tables[gi]
+        wide = np.full((t.shape[0], max(width, 2 * t.shape[1])), STALE, np.int32)
+        wide[:, : t.shape[1]] = t
+        self.tables[gi] = wide
+        return wide
