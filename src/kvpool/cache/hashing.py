@@ -142,5 +142,9 @@ def extend_hashes(
     if first >= num_blocks:
         return
     ids = tokens if type(tokens) is array else array("q", tokens)
+    if first + 1 == num_blocks and chain is None:  # one page (a decode step's): one digest call
+        page = ids[first * tokens_per_block - base : num_blocks * tokens_per_block - base].tobytes()
+        hashes.append(page_digest(hashes[-1] if hashes else seed, page))
+        return
     data = ids[first * tokens_per_block - base : num_blocks * tokens_per_block - base].tobytes()  # only the new pages
     hashes += (page_chain if chain is None else chain)(hashes[-1] if hashes else seed, data, 8 * tokens_per_block)

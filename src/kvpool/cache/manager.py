@@ -14,7 +14,7 @@ none (docs/design.md, rule 6).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -157,18 +157,14 @@ class KVCacheManager:
         per group, changed nothing. Raises `CacheUsageError` if capacity <
         history, history decreases or capacity passes max_seq_len + headroom."""
         req = self._by_id.get(rid)
-        if req is not None and type(capacity) is int:  # early return: no page moves (a plain-int decode step)
+        if req is not None and type(capacity) is int:
             hist = req.hist if history is None else history
-            if (
-                type(hist) is int
-                and req.lo < capacity <= req.hi
-                and req.hist <= hist < req.next_stale
-                and hist <= capacity
-                and req.lookup is None
-            ):
-                req.cap = capacity
-                req.hist = hist
-                return RESIZED
+            if type(hist) is int and req.hist <= hist <= capacity <= req.limit:  # a valid shape
+                if req.lo < capacity <= req.hi and hist < req.next_stale and req.lookup is None:
+                    req.cap = capacity  # early return: no page moves
+                    req.hist = hist
+                    return RESIZED
+                return self._move([self.tables.plan(req, capacity, hist)])
         if req is None:
             req = self.requests.get(rid)  # raises
         cap, hist = checked_shape(rid, capacity, history, req.hist, None if req.dummy else self.max_capacity)
@@ -185,24 +181,24 @@ class KVCacheManager:
         known ids do not reach its history (commit them first). `token=None`
         (or reuse off) commits nothing."""
         req = self._by_id.get(rid)
-        if req is not None and req.cap + 1 <= req.hi and req.hist + 1 < req.next_stale and req.lookup is None:
+        if req is not None and req.cap < req.hi and (hist := req.hist + 1) < req.next_stale and req.lookup is None:
             # early return: no page moves, and no page completes (or nothing to commit)
             known = req.tokens
             if token is None or (known is None and (req.dummy or not self.enable_reuse)):
                 req.cap += 1
-                req.hist += 1
+                req.hist = hist
                 return RESIZED
             if (
                 known is not None
-                and not self._snapshots
                 and type(token) is int
+                and hist < (req.committed + 1) * self.tokens_per_block
+                and req.base + len(known) + 1 == hist
                 and 0 <= token <= INT64_MAX
-                and req.base + len(known) == req.hist
-                and req.hist + 1 < (req.committed + 1) * self.tokens_per_block
+                and not self._snapshots
             ):
                 known.append(token)
                 req.cap += 1
-                req.hist += 1
+                req.hist = hist
                 return RESIZED
         if req is None:
             req = self.requests.get(rid)  # raises
@@ -214,9 +210,12 @@ class KVCacheManager:
                     f"request {rid}: advance commits the id of position {req.hist}, but {req.num_known} "
                     "token ids are known (commit the ids before it first)"
                 )
-        done = self.resize(rid, req.cap + 1, req.hist + 1)
-        if done and token is not None and commits:
-            self.commit(rid, req.hist, (token,))
+        cap = req.cap + 1
+        if cap > req.limit:
+            check_capacity(rid, cap, req.limit)
+        done = self._move([self.tables.plan(req, cap, req.hist + 1)])
+        if done and token is not None and commits:  # the token was checked above
+            prefix.commit(self.tables, req, req.hist, (token,), state_snapshots=self.state_snapshots)
         return done
 
     def resize_many(
@@ -225,11 +224,11 @@ class KVCacheManager:
         """`resize` for a batch of distinct requests in one call, atomic over the
         whole batch (falsy: nothing changed). The per-step decode path."""
         reqs = self.requests.batch(rids)
-        caps = batch_positions(capacities, (len(reqs),), "capacities").tolist()
-        old = [r.hist for r in reqs]
-        hists = old if histories is None else batch_positions(histories, (len(reqs),), "histories").tolist()
-        check_batch_shapes(rids, np.asarray(caps), np.asarray(hists), np.asarray(old))
-        return self._move_batch(reqs, caps, hists)
+        caps = batch_positions(capacities, (len(reqs),), "capacities")
+        old_caps, old_hists = [r.cap for r in reqs], [r.hist for r in reqs]
+        hists = batch_positions(histories, caps.shape, "histories") if histories is not None else np.array(old_hists)
+        check_batch_shapes(rids, caps, hists, np.array(old_hists, np.int64))
+        return self._move_batch(reqs, caps.tolist(), hists.tolist(), lambda j: (old_caps[j], old_hists[j]))
 
     def extend(self, rids: Sequence[int], num_tokens: int = 1) -> Resize:
         """One decode step for a batch: capacity and history of each request
@@ -237,7 +236,8 @@ class KVCacheManager:
         as many new ones get slots). Atomic over the batch like `resize_many`."""
         n = as_position(num_tokens, "extend's num_tokens")
         reqs = self.requests.batch(rids)
-        return self._move_batch(reqs, [r.cap + n for r in reqs], [r.hist + n for r in reqs])
+        caps, hists = [r.cap + n for r in reqs], [r.hist + n for r in reqs]
+        return self._move_batch(reqs, caps, hists, lambda j: (caps[j] - n, hists[j] - n))
 
     def can_resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
         """What `resize(rid, capacity, history)` would answer now; changes nothing."""
@@ -246,23 +246,39 @@ class KVCacheManager:
         short = self.tables.shortfall([self.tables.plan(req, cap, hist)])
         return Resize(short) if short else RESIZED
 
-    def _move_batch(self, reqs: list[Request], caps: list[int], hists: list[int]) -> Resize:
-        """Move validated shapes of distinct requests: the early return per
-        request, the rest planned together."""
-        moves = []
+    def _move_batch(
+        self, reqs: list[Request], caps: list[int], hists: list[int], old: Callable[[int], tuple[int, int]]
+    ) -> Resize:
+        """Move validated shapes of distinct requests: those whose pages stay
+        take the new shape at once (the early return per request; `old(j)`
+        gives row j's shape back if the rest does not fit), the others are
+        planned and applied together."""
+        moves: list[Move] = []
+        plan, limit = self.tables.plan, self.max_capacity
         for req, cap, hist in zip(reqs, caps, hists, strict=True):
-            if not (req.lo < cap <= req.hi and hist < req.next_stale and req.lookup is None):
-                if cap > self.max_capacity and not req.dummy:
-                    check_capacity(req.rid, cap, self.max_capacity)
-                moves.append(self.tables.plan(req, cap, hist))
+            if req.lo < cap <= req.hi and hist < req.next_stale and req.lookup is None:
+                req.cap = cap
+                req.hist = hist
+            elif cap > limit and not req.dummy:
+                self._undo(reqs, moves, old)
+                check_capacity(req.rid, cap, limit)
+            else:
+                moves.append(plan(req, cap, hist))
         if moves:
             done = self._move(moves)
             if not done:
+                self._undo(reqs, moves, old)
                 return done
-        for req, cap, hist in zip(reqs, caps, hists, strict=True):
-            req.cap = cap
-            req.hist = hist
         return RESIZED
+
+    @staticmethod
+    def _undo(reqs: list[Request], moves: list[Move], old: Callable[[int], tuple[int, int]]) -> None:
+        """Give back their old shapes to the rows of a refused batch that took
+        the early return (every row not among the planned `moves`)."""
+        planned = {id(move[0]) for move in moves}
+        for j, req in enumerate(reqs):
+            if id(req) not in planned:
+                req.cap, req.hist = old(j)
 
     def _move(self, moves: list[Move]) -> Resize:
         """Apply planned moves if the pools hold them all; else change nothing.
@@ -277,7 +293,8 @@ class KVCacheManager:
                 if hist >= req.next_stale and req.tokens is not None:
                     prefix.store_before_release(t, req, hist)  # hashes only: the plan stays valid
         t.apply(moves)
-        for req, *_ in moves:
+        for move in moves:
+            req = move[0]
             if req.lookup is not None:
                 self.reuse_queried_tokens += req.lookup[0]
                 self.reuse_hit_tokens += req.lookup[1]

@@ -17,8 +17,8 @@ batch's tables can be read as one array.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -32,26 +32,14 @@ from kvpool.spec.pages import stale_pages, table_blocks
 STALE = -1  # block-table entry of a block that has no page (stale or never needed)
 
 
-class Change(NamedTuple):
-    """How one request's table in group `gi` moves: to `nblk` entries of which
-    the first `nstale` are stale, releasing `release` (one owner each) and
-    taking `new` pages for entries `first_new..nblk-1`."""
-
-    gi: int
-    nblk: int
-    nstale: int
-    release: list[int]
-    first_new: int
-    new: int
-
-
-class Move(NamedTuple):
-    """A planned move of one request to (`cap`, `hist`)."""
-
-    req: Request
-    cap: int
-    hist: int
-    changes: list[Change]
+# How one request's table in group `gi` moves (plain tuples: a step that crosses a page boundary
+# builds one of each, and a NamedTuple costs five times as much to make):
+# Change = (gi, nblk, nstale, release, first_new, new): to `nblk` entries of which the first
+# `nstale` are stale, releasing `release` (one owner each) and taking `new` pages for entries
+# `first_new..nblk-1`.
+Change: TypeAlias = tuple[int, int, int, list[int], int, int]
+# Move = (request, cap, hist, changes): a planned move of one request to (cap, hist).
+Move: TypeAlias = tuple[Request, int, int, list[Change]]
 
 
 class PageTables:
@@ -65,6 +53,7 @@ class PageTables:
         self.tokens_per_block = groups[0].tokens_per_block
         self.is_state = [g.rule.per_request for g in groups]
         self.never_stale = [stale_pages(g, NEVER) == 0 for g in groups]
+        self.paged_only = not any(self.is_state)
         # groups drawing from one store (`cache/shared_pool.py`) are counted together
         stores = [id(p.store) for p in pools]
         self.store_of = [stores.index(s) for s in stores]
@@ -101,17 +90,24 @@ class PageTables:
         """`req.lo`, `req.hi`, `req.next_stale` from its counts: the capacities
         in `(lo, hi]` keep every group's block count (the shapes whose
         `table_blocks` is `nblk`), histories below `next_stale` its stale count."""
-        hi, lo, tpb = req.limit, -1, self.tokens_per_block
-        for n, state in zip(req.nblk, self.is_state, strict=True):
-            if state:  # one slot for any positive capacity
-                h, low = (NEVER, 0) if n else (0, -1)
-            else:  # block j covers positions [j*tpb, (j+1)*tpb)
-                h, low = n * tpb, (n - 1) * tpb if n else -1
-            if h < hi:
-                hi = h
-            if low > lo:
-                lo = low
-        req.lo, req.hi, req.next_stale = lo, hi, min(req.stale_at)
+        tpb, nblk = self.tokens_per_block, req.nblk
+        if self.paged_only:  # block j covers positions [j*tpb, (j+1)*tpb): the fewest blocks bound hi, the most lo
+            fewest, most = (nblk[0], nblk[0]) if len(nblk) == 1 else (min(nblk), max(nblk))
+            hi, lo = fewest * tpb, (most - 1) * tpb if most else -1
+        else:
+            hi, lo = NEVER, -1
+            for n, state in zip(nblk, self.is_state, strict=True):
+                if state:  # one slot for any positive capacity
+                    h, low = (NEVER, 0) if n else (0, -1)
+                else:
+                    h, low = n * tpb, (n - 1) * tpb if n else -1
+                if h < hi:
+                    hi = h
+                if low > lo:
+                    lo = low
+        stale_at = req.stale_at
+        req.lo, req.hi = lo, hi if hi < req.limit else req.limit
+        req.next_stale = stale_at[0] if len(stale_at) == 1 else min(stale_at)
 
     def next_stale(self, gi: int, hist: int, now: int | None = None) -> int:
         """Smallest history above `hist` at which `stale_pages` grows (`now`:
@@ -153,32 +149,44 @@ class PageTables:
             if total == nblk and stale == nstale:
                 continue
             table = self.tables[gi]
-            release = table[row, nstale : min(stale, nblk)].tolist() if stale > nstale else []
+            if stale == nstale:
+                release = []
+            elif stale == nstale + 1 and stale <= nblk:  # one page leaves a window: no slice
+                release = [table.item(row, nstale)]
+            else:
+                release = table[row, nstale : min(stale, nblk)].tolist() if stale > nstale else []
             if total < nblk:
                 release += table[row, total:nblk].tolist()
-            first_new = max(nblk, stale)
-            changes.append(Change(gi, total, stale, release, first_new, max(0, total - first_new)))
-        return Move(req, cap, hist, changes)
+            first_new = nblk if nblk > stale else stale
+            changes.append((gi, total, stale, release, first_new, total - first_new if total > first_new else 0))
+        return req, cap, hist, changes
 
-    def shortfall(self, moves: Iterable[Move]) -> dict[str, int]:
+    def shortfall(self, moves: Sequence[Move]) -> dict[str, int]:
         """Pages missing per pool for planned `moves` taken together (groups
         that share a pool are summed and named by the pool); empty if they fit."""
-        need: dict[int, int] = {}
+        pools = self.pools
+        if len(moves) == 1 and not self.shared:  # early return: one request, a pool per group, pages to spare
+            for gi, _, _, _, _, new in moves[0][3]:
+                if new > len(pools[gi].free_stack):
+                    break
+            else:
+                return {}
+        need = [0] * len(pools)  # by the first group of each store
+        store_of = self.store_of
         for move in moves:
-            for ch in move.changes:
-                if ch.new:
-                    s = self.store_of[ch.gi]
-                    need[s] = need.get(s, 0) + ch.new
+            for ch in move[3]:
+                if ch[5]:
+                    need[store_of[ch[0]]] += ch[5]
         short: dict[str, int] = {}
-        for s, n in need.items():
-            pool = self.pools[s]
-            if n > pool.num_free:
+        for s, n in enumerate(need):
+            if n and n > self.pools[s].num_free:
+                pool = self.pools[s]
                 # a released page whose every owner lets go becomes allocatable again
                 count: dict[int, int] = {}
                 for move in moves:
-                    for ch in move.changes:
-                        if self.store_of[ch.gi] == s:
-                            for p in ch.release:
+                    for ch in move[3]:
+                        if store_of[ch[0]] == s:
+                            for p in ch[3]:
                                 count[p] = count.get(p, 0) + 1
                 missing = n - pool.num_free - sum(1 for p, c in count.items() if pool.ref[p] == c)
                 if missing > 0:
@@ -188,37 +196,33 @@ class PageTables:
     def apply(self, moves: Sequence[Move]) -> None:
         """Carry out planned moves that fit (`shortfall` empty): every release
         first (a page one request lets go may be the one another takes), then
-        the new pages, group by group; the records' shapes, counts and bounds
-        with them."""
+        the new pages; the records' shapes, counts and bounds with them."""
         tables, pools = self.tables, self.pools
-        by_group = [
-            [(move.req, ch) for move in moves for ch in move.changes if ch.gi == gi] for gi in range(len(pools))
-        ]
-        for gi, changes in enumerate(by_group):
-            for req, (_, nblk, nstale, release, _, _) in changes:
+        for req, _, _, changes in moves:
+            for gi, nblk, nstale, release, _, _ in changes:
                 if release:
                     row, old_stale, old_nblk = tables[gi][req.slot], req.nstale[gi], req.nblk[gi]
-                    if nstale > old_stale:
+                    if nstale == old_stale + 1 and nstale <= old_nblk:  # one page left a window
+                        row[old_stale] = STALE
+                    elif nstale > old_stale:
                         row[old_stale : min(nstale, old_nblk)] = STALE
                     if nblk < old_nblk:
                         row[nblk:old_nblk] = STALE
                     pools[gi].release(release)
-        for gi, changes in enumerate(by_group):
-            for req, (_, nblk, _, _, first_new, new) in changes:
+        for req, cap, hist, changes in moves:
+            for gi, nblk, nstale, _, first_new, new in changes:
                 if new:
                     table = tables[gi] if nblk <= tables[gi].shape[1] else self.widen(gi, nblk)
                     if new == 1:
                         table[req.slot, first_new] = pools[gi].take(1)[0]
                     else:
                         table[req.slot, first_new:nblk] = pools[gi].take(new)
-        for req, cap, hist, planned in moves:
-            for gi, nblk, nstale, *_ in planned:
                 req.nblk[gi] = nblk
                 if nstale != req.nstale[gi]:
                     req.nstale[gi] = nstale
                     req.stale_at[gi] = self.next_stale(gi, hist, nstale)
             req.cap, req.hist = cap, hist
-            if planned:
+            if changes:
                 self.rebound(req)
 
     def fresh_row(self, req: Request, gi: int, width: int) -> npt.NDArray[np.int32]:
