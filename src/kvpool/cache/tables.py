@@ -195,28 +195,27 @@ class PageTables:
 
     def apply(self, moves: Sequence[Move]) -> None:
         """Carry out planned moves that fit (`shortfall` empty): every release
-        first (a page one request lets go may be the one another takes), then
-        the new pages; the records' shapes, counts and bounds with them."""
+        before the new pages it may free (across the whole batch, or within a
+        group when one request moves over pools of its own), then the
+        records' shapes, counts and bounds."""
         tables, pools = self.tables, self.pools
-        for req, _, _, changes in moves:
-            for gi, nblk, nstale, release, _, _ in changes:
-                if release:
-                    row, old_stale, old_nblk = tables[gi][req.slot], req.nstale[gi], req.nblk[gi]
-                    if nstale == old_stale + 1 and nstale <= old_nblk:  # one page left a window
-                        row[old_stale] = STALE
-                    elif nstale > old_stale:
-                        row[old_stale : min(nstale, old_nblk)] = STALE
-                    if nblk < old_nblk:
-                        row[nblk:old_nblk] = STALE
-                    pools[gi].release(release)
+        releases_first = len(moves) > 1 or self.shared  # a page one request lets go may be one another takes
+        if releases_first:
+            for move in moves:
+                for change in move[3]:
+                    if change[3]:
+                        self.unlink(move[0], change)
         for req, cap, hist, changes in moves:
-            for gi, nblk, nstale, _, first_new, new in changes:
-                if new:
+            for change in changes:
+                gi, nblk, nstale, release, first_new, new = change
+                if release and not releases_first:
+                    self.unlink(req, change)
+                if new == 1:
                     table = tables[gi] if nblk <= tables[gi].shape[1] else self.widen(gi, nblk)
-                    if new == 1:
-                        table[req.slot, first_new] = pools[gi].take(1)[0]
-                    else:
-                        table[req.slot, first_new:nblk] = pools[gi].take(new)
+                    table[req.slot, first_new] = pools[gi].take(1)[0]
+                elif new:
+                    table = tables[gi] if nblk <= tables[gi].shape[1] else self.widen(gi, nblk)
+                    table[req.slot, first_new:nblk] = pools[gi].take(new)
                 req.nblk[gi] = nblk
                 if nstale != req.nstale[gi]:
                     req.nstale[gi] = nstale
@@ -224,6 +223,19 @@ class PageTables:
             req.cap, req.hist = cap, hist
             if changes:
                 self.rebound(req)
+
+    def unlink(self, req: Request, change: Change) -> None:
+        """Release a planned change's pages and mark their entries `STALE`
+        (the record's counts still the old ones)."""
+        gi, nblk, nstale, release, _, _ = change
+        row, old_stale, old_nblk = self.tables[gi][req.slot], req.nstale[gi], req.nblk[gi]
+        if nstale == old_stale + 1 and nstale <= old_nblk:  # one page left a window: no slice
+            row[old_stale] = STALE
+        elif nstale > old_stale:
+            row[old_stale : min(nstale, old_nblk)] = STALE
+        if nblk < old_nblk:
+            row[nblk:old_nblk] = STALE
+        self.pools[gi].release(release)
 
     def fresh_row(self, req: Request, gi: int, width: int) -> npt.NDArray[np.int32]:
         """`req`'s whole row in group `gi`, at least `width` entries wide, for a
