@@ -66,21 +66,28 @@ def test_a_batch_move_after_single_ones_starts_from_their_shape() -> None:
     m.check_integrity()
 
 
-def test_only_steps_that_move_a_page_are_planned(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 200 decode steps over 16-token pages, a sliding window of 40: a step is planned exactly when
-    # `table_blocks` or `stale_pages` changes in some group (the rest take the early return)
+def test_only_steps_that_move_a_page_leave_the_early_return(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 200 decode steps over 16-token pages, a sliding window of 40: a step appends a page or is
+    # planned exactly when `table_blocks` or `stale_pages` changes in some group; the rest take the
+    # early return and neither
     spec = twin_spec(tpb=16, window=40)
     m = manager(spec, {"full": 64, "sliding": 16})
     m.create(0, list(range(100, 170)))
     assert m.resize(0, 71, 70)
-    planned: list[int] = []
-    real_plan = PageTables.plan
+    moved: list[int] = []
+    real_plan, real_append = PageTables.plan, PageTables.append_pages
 
-    def counted(self: PageTables, req: Any, cap: int, hist: int) -> Any:
-        planned.append(cap)
+    def plan(self: PageTables, req: Any, cap: int, hist: int) -> Any:
+        moved.append(cap)
         return real_plan(self, req, cap, hist)
 
-    monkeypatch.setattr(PageTables, "plan", counted)
+    def append(self: PageTables, rows: Any) -> bool:
+        done = real_append(self, rows)
+        moved.extend(cap for _, cap, _ in rows if done)
+        return done
+
+    monkeypatch.setattr(PageTables, "plan", plan)
+    monkeypatch.setattr(PageTables, "append_pages", append)
     expected = []
     for step in range(1, 201):
         cap, hist = 71 + step, 70 + step
@@ -90,7 +97,7 @@ def test_only_steps_that_move_a_page_are_planned(monkeypatch: pytest.MonkeyPatch
         ):
             expected.append(cap)
         assert m.resize(0, cap, hist) if step % 2 else m.extend([0])
-    assert planned == expected and 0 < len(expected) < 40
+    assert moved == expected and 0 < len(expected) < 40
     m.check_integrity()
 
 

@@ -164,6 +164,8 @@ class KVCacheManager:
                     req.cap = capacity  # early return: no page moves
                     req.hist = hist
                     return RESIZED
+                if self.tables.append_pages(((req, capacity, hist),)):
+                    return RESIZED  # early return: one page appended per group
                 return self._move([self.tables.plan(req, capacity, hist)])
         if req is None:
             req = self.requests.get(rid)  # raises
@@ -213,7 +215,10 @@ class KVCacheManager:
         cap = req.cap + 1
         if cap > req.limit:
             check_capacity(rid, cap, req.limit)
-        done = self._move([self.tables.plan(req, cap, req.hist + 1)])
+        if self.tables.append_pages(((req, cap, req.hist + 1),)):
+            done = RESIZED  # early return of the move: one page appended per group
+        else:
+            done = self._move([self.tables.plan(req, cap, req.hist + 1)])
         if done and token is not None and commits:  # the token was checked above
             prefix.commit(self.tables, req, req.hist, (token,), state_snapshots=self.state_snapshots)
         return done
@@ -251,31 +256,31 @@ class KVCacheManager:
     ) -> Resize:
         """Move validated shapes of distinct requests: those whose pages stay
         take the new shape at once (the early return per request; `old(j)`
-        gives row j's shape back if the rest does not fit), the others are
-        planned and applied together."""
-        moves: list[Move] = []
-        plan, limit = self.tables.plan, self.max_capacity
+        gives row j's shape back if the rest does not fit), the others append
+        a page each (the common crossing) or are planned and applied together."""
+        rows: list[tuple[Request, int, int]] = []
+        limit = self.max_capacity
         for req, cap, hist in zip(reqs, caps, hists, strict=True):
             if req.lo < cap <= req.hi and hist < req.next_stale and req.lookup is None:
                 req.cap = cap
                 req.hist = hist
             elif cap > limit and not req.dummy:
-                self._undo(reqs, moves, old)
+                self._undo(reqs, rows, old)
                 check_capacity(req.rid, cap, limit)
             else:
-                moves.append(plan(req, cap, hist))
-        if moves:
-            done = self._move(moves)
+                rows.append((req, cap, hist))
+        if rows and not self.tables.append_pages(rows):
+            done = self._move([self.tables.plan(*row) for row in rows])
             if not done:
-                self._undo(reqs, moves, old)
+                self._undo(reqs, rows, old)
                 return done
         return RESIZED
 
     @staticmethod
-    def _undo(reqs: list[Request], moves: list[Move], old: Callable[[int], tuple[int, int]]) -> None:
+    def _undo(reqs: list[Request], rows: list[tuple[Request, int, int]], old: Callable[[int], tuple[int, int]]) -> None:
         """Give back their old shapes to the rows of a refused batch that took
-        the early return (every row not among the planned `moves`)."""
-        planned = {id(move[0]) for move in moves}
+        the early return (every row not among the moving `rows`)."""
+        planned = {id(row[0]) for row in rows}
         for j, req in enumerate(reqs):
             if id(req) not in planned:
                 req.cap, req.hist = old(j)

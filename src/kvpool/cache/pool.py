@@ -176,17 +176,19 @@ class PagePool:
         0). A page that already has a hash, a hash another page holds and an
         entry < 0 (no page) are skipped. One `stored` record per unbroken run;
         `source_page` (a state snapshot's source) goes into the record."""
-        page_hash, cached = self.page_hash, self.cached
+        page_hash, cached, record = self.page_hash, self.cached, self.record_events
         start = 0
         for i, page in enumerate(pages):
             h = hashes[first + i]
             if page < 0 or page_hash[page] is not None or h in cached:
-                self._stored(pages, hashes, first, start, i, num_tokens, source_page)
+                if record:
+                    self._stored(pages, hashes, first, start, i, num_tokens, source_page)
                 start = i + 1
                 continue
             page_hash[page] = h
             cached[h] = page
-        self._stored(pages, hashes, first, start, len(pages), num_tokens, source_page)
+        if record:
+            self._stored(pages, hashes, first, start, len(pages), num_tokens, source_page)
 
     def _stored(
         self,
@@ -198,7 +200,7 @@ class PagePool:
         num_tokens: int,
         source_page: int | None,
     ) -> None:
-        if b > a and self.record_events:
+        if b > a:
             parent = hashes[first + a - 1] if first + a else None
             run = pages if a == 0 and b == len(pages) else pages[a:b]
             self.events.append(

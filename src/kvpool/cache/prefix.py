@@ -161,7 +161,9 @@ def commit(
         for gi, pool in enumerate(t.pools):
             nblk = req.nblk[gi]
             if not t.is_state[gi] and nblk > done:
-                pool.store_run(t.tables[gi][req.slot, done : min(k, nblk)].tolist(), req.hashes, done, tpb)
+                table = t.tables[gi]  # one page (a decode step's): no slice
+                pages = [table.item(req.slot, done)] if k == done + 1 else table[req.slot, done : min(k, nblk)].tolist()
+                pool.store_run(pages, req.hashes, done, tpb)
         req.committed = done = k
     if state_snapshots and computed is None and k and k * tpb == req.hist:
         snapshot_states(t, req, k)

@@ -137,6 +137,37 @@ class PageTables:
 
     # ------------------------------------------------------------------ moving
 
+    def append_pages(self, rows: Sequence[tuple[Request, int, int]]) -> bool:
+        """The decode step's crossing as an early return of the move: for each
+        (request, cap, hist) of `rows`, `cap` passed the end of its tables by
+        at most one block and `hist` drops no page (no pool is shared, no
+        group is a state group), so each group whose table ends before `cap`
+        takes one page off its free stack. False, nothing changed, for any
+        other move (the planner's) or when a free stack runs short."""
+        if self.shared or not self.paged_only:
+            return False
+        tpb, pools = self.tokens_per_block, self.pools
+        need = [0] * len(pools)
+        for req, cap, hist in rows:
+            if hist >= req.next_stale or not req.hi < cap <= req.hi + tpb or req.lookup is not None:
+                return False
+            for gi, n in enumerate(req.nblk):
+                if n * tpb < cap:
+                    need[gi] += 1
+        for gi, n in enumerate(need):
+            if n > len(pools[gi].free_stack):
+                return False
+        for req, cap, hist in rows:
+            nblk = req.nblk
+            for gi, n in enumerate(nblk):
+                if n * tpb < cap:
+                    table = self.tables[gi] if n < self.tables[gi].shape[1] else self.widen(gi, n + 1)
+                    table[req.slot, n] = pools[gi].take(1)[0]
+                    nblk[gi] = n + 1
+            req.cap, req.hist = cap, hist
+            self.rebound(req)
+        return True
+
     def plan(self, req: Request, cap: int, hist: int) -> Move:
         """How `req`'s tables move to (cap, hist) (a validated shape), by
         `table_blocks` and `stale_pages`; changes nothing."""
