@@ -75,19 +75,19 @@ def test_only_steps_that_move_a_page_leave_the_early_return(monkeypatch: pytest.
     m.create(0, list(range(100, 170)))
     assert m.resize(0, 71, 70)
     moved: list[int] = []
-    real_plan, real_append = PageTables.plan, PageTables.append_pages
+    real_plan, real_cross = PageTables.plan, PageTables.cross
 
     def plan(self: PageTables, req: Any, cap: int, hist: int) -> Any:
         moved.append(cap)
         return real_plan(self, req, cap, hist)
 
-    def append(self: PageTables, rows: Any) -> bool:
-        done = real_append(self, rows)
-        moved.extend(cap for _, cap, _ in rows if done)
-        return done
+    def cross(self: PageTables, rows: Any) -> None:
+        real_cross(self, rows)
+        moved.extend(cap for _, cap, _ in rows)
+        return None
 
     monkeypatch.setattr(PageTables, "plan", plan)
-    monkeypatch.setattr(PageTables, "append_pages", append)
+    monkeypatch.setattr(PageTables, "cross", cross)
     expected = []
     for step in range(1, 201):
         cap, hist = 71 + step, 70 + step

@@ -38,7 +38,7 @@ from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Dummies, Resize
 from kvpool.cache.shared_pool import build_pools
-from kvpool.cache.tables import STALE, Move, PageTables
+from kvpool.cache.tables import STALE, PageTables
 from kvpool.plan import capture
 from kvpool.plan.capture import WarmupReport
 from kvpool.plan.result import PoolPlan
@@ -164,13 +164,11 @@ class KVCacheManager:
                     req.cap = capacity  # early return: no page moves
                     req.hist = hist
                     return RESIZED
-                if self.tables.append_pages(((req, capacity, hist),)):
-                    return RESIZED  # early return: one page appended per group
-                return self._move([self.tables.plan(req, capacity, hist)])
+                return self._move(((req, capacity, hist),))
         if req is None:
             req = self.requests.get(rid)  # raises
         cap, hist = checked_shape(rid, capacity, history, req.hist, None if req.dummy else self.max_capacity)
-        return self._move([self.tables.plan(req, cap, hist)])
+        return self._move(((req, cap, hist),))
 
     def advance(self, rid: int, token: int | None = None) -> Resize:
         """One decode step of `rid`: the token in flight (at position
@@ -215,10 +213,7 @@ class KVCacheManager:
         cap = req.cap + 1
         if cap > req.limit:
             check_capacity(rid, cap, req.limit)
-        if self.tables.append_pages(((req, cap, req.hist + 1),)):
-            done = RESIZED  # early return of the move: one page appended per group
-        else:
-            done = self._move([self.tables.plan(req, cap, req.hist + 1)])
+        done = self._move(((req, cap, req.hist + 1),))
         if done and token is not None and commits:  # the token was checked above
             prefix.commit(self.tables, req, req.hist, (token,), state_snapshots=self.state_snapshots)
         return done
@@ -269,8 +264,8 @@ class KVCacheManager:
                 check_capacity(req.rid, cap, limit)
             else:
                 rows.append((req, cap, hist))
-        if rows and not self.tables.append_pages(rows):
-            done = self._move([self.tables.plan(*row) for row in rows])
+        if rows:
+            done = self._move(rows)
             if not done:
                 self._undo(reqs, rows, old)
                 return done
@@ -285,26 +280,39 @@ class KVCacheManager:
             if id(req) not in planned:
                 req.cap, req.hist = old(j)
 
-    def _move(self, moves: list[Move]) -> Resize:
-        """Apply planned moves if the pools hold them all; else change nothing.
-        With reuse on, the pages about to leave a window are stored first; a
-        request's first successful move counts its prefix lookup."""
+    def _move(self, rows: Sequence[tuple[Request, int, int]]) -> Resize:
+        """Move each (request, cap, hist) of `rows` (validated shapes) if the
+        pools hold them all; else change nothing. The decode step's crossing
+        takes its early return (`PageTables.crossing`); the rest are planned,
+        checked together and applied. With reuse on, the pages about to leave a
+        window are stored first; a request's first successful move counts its
+        prefix lookup."""
         t = self.tables
+        if t.crossing(rows):
+            if self._keeps_stale:
+                self._store_leaving(rows)
+            t.cross(rows)
+            return RESIZED
+        moves = [t.plan(req, cap, hist) for req, cap, hist in rows]
         short = t.shortfall(moves)
         if short:
             return Resize(short)
         if self._keeps_stale:
-            for req, _, hist, _ in moves:
-                if hist >= req.next_stale and req.tokens is not None:
-                    prefix.store_before_release(t, req, hist)  # hashes only: the plan stays valid
+            self._store_leaving(rows)
         t.apply(moves)
-        for move in moves:
-            req = move[0]
+        for req, _, _ in rows:
             if req.lookup is not None:
                 self.reuse_queried_tokens += req.lookup[0]
                 self.reuse_hit_tokens += req.lookup[1]
                 req.lookup = None
         return RESIZED
+
+    def _store_leaving(self, rows: Sequence[tuple[Request, int, int]]) -> None:
+        """Store the known whole pages of requests whose history reaches a
+        window's edge before their move releases them (reuse on)."""
+        for req, _, hist in rows:
+            if hist >= req.next_stale and req.tokens is not None:
+                prefix.store_before_release(self.tables, req, hist)  # hashes only: the move stays valid
 
     def commit(self, rid: int, num_tokens: int, tokens: Sequence[int] | None = None) -> int:
         """Offer the whole pages among the first `num_tokens` positions of `rid`
@@ -359,7 +367,7 @@ class KVCacheManager:
         registry = self.requests
         next_dummy, free_ids = registry.next_dummy, list(registry.free_dummy_ids)
         reqs = [self._new_request(registry.dummy_id(), dummy=True) for _ in range(batch_size)]
-        done = self._move([self.tables.plan(r, cap, hist) for r in reqs])
+        done = self._move([(r, cap, hist) for r in reqs])
         if done:
             return Dummies(tuple(r.rid for r in reqs))
         for r in reversed(reqs):  # rows go back in the order they came

@@ -58,6 +58,7 @@ class PageTables:
         stores = [id(p.store) for p in pools]
         self.store_of = [stores.index(s) for s in stores]
         self.shared = len(set(stores)) < len(stores)
+        self.crossable = self.paged_only and not self.shared  # the decode crossing's early return applies
         # wide enough for `longest` positions (at most 1024 blocks; `widen` doubles)
         self.tables = [np.full((slots, min(1024, table_blocks(g, longest) + 1)), STALE, np.int32) for g in groups]
         self.free_slots = list(range(slots - 1, -1, -1))
@@ -137,36 +138,54 @@ class PageTables:
 
     # ------------------------------------------------------------------ moving
 
-    def append_pages(self, rows: Sequence[tuple[Request, int, int]]) -> bool:
-        """The decode step's crossing as an early return of the move: for each
-        (request, cap, hist) of `rows`, `cap` passed the end of its tables by
-        at most one block and `hist` drops no page (no pool is shared, no
-        group is a state group), so each group whose table ends before `cap`
-        takes one page off its free stack. False, nothing changed, for any
-        other move (the planner's) or when a free stack runs short."""
-        if self.shared or not self.paged_only:
+    def crossing(self, rows: Sequence[tuple[Request, int, int]]) -> bool:
+        """Whether every (request, cap, hist) of `rows` is the decode step's
+        crossing, the move's common case: capacity passes the end of the
+        tables by at most one block (each group that ends before it takes one
+        page) and/or history moves one page out of each window it leaves,
+        with no pool shared, no state group, and the pages on the free stacks.
+        Changes nothing; `cross` then moves them."""
+        if not self.crossable:
             return False
-        tpb, pools = self.tokens_per_block, self.pools
-        need = [0] * len(pools)
+        tpb, groups = self.tokens_per_block, self.groups
+        need = [0] * len(groups)
         for req, cap, hist in rows:
-            if hist >= req.next_stale or not req.hi < cap <= req.hi + tpb or req.lookup is not None:
+            if cap <= req.lo or cap > req.hi + tpb or req.lookup is not None:
                 return False
-            for gi, n in enumerate(req.nblk):
-                if n * tpb < cap:
-                    need[gi] += 1
-        for gi, n in enumerate(need):
-            if n > len(pools[gi].free_stack):
-                return False
-        for req, cap, hist in rows:
             nblk = req.nblk
+            if hist >= req.next_stale:  # each window it leaves drops exactly one page
+                nstale, stale_at = req.nstale, req.stale_at
+                for gi, at in enumerate(stale_at):
+                    if hist >= at and not (nstale[gi] < nblk[gi] and stale_pages(groups[gi], hist) == nstale[gi] + 1):
+                        return False
+            if cap > req.hi:
+                for gi, n in enumerate(nblk):
+                    if n * tpb < cap:
+                        need[gi] += 1
+        for gi, n in enumerate(need):  # noqa: SIM110 (a loop: `all` of a generator costs more on this path)
+            if n > len(self.pools[gi].free_stack):
+                return False
+        return True
+
+    def cross(self, rows: Sequence[tuple[Request, int, int]]) -> None:
+        """Move `rows` that `crossing` accepted: one page released per window
+        left, one taken per group that grows, counts and bounds."""
+        tpb, pools, tables = self.tokens_per_block, self.pools, self.tables
+        for req, cap, hist in rows:
+            nblk, nstale, stale_at, slot = req.nblk, req.nstale, req.stale_at, req.slot
             for gi, n in enumerate(nblk):
+                if hist >= stale_at[gi]:  # the first live page left the window
+                    first = nstale[gi]
+                    pools[gi].release((tables[gi].item(slot, first),))
+                    tables[gi][slot, first] = STALE
+                    nstale[gi] = first + 1
+                    stale_at[gi] = self.next_stale(gi, hist, first + 1)
                 if n * tpb < cap:
-                    table = self.tables[gi] if n < self.tables[gi].shape[1] else self.widen(gi, n + 1)
-                    table[req.slot, n] = pools[gi].take(1)[0]
+                    table = tables[gi] if n < tables[gi].shape[1] else self.widen(gi, n + 1)
+                    table[slot, n] = pools[gi].take(1)[0]
                     nblk[gi] = n + 1
             req.cap, req.hist = cap, hist
             self.rebound(req)
-        return True
 
     def plan(self, req: Request, cap: int, hist: int) -> Move:
         """How `req`'s tables move to (cap, hist) (a validated shape), by
