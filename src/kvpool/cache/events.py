@@ -22,7 +22,9 @@ class CacheEvent(NamedTuple):
     before it, and the salt); `parent_hash` the previous page's hash (None for
     the first page). `num_tokens` is the tokens the page covers. For a `state`
     group a stored event is a snapshot: the engine copies the request's state
-    slot `source_page` into `page`.
+    slot `source_page` into `page`. `medium` names the tier the page is in:
+    "GPU", or a cold tier's "CPU" / "DISK" (`cache/tiers.py`), where `page` is
+    that tier's slot.
     """
 
     kind: Literal["stored", "removed"]
@@ -32,13 +34,17 @@ class CacheEvent(NamedTuple):
     page: int
     num_tokens: int
     source_page: int | None = None
+    medium: str = "GPU"
 
 
 # ("stored", group, hashes, parent of hashes[0], pages, num_tokens, source_page): page i holds
-# hashes[i], its parent is hashes[i - 1]; ("removed", group, hashes, pages).
+# hashes[i], its parent is hashes[i - 1]; ("removed", group, hashes, pages). On the GPU; a cold
+# tier's records add its medium: ("stored", ..., source_page, medium), ("removed", ..., pages, medium).
 StoredRun: TypeAlias = tuple[Literal["stored"], str, list[int], int | None, list[int], int, int | None]
 RemovedRun: TypeAlias = tuple[Literal["removed"], str, list[int], list[int]]
-EventRecord: TypeAlias = StoredRun | RemovedRun
+StoredRunIn: TypeAlias = tuple[Literal["stored"], str, list[int], int | None, list[int], int, int | None, str]
+RemovedRunIn: TypeAlias = tuple[Literal["removed"], str, list[int], list[int], str]
+EventRecord: TypeAlias = StoredRun | RemovedRun | StoredRunIn | RemovedRunIn
 
 
 def as_signed(digest: int) -> int:
@@ -51,16 +57,18 @@ def expand(records: Iterable[EventRecord]) -> list[CacheEvent]:
     out: list[CacheEvent] = []
     for rec in records:
         if rec[0] == "stored":
-            _, group, hashes, parent, pages, num_tokens, source = rec
+            group, hashes, parent, pages, num_tokens, source = rec[1:7]
+            medium = rec[7] if len(rec) > 7 else "GPU"
             up = None if parent is None else as_signed(parent)
             for h, page in zip(hashes, pages, strict=True):
                 signed = as_signed(h)
-                out.append(CacheEvent("stored", group, signed, up, page, num_tokens, source))
+                out.append(CacheEvent("stored", group, signed, up, page, num_tokens, source, medium))
                 up = signed
         else:
-            _, group, hashes, pages = rec
+            group, hashes, pages = rec[1:4]
+            medium = rec[4] if len(rec) > 4 else "GPU"
             out.extend(
-                CacheEvent("removed", group, as_signed(h), None, page, 0, None)
+                CacheEvent("removed", group, as_signed(h), None, page, 0, None, medium)
                 for h, page in zip(hashes, pages, strict=True)
             )
     return out

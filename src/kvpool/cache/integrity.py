@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import numpy.typing as npt
@@ -11,6 +11,7 @@ from kvpool.cache.events import CacheIntegrityError
 from kvpool.cache.pool import PagePool
 from kvpool.cache.request import Request
 from kvpool.cache.tables import PageTables
+from kvpool.cache.tiers import ColdTier, Suspension
 from kvpool.spec.pages import stale_pages, table_blocks
 
 
@@ -163,3 +164,40 @@ def _check_lists(
     if stale_map:
         reasons.append(f"{label}: hash map and page hashes disagree at pages {stale_map}")
         offending.update(stale_map)
+
+
+def check_tiers(
+    tier: ColdTier, t: PageTables, suspended: Iterable[Request], suspensions: Mapping[int, Suspension]
+) -> None:
+    """Raise `CacheIntegrityError` unless, in every cold tier and group, each
+    slot is exactly one of free, holding a cached digest, or pinned by a
+    suspended request (as many as its live pages); no digest is cached in two
+    tiers; and suspended requests hold no GPU page."""
+    reasons: list[str] = []
+    bad: dict[str, list[int]] = {}
+    pinned: dict[str, list[list[int]]] = {}
+    for s in suspensions.values():
+        pinned.setdefault(s.medium, [[] for _ in t.groups])
+        for gi, group_slots in enumerate(s.slots):
+            pinned[s.medium][gi] += group_slots
+    seen: list[set[int]] = [set() for _ in t.groups]
+    for level in tier.levels():
+        for gi, g in enumerate(t.groups):
+            held, free = list(level.held[gi].values()), level.free[gi]
+            mine = pinned.get(level.medium, [[] for _ in t.groups])[gi]
+            slots = held + free + mine
+            if sorted(slots) != list(range(level.pages[gi])) or len(mine) != level.pinned[gi]:
+                reasons.append(f"{level.medium} {g.name}: slots are not exactly one of free, cached or pinned")
+                bad.setdefault(f"{level.medium}:{g.name}", []).extend(sorted(set(range(level.pages[gi])) ^ set(slots)))
+            twice = seen[gi] & level.held[gi].keys()
+            if twice:
+                reasons.append(f"{level.medium} {g.name}: digests cached in two tiers: {sorted(twice)}")
+            seen[gi] |= level.held[gi].keys()
+    for req in suspended:
+        live = [req.live(gi) for gi in range(len(t.groups))]
+        if [len(x) for x in suspensions[req.rid].slots] != live:
+            reasons.append(f"request {req.rid}: pinned slots do not match its live pages {live}")
+        if any((t.tables[gi][req.slot] != -1).any() for gi in range(len(t.groups))):
+            reasons.append(f"request {req.rid}: suspended, yet its table names GPU pages")
+    if reasons:
+        raise CacheIntegrityError("cold tiers are inconsistent: " + "; ".join(reasons), bad)

@@ -83,11 +83,12 @@ def wire_events(events: Sequence[CacheEvent], groups: Sequence[LayerGroup], wire
                 and events[j].group == e.group
                 and events[j].num_tokens == e.num_tokens
                 and events[j].parent_hash == hashes[-1]
+                and events[j].medium == e.medium
             ):
                 hashes.append(events[j].block_hash)
                 j += 1
         else:
-            while j < n and events[j].kind == "removed" and events[j].group == e.group:
+            while j < n and events[j].kind == "removed" and events[j].group == e.group and events[j].medium == e.medium:
                 hashes.append(events[j].block_hash)
                 j += 1
         g = groups[index[e.group]]
@@ -99,7 +100,7 @@ def wire_events(events: Sequence[CacheEvent], groups: Sequence[LayerGroup], wire
                 [],
                 e.num_tokens,
                 None,
-                MEDIUM_GPU,
+                e.medium,
                 None,
                 None,
                 index[e.group],
@@ -108,6 +109,6 @@ def wire_events(events: Sequence[CacheEvent], groups: Sequence[LayerGroup], wire
             ]
             out.append(encode_struct("BlockStored", STORED_FIELDS, values, wire))
         else:
-            out.append(encode_struct("BlockRemoved", REMOVED_FIELDS, [hashes, MEDIUM_GPU, index[e.group]], wire))
+            out.append(encode_struct("BlockRemoved", REMOVED_FIELDS, [hashes, e.medium, index[e.group]], wire))
         i = j
     return out

@@ -13,6 +13,8 @@ none (docs/design.md, rule 6).
 
 from __future__ import annotations
 
+import functools
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
@@ -39,6 +41,7 @@ from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Dummies, Resize
 from kvpool.cache.shared_pool import build_pools
 from kvpool.cache.tables import STALE, PageTables
+from kvpool.cache.tiers import ColdTier, Suspension, TierSpec, build_tiers
 from kvpool.plan import capture
 from kvpool.plan.capture import WarmupReport
 from kvpool.plan.result import PoolPlan
@@ -70,7 +73,14 @@ class KVCacheManager:
     """
 
     def __init__(
-        self, plan: PoolPlan, *, enable_reuse: bool = True, state_snapshots: bool = False, events: bool = True
+        self,
+        plan: PoolPlan,
+        *,
+        enable_reuse: bool = True,
+        state_snapshots: bool = False,
+        events: bool = True,
+        tiers: Sequence[TierSpec] = (),
+        max_util_for_resume: float = 0.95,
     ) -> None:
         self.plan = plan
         self.spec = plan.spec
@@ -96,6 +106,30 @@ class KVCacheManager:
         self.reuse_hit_tokens = 0
         self._prompts = PromptMemo()  # the last prompt's digests, for the next that shares its start
         self._padding: dict[int, int] = {}  # draft length -> persistent padding dummy id
+        self.tier = self._build_tiers(tiers, events)  # the warmest cold tier (None: the GPU alone)
+        self.max_util_for_resume = max_util_for_resume
+        self._suspended: dict[int, Suspension] = {}
+
+    def _build_tiers(self, specs: Sequence[TierSpec], events: bool) -> ColdTier | None:
+        """Cold tiers below the GPU pools; a group's evicted digests spill into
+        the first if it keeps them (pages of full and compressed groups, state
+        snapshots; never a page that left a window)."""
+        if not specs:
+            return None
+        if self.tables.shared:
+            raise CacheUsageError("cold tiers with a shared pool are not supported")
+        t = self.tables
+        keeps = [never and self.enable_reuse for never in t.never_stale]  # a state group never goes stale
+        names = [g.name for g in self.groups]
+        gpu_pages = [p.num_pages for p in self.pools]
+        gpu_bytes = sum(g.page_bytes * n for g, n in zip(self.groups, gpu_pages, strict=True))
+        tier = build_tiers(specs, names, gpu_pages, gpu_bytes, keeps, self.tokens_per_block, self.events)
+        for level in tier.levels() if tier else ():
+            level.record_events = events
+        for gi, pool in enumerate(self.pools):
+            if tier is not None and keeps[gi]:
+                pool.spill = functools.partial(tier.put, gi)
+        return tier
 
     # ------------------------------------------------------------------ requests
 
@@ -115,15 +149,20 @@ class KVCacheManager:
         if ids is None:
             return 0
         req.tokens, req.seed = ids, seed
-        hit = prefix.attach_prefix(self.tables, req, self._prompts)
+        hit = prefix.attach_prefix(self.tables, req, self._prompts, self.tier)
         req.lookup = (len(ids), hit)
         return hit
 
     def free(self, rid: int) -> None:
         """Release every page of `rid` (cached content stays reusable until
         evicted) and forget the request; a padding dummy stops being reserved."""
-        req = self.requests.get(rid)
-        self.tables.release(req)
+        req = self.requests.record(rid)
+        suspension = self._suspended.pop(rid, None)
+        if suspension is None:
+            self.tables.release(req)
+        else:  # its pages are in a cold tier, its row is empty
+            self._tier_of(suspension).unpin(suspension.slots)
+            self.tables.free_slots.append(req.slot)
         self.requests.remove(rid)
         if req.dummy:
             for d, pad in list(self._padding.items()):
@@ -134,10 +173,71 @@ class KVCacheManager:
         return rid in self.requests
 
     def capacity(self, rid: int) -> int:
-        return self.requests.get(rid).cap
+        return self.requests.record(rid).cap
 
     def history(self, rid: int) -> int:
-        return self.requests.get(rid).hist
+        return self.requests.record(rid).hist
+
+    # ------------------------------------------------------------------ suspend and resume
+
+    def suspend(self, rid: int) -> Resize:
+        """Move `rid`'s live pages to the warmest cold tier with room for all
+        of them (pinned there; `suspension(rid)` says which GPU page goes to
+        which slot) and release its GPU pages. The request keeps its shape;
+        it may not move until `resume`. Falsy, nothing changed, when no tier
+        has room (the pages short per group, in the coldest tier). Raises
+        `CacheUsageError` without a cold tier, for a dummy, or for an unknown or
+        suspended request."""
+        req = self.requests.get(rid)
+        if self.tier is None or req.dummy:
+            raise CacheUsageError(f"request {rid}: suspend needs a cold tier (tiers=...) and a real request")
+        counts = [req.live(gi) for gi in range(len(self.groups))]
+        for tier in self.tier.levels():
+            slots = tier.pin(counts)
+            if slots is not None:
+                break
+        else:
+            short = {
+                g.name: n - len(tier.free[gi]) - len(tier.held[gi])
+                for gi, (g, n) in enumerate(zip(self.groups, counts, strict=True))
+            }
+            return Resize({name: n for name, n in short.items() if n > 0})
+        pages = self.tables.drop_pages(req)
+        self._suspended[rid] = Suspension(tier.medium, tuple(map(tuple, pages)), tuple(map(tuple, slots)))
+        self.requests.suspend(rid)
+        return RESIZED
+
+    def resume(self, rid: int) -> Resize:
+        """Bring suspended `rid`'s pages back into fresh GPU pages (the engine
+        copies them from the slots `suspension(rid)` named) and unpin them.
+        Falsy, nothing changed, when a pool lacks the pages or would be used
+        past `max_util_for_resume` of its pages afterwards (TensorRT-LLM V2's
+        rule, keeping room for the running requests to grow)."""
+        suspension = self._suspended.get(rid)
+        if suspension is None:
+            raise CacheUsageError(f"request {rid!r} is not suspended")
+        req = self.requests.suspended[rid]
+        short = {}
+        for gi, pool in enumerate(self.pools):
+            used = pool.num_pages - pool.num_free
+            room = min(pool.num_free, math.floor(self.max_util_for_resume * pool.num_pages) - used)
+            if req.live(gi) > room:
+                short[pool.name] = req.live(gi) - room
+        if short:
+            return Resize(short)
+        self.tables.restore_pages(req)
+        self._tier_of(suspension).unpin(suspension.slots)
+        del self._suspended[rid]
+        self.requests.resume(rid)
+        return RESIZED
+
+    def suspension(self, rid: int) -> Suspension | None:
+        """Where suspended `rid`'s pages are (None: it is not suspended)."""
+        return self._suspended.get(rid)
+
+    def _tier_of(self, suspension: Suspension) -> ColdTier:
+        assert self.tier is not None
+        return next(t for t in self.tier.levels() if t.medium == suspension.medium)
 
     @property
     def num_requests(self) -> int:
@@ -464,9 +564,13 @@ class KVCacheManager:
 
     def check_integrity(self) -> None:
         """Raise `CacheIntegrityError` (naming page ids per group) unless every
-        page is exactly one of free, owned (ref count = owners) or cached, and
-        every table matches its request's shape. O(pages); for tests and debugging."""
+        page is exactly one of free, owned (ref count = owners) or cached,
+        every table matches its request's shape, and every cold tier's slot is
+        exactly one of free, cached or pinned by a suspended request, with no
+        digest in two tiers. O(pages); for tests and debugging."""
         integrity.check_integrity(self.tables, self.requests)
+        if self.tier is not None:
+            integrity.check_tiers(self.tier, self.tables, self.requests.suspended.values(), self._suspended)
 
     def stats(self) -> CacheStats:
         """Pages per group (total, free, used, cached, dummy, reserved) and

@@ -20,7 +20,7 @@ allocate no Python objects.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from kvpool.cache.events import EventRecord
 
@@ -64,6 +64,7 @@ class PagePool:
         "events",
         "record_events",
         "drops",
+        "spill",
     )
 
     def __init__(self, name: str, store: PageStore, events: deque[EventRecord]) -> None:
@@ -76,6 +77,7 @@ class PagePool:
         self.events = events
         self.record_events = True
         self.drops = 0  # entries `cached` has lost: a page found under a hash stays there while this is unchanged
+        self.spill: Callable[[list[int]], None] | None = None  # where evicted digests go (a cold tier's `put`)
 
     @property
     def num_free(self) -> int:
@@ -138,6 +140,8 @@ class PagePool:
             pages.append(page)
         if self.record_events:
             self.events.append(("removed", self.name, hashes, pages))
+        if self.spill is not None:
+            self.spill(hashes)
         return pages
 
     def take_cached(self, pages: Iterable[int]) -> None:

@@ -21,7 +21,7 @@ The functions take the page tables and the request record, never the manager.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import islice, takewhile
 
 from kvpool.cache.events import CacheUsageError
@@ -29,41 +29,93 @@ from kvpool.cache.hashing import extend_hashes
 from kvpool.cache.prompt_memo import KnownPages, PromptMemo
 from kvpool.cache.request import Request
 from kvpool.cache.tables import PageTables
+from kvpool.cache.tiers import ColdTier
 from kvpool.spec.pages import stale_pages, table_blocks
 
 
-def longest_hit(t: PageTables, hashes: Sequence[int], known: dict[int, KnownPages] | None = None) -> int:
+def longest_hit(
+    t: PageTables, hashes: Sequence[int], known: dict[int, KnownPages] | None = None, tier: ColdTier | None = None
+) -> int:
     """Largest k <= len(hashes) such that a request can reuse k whole pages.
     `known[gi]`: leading pages of a never-stale group known to hold these
-    digests (from `PromptMemo.digests`), not looked up again."""
+    digests (from `PromptMemo.digests`), not looked up again. With a cold
+    `tier`, a digest it (or a tier below) holds counts too, as long as the
+    GPU pools have the pages to copy such digests into (`onboard_fits`)."""
     k = len(hashes)
     pools = t.pools
-    for gi, pool in enumerate(pools):
+    for gi in range(len(pools)):
         if t.never_stale[gi] and not t.is_state[gi]:  # the leading cached run, counted in C
             skip = len(known[gi].pages) if known and gi in known else 0
-            k = min(k, skip + len(list(takewhile(pool.cached.__contains__, islice(hashes, skip, None)))))
+            k = min(k, skip + len(list(takewhile(holds(t, gi, tier), islice(hashes, skip, None)))))
     tpb = t.tokens_per_block
     checks = [gi for gi in range(len(pools)) if t.is_state[gi] or not t.never_stale[gi]]
     while k > 0:
         for gi in checks:
-            cached = pools[gi].cached
-            if t.is_state[gi]:
-                ok = hashes[k - 1] in cached
-            else:
-                ok = all(h in cached for h in hashes[stale_pages(t.groups[gi], k * tpb) : k])
-            if not ok:
+            held = holds(t, gi, tier)
+            wanted = hashes[k - 1 : k] if t.is_state[gi] else hashes[stale_pages(t.groups[gi], k * tpb) : k]
+            if not all(map(held, wanted)):
                 break
         else:
-            return k
+            if tier is None or onboard_fits(t, hashes, k):
+                return k
         k -= 1
     return 0
 
 
-def attach_prefix(t: PageTables, req: Request, memo: PromptMemo) -> int:
+def holds(t: PageTables, gi: int, tier: ColdTier | None) -> Callable[[int], bool]:
+    """Whether a digest is cached for group `gi`: in its GPU pool, or in a cold tier that keeps the group."""
+    cached = t.pools[gi].cached
+    if tier is None or not tier.keeps[gi]:
+        return cached.__contains__
+    return lambda h: h in cached or (gi, h) in tier
+
+
+def onboard_fits(t: PageTables, hashes: Sequence[int], k: int) -> bool:
+    """Whether every GPU pool can take fresh pages for the digests of a k-page
+    hit that it does not hold (they come from a cold tier), after the hit
+    claims the ones it holds (which then stop being evictable)."""
+    tpb = t.tokens_per_block
+    for gi, pool in enumerate(t.pools):
+        wanted = hashes[k - 1 : k] if t.is_state[gi] else hashes[stale_pages(t.groups[gi], k * tpb) : k]
+        need = evictable = 0
+        for h in wanted:
+            page = pool.cached.get(h)
+            if page is None:
+                need += 1
+            elif pool.ref[page] == 0:
+                evictable += 1
+        if need > pool.num_free - evictable:
+            return False
+    return True
+
+
+def claim(t: PageTables, gi: int, hashes: Sequence[int], first: int, k: int, tier: ColdTier | None) -> list[int]:
+    """The pages holding `hashes[first:k]` for a hit, each with one more
+    owner: the GPU pool's own, then fresh pages (`take`) for the digests only
+    a cold tier holds, stored under them (the engine copies them in; the tier
+    keeps its copy)."""
+    pool = t.pools[gi]
+    if tier is None:
+        pages = list(map(pool.cached.__getitem__, hashes[first:k]))
+        pool.take_cached(pages)
+        return pages
+    found = [pool.cached.get(h, -1) for h in hashes[first:k]]
+    pool.take_cached(p for p in found if p >= 0)
+    missing = [i for i, p in enumerate(found) if p < 0]
+    for i in missing:
+        tier.touch(gi, hashes[first + i])  # most recently used first: the take below may spill into the tier
+    for i, page in zip(missing, pool.take(len(missing)), strict=True):
+        found[i] = page
+        pool.store_run((page,), hashes, first + i, t.tokens_per_block)
+    return found
+
+
+def attach_prefix(t: PageTables, req: Request, memo: PromptMemo, tier: ColdTier | None = None) -> int:
     """Attach the longest cached prefix of `req.tokens` to a fresh request;
     returns the reused tokens. The last prompt token is never reused. The
     prompt's digests come from `memo` (the pages it shares with the previous
-    prompt are not digested again)."""
+    prompt are not digested again). With a cold `tier`, digests only it holds
+    are copied into fresh GPU pages (`claim`), within what the pools hold."""
     tokens = req.tokens
     tpb = t.tokens_per_block
     if not tokens:
@@ -74,7 +126,7 @@ def attach_prefix(t: PageTables, req: Request, memo: PromptMemo) -> int:
     # live request, would be fresh memory (page faults) for each one
     req.base = len(req.hashes) * tpb
     req.tokens = tokens[req.base :]
-    k = longest_hit(t, req.hashes, known)
+    k = longest_hit(t, req.hashes, known, tier)
     attached: dict[int, KnownPages] = {}
     if k == 0:
         memo.remember_hit(attached, t.pools)
@@ -84,19 +136,17 @@ def attach_prefix(t: PageTables, req: Request, memo: PromptMemo) -> int:
         nblk, stale = table_blocks(group, n), stale_pages(group, n)
         row = t.fresh_row(req, gi, nblk)
         if t.is_state[gi]:  # the snapshot becomes the request's own state slot
-            page = pool.cached[req.hashes[k - 1]]
-            pool.take_cached((page,))
+            (page,) = claim(t, gi, req.hashes, k - 1, k, tier)
             pool.forget(page)
             row[0] = page
         else:  # pages stale..k-1 at the row's end; only never-stale groups (stale 0) have known ones
             first = nblk - (k - stale)
             head = known.get(gi)
             h = 0 if head is None else min(k, len(head.pages))
-            rest = list(map(pool.cached.__getitem__, req.hashes[stale + h : k]))
             if head is not None:
                 pool.take_cached(islice(head.pages, h))
                 row[first : first + h] = head.row[:h]
-            pool.take_cached(rest)
+            rest = claim(t, gi, req.hashes, stale + h, k, tier)
             row[first + h : nblk] = rest
             if t.never_stale[gi]:
                 pages = rest if head is None else head.pages[:h] + rest

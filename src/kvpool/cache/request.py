@@ -71,14 +71,15 @@ class Requests:
     first, so warmup reports stay readable."""
 
     def __init__(self) -> None:
-        self.by_id: dict[int, Request] = {}
+        self.by_id: dict[int, Request] = {}  # requests whose pages are on the GPU
+        self.suspended: dict[int, Request] = {}  # requests whose pages a cold tier holds (`cache/tiers.py`)
         self.next_dummy = -1
         self.free_dummy_ids: list[int] = []  # heap of -id
         # the last batch `batch` answered: a decode loop asks for the same batch every step
         self.last_batch: tuple[tuple[int, ...], list[Request]] | None = None
 
     def __contains__(self, rid: object) -> bool:
-        return rid in self.by_id
+        return rid in self.by_id or rid in self.suspended
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -91,18 +92,35 @@ class Requests:
         try:
             return self.by_id[rid]
         except (KeyError, TypeError):
+            if rid in self.suspended:
+                raise CacheUsageError(f"request {rid!r} is suspended (resume it first)") from None
             raise CacheUsageError(f"unknown request id {rid!r}") from None
+
+    def record(self, rid: int) -> Request:
+        """The request `rid`, suspended or not; CacheUsageError when it is not registered."""
+        req = self.suspended.get(rid)
+        return self.get(rid) if req is None else req
+
+    def suspend(self, rid: int) -> None:
+        """Move `rid` to the suspended requests (its moves raise until `resume`)."""
+        self.suspended[rid] = self.by_id.pop(rid)
+        self.last_batch = None
+
+    def resume(self, rid: int) -> None:
+        """Move suspended `rid` back."""
+        self.by_id[rid] = self.suspended.pop(rid)
+        self.last_batch = None
 
     def add(self, req: Request) -> None:
         """Register `req`; CacheUsageError for a duplicate id."""
-        if req.rid in self.by_id:
+        if req.rid in self:
             raise CacheUsageError(f"request id {req.rid!r} already exists")
         self.last_batch = None
         self.by_id[req.rid] = req
 
     def remove(self, rid: int) -> Request:
         """Forget `rid` (its id becomes reusable if it was a dummy's)."""
-        req = self.by_id.pop(rid)
+        req = self.by_id.pop(rid) if rid in self.by_id else self.suspended.pop(rid)
         self.last_batch = None
         if req.dummy:
             heapq.heappush(self.free_dummy_ids, -rid)

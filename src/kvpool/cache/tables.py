@@ -76,16 +76,33 @@ class PageTables:
         return req
 
     def release(self, req: Request) -> None:
-        """Drop every page of `req` (walking each table backwards, so that the
-        tail is evicted before a shared prefix) and give its row back."""
-        for gi, nblk in enumerate(req.nblk):
-            if nblk:
-                row = self.tables[gi][req.slot]
-                pages = row[req.nstale[gi] : nblk].tolist()
-                pages.reverse()
-                self.pools[gi].release(pages)
-                row[:nblk] = STALE
+        """Drop every page of `req` and give its row back."""
+        self.drop_pages(req)
         self.free_slots.append(req.slot)
+
+    def drop_pages(self, req: Request) -> list[list[int]]:
+        """Release `req`'s pages in every group (walking each table backwards,
+        so that the tail is evicted before a shared prefix), leaving its counts
+        as they are and its row `STALE`; returns the live pages it held per group."""
+        held = []
+        for gi, nblk in enumerate(req.nblk):
+            row = self.tables[gi][req.slot]
+            pages = row[req.nstale[gi] : nblk].tolist()
+            held.append(pages)
+            if pages:
+                self.pools[gi].release(reversed(pages))
+                row[:nblk] = STALE
+        return held
+
+    def restore_pages(self, req: Request) -> list[list[int]]:
+        """Fresh pages for the live entries of `req`'s rows (a suspended
+        request coming back; the caller checked `num_free`); returns them per group."""
+        taken = []
+        for gi, pool in enumerate(self.pools):
+            pages = pool.take(req.live(gi)) if req.live(gi) else []
+            self.tables[gi][req.slot, req.nstale[gi] : req.nblk[gi]] = pages
+            taken.append(pages)
+        return taken
 
     def rebound(self, req: Request) -> None:
         """`req.lo`, `req.hi`, `req.next_stale` from its counts: the capacities

@@ -1,0 +1,198 @@
+"""Colder tiers below the GPU pools: host memory and disk (TensorRT-LLM's KV
+cache manager V2 keeps pages in such levels, warm to cold; docs/cache.md).
+
+Pure bookkeeping: a tier holds, per group, `pages[group]` slots of the group's
+page size; which digest each slot holds; and which slots suspended requests
+hold. The engine copies the bytes (the events say from where to where).
+
+- **Offload.** A committed page that the GPU pool evicts moves to the first
+  cold tier instead of being dropped, if its group keeps it there (`keeps`:
+  full and compressed pages and state snapshots; a sliding or chunked page
+  that left its window is never worth keeping). A tier that is full evicts its
+  least recently used digest to the next colder tier, or drops it at the last.
+  A digest is kept in one cold tier at a time.
+- **Onboard.** A prefix hit may use digests a cold tier holds; the manager
+  copies them into fresh GPU pages (`cache/prefix.py`); the tier keeps its copy.
+- **Suspend.** A suspended request's live pages are pinned in the warmest tier
+  with room for all of them (`pin`), and unpinned when it resumes or is freed.
+
+Events carry the tier as `medium` ("CPU", "DISK"), as vLLM's KV events do.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from kvpool.cache.events import CacheUsageError, EventRecord
+
+Medium = Literal["CPU", "DISK"]
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """A cold tier of one rank: `medium` ("CPU" for host memory, "DISK") and
+    its byte quota. The manager splits the quota between groups in the
+    proportions of the GPU plan (TensorRT-LLM V2's cold tiers do the same)."""
+
+    medium: Medium
+    bytes: int
+
+    def __post_init__(self) -> None:
+        if self.medium not in ("CPU", "DISK"):
+            raise CacheUsageError(f"tier medium must be 'CPU' or 'DISK', got {self.medium!r}")
+        if type(self.bytes) is not int or self.bytes < 0:
+            raise CacheUsageError(f"tier bytes must be a non-negative int, got {self.bytes!r}")
+
+
+class ColdTier:
+    """One cold tier: per group, `pages[g]` slots; cached digests in LRU order
+    (`held[g]`: digest -> slot, oldest first); slots pinned by suspended
+    requests; the tier below (None: the last). Mutated only by the manager."""
+
+    def __init__(
+        self,
+        medium: Medium,
+        names: Sequence[str],
+        pages: Sequence[int],
+        keeps: Sequence[bool],
+        tokens_per_block: int,
+        events: deque[EventRecord],
+        below: ColdTier | None,
+    ) -> None:
+        self.medium = medium
+        self.names = tuple(names)
+        self.pages = list(pages)
+        self.keeps = list(keeps)
+        self.tokens_per_block = tokens_per_block
+        self.events = events
+        self.record_events = True
+        self.below = below
+        self.held: list[OrderedDict[int, int]] = [OrderedDict() for _ in pages]
+        self.free: list[list[int]] = [list(range(n - 1, -1, -1)) for n in pages]
+        self.pinned = [0] * len(pages)
+
+    def __contains__(self, item: tuple[int, int]) -> bool:
+        """(group, digest) cached in this tier or one below."""
+        gi, digest = item
+        tier: ColdTier | None = self
+        while tier is not None:
+            if digest in tier.held[gi]:
+                return True
+            tier = tier.below
+        return False
+
+    def put(self, gi: int, digests: Sequence[int]) -> None:
+        """Offload `digests` of group `gi` that a warmer level evicted: each
+        goes to a free slot here (the least recently used held digest moving
+        one tier down, or dropped, to make room); ignored where the group is
+        not kept, the tier has no slot for it, or a tier already holds it."""
+        if not self.keeps[gi]:
+            return
+        held = self.held[gi]
+        for digest in digests:
+            if (gi, digest) in self:
+                if digest in held:
+                    held.move_to_end(digest)
+                continue
+            if not self.free[gi] and not self.make_room(gi, 1):
+                continue
+            held[digest] = slot = self.free[gi].pop()
+            self.record("stored", gi, [digest], [slot])
+
+    def touch(self, gi: int, digest: int) -> None:
+        """A hit read `digest`: it becomes the most recently used where it is held."""
+        tier: ColdTier | None = self
+        while tier is not None:
+            if digest in tier.held[gi]:
+                tier.held[gi].move_to_end(digest)
+                return
+            tier = tier.below
+
+    def make_room(self, gi: int, count: int) -> bool:
+        """Free `count` slots of group `gi` by moving the least recently used
+        digests one tier down (or dropping them); False, nothing changed, when
+        pinned slots leave too few."""
+        held, free = self.held[gi], self.free[gi]
+        if len(free) + len(held) < count:
+            return False
+        while len(free) < count:
+            digest, slot = held.popitem(last=False)
+            free.append(slot)
+            self.record("removed", gi, [digest], [slot])
+            if self.below is not None:
+                self.below.put(gi, [digest])
+        return True
+
+    def pin(self, counts: Sequence[int]) -> list[list[int]] | None:
+        """Slots for a suspended request's live pages, `counts[g]` per group,
+        all groups or none (None: too few unpinned slots here)."""
+        if any(n > len(self.free[gi]) + len(self.held[gi]) for gi, n in enumerate(counts)):
+            return None
+        out = []
+        for gi, n in enumerate(counts):
+            self.make_room(gi, n)
+            out.append([self.free[gi].pop() for _ in range(n)])
+            self.pinned[gi] += n
+        return out
+
+    def unpin(self, slots: Sequence[Sequence[int]]) -> None:
+        """Give back the slots `pin` returned."""
+        for gi, group_slots in enumerate(slots):
+            self.free[gi].extend(reversed(group_slots))
+            self.pinned[gi] -= len(group_slots)
+
+    def record(self, kind: Literal["stored", "removed"], gi: int, digests: list[int], slots: list[int]) -> None:
+        if not self.record_events:
+            return
+        if kind == "stored":
+            self.events.append(
+                ("stored", self.names[gi], digests, None, slots, self.tokens_per_block, None, self.medium)
+            )
+        else:
+            self.events.append(("removed", self.names[gi], digests, slots, self.medium))
+
+    def levels(self) -> list[ColdTier]:
+        """This tier and every one below it, warm to cold."""
+        out: list[ColdTier] = []
+        tier: ColdTier | None = self
+        while tier is not None:
+            out.append(tier)
+            tier = tier.below
+        return out
+
+
+@dataclass(frozen=True)
+class Suspension:
+    """Where a suspended request's pages went: `medium`, and per group the GPU
+    pages it held (`pages`) and the tier slots that now hold them (`slots`),
+    in the same order; the engine copies `pages[g][i]` to `slots[g][i]`."""
+
+    medium: Medium
+    pages: tuple[tuple[int, ...], ...]
+    slots: tuple[tuple[int, ...], ...]
+
+
+def build_tiers(
+    specs: Sequence[TierSpec],
+    names: Sequence[str],
+    gpu_pages: Sequence[int],
+    gpu_bytes: int,
+    keeps: Sequence[bool],
+    tokens_per_block: int,
+    events: deque[EventRecord],
+) -> ColdTier | None:
+    """The cold tiers of `specs`, warm to cold (host before disk), linked; None
+    for none. Each tier's quota is split between groups in the proportions of
+    the GPU's `gpu_pages` (of `gpu_bytes` in all): a group gets
+    `gpu_pages[g] * bytes // gpu_bytes` slots."""
+    order = sorted(specs, key=lambda s: ("CPU", "DISK").index(s.medium))
+    if len({s.medium for s in order}) < len(order):
+        raise CacheUsageError(f"one tier per medium, got {[s.medium for s in order]}")
+    below: ColdTier | None = None
+    for spec in reversed(order):
+        pages = [n * spec.bytes // gpu_bytes if gpu_bytes else 0 for n in gpu_pages]
+        below = ColdTier(spec.medium, names, pages, keeps, tokens_per_block, events, below)
+    return below
