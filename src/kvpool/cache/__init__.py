@@ -15,6 +15,7 @@ from kvpool.cache.events import (
 from kvpool.cache.manager import STALE, KVCacheManager
 from kvpool.cache.request import Request
 from kvpool.cache.results import Dummies, Resize
+from kvpool.cache.tiers import Suspension, TierSpec
 from kvpool.plan.capture import SkippedShape, WarmupReport
 
 __all__ = [
@@ -29,5 +30,7 @@ __all__ = [
     "Request",
     "Resize",
     "SkippedShape",
+    "Suspension",
+    "TierSpec",
     "WarmupReport",
 ]

@@ -45,6 +45,7 @@ from kvpool.cache.tiers import ColdTier, Suspension, TierSpec, build_tiers
 from kvpool.plan import capture
 from kvpool.plan.capture import WarmupReport
 from kvpool.plan.result import PoolPlan
+from kvpool.plan.tiers import tier_pages
 from kvpool.spec.kinds import NEVER
 
 __all__ = ["STALE", "KVCacheManager"]
@@ -121,9 +122,8 @@ class KVCacheManager:
         t = self.tables
         keeps = [never and self.enable_reuse for never in t.never_stale]  # a state group never goes stale
         names = [g.name for g in self.groups]
-        gpu_pages = [p.num_pages for p in self.pools]
-        gpu_bytes = sum(g.page_bytes * n for g, n in zip(self.groups, gpu_pages, strict=True))
-        tier = build_tiers(specs, names, gpu_pages, gpu_bytes, keeps, self.tokens_per_block, self.events)
+        pages = [list(tier_pages(self.plan, s.bytes).values()) for s in specs]  # the GPU plan's proportions
+        tier = build_tiers(specs, pages, names, keeps, self.tokens_per_block, self.events)
         for level in tier.levels() if tier else ():
             level.record_events = events
         for gi, pool in enumerate(self.pools):

@@ -177,22 +177,18 @@ class Suspension:
 
 def build_tiers(
     specs: Sequence[TierSpec],
+    pages: Sequence[Sequence[int]],
     names: Sequence[str],
-    gpu_pages: Sequence[int],
-    gpu_bytes: int,
     keeps: Sequence[bool],
     tokens_per_block: int,
     events: deque[EventRecord],
 ) -> ColdTier | None:
-    """The cold tiers of `specs`, warm to cold (host before disk), linked; None
-    for none. Each tier's quota is split between groups in the proportions of
-    the GPU's `gpu_pages` (of `gpu_bytes` in all): a group gets
-    `gpu_pages[g] * bytes // gpu_bytes` slots."""
-    order = sorted(specs, key=lambda s: ("CPU", "DISK").index(s.medium))
-    if len({s.medium for s in order}) < len(order):
-        raise CacheUsageError(f"one tier per medium, got {[s.medium for s in order]}")
+    """The cold tiers of `specs` (with `pages[i]` per group for `specs[i]`),
+    warm to cold (host before disk), linked; None for none."""
+    order = sorted(range(len(specs)), key=lambda i: ("CPU", "DISK").index(specs[i].medium))
+    if len({specs[i].medium for i in order}) < len(order):
+        raise CacheUsageError(f"one tier per medium, got {[s.medium for s in specs]}")
     below: ColdTier | None = None
-    for spec in reversed(order):
-        pages = [n * spec.bytes // gpu_bytes if gpu_bytes else 0 for n in gpu_pages]
-        below = ColdTier(spec.medium, names, pages, keeps, tokens_per_block, events, below)
+    for i in reversed(order):
+        below = ColdTier(specs[i].medium, names, pages[i], keeps, tokens_per_block, events, below)
     return below

@@ -1,0 +1,66 @@
+"""Sizing cold tiers per rank (plan/tiers.py): each engine's rule for its host
+tier, and a tier's pages per group in the GPU plan's proportions, never over
+its bytes."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cache_helpers import hybrid_spec, twin_spec
+from kvpool.errors import LimitsError
+from kvpool.plan import PoolPlan, ServingLimits
+from kvpool.plan.tiers import GB, GiB, host_tier_bytes, plan_tiers, tier_pages
+
+
+@settings(max_examples=100, deadline=None)
+@given(full=st.integers(1, 10_000), sliding=st.integers(1, 10_000), tier_gib=st.integers(0, 512))
+def test_a_tier_keeps_the_gpu_proportions_within_its_bytes(full: int, sliding: int, tier_gib: int) -> None:
+    plan = PoolPlan.from_pages(twin_spec(tpb=16), {"full": full, "sliding": sliding}, ServingLimits())
+    pages = tier_pages(plan, tier_gib * GiB)
+    used = sum(plan.group(g).page_bytes * n for g, n in pages.items())
+    assert used <= tier_gib * GiB
+    gpu = sum(g.bytes for g in plan.groups)
+    for g in plan.groups:  # floor of the group's share: at most one page below the exact proportion
+        exact = g.pages * tier_gib * GiB / gpu
+        assert exact - 1 < pages[g.name] <= exact
+
+
+def test_each_engine_sizes_its_host_tier_by_its_own_rule() -> None:
+    # TensorRT-LLM V2: min(GPU quota 40 GiB, 512 GiB / 8 ranks x 0.5 = 32 GiB, memlock 30 GiB x 0.8 = 24 GiB)
+    assert host_tier_bytes("trtllm", gpu_kv_bytes=40 * GiB, host_memory=512 * GiB, ranks_per_node=8)[0] == 32 * GiB
+    got = host_tier_bytes("trtllm", gpu_kv_bytes=40 * GiB, host_memory=512 * GiB, ranks_per_node=8, memlock=30 * GiB)
+    assert got[0] == int(30 * GiB * 0.8)
+    # vLLM: --kv-offloading-size is the whole server's; TP 4 x PP 1 ranks hold a quarter each
+    assert host_tier_bytes("vllm", gpu_kv_bytes=0, offloading_gib=64, kv_ranks=4)[0] == 16 * GiB
+    # SGLang: --hicache-size in GB per rank, else --hicache-ratio x the device pool
+    assert host_tier_bytes("sglang", gpu_kv_bytes=10 * GiB, hicache_gb=100)[0] == 100 * GB
+    assert host_tier_bytes("sglang", gpu_kv_bytes=10 * GiB)[0] == 20 * GiB
+    assert host_tier_bytes("even", gpu_kv_bytes=0, host_memory=256 * GiB, ranks_per_node=8)[0] == 32 * GiB
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"rule": "trtllm"},
+        {"rule": "vllm"},
+        {"rule": "vllm", "offloading_gib": -1.0},
+        {"rule": "sglang", "hicache_ratio": 0.0},
+        {"rule": "even"},
+        {"rule": "even", "host_memory": 1, "ranks_per_node": 0},
+        {"rule": "lmcache", "host_memory": 1},
+    ],
+)
+def test_a_rule_without_what_it_needs_is_refused_by_name(kwargs: dict[str, object]) -> None:
+    with pytest.raises(LimitsError):
+        host_tier_bytes(gpu_kv_bytes=GiB, **kwargs)  # type: ignore[arg-type]
+
+
+def test_plan_tiers_lists_host_then_disk_with_pages_per_group() -> None:
+    spec = hybrid_spec(tpb=16)
+    plan = PoolPlan.from_pages(spec, {"full": 100, "sliding": 100, "linear_state": 10}, ServingLimits())
+    tiers = plan_tiers(plan, 4 * GiB, 16 * GiB, "even")
+    assert [t.medium for t in tiers] == ["CPU", "DISK"]
+    assert tiers[1].pages == tier_pages(plan, 16 * GiB)
+    assert plan_tiers(plan, None, 0, "even") == []
