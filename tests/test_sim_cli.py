@@ -17,6 +17,14 @@ RUN_KEYS = {
     "preemptions",
     "graph_step_share",
     "pages",
+    # issue 30: every number the table shows
+    "tpot_p99_s",
+    "padding_failures",
+    "reuse_hit_rate",
+    "finished",
+    "num_requests",
+    "rejected",
+    "shared_pool",
 }
 
 
@@ -50,8 +58,32 @@ def test_json_has_exactly_the_issue_shape(cli, small_trace: str) -> None:  # typ
     assert len(runs) == 1 and set(runs[0]) == RUN_KEYS
     run = runs[0]
     assert run["policy"] == "reference" and run["output_tokens_per_s"] > 0
-    assert set(run["pages"]) == {"full"} and set(run["pages"]["full"]) == {"total", "peak_used"}
+    assert set(run["pages"]) == {"full"} and set(run["pages"]["full"]) == {"total", "peak_used", "mean_used"}
     assert 0 <= run["graph_step_share"] <= 1
+
+
+def test_json_holds_every_number_of_the_table(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
+    """Each cell of the text table can be rebuilt from the run's JSON."""
+    args = ("simulate", "gemma-3-27b", *BASE, "--trace", small_trace)
+    code, text, err = cli(*args)
+    assert code == 0, err
+    code, out, err = cli(*args, "--json")
+    assert code == 0, err
+    run = json.loads(out)["runs"][0]
+    lines = text.splitlines()
+    header = lines[1].split("  ")
+    header = [h.strip() for h in header if h.strip()]
+    cells = lines[3].split()
+    row = dict(zip(header, cells, strict=True))
+    pages = run["pages"]
+    assert row["tok/s"] == f"{run['output_tokens_per_s']:,.0f}"
+    assert row["TPOT p99 ms"] == f"{run['tpot_p99_s'] * 1e3:,.1f}"
+    assert row["TTFT p99 s"] == f"{run['ttft_p99_s']:,.2f}"
+    assert row["pad fails"] == str(run["padding_failures"])
+    assert row["done"] == f"{run['finished']}/{run['num_requests']}"
+    for g, u in pages.items():
+        assert row[f"{g} pages"] == f"{u['total']:,}"
+        assert row[f"{g} peak/mean"] == f"{u['peak_used'] / u['total']:.0%}/{u['mean_used'] / u['total']:.0%}"
 
 
 def test_compare_runs_policies_side_by_side(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]

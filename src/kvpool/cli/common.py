@@ -9,9 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvpool.errors import KvpoolError
-from kvpool.models.weights import Parallel
-from kvpool.spec import KV_DTYPES, ModelSpec, load_model_spec
+from kvpool.spec import KV_DTYPES
 
 # Past this a count is a typo, and sizes derived from it would overflow int64.
 MAX_COUNT = 2**40
@@ -82,30 +80,6 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_json_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-
-
-def attention_tp(args: argparse.Namespace) -> int:
-    """Ranks one attention layer (and its KV) is split over: --tp, or --tp / --dp
-    with data-parallel attention (SGLang's convention: --dp must divide --tp)."""
-    if args.tp % args.dp or args.tp % args.ep:
-        flag = "--dp" if args.tp % args.dp else "--ep"
-        raise KvpoolError(f"{flag} {getattr(args, flag[2:])} must divide --tp {args.tp}")
-    return int(args.tp // args.dp)
-
-
-def parallel_from_args(args: argparse.Namespace) -> Parallel:
-    """The --tp / --pp / --ep / --dp layout the weights are split by."""
-    return Parallel(tp=args.tp, pp=args.pp, ep=args.ep, dp=args.dp)
-
-
-def spec_from_args(args: argparse.Namespace) -> ModelSpec:
-    return load_model_spec(
-        args.model,
-        kv_dtype=args.kv_dtype,
-        tp_size=attention_tp(args),
-        pp_size=args.pp,
-        tokens_per_block=args.tokens_per_block,
-    )
 
 
 def print_json(obj: Any) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvpool.cli.budget import model_facts
-from kvpool.cli.common import add_json_arg, add_model_args, parallel_from_args, print_json, spec_from_args, table
+from kvpool.cli.budget import weights_source
+from kvpool.cli.common import add_json_arg, add_model_args, print_json, table
+from kvpool.cli.request import ModelOptions
 from kvpool.models.params import ParameterCountError
 from kvpool.models.weight_dtype import WeightSchemeError
 from kvpool.models.weights import model_weights
-from kvpool.spec import ModelSpec
+from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.units import format_bytes
 
 
@@ -25,15 +26,14 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def weights_facts(args: argparse.Namespace) -> tuple[int | None, int | None]:
-    """(parameters, weight bytes per rank at --tp) of the model, None where kvpool
-    has no formula for its family (the KV layout is still shown)."""
-    config, folder = model_facts(args.model)
+def weights_facts(model: ModelOptions, spec: ModelSpec) -> tuple[int | None, int | None]:
+    """(parameters, weight bytes per rank at --tp) of the model `spec` was loaded
+    from, None where kvpool has no formula for its family (the KV layout is still shown)."""
     try:
-        weights = model_weights(config, folder)
+        weights = model_weights(spec.config, weights_source(spec, model.model))
     except (ParameterCountError, WeightSchemeError):
         return None, None
-    return weights.parameters, weights.per_rank_bytes(parallel_from_args(args))
+    return weights.parameters, weights.per_rank_bytes(model.parallel)
 
 
 def inspect_json(spec: ModelSpec, parameters: int | None = None, weights_bytes: int | None = None) -> dict[str, Any]:
@@ -64,8 +64,15 @@ def inspect_json(spec: ModelSpec, parameters: int | None = None, weights_bytes: 
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = spec_from_args(args)
-    parameters, weights_bytes = weights_facts(args)
+    model = ModelOptions.from_args(args)
+    spec = load_model_spec(
+        model.model,
+        kv_dtype=model.kv_dtype,
+        tp_size=model.attention_tp,
+        pp_size=model.pp,
+        tokens_per_block=model.tokens_per_block,
+    )
+    parameters, weights_bytes = weights_facts(model, spec)
     if args.json:
         print_json(inspect_json(spec, parameters, weights_bytes))
         return 0

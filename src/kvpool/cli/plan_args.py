@@ -1,24 +1,28 @@
 """The plan options shared by `kvpool plan`, `kvpool warmup` and `kvpool simulate`:
 model, budget, serving limits and sizing policy -> `PoolPlan`.
 
-The budget options are read by `cli/budget.py`, the one budget function.
+A command reads its options once into a `PlanRequest` (cli/request.py);
+`resolve` turns it into the model spec, limits and budget (`cli/budget.py`, the
+one budget function), reading the model's config once.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 import numpy as np
 
 from kvpool.cli.budget import DEFAULT_MEMORY_FRACTION, Budget, kv_budget
-from kvpool.cli.common import add_model_args, attention_tp, int_at_least, positive_int
+from kvpool.cli.common import add_model_args, int_at_least, positive_int
+from kvpool.cli.request import LimitOptions, ModelOptions, PlanRequest
 from kvpool.errors import LimitsError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
 from kvpool.plan.sizing import parse_shares
 from kvpool.plan.workload import Workload
 from kvpool.presets.traces import load_trace
-from kvpool.spec import ModelSpec, load_model_spec
-from kvpool.spec.loader import read_config
+from kvpool.spec import ModelSpec
+from kvpool.spec.loader import read_model_config, spec_from_read
 
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_SEQ_LEN = 8192
@@ -167,67 +171,87 @@ def parse_batch_sizes(text: str | None) -> tuple[int, ...] | None:
         raise LimitsError(f"cannot read CUDA-graph batch sizes {text!r}; write e.g. 1,2,4,8") from None
 
 
-def spec_for_plan(args: argparse.Namespace) -> tuple[ModelSpec, int]:
+@dataclass(frozen=True)
+class Resolved:
+    """A `PlanRequest` resolved once: the model's spec at the plan's max_seq_len,
+    the serving limits and the KV budget per rank."""
+
+    request: PlanRequest
+    spec: ModelSpec
+    limits: ServingLimits
+    budget: Budget
+
+    def plan(self, budget: Budget | None = None) -> PoolPlan:
+        """The plan the request describes, on `budget` (default: its own). Raises
+        KvpoolError subclasses on bad input or an infeasible plan."""
+        req = self.request
+        return plan_pools(
+            self.spec,
+            self.limits,
+            kv_memory_bytes=(budget or self.budget).kv_bytes,
+            pool_ratio=parse_pool_ratio(req.pool_ratio),
+            policy=workload_policy(req.workload),
+            fit=req.fit,
+            phase=req.phase,
+        )
+
+
+def load_spec(model: ModelOptions, max_seq_len: int | None) -> tuple[ModelSpec, int]:
     """The model spec at the plan's max_seq_len (a window of at least L is full
-    attention) and that L: --max-seq-len, else the model's max positions capped
-    at 8192. The config is read once; `args` is never written."""
-    _, config = read_config(args.model)
-    max_len = args.max_seq_len
+    attention) and that L: `max_seq_len`, else the model's max positions capped
+    at 8192. The config is read once."""
+    read = read_model_config(model.model)
+    max_len = max_seq_len
     if max_len is None:
-        max_pos = config.get("max_position_embeddings")
+        max_pos = read[2].get("max_position_embeddings")
         max_len = min(int(max_pos) if max_pos else DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
-    spec = load_model_spec(
-        args.model,
-        kv_dtype=args.kv_dtype,
-        tp_size=attention_tp(args),
-        pp_size=args.pp,
-        tokens_per_block=args.tokens_per_block,
+    spec = spec_from_read(
+        read,
+        kv_dtype=model.kv_dtype,
+        tp_size=model.attention_tp,
+        pp_size=model.pp,
+        tokens_per_block=model.tokens_per_block,
         max_seq_len=max_len,
     )
     return spec, max_len
 
 
-def limits_from_args(args: argparse.Namespace, max_seq_len: int) -> ServingLimits:
-    """ServingLimits from the parsed options, at the `max_seq_len` that
-    `spec_for_plan` resolved."""
+def serving_limits(options: LimitOptions, max_seq_len: int) -> ServingLimits:
+    """ServingLimits from the limit options, at the `max_seq_len` `load_spec` resolved."""
     return ServingLimits(
-        max_batch_size=args.max_batch_size,
+        max_batch_size=options.max_batch_size,
         max_seq_len=max_seq_len,
-        max_num_tokens=args.max_num_tokens,
-        max_draft_len=args.draft_len,
-        num_extra_kv_tokens=args.extra_kv_tokens,
-        avg_seq_len=args.avg_seq_len,
-        cuda_graph_batch_sizes=parse_batch_sizes(args.cuda_graph_batch_sizes),
+        max_num_tokens=options.max_num_tokens,
+        max_draft_len=options.draft_len,
+        num_extra_kv_tokens=options.extra_kv_tokens,
+        avg_seq_len=options.avg_seq_len,
+        cuda_graph_batch_sizes=parse_batch_sizes(options.cuda_graph_batch_sizes),
     )
 
 
-def workload_from_args(args: argparse.Namespace) -> Workload | None:
+def resolve(request: PlanRequest, *, weights_bytes: int | None = None, gpu_only_for_budget: bool = True) -> Resolved:
+    """model -> spec -> limits -> budget, once (`kv_budget` for the keywords)."""
+    spec, max_len = load_spec(request.model, request.limits.max_seq_len)
+    limits = serving_limits(request.limits, max_len)
+    budget = kv_budget(
+        request.budget,
+        request.model,
+        spec,
+        limits,
+        weights_bytes=weights_bytes,
+        gpu_only_for_budget=gpu_only_for_budget,
+    )
+    return Resolved(request, spec, limits, budget)
+
+
+def workload_policy(source: str | None) -> Workload | None:
     """The `--workload` policy, when the command has that option and it is given."""
-    source = getattr(args, "workload", None)
     if source is None:
         return None
     trace = load_trace(source)
     return Workload(np.stack([trace.prompt_len, trace.output_len], axis=1))
 
 
-def budget_from_args(args: argparse.Namespace) -> Budget:
-    """The KV budget per rank the options describe (cli/budget.py)."""
-    _, max_len = spec_for_plan(args)
-    return kv_budget(args, limits_from_args(args, max_len))
-
-
-def plan_from_args(args: argparse.Namespace, budget: Budget | None = None) -> PoolPlan:
-    """The plan the options describe, on `budget` (default: the options' own).
-    Raises KvpoolError subclasses on bad input or an infeasible plan."""
-    spec, max_len = spec_for_plan(args)
-    limits = limits_from_args(args, max_len)
-    budget = kv_budget(args, limits) if budget is None else budget
-    return plan_pools(
-        spec,
-        limits,
-        kv_memory_bytes=budget.kv_bytes,
-        pool_ratio=parse_pool_ratio(args.pool_ratio),
-        policy=workload_from_args(args),
-        fit=args.fit,
-        phase=args.phase,
-    )
+def plan_from_args(args: argparse.Namespace) -> PoolPlan:
+    """The plan the options describe (for commands that need nothing else)."""
+    return resolve(PlanRequest.from_args(args)).plan()

@@ -7,7 +7,8 @@ from typing import Any
 
 from kvpool.cli import engines_out
 from kvpool.cli.common import add_json_arg, print_json, table
-from kvpool.cli.plan_args import add_plan_args, budget_from_args, plan_from_args
+from kvpool.cli.plan_args import Resolved, add_plan_args, resolve
+from kvpool.cli.request import PlanRequest
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
 from kvpool.plan.memory import MemoryBudget
@@ -118,30 +119,22 @@ def render_memory(memory: MemoryBudget, gpu: str, layout: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    budget = budget_from_args(args)
-    if args.sizing != "workload":
-        from kvpool.cli.plan_sizing import adaptive_plan
-
-        plan = adaptive_plan(args)
-    elif args.sim_gpu is not None:
-        raise KvpoolError("--sim-gpu is for --sizing tuned")
-    else:
-        plan = plan_from_args(args, budget)
+    request = PlanRequest.from_args(args)
+    resolved = resolve(request)
+    plan = sized_plan(args, resolved)
     report, emitted = engines_out.engine_outputs(args, plan)
-    capped = default_length_note(args, plan)
+    capped = default_length_note(request, plan)
+    memory = resolved.budget.memory
     if args.json:
         out = engines_out.to_json(report, emitted, plan)
         if capped and isinstance(out.get("notes"), list):
             out["notes"].append(capped)
-        if budget.memory is not None and emitted is None:
-            out["memory"] = budget.memory.to_json()
+        if memory is not None and emitted is None:
+            out["memory"] = memory.to_json()
         print_json(out)
     else:
-        if budget.memory is not None:
-            layout = ", ".join(
-                f"{k} {getattr(args, k)}" for k in ("tp", "pp", "ep", "dp") if k == "tp" or getattr(args, k) > 1
-            )
-            print(render_memory(budget.memory, args.gpu, layout))
+        if memory is not None:
+            print(render_memory(memory, str(request.budget.gpu), request.model.layout()))
         print(render(plan))
         if capped:
             print(f"note: {capped}")
@@ -150,10 +143,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def default_length_note(args: argparse.Namespace, plan: PoolPlan) -> str | None:
+def sized_plan(args: argparse.Namespace, resolved: Resolved) -> PoolPlan:
+    """The plan of the --sizing policy asked for (workload: the plain plan)."""
+    if args.sizing != "workload":
+        from kvpool.cli.plan_sizing import adaptive_plan
+
+        return adaptive_plan(resolved, args.sizing, args.sim_gpu, args.workload_rate)
+    if args.sim_gpu is not None:
+        raise KvpoolError("--sim-gpu is for --sizing tuned")
+    return resolved.plan()
+
+
+def default_length_note(request: PlanRequest, plan: PoolPlan) -> str | None:
     """Why L is below the model's positions when --max-seq-len was not given."""
     max_pos, length = plan.spec.max_position_embeddings, plan.limits.max_seq_len
-    if args.max_seq_len is not None or not max_pos or max_pos <= length:
+    if request.limits.max_seq_len is not None or not max_pos or max_pos <= length:
         return None
     return (
         f"max_seq_len defaults to {length:,}, below the model's {max_pos:,} positions: planning every request "

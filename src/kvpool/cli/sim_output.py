@@ -88,6 +88,25 @@ def results_table(runs: list[SimResult], groups: list[str]) -> str:
     return table(headers, rows)
 
 
+def run_json(r: SimResult) -> dict[str, Any]:
+    """One run as `--json` prints it: the result's own fields plus every other
+    number the table shows (TPOT p99, padding failures, mean pages used, reuse
+    hits, requests done and rejected), so that a script reads what a person does."""
+    out = r.to_json()
+    out.update(
+        tpot_p99_s=r.percentile(r.tpot_s, 99),
+        padding_failures=r.padding_failures,
+        reuse_hit_rate=r.reuse_hit_rate,
+        finished=r.finished,
+        num_requests=r.num_requests,
+        rejected=r.rejected,
+        shared_pool=bool(r.plan.shared),
+    )
+    for name, u in r.pages.items():
+        out["pages"][name].update(mean_used=u.mean_used)
+    return out
+
+
 def rebalance_lines(runs: list[SimResult]) -> list[str]:
     """One line per online rebalanced run: its moves, the pages moved, the
     split after each move, and its throughput against the best static run."""

@@ -6,22 +6,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from kvpool import presets
-from kvpool.cli.budget import kv_budget
 from kvpool.cli.common import add_json_arg, print_json
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
-from kvpool.cli.plan_args import (
-    add_plan_args,
-    limits_from_args,
-    parse_pool_ratio,
-    spec_for_plan,
-)
-from kvpool.cli.sim_output import ProgressBar, parse_rate, rebalance_lines, results_table
+from kvpool.cli.plan_args import Resolved, add_plan_args, parse_pool_ratio, resolve
+from kvpool.cli.request import PlanRequest
+from kvpool.cli.sim_output import ProgressBar, parse_rate, rebalance_lines, results_table, run_json
 from kvpool.cli.simulate_args import add_simulation_args
 from kvpool.errors import KvpoolError
 from kvpool.plan.sizing import check_pool_ratio
+from kvpool.presets import GpuSpec
 from kvpool.presets.traces import load_trace
 from kvpool.sim import SimResult, StepTimeModel, load_weights, simulate
 from kvpool.sim.policies import (
@@ -34,6 +31,8 @@ from kvpool.sim.policies import (
     sweep_shares,
 )
 from kvpool.sim.steptime import Weights
+from kvpool.spec import ModelSpec
+from kvpool.trace import Trace
 from kvpool.units import format_bytes, parse_size
 
 
@@ -60,31 +59,82 @@ def per_rank(weights: Weights, share: float) -> Weights:
     )
 
 
+@dataclass(frozen=True)
+class Setup:
+    """What every run of one `kvpool simulate` shares: the resolved plan request,
+    the GPU's step-time model, the trace and the policies."""
+
+    resolved: Resolved
+    gpu: GpuSpec
+    model: StepTimeModel
+    trace: Trace
+    policies: tuple[str, ...]
+    padding: bool
+
+
 def run(args: argparse.Namespace) -> int:
+    setup = prepare(args)
+    spec = setup.resolved.spec
+    bar = ProgressBar(not args.quiet)
+    publisher = open_publisher(args, spec.groups)
+    if args.plot:  # a bad plot path should not cost every run
+        from kvpool.sim.plot import check_target
+
+        check_target(args.plot)
+    group, shares = sweep_points(args, spec)
+    notes: list[str] = []
+    runner = Runner(setup, args.dry_run, bar, step_publisher(publisher), notes)
+    # Plan every named policy first, so that an infeasible one fails in a second, not
+    # after the runs before it.
+    plans = [runner.plan(p, with_model=True) for p in setup.policies]
+    runs = [runner.one(p, pp) for p, pp in zip(setup.policies, plans, strict=True)]
+    sweep = run_sweep(args, runner, group, shares) if group is not None else []
+    everything = runs + [r for _, r in sweep]
+    if args.plot:
+        from kvpool.sim.plot import plot_runs
+
+        title = f"{spec.name} on {setup.gpu.key}, {setup.trace.name}" + (f" @ {args.rate}/s" if args.rate else "")
+        plot_runs(args.plot, runs, title=title, sweep_group=group, sweep=sweep)
+    if max(r.rejected for r in everything):
+        notes.append(
+            f"requests not done were rejected: a prompt of at least max_seq_len "
+            f"({setup.resolved.limits.max_seq_len}) tokens, or more pages than the pools hold"
+        )
+    if args.json:
+        print_json({"runs": [run_json(r) for r in everything]})
+        return 0
+    print(render(args, setup, runs, everything, sweep, group, notes))
+    return 0
+
+
+def prepare(args: argparse.Namespace) -> Setup:
+    """The plan request resolved with simulate's budget rules, the step-time model
+    of one rank, the trace at its rate and the policies asked for."""
     if args.gpu is None:
         raise KvpoolError("simulate needs --gpu NAME for its step times (kvpool gpus)")
     if args.phase != "final":
         raise KvpoolError("simulate runs final plans; drop --phase profile")
-    spec, max_len = spec_for_plan(args)
-    limits = limits_from_args(args, max_len)
+    request = PlanRequest.from_args(args)
+    total = parse_size(args.weights_bytes) if args.weights_bytes else None
+    given = None if total is None else -(-total // request.model.tp)
+    resolved = resolve(request, weights_bytes=given, gpu_only_for_budget=False)
     gpu = presets.load_gpu(args.gpu)
-    weights = load_weights(
-        args.model,
-        weights_bytes=parse_size(args.weights_bytes) if args.weights_bytes else None,
-        active_params=args.active_params,
-    )
-    given = -(-parse_size(args.weights_bytes) // args.tp) if args.weights_bytes else None
-    budget = kv_budget(args, limits, weights_bytes=given, gpu_only_for_budget=False)
-    kv_bytes, how = budget.kv_bytes, budget.how
+    weights = load_weights(args.model, weights_bytes=total, active_params=args.active_params)
     # one rank's step reads and computes its own share of the weights (the budget's, when it has one)
-    if budget.memory is not None:
-        weights = per_rank(weights, budget.memory.weights_bytes / (weights.total_params * weights.bytes_per_param))
-    elif args.tp > 1:
-        weights = per_rank(weights, 1 / args.tp)
-    rate = parse_rate(args.rate)
-    trace = load_trace(args.trace, max_requests=args.max_requests).with_rate(rate, args.seed)
-    model = StepTimeModel.build(spec, gpu, weights)
+    memory = resolved.budget.memory
+    if memory is not None:
+        weights = per_rank(weights, memory.weights_bytes / (weights.total_params * weights.bytes_per_param))
+    elif request.model.tp > 1:
+        weights = per_rank(weights, 1 / request.model.tp)
+    trace = load_trace(args.trace, max_requests=args.max_requests).with_rate(parse_rate(args.rate), args.seed)
+    model = StepTimeModel.build(resolved.spec, gpu, weights)
+    policies = tuple(policies_from(args, resolved.spec))
+    return Setup(resolved, gpu, model, trace, policies, not args.no_padding_reservation)
 
+
+def policies_from(args: argparse.Namespace, spec: ModelSpec) -> list[str]:
+    """The policies of --compare, --policy or --pool-ratio (one of them), else the
+    sweep's three, else the reference."""
     given = [
         flag
         for flag, value in (("--compare", args.compare), ("--policy", args.policy), ("--pool-ratio", args.pool_ratio))
@@ -96,122 +146,139 @@ def run(args: argparse.Namespace) -> int:
             "in --compare (e.g. --compare reference,ratio:full=0.3)"
         )
     if args.compare:
-        policies = parse_policies(args.compare)
-    elif args.policy:
-        policies = parse_policies(args.policy)
-    elif args.pool_ratio:
+        return parse_policies(args.compare)
+    if args.policy:
+        return parse_policies(args.policy)
+    if args.pool_ratio:
         # as in `kvpool plan`: a share for every group, summing to 1 (the
         # `ratio:` policy of --compare may name only some groups)
         ratio = check_pool_ratio(spec, parse_pool_ratio(args.pool_ratio) or {})
-        policies = ["ratio:" + ",".join(f"{k}={v:g}" for k, v in ratio.items())]
-    elif args.sweep_ratio:
-        policies = ["reference", "typical", "workload"]
-    else:
-        policies = ["reference"]
-    padding = not args.no_padding_reservation
-    bar = ProgressBar(not args.quiet)
-    publisher = open_publisher(args, spec.groups)
-    notes: list[str] = []
+        return ["ratio:" + ",".join(f"{k}={v:g}" for k, v in ratio.items())]
+    return ["reference", "typical", "workload"] if args.sweep_ratio else ["reference"]
 
-    if args.plot:  # a bad plot path should not cost every run
-        from kvpool.sim.plot import check_target
 
-        check_target(args.plot)
-    group = None
-    shares: list[float] = []
-    if args.sweep_ratio:  # checked before anything runs: a typo should not cost a whole run
-        group = resolve_group(spec, args.sweep_ratio)
-        if len(spec.groups) < 2:
-            raise KvpoolError(f"{spec.name} has one pool group; there is no split to sweep")
-        shares = sweep_shares(args.sweep_points, *parse_range(args.sweep_range))
-    elif args.workers or args.ray_address:
-        raise KvpoolError("--workers / --ray-address run the points of --sweep-ratio; add it")
-    # Plan every named policy first, so that an infeasible one fails in a second, not
-    # after the runs before it.
-    plans = [
-        plan_for(spec, limits, p, kv_memory_bytes=kv_bytes, trace=trace, fit=args.fit, model=model, padding=padding)
-        for p in policies
-    ]
+def sweep_points(args: argparse.Namespace, spec: ModelSpec) -> tuple[str | None, list[float]]:
+    """(group, shares) of --sweep-ratio, checked before anything runs: a typo
+    should not cost a whole run. (None, []) without it."""
+    if not args.sweep_ratio:
+        if args.workers or args.ray_address:
+            raise KvpoolError("--workers / --ray-address run the points of --sweep-ratio; add it")
+        return None, []
+    group = resolve_group(spec, args.sweep_ratio)
+    if len(spec.groups) < 2:
+        raise KvpoolError(f"{spec.name} has one pool group; there is no split to sweep")
+    return group, sweep_shares(args.sweep_points, *parse_range(args.sweep_range))
 
-    def one(policy: str, pp: PolicyPlan | None = None) -> SimResult:
-        pp = pp or plan_for(spec, limits, policy, kv_memory_bytes=kv_bytes, trace=trace, fit=args.fit)
-        notes.extend(n for n in pp.notes if n not in notes)
+
+@dataclass
+class Runner:
+    """Plans and simulates one policy at a time on a `Setup`, collecting notes."""
+
+    setup: Setup
+    dry_run: bool
+    bar: ProgressBar
+    on_step: Any
+    notes: list[str]
+
+    def plan(self, policy: str, *, with_model: bool = False) -> PolicyPlan:
+        """`policy`'s plan; `with_model`: the step times and padding that `tuned`
+        simulates with (the sweep's ratio points need neither)."""
+        s, r = self.setup, self.setup.resolved
+        return plan_for(
+            r.spec,
+            r.limits,
+            policy,
+            kv_memory_bytes=r.budget.kv_bytes,
+            trace=s.trace,
+            fit=r.request.fit,
+            model=s.model if with_model else None,
+            padding=s.padding or not with_model,
+        )
+
+    def one(self, policy: str, pp: PolicyPlan | None = None) -> SimResult:
+        s = self.setup
+        pp = pp or self.plan(policy)
+        self.notes.extend(n for n in pp.notes if n not in self.notes)
         if policy == "rebalance":
             from kvpool.sim.rebalance_sim import simulate_rebalanced
 
-            result, _ = simulate_rebalanced(pp.plan, trace, model, dry_run=args.dry_run, padding=padding)
+            result, _ = simulate_rebalanced(pp.plan, s.trace, s.model, dry_run=self.dry_run, padding=s.padding)
         else:
             result = simulate(
-                pp.plan, trace, model, policy=policy, padding=padding, progress=bar, on_step=step_publisher(publisher)
+                pp.plan, s.trace, s.model, policy=policy, padding=s.padding, progress=self.bar, on_step=self.on_step
             )
-        bar.done()
+        self.bar.done()
         return result
 
-    runs = [one(p, pp) for p, pp in zip(policies, plans, strict=True)]
-    sweep: list[tuple[float, SimResult]] = []
-    if group is not None and (args.workers or args.ray_address):
+
+def run_sweep(
+    args: argparse.Namespace, runner: Runner, group: str, shares: list[float]
+) -> list[tuple[float, SimResult]]:
+    """One run per share of `group`: as Ray tasks with --workers / --ray-address,
+    else here, one after the other (a share that cannot hold one request is noted)."""
+    s, r = runner.setup, runner.setup.resolved
+    if args.workers or args.ray_address:
         from kvpool.sim.sweep_tasks import run_shares
 
         sweep, more = run_shares(
-            spec,
-            limits,
+            r.spec,
+            r.limits,
             group,
             shares,
-            trace,
-            model,
-            kv_memory_bytes=kv_bytes,
-            fit=args.fit,
-            padding=padding,
+            s.trace,
+            s.model,
+            kv_memory_bytes=r.budget.kv_bytes,
+            fit=r.request.fit,
+            padding=s.padding,
             workers=args.workers,
             ray_address=args.ray_address,
             progress=not args.quiet,
         )
-        notes.extend(more)
-        shares = []
+        runner.notes.extend(more)
+        return sweep
+    sweep = []
     for share in shares:
-        assert group is not None
         try:
-            sweep.append((share, one(ratio_policy(group, share))))
+            sweep.append((share, runner.one(ratio_policy(group, share))))
         except KvpoolError as e:  # a share that cannot hold one request: note it, go on
-            notes.append(f"share {share:g} of {group} skipped: {e}")
+            runner.notes.append(f"share {share:g} of {group} skipped: {e}")
+    return sweep
 
-    everything = runs + [r for _, r in sweep]
-    if args.plot:
-        from kvpool.sim.plot import plot_runs
 
-        title = f"{spec.name} on {gpu.key}, {trace.name}" + (f" @ {args.rate}/s" if args.rate else "")
-        plot_runs(args.plot, runs, title=title, sweep_group=group, sweep=sweep)
-    if args.json:
-        print_json({"runs": [r.to_json() for r in everything]})
-        return 0
-    print(
-        f"{spec.name} on {gpu.name}: KV {format_bytes(kv_bytes)} ({how}), B={limits.max_batch_size} "
-        f"L={limits.max_seq_len} N={limits.max_num_tokens}; trace {trace.name}: {len(trace)} requests, "
-        f"rate {args.rate or 'trace times'}; padding dummies {'reserved' if padding else 'lazy'}"
-    )
-    print(results_table(everything, [g.name for g in spec.groups]))
-    for line in rebalance_lines(everything):
-        print(line)
+def render(
+    args: argparse.Namespace,
+    setup: Setup,
+    runs: list[SimResult],
+    everything: list[SimResult],
+    sweep: list[tuple[float, SimResult]],
+    group: str | None,
+    notes: list[str],
+) -> str:
+    """The text report: the setup line, the results table, rebalance lines, the
+    best split of a sweep, notes and the plot's path."""
+    r, budget = setup.resolved, setup.resolved.budget
+    lim = r.limits
+    lines = [
+        f"{r.spec.name} on {setup.gpu.name}: KV {format_bytes(budget.kv_bytes)} ({budget.how}), "
+        f"B={lim.max_batch_size} L={lim.max_seq_len} N={lim.max_num_tokens}; trace {setup.trace.name}: "
+        f"{len(setup.trace)} requests, rate {args.rate or 'trace times'}; padding dummies "
+        f"{'reserved' if setup.padding else 'lazy'}",
+        results_table(everything, [g.name for g in r.spec.groups]),
+        *rebalance_lines(everything),
+    ]
     if sweep and group:
-        best = max((r for r in everything if r.rebalance is None), key=lambda r: r.output_tokens_per_s)
-        print(
+        best = max((x for x in everything if x.rebalance is None), key=lambda x: x.output_tokens_per_s)
+        lines.append(
             f"\nbest split: {best.policy} ({best.plan.share_of(group):.1%} to {group}), "
             f"{best.output_tokens_per_s:,.0f} tok/s"
         )
-        for r in (r for r in runs if r.rebalance is None):
-            print(
-                f"  {r.policy}: {r.plan.share_of(group):.1%} to {group}, "
-                f"{r.output_tokens_per_s:,.0f} tok/s = "
-                f"{r.output_tokens_per_s / best.output_tokens_per_s:.1%} of the best"
-            )
-    rejected = max(r.rejected for r in everything)
-    if rejected:
-        notes.append(
-            f"requests not done were rejected: a prompt of at least max_seq_len "
-            f"({limits.max_seq_len}) tokens, or more pages than the pools hold"
-        )
-    for n in notes:
-        print(f"note: {n}")
+        lines += [
+            f"  {x.policy}: {x.plan.share_of(group):.1%} to {group}, {x.output_tokens_per_s:,.0f} tok/s = "
+            f"{x.output_tokens_per_s / best.output_tokens_per_s:.1%} of the best"
+            for x in runs
+            if x.rebalance is None
+        ]
+    lines += [f"note: {n}" for n in notes]
     if args.plot:
-        print(f"plot: {args.plot}")
-    return 0
+        lines.append(f"plot: {args.plot}")
+    return "\n".join(lines)

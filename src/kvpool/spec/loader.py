@@ -106,6 +106,18 @@ def build_groups(caches: list[LayerCache], tokens_per_block: int) -> tuple[Layer
     return tuple(groups)
 
 
+def _check_sizes(tp_size: int, pp_size: int, tokens_per_block: int | None, max_seq_len: int | None) -> None:
+    checked = (
+        ("tp_size", tp_size),
+        ("pp_size", pp_size),
+        ("tokens_per_block", tokens_per_block),
+        ("max_seq_len", max_seq_len),
+    )
+    for arg, value in checked:
+        if value is not None and not is_positive_int(value):
+            raise SpecError(f"{arg} must be a positive integer, got {value!r}")
+
+
 def load_model_spec(
     source: str | Path | Mapping[str, Any],
     *,
@@ -129,20 +141,34 @@ def load_model_spec(
     `max_seq_len` (default: the config's `max_position_embeddings`) is full
     attention. Raises `SpecError` (a `KvpoolError`) on anything it cannot read.
     """
-    checked = (
-        ("tp_size", tp_size),
-        ("pp_size", pp_size),
-        ("tokens_per_block", tokens_per_block),
-        ("max_seq_len", max_seq_len),
-    )
-    for arg, value in checked:
-        if value is not None and not is_positive_int(value):
-            raise SpecError(f"{arg} must be a positive integer, got {value!r}")
+    _check_sizes(tp_size, pp_size, tokens_per_block, max_seq_len)
     if not isinstance(source, str | Path | Mapping):
         raise SpecError(
             f"a model is a preset name, a path, a Hugging Face id or a config dict, not {type(source).__name__}"
         )
-    name, where, config, origin = read_model_config(source)
+    return spec_from_read(
+        read_model_config(source),
+        kv_dtype=kv_dtype,
+        tp_size=tp_size,
+        pp_size=pp_size,
+        tokens_per_block=tokens_per_block,
+        max_seq_len=max_seq_len,
+    )
+
+
+def spec_from_read(
+    read: tuple[str, str, dict[str, Any], ModelSource | None],
+    *,
+    kv_dtype: str = "auto",
+    tp_size: int = 1,
+    pp_size: int = 1,
+    tokens_per_block: int | None = None,
+    max_seq_len: int | None = None,
+) -> ModelSpec:
+    """`load_model_spec` on what `read_model_config` returned, so that a caller who
+    needs the raw config first (the CLI's max_seq_len default) reads it once."""
+    _check_sizes(tp_size, pp_size, tokens_per_block, max_seq_len)
+    name, where, config, origin = read
     validate_config(config, where)
     config = with_defaults(config)
     family, rule = family_of(config)
