@@ -15,7 +15,8 @@ from kvpool.cache.events import (
 from kvpool.cache.manager import STALE, KVCacheManager
 from kvpool.cache.request import Request
 from kvpool.cache.results import Dummies, Resize
-from kvpool.cache.tiers import Suspension, TierSpec
+from kvpool.cache.suspension import Suspension
+from kvpool.cache.tiers import TierSpec
 from kvpool.plan.capture import SkippedShape, WarmupReport
 
 __all__ = [

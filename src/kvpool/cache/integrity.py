@@ -10,8 +10,9 @@ import numpy.typing as npt
 from kvpool.cache.events import CacheIntegrityError
 from kvpool.cache.pool import PagePool
 from kvpool.cache.request import Request
+from kvpool.cache.suspension import Suspension
 from kvpool.cache.tables import PageTables
-from kvpool.cache.tiers import ColdTier, Suspension
+from kvpool.cache.tiers import ColdTier
 from kvpool.spec.pages import stale_pages, table_blocks
 
 

@@ -13,15 +13,13 @@ none (docs/design.md, rule 6).
 
 from __future__ import annotations
 
-import functools
-import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from kvpool.cache import integrity, prefix
+from kvpool.cache import integrity, prefix, suspension
 from kvpool.cache.checks import (
     INT64_MAX,
     as_position,
@@ -40,8 +38,9 @@ from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Dummies, Resize
 from kvpool.cache.shared_pool import build_pools
+from kvpool.cache.suspension import Suspension
 from kvpool.cache.tables import STALE, PageTables
-from kvpool.cache.tiers import ColdTier, Suspension, TierSpec, build_tiers
+from kvpool.cache.tiers import ColdTier, TierSpec, attach, build_tiers
 from kvpool.plan import capture
 from kvpool.plan.capture import WarmupReport
 from kvpool.plan.result import PoolPlan
@@ -112,23 +111,20 @@ class KVCacheManager:
         self._suspended: dict[int, Suspension] = {}
 
     def _build_tiers(self, specs: Sequence[TierSpec], events: bool) -> ColdTier | None:
-        """Cold tiers below the GPU pools; a group's evicted digests spill into
-        the first if it keeps them (pages of full and compressed groups, state
-        snapshots; never a page that left a window)."""
+        """Cold tiers below the GPU pools, each split between groups in the GPU
+        plan's proportions; a group's evicted digests spill into the first if
+        it keeps them (full and compressed pages and state snapshots, with
+        reuse on; never a page that left a window)."""
         if not specs:
             return None
         if self.tables.shared:
             raise CacheUsageError("cold tiers with a shared pool are not supported")
-        t = self.tables
-        keeps = [never and self.enable_reuse for never in t.never_stale]  # a state group never goes stale
-        names = [g.name for g in self.groups]
-        pages = [list(tier_pages(self.plan, s.bytes).values()) for s in specs]  # the GPU plan's proportions
-        tier = build_tiers(specs, pages, names, keeps, self.tokens_per_block, self.events)
+        keeps = [never and self.enable_reuse for never in self.tables.never_stale]  # state groups never go stale
+        pages = [list(tier_pages(self.plan, s.bytes).values()) for s in specs]
+        tier = build_tiers(specs, pages, [g.name for g in self.groups], keeps, self.tokens_per_block, self.events)
         for level in tier.levels() if tier else ():
             level.record_events = events
-        for gi, pool in enumerate(self.pools):
-            if tier is not None and keeps[gi]:
-                pool.spill = functools.partial(tier.put, gi)
+        attach(tier, self.pools)
         return tier
 
     # ------------------------------------------------------------------ requests
@@ -157,11 +153,11 @@ class KVCacheManager:
         """Release every page of `rid` (cached content stays reusable until
         evicted) and forget the request; a padding dummy stops being reserved."""
         req = self.requests.record(rid)
-        suspension = self._suspended.pop(rid, None)
-        if suspension is None:
+        parked = self._suspended.pop(rid, None)
+        if parked is None or self.tier is None:
             self.tables.release(req)
         else:  # its pages are in a cold tier, its row is empty
-            self._tier_of(suspension).unpin(suspension.slots)
+            suspension.release(parked, self.tier)
             self.tables.free_slots.append(req.slot)
         self.requests.remove(rid)
         if req.dummy:
@@ -178,6 +174,15 @@ class KVCacheManager:
     def history(self, rid: int) -> int:
         return self.requests.record(rid).hist
 
+    @property
+    def num_requests(self) -> int:
+        """Registered requests on the GPU, dummies included (suspended ones not)."""
+        return len(self.requests.by_id)
+
+    def iter_requests(self) -> Iterable[tuple[int, bool]]:
+        """(rid, is_dummy) of every request on the GPU (suspended ones not)."""
+        return ((r.rid, r.dummy) for r in self.requests)
+
     # ------------------------------------------------------------------ suspend and resume
 
     def suspend(self, rid: int) -> Resize:
@@ -191,19 +196,10 @@ class KVCacheManager:
         req = self.requests.get(rid)
         if self.tier is None or req.dummy:
             raise CacheUsageError(f"request {rid}: suspend needs a cold tier (tiers=...) and a real request")
-        counts = [req.live(gi) for gi in range(len(self.groups))]
-        for tier in self.tier.levels():
-            slots = tier.pin(counts)
-            if slots is not None:
-                break
-        else:
-            short = {
-                g.name: n - len(tier.free[gi]) - len(tier.held[gi])
-                for gi, (g, n) in enumerate(zip(self.groups, counts, strict=True))
-            }
-            return Resize({name: n for name, n in short.items() if n > 0})
-        pages = self.tables.drop_pages(req)
-        self._suspended[rid] = Suspension(tier.medium, tuple(map(tuple, pages)), tuple(map(tuple, slots)))
+        done = suspension.suspend(self.tables, req, self.tier)
+        if not isinstance(done, Suspension):
+            return Resize(done)
+        self._suspended[rid] = done
         self.requests.suspend(rid)
         return RESIZED
 
@@ -213,20 +209,14 @@ class KVCacheManager:
         Falsy, nothing changed, when a pool lacks the pages or would be used
         past `max_util_for_resume` of its pages afterwards (TensorRT-LLM V2's
         rule, keeping room for the running requests to grow)."""
-        suspension = self._suspended.get(rid)
-        if suspension is None:
+        parked = self._suspended.get(rid)
+        if parked is None or self.tier is None:
             raise CacheUsageError(f"request {rid!r} is not suspended")
         req = self.requests.suspended[rid]
-        short = {}
-        for gi, pool in enumerate(self.pools):
-            used = pool.num_pages - pool.num_free
-            room = min(pool.num_free, math.floor(self.max_util_for_resume * pool.num_pages) - used)
-            if req.live(gi) > room:
-                short[pool.name] = req.live(gi) - room
+        short = suspension.resume_shortfall(self.tables, req, self.max_util_for_resume)
         if short:
             return Resize(short)
-        self.tables.restore_pages(req)
-        self._tier_of(suspension).unpin(suspension.slots)
+        suspension.resume(self.tables, req, parked, self.tier)
         del self._suspended[rid]
         self.requests.resume(rid)
         return RESIZED
@@ -234,19 +224,6 @@ class KVCacheManager:
     def suspension(self, rid: int) -> Suspension | None:
         """Where suspended `rid`'s pages are (None: it is not suspended)."""
         return self._suspended.get(rid)
-
-    def _tier_of(self, suspension: Suspension) -> ColdTier:
-        assert self.tier is not None
-        return next(t for t in self.tier.levels() if t.medium == suspension.medium)
-
-    @property
-    def num_requests(self) -> int:
-        """Registered requests, dummies included."""
-        return len(self.requests)
-
-    def iter_requests(self) -> Iterable[tuple[int, bool]]:
-        """(rid, is_dummy) of every registered request."""
-        return ((r.rid, r.dummy) for r in self.requests)
 
     # ------------------------------------------------------------------ moves
 

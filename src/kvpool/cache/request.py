@@ -82,9 +82,11 @@ class Requests:
         return rid in self.by_id or rid in self.suspended
 
     def __len__(self) -> int:
+        """Requests on the GPU (suspended ones not)."""
         return len(self.by_id)
 
     def __iter__(self) -> Iterator[Request]:
+        """Requests on the GPU (suspended ones not)."""
         return iter(self.by_id.values())
 
     def get(self, rid: int) -> Request:

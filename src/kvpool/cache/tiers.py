@@ -21,12 +21,14 @@ Events carry the tier as `medium` ("CPU", "DISK"), as vLLM's KV events do.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from kvpool.cache.events import CacheUsageError, EventRecord
+from kvpool.cache.pool import PagePool
 
 Medium = Literal["CPU", "DISK"]
 
@@ -164,17 +166,6 @@ class ColdTier:
         return out
 
 
-@dataclass(frozen=True)
-class Suspension:
-    """Where a suspended request's pages went: `medium`, and per group the GPU
-    pages it held (`pages`) and the tier slots that now hold them (`slots`),
-    in the same order; the engine copies `pages[g][i]` to `slots[g][i]`."""
-
-    medium: Medium
-    pages: tuple[tuple[int, ...], ...]
-    slots: tuple[tuple[int, ...], ...]
-
-
 def build_tiers(
     specs: Sequence[TierSpec],
     pages: Sequence[Sequence[int]],
@@ -192,3 +183,10 @@ def build_tiers(
     for i in reversed(order):
         below = ColdTier(specs[i].medium, names, pages[i], keeps, tokens_per_block, events, below)
     return below
+
+
+def attach(tier: ColdTier | None, pools: Sequence[PagePool]) -> None:
+    """Send each GPU pool's evicted digests to `tier` where its group keeps them."""
+    for gi, pool in enumerate(pools):
+        if tier is not None and tier.keeps[gi]:
+            pool.spill = functools.partial(tier.put, gi)

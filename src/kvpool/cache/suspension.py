@@ -1,0 +1,71 @@
+"""Suspending a request: its live pages leave the GPU for a cold tier and come
+back on resume (TensorRT-LLM V2's `suspend()` / `resume()`; docs/cache.md).
+
+The functions take the page tables, the request record and the tiers, never
+the manager; they change nothing when they refuse.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvpool.cache.request import Request
+from kvpool.cache.tables import PageTables
+from kvpool.cache.tiers import ColdTier, Medium
+
+
+@dataclass(frozen=True)
+class Suspension:
+    """Where a suspended request's pages went: `medium`, and per group the GPU
+    pages it held (`pages`) and the tier slots that now hold them (`slots`),
+    in the same order; the engine copies `pages[g][i]` to `slots[g][i]`."""
+
+    medium: Medium
+    pages: tuple[tuple[int, ...], ...]
+    slots: tuple[tuple[int, ...], ...]
+
+
+def suspend(t: PageTables, req: Request, tier: ColdTier) -> Suspension | dict[str, int]:
+    """Pin `req`'s live pages in the warmest of `tier` and the tiers below it
+    with room for all of them, and release its GPU pages (its counts stay);
+    else the slots missing per group in the coldest tier, nothing changed."""
+    counts = [req.live(gi) for gi in range(len(t.groups))]
+    for level in tier.levels():
+        slots = level.pin(counts)
+        if slots is not None:
+            pages = t.drop_pages(req)
+            return Suspension(level.medium, tuple(map(tuple, pages)), tuple(map(tuple, slots)))
+    coldest = tier.levels()[-1]
+    short = {
+        g.name: n - len(coldest.free[gi]) - len(coldest.held[gi])
+        for gi, (g, n) in enumerate(zip(t.groups, counts, strict=True))
+    }
+    return {name: n for name, n in short.items() if n > 0}
+
+
+def resume_shortfall(t: PageTables, req: Request, max_util: float) -> dict[str, int]:
+    """Pages missing per group to bring suspended `req` back: the pool's free
+    pages, and no more than would leave it used beyond `max_util` of its pages
+    (V2's rule, keeping room for the running requests to grow)."""
+    short = {}
+    for gi, pool in enumerate(t.pools):
+        used = pool.num_pages - pool.num_free
+        room = min(pool.num_free, math.floor(max_util * pool.num_pages) - used)
+        if req.live(gi) > room:
+            short[pool.name] = req.live(gi) - room
+    return short
+
+
+def resume(t: PageTables, req: Request, suspension: Suspension, tier: ColdTier) -> None:
+    """Bring `req`'s pages back into fresh GPU pages (`resume_shortfall` was
+    empty) and unpin its slots."""
+    t.restore_pages(req)
+    level = next(x for x in tier.levels() if x.medium == suspension.medium)
+    level.unpin(suspension.slots)
+
+
+def release(req_slots: Suspension, tier: ColdTier) -> None:
+    """Unpin a suspended request's slots (it is being freed)."""
+    level = next(x for x in tier.levels() if x.medium == req_slots.medium)
+    level.unpin(req_slots.slots)
