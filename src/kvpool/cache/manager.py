@@ -40,7 +40,7 @@ from kvpool.cache.results import RESIZED, Dummies, Resize
 from kvpool.cache.shared_pool import build_pools
 from kvpool.cache.suspension import Suspension
 from kvpool.cache.tables import STALE, PageTables
-from kvpool.cache.tiers import ColdTier, TierSpec, attach, build_tiers
+from kvpool.cache.tiers import ColdTier, TierCopies, TierSpec, attach, build_tiers
 from kvpool.plan import capture
 from kvpool.plan.capture import WarmupReport
 from kvpool.plan.result import PoolPlan
@@ -224,6 +224,14 @@ class KVCacheManager:
     def suspension(self, rid: int) -> Suspension | None:
         """Where suspended `rid`'s pages are (None: it is not suspended)."""
         return self._suspended.get(rid)
+
+    def set_tier_copies(self, copies: TierCopies) -> None:
+        """Have `copies` (an engine's) move the bytes whenever pages move
+        between the GPU and the cold tiers."""
+        if self.tier is None:
+            raise CacheUsageError("set_tier_copies needs a cold tier (tiers=...)")
+        for level in self.tier.levels():
+            level.copies = copies
 
     # ------------------------------------------------------------------ moves
 

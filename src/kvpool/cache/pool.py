@@ -77,7 +77,8 @@ class PagePool:
         self.events = events
         self.record_events = True
         self.drops = 0  # entries `cached` has lost: a page found under a hash stays there while this is unchanged
-        self.spill: Callable[[list[int]], None] | None = None  # where evicted digests go (a cold tier's `put`)
+        # where evicted digests go, with the pages that held them (a cold tier's `put`)
+        self.spill: Callable[[list[int], list[int]], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -141,7 +142,7 @@ class PagePool:
         if self.record_events:
             self.events.append(("removed", self.name, hashes, pages))
         if self.spill is not None:
-            self.spill(hashes)
+            self.spill(hashes, pages)
         return pages
 
     def take_cached(self, pages: Iterable[int]) -> None:

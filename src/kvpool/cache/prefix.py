@@ -102,9 +102,18 @@ def claim(t: PageTables, gi: int, hashes: Sequence[int], first: int, k: int, tie
     found = [pool.cached.get(h, -1) for h in hashes[first:k]]
     pool.take_cached(p for p in found if p >= 0)
     missing = [i for i, p in enumerate(found) if p < 0]
-    for i in missing:
-        tier.touch(gi, hashes[first + i])  # most recently used first: the take below may spill into the tier
-    for i, page in zip(missing, pool.take(len(missing)), strict=True):
+    if not missing:
+        return found
+    sources = []
+    for i in missing:  # held aside while the GPU pages are taken: what they evict spills into the
+        source = tier.locate(gi, hashes[first + i])  # tier, and must not overwrite a slot read below
+        assert source is not None  # `longest_hit` found it
+        source[0].held[gi].pop(hashes[first + i])
+        sources.append(source)
+    for i, page, (level, slot) in zip(missing, pool.take(len(missing)), sources, strict=True):
+        level.held[gi][hashes[first + i]] = slot  # back, as the most recently used
+        if tier.copies is not None:
+            tier.copies.to_gpu(gi, level.medium, slot, page)
         found[i] = page
         pool.store_run((page,), hashes, first + i, t.tokens_per_block)
     return found

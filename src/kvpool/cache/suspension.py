@@ -35,6 +35,10 @@ def suspend(t: PageTables, req: Request, tier: ColdTier) -> Suspension | dict[st
         slots = level.pin(counts)
         if slots is not None:
             pages = t.drop_pages(req)
+            if level.copies is not None:  # before anything can take the released pages
+                for gi, (group_pages, group_slots) in enumerate(zip(pages, slots, strict=True)):
+                    for page, slot in zip(group_pages, group_slots, strict=True):
+                        level.copies.to_tier(gi, page, level.medium, slot)
             return Suspension(level.medium, tuple(map(tuple, pages)), tuple(map(tuple, slots)))
     coldest = tier.levels()[-1]
     short = {
@@ -60,8 +64,12 @@ def resume_shortfall(t: PageTables, req: Request, max_util: float) -> dict[str, 
 def resume(t: PageTables, req: Request, suspension: Suspension, tier: ColdTier) -> None:
     """Bring `req`'s pages back into fresh GPU pages (`resume_shortfall` was
     empty) and unpin its slots."""
-    t.restore_pages(req)
+    pages = t.restore_pages(req)
     level = next(x for x in tier.levels() if x.medium == suspension.medium)
+    if level.copies is not None:
+        for gi, (group_slots, group_pages) in enumerate(zip(suspension.slots, pages, strict=True)):
+            for slot, page in zip(group_slots, group_pages, strict=True):
+                level.copies.to_gpu(gi, level.medium, slot, page)
     level.unpin(suspension.slots)
 
 

@@ -25,12 +25,27 @@ import functools
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from kvpool.cache.events import CacheUsageError, EventRecord
 from kvpool.cache.pool import PagePool
 
 Medium = Literal["CPU", "DISK"]
+
+
+class TierCopies(Protocol):
+    """What an engine does when pages move between the GPU pools and the cold
+    tiers; the manager only keeps the books and calls these (`group` is the
+    group's index) before anything can overwrite the source."""
+
+    def to_tier(self, group: int, page: int, medium: Medium, slot: int) -> None:
+        """Copy GPU page `page` into the tier's `slot`."""
+
+    def to_gpu(self, group: int, medium: Medium, slot: int, page: int) -> None:
+        """Copy the tier's `slot` into GPU page `page`."""
+
+    def between(self, group: int, src: Medium, src_slot: int, dst: Medium, dst_slot: int) -> None:
+        """Copy a slot of one tier into a slot of the next colder one."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +90,7 @@ class ColdTier:
         self.held: list[OrderedDict[int, int]] = [OrderedDict() for _ in pages]
         self.free: list[list[int]] = [list(range(n - 1, -1, -1)) for n in pages]
         self.pinned = [0] * len(pages)
+        self.copies: TierCopies | None = below.copies if below is not None else None  # the engine's, if any
 
     def __contains__(self, item: tuple[int, int]) -> bool:
         """(group, digest) cached in this tier or one below."""
@@ -86,15 +102,16 @@ class ColdTier:
             tier = tier.below
         return False
 
-    def put(self, gi: int, digests: Sequence[int]) -> None:
-        """Offload `digests` of group `gi` that a warmer level evicted: each
-        goes to a free slot here (the least recently used held digest moving
-        one tier down, or dropped, to make room); ignored where the group is
-        not kept, the tier has no slot for it, or a tier already holds it."""
+    def put(self, gi: int, digests: Sequence[int], sources: Sequence[int], src: Medium | None = None) -> None:
+        """Offload `digests` of group `gi` that a warmer level evicted from
+        `sources[i]` (GPU pages, or slots of tier `src`): each goes to a free
+        slot here (the least recently used held digest moving one tier down,
+        or dropped, to make room); ignored where the group is not kept, the
+        tier has no slot for it, or a tier already holds it."""
         if not self.keeps[gi]:
             return
         held = self.held[gi]
-        for digest in digests:
+        for digest, source in zip(digests, sources, strict=True):
             if (gi, digest) in self:
                 if digest in held:
                     held.move_to_end(digest)
@@ -102,7 +119,22 @@ class ColdTier:
             if not self.free[gi] and not self.make_room(gi, 1):
                 continue
             held[digest] = slot = self.free[gi].pop()
+            if self.copies is not None:
+                if src is None:
+                    self.copies.to_tier(gi, source, self.medium, slot)
+                else:
+                    self.copies.between(gi, src, source, self.medium, slot)
             self.record("stored", gi, [digest], [slot])
+
+    def locate(self, gi: int, digest: int) -> tuple[ColdTier, int] | None:
+        """The tier (this or one below) and slot holding `digest` of group `gi`."""
+        tier: ColdTier | None = self
+        while tier is not None:
+            slot = tier.held[gi].get(digest)
+            if slot is not None:
+                return tier, slot
+            tier = tier.below
+        return None
 
     def touch(self, gi: int, digest: int) -> None:
         """A hit read `digest`: it becomes the most recently used where it is held."""
@@ -122,10 +154,10 @@ class ColdTier:
             return False
         while len(free) < count:
             digest, slot = held.popitem(last=False)
-            free.append(slot)
             self.record("removed", gi, [digest], [slot])
-            if self.below is not None:
-                self.below.put(gi, [digest])
+            if self.below is not None:  # copied down before its slot is reused
+                self.below.put(gi, [digest], [slot], self.medium)
+            free.append(slot)
         return True
 
     def pin(self, counts: Sequence[int]) -> list[list[int]] | None:
