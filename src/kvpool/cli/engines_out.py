@@ -100,12 +100,20 @@ def engine_outputs(args: argparse.Namespace, plan: PoolPlan) -> tuple[EngineRepo
             raise KvpoolError(f"--emit does not yet state {', '.join(beyond_tp)} as engine flags; plan without them")
         source = plan.spec.source
         hub_id = source.repo_id if source is not None and source.kind == "hub" else None
-        emitted = emit(args.emit, plan, args.model_id or hub_id or model_id_for(args.model))
+        emitted = emit(args.emit, plan, launch_model_id(plan, args.model, args.model_id))
         if hub_id and source is not None and source.revision != "main":
             # an engine takes the revision as its own option, never as id@revision
             note = f"planned from {hub_id} at revision {source.revision}: give the engine that revision too"
             emitted = dataclasses.replace(emitted, notes=(*emitted.notes, note))
     return report, emitted
+
+
+def launch_model_id(plan: PoolPlan, model: str, given: str | None) -> str:
+    """The model id a launch line names: --model-id, else the hub id the plan was
+    read from, else the preset's Hugging Face id, else MODEL."""
+    source = plan.spec.source
+    hub_id = source.repo_id if source is not None and source.kind == "hub" else None
+    return given or hub_id or model_id_for(model)
 
 
 def render(report: EngineReport | None, emitted: Emitted | None, plan: PoolPlan) -> str:

@@ -25,6 +25,7 @@ COMMANDS = {
     "gpus": "kvpool.cli.presets_cmd",
     "generate": "kvpool.cli.generate_cmd",
     "plan": "kvpool.cli.plan_cmd",
+    "fit": "kvpool.cli.fit_cmd",
     "simulate": "kvpool.cli.simulate_cmd",
     "sweep": "kvpool.cli.sweep_cmd",
     "warmup": "kvpool.cli.warmup_cmd",

@@ -1,0 +1,255 @@
+"""`kvpool fit MODEL --gpu G[xN] [--max-seq-len L | --users N --len L] [--engine E,...|all]`:
+will it fit, and how do I launch it?
+
+With `--max-seq-len` (or neither): one layout (N GPUs as tensor parallelism
+unless --tp/--pp say otherwise; GPUs left over are data-parallel replicas), the
+whole-GPU memory breakdown per rank, and per engine the verdict, its budget flags,
+KV per rank, requests that fit, CUDA-graph sizes and the launch line
+(cli/fit_engines.py). With `--users N --len L`: the layouts that hold N requests
+of L positions at once, ranked (cli/fit_layouts.py), then the engines on the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvpool import presets
+from kvpool.cli import fit_layouts
+from kvpool.cli.common import add_json_arg, positive_int, print_json, table
+from kvpool.cli.engines_out import launch_model_id
+from kvpool.cli.fit_engines import EngineFit, engine_fit, fit_lengths, render_engine
+from kvpool.cli.plan_args import Resolved, add_plan_args, resolve
+from kvpool.cli.plan_cmd import render_memory
+from kvpool.cli.request import PlanRequest
+from kvpool.engines.emit import ENGINES
+from kvpool.errors import KvpoolError
+from kvpool.units import format_bytes
+
+GPU_COUNT = re.compile(r"(?P<name>.+?)x(?P<count>[1-9][0-9]*)", re.IGNORECASE)
+MAX_GPUS = 64
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "fit",
+        help="will it fit? per engine: verdict, budget flags, requests that fit, CUDA graphs, launch line",
+        description="Size a deployment on whole GPUs and answer, per engine (vLLM, SGLang, TensorRT-LLM): "
+        "does it start, with which budget flags in that engine's convention, how much KV per rank, how many "
+        "requests fit at once, which CUDA-graph batch sizes keep graphs, and the launch line. With --users N "
+        "--len L: the layouts (GPU count, TP, PP, replicas) that hold N such requests at once, ranked. "
+        "Exit 2 when nothing fits.",
+    )
+    add_plan_args(p)
+    f = p.add_argument_group("fit")
+    f.add_argument(
+        "--engine",
+        default="all",
+        metavar="E,...",
+        help=f"engines to answer for: {', '.join(ENGINES)} or all (default all)",
+    )
+    f.add_argument("--users", type=positive_int, default=None, metavar="N", help="requests decoding at once")
+    f.add_argument("--len", type=positive_int, default=None, metavar="L", help="their length, prompt plus output")
+    f.add_argument("--model-id", default=None, metavar="ID", help="model id in the launch lines (default: hub id)")
+    f.add_argument(
+        "--emit-to",
+        default=None,
+        metavar="FILE",
+        help="write the launch of the one --engine to FILE (a shell line, or TensorRT-LLM's YAML)",
+    )
+    add_json_arg(p)
+    p.set_defaults(func=run)
+
+
+def parse_gpu(text: str | None) -> tuple[str, int]:
+    """`h100x2` -> ("h100", 2); `h100` -> ("h100", 1); a preset whose own name
+    ends in x<digits> wins over the count."""
+    if text is None:
+        raise KvpoolError("fit needs --gpu NAME[xN], e.g. --gpu h100x2 (kvpool gpus)")
+    match = GPU_COUNT.fullmatch(text)
+    if match is None or text.lower() in presets.gpu_names():
+        return text, 1
+    count = int(match["count"])
+    if count > MAX_GPUS:
+        raise KvpoolError(f"--gpu {text}: at most {MAX_GPUS} GPUs")
+    return match["name"], count
+
+
+def parse_engines(text: str) -> tuple[str, ...]:
+    names = ENGINES if text.strip().lower() == "all" else tuple(e.strip().lower() for e in text.split(",") if e.strip())
+    unknown = [e for e in names if e not in ENGINES]
+    if unknown or not names:
+        raise KvpoolError(f"--engine {text!r}: choose from {', '.join(ENGINES)} or all")
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    gpu, count = parse_gpu(args.gpu)
+    engines = parse_engines(args.engine)
+    if args.emit_to is not None and len(engines) != 1:
+        raise KvpoolError("--emit-to writes one engine's launch: give one --engine")
+    if (args.users is None) != (args.len is None):
+        raise KvpoolError("give --users N and --len L together")
+    if args.users is not None and args.max_seq_len is not None:
+        raise KvpoolError("--len is the max_seq_len of --users: drop --max-seq-len")
+    args = argparse.Namespace(**{**vars(args), "gpu": gpu})
+    request = PlanRequest.from_args(args)
+    if args.users is not None:
+        return run_users(args, request, gpu, count, engines)
+    tp, pp = request.model.tp, request.model.pp
+    if count > 1 and tp == 1 and pp == 1:
+        tp = count  # N GPUs: one engine over all of them
+    if count % (tp * pp):
+        raise KvpoolError(f"--tp {tp} x --pp {pp} does not divide {count} GPUs")
+    request = dataclasses.replace(request, model=dataclasses.replace(request.model, tp=tp))
+    resolved = resolve(request)
+    fits = answer_engines(args, resolved, engines, None)
+    out = {
+        "model": resolved.spec.name,
+        "gpu": resolved_gpu(gpu),
+        "gpus": count,
+        "layout": {"tp": tp, "pp": pp, "replicas": count // (tp * pp)},
+        **summary(resolved),
+        "engines": [f.to_json() for f in fits],
+    }
+    finish(args, out, fits)
+    if args.json:
+        print_json(out)
+    else:
+        print(header(resolved, gpu, count, count // (tp * pp)))
+        print("\n\n".join(render_engine(f) for f in fits))
+    if not any(f.starts for f in fits):
+        print(f"kvpool fit: no engine starts: {fits[0].reasons[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run_users(args: argparse.Namespace, request: PlanRequest, gpu: str, count: int, engines: tuple[str, ...]) -> int:
+    users, length = args.users, args.len
+    max_gpus = count if count > 1 else MAX_GPUS
+    layouts = fit_layouts.search(request.model, request.budget, request.limits, users, length, max_gpus)
+    good = fit_layouts.ranked(layouts, users)
+    best = good[0] if good else None
+    fits: list[EngineFit] = []
+    if best is not None and best.resolved is not None and best.pp == 1:
+        fits = answer_engines(args, best.resolved, engines, length)
+    out: dict[str, Any] = {
+        "model": request.model.model,
+        "gpu": resolved_gpu(gpu),
+        "users": users,
+        "len": length,
+        "layouts": [x.to_json() for x in good],
+        "tried": [x.to_json() for x in layouts if x not in good],
+        "engines": [f.to_json() for f in fits],
+    }
+    if best is not None and best.resolved is not None:
+        out.update(summary(best.resolved))
+    finish(args, out, fits)
+    if args.json:
+        print_json(out)
+    else:
+        print(render_layouts(good, layouts, users, length, resolved_gpu(gpu)))
+        if fits and best is not None:
+            print(f"\nper replica of the first layout ({best.replicas} x tp {best.tp}):\n")
+            print("\n\n".join(render_engine(f) for f in fits))
+        elif best is not None and best.pp > 1:
+            print("\nnote: the launch lines state tensor parallelism only; the first layout pipelines: no launch line")
+    if best is None:
+        print(
+            f"kvpool fit: no layout up to {max_gpus} GPUs holds {users} requests of {length} positions", file=sys.stderr
+        )
+        return 2
+    return 0
+
+
+def answer_engines(
+    args: argparse.Namespace, resolved: Resolved, engines: tuple[str, ...], length: int | None
+) -> list[EngineFit]:
+    """Each engine's answer on the plan of `resolved` (an infeasible plan is exit 2)."""
+    plan = resolved.plan()
+    model_id = launch_model_id(plan, resolved.request.model.model, args.model_id)
+    lengths = fit_lengths(plan, length)
+    return [engine_fit(e, plan, model_id, resolved.budget.memory, lengths) for e in engines]
+
+
+def summary(resolved: Resolved) -> dict[str, Any]:
+    lim, memory = resolved.limits, resolved.budget.memory
+    return {
+        "limits": {
+            "max_seq_len": lim.max_seq_len,
+            "max_batch_size": lim.max_batch_size,
+            "max_num_tokens": lim.max_num_tokens,
+        },
+        "kv_bytes_per_rank": resolved.budget.kv_bytes,
+        "memory": None if memory is None else memory.to_json(),
+    }
+
+
+def finish(args: argparse.Namespace, out: dict[str, Any], fits: list[EngineFit]) -> None:
+    """--emit-to FILE: the one engine's launch, written whole or not at all."""
+    if args.emit_to is None:
+        return
+    if not fits:
+        raise KvpoolError("nothing to emit: no layout holds the requests")
+    path = Path(args.emit_to)
+    text = fits[0].emitted.text() + "\n"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    out["emitted_to"] = str(path)
+    print(f"kvpool fit: wrote the {fits[0].engine} launch to {path}", file=sys.stderr)
+
+
+def resolved_gpu(gpu: str) -> str:
+    return presets.load_gpu(gpu).name
+
+
+def header(resolved: Resolved, gpu: str, count: int, replicas: int) -> str:
+    lim, memory, model = resolved.limits, resolved.budget.memory, resolved.request.model
+    head = (
+        f"{resolved.spec.name} on {count} x {resolved_gpu(gpu)} ({model.layout()}"
+        + (f", {replicas} replicas" if replicas > 1 else "")
+        + f"): max_seq_len {lim.max_seq_len:,}, max_num_seqs {lim.max_batch_size}, "
+        f"max_num_batched_tokens {lim.max_num_tokens or '-'}"
+    )
+    if memory is None:
+        return f"{head}\nKV per rank: {format_bytes(resolved.budget.kv_bytes)} ({resolved.budget.how})\n"
+    return head + "\n" + render_memory(memory, gpu, model.layout())
+
+
+def render_layouts(
+    good: list[fit_layouts.Layout], tried: list[fit_layouts.Layout], users: int, length: int, gpu: str
+) -> str:
+    head = f"layouts of {gpu} that hold {users} requests of {length:,} positions at once (fewest GPUs first):"
+    if not good:
+        closest = max(tried, key=lambda x: x.holds, default=None)
+        more = (
+            ""
+            if closest is None
+            else f"; the most any holds: {closest.holds} ({closest.gpus} GPUs, tp {closest.tp}, pp {closest.pp})"
+        )
+        return f"{head}\nnone{more}"
+    rows = [
+        [
+            x.gpus,
+            x.tp,
+            x.pp,
+            x.replicas,
+            format_bytes(x.kv_bytes),
+            x.per_replica,
+            x.holds,
+            f"{x.holds / users - 1:+.0%}",
+        ]
+        for x in good[:12]
+    ]
+    smaller = [x for x in tried if x.gpus < good[0].gpus]
+    lines = [head, table(["GPUs", "TP", "PP", "replicas", "KV per rank", "per replica", "held", "headroom"], rows)]
+    if smaller:
+        most = max(smaller, key=lambda x: x.holds)
+        why = f": {most.reason}" if most.reason and not most.holds else f" ({most.holds} held)"
+        lines.append(f"fewer GPUs fall short; the closest is {most.gpus} GPUs, tp {most.tp}, pp {most.pp}{why}")
+    return "\n".join(lines)

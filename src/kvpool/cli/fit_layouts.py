@@ -1,0 +1,137 @@
+"""`kvpool fit --users N --len L`: the layouts (GPU count, tensor / pipeline
+parallel sizes, data-parallel replicas) whose KV pools hold N requests of L
+positions decoding at once, smallest first.
+
+Each replica is one engine of tp x pp GPUs serving ceil(N / replicas) requests
+(its max_num_seqs); its budget is the whole-GPU budget per rank (cli/budget.py)
+and its capacity kvpool's plan at max_seq_len L. The config is read once; each
+(tp, pp) builds its spec once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from kvpool.cli.budget import kv_budget
+from kvpool.cli.plan_args import Resolved, serving_limits
+from kvpool.cli.request import BudgetOptions, LimitOptions, ModelOptions, PlanRequest
+from kvpool.errors import KvpoolError
+from kvpool.plan import plan_pools
+from kvpool.spec import ModelSpec
+from kvpool.spec.loader import read_model_config, spec_from_read
+
+GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+# Tensor parallelism stays inside one 8-GPU node (NVLink); pipeline stages span nodes.
+TP_SIZES = (1, 2, 4, 8)
+PP_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One layout and what it holds (`reason`: why it holds nothing, else None)."""
+
+    gpus: int
+    tp: int
+    pp: int
+    replicas: int
+    per_replica: int = 0
+    kv_bytes: int = 0
+    reason: str | None = None
+    resolved: Resolved | None = None
+
+    @property
+    def holds(self) -> int:
+        """Requests of L positions all replicas hold at once."""
+        return self.replicas * self.per_replica
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpus": self.gpus,
+            "tp": self.tp,
+            "pp": self.pp,
+            "replicas": self.replicas,
+            "kv_bytes_per_rank": self.kv_bytes,
+            "requests_per_replica": self.per_replica,
+            "requests_held": self.holds,
+            "reason": self.reason,
+        }
+
+
+def candidates(max_gpus: int) -> Iterator[tuple[int, int, int]]:
+    """(gpus, tp, pp) by GPU count, then fewer pipeline stages, then less tensor parallelism."""
+    for gpus in (g for g in GPU_COUNTS if g <= max_gpus):
+        for pp in PP_SIZES:
+            for tp in TP_SIZES:
+                if tp * pp <= gpus and gpus % (tp * pp) == 0:
+                    yield gpus, tp, pp
+
+
+def search(
+    model: ModelOptions, budget: BudgetOptions, limits: LimitOptions, users: int, length: int, max_gpus: int
+) -> list[Layout]:
+    """Every candidate layout up to `max_gpus`, in `candidates` order, until the
+    GPU count after the first one that holds `users` (so the answer shows the
+    smallest layouts and the next size up)."""
+    read = read_model_config(model.model)
+    specs: dict[tuple[int, int], ModelSpec | str] = {}
+    out: list[Layout] = []
+    enough_at: int | None = None
+    for gpus, tp, pp in candidates(max_gpus):
+        if enough_at is not None and gpus > 2 * enough_at:
+            break
+        replicas = gpus // (tp * pp)
+        layout = Layout(gpus, tp, pp, replicas)
+        opts = dataclasses.replace(model, tp=tp, pp=pp, ep=1, dp=1)
+        if (tp, pp) not in specs:
+            try:
+                specs[tp, pp] = spec_from_read(
+                    read,
+                    kv_dtype=model.kv_dtype,
+                    tp_size=tp,
+                    pp_size=pp,
+                    tokens_per_block=model.tokens_per_block,
+                    max_seq_len=length,
+                )
+            except KvpoolError as e:
+                specs[tp, pp] = str(e)
+        spec = specs[tp, pp]
+        if isinstance(spec, str):
+            out.append(dataclasses.replace(layout, reason=spec))
+            continue
+        out.append(evaluate(layout, opts, spec, budget, limits, users, length))
+        if out[-1].holds >= users and enough_at is None:
+            enough_at = gpus
+    return out
+
+
+def evaluate(
+    layout: Layout,
+    model: ModelOptions,
+    spec: ModelSpec,
+    budget: BudgetOptions,
+    limits: LimitOptions,
+    users: int,
+    length: int,
+) -> Layout:
+    """`layout` with what one replica holds at `length` (or why it holds nothing)."""
+    per_replica_users = -(-users // layout.replicas)
+    asked = dataclasses.replace(limits, max_batch_size=per_replica_users, max_seq_len=length)
+    try:
+        lim = serving_limits(asked, length)
+        kv = kv_budget(budget, model, spec, lim)
+        plan = plan_pools(spec, lim, kv_memory_bytes=kv.kv_bytes)
+    except KvpoolError as e:
+        return dataclasses.replace(layout, reason=str(e))
+    held = int(plan.max_concurrency()["max_seq_len"] or 0)
+    resolved = Resolved(PlanRequest(model, budget, asked), spec, lim, kv)
+    return dataclasses.replace(layout, per_replica=held, kv_bytes=kv.kv_bytes, resolved=resolved)
+
+
+def ranked(layouts: list[Layout], users: int) -> list[Layout]:
+    """The layouts that hold `users`: fewest GPUs, then fewest pipeline stages (each
+    adds a hop per token), then the most requests held."""
+    good = [x for x in layouts if x.holds >= users]
+    return sorted(good, key=lambda x: (x.gpus, x.pp, -x.holds, x.tp))

@@ -1,0 +1,142 @@
+"""`kvpool fit`: per engine on one layout, the layouts that hold N users, --json,
+--emit-to, and one-line errors. Expected numbers come from the bundled configs'
+fields (themselves copied from the published config.json files) and the GPU
+table, by hand arithmetic, not from kvpool's functions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvpool import presets
+
+QWEN = ["fit", "qwen3-32b", "--gpu", "h100x2", "--max-seq-len", "32768", "--engine", "all"]
+
+
+def kv_bytes_per_token(model: str, tp: int) -> int:
+    """K and V rows of every layer at bf16 on one of `tp` ranks (GQA heads split by tp)."""
+    c = presets.load_model_config(model)
+    return int(c["num_hidden_layers"] * 2 * (c["num_key_value_heads"] // tp) * c["head_dim"] * 2)
+
+
+def test_every_engine_answers_on_one_screen(cli: Any) -> None:
+    code, out, err = cli(*QWEN)
+    assert code == 0, err
+    for name in ("vLLM", "SGLang", "TensorRT-LLM"):
+        assert f"\n{name} (" in out
+    assert "--gpu-memory-utilization 0.9" in out and "--mem-fraction-static 0." in out
+    assert "kv_cache_config.max_gpu_total_bytes:" in out
+    assert out.count("launch:") == 3 and out.count("CUDA graphs: batches") == 3
+    # "one screen": the per-engine answer is a handful of lines each
+    assert len(out.splitlines()) < 60
+
+
+def test_json_numbers_follow_from_the_config(cli: Any) -> None:
+    code, out, err = cli(*QWEN, "--json")
+    assert code == 0, err
+    fit = json.loads(out)
+    assert fit["layout"] == {"tp": 2, "pp": 1, "replicas": 1}
+    kv = fit["kv_bytes_per_rank"]
+    page = 32 * kv_bytes_per_token("qwen3-32b", 2)  # 32 positions per page
+    pages = kv // page
+    # the last decode of a request of max_seq_len holds 32768 positions: 1024 pages of 32
+    at_max = pages // (32768 // 32)
+    # the reference request: 2049 positions -> 65 pages
+    at_ref = pages // -(-2049 // 32)
+    by_engine = {e["engine"]: e for e in fit["engines"]}
+    assert set(by_engine) == {"vllm", "sglang", "trtllm"}
+    for e in by_engine.values():
+        assert e["verdict"] == "starts" and e["kv_bytes_per_rank"] == kv
+        assert e["requests_that_fit"] == {"reference": at_ref, "max_seq_len": at_max}
+        assert e["largest_graph_batch"] == 256
+    # vLLM's own "Maximum concurrency for 32,768 tokens per request" agrees with the count
+    assert int(by_engine["vllm"]["reported"]["max_concurrency"]) == at_max
+    # SGLang: pools = G x F - W (model_runner.profile_max_num_token), F rounded down
+    memory = fit["memory"]
+    flag = by_engine["sglang"]["budget_flags"][0]
+    fraction = float(flag.split()[-1])
+    assert fraction * memory["gpu_bytes"] - memory["weights_bytes"] <= kv
+    assert (fraction + 0.001) * memory["gpu_bytes"] - memory["weights_bytes"] > kv
+    assert flag.split()[-1] in by_engine["sglang"]["launch"]
+    assert f"kv_cache_config.max_gpu_total_bytes: {kv}" in by_engine["trtllm"]["budget_flags"]
+    assert by_engine["trtllm"]["launch"]["kv_cache_config"]["max_gpu_total_bytes"] == kv
+
+
+def test_fit_budget_is_the_plan_budget(cli: Any) -> None:
+    """fit and plan read the same whole-GPU budget for the same layout."""
+    code, out, err = cli("plan", "qwen3-32b", "--gpu", "h100", "--tp", "2", "--max-seq-len", "32768", "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    code, out, err = cli(*QWEN, "--json")
+    assert json.loads(out)["kv_bytes_per_rank"] == plan["budget_bytes"]
+
+
+def test_users_layouts_hold_the_users(cli: Any) -> None:
+    code, out, err = cli("fit", "llama-3.1-70b", "--gpu", "h100", "--users", "200", "--len", "8192", "--json")
+    assert code == 0, err
+    fit = json.loads(out)
+    layouts = fit["layouts"]
+    assert layouts and all(x["requests_held"] >= 200 for x in layouts)
+    assert [x["gpus"] for x in layouts] == sorted(x["gpus"] for x in layouts)
+    for x in layouts:
+        assert x["gpus"] == x["tp"] * x["pp"] * x["replicas"]
+        # what one replica holds follows from its KV per rank, page by page
+        page = 32 * kv_bytes_per_token("llama-3.1-70b", x["tp"])
+        if x["pp"] == 1:
+            assert x["requests_per_replica"] == (x["kv_bytes_per_rank"] // page) // (8192 // 32)
+    # 8 GPUs cannot hold them whatever the layout: all their memory at 0.9, less the
+    # weights (80 layers of the config's matrices, counted by hand below), is short
+    c = presets.load_model_config("llama-3.1-70b")
+    h, inter, layers, vocab = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    kv_heads = c["num_key_value_heads"] * c["head_dim"]
+    params = layers * (2 * h * h + 2 * h * kv_heads + 3 * h * inter) + 2 * vocab * h
+    gpu = presets.load_gpu("h100").memory_bytes
+    need = 200 * 8192 * kv_bytes_per_token("llama-3.1-70b", 1)
+    assert 8 * 0.9 * gpu - 2 * params < need
+    assert min(x["gpus"] for x in layouts) > 8
+
+
+def test_users_text_ranks_the_layouts(cli: Any) -> None:
+    code, out, err = cli("fit", "llama-3.1-70b", "--gpu", "h100", "--users", "200", "--len", "8192", "--engine", "vllm")
+    assert code == 0, err
+    assert "GPUs  TP  PP  replicas" in out and "fewer GPUs fall short" in out
+    assert "vllm serve" in out
+
+
+def test_emit_to_writes_a_yaml_a_launcher_reads(cli: Any, tmp_path: Path) -> None:
+    target = tmp_path / "kvpool.yaml"
+    args = ["fit", "qwen3-8b", "--gpu", "h100", "--max-seq-len", "4096", "--engine", "trtllm"]
+    code, out, err = cli(*args, "--emit-to", str(target), "--json")
+    assert code == 0, err
+    config = yaml.safe_load(target.read_text())
+    fit = json.loads(out)
+    assert config["kv_cache_config"]["max_gpu_total_bytes"] == fit["kv_bytes_per_rank"]
+    assert config["max_seq_len"] == 4096 and fit["emitted_to"] == str(target)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gpu", "h100", "--engine", "tgi"], "choose from vllm, sglang, trtllm"),
+        (["--gpu", "h100", "--users", "3"], "--users N and --len L together"),
+        (["--gpu", "h100", "--users", "3", "--len", "9", "--max-seq-len", "9"], "drop --max-seq-len"),
+        (["--gpu", "h100x3", "--tp", "2"], "does not divide 3 GPUs"),
+        (["--gpu", "h100", "--emit-to", "x.sh"], "give one --engine"),
+        (["--gpu", "h100x999"], "at most 64 GPUs"),
+        ([], "fit needs --gpu"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(cli: Any, argv: list[str], message: str) -> None:
+    code, out, err = cli("fit", "qwen3-8b", *argv)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_nothing_fits_is_exit_2(cli: Any) -> None:
+    code, _, err = cli("fit", "llama-3.1-70b", "--gpu", "l40s")  # 131 GiB of weights on one 45 GiB GPU
+    assert code == 2 and "no memory left for the KV cache" in err
+    code, out, err = cli("fit", "qwen3-8b", "--gpu", "h100x2", "--users", "100000", "--len", "100000")
+    assert code == 2 and "no layout up to 2 GPUs holds 100000" in err and "none" in out
