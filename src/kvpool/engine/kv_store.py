@@ -57,6 +57,41 @@ class KVStore:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
+class HostTier:
+    """The host-memory tier's bytes (`cache/tiers.py`): per group a CPU tensor
+    of `slots[g]` pages shaped like the GPU pool's pages (pinned when CUDA is
+    there), and the copies the manager asks for (a `TierCopies`). Counts how
+    many pages went each way."""
+
+    def __init__(self, store: KVStore, slots: Sequence[int]) -> None:
+        self.store = store
+        self.names = [g.name for g in store.plan.spec.groups]
+        pin = torch.cuda.is_available()
+        self.tensors = [
+            torch.zeros((n, *store.tensors[name].shape[1:]), dtype=store.tensors[name].dtype, pin_memory=pin)
+            for name, n in zip(self.names, slots, strict=True)
+        ]
+        self.offloaded = self.onboarded = 0
+
+    def to_tier(self, group: int, page: int, medium: str, slot: int) -> None:
+        self._only_host(medium)
+        self.tensors[group][slot].copy_(self.store.tensors[self.names[group]][page])
+        self.offloaded += 1
+
+    def to_gpu(self, group: int, medium: str, slot: int, page: int) -> None:
+        self._only_host(medium)
+        self.store.tensors[self.names[group]][page].copy_(self.tensors[group][slot], non_blocking=True)
+        self.onboarded += 1
+
+    def between(self, group: int, src: str, src_slot: int, dst: str, dst_slot: int) -> None:
+        raise EngineError(f"the reference engine keeps a host tier only, not {dst}")
+
+    @staticmethod
+    def _only_host(medium: str) -> None:
+        if medium != "CPU":
+            raise EngineError(f"the reference engine keeps a host tier only, not {medium}")
+
+
 def check_windows(windows: Sequence[int | None], plan: PoolPlan) -> None:
     """Refuse a plan whose spec reads a layer's sliding window as full attention
     (a window of at least the spec's max_seq_len, e.g. Mistral's 4096 = its

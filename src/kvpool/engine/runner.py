@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvpool.cache import KVCacheManager
+from kvpool.cache import KVCacheManager, TierSpec
 from kvpool.engine.arch import EngineError
 from kvpool.engine.attention import PagedBatch, Row
 from kvpool.engine.drafter import NgramDrafter
-from kvpool.engine.kv_store import KVStore
+from kvpool.engine.kv_store import HostTier, KVStore
 from kvpool.engine.model import DecoderLM
 from kvpool.plan import PoolPlan
 from kvpool.sched import Sequence as SchedSequence
@@ -63,6 +63,8 @@ class Engine:
     `manager.warmup` for the plan's CUDA-graph batch sizes (reserving the
     padding dummies) unless `warmup=False`. `speculate=k` drafts up to k tokens
     per decode step with an n-gram drafter (greedy output unchanged).
+    `host_memory` bytes add a host tier: committed pages the pools evict are
+    copied there and back on a prefix hit (`HostTier`).
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class Engine:
         padding: bool = True,
         warmup: bool = True,
         cuda_graphs: bool | None = None,
+        host_memory: int = 0,
     ):
         if speculate > plan.limits.max_draft_len:
             raise EngineError(f"speculate={speculate} exceeds the plan's max_draft_len {plan.limits.max_draft_len}")
@@ -87,7 +90,13 @@ class Engine:
             padding=padding,
             warmup=warmup,
             draft_lens=(0, speculate) if speculate else (0,),
+            tiers=[TierSpec("CPU", host_memory)] if host_memory else (),
         )
+        self.host: HostTier | None = None
+        if host_memory:  # evicted prefix pages go to host memory and come back on a hit
+            assert self.manager.tier is not None
+            self.host = HostTier(self.store, self.manager.tier.pages)
+            self.manager.set_tier_copies(self.host)
         self.drafter = NgramDrafter(speculate) if speculate else None
         self.stats = EngineStats(peak_pages={g.name: 0 for g in self.spec.groups})
         # called with the manager after every step of `run` (e.g. to publish its events)

@@ -9,10 +9,10 @@ batches to the captured sizes with those dummies.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from kvpool.cache import KVCacheManager, WarmupReport
+from kvpool.cache import KVCacheManager, TierSpec, WarmupReport
 from kvpool.plan import PoolPlan
 from kvpool.sched.scheduler import Scheduler
 
@@ -30,6 +30,7 @@ def session(
     padding: bool = True,
     warmup: bool = True,
     draft_lens: Iterable[int] = (0,),
+    tiers: Sequence[TierSpec] = (),
 ) -> Session:
     """A fresh manager and scheduler over `plan`.
 
@@ -37,8 +38,9 @@ def session(
     `draft_lens` (side effect: reserves one padding dummy per draft length);
     without it no shape counts as captured. `padding=False` emulates engines
     that allocate the padding dummy lazily: the reserved dummies are freed and
-    the scheduler asks for a fresh one in each padded step."""
-    manager = KVCacheManager(plan, enable_reuse=enable_reuse)
+    the scheduler asks for a fresh one in each padded step. `tiers`: cold
+    tiers below the GPU pools (`cache/tiers.py`)."""
+    manager = KVCacheManager(plan, enable_reuse=enable_reuse, tiers=tiers)
     report = None
     captured: list[tuple[int, int]] = []
     pads: dict[int, int] = {}
