@@ -114,21 +114,17 @@ def test_infeasible_plan_exits_2_with_one_line_naming_group_b_and_l(
     assert "largest max_batch_size that fits" in err and "largest max_seq_len that fits" in err
 
 
-def test_fit_turns_the_failure_into_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
-    out = run_json(
-        capsys,
-        "plan",
-        "deepseek-v4-flash",
-        "--kv-memory",
-        "4GiB",
-        "--max-seq-len",
-        "1000000",
-        "--max-batch-size",
-        "8",
-        "--fit",
-    )
-    assert out["total_bytes"] <= 4 * GiB  # type: ignore[operator]
-    assert any("shrunk" in w for w in out["warnings"])  # type: ignore[union-attr]
+def test_fit_that_cannot_fit_is_exit_2_with_the_length_that_does(cli: Any) -> None:
+    """--fit used to exit 0 with a plan that holds no request of max_seq_len (issue 30):
+    now one line names the length its constraints shrank to, and that length plans."""
+    args = ["plan", "deepseek-v4-flash", "--kv-memory", "4GiB", "--max-batch-size", "8"]
+    code, out, err = cli(*args, "--max-seq-len", "1000000", "--fit")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "holds no request of max_seq_len 1,000,000" in err
+    length = err.split("give --max-seq-len ")[1].split()[0]
+    code, out, err = cli(*args, "--max-seq-len", length, "--json")
+    assert code == 0, err
+    assert json.loads(out)["max_concurrency"]["max_seq_len"] >= 1
 
 
 @pytest.mark.parametrize(
@@ -171,3 +167,43 @@ def test_a_default_length_below_the_models_positions_says_so(cli) -> None:  # ty
     assert code == 0 and any("131,072 positions" in n for n in json.loads(out)["notes"])
     code, out, _ = cli("plan", "llama-3.1-8b-instruct", "--kv-memory", "16GiB", "--max-seq-len", "8192")
     assert code == 0 and "defaults to" not in out
+
+
+def test_plan_text_says_what_each_number_is(cli: Any) -> None:
+    """No "S=None", no "in 1 pools", and each count of requests beside its length (issue 30)."""
+    code, out, err = cli("plan", "qwen3-8b", "--kv-memory", "4GiB", "--max-seq-len", "4096", "--json")
+    counts = json.loads(out)["max_concurrency"]
+    code, out, err = cli("plan", "qwen3-8b", "--kv-memory", "4GiB", "--max-seq-len", "4096")
+    assert code == 0, err
+    assert "None" not in out and " 1 pools" not in out and " in 1 pool " in out
+    assert "avg_seq_len not given" in out
+    line = next(x for x in out.splitlines() if x.startswith("requests that fit at once"))
+    assert line == (
+        f"requests that fit at once: {counts['reference']} of 2,049 positions (the reference request), "
+        f"{counts['max_seq_len']} of 4,096 (max_seq_len)"
+    )
+
+
+def test_emit_trtllm_is_valid_yaml_alone_on_stdout(cli: Any) -> None:
+    """`--emit trtllm > kvpool.yaml` gives the file the note names (issue 30): the
+    plan's tables go to stderr."""
+    yaml = pytest.importorskip("yaml")
+    code, out, err = cli("plan", "gpt-oss-20b", "--kv-memory", "20GiB", "--engine", "trtllm", "--emit", "trtllm")
+    assert code == 0, err
+    config = yaml.safe_load(out)
+    assert config["kv_cache_config"]["max_gpu_total_bytes"] == 20 * GiB
+    assert "requests that fit at once" in err and "group" in err
+
+
+def test_emit_sglang_states_the_fraction_from_the_whole_gpu(cli: Any) -> None:
+    """With --gpu the weights are known: SGLang gets --mem-fraction-static, whose
+    pools (GPU x F - weights, SGLang's profile_max_num_token) stay within the budget."""
+    code, out, err = cli("plan", "qwen3-8b", "--gpu", "h100", "--emit", "sglang")
+    assert code == 0, err
+    line = out.splitlines()[0]
+    assert line.startswith("python -m sglang.launch_server") and "leave at least" not in out
+    fraction = float(line.split("--mem-fraction-static ")[1].split()[0])
+    code, out, err = cli("plan", "qwen3-8b", "--gpu", "h100", "--json")
+    memory = json.loads(out)["memory"]
+    pools = fraction * memory["gpu_bytes"] - memory["weights_bytes"]
+    assert pools <= memory["kv_bytes"] < pools + 0.001 * memory["gpu_bytes"]

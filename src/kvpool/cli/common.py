@@ -6,9 +6,10 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from kvpool.plan.batches import REFERENCE_REQUEST
 from kvpool.spec import KV_DTYPES
 
 # Past this a count is a typo, and sizes derived from it would overflow int64.
@@ -80,6 +81,17 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_json_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def concurrency_text(counts: Mapping[str, Any], max_seq_len: int, avg_seq_len: int | None) -> str:
+    """`465 of 2,049 positions (the reference request), 118 of 8,192 (max_seq_len)`:
+    requests that fit at once, each count with the length it is counted at. A count
+    may be text (`153 / 153`: an engine's beside kvpool's)."""
+    parts = [f"{counts['reference']} of {REFERENCE_REQUEST[0]:,} positions (the reference request)"]
+    if avg_seq_len is not None:
+        parts.append(f"{counts['avg_seq_len']} of {avg_seq_len:,} (avg_seq_len)")
+    parts.append(f"{counts['max_seq_len']} of {max_seq_len:,} (max_seq_len)")
+    return ", ".join(parts)
 
 
 def print_json(obj: Any) -> None:

@@ -7,11 +7,13 @@ import argparse
 import dataclasses
 from typing import Any
 
-from kvpool.cli.common import table
+from kvpool.cli.common import concurrency_text, table
+from kvpool.cli.fit_engines import with_budget_flag
 from kvpool.engines.common import EnginePool, EngineReport
 from kvpool.engines.emit import ENGINES, Emitted, emit, engine_report, model_id_for
 from kvpool.errors import KvpoolError
 from kvpool.plan import REFERENCE_REQUEST, PoolPlan, decode_shape
+from kvpool.plan.memory import MemoryBudget
 from kvpool.units import format_bytes
 
 
@@ -79,19 +81,20 @@ def render_report(report: EngineReport, plan: PoolPlan) -> str:
             table(["pool", "groups", "page tokens", "page bytes", "pages", "tokens", "bytes", "fit ref/S/L"], rows)
         )
     lines += [f"prints: {line}" for line in report.lines]
+    both = {k: f"{_fits(theirs[k])} / {_fits(ours[k])}" for k in ours}
     lines.append(
-        "requests that fit at once (engine / kvpool): "
-        f"reference (2049) {theirs['reference']} / {ours['reference']}, avg_seq_len "
-        f"{_fits(theirs['avg_seq_len'])} / {_fits(ours['avg_seq_len'])}, max_seq_len "
-        f"{theirs['max_seq_len']} / {ours['max_seq_len']}"
+        f"requests that fit at once (engine / kvpool): {concurrency_text(both, lim.max_seq_len, plan.avg_seq_len)}"
     )
     lines += [f"refuses: {r}" for r in report.refusals]
     lines += [f"degrades: {d}" for d in report.degradations]
     return "\n".join(lines)
 
 
-def engine_outputs(args: argparse.Namespace, plan: PoolPlan) -> tuple[EngineReport | None, Emitted | None]:
-    """The --engine report and the --emit launch the options ask for."""
+def engine_outputs(
+    args: argparse.Namespace, plan: PoolPlan, memory: MemoryBudget | None = None
+) -> tuple[EngineReport | None, Emitted | None]:
+    """The --engine report and the --emit launch the options ask for (`memory`: the
+    whole-GPU breakdown, when known, states SGLang's budget as --mem-fraction-static)."""
     report = engine_report(args.engine, plan) if args.engine else None
     emitted = None
     if args.emit:
@@ -100,7 +103,7 @@ def engine_outputs(args: argparse.Namespace, plan: PoolPlan) -> tuple[EngineRepo
             raise KvpoolError(f"--emit does not yet state {', '.join(beyond_tp)} as engine flags; plan without them")
         source = plan.spec.source
         hub_id = source.repo_id if source is not None and source.kind == "hub" else None
-        emitted = emit(args.emit, plan, launch_model_id(plan, args.model, args.model_id))
+        emitted = with_budget_flag(emit(args.emit, plan, launch_model_id(plan, args.model, args.model_id)), memory)
         if hub_id and source is not None and source.revision != "main":
             # an engine takes the revision as its own option, never as id@revision
             note = f"planned from {hub_id} at revision {source.revision}: give the engine that revision too"

@@ -95,6 +95,16 @@ def budget_flags(engine: str, kv_bytes: int, memory: MemoryBudget | None) -> tup
     return (f"kv_cache_config.max_gpu_total_bytes: {kv_bytes}",)
 
 
+def with_budget_flag(emitted: Emitted, memory: MemoryBudget | None) -> Emitted:
+    """SGLang's launch with its --mem-fraction-static when the whole-GPU breakdown
+    is known: the fraction replaces the "leave at least ..." note, SGLang sizes from it."""
+    if emitted.engine != "sglang" or memory is None or emitted.argv is None:
+        return emitted
+    flag = budget_flags("sglang", emitted.report.budget_bytes, memory)[0]
+    notes = tuple(n for n in emitted.notes if not n.startswith("SGLang sizes its pools"))
+    return dataclasses.replace(emitted, argv=(*emitted.argv, *flag.split()), notes=notes)
+
+
 def requests_that_fit(report: EngineReport, plan: PoolPlan, lengths: dict[str, int]) -> dict[str, int]:
     """Requests the engine's pools hold at once, decoding at each named length
     (`reference`: kvpool's reference request, 2049 positions with 2048 computed)."""
@@ -140,10 +150,7 @@ def engine_fit(
     emitted = emit(engine, plan, model_id)
     report = emitted.report
     flags = budget_flags(engine, plan.budget_bytes, memory)
-    if engine == "sglang" and memory is not None and emitted.argv is not None:
-        # the fraction replaces the "leave at least ..." note: SGLang sizes from it
-        notes = tuple(n for n in emitted.notes if not n.startswith("SGLang sizes its pools"))
-        emitted = dataclasses.replace(emitted, argv=(*emitted.argv, *flags[0].split()), notes=notes)
+    emitted = with_budget_flag(emitted, memory)
     fits = requests_that_fit(report, plan, lengths)
     reasons = list(report.refusals)
     at_max = fits["max_seq_len"]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from kvpool.cli import engines_out
-from kvpool.cli.common import add_json_arg, print_json, table
+from kvpool.cli.common import add_json_arg, concurrency_text, print_json, table
 from kvpool.cli.plan_args import Resolved, add_plan_args, resolve
 from kvpool.cli.request import PlanRequest
 from kvpool.errors import KvpoolError
@@ -54,10 +55,11 @@ def render(plan: PoolPlan) -> str:
     lim = plan.limits
     lines = [
         f"{plan.spec.name}: {format_bytes(plan.total_bytes)} of {format_bytes(plan.budget_bytes)} "
-        f"in {len(plan.groups)} pools (policy {plan.policy}, phase {plan.phase}, "
-        f"{plan.spec.tokens_per_block} tokens per page)",
-        f"limits: B={lim.max_batch_size} L={lim.max_seq_len} N={lim.max_num_tokens} "
-        f"d={lim.max_draft_len} E={lim.num_extra_kv_tokens} S={plan.avg_seq_len}",
+        f"in {len(plan.groups)} pool{'' if len(plan.groups) == 1 else 's'} (policy {plan.policy}, "
+        f"phase {plan.phase}, {plan.spec.tokens_per_block} tokens per page)",
+        f"limits: max_batch_size {lim.max_batch_size}, max_seq_len {lim.max_seq_len}, max_num_tokens "
+        f"{lim.max_num_tokens or 'none'}, draft_len {lim.max_draft_len}, extra_kv_tokens "
+        f"{lim.num_extra_kv_tokens}, avg_seq_len {plan.avg_seq_len or 'not given'}",
         "",
         table(
             ["group", "kind", "window", "page bytes", "pages", "bytes", "share"],
@@ -90,12 +92,8 @@ def render(plan: PoolPlan) -> str:
             f"constraint {c.name}: {len(c.batch)} requests, longest "
             f"{max(s.capacity for s in c.batch)} positions: {state}"
         )
-    conc = plan.max_concurrency()
-    lines.append(
-        f"\nrequests that fit at once: reference (2049) {conc['reference']}, "
-        f"avg_seq_len {conc['avg_seq_len'] if conc['avg_seq_len'] is not None else '-'}, "
-        f"max_seq_len {conc['max_seq_len']}"
-    )
+    conc = concurrency_text(plan.max_concurrency(), lim.max_seq_len, plan.avg_seq_len)
+    lines.append(f"\nrequests that fit at once: {conc}")
     lines += [f"warning: {w}" for w in plan.warnings]
     lines += [f"note: {n}" for n in plan.notes if not n.startswith("fit:")]
     return "\n".join(lines)
@@ -122,9 +120,17 @@ def run(args: argparse.Namespace) -> int:
     request = PlanRequest.from_args(args)
     resolved = resolve(request)
     plan = sized_plan(args, resolved)
-    report, emitted = engines_out.engine_outputs(args, plan)
-    capped = default_length_note(request, plan)
+    if request.fit and not plan.max_concurrency()["max_seq_len"]:
+        # --fit promises a usable plan: one that holds no request of max_seq_len is not one
+        shrunk = [max(b.capacity for b in c.batch) for c in plan.constraints if c.shrunk_from is not None]
+        hint = f"--max-seq-len {min(shrunk)}" if shrunk else "a lower --max-seq-len"
+        raise KvpoolError(
+            f"--fit: {format_bytes(plan.budget_bytes)} of KV holds no request of max_seq_len "
+            f"{plan.limits.max_seq_len:,}; give {hint} (the longest its constraints fit) or more memory"
+        )
     memory = resolved.budget.memory
+    report, emitted = engines_out.engine_outputs(args, plan, memory)
+    capped = default_length_note(request, plan)
     if args.json:
         out = engines_out.to_json(report, emitted, plan)
         if capped and isinstance(out.get("notes"), list):
@@ -132,14 +138,21 @@ def run(args: argparse.Namespace) -> int:
         if memory is not None and emitted is None:
             out["memory"] = memory.to_json()
         print_json(out)
-    else:
-        if memory is not None:
-            print(render_memory(memory, str(request.budget.gpu), request.model.layout()))
-        print(render(plan))
-        if capped:
-            print(f"note: {capped}")
-        if report is not None or emitted is not None:
-            print("\n" + engines_out.render(report, emitted, plan))
+        return 0
+    # --emit: the launch alone on stdout (`> launch.sh`, `> kvpool.yaml` give a file the
+    # engine reads); the tables that explain it go to stderr
+    info = sys.stderr if emitted is not None else sys.stdout
+    if memory is not None:
+        print(render_memory(memory, str(request.budget.gpu), request.model.layout()), file=info)
+    print(render(plan), file=info)
+    if capped:
+        print(f"note: {capped}", file=info)
+    if report is not None:
+        print("\n" + engines_out.render(report, None, plan), file=info)
+    if emitted is not None:
+        print(f"\n{emitted.engine} launch that follows the plan (on stdout):", file=info)
+        info.flush()
+        print(emitted.text())
     return 0
 
 
