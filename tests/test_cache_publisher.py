@@ -234,6 +234,59 @@ def test_bad_setup_is_a_typed_error() -> None:
         KVEventPublisher("nonsense://where", groups)
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("hwm", -1),
+        ("hwm", 1.5),
+        ("buffer_steps", 1.5),
+        ("buffer_steps", 0),
+        ("connect_wait_s", float("nan")),
+        ("connect_wait_s", float("inf")),
+        ("connect_wait_s", -1.0),
+        ("data_parallel_rank", -2),
+        ("topic", b"kv"),
+    ],
+)
+def test_bad_options_are_refused_by_name(option: str, value: Any) -> None:
+    with pytest.raises(EventPublisherError, match=option):
+        KVEventPublisher("tcp://127.0.0.1:0", full_spec().groups, **{option: value})
+
+
+def test_publish_refuses_what_is_no_cache_event() -> None:
+    with KVEventPublisher("tcp://127.0.0.1:*", full_spec().groups) as pub:
+        with pytest.raises(EventPublisherError, match="CacheEvent"):
+            pub.publish(["not an event"])  # type: ignore[list-item]
+        assert pub.next_seq == 0  # nothing sent
+
+
+def test_a_flood_of_replay_requests_does_not_hold_a_publish_back() -> None:
+    # 40 replay requests wait; one publish answers at most REPLAYS_PER_PUBLISH of them, the rest later
+    from kvpool.cache.publisher import REPLAYS_PER_PUBLISH
+
+    ctx = zmq.Context.instance()
+    with KVEventPublisher("tcp://127.0.0.1:*", full_spec().groups, replay_endpoint="tcp://127.0.0.1:*") as pub:
+        assert pub.replay_endpoint is not None
+        client = ctx.socket(zmq.DEALER)
+        client.connect(pub.replay_endpoint)
+        try:
+            for _ in range(40):
+                client.send_multipart((b"", (0).to_bytes(8, "big")))
+            time.sleep(0.5)  # let all 40 arrive
+            pub.publish_cleared()
+            answered = 0
+            while client.poll(100):
+                frames = client.recv_multipart()
+                answered += frames[-2] == END_SEQ
+            assert answered <= REPLAYS_PER_PUBLISH
+            rest, deadline = 0, time.time() + 10
+            while answered + rest < 40 and time.time() < deadline:  # the rest, on later calls
+                rest += pub.serve_replay(timeout_ms=100)
+            assert answered + rest == 40
+        finally:
+            client.close(linger=0)
+
+
 def frames_during(command: Any) -> list[list[bytes]]:
     """Every message a SUB on a free loopback port receives while
     `command(endpoint)` runs. A bound SUB attaches a peer (and sends it its

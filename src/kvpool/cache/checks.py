@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from functools import lru_cache
 from typing import cast
 
@@ -44,6 +44,8 @@ def check_tokens(tokens: Iterable[object], what: str = "tokens") -> array[int]:
     fast as building the array from the list), and the array's bytes are what
     the page digests hash (`cache/hashing.py`)."""
     # a list or tuple goes straight in; anything else is listed first (`array("q", b"..")` would read raw bytes)
+    if isinstance(tokens, (str, bytes, bytearray, Set, Mapping)) or not isinstance(tokens, Iterable):
+        raise CacheUsageError(f"{what} must be a sequence of token ids, got {type(tokens).__name__}")
     items = tokens if type(tokens) is list or type(tokens) is tuple else list(tokens)
     try:
         data = int64_packer(len(items))(*items)

@@ -46,6 +46,7 @@ from kvpool.plan.capture import WarmupReport
 from kvpool.plan.result import PoolPlan
 from kvpool.plan.tiers import tier_pages
 from kvpool.spec.kinds import NEVER
+from kvpool.spec.pages import pages_needed
 
 __all__ = ["STALE", "KVCacheManager"]
 
@@ -241,7 +242,7 @@ class KVCacheManager:
         stale. All groups or nothing: a falsy result, naming the pages short
         per group, changed nothing. Raises `CacheUsageError` if capacity <
         history, history decreases or capacity passes max_seq_len + headroom."""
-        req = self._by_id.get(rid)
+        req = self._by_id.get(rid) if type(rid) is int else None  # True and 1.0 would find request 1
         if req is not None and type(capacity) is int:
             hist = req.hist if history is None else history
             if type(hist) is int and req.hist <= hist <= capacity <= req.limit:  # a valid shape
@@ -265,7 +266,7 @@ class KVCacheManager:
         before any change, for a token that is no token id or a request whose
         known ids do not reach its history (commit them first). `token=None`
         (or reuse off) commits nothing."""
-        req = self._by_id.get(rid)
+        req = self._by_id.get(rid) if type(rid) is int else None  # True and 1.0 would find request 1
         if req is not None and req.cap < req.hi and (hist := req.hist + 1) < req.next_stale and req.lookup is None:
             # early return: no page moves, and no page completes (or nothing to commit)
             known = req.tokens
@@ -406,7 +407,7 @@ class KVCacheManager:
         prompt came with `create`; pass generated tokens here). Commit only
         verified tokens, never drafts: `num_tokens` may not exceed history.
         Returns the tokens now reusable; a no-op (0) with reuse off or for dummies."""
-        req = self._by_id.get(rid)
+        req = self._by_id.get(rid) if type(rid) is int else None  # True and 1.0 would find request 1
         if (  # early return: no page completes, no state to snapshot; at most one new plain token id
             req is not None
             and (known := req.tokens) is not None  # so reuse is on and it is no dummy
@@ -449,6 +450,9 @@ class KVCacheManager:
         (nothing changed, the pages short named) when they do not fit."""
         check_dummy_args(batch_size, token_num, draft_len)
         cap, hist = capture.dummy_shape(token_num, draft_len, self.limits.num_extra_kv_tokens, is_gen)
+        short = self._dummies_short(batch_size, cap, hist)
+        if short:  # answered by the page arithmetic, before any request exists: O(groups) for any batch_size
+            return Dummies(short=short)
         registry = self.requests
         next_dummy, free_ids = registry.next_dummy, list(registry.free_dummy_ids)
         reqs = [self._new_request(registry.dummy_id(), dummy=True) for _ in range(batch_size)]
@@ -459,6 +463,16 @@ class KVCacheManager:
             self.free(r.rid)
         registry.next_dummy, registry.free_dummy_ids = next_dummy, free_ids
         return Dummies(short=done.short)
+
+    def _dummies_short(self, batch_size: int, cap: int, hist: int) -> dict[str, int]:
+        """Pages missing per pool for `batch_size` fresh requests of shape
+        (cap, hist): `pages_needed` each (fresh requests release nothing)."""
+        need: dict[str, int] = {}
+        for g, pool in zip(self.groups, self.pools, strict=True):
+            name = pool.store.name  # groups that share a pool are summed under its name
+            need[name] = need.get(name, 0) + batch_size * pages_needed(g, cap, hist)
+        free = {pool.store.name: pool.num_free for pool in self.pools}
+        return {name: n - free[name] for name, n in need.items() if n > free[name]}
 
     def max_generation_length(self, batch_size: int, draft_len: int = 0) -> int:
         """Largest token_num (history + current input) the longest row of a

@@ -48,6 +48,7 @@ Not thread-safe, no background thread: replay requests are answered inside
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -96,6 +97,10 @@ from kvpool.cache.kv_wire import (
 )
 from kvpool.spec.groups import LayerGroup
 
+# replay requests answered per `publish`: each resends the whole buffer, so a flood of them must
+# not hold a step's events back; the rest wait for the next calls (or `serve_replay()`)
+REPLAYS_PER_PUBLISH = 4
+
 
 def _binds(endpoint: str) -> bool:
     return "*" in endpoint or "::" in endpoint or endpoint.startswith("ipc://") or endpoint.startswith("inproc://")
@@ -124,8 +129,17 @@ class KVEventPublisher:
     ) -> None:
         if wire not in ("map", "array"):
             raise EventPublisherError(f"unknown KV-event wire format {wire!r} (map, array)")
-        if buffer_steps < 1:
-            raise EventPublisherError(f"buffer_steps must be at least 1, not {buffer_steps}")
+        for name, value, low in (
+            ("buffer_steps", buffer_steps, 1),
+            ("hwm", hwm, 0),
+            ("data_parallel_rank", data_parallel_rank, 0),
+        ):
+            if type(value) is not int or value < low:
+                raise EventPublisherError(f"{name} must be an integer >= {low}, not {value!r}")
+        if not isinstance(connect_wait_s, (int, float)) or not 0 <= connect_wait_s < math.inf:
+            raise EventPublisherError(f"connect_wait_s must be a finite number of seconds >= 0, not {connect_wait_s!r}")
+        if not isinstance(topic, str):
+            raise EventPublisherError(f"topic must be a str, not {type(topic).__name__}")
         self.groups = list(groups)
         self.wire: WireFormat = wire
         self.topic = topic.encode()
@@ -187,15 +201,18 @@ class KVEventPublisher:
     def publish(self, events: Sequence[CacheEvent]) -> int | None:
         """Send one batch holding `events` (nothing when there are none); its
         sequence number, or None. Answers pending replay requests first."""
-        self.serve_replay()
+        self.serve_replay(limit=REPLAYS_PER_PUBLISH)
         if not events:
             return None
+        bad = next((e for e in events if not isinstance(e, CacheEvent)), None)
+        if bad is not None:
+            raise EventPublisherError(f"publish takes CacheEvents (manager.take_events()), got {type(bad).__name__}")
         return self._send(wire_events(events, self.groups, self.wire))
 
     def publish_cleared(self) -> int:
         """Send a batch with one `AllBlocksCleared` (subscribers drop everything
         they know of this publisher): after resetting the cache, or at start."""
-        self.serve_replay()
+        self.serve_replay(limit=REPLAYS_PER_PUBLISH)
         return self._send([encode_struct("AllBlocksCleared", CLEARED_FIELDS, [], self.wire)])
 
     def _send(self, events: list[Any]) -> int:
@@ -207,13 +224,14 @@ class KVEventPublisher:
         self._buffer.append((seq, payload))
         return seq
 
-    def serve_replay(self, timeout_ms: int = 0) -> int:
+    def serve_replay(self, timeout_ms: int = 0, limit: int | None = None) -> int:
         """Answer the replay requests waiting (waiting up to `timeout_ms` for the
-        first); how many were answered. Malformed requests are ignored."""
+        first), at most `limit` of them (None: all); how many were answered.
+        Malformed requests are ignored."""
         if self._replay is None:
             return 0
         answered = 0
-        while self._replay.poll(timeout_ms if answered == 0 else 0):
+        while (limit is None or answered < limit) and self._replay.poll(timeout_ms if answered == 0 else 0):
             frames = self._replay.recv_multipart()
             if len(frames) != 3 or len(frames[2]) != 8:
                 continue

@@ -90,7 +90,10 @@ class Requests:
         return iter(self.by_id.values())
 
     def get(self, rid: int) -> Request:
-        """The request `rid`; CacheUsageError when it is not registered."""
+        """The request `rid`; CacheUsageError when it is not registered (or not
+        an int: `True`, `1.0` and `np.int64(1)` hash like 1 and would find it)."""
+        if type(rid) is not int:
+            raise CacheUsageError(f"request ids are ints, got {rid!r} ({type(rid).__name__})")
         try:
             return self.by_id[rid]
         except (KeyError, TypeError):
@@ -100,7 +103,7 @@ class Requests:
 
     def record(self, rid: int) -> Request:
         """The request `rid`, suspended or not; CacheUsageError when it is not registered."""
-        req = self.suspended.get(rid)
+        req = self.suspended.get(rid) if type(rid) is int else None
         return self.get(rid) if req is None else req
 
     def suspend(self, rid: int) -> None:
@@ -147,6 +150,9 @@ class Requests:
         if self.last_batch is not None and self.last_batch[0] == key:
             return self.last_batch[1]
         by_id = self.by_id
+        if not all(type(r) is int for r in key):
+            bad = next(r for r in key if type(r) is not int)
+            raise CacheUsageError(f"request ids are ints, got {bad!r} ({type(bad).__name__})")
         try:
             reqs = [by_id[r] for r in key]
         except (KeyError, TypeError) as e:
