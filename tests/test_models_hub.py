@@ -29,6 +29,8 @@ def online(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
         raise AssertionError(f"unexpected download {args}")
 
     monkeypatch.setattr("huggingface_hub.hf_hub_download", refuse)
+    # the Hub "answers" the reachability probe; the stand-ins above decide the rest
+    monkeypatch.setattr("kvpool.models.hub.check_reachable", lambda name, cache: None)
     return tmp_path / "hub"
 
 

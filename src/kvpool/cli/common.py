@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kvpool.plan.batches import REFERENCE_REQUEST
-from kvpool.spec import KV_DTYPES
+from kvpool.spec import KV_DTYPES, ModelSpec
 
 # Past this a count is a typo, and sizes derived from it would overflow int64.
 MAX_COUNT = 2**40
@@ -92,6 +92,12 @@ def concurrency_text(counts: Mapping[str, Any], max_seq_len: int, avg_seq_len: i
         parts.append(f"{counts['avg_seq_len']} of {avg_seq_len:,} (avg_seq_len)")
     parts.append(f"{counts['max_seq_len']} of {max_seq_len:,} (max_seq_len)")
     return ", ".join(parts)
+
+
+def say_fallback(spec: ModelSpec) -> None:
+    """One stderr line when a bundled preset stood in for an unreachable hub id."""
+    if spec.source is not None and spec.source.fallback:
+        print(f"kvpool: note: {spec.source.fallback}", file=sys.stderr)
 
 
 def print_json(obj: Any) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvpool.cli.budget import DEFAULT_MEMORY_FRACTION, Budget, kv_budget
-from kvpool.cli.common import add_model_args, int_at_least, positive_int
+from kvpool.cli.common import add_model_args, int_at_least, positive_int, say_fallback
 from kvpool.cli.request import LimitOptions, ModelOptions, PlanRequest
 from kvpool.errors import LimitsError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
@@ -213,6 +213,7 @@ def load_spec(model: ModelOptions, max_seq_len: int | None) -> tuple[ModelSpec, 
         tokens_per_block=model.tokens_per_block,
         max_seq_len=max_len,
     )
+    say_fallback(spec)
     return spec, max_len
 
 

@@ -13,7 +13,9 @@ config.json and `SMALL_FILES`, never weights.
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from kvpool.errors import ModelSourceError
 
@@ -23,6 +25,14 @@ CONFIG = "config.json"
 # stored (ModelOpt's hf_quant_config.json, the safetensors index), never weights.
 SMALL_FILES = ("generation_config.json", "hf_quant_config.json", "model.safetensors.index.json")
 TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub/constants.py ENV_VARS_TRUE_VALUES
+DEFAULT_ENDPOINT = "https://huggingface.co"  # huggingface_hub/constants.py, overridden by HF_ENDPOINT
+# huggingface_hub retries a connection error five times with backoff (~25 s); one
+# connect of this many seconds says as much about a Hub that cannot be reached.
+PROBE_TIMEOUT_S = 3.0
+
+
+class HubUnreachableError(ModelSourceError):
+    """The config is not in the cache and the Hub cannot be reached right now."""
 
 
 def hub_cache_dir() -> Path:
@@ -68,6 +78,7 @@ def hub_config(name: str, repo_id: str, revision: str) -> Path:
             f"(hf download {repo_id} {CONFIG} --revision {revision})"
         )
     else:
+        check_reachable(name, cache)
         config = Path(download(name, repo_id, CONFIG, revision, cache, optional=False) or "")
     commit = config.parent.name  # snapshots/<sha>/config.json
     if not offline:
@@ -75,6 +86,25 @@ def hub_config(name: str, repo_id: str, revision: str) -> Path:
             if try_to_load_from_cache(repo_id, small, cache_dir=cache, revision=commit) is None:
                 download(name, repo_id, small, commit, cache, optional=True)
     return config
+
+
+def endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
+
+
+def check_reachable(name: str, cache: Path) -> None:
+    """One TCP connect to the Hub's endpoint, before huggingface_hub's retry loop:
+    a machine without a connection fails in at most PROBE_TIMEOUT_S with one line
+    (HubUnreachableError), not after ~25 s of retries."""
+    url = urlsplit(endpoint())
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as e:
+        raise HubUnreachableError(
+            f"{name} is not in the Hugging Face cache {cache} and the Hub ({endpoint()}) cannot be reached "
+            f"({first_line(e)}); check the connection (or HF_ENDPOINT), or fetch the config first"
+        ) from None
 
 
 def download(name: str, repo_id: str, filename: str, revision: str, cache: Path, *, optional: bool) -> str | None:

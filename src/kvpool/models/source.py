@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from kvpool import presets
 from kvpool.errors import ModelSourceError, UnknownPresetError
-from kvpool.models.hub import CONFIG, hub_config
+from kvpool.models.hub import CONFIG, HubUnreachableError, hub_config
 
 FORMS = (
     "MODEL is a preset name (kvpool models), a path to a config.json or its folder, "
@@ -53,6 +53,7 @@ class ModelSource:
     repo_id: str | None = None
     revision: str | None = None
     commit: str | None = None
+    fallback: str | None = None  # why a preset stands in for the hub id asked for
 
     def describe(self) -> str:
         """One line for people: `preset qwen3-8b`, `path /x/config.json`,
@@ -73,6 +74,7 @@ class ModelSource:
             "repo_id": self.repo_id,
             "revision": self.revision,
             "commit": self.commit,
+            **({"fallback": self.fallback} if self.fallback else {}),
         }
 
 
@@ -100,7 +102,17 @@ def resolve_model(model: str | os.PathLike[str]) -> ModelSource:
     match = HUB_ID.fullmatch(model)
     if match and "--" not in match["repo"] and ".." not in match["repo"]:
         repo_id, revision = match["repo"], match["revision"] or DEFAULT_REVISION
-        config = hub_config(model, repo_id, revision)
+        try:
+            config = hub_config(model, repo_id, revision)
+        except HubUnreachableError as e:
+            preset = preset_for_hub_id(repo_id)
+            if preset is None or match["revision"]:
+                raise
+            why = (
+                f"{e}; using the bundled preset {preset}, which describes the same architecture "
+                f"(give MODEL {preset} to plan it directly)"
+            )
+            return ModelSource("preset", preset, presets.DATA / "models" / f"{preset}.json", fallback=why)
         # snapshots/<commit sha>/config.json: the folder holds the commit's other files
         return ModelSource("hub", model, config, config.parent, repo_id, revision, config.parent.name)
     if "/" not in model and "\\" not in model and "@" not in model:
@@ -109,6 +121,18 @@ def resolve_model(model: str | os.PathLike[str]) -> ModelSource:
         except UnknownPresetError as e:
             raise UnknownPresetError(e.kind, e.name, e.suggestions, e.available, also=f" ({FORMS})") from None
     raise ModelSourceError(f"{model!r} is not a preset, an existing path or a well-formed Hugging Face id; {FORMS}")
+
+
+def preset_for_hub_id(repo_id: str) -> str | None:
+    """The bundled preset a hub id names, matched on the repository's name without
+    its instruct suffix (`Qwen/Qwen3-8B` -> qwen3-8b, `google/gemma-3-27b-it` ->
+    gemma-3-27b, `meta-llama/Llama-3.1-70B-Instruct` -> llama-3.1-70b); None if none."""
+    name = repo_id.split("/", 1)[1].lower()
+    names = presets.model_names()
+    for candidate in (name, name.removesuffix("-instruct"), name.removesuffix("-it")):
+        if candidate in names:
+            return candidate
+    return None
 
 
 def path_source(path: Path, name: str) -> ModelSource:

@@ -54,8 +54,8 @@ def read_model_config(
         where = f"config {name}"
     else:
         origin = resolve_model(source)
-        if origin.kind == "preset":
-            name, config = str(source), presets.load_model_config(str(source))
+        if origin.kind == "preset":  # origin.name: a preset may stand in for a hub id (ModelSource.fallback)
+            name, config = origin.name, presets.load_model_config(origin.name)
             where = f"preset {name}"
         else:
             path = origin.config_path
