@@ -93,3 +93,19 @@ def test_max_seq_len_defaults_to_the_models_positions_capped(tmp_path: Path) -> 
 def test_dp_that_does_not_divide_tp_is_named() -> None:
     with pytest.raises(Exception, match="--dp 2 must divide --tp 3"):
         _ = ModelOptions("qwen3-8b", tp=3, dp=2).attention_tp
+
+
+def test_one_page_size_default_everywhere() -> None:
+    """Every command leaves the page size to the spec's one default (generate used 16, plan 32)."""
+    parser = build_parser()
+    commands = {
+        "plan": ["plan", "qwen3-8b"],
+        "fit": ["fit", "qwen3-8b"],
+        "warmup": ["warmup", "qwen3-8b"],
+        "inspect": ["inspect", "qwen3-8b"],
+        "simulate": ["simulate", "qwen3-8b", "--trace", "azure-conv"],
+        "generate": ["generate", "--tiny", "llama"],
+    }
+    for argv in commands.values():
+        assert parser.parse_args(argv).tokens_per_block is None, argv[0]
+    assert load_model_spec("qwen3-8b").tokens_per_block == 32

@@ -80,7 +80,11 @@ def register(sub: Any) -> None:
         help="tokens to generate per request (default 32)",
     )
     p.add_argument(
-        "--tokens-per-block", type=positive_int, default=16, metavar="T", help="page size in positions (default 16)"
+        "--tokens-per-block",
+        type=positive_int,
+        default=None,
+        metavar="T",
+        help="page size in positions (default: the plan's, 32; 128 for DeepSeek-V4)",
     )
     p.add_argument(
         "--kv-memory",
