@@ -2,7 +2,11 @@
 would print, and what it would refuse or degrade.
 
 Every engine module (`vllm`, `sglang`, `trtllm`) turns (spec, limits, KV bytes per
-rank) into an `EngineReport`. A pool's `members` are page-arithmetic groups at the
+rank) into an `EngineReport` in three steps behind one protocol, `EngineModel`:
+`size` (the engine's own arithmetic, a frozen `Sizing`), `pools` (the pools that
+sizing buys) and `report` (what the engine prints, refuses and degrades);
+`allocate_with` runs them. A model object carries the engine's options and names
+the release it reproduces (`vllm@0.32`). A pool's `members` are page-arithmetic groups at the
 engine's own page size; a request of shape (capacity, history) takes
 `sum(pages_needed(m, capacity, history) for m in members)` pages of that pool,
 so concurrency is counted by kvpool's one page arithmetic (docs/design.md, rule 1).
@@ -12,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from kvpool.errors import KvpoolError
+from kvpool.errors import KvpoolError, LimitsError
 from kvpool.plan.batches import REFERENCE_REQUEST, decode_shape
 from kvpool.plan.limits import ServingLimits
 from kvpool.spec import Kind, LayerGroup, ModelSpec, pages_needed
@@ -155,3 +159,77 @@ def member(
     if kind == "state":
         return LayerGroup(name, "state", tuple(range(layers)), max(tokens_per_block, 1), state_bytes=1)
     return LayerGroup(name, kind, tuple(range(layers)), tokens_per_block, row_bytes=row_bytes, window=window)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What an engine's sizing step decided, before any pool is built.
+
+    Engines subclass it (frozen) to carry their own intermediate numbers;
+    `refusals` here stop the engine at start-up (`pools` then builds none),
+    `degradations` and `notes` pass through to the report.
+    """
+
+    spec: ModelSpec
+    limits: ServingLimits
+    budget_bytes: int
+    refusals: tuple[str, ...] = ()
+    degradations: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+S = TypeVar("S", bound=Sizing)
+
+
+class EngineModel(Protocol[S]):
+    """One engine release's allocation rules: sizing -> pools -> report.
+
+    `engine` is the name the CLI takes (`vllm`), `release` the version whose code
+    the model reproduces (`0.32`), `sources` the files read for it. Options (block
+    size, ratios, scheduling) are fields of the implementing object.
+    """
+
+    @property
+    def engine(self) -> str: ...
+
+    @property
+    def release(self) -> str: ...
+
+    @property
+    def sources(self) -> tuple[str, ...]: ...
+
+    def size(self, spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int) -> S:
+        """The engine's own arithmetic on (spec, limits, KV bytes per rank)."""
+        ...
+
+    def pools(self, sizing: S) -> tuple[EnginePool, ...]:
+        """The pools `sizing` buys (none when it refuses)."""
+        ...
+
+    def report(self, sizing: S, pools: tuple[EnginePool, ...]) -> EngineReport:
+        """What the engine prints, refuses and degrades for `sizing` and `pools`."""
+        ...
+
+
+def allocate_with(model: EngineModel[S], spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int) -> EngineReport:
+    """Run `model` on one deployment: size, build the pools, report."""
+    if kv_memory_bytes < 1:
+        raise LimitsError(f"kv_memory_bytes must be positive, got {kv_memory_bytes}")
+    sizing = model.size(spec, limits, kv_memory_bytes)
+    return model.report(sizing, model.pools(sizing))
+
+
+def split_engine_name(name: str, releases: Mapping[str, tuple[str, ...]]) -> tuple[str, str]:
+    """`vllm` -> (vllm, newest verified release), `vllm@0.32` -> (vllm, 0.32).
+
+    `releases` maps each engine to its modelled releases, newest first.
+    """
+    engine, _, release = name.partition("@")
+    if engine not in releases:
+        raise EngineNotModelledError(f"unknown engine {engine!r}; choose one of {', '.join(releases)}")
+    known = releases[engine]
+    if not release:
+        return engine, known[0]
+    if release not in known:
+        raise EngineNotModelledError(f"{engine}@{release} is not modelled; releases: {', '.join(known)}")
+    return engine, release
