@@ -268,14 +268,13 @@ class KVCacheManager:
         (or reuse off) commits nothing."""
         req = self._by_id.get(rid) if type(rid) is int else None  # True and 1.0 would find request 1
         if req is not None and req.cap < req.hi and (hist := req.hist + 1) < req.next_stale and req.lookup is None:
-            # early return: no page moves, and no page completes (or nothing to commit)
-            known = req.tokens
-            if token is None or (known is None and (req.dummy or not self.enable_reuse)):
+            # early return: no page moves, and nothing to commit or no page completes
+            if token is None or req.dummy or not self.enable_reuse:
                 req.cap += 1
                 req.hist = hist
                 return RESIZED
             if (
-                known is not None
+                (known := req.tokens) is not None
                 and type(token) is int
                 and hist < (req.committed + 1) * self.tokens_per_block
                 and req.base + len(known) + 1 == hist
@@ -286,19 +285,22 @@ class KVCacheManager:
                 req.cap += 1
                 req.hist = hist
                 return RESIZED
-        if req is None:
-            req = self.requests.get(rid)  # raises
+        return self._advance(self.requests.get(rid) if req is None else req, token)
+
+    def _advance(self, req: Request, token: int | None) -> Resize:
+        """`advance` where a page may move or complete: the checks, the move,
+        then the commit of `token` (when reuse is on and it is no dummy)."""
         commits = token is not None and self.enable_reuse and not req.dummy
         if commits:
-            check_few_tokens((token,), f"request {rid}: advance's token")
+            check_few_tokens((token,), f"request {req.rid}: advance's token")
             if req.num_known != req.hist:
                 raise CacheUsageError(
-                    f"request {rid}: advance commits the id of position {req.hist}, but {req.num_known} "
+                    f"request {req.rid}: advance commits the id of position {req.hist}, but {req.num_known} "
                     "token ids are known (commit the ids before it first)"
                 )
         cap = req.cap + 1
         if cap > req.limit:
-            check_capacity(rid, cap, req.limit)
+            check_capacity(req.rid, cap, req.limit)
         done = self._move(((req, cap, req.hist + 1),))
         if done and token is not None and commits:  # the token was checked above
             prefix.commit(self.tables, req, req.hist, (token,), state_snapshots=self.state_snapshots)
