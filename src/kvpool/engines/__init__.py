@@ -3,6 +3,23 @@ deployment, and the flags that make them follow a kvpool plan (no engine is
 imported)."""
 
 from kvpool.engines import sglang, trtllm, vllm
-from kvpool.engines.common import EngineNotModelledError, EnginePool, EngineReport
+from kvpool.engines.common import (
+    EngineModel,
+    EngineNotModelledError,
+    EnginePool,
+    EngineReport,
+    Sizing,
+    allocate_with,
+)
 
-__all__ = ["EngineNotModelledError", "EnginePool", "EngineReport", "sglang", "trtllm", "vllm"]
+__all__ = [
+    "EngineModel",
+    "EngineNotModelledError",
+    "EnginePool",
+    "EngineReport",
+    "Sizing",
+    "allocate_with",
+    "sglang",
+    "trtllm",
+    "vllm",
+]

@@ -21,18 +21,20 @@ Rules modelled (facts read from SGLang's source; no SGLang code is used):
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from kvpool.engines.common import (
     EngineNotModelledError,
     EnginePool,
     EngineReport,
+    Sizing,
+    allocate_with,
     member,
     refuse_compressed,
 )
 from kvpool.errors import LimitsError
 from kvpool.plan.limits import ServingLimits
-from kvpool.spec import ModelSpec, decode_worst_case_pages
+from kvpool.spec import LayerGroup, ModelSpec, decode_worst_case_pages
 
 VERSION = "SGLang main branch at commit 003fca80 (2026)"
 SOURCES = (
@@ -44,6 +46,8 @@ SOURCES = (
     "'KV Cache is allocated. #tokens'",
     "python/sglang/srt/managers/tp_worker.py: max_running_requests",
 )
+RELEASE = "0.5.23"
+RELEASES = (RELEASE,)
 DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 GIB = 1 << 30
@@ -51,6 +55,228 @@ GIB = 1 << 30
 
 def _gb(n: int) -> str:
     return f"{n / GIB:.2f} GB"
+
+
+@dataclass(frozen=True)
+class SglangSizing(Sizing):
+    """SGLang's sizing: tokens of the full and SWA pools, mamba slots, request caps."""
+
+    full: tuple[LayerGroup, ...] = ()
+    swa: tuple[LayerGroup, ...] = ()
+    states: tuple[LayerGroup, ...] = ()
+    full_tokens: int = 0
+    swa_tokens: int = 0
+    slots: int = 0
+    ratio: float = 0.0
+    max_num_reqs: int = 0
+    running: int = 0
+
+
+@dataclass(frozen=True)
+class Sglang:
+    """SGLang's allocation rules with its options (`EngineModel`)."""
+
+    page_size: int = 1
+    swa_full_tokens_ratio: float = DEFAULT_SWA_FULL_TOKENS_RATIO
+    mamba_full_memory_ratio: float = DEFAULT_MAMBA_FULL_MEMORY_RATIO
+    max_running_requests: int | None = None
+    max_total_tokens: int | None = None
+    max_mamba_cache_size: int | None = None
+    engine: str = "sglang"
+    release: str = RELEASE
+    sources: tuple[str, ...] = SOURCES
+
+    def size(self, spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int) -> SglangSizing:
+        """Pool tokens and slots from the KV budget; start-up refusals."""
+        page_size = self.page_size
+        if not self.swa_full_tokens_ratio > 0 or not self.mamba_full_memory_ratio > 0 or page_size < 1:
+            raise LimitsError("swa_full_tokens_ratio, mamba_full_memory_ratio and page_size must be positive")
+        refuse_compressed(spec, "SGLang")
+        full = [g for g in spec.groups if g.kind == "full"]
+        swa = [g for g in spec.groups if g.kind in ("sliding", "chunked")]
+        states = [g for g in spec.groups if g.kind == "state"]
+        notes = [
+            f"{spec.name}: context_len {limits.max_seq_len}, chunked_prefill_size {limits.max_num_tokens}, "
+            f"page_size {page_size}"
+        ]
+        if len({(g.kind, g.window) for g in swa}) > 1:
+            raise EngineNotModelledError(
+                f"{spec.name}: SGLang keeps one sliding window; groups {[g.name for g in swa]} have several"
+            )
+        if swa and not full and not states:
+            notes.append(
+                "no full-attention layers: SGLang does not use a hybrid SWA pool for this model; "
+                "sized as full attention"
+            )
+            full, swa = swa, []
+        if swa and states:
+            raise EngineNotModelledError(f"{spec.name}: sliding and state layers together are not modelled")
+        full_bytes = sum(g.row_bytes for g in full)
+        swa_bytes = sum(g.row_bytes for g in swa)
+        state_bytes = sum(g.state_bytes for g in states)
+        base = SglangSizing(spec, limits, kv_memory_bytes, notes=tuple(notes))
+        rest, slots = kv_memory_bytes, 0
+        if states:
+            slots = (
+                int(kv_memory_bytes * self.mamba_full_memory_ratio / (1 + self.mamba_full_memory_ratio) // state_bytes)
+                if self.max_mamba_cache_size is None
+                else self.max_mamba_cache_size
+            )
+            rest = kv_memory_bytes - slots * state_bytes
+            if slots < 1 or rest <= 0:
+                return replace(
+                    base,
+                    refusals=(
+                        "Not enough memory for the mamba state pool. Please try to increase --mem-fraction-static.",
+                    ),
+                )
+        ratio = self.swa_full_tokens_ratio if swa else 0.0
+        cell = full_bytes + ratio * swa_bytes
+        full_tokens = int(rest // cell) // page_size * page_size
+        if self.max_total_tokens is not None:
+            full_tokens = min(full_tokens, self.max_total_tokens) // page_size * page_size
+        if full_tokens <= 0:
+            return replace(base, refusals=("Not enough memory. Please try to increase --mem-fraction-static.",))
+        swa_tokens = int(full_tokens * ratio) // page_size * page_size if swa else 0
+        refusals: list[str] = []
+        degradations: list[str] = []
+        if swa:
+            window = swa[0].window
+            assert window is not None
+            if window + page_size >= swa_tokens:
+                refusals.append(
+                    f"SWA pool ({swa_tokens} tokens) cannot hold even one request: the prefill "
+                    f"admission floor is sliding_window_size ({window}) + page_size ({page_size}). "
+                    "Increase --swa-full-tokens-ratio or the total KV budget."
+                )
+            probe = member("swa", swa[0].kind, page_size, window=window)
+            per = decode_worst_case_pages(probe, limits.headroom) or 1
+            graph = limits.largest_graph_batch
+            if graph * per > swa_tokens // page_size:
+                degradations.append(
+                    f"the SWA pool holds {swa_tokens // page_size // per} full-window decodes "
+                    f"but the largest CUDA-graph batch is {graph}: decode batches beyond that "
+                    "wait or are retracted"
+                )
+        cap = self.max_running_requests
+        max_num_reqs = cap or min(max(int(full_tokens / limits.max_seq_len * 512), 2048), 4096)
+        if states:
+            if cap is not None and slots < cap:
+                degradations.append(f"max_running_requests {cap} capped at {slots} by the mamba state pool")
+            max_num_reqs = min(max_num_reqs, slots)
+        running = min(cap or full_tokens // 2, max_num_reqs)
+        if full_tokens < limits.max_seq_len:
+            degradations.append(
+                f"the full pool ({full_tokens} tokens) is shorter than context_len "
+                f"{limits.max_seq_len}: longer requests are rejected"
+            )
+        return replace(
+            base,
+            full=tuple(full),
+            swa=tuple(swa),
+            states=tuple(states),
+            full_tokens=full_tokens,
+            swa_tokens=swa_tokens,
+            slots=slots,
+            ratio=ratio,
+            max_num_reqs=max_num_reqs,
+            running=running,
+            refusals=tuple(refusals),
+            degradations=tuple(degradations),
+        )
+
+    def pools(self, sizing: SglangSizing) -> tuple[EnginePool, ...]:
+        """The full pool, the SWA pool and the mamba state pool that sizing buys."""
+        if sizing.full_tokens <= 0:
+            return ()
+        page_size = self.page_size
+        full_bytes = sum(g.row_bytes for g in sizing.full)
+        pools = [
+            EnginePool(
+                "full",
+                page_size,
+                full_bytes * page_size,
+                sizing.full_tokens // page_size,
+                tuple(g.name for g in sizing.full),
+                (member("full", "full", page_size),),
+                sizing.full_tokens,
+            )
+        ]
+        if sizing.swa:
+            pools.append(
+                EnginePool(
+                    "swa",
+                    page_size,
+                    sum(g.row_bytes for g in sizing.swa) * page_size,
+                    sizing.swa_tokens // page_size,
+                    tuple(g.name for g in sizing.swa),
+                    (member("swa", sizing.swa[0].kind, page_size, window=sizing.swa[0].window),),
+                    sizing.swa_tokens,
+                )
+            )
+        if sizing.states:
+            pools.append(
+                EnginePool(
+                    "mamba",
+                    0,
+                    sum(g.state_bytes for g in sizing.states),
+                    sizing.slots,
+                    tuple(g.name for g in sizing.states),
+                    (member("mamba", "state", 1),),
+                    None,
+                )
+            )
+        return tuple(pools)
+
+    def report(self, sizing: SglangSizing, pools: tuple[EnginePool, ...]) -> EngineReport:
+        """SGLang's allocation log lines and the numbers behind them."""
+        limits = sizing.limits
+        base = EngineReport(
+            "sglang",
+            VERSION,
+            self.sources,
+            limits,
+            sizing.budget_bytes,
+            pools,
+            refusals=sizing.refusals,
+            degradations=sizing.degradations,
+            notes=sizing.notes,
+        )
+        if not pools:
+            return base
+        lines: list[str] = []
+        if sizing.swa:
+            lines.append(
+                f"Use sliding window memory pool. full_layer_tokens={sizing.full_tokens}, "
+                f"swa_layer_tokens={sizing.swa_tokens}"
+            )
+        for p in pools:
+            if p.tokens is not None:
+                row = p.page_bytes // p.page_tokens
+                half = _gb((p.tokens + p.page_tokens) * row // 2)
+                lines.append(f"KV Cache is allocated. #tokens: {p.tokens}, K size: {half}, V size: {half}")
+            else:
+                lines.append(
+                    f"Mamba Cache is allocated. max_mamba_cache_size: {p.pages}, size: {_gb(p.pages * p.page_bytes)}"
+                )
+        lines.append(
+            f"max_total_num_tokens={sizing.full_tokens}, chunked_prefill_size={limits.max_num_tokens}, "
+            f"max_running_requests={sizing.running}, context_len={limits.max_seq_len}"
+        )
+        reported: dict[str, int | float | None] = {
+            "full_tokens": sizing.full_tokens,
+            "swa_tokens": sizing.swa_tokens if sizing.swa else None,
+            "max_mamba_cache_size": sizing.slots if sizing.states else None,
+            "max_running_requests": sizing.running,
+            "max_num_reqs": sizing.max_num_reqs,
+            "page_size": self.page_size,
+            "swa_full_tokens_ratio": sizing.ratio if sizing.swa else None,
+        }
+        tpb = sizing.spec.tokens_per_block
+        group_pages = {g.name: sizing.full_tokens // tpb for g in sizing.full}
+        group_pages.update({g.name: sizing.swa_tokens // tpb for g in sizing.swa})
+        group_pages.update({g.name: sizing.slots for g in sizing.states})
+        return replace(base, reported=reported, lines=tuple(lines), group_pages=group_pages)
 
 
 def allocate(
@@ -70,152 +296,12 @@ def allocate(
     --chunked-prefill-size N. `max_total_tokens` caps the full pool as the flag
     does. Refusals are reported; `EngineNotModelledError` for layouts kvpool
     does not model."""
-    if kv_memory_bytes < 1:
-        raise LimitsError(f"kv_memory_bytes must be positive, got {kv_memory_bytes}")
-    if not swa_full_tokens_ratio > 0 or not mamba_full_memory_ratio > 0 or page_size < 1:
-        raise LimitsError("swa_full_tokens_ratio, mamba_full_memory_ratio and page_size must be positive")
-    refuse_compressed(spec, "SGLang")
-    full = [g for g in spec.groups if g.kind == "full"]
-    swa = [g for g in spec.groups if g.kind in ("sliding", "chunked")]
-    states = [g for g in spec.groups if g.kind == "state"]
-    notes = [
-        f"{spec.name}: context_len {limits.max_seq_len}, chunked_prefill_size {limits.max_num_tokens}, "
-        f"page_size {page_size}"
-    ]
-    if len({(g.kind, g.window) for g in swa}) > 1:
-        raise EngineNotModelledError(
-            f"{spec.name}: SGLang keeps one sliding window; groups {[g.name for g in swa]} have several"
-        )
-    if swa and not full and not states:
-        notes.append(
-            "no full-attention layers: SGLang does not use a hybrid SWA pool for this model; sized as full attention"
-        )
-        full, swa = swa, []
-    if swa and states:
-        raise EngineNotModelledError(f"{spec.name}: sliding and state layers together are not modelled")
-    full_bytes = sum(g.row_bytes for g in full)
-    swa_bytes = sum(g.row_bytes for g in swa)
-    state_bytes = sum(g.state_bytes for g in states)
-    base = EngineReport("sglang", VERSION, SOURCES, limits, kv_memory_bytes, (), notes=tuple(notes))
-    rest, slots = kv_memory_bytes, 0
-    if states:
-        if max_mamba_cache_size is None:
-            budget = kv_memory_bytes * mamba_full_memory_ratio / (1 + mamba_full_memory_ratio)
-            max_mamba_cache_size = int(budget // state_bytes)
-        slots = max_mamba_cache_size
-        rest = kv_memory_bytes - slots * state_bytes
-        if slots < 1 or rest <= 0:
-            return replace(
-                base,
-                refusals=("Not enough memory for the mamba state pool. Please try to increase --mem-fraction-static.",),
-            )
-    ratio = swa_full_tokens_ratio if swa else 0.0
-    cell = full_bytes + ratio * swa_bytes
-    full_tokens = int(rest // cell) // page_size * page_size
-    if max_total_tokens is not None:
-        full_tokens = min(full_tokens, max_total_tokens) // page_size * page_size
-    if full_tokens <= 0:
-        return replace(base, refusals=("Not enough memory. Please try to increase --mem-fraction-static.",))
-    swa_tokens = int(full_tokens * ratio) // page_size * page_size if swa else 0
-    refusals: list[str] = []
-    degradations: list[str] = []
-    lines: list[str] = []
-    window = swa[0].window if swa else None
-    if swa:
-        assert window is not None
-        if window + page_size >= swa_tokens:
-            refusals.append(
-                f"SWA pool ({swa_tokens} tokens) cannot hold even one request: the prefill "
-                f"admission floor is sliding_window_size ({window}) + page_size ({page_size}). "
-                "Increase --swa-full-tokens-ratio or the total KV budget."
-            )
-        lines.append(f"Use sliding window memory pool. full_layer_tokens={full_tokens}, swa_layer_tokens={swa_tokens}")
-    pools = [
-        EnginePool(
-            "full",
-            page_size,
-            full_bytes * page_size,
-            full_tokens // page_size,
-            tuple(g.name for g in full),
-            (member("full", "full", page_size),),
-            full_tokens,
-        )
-    ]
-    lines.append(
-        f"KV Cache is allocated. #tokens: {full_tokens}, K size: "
-        f"{_gb((full_tokens + page_size) * full_bytes // 2)}, "
-        f"V size: {_gb((full_tokens + page_size) * full_bytes // 2)}"
+    model = Sglang(
+        page_size,
+        swa_full_tokens_ratio,
+        mamba_full_memory_ratio,
+        max_running_requests,
+        max_total_tokens,
+        max_mamba_cache_size,
     )
-    if swa:
-        kind = swa[0].kind
-        pools.append(
-            EnginePool(
-                "swa",
-                page_size,
-                swa_bytes * page_size,
-                swa_tokens // page_size,
-                tuple(g.name for g in swa),
-                (member("swa", kind, page_size, window=window),),
-                swa_tokens,
-            )
-        )
-        lines.append(
-            f"KV Cache is allocated. #tokens: {swa_tokens}, K size: "
-            f"{_gb((swa_tokens + page_size) * swa_bytes // 2)}, "
-            f"V size: {_gb((swa_tokens + page_size) * swa_bytes // 2)}"
-        )
-        probe = member("swa", kind, page_size, window=window)
-        per = decode_worst_case_pages(probe, limits.headroom) or 1
-        graph = limits.largest_graph_batch
-        if graph * per > swa_tokens // page_size:
-            degradations.append(
-                f"the SWA pool holds {swa_tokens // page_size // per} full-window decodes "
-                f"but the largest CUDA-graph batch is {graph}: decode batches beyond that "
-                "wait or are retracted"
-            )
-    if states:
-        pools.append(
-            EnginePool(
-                "mamba", 0, state_bytes, slots, tuple(g.name for g in states), (member("mamba", "state", 1),), None
-            )
-        )
-        lines.append(f"Mamba Cache is allocated. max_mamba_cache_size: {slots}, size: {_gb(slots * state_bytes)}")
-    max_num_reqs = max_running_requests or min(max(int(full_tokens / limits.max_seq_len * 512), 2048), 4096)
-    if states:
-        if max_running_requests is not None and slots < max_running_requests:
-            degradations.append(
-                f"max_running_requests {max_running_requests} capped at {slots} by the mamba state pool"
-            )
-        max_num_reqs = min(max_num_reqs, slots)
-    running = min(max_running_requests or full_tokens // 2, max_num_reqs)
-    if full_tokens < limits.max_seq_len:
-        degradations.append(
-            f"the full pool ({full_tokens} tokens) is shorter than context_len "
-            f"{limits.max_seq_len}: longer requests are rejected"
-        )
-    lines.append(
-        f"max_total_num_tokens={full_tokens}, chunked_prefill_size={limits.max_num_tokens}, "
-        f"max_running_requests={running}, context_len={limits.max_seq_len}"
-    )
-    reported: dict[str, int | float | None] = {
-        "full_tokens": full_tokens,
-        "swa_tokens": swa_tokens if swa else None,
-        "max_mamba_cache_size": slots if states else None,
-        "max_running_requests": running,
-        "max_num_reqs": max_num_reqs,
-        "page_size": page_size,
-        "swa_full_tokens_ratio": ratio if swa else None,
-    }
-    tpb = spec.tokens_per_block
-    group_pages = {g.name: full_tokens // tpb for g in full}
-    group_pages.update({g.name: swa_tokens // tpb for g in swa})
-    group_pages.update({g.name: slots for g in states})
-    return replace(
-        base,
-        pools=tuple(pools),
-        reported=reported,
-        lines=tuple(lines),
-        refusals=tuple(refusals),
-        degradations=tuple(degradations),
-        group_pages=group_pages,
-    )
+    return allocate_with(model, spec, limits, kv_memory_bytes)

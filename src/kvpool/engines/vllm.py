@@ -30,11 +30,12 @@ from kvpool.engines.common import (
     EngineNotModelledError,
     EnginePool,
     EngineReport,
+    Sizing,
+    allocate_with,
     member,
     per_layer_bytes,
     refuse_compressed,
 )
-from kvpool.errors import LimitsError
 from kvpool.plan.limits import ServingLimits
 from kvpool.spec import Kind, ModelSpec
 from kvpool.units import format_bytes
@@ -48,6 +49,8 @@ SOURCES = (
     "vllm/platforms/interface.py: attention block size raised to hold one Mamba state page",
     "vllm/config/compilation.py: max_num_seqs above the Mamba cache blocks under full CUDA graphs",
 )
+RELEASE = "0.32"
+RELEASES = (RELEASE,)
 DEFAULT_BLOCK_SIZE = 16
 KERNEL_ALIGNMENT = 16
 MAMBA_CACHE_MODES = ("none", "align")
@@ -123,6 +126,186 @@ def _types(
     return out
 
 
+@dataclass(frozen=True)
+class VllmSizing(Sizing):
+    """vLLM's sizing: the KV cache groups (padding layers included), the shared
+    block's bytes, `num_gpu_blocks` and the blocks one request at max_model_len takes."""
+
+    groups: tuple[_Type, ...] = ()
+    types: tuple[_Type, ...] = ()
+    group_size: int = 0
+    page: int = 0
+    num_blocks: int = 0
+    per_request: int = 0
+    state_blocks: int = 0
+
+
+@dataclass(frozen=True)
+class Vllm:
+    """vLLM's allocation rules with its options (`EngineModel`)."""
+
+    block_size: int | None = None
+    hybrid_manager: bool = True
+    mamba_cache_mode: str = "align"
+    full_cuda_graphs: bool = True
+    engine: str = "vllm"
+    release: str = RELEASE
+    sources: tuple[str, ...] = SOURCES
+
+    def size(self, spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int) -> VllmSizing:
+        """Groups, page and `num_gpu_blocks`; refusals of the start-up checks."""
+        if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise EngineNotModelledError(
+                f"mamba_cache_mode {self.mamba_cache_mode!r} is not modelled; use one of {', '.join(MAMBA_CACHE_MODES)}"
+            )
+        refuse_compressed(spec, "vLLM")
+        notes: list[str] = []
+        degradations: list[str] = []
+        refusals: list[str] = []
+        types = _types(spec, self.block_size or DEFAULT_BLOCK_SIZE, self.hybrid_manager, notes, degradations)
+        L, N = limits.max_seq_len, limits.max_num_tokens or limits.max_seq_len
+        state_blocks = (2 if self.mamba_cache_mode == "align" else 1) + limits.max_draft_len
+        has_state = any(t.kind == "state" for t in types)
+        notes.append(_setup_note(spec, limits))
+        base = VllmSizing(spec, limits, kv_memory_bytes, notes=tuple(notes), state_blocks=state_blocks)
+
+        kinds = {(t.kind, t.window) for t in types}
+        if len(kinds) == 1 and not has_state:
+            # One type (maybe different page sizes per layer): one group, all layers.
+            page, group_size = sum(t.page_bytes * t.layers for t in types), 1
+            types = [replace(types[0], layers=1, page_bytes=page)]
+            groups = list(types)
+        else:
+            if not self.hybrid_manager and has_state:
+                return replace(
+                    base,
+                    refusals=(
+                        "Hybrid KV cache manager is disabled but failed to convert the KV cache specs "
+                        "to one unified type.",
+                    ),
+                )
+            top = max(t.page_bytes for t in types)
+            if any(top % t.page_bytes for t in types):
+                return replace(
+                    base,
+                    refusals=(
+                        "The page size of the layer is not divisible by the maximum "
+                        "page size. Cannot unify by adjusting block_size.",
+                    ),
+                )
+            types = [
+                replace(t, block_size=t.block_size * (top // t.page_bytes), page_bytes=top)
+                if t.kind != "state"
+                else replace(t, page_bytes=top)
+                for t in types
+            ]
+            low, high = min(t.layers for t in types), max(t.layers for t in types)
+            group_size = high if high < low * 1.5 else low
+            groups = []
+            for t in types:
+                count = -(-t.layers // group_size)
+                padding = count * group_size - t.layers
+                if padding:
+                    degradations.append(
+                        f"Add {padding} padding layers, may waste at most "
+                        f"{100 * padding / t.layers:.2f}% KV cache memory ({t.group})"
+                    )
+                groups += [replace(t, layers=group_size)] * count
+            page = top
+        num_blocks = kv_memory_bytes // page // group_size
+        per_request = sum(_blocks_per_request(g, L, N, state_blocks) for g in groups)
+        needed = group_size * page * per_request
+        if num_blocks == 0:
+            refusals.append(
+                "No available memory for the cache blocks. Try increasing "
+                "`gpu_memory_utilization` when initializing the engine."
+            )
+        elif needed > kv_memory_bytes:
+            fit = _longest_fitting(groups, N, state_blocks, group_size * page, kv_memory_bytes, L)
+            refusals.append(
+                f"To serve at least one request with the models's max seq len ({L}), "
+                f"({format_bytes(needed)} KV cache is needed, which is larger than the available "
+                f"KV cache memory ({format_bytes(kv_memory_bytes)}). Based on the available memory, "
+                f"the estimated maximum model length is {fit}."
+            )
+        if has_state and self.full_cuda_graphs and limits.max_batch_size > num_blocks:
+            refusals.append(
+                f"max_num_seqs ({limits.max_batch_size}) exceeds available Mamba cache blocks "
+                f"({num_blocks}). Each decode sequence requires one Mamba cache block, so CUDA "
+                f"graph capture cannot proceed. Please lower max_num_seqs to at most {num_blocks} "
+                "or increase gpu_memory_utilization."
+            )
+        return replace(
+            base,
+            groups=tuple(groups),
+            types=tuple(types),
+            group_size=group_size,
+            page=page,
+            num_blocks=num_blocks,
+            per_request=per_request,
+            refusals=tuple(refusals),
+            degradations=tuple(degradations),
+        )
+
+    def pools(self, sizing: VllmSizing) -> tuple[EnginePool, ...]:
+        """The one shared block pool (none when sizing stopped before grouping)."""
+        if not sizing.groups:
+            return ()
+        members = []
+        for i, g in enumerate(sizing.groups):
+            if g.kind == "state":
+                members += [member(f"{g.group}.{i}.{j}", "state", 1) for j in range(sizing.state_blocks)]
+            else:
+                members.append(member(f"{g.group}.{i}", g.kind, g.block_size, window=g.window))
+        min_bs = _min_block_size(sizing)
+        return (
+            EnginePool(
+                "shared",
+                min_bs,
+                sizing.page * sizing.group_size,
+                sizing.num_blocks,
+                tuple(dict.fromkeys(g.group for g in sizing.groups)),
+                tuple(members),
+                sizing.num_blocks // len(sizing.groups) * min_bs,
+            ),
+        )
+
+    def report(self, sizing: VllmSizing, pools: tuple[EnginePool, ...]) -> EngineReport:
+        """The KV cache size and concurrency lines and the numbers behind them."""
+        base = EngineReport(
+            "vllm",
+            VERSION,
+            self.sources,
+            sizing.limits,
+            sizing.budget_bytes,
+            pools,
+            refusals=sizing.refusals,
+            degradations=sizing.degradations,
+            notes=sizing.notes,
+        )
+        if not sizing.groups:
+            return base
+        L = sizing.limits.max_seq_len
+        min_bs = _min_block_size(sizing)
+        tokens = sizing.num_blocks // len(sizing.groups) * min_bs
+        concurrency = sizing.num_blocks / sizing.per_request
+        reported = {
+            "gpu_kv_cache_tokens": tokens,
+            "max_concurrency": round(concurrency, 2),
+            "max_model_len": L,
+            "num_gpu_blocks": sizing.num_blocks,
+            "block_size": min_bs,
+            "kv_cache_groups": len(sizing.groups),
+            "tensors": sizing.group_size,
+            "padding_layers": sum(g.layers for g in sizing.groups) - sum(t.layers for t in sizing.types),
+        }
+        lines = (
+            f"GPU KV cache size: {tokens:,} tokens",
+            f"Maximum concurrency for {L:,} tokens per request: {concurrency:.2f}x",
+        )
+        return replace(base, reported=reported, lines=lines)
+
+
 def allocate(
     spec: ModelSpec,
     limits: ServingLimits,
@@ -137,131 +320,12 @@ def allocate(
     memory") for `spec` at max_model_len = L, max_num_batched_tokens = N and
     max_num_seqs = B. Refusals are reported, not raised; `EngineNotModelledError`
     for layouts kvpool does not model."""
-    if kv_memory_bytes < 1:
-        raise LimitsError(f"kv_memory_bytes must be positive, got {kv_memory_bytes}")
-    if mamba_cache_mode not in MAMBA_CACHE_MODES:
-        raise EngineNotModelledError(
-            f"mamba_cache_mode {mamba_cache_mode!r} is not modelled; use one of {', '.join(MAMBA_CACHE_MODES)}"
-        )
-    refuse_compressed(spec, "vLLM")
-    notes: list[str] = []
-    degradations: list[str] = []
-    refusals: list[str] = []
-    bs = block_size or DEFAULT_BLOCK_SIZE
-    types = _types(spec, bs, hybrid_manager, notes, degradations)
-    L, N = limits.max_seq_len, limits.max_num_tokens or limits.max_seq_len
-    state_blocks = (2 if mamba_cache_mode == "align" else 1) + limits.max_draft_len
-    has_state = any(t.kind == "state" for t in types)
-    base = _report_base(spec, limits, kv_memory_bytes, notes)
+    model = Vllm(block_size, hybrid_manager, mamba_cache_mode, full_cuda_graphs)
+    return allocate_with(model, spec, limits, kv_memory_bytes)
 
-    kinds = {(t.kind, t.window) for t in types}
-    if len(kinds) == 1 and not has_state:
-        # One type (maybe different page sizes per layer): one group, all layers.
-        layer_pages = [t.page_bytes for t in types for _ in range(t.layers)]
-        page, group_size = sum(layer_pages), 1
-        groups = [replace(types[0], layers=1, page_bytes=page)]
-        types = groups
-    else:
-        if not hybrid_manager and has_state:
-            return replace(
-                base,
-                refusals=(
-                    "Hybrid KV cache manager is disabled but failed to convert the KV cache specs to one unified type.",
-                ),
-            )
-        top = max(t.page_bytes for t in types)
-        if any(top % t.page_bytes for t in types):
-            return replace(
-                base,
-                refusals=(
-                    "The page size of the layer is not divisible by the maximum "
-                    "page size. Cannot unify by adjusting block_size.",
-                ),
-            )
-        types = [
-            replace(t, block_size=t.block_size * (top // t.page_bytes), page_bytes=top)
-            if t.kind != "state"
-            else replace(t, page_bytes=top)
-            for t in types
-        ]
-        low, high = min(t.layers for t in types), max(t.layers for t in types)
-        group_size = high if high < low * 1.5 else low
-        groups = []
-        for t in types:
-            count = -(-t.layers // group_size)
-            padding = count * group_size - t.layers
-            if padding:
-                degradations.append(
-                    f"Add {padding} padding layers, may waste at most "
-                    f"{100 * padding / t.layers:.2f}% KV cache memory ({t.group})"
-                )
-            groups += [replace(t, layers=group_size)] * count
-        page = top
-    num_blocks = kv_memory_bytes // page // group_size
-    per_request = sum(_blocks_per_request(g, L, N, state_blocks) for g in groups)
-    min_bs = min(g.block_size for g in groups if g.kind != "state")
-    tokens = num_blocks // len(groups) * min_bs
-    concurrency = num_blocks / per_request
-    needed = group_size * page * per_request
-    if num_blocks == 0:
-        refusals.append(
-            "No available memory for the cache blocks. Try increasing "
-            "`gpu_memory_utilization` when initializing the engine."
-        )
-    elif needed > kv_memory_bytes:
-        fit = _longest_fitting(groups, N, state_blocks, group_size * page, kv_memory_bytes, L)
-        refusals.append(
-            f"To serve at least one request with the models's max seq len ({L}), "
-            f"({format_bytes(needed)} KV cache is needed, which is larger than the available "
-            f"KV cache memory ({format_bytes(kv_memory_bytes)}). Based on the available memory, "
-            f"the estimated maximum model length is {fit}."
-        )
-    if has_state and full_cuda_graphs and limits.max_batch_size > num_blocks:
-        refusals.append(
-            f"max_num_seqs ({limits.max_batch_size}) exceeds available Mamba cache blocks "
-            f"({num_blocks}). Each decode sequence requires one Mamba cache block, so CUDA "
-            f"graph capture cannot proceed. Please lower max_num_seqs to at most {num_blocks} "
-            "or increase gpu_memory_utilization."
-        )
-    members = []
-    for i, g in enumerate(groups):
-        if g.kind == "state":
-            members += [member(f"{g.group}.{i}.{j}", "state", 1) for j in range(state_blocks)]
-        else:
-            members.append(member(f"{g.group}.{i}", g.kind, g.block_size, window=g.window))
-    pool = EnginePool(
-        "shared",
-        min_bs,
-        page * group_size,
-        num_blocks,
-        tuple(dict.fromkeys(g.group for g in groups)),
-        tuple(members),
-        tokens,
-    )
-    padding_layers = sum(g.layers for g in groups) - sum(t.layers for t in types)
-    reported = {
-        "gpu_kv_cache_tokens": tokens,
-        "max_concurrency": round(concurrency, 2),
-        "max_model_len": L,
-        "num_gpu_blocks": num_blocks,
-        "block_size": min_bs,
-        "kv_cache_groups": len(groups),
-        "tensors": group_size,
-        "padding_layers": padding_layers,
-    }
-    lines = (
-        f"GPU KV cache size: {tokens:,} tokens",
-        f"Maximum concurrency for {L:,} tokens per request: {concurrency:.2f}x",
-    )
-    return replace(
-        base,
-        pools=(pool,),
-        reported=reported,
-        lines=lines,
-        refusals=tuple(refusals),
-        degradations=tuple(degradations),
-        notes=tuple(notes),
-    )
+
+def _min_block_size(sizing: VllmSizing) -> int:
+    return min(g.block_size for g in sizing.groups if g.kind != "state")
 
 
 def _longest_fitting(
@@ -278,10 +342,9 @@ def _longest_fitting(
     return best
 
 
-def _report_base(spec: ModelSpec, limits: ServingLimits, budget: int, notes: list[str]) -> EngineReport:
-    notes.append(
+def _setup_note(spec: ModelSpec, limits: ServingLimits) -> str:
+    return (
         f"{spec.name}: {spec.num_layers} layers, kv {spec.kv_dtype}, tp {spec.tp_size}; "
         f"max_model_len {limits.max_seq_len}, max_num_batched_tokens "
         f"{limits.max_num_tokens or limits.max_seq_len}, max_num_seqs {limits.max_batch_size}"
     )
-    return EngineReport("vllm", VERSION, SOURCES, limits, budget, ())
