@@ -108,7 +108,9 @@ def test_models_and_gpus_json(cli) -> None:  # type: ignore[no-untyped-def]
     assert code == 0 and "qwen3-8b" in names and len(names) == 17
     code, out, _ = cli("gpus", "--json")
     gpus = {g["name"]: g for g in json.loads(out)["gpus"]}
-    assert code == 0 and sorted(gpus) == sorted(["a10", "l40s", "a100", "h100", "h200", "b200", "gb200", "mi300x"])
+    first = ["a10", "l40s", "a100", "h100", "h200", "b200", "gb200", "mi300x"]
+    issue_30 = ["h20", "l4", "l40", "rtx4090", "rtx5090", "b300", "gb300", "mi325x", "mi355x"]
+    assert code == 0 and sorted(gpus) == sorted(first + issue_30)
     # H100 SXM reports 81559 MiB to nvidia-smi
     assert gpus["h100"]["memory_bytes"] == 81559 * 2**20
 

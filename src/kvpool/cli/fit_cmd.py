@@ -70,6 +70,10 @@ def parse_gpu(text: str | None) -> tuple[str, int]:
     ends in x<digits> wins over the count."""
     if text is None:
         raise KvpoolError("fit needs --gpu NAME[xN], e.g. --gpu h100x2 (kvpool gpus)")
+    if text.lower() == "auto":  # this machine's GPUs, all of them
+        from kvpool.presets.detect import detect
+
+        return "auto", detect()[1]
     match = GPU_COUNT.fullmatch(text)
     if match is None or text.lower() in presets.gpu_names():
         return text, 1

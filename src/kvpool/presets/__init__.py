@@ -26,6 +26,9 @@ GPU_ALIASES = {
     "gb200": "GB200",
     "mi300x": "MI300X",
 }
+# Presets whose entry carries its own short name ("key"), matched exactly: names
+# such as "RTX 4090" or "L40" (a prefix of "L40S") cannot go by prefix.
+KEYED_GPUS = ("h20", "l4", "l40", "rtx4090", "rtx5090", "b300", "gb300", "mi325x", "mi355x")
 TRACES = {
     "azure-conv": "azure_llm_2023_conv.csv",
     "azure-code": "azure_llm_2023_code.csv",
@@ -68,6 +71,8 @@ class GpuSpec:
     fp8_flops: float | None
     memory_source: str  # "device-reported" (nvidia-smi total) or "marketed"
     source: str
+    host_link: str | None = None  # pcie4_x16, pcie5_x16, pcie6_x16, nvlink_c2c (data/gpus.json "host_links")
+    host_link_bytes_per_s: float | None = None  # host <-> GPU, per direction
 
 
 @cache
@@ -77,32 +82,57 @@ def _gpu_table() -> list[dict[str, Any]]:
 
 
 def gpu_names() -> list[str]:
-    return list(GPU_ALIASES)
+    return [*GPU_ALIASES, *KEYED_GPUS]
+
+
+def _gpu_row(key: str) -> dict[str, Any] | None:
+    for row in _gpu_table():
+        if row.get("key") == key:
+            return row
+    prefix = GPU_ALIASES.get(key)
+    for row in _gpu_table():
+        if prefix is not None and "key" not in row and str(row["name"]).split("-")[0].split(" ")[0] == prefix:
+            return row
+    return None
+
+
+def host_links() -> dict[str, dict[str, Any]]:
+    """Host <-> GPU links by name: `bytes_per_s` per direction and their `source`."""
+    links: dict[str, dict[str, Any]] = json.loads((DATA / "gpus.json").read_text())["host_links"]
+    return {k: v for k, v in links.items() if not k.startswith("_")}
 
 
 def load_gpu(name: str) -> GpuSpec:
-    """GPU preset by short name (`h100`, `B200`, ...; case-insensitive). Memory is
+    """GPU preset by short name (`h100`, `B200`, `rtx4090`, ...; case-insensitive), or
+    `auto`: this machine's GPU through NVML, with the memory it reports. Memory is
     what the device reports (nvidia-smi total) where known, else the marketed size."""
     key = name.lower()
-    if key not in GPU_ALIASES:
+    if key == "auto":  # this machine's GPU, through NVML (presets/detect.py)
+        from kvpool.presets.detect import detect
+
+        spec: GpuSpec = detect()[0]
+        return spec
+    row = _gpu_row(key) if key in gpu_names() else None
+    if row is None:
+        if key in gpu_names():
+            raise SpecError(f"gpu preset {name!r} is missing from gpus.json")  # pragma: no cover
         raise _unknown("gpu", name, gpu_names())
-    prefix = GPU_ALIASES[key]
-    for row in _gpu_table():
-        if str(row["name"]).split("-")[0].split(" ")[0] == prefix:
-            mib = row.get("device_reported_total_mib")
-            memory = int(mib) * 2**20 if mib else int(row["memory_bytes_marketed"])
-            fp8 = row.get("fp8_dense_tflops")
-            return GpuSpec(
-                key=key,
-                name=str(row["name"]),
-                memory_bytes=memory,
-                hbm_bandwidth_bytes_per_s=float(row["hbm_bandwidth_bytes_per_s"]),
-                bf16_flops=float(row["bf16_dense_tflops"]) * 1e12,
-                fp8_flops=float(fp8) * 1e12 if fp8 else None,
-                memory_source="device-reported" if mib else "marketed",
-                source=str(row.get("source", "")),
-            )
-    raise SpecError(f"gpu preset {name!r} is missing from gpus.json")  # pragma: no cover
+    mib = row.get("device_reported_total_mib")
+    memory = int(mib) * 2**20 if mib else int(row["memory_bytes_marketed"])
+    fp8 = row.get("fp8_dense_tflops")
+    link = row.get("host_link")
+    return GpuSpec(
+        key=key,
+        name=str(row["name"]),
+        memory_bytes=memory,
+        hbm_bandwidth_bytes_per_s=float(row["hbm_bandwidth_bytes_per_s"]),
+        bf16_flops=float(row["bf16_dense_tflops"]) * 1e12,
+        fp8_flops=float(fp8) * 1e12 if fp8 else None,
+        memory_source="device-reported" if mib else "marketed",
+        source=str(row.get("source", "")),
+        host_link=link,
+        host_link_bytes_per_s=float(host_links()[link]["bytes_per_s"]) if link else None,
+    )
 
 
 def trace_names() -> list[str]:
