@@ -9,7 +9,7 @@ import struct
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from functools import lru_cache
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +17,7 @@ import numpy.typing as npt
 from kvpool.cache.events import CacheUsageError
 
 INT64_MAX = (1 << 63) - 1
+INT32_MAX = (1 << 31) - 1
 
 
 def as_position(value: object, what: str) -> int:
@@ -32,9 +33,18 @@ def as_position(value: object, what: str) -> int:
 def check_rid(rid: object) -> int:
     """A request id: a plain int >= 0 (bools and numpy scalars are refused: they hash
     like ints and would alias another request)."""
-    if type(rid) is not int or rid < 0:
-        raise CacheUsageError(f"request ids are non-negative ints (negative ones are the dummies'), got {rid!r}")
+    if type(rid) is not int or not 0 <= rid <= INT64_MAX:
+        raise CacheUsageError(f"request ids are non-negative int64s (negative ones are the dummies'), got {rid!r}")
     return rid
+
+
+def as_list(values: object, what: str) -> list[Any]:
+    """`values` (a list, tuple, range, array or other iterable of items) as a
+    list; a string, bytes, mapping, set or scalar is refused: iterating them
+    would read characters, keys or an arbitrary order as the items."""
+    if isinstance(values, (str, bytes, bytearray, Mapping, Set)) or not isinstance(values, Iterable):
+        raise CacheUsageError(f"{what} must be a sequence, got {type(values).__name__}")
+    return values if type(values) is list else list(values)
 
 
 def check_tokens(tokens: Iterable[object], what: str = "tokens") -> array[int]:
@@ -44,9 +54,7 @@ def check_tokens(tokens: Iterable[object], what: str = "tokens") -> array[int]:
     fast as building the array from the list), and the array's bytes are what
     the page digests hash (`cache/hashing.py`)."""
     # a list or tuple goes straight in; anything else is listed first (`array("q", b"..")` would read raw bytes)
-    if isinstance(tokens, (str, bytes, bytearray, Set, Mapping)) or not isinstance(tokens, Iterable):
-        raise CacheUsageError(f"{what} must be a sequence of token ids, got {type(tokens).__name__}")
-    items = tokens if type(tokens) is list or type(tokens) is tuple else list(tokens)
+    items = tokens if type(tokens) is list or type(tokens) is tuple else as_list(tokens, what)
     try:
         data = int64_packer(len(items))(*items)
     except struct.error as e:
@@ -72,6 +80,8 @@ def check_few_tokens(tokens: Iterable[object], what: str = "tokens") -> Sequence
     building an array for one token); anything else goes to `check_tokens`."""
     if (type(tokens) is tuple or type(tokens) is list) and len(tokens) <= 8:
         for x in tokens:
+            if type(x) is bool:  # struct would pack it as 0 or 1
+                raise CacheUsageError(f"{what} must be token ids, got {x!r}")
             if type(x) is not int or not 0 <= x <= INT64_MAX:
                 break
         else:
@@ -130,7 +140,8 @@ def check_batch_shapes(
 
 
 def check_dummy_args(batch_size: int, token_num: int, draft_len: int) -> None:
-    """Raise `CacheUsageError` unless batch_size, token_num >= 1 and draft_len >= 0 are integers."""
+    """Raise `CacheUsageError` unless batch_size, token_num >= 1 and draft_len >= 0
+    are integers (at most int32: no batch, prompt or draft is longer)."""
     for name, value, low in (("batch_size", batch_size, 1), ("token_num", token_num, 1), ("draft_len", draft_len, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise CacheUsageError(f"{name} must be an integer >= {low}, got {value!r}")
+        if type(value) is not int or not low <= value <= INT32_MAX:
+            raise CacheUsageError(f"{name} must be an integer in [{low}, 2**31), got {value!r}")

@@ -22,6 +22,7 @@ import numpy.typing as npt
 from kvpool.cache import integrity, prefix, suspension
 from kvpool.cache.checks import (
     INT64_MAX,
+    as_list,
     as_position,
     batch_positions,
     check_batch_shapes,
@@ -210,7 +211,7 @@ class KVCacheManager:
         Falsy, nothing changed, when a pool lacks the pages or would be used
         past `max_util_for_resume` of its pages afterwards (TensorRT-LLM V2's
         rule, keeping room for the running requests to grow)."""
-        parked = self._suspended.get(rid)
+        parked = self._suspended.get(self.requests.record(rid).rid)
         if parked is None or self.tier is None:
             raise CacheUsageError(f"request {rid!r} is not suspended")
         req = self.requests.suspended[rid]
@@ -224,7 +225,7 @@ class KVCacheManager:
 
     def suspension(self, rid: int) -> Suspension | None:
         """Where suspended `rid`'s pages are (None: it is not suspended)."""
-        return self._suspended.get(rid)
+        return self._suspended.get(self.requests.record(rid).rid)
 
     def set_tier_copies(self, copies: TierCopies) -> None:
         """Have `copies` (an engine's) move the bytes whenever pages move
@@ -488,8 +489,8 @@ class KVCacheManager:
         """Dry-run CUDA-graph warmup for every (batch size, draft length)
         (default batch sizes: `limits.graph_batch_sizes`), then reserve one
         persistent padding dummy per draft length (see `padding_dummy`)."""
-        sizes = tuple(self.limits.graph_batch_sizes if batch_sizes is None else batch_sizes)
-        drafts = tuple(draft_lens)
+        sizes = tuple(self.limits.graph_batch_sizes if batch_sizes is None else as_list(batch_sizes, "batch_sizes"))
+        drafts = tuple(as_list(draft_lens, "draft_lens"))
         for b in sizes:
             for d in drafts:
                 check_dummy_args(b, 1, d)
@@ -499,6 +500,7 @@ class KVCacheManager:
         """The persistent padding dummy for `draft_len` (a minimal generation
         dummy kept allocated so padded decode batches always have pages),
         reserving it now if needed; None if the pages are not there."""
+        check_dummy_args(1, 1, draft_len)
         if draft_len in self._padding:
             return self._padding[draft_len]
         dummy = self.add_dummy_requests(1, 1, draft_len)
@@ -509,6 +511,7 @@ class KVCacheManager:
 
     def padding_dummy(self, draft_len: int = 0) -> int | None:
         """Id of the reserved padding dummy for `draft_len`, or None."""
+        check_dummy_args(1, 1, draft_len)
         return self._padding.get(draft_len)
 
     # ------------------------------------------------------------------ readers

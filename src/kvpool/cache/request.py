@@ -16,6 +16,7 @@ from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from kvpool.cache.checks import as_list
 from kvpool.cache.events import CacheUsageError
 
 
@@ -146,7 +147,7 @@ class Requests:
     def batch(self, rids: Sequence[int]) -> list[Request]:
         """The records of a batch of distinct registered requests (read-only:
         the same list answers the same batch until a request comes or goes)."""
-        key = tuple(rids)
+        key = rids if type(rids) is tuple else tuple(as_list(rids, "a batch's request ids"))
         if self.last_batch is not None and self.last_batch[0] == key:
             return self.last_batch[1]
         by_id = self.by_id
