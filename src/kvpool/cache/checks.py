@@ -34,7 +34,9 @@ def check_rid(rid: object) -> int:
     """A request id: a plain int >= 0 (bools and numpy scalars are refused: they hash
     like ints and would alias another request)."""
     if type(rid) is not int or not 0 <= rid <= INT64_MAX:
-        raise CacheUsageError(f"request ids are non-negative int64s (negative ones are the dummies'), got {rid!r}")
+        raise CacheUsageError(
+            f"request ids are non-negative ints within int64 (negative ones are the dummies'), got {rid!r}"
+        )
     return rid
 
 
