@@ -156,7 +156,7 @@ def test_random_operations_keep_every_tier_consistent(
             before = snapshot(m)
             if not m.suspend(rid):
                 assert_unchanged(before, snapshot(m))
-        elif op == "R" and m.suspension(rid) is not None:
+        elif op == "R" and rid in m and m.suspension(rid) is not None:
             before = snapshot(m)
             if not m.resume(rid):
                 assert_unchanged(before, snapshot(m))
