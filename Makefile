@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck unit bench bench-peers peers-setup clean
+.PHONY: setup demo test lint typecheck unit bench bench-peers peers-setup clean browser-setup
 
 setup: $(STAMP)
 
@@ -47,7 +47,14 @@ typecheck: setup
 unit: setup
 	$(BIN)/pytest
 
-test: lint typecheck unit
+# The browser test of `kvpool serve` (tests/test_serve_browser.py) drives Debian's
+# chromium through chromedriver: installed here when missing (sudo unless root).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser-setup:
+	@command -v chromedriver >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; }
+
+test: lint typecheck browser-setup unit
 
 bench: setup
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from kvpool.cli.plan_cmd import render_memory
 from kvpool.cli.request import PlanRequest
 from kvpool.engines.emit import ENGINES
 from kvpool.errors import KvpoolError
+from kvpool.plan import PoolPlan
 from kvpool.units import format_bytes
 
 GPU_COUNT = re.compile(r"(?P<name>.+?)x(?P<count>[1-9][0-9]*)", re.IGNORECASE)
@@ -91,7 +93,30 @@ def parse_engines(text: str) -> tuple[str, ...]:
     return names
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What `kvpool fit` says: `out` its --json, `text` its screen, `error` the one
+    stderr line of an exit 2 (no engine starts, no layout holds the users), else None."""
+
+    out: dict[str, Any]
+    text: str
+    error: str | None
+
+
 def run(args: argparse.Namespace) -> int:
+    found = answer(args)
+    if args.json:
+        print_json(found.out)
+    else:
+        print(found.text)
+    if found.error is not None:
+        print(f"kvpool fit: {found.error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def answer(args: argparse.Namespace) -> Answer:
+    """The fit the options ask for (the CLI prints it, `kvpool serve` returns it)."""
     gpu, count = parse_gpu(args.gpu)
     engines = parse_engines(args.engine)
     if args.emit_to is not None and len(engines) != 1:
@@ -103,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     args = argparse.Namespace(**{**vars(args), "gpu": gpu})
     request = PlanRequest.from_args(args)
     if args.users is not None:
-        return run_users(args, request, gpu, count, engines)
+        return answer_users(args, request, gpu, count, engines)
     tp, pp = request.model.tp, request.model.pp
     if count > 1 and tp == 1 and pp == 1:
         tp = count  # N GPUs: one engine over all of them
@@ -111,36 +136,32 @@ def run(args: argparse.Namespace) -> int:
         raise KvpoolError(f"--tp {tp} x --pp {pp} does not divide {count} GPUs")
     request = dataclasses.replace(request, model=dataclasses.replace(request.model, tp=tp))
     resolved = resolve(request)
-    fits = answer_engines(args, resolved, engines, None)
+    plan = resolved.plan()
+    fits = answer_engines(args, resolved, plan, engines, None)
     out = {
         "model": resolved.spec.name,
         "gpu": resolved_gpu(gpu),
         "gpus": count,
         "layout": {"tp": tp, "pp": pp, "replicas": count // (tp * pp)},
         **summary(resolved),
+        "pools": pools_json(plan),
         "engines": [f.to_json() for f in fits],
     }
     finish(args, out, fits)
-    if args.json:
-        print_json(out)
-    else:
-        print(header(resolved, gpu, count, count // (tp * pp)))
-        print("\n\n".join(render_engine(f) for f in fits))
-    if not any(f.starts for f in fits):
-        print(f"kvpool fit: no engine starts: {fits[0].reasons[0]}", file=sys.stderr)
-        return 2
-    return 0
+    text = header(resolved, gpu, count, count // (tp * pp)) + "\n" + "\n\n".join(render_engine(f) for f in fits)
+    error = None if any(f.starts for f in fits) else f"no engine starts: {fits[0].reasons[0]}"
+    return Answer(out, text, error)
 
 
-def run_users(args: argparse.Namespace, request: PlanRequest, gpu: str, count: int, engines: tuple[str, ...]) -> int:
+def answer_users(
+    args: argparse.Namespace, request: PlanRequest, gpu: str, count: int, engines: tuple[str, ...]
+) -> Answer:
     users, length = args.users, args.len
     max_gpus = count if count > 1 else MAX_GPUS
     layouts = fit_layouts.search(request.model, request.budget, request.limits, users, length, max_gpus)
     good = fit_layouts.ranked(layouts, users)
     best = good[0] if good else None
     fits: list[EngineFit] = []
-    if best is not None and best.resolved is not None and best.pp == 1:
-        fits = answer_engines(args, best.resolved, engines, length)
     out: dict[str, Any] = {
         "model": request.model.model,
         "gpu": resolved_gpu(gpu),
@@ -148,33 +169,45 @@ def run_users(args: argparse.Namespace, request: PlanRequest, gpu: str, count: i
         "len": length,
         "layouts": [x.to_json() for x in good],
         "tried": [x.to_json() for x in layouts if x not in good],
-        "engines": [f.to_json() for f in fits],
     }
     if best is not None and best.resolved is not None:
-        out.update(summary(best.resolved))
+        plan = best.resolved.plan()
+        if best.pp == 1:
+            fits = answer_engines(args, best.resolved, plan, engines, length)
+        out.update(summary(best.resolved), pools=pools_json(plan))
+    out["engines"] = [f.to_json() for f in fits]
     finish(args, out, fits)
-    if args.json:
-        print_json(out)
-    else:
-        print(render_layouts(good, layouts, users, length, resolved_gpu(gpu)))
-        if fits and best is not None:
-            print(f"\nper replica of the first layout ({best.replicas} x tp {best.tp}):\n")
-            print("\n\n".join(render_engine(f) for f in fits))
-        elif best is not None and best.pp > 1:
-            print("\nnote: the launch lines state tensor parallelism only; the first layout pipelines: no launch line")
-    if best is None:
-        print(
-            f"kvpool fit: no layout up to {max_gpus} GPUs holds {users} requests of {length} positions", file=sys.stderr
+    lines = [render_layouts(good, layouts, users, length, resolved_gpu(gpu))]
+    if fits and best is not None:
+        lines.append(f"\nper replica of the first layout ({best.replicas} x tp {best.tp}):\n")
+        lines.append("\n\n".join(render_engine(f) for f in fits))
+    elif best is not None and best.pp > 1:
+        lines.append(
+            "\nnote: the launch lines state tensor parallelism only; the first layout pipelines: no launch line"
         )
-        return 2
-    return 0
+    error = None if best else f"no layout up to {max_gpus} GPUs holds {users} requests of {length} positions"
+    return Answer(out, "\n".join(lines), error)
+
+
+def pools_json(plan: PoolPlan) -> list[dict[str, Any]]:
+    """kvpool's split of the KV budget between the model's page pools."""
+    return [
+        {
+            "name": g.name,
+            "kind": g.kind,
+            "page_bytes": g.page_bytes,
+            "pages": g.pages,
+            "bytes": g.bytes,
+            "share": g.share,
+        }
+        for g in plan.groups
+    ]
 
 
 def answer_engines(
-    args: argparse.Namespace, resolved: Resolved, engines: tuple[str, ...], length: int | None
+    args: argparse.Namespace, resolved: Resolved, plan: PoolPlan, engines: tuple[str, ...], length: int | None
 ) -> list[EngineFit]:
-    """Each engine's answer on the plan of `resolved` (an infeasible plan is exit 2)."""
-    plan = resolved.plan()
+    """Each engine's answer on `plan`, the plan of `resolved`."""
     model_id = launch_model_id(plan, resolved.request.model.model, args.model_id)
     lengths = fit_lengths(plan, length)
     return [engine_fit(e, plan, model_id, resolved.budget.memory, lengths) for e in engines]

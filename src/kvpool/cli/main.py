@@ -26,6 +26,7 @@ COMMANDS = {
     "generate": "kvpool.cli.generate_cmd",
     "plan": "kvpool.cli.plan_cmd",
     "fit": "kvpool.cli.fit_cmd",
+    "serve": "kvpool.cli.serve_cmd",
     "simulate": "kvpool.cli.simulate_cmd",
     "sweep": "kvpool.cli.sweep_cmd",
     "warmup": "kvpool.cli.warmup_cmd",
