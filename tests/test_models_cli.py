@@ -130,14 +130,25 @@ def gemma3_27b_text_bytes() -> int:
     return 2 * (262208 * h + 62 * layer + h)
 
 
+def gemma3_27b_tower_bytes() -> int:
+    """Its SigLIP vision tower and projector (vision_config: Hv 1152, I 4304, 27 layers,
+    patch 14 at 896 px, no pooling head), bf16: per layer q/k/v/o with biases, fc1/fc2
+    with biases, two LayerNorms; patch + position embeddings, post LayerNorm, projector."""
+    hv, inter, layers, h = 1152, 4304, 27, 5376
+    layer = 4 * (hv * hv + hv) + 2 * hv * inter + inter + hv + 4 * hv
+    embeddings = hv * 3 * 14 * 14 + hv + (896 // 14) ** 2 * hv
+    return 2 * (layers * layer + embeddings + 2 * hv + hv * h + hv)
+
+
 def test_plan_with_an_id_and_the_whole_gpu(hub: Path, cli: Any) -> None:
     """`kvpool plan google/gemma-3-27b-it --gpu h100`: offline, from the cache,
-    no --non-kv-memory; the weights are the decoder's (the vision tower is not
-    counted) and the KV budget is what the breakdown leaves."""
+    no --non-kv-memory; the weights are the decoder's and the vision tower's (issue 30:
+    the tower takes memory the KV cache cannot have) and the KV budget is what the
+    breakdown leaves."""
     code, out, err = cli("plan", GEMMA3_ID, "--gpu", "h100", "--max-seq-len", "8192", "--json")
     assert code == 0, err
     memory = json.loads(out)["memory"]
-    assert memory["weights_bytes"] == gemma3_27b_text_bytes()
+    assert memory["weights_bytes"] == gemma3_27b_text_bytes() + gemma3_27b_tower_bytes()
     rest = int(memory["gpu_bytes"] * memory["utilization"]) - sum(
         memory[k] for k in ("weights_bytes", "activation_bytes", "cuda_graph_bytes", "reserved_bytes")
     )

@@ -25,10 +25,17 @@ n / k = query / KV heads of head_dim d, I = intermediate_size:
   config (first_k_dense_replace / moe_layer_freq, decoder_sparse_step / mlp_only_layers);
 - norms per layer: 2 x H (Gemma 2/3: 4 x H).
 
-Multi-token-prediction layers (`num_nextn_predict_layers`) and vision towers are not
-counted: they are not part of the text decoder an engine serves by default (the
-published 671B of DeepSeek-V3 excludes its 14B MTP module). A family not listed in
-`FAMILIES` is refused by name (docs/design.md, rule 7).
+Multi-token-prediction layers (`num_nextn_predict_layers`) are not counted: engines
+do not load them by default (the published 671B of DeepSeek-V3 excludes its 14B MTP
+module). A **vision tower** (`vision_config`) is counted, since engines load it and
+its bytes come out of the KV budget: SigLIP (`siglip_vision_model`, transformers'
+SiglipVisionModel: patch embedding 3*p*p x Hv + bias, (image/p)^2 position
+embeddings, per layer two LayerNorms, q/k/v/o Hv x Hv with biases and fc1/fc2 at
+intermediate_size with biases, a post LayerNorm, the attention-pooling head when
+`vision_use_head`), plus Gemma 3's projector (mm_input_projection Hv x H and its
+RMSNorm Hv). Any other vision or audio tower is refused by name rather than
+counted as nothing. A family not listed in `FAMILIES` is refused by name
+(docs/design.md, rule 7).
 """
 
 from __future__ import annotations
@@ -240,6 +247,63 @@ def matrices(config: Config) -> list[Matrix]:
     out.append(Matrix("model.norm.weight", h))
     if not config.get("tie_word_embeddings", family in TIED_BY_DEFAULT):
         out.append(Matrix("lm_head.weight", v, h))
+    return out + tower_matrices(config, family, h)
+
+
+VISION_TOWERS = ("siglip_vision_model",)
+
+
+def tower_matrices(config: Config, family: str, text_hidden: int) -> list[Matrix]:
+    """The vision tower (and its projector into the text model) of a multimodal
+    config; [] without one. Raises UnknownFamilyError for a tower without a formula."""
+    if isinstance(config.get("audio_config"), Mapping):
+        raise UnknownFamilyError(f"audio tower {config['audio_config'].get('model_type')!r} has no parameter formula")
+    vision = config.get("vision_config")
+    if not isinstance(vision, Mapping):
+        return []
+    kind = vision.get("model_type")
+    if kind not in VISION_TOWERS:
+        raise UnknownFamilyError(f"vision tower {kind!r} has no parameter formula; towers with one: {VISION_TOWERS}")
+    h, inter, layers = (int(_get(vision, k)) for k in ("hidden_size", "intermediate_size", "num_hidden_layers"))
+    patch, image = int(_get(vision, "patch_size")), int(_get(vision, "image_size"))
+    p = "vision_tower.vision_model"
+    out = [
+        Matrix(f"{p}.embeddings.patch_embedding.weight", h, 3 * patch * patch),
+        Matrix(f"{p}.embeddings.patch_embedding.bias", h),
+        Matrix(f"{p}.embeddings.position_embedding.weight", (image // patch) ** 2, h),
+    ]
+    for i in range(layers):
+        q = f"{p}.encoder.layers.{i}"
+        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            out += [Matrix(f"{q}.self_attn.{proj}.weight", h, h), Matrix(f"{q}.self_attn.{proj}.bias", h)]
+        out += [
+            Matrix(f"{q}.mlp.fc1.weight", inter, h),
+            Matrix(f"{q}.mlp.fc1.bias", inter),
+            Matrix(f"{q}.mlp.fc2.weight", h, inter),
+            Matrix(f"{q}.mlp.fc2.bias", h),
+        ]
+        out += [Matrix(f"{q}.{norm}.{w}", h) for norm in ("layer_norm1", "layer_norm2") for w in ("weight", "bias")]
+    out += [Matrix(f"{p}.post_layernorm.weight", h), Matrix(f"{p}.post_layernorm.bias", h)]
+    if vision.get("vision_use_head", True):  # SiglipMultiheadAttentionPoolingHead: probe, attention, norm, MLP
+        head = f"{p}.head"
+        out += [
+            Matrix(f"{head}.probe", h),
+            Matrix(f"{head}.attention.in_proj_weight", 3 * h, h),
+            Matrix(f"{head}.attention.in_proj_bias", 3 * h),
+            Matrix(f"{head}.attention.out_proj.weight", h, h),
+            Matrix(f"{head}.attention.out_proj.bias", h),
+            Matrix(f"{head}.layernorm.weight", h),
+            Matrix(f"{head}.layernorm.bias", h),
+            Matrix(f"{head}.mlp.fc1.weight", inter, h),
+            Matrix(f"{head}.mlp.fc1.bias", inter),
+            Matrix(f"{head}.mlp.fc2.weight", h, inter),
+            Matrix(f"{head}.mlp.fc2.bias", h),
+        ]
+    if family in ("gemma3", "gemma3_text"):  # Gemma3MultiModalProjector (the text config merged in says gemma3_text)
+        out += [
+            Matrix("multi_modal_projector.mm_input_projection_weight", h, text_hidden),
+            Matrix("multi_modal_projector.mm_soft_emb_norm.weight", h),
+        ]
     return out
 
 

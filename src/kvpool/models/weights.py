@@ -2,7 +2,9 @@
 
 **Where the bytes come from.** A folder with `*.safetensors` files is read
 exactly, from the headers only (`models/safetensors_headers.py`: dtype size x
-shape of every tensor, shards through `model.safetensors.index.json`). Otherwise
+shape of every tensor, shards through `model.safetensors.index.json`). A Hugging
+Face id whose weights are not cached is read the same way remotely, header bytes
+only, cached (`models/remote_headers.py`). Otherwise
 the bytes are counted from config.json: the parameter formula of the family
 (`models/params.py`) times the storage of each tensor under the checkpoint's
 `quantization_config` (`models/weight_dtype.py`: bf16/fp16, fp8 with block
@@ -44,7 +46,8 @@ from typing import Any
 
 from kvpool.errors import KvpoolError
 from kvpool.models.params import ParameterCountError, matrices, model_type, parameter_count
-from kvpool.models.safetensors_headers import checkpoint_files, checkpoint_tensors
+from kvpool.models.remote_headers import RemoteHeadersError, hub_snapshot, remote_tensors
+from kvpool.models.safetensors_headers import TensorHeader, checkpoint_files, checkpoint_tensors
 from kvpool.models.weight_dtype import matrix_bytes, weight_scheme
 from kvpool.units import is_positive_int
 
@@ -218,15 +221,8 @@ def weights_from_config(config: Mapping[str, Any]) -> ModelWeights:
 def weights_from_folder(folder: Path, config: Mapping[str, Any]) -> ModelWeights:
     """Exact weights from the safetensors headers in `folder`; `config` gives the
     layer, KV-head and expert counts. Raises WeightsError for a corrupt header."""
-    layers = _counts(config)
-    tensors = tuple(WeightTensor(t.name, *part_of(t.name, layers[0]), t.nbytes) for t in checkpoint_tensors(folder))
-    tied = not any(t.part == "lm_head" for t in tensors)
-    try:
-        params: int | None = parameter_count(config)
-    except KvpoolError:
-        params = None
     files = len(checkpoint_files(folder))
-    return ModelWeights(tensors, *layers, tied, params, f"safetensors headers ({files} files in {folder})")
+    return weights_from_tensors(checkpoint_tensors(folder), config, f"safetensors headers ({files} files in {folder})")
 
 
 def model_weights(config: Mapping[str, Any], source: str | Path | None = None) -> ModelWeights:
@@ -238,4 +234,25 @@ def model_weights(config: Mapping[str, Any], source: str | Path | None = None) -
         folder = path if path.is_dir() else path.parent if path.is_file() else None
         if folder is not None and checkpoint_files(folder):
             return weights_from_folder(folder, config)
+        snapshot = None if folder is None else hub_snapshot(folder)
+        if snapshot is not None:  # a hub id whose weights are not cached: their headers, remotely
+            try:
+                remote = remote_tensors(*snapshot)
+            except RemoteHeadersError:
+                pass
+            else:
+                where = f"safetensors headers of {snapshot[0]}@{snapshot[1][:12]} (remote, header bytes only)"
+                return weights_from_tensors(remote, config, where)
     return weights_from_config(config)
+
+
+def weights_from_tensors(headers: list[TensorHeader], config: Mapping[str, Any], where: str) -> ModelWeights:
+    """Exact weights from a checkpoint's tensor headers, wherever they were read."""
+    layers = _counts(config)
+    tensors = tuple(WeightTensor(t.name, *part_of(t.name, layers[0]), t.nbytes) for t in headers)
+    tied = not any(t.part == "lm_head" for t in tensors)
+    try:
+        params: int | None = parameter_count(config)
+    except KvpoolError:
+        params = None
+    return ModelWeights(tensors, *layers, tied, params, where)
