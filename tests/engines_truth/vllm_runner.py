@@ -1,0 +1,178 @@
+"""Referee: vLLM's own KV cache sizing, run in vLLM's side venv (not kvpool's).
+
+Reads a JSON list of cases on stdin and writes one JSON result per case to
+stdout. For each case it builds the per-layer KV cache specs with vLLM's spec
+classes (`FullAttentionSpec`, `SlidingWindowSpec`, `ChunkedLocalAttentionSpec`,
+`MLAAttentionSpec`, `MambaSpec` with vLLM's own `MambaStateShapeCalculator`)
+from the model's config.json as transformers parses it, then runs vLLM's
+`get_kv_cache_configs` -> `generate_scheduler_kv_cache_config` ->
+`get_kv_cache_capacity`, the path `EngineCore._initialize_kv_caches` takes.
+The refusal message, when vLLM refuses, is the one vLLM raises.
+
+Only the per-layer geometry is read here (what each attention layer's
+`get_kv_cache_spec` registers: KV heads per rank max(1, heads // tp), head
+size, cache dtype, window); every number compared is computed by vLLM.
+This file imports vLLM and is never imported by kvpool or its tests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from transformers import AutoConfig
+from vllm.config import VllmConfig
+from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator
+from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+from vllm.v1.core import kv_cache_utils as ku
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
+
+logging.disable(logging.WARNING)
+DTYPES = {"auto": torch.bfloat16, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+
+
+def text_config(path: str) -> Any:
+    cfg = AutoConfig.from_pretrained(path) if not path.endswith(".json") else None
+    if cfg is None:
+        with open(path) as f:
+            raw = json.load(f)
+        cls = type(AutoConfig.for_model(raw["model_type"]))
+        cfg = cls.from_dict(raw)
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def layer_specs(case: dict[str, Any]) -> dict[str, KVCacheSpec]:
+    """What each layer's `get_kv_cache_spec` registers on one TP rank."""
+    c = text_config(case["config"])
+    tp, bs = case["tp"], case["block_size"]
+    dtype = DTYPES[case.get("kv_dtype", "auto")]
+    heads = c.num_attention_heads
+    kv_heads = max(1, (getattr(c, "num_key_value_heads", None) or heads) // tp)
+    head = getattr(c, "head_dim", None) or c.hidden_size // heads
+    n = c.num_hidden_layers
+    kinds = list(getattr(c, "layer_types", None) or ["full_attention"] * n)
+    pattern = getattr(c, "hybrid_override_pattern", None)
+    if pattern:
+        kinds = [{"M": "mamba", "*": "full_attention"}.get(ch, "none") for ch in pattern]
+    chunk = getattr(c, "attention_chunk_size", None)
+    if chunk and getattr(c, "no_rope_layers", None):
+        # Llama 4: RoPE layers attend within chunks, NoPE layers (no_rope_layers[i] == 0) globally.
+        kinds = ["chunked_attention" if r else "full_attention" for r in c.no_rope_layers]
+    specs: dict[str, KVCacheSpec] = {}
+    for i, kind in enumerate(kinds):
+        name = f"model.layers.{i}.attn"
+        if kind == "none":
+            continue
+        if getattr(c, "kv_lora_rank", None):
+            specs[name] = MLAAttentionSpec(
+                block_size=bs, num_kv_heads=1, head_size=c.kv_lora_rank + c.qk_rope_head_dim, dtype=dtype
+            )
+        elif kind == "sliding_attention":
+            specs[name] = SlidingWindowSpec(
+                block_size=bs, num_kv_heads=kv_heads, head_size=head, dtype=dtype, sliding_window=c.sliding_window
+            )
+        elif kind == "chunked_attention":
+            specs[name] = ChunkedLocalAttentionSpec(
+                block_size=bs, num_kv_heads=kv_heads, head_size=head, dtype=dtype, attention_chunk_size=chunk
+            )
+        elif kind == "mamba":
+            shapes = MambaStateShapeCalculator.mamba2_state_shape(
+                tp,
+                c.mamba_num_heads * c.mamba_head_dim,
+                c.n_groups,
+                c.mamba_num_heads,
+                c.mamba_head_dim,
+                c.ssm_state_size,
+                c.conv_kernel,
+            )
+            dtypes = MambaStateDtypeCalculator.mamba2_state_dtype(torch.bfloat16, "auto", case.get("ssm_dtype", "auto"))
+            specs[name] = MambaSpec(
+                block_size=bs,
+                shapes=shapes,
+                dtypes=dtypes,
+                page_size_padded=case.get("mamba_page_padded"),
+                mamba_cache_mode=case.get("mamba_cache_mode", "align"),
+                num_prefill_checkpoint_blocks=case.get("checkpoint_blocks", 0),
+            )
+        else:
+            specs[name] = FullAttentionSpec(block_size=bs, num_kv_heads=kv_heads, head_size=head, dtype=dtype)
+    return specs
+
+
+def vllm_config(case: dict[str, Any]) -> VllmConfig:
+    vc = VllmConfig()
+    L = case["max_model_len"]
+    # The fields of ModelConfig the sizing path reads (no model is loaded).
+    vc.model_config = SimpleNamespace(  # type: ignore[assignment]
+        max_model_len=L, original_max_model_len=L, hf_config=SimpleNamespace(), use_mla=False
+    )
+    vc.scheduler_config.max_num_batched_tokens = case["max_num_batched_tokens"]
+    vc.scheduler_config.max_num_seqs = case["max_num_seqs"]
+    vc.scheduler_config.async_scheduling = case["async_scheduling"]
+    vc.scheduler_config.disable_hybrid_kv_cache_manager = not case.get("hybrid", True)
+    vc.parallel_config.pipeline_parallel_size = case.get("pp", 1)
+    vc.parallel_config.tensor_parallel_size = case["tp"]
+    vc.cache_config.mamba_cache_mode = case.get("mamba_cache_mode", "align")
+    vc.cache_config.block_size = case["block_size"]
+    vc.device_config = SimpleNamespace(device_type="cuda")  # type: ignore[assignment]
+    # The layout the engine core resolves for FlashAttention (the GPU default backend).
+    layouts = FlashAttentionBackend.supported_kv_cache_layouts() or ()
+    resolve_kv_cache_layout(vc, [[x.name for x in layouts] or ["NHD"]])
+    return vc
+
+
+def run(case: dict[str, Any]) -> dict[str, Any]:
+    vc = vllm_config(case)
+    specs = layer_specs(case)
+    out: dict[str, Any] = {"id": case["id"], "max_concurrent_batches": vc.max_concurrent_batches}
+    try:
+        configs = ku.get_kv_cache_configs(vc, [specs], [case["memory"]])
+    except ValueError as e:
+        msg = str(e)
+        est = re.search(r"estimated maximum model length is (\d+)", msg)
+        out.update(refused=msg.split(". ")[0], estimated_max_len=int(est.group(1)) if est else 0)
+        return out
+    cfg = ku.generate_scheduler_kv_cache_config(configs)
+    tokens, concurrency = ku.get_kv_cache_capacity(vc, cfg)
+    groups = cfg.kv_cache_groups
+    out.update(
+        refused=None,
+        num_gpu_blocks=cfg.num_blocks,
+        kv_cache_groups=len(groups),
+        block_size=min(g.kv_cache_spec.block_size for g in groups),
+        block_sizes=sorted({g.kv_cache_spec.block_size for g in groups}),
+        page_bytes=sum(t.size for t in cfg.kv_cache_tensors) // cfg.num_blocks,
+        gpu_kv_cache_tokens=tokens,
+        max_concurrency=round(concurrency, 2),
+        line=f"{ku._kv_cache_device_name(vc)} KV cache size: {tokens:,} tokens, "
+        f"Maximum concurrency for {case['max_model_len']:,} tokens per request: {concurrency:.2f}x",
+    )
+    return out
+
+
+def main() -> None:
+    cases = json.load(sys.stdin)
+    results = []
+    for case in cases:
+        try:
+            results.append(run(case))
+        except Exception as e:  # a case vLLM cannot size at all is reported, not hidden
+            results.append({"id": case["id"], "error": f"{type(e).__name__}: {e}"})
+    json.dump(results, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
