@@ -269,20 +269,21 @@ class KVCacheManager:
         (or reuse off) commits nothing."""
         req = self._by_id.get(rid) if type(rid) is int else None  # True and 1.0 would find request 1
         if req is not None and req.cap < req.hi and (hist := req.hist + 1) < req.next_stale and req.lookup is None:
-            # early return: no page moves, and nothing to commit or no page completes
-            if token is None or req.dummy or not self.enable_reuse:
-                req.cap += 1
-                req.hist = hist
-                return RESIZED
-            if (
-                (known := req.tokens) is not None
-                and type(token) is int
-                and hist < (req.committed + 1) * self.tokens_per_block
-                and req.base + len(known) + 1 == hist
-                and 0 <= token <= INT64_MAX
-                and not self._snapshots
-            ):
-                known.append(token)
+            # early return: no page moves, and no page completes (or nothing to commit)
+            known = req.tokens
+            if known is not None and token is not None:  # reuse on, no dummy: commit the id
+                if (
+                    type(token) is int
+                    and hist < (req.committed + 1) * self.tokens_per_block
+                    and req.base + len(known) + 1 == hist
+                    and 0 <= token <= INT64_MAX
+                    and not self._snapshots
+                ):
+                    known.append(token)
+                    req.cap += 1
+                    req.hist = hist
+                    return RESIZED
+            elif token is None or req.dummy or not self.enable_reuse:
                 req.cap += 1
                 req.hist = hist
                 return RESIZED
