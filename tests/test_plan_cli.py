@@ -133,7 +133,7 @@ def test_fit_that_cannot_fit_is_exit_2_with_the_length_that_does(cli: Any) -> No
         ["plan", "llama-3.1-8b-instruct"],  # no budget
         ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--gpu", "h100"],
         ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--memory-fraction", "7"],
-        ["plan", "gemma-4-26b-a4b", "--gpu", "h100"],  # no parameter formula: asks for --non-kv-memory
+        ["plan", "deepseek-v4-flash", "--gpu", "h100"],  # no formula, no published count: asks for --non-kv-memory
         ["plan", "llama-3.1-70b", "--gpu", "h100"],  # 70B in bf16 does not fit one H100
         ["plan", "llama-3.1-8b-instruct", "--gpu", "h100", "--non-kv-memory", "1GiB", "--reserved-memory", "1GiB"],
         ["plan", "llama-3.1-8b-instruct", "--kv-memory", "1GiB", "--activation-memory", "1GiB"],
@@ -207,3 +207,20 @@ def test_emit_sglang_states_the_fraction_from_the_whole_gpu(cli: Any) -> None:
     memory = json.loads(out)["memory"]
     pools = fraction * memory["gpu_bytes"] - memory["weights_bytes"]
     assert pools <= memory["kv_bytes"] < pools + 0.001 * memory["gpu_bytes"]
+
+
+@pytest.mark.parametrize(
+    ("model", "params"),
+    # published totals (model cards, as data/model_params.json cites them): Gemma 4 26B-A4B
+    # 25.2B, Qwen3-Next-80B-A3B 80B, Mistral-7B-v0.1 7.24B, all bf16
+    [("gemma-4-26b-a4b", 25.2e9), ("qwen3-next-80b-a3b", 80e9), ("mistral-7b-v0.1", 7.24e9)],
+)
+def test_a_preset_without_a_formula_plans_on_its_published_count(cli: Any, model: str, params: float) -> None:
+    """Issue 30: these presets asked for --weights-memory; their published count, split
+    evenly over the ranks, now gives the whole-GPU budget, and says so."""
+    code, out, err = cli("plan", model, "--gpu", "h200", "--tp", "4", "--json")
+    assert code == 0, err
+    memory = json.loads(out)["memory"]
+    assert memory["weights_bytes"] == -(-int(params * 2) // 4)
+    code, out, err = cli("plan", model, "--gpu", "h200", "--tp", "4")
+    assert "split evenly over 4 ranks" in out and "published" in out

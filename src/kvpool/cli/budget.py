@@ -19,6 +19,8 @@ from typing import NamedTuple
 from kvpool import presets
 from kvpool.cli.request import BudgetOptions, ModelOptions, flag
 from kvpool.errors import KvpoolError
+from kvpool.models.params import ParameterCountError
+from kvpool.models.weight_dtype import WeightSchemeError
 from kvpool.models.weights import model_weights
 from kvpool.plan.limits import ServingLimits
 from kvpool.plan.memory import (
@@ -104,6 +106,30 @@ def weights_source(spec: ModelSpec, model: str) -> str | Path:
     return origin.folder if origin is not None and origin.folder else model
 
 
+def weights_per_rank(spec: ModelSpec, model: ModelOptions) -> tuple[int, str]:
+    """(weight bytes on the busiest rank, where they come from): the checkpoint's
+    headers or the family's formula (models/weights.py); for a bundled preset whose
+    family has no formula, its published parameter count x bytes per parameter
+    (data/model_params.json, each with its source) split evenly over tp x pp ranks."""
+    try:
+        weights = model_weights(spec.config, weights_source(spec, model.model))
+    except (ParameterCountError, WeightSchemeError):
+        from kvpool.sim.steptime import params_table
+
+        row = (
+            params_table().get(spec.name.lower()) if spec.source is not None and spec.source.kind == "preset" else None
+        )
+        if row is None:
+            raise
+        ranks = model.tp * model.pp
+        total = float(row["total_params"]) * float(row["weight_bytes_per_param"])
+        return -(-int(total) // ranks), (
+            f"published {float(row['total_params']) / 1e9:g}B parameters x {row['weight_bytes_per_param']} bytes, "
+            f"split evenly over {ranks} ranks"
+        )
+    return weights.per_rank_bytes(model.parallel), weights.source
+
+
 def whole_gpu(
     options: BudgetOptions,
     model: ModelOptions,
@@ -123,8 +149,7 @@ def whole_gpu(
         if weights_bytes is not None:
             values["weights_memory"], how["weights_memory"] = weights_bytes, "--weights-bytes / tp"
         else:
-            weights = model_weights(config, weights_source(spec, model.model))
-            values["weights_memory"], how["weights_memory"] = weights.per_rank_bytes(par), weights.source
+            values["weights_memory"], how["weights_memory"] = weights_per_rank(spec, model)
     if "activation_memory" not in values:
         values["activation_memory"] = activation_bytes(config, limits, par)
         how["activation_memory"] = f"estimate: {limits.max_num_tokens or limits.max_seq_len} tokens + logits"
