@@ -41,13 +41,12 @@ from kvpool.cache.results import RESIZED, Dummies, Resize
 from kvpool.cache.shared_pool import build_pools
 from kvpool.cache.suspension import Suspension
 from kvpool.cache.tables import STALE, PageTables
-from kvpool.cache.tiers import ColdTier, TierCopies, TierSpec, attach, build_tiers
+from kvpool.cache.tiers import TierCopies, TierSpec, tiers_below
 from kvpool.plan import capture
 from kvpool.plan.capture import WarmupReport
 from kvpool.plan.result import PoolPlan
 from kvpool.plan.tiers import tier_pages
 from kvpool.spec.kinds import NEVER
-from kvpool.spec.pages import pages_needed
 
 __all__ = ["STALE", "KVCacheManager"]
 
@@ -108,26 +107,15 @@ class KVCacheManager:
         self.reuse_hit_tokens = 0
         self._prompts = PromptMemo()  # the last prompt's digests, for the next that shares its start
         self._padding: dict[int, int] = {}  # draft length -> persistent padding dummy id
-        self.tier = self._build_tiers(tiers, events)  # the warmest cold tier (None: the GPU alone)
+        if tiers and self.tables.shared:
+            raise CacheUsageError("cold tiers with a shared pool are not supported")
+        # the warmest cold tier (None: the GPU alone), each split between groups in the GPU plan's proportions
+        pages = [list(tier_pages(plan, s.bytes).values()) for s in tiers]
+        self.tier = tiers_below(
+            self.pools, tiers, pages, self.tables.never_stale, enable_reuse, self.tokens_per_block, self.events, events
+        )
         self.max_util_for_resume = max_util_for_resume
         self._suspended: dict[int, Suspension] = {}
-
-    def _build_tiers(self, specs: Sequence[TierSpec], events: bool) -> ColdTier | None:
-        """Cold tiers below the GPU pools, each split between groups in the GPU
-        plan's proportions; a group's evicted digests spill into the first if
-        it keeps them (full and compressed pages and state snapshots, with
-        reuse on; never a page that left a window)."""
-        if not specs:
-            return None
-        if self.tables.shared:
-            raise CacheUsageError("cold tiers with a shared pool are not supported")
-        keeps = [never and self.enable_reuse for never in self.tables.never_stale]  # state groups never go stale
-        pages = [list(tier_pages(self.plan, s.bytes).values()) for s in specs]
-        tier = build_tiers(specs, pages, [g.name for g in self.groups], keeps, self.tokens_per_block, self.events)
-        for level in tier.levels() if tier else ():
-            level.record_events = events
-        attach(tier, self.pools)
-        return tier
 
     # ------------------------------------------------------------------ requests
 
@@ -454,7 +442,7 @@ class KVCacheManager:
         (nothing changed, the pages short named) when they do not fit."""
         check_dummy_args(batch_size, token_num, draft_len)
         cap, hist = capture.dummy_shape(token_num, draft_len, self.limits.num_extra_kv_tokens, is_gen)
-        short = self._dummies_short(batch_size, cap, hist)
+        short = capture.shortfall(self, [(cap, hist)], copies=batch_size)
         if short:  # answered by the page arithmetic, before any request exists: O(groups) for any batch_size
             return Dummies(short=short)
         registry = self.requests
@@ -467,16 +455,6 @@ class KVCacheManager:
             self.free(r.rid)
         registry.next_dummy, registry.free_dummy_ids = next_dummy, free_ids
         return Dummies(short=done.short)
-
-    def _dummies_short(self, batch_size: int, cap: int, hist: int) -> dict[str, int]:
-        """Pages missing per pool for `batch_size` fresh requests of shape
-        (cap, hist): `pages_needed` each (fresh requests release nothing)."""
-        need: dict[str, int] = {}
-        for g, pool in zip(self.groups, self.pools, strict=True):
-            name = pool.store.name  # groups that share a pool are summed under its name
-            need[name] = need.get(name, 0) + batch_size * pages_needed(g, cap, hist)
-        free = {pool.store.name: pool.num_free for pool in self.pools}
-        return {name: n - free[name] for name, n in need.items() if n > free[name]}
 
     def max_generation_length(self, batch_size: int, draft_len: int = 0) -> int:
         """Largest token_num (history + current input) the longest row of a

@@ -217,8 +217,27 @@ def build_tiers(
     return below
 
 
-def attach(tier: ColdTier | None, pools: Sequence[PagePool]) -> None:
-    """Send each GPU pool's evicted digests to `tier` where its group keeps them."""
+def tiers_below(
+    pools: Sequence[PagePool],
+    specs: Sequence[TierSpec],
+    pages: Sequence[Sequence[int]],
+    never_stale: Sequence[bool],
+    enable_reuse: bool,
+    tokens_per_block: int,
+    events: deque[EventRecord],
+    record_events: bool,
+) -> ColdTier | None:
+    """The cold tiers of `specs` below the GPU `pools` (`pages[i]` per group
+    for `specs[i]`), or None. A group's evicted digests spill into the first
+    if it keeps them: with reuse on, groups whose pages never go stale (full
+    and compressed pages, state snapshots), never a page that left a window."""
+    keeps = [never and enable_reuse for never in never_stale]
+    tier = build_tiers(specs, pages, [p.name for p in pools], keeps, tokens_per_block, events)
+    if tier is None:
+        return None
+    for level in tier.levels():
+        level.record_events = record_events
     for gi, pool in enumerate(pools):
-        if tier is not None and tier.keeps[gi]:
+        if keeps[gi]:
             pool.spill = functools.partial(tier.put, gi)
+    return tier

@@ -71,14 +71,14 @@ def dummy_shape(token_num: int, draft_len: int, extra: int, is_gen: bool = True)
     return token_num + extra, 0
 
 
-def shortfall(mgr: DummyPages, batch: Iterable[tuple[int, int]]) -> dict[str, int]:
+def shortfall(mgr: DummyPages, batch: Iterable[tuple[int, int]], copies: int = 1) -> dict[str, int]:
     """Pages missing per pool (a group's own, or a shared pool's name; only
-    pools that lack pages) for new requests of the given (capacity, history)
-    shapes, against the pages free now."""
+    pools that lack pages) for `copies` new requests of each of the given
+    (capacity, history) shapes, against the pages free now."""
     shapes = list(batch)
     short = {}
     for name, groups in groups_by_pool(mgr).items():
-        need = sum(pages_needed(g, c, h) for g in groups for c, h in shapes)
+        need = copies * sum(pages_needed(g, c, h) for g in groups for c, h in shapes)
         free = mgr.free_pages(groups[0].name)
         if need > free:
             short[name] = need - free
