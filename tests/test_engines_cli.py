@@ -88,3 +88,45 @@ def test_unmodelled_engine_layout_is_a_user_error(capsys: pytest.CaptureFixture[
     code = main(["plan", "deepseek-v4-flash", "--kv-memory", "40GiB", "--engine", "vllm"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "compressed" in err
+
+
+# What vLLM 0.32's own get_kv_cache_capacity gives for Gemma-3-27B at 20 GiB, L 32768,
+# max_num_batched_tokens 8192 (tests/engines_truth/ cases gemma3-27b-20g and -sync;
+# tests/test_engines_truth.py recomputes them with vLLM's code whenever its side venv is built).
+GEMMA3 = ["plan", "gemma-3-27b", "--kv-memory", "20GiB", "--max-seq-len", "32768"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "vllm@0.32"])
+def test_plan_engine_vllm_prints_what_vllm_032_prints(capsys: pytest.CaptureFixture[str], engine: str) -> None:
+    out = run(capsys, *GEMMA3, "--engine", engine)
+    assert "prints: GPU KV cache size: 62,557 tokens, Maximum concurrency for 32,768 tokens per request: 1.91x" in out
+
+
+def test_no_async_scheduling_keeps_one_batch_in_flight(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys, *GEMMA3, "--engine", "vllm", "--no-async-scheduling")
+    assert "prints: GPU KV cache size: 97,435 tokens, Maximum concurrency for 32,768 tokens per request: 2.97x" in out
+
+
+def test_plan_engine_vllm_keeps_a_window_as_long_as_the_context(capsys: pytest.CaptureFixture[str]) -> None:
+    # Gemma-2-9B's window is 4096: at --max-seq-len 4096 kvpool's plan treats it as full
+    # attention, vLLM keeps its sliding group (2 groups, 4,291 blocks from 11 GiB; case gemma2-9b-L4096).
+    data = json.loads(
+        run(capsys, "plan", "gemma-2-9b", "--kv-memory", "11GiB", "--max-seq-len", "4096", "--engine", "vllm", "--json")
+    )
+    assert data["engine"]["reported"]["kv_cache_groups"] == 2
+    assert data["engine"]["reported"]["num_gpu_blocks"] == 4291
+    assert data["engine"]["reported"]["gpu_kv_cache_tokens"] == 34261
+
+
+def test_block_size_reaches_the_vllm_model(capsys: pytest.CaptureFixture[str]) -> None:
+    data = json.loads(run(capsys, *GEMMA3, "--engine", "vllm", "--block-size", "32", "--json"))
+    assert data["engine"]["reported"]["block_size"] == 32
+
+
+@pytest.mark.parametrize("name", ["vllm@0.10", "vlm"])
+def test_unknown_engine_or_release_is_a_usage_error(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    with pytest.raises(SystemExit) as e:
+        main([*GEMMA3, "--engine", name])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert name.split("@")[0] in err[-1]

@@ -49,15 +49,15 @@ def test_vllm_policy_is_one_shared_pool_gemma3() -> None:
     # 2 (K, V) x 16 x 128 x 2 B = 8,192 B per position per layer, every layer alike.
     # vLLM: group size 10 (52 >= 1.5 x 10), so 6 sliding groups (8 padding layers) + 1 full;
     # a block at the simulated 32 positions holds 10 layers: 10 x 8,192 x 32 = 2,621,440 B.
-    # 20 GiB / 2,621,440 B = 8,192 blocks.
+    # 20 GiB / 2,621,440 B = 8,192 blocks, one of them vLLM's null block (never handed out).
     spec = load_model_spec("gemma-3-27b", max_seq_len=8192)
     plan = plan_for(spec, LIMITS, "engine:vllm", kv_memory_bytes=20 * GiB, trace=TRACE).plan
-    assert len(plan.shared) == 1 and plan.shared[0].pages == 8192
-    assert plan.shared[0].page_bytes == 2_621_440 and plan.total_bytes == 20 * GiB
+    assert len(plan.shared) == 1 and plan.shared[0].pages == 8192 - 1
+    assert plan.shared[0].page_bytes == 2_621_440 and plan.total_bytes == 20 * GiB - 2_621_440
     assert plan.spec.tokens_per_block == 32
     kinds = [(g.kind, g.window) for g in plan.spec.groups]
     assert kinds == [("sliding", 1024)] * 6 + [("full", None)]
-    assert all(plan.pages(g.name) == 8192 for g in plan.spec.groups)
+    assert all(plan.pages(g.name) == 8191 for g in plan.spec.groups)
     assert sorted(set(plan.origin.values())) == ["full", "sliding"]
     assert plan.share_of("sliding") == pytest.approx(6 / 7)  # 6 of the pool's 7 groups (padding included)
     # the same count vllm.allocate prints at --block-size 32
@@ -75,8 +75,9 @@ def test_vllm_policy_repeats_groups_of_smaller_blocks_gemma4() -> None:
     spec = load_model_spec("gemma-4-26b-a4b", kv_dtype="fp8", max_seq_len=32768)
     lim = ServingLimits(max_seq_len=32768)
     plan = plan_for(spec, lim, "engine:vllm", kv_memory_bytes=60 * GiB, trace=TRACE).plan
-    assert plan.shared[0].pages == 196_608 and plan.shared[0].page_bytes == 327_680
-    assert plan.total_bytes == 60 * GiB
+    # less vLLM's null block (two pages of 32 positions)
+    assert plan.shared[0].pages == 196_608 - 2 and plan.shared[0].page_bytes == 327_680
+    assert plan.total_bytes == 60 * GiB - 655_360
     assert [g.kind for g in plan.spec.groups].count("sliding") == 10 and len(plan.spec.groups) == 11
 
 

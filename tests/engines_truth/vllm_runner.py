@@ -154,7 +154,6 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
         kv_cache_groups=len(groups),
         block_size=min(g.kv_cache_spec.block_size for g in groups),
         block_sizes=sorted({g.kv_cache_spec.block_size for g in groups}),
-        page_bytes=sum(t.size for t in cfg.kv_cache_tensors) // cfg.num_blocks,
         gpu_kv_cache_tokens=tokens,
         max_concurrency=round(concurrency, 2),
         line=f"{ku._kv_cache_device_name(vc)} KV cache size: {tokens:,} tokens, "

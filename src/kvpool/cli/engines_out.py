@@ -10,7 +10,7 @@ from typing import Any
 from kvpool.cli.common import concurrency_text, table
 from kvpool.cli.fit_engines import with_budget_flag
 from kvpool.engines.common import EnginePool, EngineReport
-from kvpool.engines.emit import ENGINES, Emitted, emit, engine_report, model_id_for
+from kvpool.engines.emit import ENGINES, RELEASES, Emitted, emit, engine_name, engine_report, model_id_for
 from kvpool.errors import KvpoolError
 from kvpool.plan import REFERENCE_REQUEST, PoolPlan, decode_shape
 from kvpool.plan.memory import MemoryBudget
@@ -22,9 +22,25 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engines")
     g.add_argument(
         "--engine",
-        choices=ENGINES,
+        type=_engine,
         default=None,
-        help="also show what this engine would allocate from the same memory by its own rules",
+        metavar="ENGINE[@RELEASE]",
+        help="also show what this engine would allocate from the same memory by its own rules: "
+        + ", ".join(f"{e} (= {e}@{r[0]})" for e, r in RELEASES.items()),
+    )
+    g.add_argument(
+        "--block-size",
+        type=int,
+        choices=(16, 32, 64, 128, 256),
+        default=None,
+        help="--engine vllm: vLLM's --block-size (default: the attention backend's 16, raised for state pages)",
+    )
+    g.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--engine vllm: async scheduling (on by default on GPU) keeps one more batch of "
+        "max_num_batched_tokens in flight for sliding and chunked layers",
     )
     g.add_argument(
         "--emit",
@@ -39,6 +55,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         metavar="ID",
         help="model id for --emit (default: the preset's Hugging Face id, else MODEL)",
     )
+
+
+def _engine(text: str) -> str:
+    try:
+        engine_name(text)
+    except KvpoolError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _fits(value: int | None) -> str:
@@ -95,7 +119,16 @@ def engine_outputs(
 ) -> tuple[EngineReport | None, Emitted | None]:
     """The --engine report and the --emit launch the options ask for (`memory`: the
     whole-GPU breakdown, when known, states SGLang's budget as --mem-fraction-static)."""
-    report = engine_report(args.engine, plan) if args.engine else None
+    report = (
+        engine_report(
+            args.engine,
+            plan,
+            block_size=getattr(args, "block_size", None),
+            async_scheduling=getattr(args, "async_scheduling", True),
+        )
+        if args.engine
+        else None
+    )
     emitted = None
     if args.emit:
         beyond_tp = [f"--{k} {getattr(args, k)}" for k in ("pp", "ep", "dp") if getattr(args, k, 1) > 1]

