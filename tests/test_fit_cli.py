@@ -140,3 +140,15 @@ def test_nothing_fits_is_exit_2(cli: Any) -> None:
     assert code == 2 and "no memory left for the KV cache" in err
     code, out, err = cli("fit", "qwen3-8b", "--gpu", "h100x2", "--users", "100000", "--len", "100000")
     assert code == 2 and "no layout up to 2 GPUs holds 100000" in err and "none" in out
+
+
+def test_an_engine_kvpool_does_not_model_is_named_not_fatal(cli: Any) -> None:
+    """DeepSeek-V4's compressed attention is modelled by no engine: each says so, exit 2."""
+    argv = ["fit", "deepseek-v4-flash", "--gpu", "b200x8", "--weights-memory", "40GiB", "--max-seq-len", "65536"]
+    code, out, err = cli(*argv, "--json")
+    assert code == 2 and "no engine starts" in err
+    engines = json.loads(out)["engines"]
+    assert [e["verdict"] for e in engines] == ["not modelled"] * 3
+    assert all("compressed" in e["reasons"][0] and e["launch"] is None for e in engines)
+    code, out, err = cli(*argv, "--engine", "vllm", "--emit-to", "x.sh")
+    assert code == 2 and "nothing to emit" in err

@@ -232,6 +232,8 @@ def finish(args: argparse.Namespace, out: dict[str, Any], fits: list[EngineFit])
         return
     if not fits:
         raise KvpoolError("nothing to emit: no layout holds the requests")
+    if fits[0].emitted is None:
+        raise KvpoolError(f"nothing to emit: {fits[0].reasons[0]}")
     path = Path(args.emit_to)
     text = fits[0].emitted.text() + "\n"
     tmp = path.with_name(path.name + ".tmp")

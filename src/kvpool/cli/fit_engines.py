@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool.engines.common import EngineReport
+from kvpool.engines.common import EngineNotModelledError, EngineReport
 from kvpool.engines.emit import Emitted, emit
 from kvpool.plan import PoolPlan
 from kvpool.plan.batches import REFERENCE_REQUEST, decode_shape
@@ -57,13 +57,18 @@ class EngineFit:
     lengths: dict[str, int]
     graph_sizes: tuple[int, ...]
     graph_note: str
-    emitted: Emitted
+    emitted: Emitted | None  # None: kvpool does not model this engine for the model
+
+    @property
+    def verdict(self) -> str:
+        return "not modelled" if self.emitted is None else "starts" if self.starts else "refuses"
 
     def to_json(self) -> dict[str, Any]:
-        launch = self.emitted.to_json()
+        launch = {} if self.emitted is None else self.emitted.to_json()
+        report = None if self.emitted is None else self.emitted.report
         return {
             "engine": self.engine,
-            "verdict": "starts" if self.starts else "refuses",
+            "verdict": self.verdict,
             "reasons": list(self.reasons),
             "budget_flags": list(self.budget_flags),
             "kv_bytes_per_rank": self.kv_bytes,
@@ -73,10 +78,10 @@ class EngineFit:
             "largest_graph_batch": max(self.graph_sizes, default=0),
             "cuda_graphs": self.graph_note,
             "launch": launch.get("argv", launch.get("config")),
-            "launch_text": self.emitted.text(),
-            "notes": list(self.emitted.notes),
-            "reported": dict(self.emitted.report.reported),
-            "version_modelled": self.emitted.report.version_modelled,
+            "launch_text": "" if self.emitted is None else self.emitted.text(),
+            "notes": [] if self.emitted is None else list(self.emitted.notes),
+            "reported": {} if report is None else dict(report.reported),
+            "version_modelled": None if report is None else report.version_modelled,
         }
 
 
@@ -147,9 +152,13 @@ def engine_fit(
 ) -> EngineFit:
     """What `engine` does when launched to follow `plan` (whose budget is the KV
     bytes per rank); `memory` the whole-GPU breakdown when the budget came from it."""
-    emitted = emit(engine, plan, model_id)
-    report = emitted.report
     flags = budget_flags(engine, plan.budget_bytes, memory)
+    try:
+        emitted = emit(engine, plan, model_id)
+    except EngineNotModelledError as e:  # the other engines still answer
+        note = f"{ENGINE_NAMES[engine]}: not modelled"
+        return EngineFit(engine, False, (str(e),), flags, plan.budget_bytes, {}, lengths, (), note, None)
+    report = emitted.report
     emitted = with_budget_flag(emitted, memory)
     fits = requests_that_fit(report, plan, lengths)
     reasons = list(report.refusals)
@@ -166,6 +175,8 @@ def engine_fit(
 def render_engine(fit: EngineFit) -> str:
     """A few lines: verdict, budget flags, KV, requests, graphs, launch."""
     name = ENGINE_NAMES[fit.engine]
+    if fit.emitted is None:
+        return f"{name}: NOT MODELLED: {'; '.join(fit.reasons)}"
     verdict = "starts" if fit.starts else "REFUSES: " + "; ".join(fit.reasons)
     fits = ", ".join(f"{fit.lengths[n]:,} tokens ({n.replace('_', ' ')}): {v}" for n, v in fit.fits.items())
     lines = [
