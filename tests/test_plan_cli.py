@@ -224,3 +224,16 @@ def test_a_preset_without_a_formula_plans_on_its_published_count(cli: Any, model
     assert memory["weights_bytes"] == -(-int(params * 2) // 4)
     code, out, err = cli("plan", model, "--gpu", "h200", "--tp", "4")
     assert "split evenly over 4 ranks" in out and "published" in out
+
+
+def test_tuned_sizing_takes_kv_memory_with_the_gpu_it_times(cli: Any, tmp_path: Any) -> None:
+    """--sizing tuned times steps on --gpu, so --kv-memory beside it is no contradiction
+    (issue 30: plan refused the pair simulate needs); other sizings still refuse it."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("prompt_len,output_len\n" + "".join(f"{300 + 50 * i},{20 + i}\n" for i in range(24)))
+    args = ["plan", "gpt-oss-20b", "--kv-memory", "2GiB", "--gpu", "h100", "--workload", str(trace)]
+    code, out, err = cli(*args, "--sizing", "tuned", "--max-seq-len", "4096", "--json")
+    assert code == 0, err
+    assert json.loads(out)["budget_bytes"] == 2 * 2**30
+    code, out, err = cli(*args, "--sizing", "occupancy")
+    assert code == 2 and "not both" in err

@@ -118,7 +118,7 @@ def render_memory(memory: MemoryBudget, gpu: str, layout: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     request = PlanRequest.from_args(args)
-    resolved = resolve(request)
+    resolved = resolve(request, gpu_only_for_budget=args.sizing != "tuned")  # tuned times steps on --gpu
     plan = sized_plan(args, resolved)
     if request.fit and not plan.max_concurrency()["max_seq_len"]:
         # --fit promises a usable plan: one that holds no request of max_seq_len is not one
