@@ -23,7 +23,8 @@ from kvpool.plan import plan_pools
 from kvpool.spec import ModelSpec
 from kvpool.spec.loader import read_model_config, spec_from_read
 
-GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+# within a node powers of two; beyond, whole 8-GPU nodes
+GPU_COUNTS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
 # Tensor parallelism stays inside one 8-GPU node (NVLink); pipeline stages span nodes.
 TP_SIZES = (1, 2, 4, 8)
 PP_SIZES = (1, 2, 4, 8)
@@ -80,7 +81,7 @@ def search(
     out: list[Layout] = []
     enough_at: int | None = None
     for gpus, tp, pp in candidates(max_gpus):
-        if enough_at is not None and gpus > 2 * enough_at:
+        if enough_at is not None and gpus > enough_at + max(8, enough_at // 2):
             break
         replicas = gpus // (tp * pp)
         layout = Layout(gpus, tp, pp, replicas)
