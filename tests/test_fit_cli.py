@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvpool import presets
 
@@ -152,3 +154,48 @@ def test_an_engine_kvpool_does_not_model_is_named_not_fatal(cli: Any) -> None:
     assert all("compressed" in e["reasons"][0] and e["launch"] is None for e in engines)
     code, out, err = cli(*argv, "--engine", "vllm", "--emit-to", "x.sh")
     assert code == 2 and "nothing to emit" in err
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    model=st.sampled_from(["qwen3-8b", "gemma-3-27b", "gpt-oss-20b", "llama-3.1-8b-instruct"]),
+    gpu=st.sampled_from(["h100", "a100", "l40s", "h200"]),
+    count=st.sampled_from([1, 2, 4]),
+    length=st.integers(2049, 65536),
+)
+def test_fit_invariants(cli: Any, model: str, gpu: str, count: int, length: int) -> None:
+    """Whatever the deployment: every engine that starts holds at least one request of
+    max_seq_len and no more of them than of the (shorter) reference request; SGLang's
+    fraction never gives its pools more than K; all engines share the plan's K."""
+    gpus = f"{gpu}x{count}" if count > 1 else gpu
+    code, out, err = cli("fit", model, "--gpu", gpus, "--max-seq-len", str(length), "--json")
+    if code == 2 and not out:  # the weights leave no room on this GPU: one line, nothing else
+        assert len(err.strip().splitlines()) == 1
+        return
+    fit = json.loads(out)
+    memory = fit["memory"]
+    for e in fit["engines"]:
+        assert e["kv_bytes_per_rank"] == fit["kv_bytes_per_rank"]
+        if e["verdict"] == "starts":
+            counts = e["requests_that_fit"]
+            assert 1 <= counts["max_seq_len"] <= counts["reference"]
+            assert e["largest_graph_batch"] <= fit["limits"]["max_batch_size"]
+        if e["engine"] == "sglang":
+            fraction = float(e["budget_flags"][0].split()[-1])
+            assert fraction * memory["gpu_bytes"] - memory["weights_bytes"] <= fit["kv_bytes_per_rank"]
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(users=st.integers(1, 400), length=st.sampled_from([2048, 8192, 32768]))
+def test_users_layouts_are_the_smallest_that_hold_them(cli: Any, users: int, length: int) -> None:
+    """Every layout listed holds the users; every layout tried with fewer GPUs than the
+    first listed holds fewer."""
+    args = ["fit", "llama-3.1-8b-instruct", "--gpu", "l40s", "--users", str(users), "--len", str(length)]
+    code, out, err = cli(*args, "--engine", "vllm", "--json")
+    fit = json.loads(out)
+    if code == 2:
+        assert not fit["layouts"] and "no layout" in err
+        return
+    first = fit["layouts"][0]["gpus"]
+    assert all(x["requests_held"] >= users for x in fit["layouts"])
+    assert all(x["requests_held"] < users for x in fit["tried"] if x["gpus"] < first)
