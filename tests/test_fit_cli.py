@@ -124,6 +124,7 @@ def test_emit_to_writes_a_yaml_a_launcher_reads(cli: Any, tmp_path: Path) -> Non
     ("argv", "message"),
     [
         (["--gpu", "h100", "--engine", "tgi"], "choose from vllm, sglang, trtllm"),
+        (["--gpu", "h100", "--engine", "vllm@0.1"], "choose from vllm, sglang, trtllm"),
         (["--gpu", "h100", "--users", "3"], "--users N and --len L together"),
         (["--gpu", "h100", "--users", "3", "--len", "9", "--max-seq-len", "9"], "drop --max-seq-len"),
         (["--gpu", "h100x3", "--tp", "2"], "does not divide 3 GPUs"),
@@ -199,3 +200,12 @@ def test_users_layouts_are_the_smallest_that_hold_them(cli: Any, users: int, len
     first = fit["layouts"][0]["gpus"]
     assert all(x["requests_held"] >= users for x in fit["layouts"])
     assert all(x["requests_held"] < users for x in fit["tried"] if x["gpus"] < first)
+
+
+def test_engine_names_take_their_release(cli: Any) -> None:
+    """`--engine vllm@RELEASE,sglang` as kvpool plan takes it (the newest release by default)."""
+    from kvpool.engines.emit import RELEASES
+
+    code, out, err = cli("fit", "qwen3-8b", "--gpu", "h100", "--engine", f"vllm@{RELEASES['vllm'][0]},sglang", "--json")
+    assert code == 0, err
+    assert [e["engine"] for e in json.loads(out)["engines"]] == ["vllm", "sglang"]

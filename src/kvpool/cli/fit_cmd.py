@@ -27,7 +27,7 @@ from kvpool.cli.fit_engines import EngineFit, engine_fit, fit_lengths, render_en
 from kvpool.cli.plan_args import Resolved, add_plan_args, resolve
 from kvpool.cli.plan_cmd import render_memory
 from kvpool.cli.request import PlanRequest
-from kvpool.engines.emit import ENGINES
+from kvpool.engines.emit import ENGINES, RELEASES, engine_name
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
 from kvpool.units import format_bytes
@@ -86,11 +86,22 @@ def parse_gpu(text: str | None) -> tuple[str, int]:
 
 
 def parse_engines(text: str) -> tuple[str, ...]:
-    names = ENGINES if text.strip().lower() == "all" else tuple(e.strip().lower() for e in text.split(",") if e.strip())
-    unknown = [e for e in names if e not in ENGINES]
-    if unknown or not names:
+    """`all`, or a comma list of ENGINE[@RELEASE]: the engines, by bare name. The
+    launch lines follow each engine's newest modelled release, so an older one is refused."""
+    if text.strip().lower() == "all":
+        return ENGINES
+    names = []
+    for item in (e.strip().lower() for e in text.split(",") if e.strip()):
+        try:
+            engine, release = engine_name(item)
+        except KvpoolError:
+            raise KvpoolError(f"--engine {text!r}: choose from {', '.join(ENGINES)} or all") from None
+        if release != RELEASES[engine][0]:
+            raise KvpoolError(f"fit states {engine}@{RELEASES[engine][0]}'s launch; {item} is for kvpool plan --engine")
+        names.append(engine)
+    if not names:
         raise KvpoolError(f"--engine {text!r}: choose from {', '.join(ENGINES)} or all")
-    return names
+    return tuple(dict.fromkeys(names))
 
 
 @dataclass(frozen=True)
