@@ -104,8 +104,7 @@ def run(args: argparse.Namespace) -> int:
         print(render(report, sizes, drafts))
         for name, (held, per) in window_decodes_below_graph(plan).items():
             print(
-                f"note: group '{name}' holds {held} full-window decodes ({per} pages each) at once, fewer than the "
-                f"largest graph batch {plan.limits.largest_graph_batch}: larger captured batches form only from "
-                "requests shorter than its window (the same note as `kvpool plan`)"
+                f"note: group '{name}' holds {held} full-window decodes ({per} pages each) at once: captured "
+                f"batches above {held} form only from shorter requests (kvpool fit says it per engine)"
             )
     return 0
