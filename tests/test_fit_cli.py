@@ -209,3 +209,13 @@ def test_engine_names_take_their_release(cli: Any) -> None:
     code, out, err = cli("fit", "qwen3-8b", "--gpu", "h100", "--engine", f"vllm@{RELEASES['vllm'][0]},sglang", "--json")
     assert code == 0, err
     assert [e["engine"] for e in json.loads(out)["engines"]] == ["vllm", "sglang"]
+
+
+def test_kv_memory_beside_the_gpu_count(cli: Any) -> None:
+    """--kv-memory fixes K per rank; --gpu still says how many GPUs (no contradiction in fit)."""
+    code, out, err = cli("fit", "qwen3-8b", "--gpu", "h100x2", "--kv-memory", "20GiB", "--json")
+    assert code == 0, err
+    fit = json.loads(out)
+    assert fit["kv_bytes_per_rank"] == 20 * 2**30 and fit["layout"]["tp"] == 2 and fit["memory"] is None
+    vllm = next(e for e in fit["engines"] if e["engine"] == "vllm")
+    assert vllm["budget_flags"] == [f"--kv-cache-memory-bytes {20 * 2**30}"]

@@ -47,6 +47,10 @@ def register(sub: Any) -> None:
         "Exit 2 when nothing fits.",
     )
     add_plan_args(p)
+    for action in p._actions:  # the same --gpu, with a GPU count
+        if action.dest == "gpu":
+            action.metavar = "NAME[xN]"
+            action.help = "GPU preset (kvpool gpus) and count, e.g. h100x2; auto: this machine's GPUs (NVML)"
     f = p.add_argument_group("fit")
     f.add_argument(
         "--engine",
@@ -146,7 +150,7 @@ def answer(args: argparse.Namespace) -> Answer:
     if count % (tp * pp):
         raise KvpoolError(f"--tp {tp} x --pp {pp} does not divide {count} GPUs")
     request = dataclasses.replace(request, model=dataclasses.replace(request.model, tp=tp))
-    resolved = resolve(request)
+    resolved = resolve(request, gpu_only_for_budget=False)  # --gpu also counts the GPUs
     plan = resolved.plan()
     fits = answer_engines(args, resolved, plan, engines, None)
     out = {

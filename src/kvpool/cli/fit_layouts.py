@@ -122,7 +122,7 @@ def evaluate(
     asked = dataclasses.replace(limits, max_batch_size=per_replica_users, max_seq_len=length)
     try:
         lim = serving_limits(asked, length)
-        kv = kv_budget(budget, model, spec, lim)
+        kv = kv_budget(budget, model, spec, lim, gpu_only_for_budget=False)
         plan = plan_pools(spec, lim, kv_memory_bytes=kv.kv_bytes)
     except KvpoolError as e:
         return dataclasses.replace(layout, reason=str(e))
