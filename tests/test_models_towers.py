@@ -64,3 +64,13 @@ def test_the_budget_leaves_room_for_the_tower(cli: Any) -> None:
     c = config("gemma-3-27b-it")
     tower = sum(m.params for m in tower_matrices(c, c["model_type"], c["hidden_size"]))
     assert weights == 2 * parameter_count(c) and tower > 400e6  # the tower is in the weights
+
+
+def test_the_gemma3_preset_counts_its_tower_too() -> None:
+    """The bundled preset carries the published vision_config: 27.4B as the model page
+    states it (data/model_params.json cites it 'including the ~0.4B vision encoder')."""
+    from kvpool.presets import load_model_config
+
+    preset = with_defaults(load_model_config("gemma-3-27b"))
+    assert abs(parameter_count(preset) - 27.4e9) <= 0.05e9
+    assert parameter_count(preset) == parameter_count(config("gemma-3-27b-it"))
