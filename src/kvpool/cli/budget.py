@@ -106,13 +106,18 @@ def weights_source(spec: ModelSpec, model: str) -> str | Path:
     return origin.folder if origin is not None and origin.folder else model
 
 
-def weights_per_rank(spec: ModelSpec, model: ModelOptions) -> tuple[int, str]:
+def weights_per_rank(spec: ModelSpec, model: ModelOptions, draft_len: int = 0) -> tuple[int, str]:
     """(weight bytes on the busiest rank, where they come from): the checkpoint's
-    headers or the family's formula (models/weights.py); for a bundled preset whose
-    family has no formula, its published parameter count x bytes per parameter
-    (data/model_params.json, each with its source) split evenly over tp x pp ranks."""
+    headers or the family's formula (models/weights.py), with the model's
+    multi-token-prediction layers when they draft (`draft_len` > 0); for a bundled
+    preset whose family has no formula, its published parameter count x bytes per
+    parameter (data/model_params.json, each with its source) split evenly over tp x pp ranks."""
+    config = spec.config
+    mtp = int(config.get("num_nextn_predict_layers") or config.get("mtp_num_hidden_layers") or 0)
     try:
-        weights = model_weights(spec.config, weights_source(spec, model.model))
+        weights = model_weights(config, weights_source(spec, model.model))
+        if draft_len and mtp:
+            weights = weights.with_draft_layers(mtp)
     except (ParameterCountError, WeightSchemeError):
         from kvpool.sim.steptime import params_table
 
@@ -149,7 +154,7 @@ def whole_gpu(
         if weights_bytes is not None:
             values["weights_memory"], how["weights_memory"] = weights_bytes, "--weights-bytes / tp"
         else:
-            values["weights_memory"], how["weights_memory"] = weights_per_rank(spec, model)
+            values["weights_memory"], how["weights_memory"] = weights_per_rank(spec, model, limits.max_draft_len)
     if "activation_memory" not in values:
         values["activation_memory"] = activation_bytes(config, limits, par)
         how["activation_memory"] = f"estimate: {limits.max_num_tokens or limits.max_seq_len} tokens + logits"

@@ -38,6 +38,7 @@ tower) are counted on every rank, which can only overstate a rank.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -180,6 +181,30 @@ class ModelWeights:
             else:
                 out[first_of.get(t.layer, par.pp - 1)] += b
         return out
+
+    def with_draft_layers(self, count: int) -> ModelWeights:
+        """These weights with the first `count` multi-token-prediction layers loaded,
+        as engines do when those layers draft tokens (vLLM's deepseek_mtp / SGLang's
+        EAGLE with MTP): a layer past the decoder's joins the last pipeline stage and is
+        split like a decoder layer. Checkpoints name them `model.layers.{L+i}` (DeepSeek)
+        or `mtp.*` (Qwen3-Next, MiMo); a formula-counted model has none to add."""
+        if count < 1:
+            return self
+        tensors = []
+        for t in self.tensors:
+            if t.part == "unloaded":
+                inner = re.sub(r"^(model\.)?mtp\.", "model.", t.name)
+                part, layer = part_of(inner, self.num_layers + count)
+                if part != "unloaded":
+                    # mtp.* layers count from 0: place them past the decoder (the last stage)
+                    t = WeightTensor(
+                        t.name, part, self.num_layers + (layer or 0) if inner != t.name else layer, t.nbytes
+                    )
+            tensors.append(t)
+        loaded = dataclasses.replace(self, tensors=tuple(tensors))
+        if loaded.total_bytes == self.total_bytes:
+            return dataclasses.replace(self, source=f"{self.source}; its MTP layers are not counted (none in the weights read)")
+        return dataclasses.replace(loaded, source=f"{self.source} + {count} MTP layer(s) for drafting")
 
     def per_rank_bytes(self, par: Parallel) -> int:
         """Weight bytes of the busiest rank under `par` (tp = pp = 1: the total)."""
