@@ -203,7 +203,9 @@ class ModelWeights:
             tensors.append(t)
         loaded = dataclasses.replace(self, tensors=tuple(tensors))
         if loaded.total_bytes == self.total_bytes:
-            return dataclasses.replace(self, source=f"{self.source}; its MTP layers are not counted (none in the weights read)")
+            return dataclasses.replace(
+                self, source=f"{self.source}; its MTP layers are not counted (none in the weights read)"
+            )
         return dataclasses.replace(loaded, source=f"{self.source} + {count} MTP layer(s) for drafting")
 
     def per_rank_bytes(self, par: Parallel) -> int:
