@@ -28,7 +28,8 @@ import pytest
 from kvpool.cli.serve_cmd import make_server
 
 ROOT = Path(__file__).resolve().parent.parent
-SCREENSHOT = ROOT / "build" / "kvpool-serve.png"
+SCREENSHOT = ROOT / "build" / "kvpool-serve.png"  # the last state: layouts and engines for 200 users
+FIRST_SCREENSHOT = ROOT / "build" / "kvpool-serve-fit.png"  # the first: qwen3-32b on 2 x H100, all engines
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 CHROMEDRIVER = shutil.which("chromedriver")
 ELEMENT = "element-6066-11e4-a52e-4f735466cecf"  # the W3C WebDriver element key
@@ -182,6 +183,7 @@ def test_the_page_shows_the_clis_numbers_before_and_after_the_inputs_change(
     )
     assert code == 0, err
     check_against_cli(shown, json.loads(out))
+    save_screenshot(browser, FIRST_SCREENSHOT)
 
     # as a user would: one H200, 16k context, fp8 KV, without TensorRT-LLM
     done = browser.runs()
@@ -220,7 +222,11 @@ def test_the_page_shows_the_clis_numbers_before_and_after_the_inputs_change(
     assert shown["held"] == [x["requests_held"] for x in users["layouts"][:12]] and min(shown["held"]) >= 200
     check_against_cli(shown, users)
 
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    save_screenshot(browser, SCREENSHOT)
+
+
+def save_screenshot(browser: Browser, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     png = base64.b64decode(browser.command("GET", "/screenshot"))
     assert png.startswith(b"\x89PNG")
-    SCREENSHOT.write_bytes(png)
+    path.write_bytes(png)
