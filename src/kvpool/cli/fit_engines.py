@@ -11,8 +11,10 @@ a GPU of G bytes holding weights W per rank):
   `--kv-cache-memory-bytes K` replaces the profiling (vLLM's engine arguments).
 - SGLang: the pools get `total x --mem-fraction-static - W` (model_runner's
   `profile_max_num_token`: rest = available after the weights - total x (1 - F)),
-  so F = (K + W) / G, rounded down to 3 digits so the pools never exceed K;
-  `--max-total-tokens` then caps the full pool exactly.
+  so F = (K + W) / G, rounded up to 3 digits so the pools reach K (SGLang's
+  total is the memory free at start, a little under G) and `--max-total-tokens`
+  caps the full pool at the plan's tokens exactly; the 0.1 x G that the 0.9 leaves
+  out of K, activations and graphs keeps SGLang's own headroom.
 - TensorRT-LLM: `kv_cache_config.max_gpu_total_bytes: K` (the LLM API's
   KvCacheConfig; `free_gpu_memory_fraction`, default 0.9 of the memory free after
   the weights, applies as well, and the smaller of the two wins).
@@ -87,7 +89,7 @@ class EngineFit:
 
 def sglang_fraction(kv_bytes: int, memory: MemoryBudget) -> float:
     """SGLang's --mem-fraction-static for K bytes of pools on this GPU (module docstring)."""
-    return math.floor(1000 * (kv_bytes + memory.weights_bytes) / memory.gpu_bytes) / 1000
+    return math.ceil(1000 * (kv_bytes + memory.weights_bytes) / memory.gpu_bytes) / 1000
 
 
 def budget_flags(engine: str, kv_bytes: int, memory: MemoryBudget | None) -> tuple[str, ...]:
