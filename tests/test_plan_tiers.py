@@ -4,6 +4,9 @@ its bytes."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -64,3 +67,47 @@ def test_plan_tiers_lists_host_then_disk_with_pages_per_group() -> None:
     assert [t.medium for t in tiers] == ["CPU", "DISK"]
     assert tiers[1].pages == tier_pages(plan, 16 * GiB)
     assert plan_tiers(plan, None, 0, "even") == []
+
+
+def test_plan_prints_each_tier_per_rank_as_json_and_text(cli: Any) -> None:
+    # gemma-3-27b on 20 GiB of GPU KV, 256 GiB of host memory over 8 ranks: 32 GiB per rank, split
+    # between the sliding and full pools in the GPU plan's proportions
+    code, out, _ = cli(
+        "plan",
+        "gemma-3-27b",
+        "--kv-memory",
+        "20GiB",
+        "--host-memory",
+        "256GiB",
+        "--ranks-per-node",
+        "8",
+        "--disk",
+        "64GiB",
+        "--json",
+    )
+    assert code == 0
+    data = json.loads(out)
+    host, disk = data["tiers"]
+    assert (host["medium"], host["bytes"], disk["medium"], disk["bytes"]) == ("CPU", 32 * GiB, "DISK", 64 * GiB)
+    gpu = {p["name"]: p for p in data["groups"]}
+    gpu_bytes = sum(p["page_bytes"] * p["pages"] for p in gpu.values())
+    for name, pages in host["pages"].items():
+        assert pages == gpu[name]["pages"] * 32 * GiB // gpu_bytes
+    code, out, _ = cli(
+        "plan", "gemma-3-27b", "--kv-memory", "20GiB", "--host-memory", "256GiB", "--ranks-per-node", "8"
+    )
+    assert code == 0 and "cold tiers per rank" in out and "host memory / 8 ranks per node" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "word"),
+    [
+        (["--host-memory", "lots"], "--host-memory"),
+        (["--disk", "-1GiB"], "--disk"),
+        (["--host-memory", "1TiB", "--ranks-per-node", "0"], "ranks-per-node"),
+        (["--host-rule", "lmcache"], "host-rule"),
+    ],
+)
+def test_bad_tier_options_are_one_line_and_exit_2(cli: Any, argv: list[str], word: str) -> None:
+    code, out, err = cli("plan", "qwen3-8b", "--kv-memory", "8GiB", *argv)
+    assert code == 2 and word in err and len(err.strip().splitlines()) <= 2

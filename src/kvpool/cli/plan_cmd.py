@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from kvpool.cli import engines_out
+from kvpool.cli import engines_out, tiers_args
 from kvpool.cli.common import add_json_arg, concurrency_text, print_json, table
 from kvpool.cli.plan_args import Resolved, add_plan_args, resolve
 from kvpool.cli.request import PlanRequest
@@ -26,6 +26,7 @@ def register(sub: Any) -> None:
     )
     add_plan_args(p)
     engines_out.add_engine_args(p)
+    tiers_args.add_tier_args(p)
     w = p.add_argument_group("workload sizing (with --workload TRACE)")
     w.add_argument(
         "--sizing",
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
             f"{plan.limits.max_seq_len:,}; give {hint} (the longest its constraints fit) or more memory"
         )
     memory = resolved.budget.memory
+    tiers = tiers_args.tiers_from_args(args, plan)
     report, emitted = engines_out.engine_outputs(args, plan, memory)
     capped = default_length_note(request, plan)
     if args.json:
@@ -137,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
             out["notes"].append(capped)
         if memory is not None and emitted is None:
             out["memory"] = memory.to_json()
+        if tiers:
+            out["tiers"] = [t.to_json() for t in tiers]
         print_json(out)
         return 0
     # --emit: the launch alone on stdout (`> launch.sh`, `> kvpool.yaml` give a file the
@@ -145,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
     if memory is not None:
         print(render_memory(memory, str(request.budget.gpu), request.model.layout()), file=info)
     print(render(plan), file=info)
+    if tiers:
+        print("\n" + tiers_args.render(tiers), file=info)
     if capped:
         print(f"note: {capped}", file=info)
     if report is not None:
