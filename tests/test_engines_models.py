@@ -175,3 +175,23 @@ def test_vllm_and_sglang_stay_within_the_budget(name: str, mem: int) -> None:
     ):
         assert r.total_bytes <= mem
         assert all(p.pages >= 0 for p in r.pools)
+
+
+def test_sglang_sizes_gemma3_sliding_layers_as_full() -> None:
+    # SGLang 0.5.23 gives a hybrid SWA pool only to an allowlist of architectures
+    # (gpt-oss, Llama 4, Gemma 4, ...); Gemma 3's 62 layers all go into one pool at
+    # 2 x 16 x 128 x 2 B = 8,192 B per token per layer.
+    r = sglang.allocate(spec("gemma-3-27b"), ServingLimits(max_seq_len=8192), 10 * GIB)
+    assert r.reported["full_tokens"] == 10 * GIB // (62 * 8192) == 21140
+    assert r.reported["swa_tokens"] is None
+    assert any("no hybrid SWA pool" in n for n in r.notes)
+
+
+def test_sglang_request_cap_is_at_most_half_the_pool() -> None:
+    # Llama-3.1-8B: 32 x 2 x 8 x 128 x 2 B = 131,072 B per token; 50 MiB holds 400 tokens,
+    # and resolve_max_num_reqs never grants more than half of them (200) whatever was asked.
+    r = sglang.allocate(
+        spec("llama-3.1-8b-instruct"), ServingLimits(max_seq_len=8192), 50 * 2**20, max_running_requests=512
+    )
+    assert r.reported["full_tokens"] == 50 * 2**20 // 131072 == 400
+    assert r.reported["max_running_requests"] == 200

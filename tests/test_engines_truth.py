@@ -1,6 +1,8 @@
 """The engines' own sizing code as referee: every field kvpool prints for vLLM
 0.32 equals what vLLM's `get_kv_cache_configs` -> `get_kv_cache_capacity` gives
-on the same deployment (tests/engines_truth/: cases, runner, lane).
+on the same deployment, and every pool size it prints for SGLang 0.5.23 what
+SGLang's `KVCacheConfigurator.config_from_budget` -> `resolve_max_num_reqs`
+gives (tests/engines_truth/: cases, runners, lane).
 
 The engine runs in its side venv (`make engines-venvs`); without it these tests
 skip, unless KVPOOL_ENGINES_REQUIRED=1 (set by `make test`), when they fail.
@@ -13,17 +15,33 @@ from typing import Any
 
 import pytest
 
-from engines_truth.cases import VLLM_CASES
-from engines_truth.lane import engine_python, kvpool_vllm, run_engine, vllm_fields
+from engines_truth.cases import SGLANG_CASES, VLLM_CASES
+from engines_truth.lane import (
+    engine_python,
+    kvpool_sglang,
+    kvpool_vllm,
+    run_engine,
+    sglang_fields,
+    vllm_fields,
+)
+
+
+def results_of(engine: str, cases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    if engine_python(engine) is None:
+        if os.environ.get("KVPOOL_ENGINES_REQUIRED") == "1":
+            pytest.fail(f"the {engine} side venv is missing: run `make engines-venvs`")
+        pytest.skip(f"no {engine} side venv (make engines-venvs)")
+    return run_engine(engine, cases)
 
 
 @pytest.fixture(scope="module")
 def vllm_results() -> dict[str, dict[str, Any]]:
-    if engine_python("vllm") is None:
-        if os.environ.get("KVPOOL_ENGINES_REQUIRED") == "1":
-            pytest.fail("the vLLM side venv is missing: run `make engines-venvs`")
-        pytest.skip("no vLLM side venv (make engines-venvs)")
-    return run_engine("vllm", VLLM_CASES)
+    return results_of("vllm", VLLM_CASES)
+
+
+@pytest.fixture(scope="module")
+def sglang_results() -> dict[str, dict[str, Any]]:
+    return results_of("sglang", SGLANG_CASES)
 
 
 def test_the_lane_covers_what_the_issue_asks() -> None:
@@ -33,6 +51,9 @@ def test_the_lane_covers_what_the_issue_asks() -> None:
     assert {c["tp"] for c in VLLM_CASES} >= {1, 2, 4, 8}
     assert {c["async_scheduling"] for c in VLLM_CASES} == {True, False}
     assert any("refuse" in i for i in ids) and any("edge-start" in i for i in ids)
+    sg = [c["id"] for c in SGLANG_CASES]
+    assert len(sg) == len(set(sg)) >= 20
+    assert {c["page_size"] for c in SGLANG_CASES} >= {1, 16, 64} and {c["tp"] for c in SGLANG_CASES} >= {1, 2, 4, 8}
 
 
 @pytest.mark.parametrize("case", VLLM_CASES, ids=[c["id"] for c in VLLM_CASES])
@@ -40,3 +61,10 @@ def test_kvpool_prints_what_vllm_computes(case: dict[str, Any], vllm_results: di
     theirs = vllm_results[case["id"]]
     assert "error" not in theirs, theirs.get("error")
     assert kvpool_vllm(case) == vllm_fields(theirs)
+
+
+@pytest.mark.parametrize("case", SGLANG_CASES, ids=[c["id"] for c in SGLANG_CASES])
+def test_kvpool_prints_what_sglang_computes(case: dict[str, Any], sglang_results: dict[str, dict[str, Any]]) -> None:
+    theirs = sglang_results[case["id"]]
+    assert "error" not in theirs, theirs.get("error")
+    assert kvpool_sglang(case) == sglang_fields(theirs)

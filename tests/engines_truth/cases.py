@@ -96,3 +96,70 @@ VLLM_CASES: list[dict[str, Any]] = [
     _vllm("llama4-scout-tp8-sync", "Llama-4-Scout-17B-16E-Instruct", 9 * GIB, 131072, tp=8, async_scheduling=False),
     _vllm("llama4-maverick-tp8", "Llama-4-Maverick-17B-128E-Instruct", 40 * GIB, 524288, tp=8),
 ]
+
+
+def _sglang(
+    cid: str,
+    model: str,
+    memory: int,
+    L: int,
+    *,
+    tp: int = 1,
+    page: int = 1,
+    N: int = 8192,
+    kv: str = "auto",
+    max_running_requests: int | None = None,
+    swa_full_tokens_ratio: float | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": cid,
+        "model": model,
+        "config": str(CONFIGS / f"{model}.json"),
+        "tp": tp,
+        "page_size": page,
+        "kv_dtype": kv,
+        "memory": memory,
+        "context_length": L,
+        "chunked_prefill_size": N,
+        "max_running_requests": max_running_requests,
+        "swa_full_tokens_ratio": swa_full_tokens_ratio,
+    }
+
+
+# SGLang sizes its pools from the KV budget left after --mem-fraction-static
+# (the `memory` here); the cases cover full attention, MLA, hybrid SWA (gpt-oss,
+# Llama 4's chunked layers), sliding models SGLang sizes as full (Gemma 2/3),
+# page sizes 1/16/64, TP 1-8, request caps, and SWA pools at the edge of refusal.
+SGLANG_CASES: list[dict[str, Any]] = [
+    _sglang("sg-llama8", "Meta-Llama-3.1-8B", 20 * GIB, 8192),
+    _sglang("sg-llama8-odd-p16", "Meta-Llama-3.1-8B", 7_777_777_777, 131072, page=16),
+    _sglang("sg-llama8-cap", "Meta-Llama-3.1-8B", 3 * GIB, 8192, max_running_requests=64),
+    _sglang("sg-llama8-cap-above-half", "Meta-Llama-3.1-8B", 50 * MIB, 8192, max_running_requests=512),
+    _sglang("sg-llama8-tiny", "Meta-Llama-3.1-8B", 100 * MIB + 7, 8192, page=64),
+    _sglang("sg-llama70-tp4-p16", "Meta-Llama-3.1-70B", 10_000_000_000, 8192, tp=4, page=16),
+    _sglang("sg-llama70-tp8", "Meta-Llama-3.1-70B", 30 * GIB, 131072, tp=8),
+    _sglang("sg-qwen3-8b", "Qwen3-8B", 17 * GIB + 3, 40960),
+    _sglang("sg-qwen3-32b-tp2-p64", "Qwen3-32B", 37 * GIB, 40960, tp=2, page=64),
+    _sglang("sg-qwen25-7b-tp8", "Qwen2.5-7B-Instruct", 5 * GIB, 32768, tp=8),
+    _sglang("sg-qwen3-235b-tp8", "Qwen3-235B-A22B", 40 * GIB, 40960, tp=8, max_running_requests=256),
+    _sglang("sg-phi4", "phi-4", 12 * GIB, 16384),
+    _sglang("sg-mixtral-tp2", "Mixtral-8x7B-v0.1", 21 * GIB, 32768, tp=2),
+    _sglang("sg-deepseek-v3-tp8-p64", "DeepSeek-V3", 10_000_000_000, 163840, tp=8, page=64),
+    _sglang("sg-deepseek-r1-tp8", "DeepSeek-R1", 50 * GIB, 163840, tp=8, page=64, max_running_requests=128),
+    _sglang("sg-gemma3-27b-tp2", "gemma-3-27b-it", 10_000_000_000, 8192, tp=2),
+    _sglang("sg-gemma3-4b", "gemma-3-4b-it", 4 * GIB, 131072),
+    _sglang("sg-gemma2-9b", "gemma-2-9b-it", 11 * GIB, 8192),
+    _sglang("sg-gpt-oss-20b", "gpt-oss-20b", 1_000_000_000, 8192),
+    _sglang("sg-gpt-oss-20b-p16", "gpt-oss-20b", 20 * GIB, 131072, page=16),
+    _sglang("sg-gpt-oss-20b-ratio", "gpt-oss-20b", 5 * GIB + 1, 131072, swa_full_tokens_ratio=0.25),
+    _sglang("sg-gpt-oss-120b-tp2", "gpt-oss-120b", 30 * GIB, 131072, tp=2),
+    _sglang("sg-gpt-oss-120b-tp8-cap", "gpt-oss-120b", 7 * GIB, 131072, tp=8, max_running_requests=100),
+    # gpt-oss-20b, TP 1: 12 full + 12 sliding (W 128) layers of 24,576 B per token each; at ratio 0.2
+    # a full token costs 1.2 x 24,576 B, so 650 full tokens (19,169,280 B) give an SWA pool of 130
+    # tokens, the least above the floor W + page = 129; 649 give 129 and SGLang refuses.
+    _sglang("sg-gpt-oss-20b-swa-edge-start", "gpt-oss-20b", 19_169_280 + 100, 8192, swa_full_tokens_ratio=0.2),
+    _sglang("sg-gpt-oss-20b-swa-edge-refuse", "gpt-oss-20b", 19_169_280 - 100, 8192, swa_full_tokens_ratio=0.2),
+    _sglang("sg-gpt-oss-20b-fp8", "gpt-oss-20b", 3 * GIB, 131072, kv="fp8"),
+    _sglang("sg-llama4-scout-tp4", "Llama-4-Scout-17B-16E-Instruct", 30 * GIB, 262144, tp=4),
+    _sglang("sg-llama4-scout-tp8-p64", "Llama-4-Scout-17B-16E-Instruct", 9 * GIB, 131072, tp=8, page=64),
+]

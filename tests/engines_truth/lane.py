@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from engines_truth.cases import VLLM_CASES
+from engines_truth.cases import SGLANG_CASES, VLLM_CASES
 from kvpool import ServingLimits, load_model_spec
-from kvpool.engines import EngineNotModelledError, vllm
+from kvpool.engines import EngineNotModelledError, sglang, vllm
 
 HERE = Path(__file__).parent
 CACHE = Path(os.environ.get("KVPOOL_ENGINES_CACHE", Path.home() / ".cache" / "kvpool-engines"))
-VENVS = {"vllm": CACHE / "vllm-0.32"}
-RUNNERS = {"vllm": HERE / "vllm_runner.py"}
+VENVS = {"vllm": CACHE / "vllm-0.32", "sglang": CACHE / "sglang-0.5.23"}
+RUNNERS = {"vllm": HERE / "vllm_runner.py", "sglang": HERE / "sglang_runner.py"}
 VLLM_FIELDS = (
     "refused",
     "estimated_max_len",
@@ -97,17 +98,50 @@ def kvpool_vllm(case: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def sglang_fields(engine: dict[str, Any]) -> dict[str, Any]:
+    """The fields SGLang logged (or refused with) for one case."""
+    if engine.get("refused"):
+        return {"refused": engine["refused"]}
+    return {k: engine[k] for k in ("refused", "max_total_num_tokens", "swa_tokens", "max_running_requests")}
+
+
+def kvpool_sglang(case: dict[str, Any]) -> dict[str, Any]:
+    """The same fields from kvpool's SGLang model."""
+    spec = load_model_spec(case["config"], kv_dtype=case["kv_dtype"], tp_size=case["tp"])
+    limits = ServingLimits(max_seq_len=case["context_length"], max_num_tokens=case["chunked_prefill_size"])
+    options: dict[str, Any] = {"page_size": case["page_size"], "max_running_requests": case["max_running_requests"]}
+    if case["swa_full_tokens_ratio"] is not None:
+        options["swa_full_tokens_ratio"] = case["swa_full_tokens_ratio"]
+    try:
+        r = sglang.allocate(spec, limits, case["memory"], **options)
+    except EngineNotModelledError as e:
+        return {"refused": f"not modelled: {e}"}
+    if r.refusals:
+        return {"refused": r.refusals[0].split(". ")[0]}
+    return {
+        "refused": None,
+        "max_total_num_tokens": r.reported["full_tokens"],
+        "swa_tokens": r.reported["swa_tokens"],
+        "max_running_requests": r.reported["max_running_requests"],
+    }
+
+
+CASES = {"vllm": VLLM_CASES, "sglang": SGLANG_CASES}
+FIELDS = {"vllm": (vllm_fields, kvpool_vllm), "sglang": (sglang_fields, kvpool_sglang)}
+
+
 def rows(engine: str = "vllm") -> list[tuple[str, str, Any, Any]]:
     """(case, field, engine's value, kvpool's value) for every compared field."""
-    results = run_engine(engine, VLLM_CASES)
+    results = run_engine(engine, CASES[engine])
+    theirs_of, ours_of = FIELDS[engine]
     out = []
-    for case in VLLM_CASES:
+    for case in CASES[engine]:
         theirs = results[case["id"]]
-        ours = kvpool_vllm(case)
+        ours = ours_of(case)
         if "error" in theirs:
             out.append((case["id"], "error", theirs["error"], ours.get("refused")))
             continue
-        mine = vllm_fields(theirs)
+        mine = theirs_of(theirs)
         for key in mine:
             out.append((case["id"], key, mine[key], ours.get(key)))
     return out
@@ -120,5 +154,37 @@ def table(engine: str = "vllm") -> str:
     return "\n".join(lines)
 
 
+def _text(values: dict[str, Any]) -> str:
+    """A row's cell: every field but the printed line (its numbers are the fields),
+    a refusal by its numbers only (the whole text is compared in the tests)."""
+    cells = []
+    for k, v in values.items():
+        if k == "line" or v is None:
+            continue
+        if k == "refused":
+            v = "yes: " + ", ".join(re.findall(r"\(([^()]*\d[^()]*)\)", v))
+        cells.append(f"{k} {v}")
+    return "; ".join(cells)
+
+
+def case_table(engine: str) -> str:
+    """One row per case: every compared field the engine gave, kvpool's, equal."""
+    results = run_engine(engine, CASES[engine])
+    theirs_of, ours_of = FIELDS[engine]
+    lines = ["| case | engine's own | kvpool | equal |", "|---|---|---|---|"]
+    for case in CASES[engine]:
+        raw = results[case["id"]]
+        theirs = {"error": raw["error"]} if "error" in raw else theirs_of(raw)
+        ours = ours_of(case)
+        same = "yes" if theirs == ours else "**no**"
+        lines.append(f"| {case['id']} | {_text(theirs)} | {_text(ours)} | {same} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    sys.stdout.write(table(sys.argv[1] if len(sys.argv) > 1 else "vllm") + "\n")
+    if sys.argv[1:2] == ["--cases"]:
+        for name in sys.argv[2:] or ["vllm", "sglang"]:
+            sys.stdout.write(case_table(name) + "\n\n")
+        sys.exit(0)
+    for name in sys.argv[1:] or ["vllm", "sglang"]:
+        sys.stdout.write(table(name) + "\n\n")

@@ -1,27 +1,33 @@
-"""SGLang: separate token pools fixed at start.
+"""SGLang 0.5.23: separate token pools fixed at start.
 
-Rules modelled (facts read from SGLang's source; no SGLang code is used):
+Rules modelled (facts read from SGLang 0.5.23's source; no SGLang code is used
+here, and tests/test_engines_truth.py checks every number against SGLang's own
+pool configurator):
 
 - Full attention only: `max_total_num_tokens = memory // cell_size`, rounded
   down to the page size; `cell_size` is the bytes of one position over every
   layer (MLA rows and the sparse-attention indexer's FP8 key + scale included).
-- Sliding + full (hybrid SWA): the SWA pool holds `--swa-full-tokens-ratio`
-  (default 0.8) x the full pool's tokens whatever the layer mix:
+- Sliding + full gets a hybrid SWA pool only for the architectures SGLang lists
+  (`is_hybrid_swa_model`: gpt-oss, Llama 4, Gemma 4, MiMo-V2, ...); other sliding
+  models (Gemma 2/3, Mistral) keep every layer in the full pool. The SWA pool holds
+  `--swa-full-tokens-ratio` (default 0.8) x the full pool's tokens whatever the layer mix:
   `full = memory // (full_bytes + ratio * swa_bytes)`, `swa = int(full * ratio)`,
   both page-aligned; refused when `sliding_window + page_size >= swa`
   (a one-request SWA pool can hang warmup). Chunked local
   attention (Llama 4) is sized the same way with the chunk as its window.
 - Mamba / linear-attention state: `mamba = memory * r / (1 + r)` with
   `--mamba-full-memory-ratio` r (default 0.9) buys `mamba // state_bytes` slots;
-  the rest goes to the full pool.
-- Requests: `max_num_reqs = --max-running-requests`, else
-  `min(max(int(full / context_len * 512), 2048), 4096)`, capped by the state slots;
-  the running cap is `min(--max-running-requests or full // 2, max_num_reqs)`.
+  the rest goes to the full pool (not checked against SGLang's code).
+- Requests (`resolve_max_num_reqs`): `--max-running-requests`, else
+  `min(max(int(full / context_len * 512), 2048), 4096)`, never above half the
+  full pool's tokens, capped by the state slots.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kvpool.engines.common import (
     EngineNotModelledError,
@@ -36,8 +42,11 @@ from kvpool.errors import LimitsError
 from kvpool.plan.limits import ServingLimits
 from kvpool.spec import LayerGroup, ModelSpec, decode_worst_case_pages
 
-VERSION = "SGLang main branch at commit 003fca80 (2026)"
+VERSION = "SGLang 0.5.23"
 SOURCES = (
+    "checked against SGLang 0.5.23's own pool configurator (the sglang==0.5.23 wheel): tests/test_engines_truth.py",
+    "python/sglang/srt/configs/model_config.py: is_hybrid_swa_model (the architectures with an SWA pool)",
+    "python/sglang/srt/mem_cache/kv_cache_configurator.py: config_from_budget, resolve_max_num_reqs",
     "python/sglang/srt/model_executor/pool_configurator.py: DefaultPoolConfigurator, "
     "HybridSWAPoolConfigurator (full/SWA split, the one-request SWA refusal)",
     "python/sglang/srt/model_executor/model_runner.py: handle_max_mamba_cache (mamba_full_memory_ratio), "
@@ -49,6 +58,44 @@ SOURCES = (
 RELEASE = "0.5.23"
 RELEASES = (RELEASE,)
 DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
+# Architectures SGLang 0.5.23 gives a hybrid SWA pool (configs/model_config.py:
+# is_hybrid_swa_model); every other model's sliding layers are sized as full attention.
+HYBRID_SWA_ARCHS = frozenset(
+    {
+        "BeamForCausalLM",
+        "Llama4ForConditionalGeneration",
+        "DeepseekV4ForCausalLM",
+        "GptOssForCausalLM",
+        "GraniteSWAForCausalLM",
+        "GraniteMoeSWAForCausalLM",
+        "IQuestQ1ForCausalLM",
+        "MiMoV2ForCausalLM",
+        "MiMoV2FlashForCausalLM",
+        "Step3p5ForCausalLM",
+        "Step3p7ForConditionalGeneration",
+        "Gemma4ForCausalLM",
+        "Gemma4ForConditionalGeneration",
+        "Gemma4UnifiedForConditionalGeneration",
+        "LagunaForCausalLM",
+        "MellumForCausalLM",
+    }
+)
+# The same models by config model_type (kvpool's presets keep no `architectures`).
+HYBRID_SWA_MODEL_TYPES = frozenset(
+    {"gpt_oss", "llama4", "llama4_text", "deepseek_v4", "gemma4", "gemma4_text", "mimo_v2_flash", "step3p5", "laguna"}
+)
+
+
+def has_hybrid_swa_pool(config: Mapping[str, Any]) -> bool:
+    """Whether SGLang gives this model a hybrid SWA pool (an unidentified config:
+    assumed yes, as kvpool's bundled Gemma 4 and Llama 4 presets are)."""
+    archs = config.get("architectures") or ()
+    kind = config.get("model_type")
+    if not archs and not kind:
+        return True
+    return bool(HYBRID_SWA_ARCHS.intersection(archs)) or kind in HYBRID_SWA_MODEL_TYPES
+
+
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 GIB = 1 << 30
 
@@ -103,6 +150,12 @@ class Sglang:
             raise EngineNotModelledError(
                 f"{spec.name}: SGLang keeps one sliding window; groups {[g.name for g in swa]} have several"
             )
+        if swa and not has_hybrid_swa_pool(spec.config):
+            notes.append(
+                f"{spec.config.get('model_type')} has no hybrid SWA pool in SGLang: its sliding layers "
+                "keep KV for every position (sized as full attention)"
+            )
+            full, swa = full + swa, []
         if swa and not full and not states:
             notes.append(
                 "no full-attention layers: SGLang does not use a hybrid SWA pool for this model; "
@@ -158,13 +211,16 @@ class Sglang:
                     f"but the largest CUDA-graph batch is {graph}: decode batches beyond that "
                     "wait or are retracted"
                 )
+        # resolve_max_num_reqs: the request cap, or an estimate from the pool, never above
+        # half the pool's tokens; the mamba state slots cap it too.
         cap = self.max_running_requests
-        max_num_reqs = cap or min(max(int(full_tokens / limits.max_seq_len * 512), 2048), 4096)
+        estimated = max(min(int(full_tokens / limits.max_seq_len * 512), 4096), 2048)
+        max_num_reqs = min(cap or estimated, full_tokens // 2)
         if states:
             if cap is not None and slots < cap:
                 degradations.append(f"max_running_requests {cap} capped at {slots} by the mamba state pool")
             max_num_reqs = min(max_num_reqs, slots)
-        running = min(cap or full_tokens // 2, max_num_reqs)
+        running = max_num_reqs
         if full_tokens < limits.max_seq_len:
             degradations.append(
                 f"the full pool ({full_tokens} tokens) is shorter than context_len "
