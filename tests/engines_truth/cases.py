@@ -95,6 +95,16 @@ VLLM_CASES: list[dict[str, Any]] = [
     _vllm("llama4-scout-tp4", "Llama-4-Scout-17B-16E-Instruct", 30 * GIB, 262144, tp=4),
     _vllm("llama4-scout-tp8-sync", "Llama-4-Scout-17B-16E-Instruct", 9 * GIB, 131072, tp=8, async_scheduling=False),
     _vllm("llama4-maverick-tp8", "Llama-4-Maverick-17B-128E-Instruct", 40 * GIB, 524288, tp=8),
+    # Pipeline parallelism: every stage sizes its own layers, the pool is the smallest stage's.
+    # Synchronous only: with async scheduling the GPU's model runner V2 keeps pp + 1 batches
+    # in flight, and V2 needs Triton, which this CPU wheel's config refuses.
+    _vllm("llama70-pp2-sync", "Meta-Llama-3.1-70B", 20 * GIB, 32768, pp=2, async_scheduling=False),
+    _vllm("gemma3-27b-pp2-sync", "gemma-3-27b-it", 10 * GIB, 32768, pp=2, async_scheduling=False),
+    _vllm("gpt-oss-20b-pp4-sync", "gpt-oss-20b", 5 * GIB, 131072, pp=4, async_scheduling=False),
+    # Mamba-2 (Nemotron-H): the attention block size is an input here (vLLM raises it in
+    # Platform._align_hybrid_block_size from the model class; kvpool's 4,128 at TP 1, 4,160 at TP 4).
+    _vllm("nemotron-h-56b", "Nemotron-H-56B-Base-8K", 20 * GIB, 8192, bs=4128),
+    _vllm("nemotron-h-56b-tp4", "Nemotron-H-56B-Base-8K", 7 * GIB + 5, 8192, tp=4, bs=4160, B=64),
 ]
 
 

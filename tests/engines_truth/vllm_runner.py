@@ -24,14 +24,16 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
-import torch
-from transformers import AutoConfig
-from vllm.config import VllmConfig
-from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator
-from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
-from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
-from vllm.v1.core import kv_cache_utils as ku
-from vllm.v1.kv_cache_interface import (
+import torch  # noqa: E402
+from transformers import AutoConfig  # noqa: E402
+from vllm.config import VllmConfig  # noqa: E402
+from vllm.distributed.utils import get_pp_indices  # noqa: E402
+from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator  # noqa: E402
+from vllm.model_executor.models.config import NemotronHForCausalLMConfig
+from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend  # noqa: E402
+from vllm.v1.attention.backends.utils import resolve_kv_cache_layout  # noqa: E402
+from vllm.v1.core import kv_cache_utils as ku  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
@@ -98,14 +100,19 @@ def layer_specs(case: dict[str, Any]) -> dict[str, KVCacheSpec]:
                 c.ssm_state_size,
                 c.conv_kernel,
             )
-            dtypes = MambaStateDtypeCalculator.mamba2_state_dtype(torch.bfloat16, "auto", case.get("ssm_dtype", "auto"))
+            # vLLM's NemotronHForCausalLMConfig: an `auto` SSM cache dtype becomes the
+            # config's mamba_ssm_cache_dtype, else float32.
+            cache = SimpleNamespace(mamba_ssm_cache_dtype="auto")
+            NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype(cache_config=cache, hf_config=c)
+            dtypes = MambaStateDtypeCalculator.mamba2_state_dtype(torch.bfloat16, "auto", cache.mamba_ssm_cache_dtype)
             specs[name] = MambaSpec(
                 block_size=bs,
                 shapes=shapes,
                 dtypes=dtypes,
-                page_size_padded=case.get("mamba_page_padded"),
                 mamba_cache_mode=case.get("mamba_cache_mode", "align"),
-                num_prefill_checkpoint_blocks=case.get("checkpoint_blocks", 0),
+                # MambaMixer2.get_kv_cache_spec: one prefill checkpoint block
+                num_prefill_checkpoint_blocks=1,
+                prefill_checkpoint_alignment=1,
             )
         else:
             specs[name] = FullAttentionSpec(block_size=bs, num_kv_heads=kv_heads, head_size=head, dtype=dtype)
@@ -138,8 +145,15 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
     vc = vllm_config(case)
     specs = layer_specs(case)
     out: dict[str, Any] = {"id": case["id"], "max_concurrent_batches": vc.max_concurrent_batches}
+    pp = case.get("pp", 1)
+    names = list(specs)
+    n = text_config(case["config"]).num_hidden_layers
+    workers = [specs] if pp == 1 else []
+    for rank in range(pp if pp > 1 else 0):
+        start, end = get_pp_indices(n, rank, pp)
+        workers.append({k: specs[k] for k in names if start <= int(k.split(".")[2]) < end})
     try:
-        configs = ku.get_kv_cache_configs(vc, [specs], [case["memory"]])
+        configs = ku.get_kv_cache_configs(vc, workers, [case["memory"]] * len(workers))
     except ValueError as e:
         msg = str(e)
         est = re.search(r"estimated maximum model length is (\d+)", msg)
