@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvpool import ServingLimits, load_model_spec
-from kvpool.engines import EngineNotModelledError, sglang, trtllm, vllm
+from kvpool.engines import EngineModel, EngineNotModelledError, allocate_with, sglang, trtllm, vllm
+from kvpool.engines.common import split_engine_name
 
 GIB = 2**30
 PRESETS = Path(__file__).parents[1] / "src/kvpool/presets/data/models"
@@ -195,3 +197,41 @@ def test_sglang_request_cap_is_at_most_half_the_pool() -> None:
     )
     assert r.reported["full_tokens"] == 50 * 2**20 // 131072 == 400
     assert r.reported["max_running_requests"] == 200
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=1, max_value=4 * GIB))
+@example(2 * 2**20)
+@example(2 * 2**20 + 1)
+@example(513 * 2 * 2**20 - 1)
+@example(513 * 2 * 2**20)
+def test_vllm_starts_only_with_a_null_block_to_spare(memory: int) -> None:
+    # Llama-3.1-8B at L 8192: a 16-token block over 32 layers is 2 MiB and one request
+    # takes 512 blocks; vLLM's pool keeps one null block back, so it starts only when
+    # memory // 2 MiB >= 513, and then reports int(blocks / 512 x 8192) tokens.
+    r = vllm.allocate(spec("llama-3.1-8b-instruct"), ServingLimits(max_seq_len=8192), memory)
+    blocks = memory // (2 * 2**20)
+    assert (not r.refusals) == (blocks >= 513)
+    if not r.refusals:
+        assert r.reported["gpu_kv_cache_tokens"] == int(blocks / 512 * 8192)
+        assert r.reported["usable_blocks"] == blocks - 1
+    else:
+        # the estimate is the longest length whose blocks fit next to the null block;
+        # with no memory beyond that block vLLM says there is none at all
+        none_left = memory <= 2 * 2**20
+        assert r.reported.get("estimated_max_model_len") == (None if none_left else 16 * (blocks - 1))
+        assert r.refusals[0].startswith("No available memory" if none_left else "To serve at least one request")
+
+
+def test_engine_models_follow_the_protocol() -> None:
+    s, lim = spec("gemma-3-27b"), ServingLimits(max_seq_len=8192)
+    model: EngineModel[Any] = vllm.Vllm(block_size=32, async_scheduling=False)
+    assert (model.engine, model.release) == ("vllm", "0.32")
+    assert allocate_with(model, s, lim, 10 * GIB) == vllm.allocate(
+        s, lim, 10 * GIB, block_size=32, async_scheduling=False
+    )
+    sg: EngineModel[Any] = sglang.Sglang(page_size=16)
+    assert allocate_with(sg, s, lim, 10 * GIB) == sglang.allocate(s, lim, 10 * GIB, page_size=16)
+    assert split_engine_name("vllm", {"vllm": ("0.32",)}) == ("vllm", "0.32")
+    with pytest.raises(EngineNotModelledError, match="vllm@0.10"):
+        split_engine_name("vllm@0.10", {"vllm": ("0.32",)})
