@@ -101,10 +101,12 @@ VLLM_CASES: list[dict[str, Any]] = [
     _vllm("llama70-pp2-sync", "Meta-Llama-3.1-70B", 20 * GIB, 32768, pp=2, async_scheduling=False),
     _vllm("gemma3-27b-pp2-sync", "gemma-3-27b-it", 10 * GIB, 32768, pp=2, async_scheduling=False),
     _vllm("gpt-oss-20b-pp4-sync", "gpt-oss-20b", 5 * GIB, 131072, pp=4, async_scheduling=False),
-    # Mamba-2 (Nemotron-H): the attention block size is an input here (vLLM raises it in
-    # Platform._align_hybrid_block_size from the model class; kvpool's 4,128 at TP 1, 4,160 at TP 4).
-    _vllm("nemotron-h-56b", "Nemotron-H-56B-Base-8K", 20 * GIB, 8192, bs=4128),
-    _vllm("nemotron-h-56b-tp4", "Nemotron-H-56B-Base-8K", 7 * GIB + 5, 8192, tp=4, bs=4160, B=64),
+    # Mamba-2 (Nemotron-H): vLLM raises the attention block size until a page holds one
+    # Mamba state (Platform._align_hybrid_block_size), from --block-size 16 or a larger one.
+    _vllm("nemotron-h-56b", "Nemotron-H-56B-Base-8K", 20 * GIB, 8192),
+    _vllm("nemotron-h-56b-tp4", "Nemotron-H-56B-Base-8K", 7 * GIB + 5, 8192, tp=4, B=64),
+    _vllm("nemotron-h-56b-tp4-bs1040", "Nemotron-H-56B-Base-8K", 7 * GIB + 5, 8192, tp=4, bs=1040, B=64),
+    _vllm("nemotron-h-56b-tp8-sync", "Nemotron-H-56B-Base-8K", 3 * GIB, 8192, tp=8, B=32, async_scheduling=False),
 ]
 
 

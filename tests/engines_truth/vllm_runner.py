@@ -30,6 +30,7 @@ from vllm.config import VllmConfig  # noqa: E402
 from vllm.distributed.utils import get_pp_indices  # noqa: E402
 from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator  # noqa: E402
 from vllm.model_executor.models.config import NemotronHForCausalLMConfig
+from vllm.platforms.interface import Platform
 from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend  # noqa: E402
 from vllm.v1.attention.backends.utils import resolve_kv_cache_layout  # noqa: E402
 from vllm.v1.core import kv_cache_utils as ku  # noqa: E402
@@ -56,10 +57,11 @@ def text_config(path: str) -> Any:
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
-def layer_specs(case: dict[str, Any]) -> dict[str, KVCacheSpec]:
-    """What each layer's `get_kv_cache_spec` registers on one TP rank."""
+def layer_specs(case: dict[str, Any], vc: VllmConfig) -> dict[str, KVCacheSpec]:
+    """What each layer's `get_kv_cache_spec` registers on one TP rank (at the block
+    size the platform settled on: vc.cache_config.block_size)."""
     c = text_config(case["config"])
-    tp, bs = case["tp"], case["block_size"]
+    tp, bs = case["tp"], vc.cache_config.block_size
     dtype = DTYPES[case.get("kv_dtype", "auto")]
     heads = c.num_attention_heads
     kv_heads = max(1, (getattr(c, "num_key_value_heads", None) or heads) // tp)
@@ -110,6 +112,7 @@ def layer_specs(case: dict[str, Any]) -> dict[str, KVCacheSpec]:
                 shapes=shapes,
                 dtypes=dtypes,
                 mamba_cache_mode=case.get("mamba_cache_mode", "align"),
+                page_size_padded=vc.cache_config.mamba_page_size_padded,
                 # MambaMixer2.get_kv_cache_spec: one prefill checkpoint block
                 num_prefill_checkpoint_blocks=1,
                 prefill_checkpoint_alignment=1,
@@ -141,9 +144,40 @@ def vllm_config(case: dict[str, Any]) -> VllmConfig:
     return vc
 
 
+def align_hybrid_block_size(case: dict[str, Any], vc: VllmConfig) -> None:
+    """vLLM's own `Platform._align_hybrid_block_size` for a model with Mamba layers:
+    the attention block size raised until a page holds one Mamba state, the Mamba
+    page padded to it (the model class gives the state shapes and dtypes)."""
+    c = text_config(case["config"])
+    with open(case["config"]) as f:
+        raw = json.load(f)
+    original = vc.model_config
+    vc.model_config = SimpleNamespace(  # type: ignore[assignment]
+        **vars(original),
+        hf_text_config=c,
+        dtype=torch.bfloat16,
+        architecture=raw["architectures"][0],
+        architectures=raw["architectures"],
+        model_impl="auto",
+        runner_type="generate",
+        convert_type="none",
+        is_hybrid=True,
+        is_attention_free=False,
+        trust_remote_code=False,
+        get_num_kv_heads=lambda pc: max(1, c.num_key_value_heads // pc.tensor_parallel_size),
+        get_head_size=lambda: getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+    )
+    vc.model_config.hf_config = c
+    NemotronHForCausalLMConfig.verify_and_update_config(vc)
+    Platform._align_hybrid_block_size(vc, FlashAttentionBackend)
+    vc.model_config = original
+
+
 def run(case: dict[str, Any]) -> dict[str, Any]:
     vc = vllm_config(case)
-    specs = layer_specs(case)
+    if getattr(text_config(case["config"]), "hybrid_override_pattern", None):
+        align_hybrid_block_size(case, vc)
+    specs = layer_specs(case, vc)
     out: dict[str, Any] = {"id": case["id"], "max_concurrent_batches": vc.max_concurrent_batches}
     pp = case.get("pp", 1)
     names = list(specs)
