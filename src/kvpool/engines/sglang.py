@@ -16,8 +16,10 @@ pool configurator):
   (a one-request SWA pool can hang warmup). Chunked local
   attention (Llama 4) is sized the same way with the chunk as its window.
 - Mamba / linear-attention state: `mamba = memory * r / (1 + r)` with
-  `--mamba-full-memory-ratio` r (default 0.9) buys `mamba // state_bytes` slots;
-  the rest goes to the full pool (not checked against SGLang's code).
+  `--mamba-full-memory-ratio` r (default 0.9) buys `(mamba - state) // state`
+  slots and one padding slot; the rest goes to the full pool (read from
+  `_handle_max_mamba_cache`, not checked against SGLang's code: its CPU build
+  refuses the default Mamba scheduling).
 - Requests (`resolve_max_num_reqs`): `--max-running-requests`, else
   `min(max(int(full / context_len * 512), 2048), 4096)`, never above half the
   full pool's tokens, capped by the state slots.
@@ -170,12 +172,15 @@ class Sglang:
         base = SglangSizing(spec, limits, kv_memory_bytes, notes=tuple(notes))
         rest, slots = kv_memory_bytes, 0
         if states:
+            # _handle_max_mamba_cache: the state pool keeps one padding slot beyond its
+            # max_mamba_cache_size, both in the ratio's budget and in what it takes.
+            budget = kv_memory_bytes * self.mamba_full_memory_ratio / (1 + self.mamba_full_memory_ratio)
             slots = (
-                int(kv_memory_bytes * self.mamba_full_memory_ratio / (1 + self.mamba_full_memory_ratio) // state_bytes)
+                int((budget - state_bytes) // state_bytes)
                 if self.max_mamba_cache_size is None
                 else self.max_mamba_cache_size
             )
-            rest = kv_memory_bytes - slots * state_bytes
+            rest = kv_memory_bytes - (slots + 1) * state_bytes
             if slots < 1 or rest <= 0:
                 return replace(
                     base,
