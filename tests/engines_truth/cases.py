@@ -163,6 +163,8 @@ SGLANG_CASES: list[dict[str, Any]] = [
     _sglang("sg-gemma2-9b", "gemma-2-9b-it", 11 * GIB, 8192),
     _sglang("sg-gpt-oss-20b", "gpt-oss-20b", 1_000_000_000, 8192),
     _sglang("sg-gpt-oss-20b-p16", "gpt-oss-20b", 20 * GIB, 131072, page=16),
+    # docs/engines.md's example: kvpool plan gpt-oss-20b --kv-memory 20GiB --max-seq-len 131072 --engine sglang
+    _sglang("sg-gpt-oss-20b-20g-cap256", "gpt-oss-20b", 20 * GIB, 131072, max_running_requests=256),
     _sglang("sg-gpt-oss-20b-ratio", "gpt-oss-20b", 5 * GIB + 1, 131072, swa_full_tokens_ratio=0.25),
     _sglang("sg-gpt-oss-120b-tp2", "gpt-oss-120b", 30 * GIB, 131072, tp=2),
     _sglang("sg-gpt-oss-120b-tp8-cap", "gpt-oss-120b", 7 * GIB, 131072, tp=8, max_running_requests=100),
