@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from kvpool.cli.common import concurrency_text, table
@@ -14,6 +15,7 @@ from kvpool.engines.emit import ENGINES, RELEASES, Emitted, emit, engine_name, e
 from kvpool.errors import KvpoolError
 from kvpool.plan import REFERENCE_REQUEST, PoolPlan, decode_shape
 from kvpool.plan.memory import MemoryBudget
+from kvpool.plan.tiers import TierPlan
 from kvpool.units import format_bytes
 
 
@@ -115,10 +117,11 @@ def render_report(report: EngineReport, plan: PoolPlan) -> str:
 
 
 def engine_outputs(
-    args: argparse.Namespace, plan: PoolPlan, memory: MemoryBudget | None = None
+    args: argparse.Namespace, plan: PoolPlan, memory: MemoryBudget | None = None, tiers: Sequence[TierPlan] = ()
 ) -> tuple[EngineReport | None, Emitted | None]:
     """The --engine report and the --emit launch the options ask for (`memory`: the
-    whole-GPU breakdown, when known, states SGLang's budget as --mem-fraction-static)."""
+    whole-GPU breakdown, when known, states SGLang's budget as --mem-fraction-static;
+    `tiers`: the cold tiers per rank, stated as the engine's offload flags)."""
     report = (
         engine_report(
             args.engine,
@@ -136,7 +139,8 @@ def engine_outputs(
             raise KvpoolError(f"--emit does not yet state {', '.join(beyond_tp)} as engine flags; plan without them")
         source = plan.spec.source
         hub_id = source.repo_id if source is not None and source.kind == "hub" else None
-        emitted = with_budget_flag(emit(args.emit, plan, launch_model_id(plan, args.model, args.model_id)), memory)
+        model_id = launch_model_id(plan, args.model, args.model_id)
+        emitted = with_budget_flag(emit(args.emit, plan, model_id, tiers), memory)
         if hub_id and source is not None and source.revision != "main":
             # an engine takes the revision as its own option, never as id@revision
             note = f"planned from {hub_id} at revision {source.revision}: give the engine that revision too"

@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         )
     memory = resolved.budget.memory
     tiers = tiers_args.tiers_from_args(args, plan)
-    report, emitted = engines_out.engine_outputs(args, plan, memory)
+    report, emitted = engines_out.engine_outputs(args, plan, memory, tiers)
     capped = default_length_note(request, plan)
     if args.json:
         out = engines_out.to_json(report, emitted, plan)

@@ -9,6 +9,7 @@ engine would allocate when launched that way (its own model, same memory).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,6 +18,7 @@ from kvpool.engines.common import EngineNotModelledError, EngineReport, split_en
 from kvpool.engines.hf_ids import HF_IDS as HF_IDS
 from kvpool.engines.hf_ids import model_id_for as model_id_for
 from kvpool.plan import PoolPlan
+from kvpool.plan.tiers import GiB, TierPlan
 from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.spec.dtypes import engine_auto_dtype
 from kvpool.units import format_bytes
@@ -278,15 +280,52 @@ def emit_trtllm(plan: PoolPlan, model_id: str) -> Emitted:
     return Emitted("trtllm", None, config, tuple(notes), report)
 
 
-def emit(engine: str, plan: PoolPlan, model_id: str) -> Emitted:
-    """The launch for `engine` (vllm, sglang, trtllm) that follows `plan`."""
+def emit(engine: str, plan: PoolPlan, model_id: str, tiers: Sequence[TierPlan] = ()) -> Emitted:
+    """The launch for `engine` (vllm, sglang, trtllm) that follows `plan`, with
+    the flags of its cold `tiers` per rank (`plan.tiers`), if any."""
     if engine not in ENGINES:
         raise EngineNotModelledError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if engine == "vllm":
-        return emit_vllm(plan, model_id)
-    if engine == "sglang":
-        return emit_sglang(plan, model_id)
-    return emit_trtllm(plan, model_id)
+        out = emit_vllm(plan, model_id)
+    elif engine == "sglang":
+        out = emit_sglang(plan, model_id)
+    else:
+        out = emit_trtllm(plan, model_id)
+    return add_tiers(out, plan, tiers) if tiers else out
+
+
+def add_tiers(emitted: Emitted, plan: PoolPlan, tiers: Sequence[TierPlan]) -> Emitted:
+    """`emitted` with each engine's flags for the host tier, and notes where it
+    cannot say a tier. vLLM: `--kv-offloading-size` GiB "summed across all TP
+    ranks" (vllm/config/cache.py `kv_offloading_size`), so one rank's tier times
+    the KV ranks. SGLang HiCache: `--hicache-size` GB, one rank's host pool
+    (`HostKVCache(host_size=...)`). TensorRT-LLM: `kv_cache_config.host_cache_size`
+    bytes per rank (V2's `HostCacheTierConfig`)."""
+    host = next((t for t in tiers if t.medium == "CPU"), None)
+    disk = next((t for t in tiers if t.medium == "DISK"), None)
+    argv, config, notes = list(emitted.argv or ()), emitted.config, list(emitted.notes)
+    kv_ranks = plan.spec.tp_size * (plan.spec.pp_stage[1] if plan.spec.pp_stage else 1)
+    if emitted.engine == "vllm":
+        if host is not None:
+            argv += ["--kv-offloading-backend", "native", "--kv-offloading-size", f"{host.bytes * kv_ranks / GiB:g}"]
+            if len(plan.groups) > 1:
+                kinds = ", ".join(g.kind for g in plan.groups)
+                notes.append(f"vLLM's CPU offloading: check that your release offloads this model's {kinds} layers")
+        if disk is not None:
+            notes.append("vLLM's native offloading has no disk tier (LMCache's max_local_disk_size, per rank, has)")
+    elif emitted.engine == "sglang":
+        if host is not None:
+            argv += ["--enable-hierarchical-cache", "--hicache-size", str(max(1, host.bytes // 10**9))]
+        if disk is not None:
+            notes.append(
+                "SGLang HiCache takes no disk size: its third level is a storage backend (--hicache-storage-backend)"
+            )
+    elif config is not None:
+        if host is not None:
+            config = {**config, "kv_cache_config": {**config["kv_cache_config"], "host_cache_size": host.bytes}}
+        if disk is not None:
+            notes.append("TensorRT-LLM's disk tier (DiskCacheTierConfig) is not among the LLM API options")
+    return replace(emitted, argv=tuple(argv) if emitted.argv is not None else None, config=config, notes=tuple(notes))
 
 
 def engine_name(name: str) -> tuple[str, str]:
