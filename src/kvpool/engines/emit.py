@@ -355,7 +355,7 @@ def engine_report(
 ) -> EngineReport:
     """What `engine` (a name or name@release) would allocate by its own defaults
     from the plan's memory; `block_size` and `async_scheduling` are vLLM's flags."""
-    name, _ = engine_name(engine)
+    name, release = engine_name(engine)
     if name == "sglang":
         return sglang.allocate(
             plan.spec, plan.limits, plan.budget_bytes, max_running_requests=plan.limits.max_batch_size
@@ -368,4 +368,5 @@ def engine_report(
             block_size=block_size,
             async_scheduling=async_scheduling,
         )
-    return trtllm.allocate(plan.spec, plan.limits, plan.budget_bytes)
+    manager = "v1" if release == "v1" else "v2-default"
+    return trtllm.allocate(plan.spec, plan.limits, plan.budget_bytes, manager=manager)

@@ -11,8 +11,10 @@ Rules modelled (facts read from TensorRT-LLM's source; no TensorRT-LLM code is u
   `[windowSize=W] {.primaryBlocks=N, .secondayBlocks=0}`.
   Recurrent state (Mamba / Gated DeltaNet) lives in a separate cache of
   max_batch_size slots, taken from the budget first.
-- V2 manager (`KVCacheManagerV2`): sized from the reference request, or the
-  typical step when avg_seq_len is known: kvpool's own plan.
+- V2 manager (`KVCacheManagerV2`) by its own defaults (manager "v2-default",
+  what `--engine trtllm` shows; `allocate`'s default stays "v1" for its callers): granularity, grains, the fallback ratio and water-filling of
+  `trtllm_v2` (core package `kv_cache_manager_v2`). Manager "v2": V2 given kvpool's
+  plan as `pool_ratio` (what `--emit trtllm` configures): kvpool's own plan.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from kvpool.engines import trtllm_v2
 from kvpool.engines.common import (
     EngineNotModelledError,
     EnginePool,
@@ -41,7 +44,8 @@ SOURCES = (
     "tensorrt_llm/_torch/pyexecutor/resource_manager.py: KVCacheManager (V1) and KVCacheManagerV2",
     "tensorrt_llm/_torch/pyexecutor/mamba_cache_manager.py: recurrent state slots per max_batch_size",
 )
-MANAGERS = ("v1", "v2")
+MANAGERS = ("v2-default", "v2", "v1")
+RELEASES = ("v2", "v1")  # `--engine trtllm` is V2 by its defaults, `trtllm@v1` the old manager
 
 
 def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *, manager: str = "v1") -> EngineReport:
@@ -55,6 +59,8 @@ def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *, ma
     tpb = spec.tokens_per_block
     if manager == "v2":
         return _from_plan(plan_pools(spec, limits, kv_memory_bytes=kv_memory_bytes))
+    if manager == "v2-default":
+        return _v2_default(spec, limits, kv_memory_bytes)
     refuse_compressed(spec, "TensorRT-LLM")
     notes = [
         f"{spec.name}: max_seq_len {limits.max_seq_len}, tokens_per_block {tpb}, max_batch_size {limits.max_batch_size}"
@@ -161,4 +167,57 @@ def _from_plan(plan: PoolPlan) -> EngineReport:
         plan.warnings,
         plan.notes,
         {g.name: g.pages for g in plan.groups},
+    )
+
+
+def _v2_default(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int) -> EngineReport:
+    """V2 sized by its allocator fallback (no pool_ratio, no avg_seq_len): `trtllm_v2.size`."""
+    refuse_compressed(spec, "TensorRT-LLM V2")
+    sizing = trtllm_v2.size(spec, kv_memory_bytes)
+    tpb = spec.tokens_per_block
+    by_name = {g.name: g for g in spec.groups}
+    pools = []
+    for names, slot, _, _, slots in sizing.pool_groups:
+        members = tuple(by_name[n] for n in names)
+        paged = any(m.kind != "state" for m in members)
+        pools.append(
+            EnginePool(
+                "+".join(names), tpb if paged else 0, slot, slots, names, members, slots * tpb if paged else None
+            )
+        )
+    merged = any(len(names) > 1 for names, *_ in sizing.pool_groups)
+    group_pages = None if merged else {names[0]: slots for names, _, _, _, slots in sizing.pool_groups}
+    notes = [
+        f"V2 allocator fallback: ratio from one request of capacity {trtllm_v2.FALLBACK_CAPACITY}, "
+        f"history {trtllm_v2.FALLBACK_HISTORY}, each pool group rounded up to the {sizing.granularity // (1 << 20)} MiB "
+        f"granularity; {sizing.grains} grains; {sizing.leftover_bytes:,} bytes hold no slot",
+    ]
+    degradations: list[str] = []
+    if sizing.inflated:
+        degradations.append("the pool groups' floors do not fit: V2 grows the quota past the budget")
+    if sum(p.bytes for p in pools) > kv_memory_bytes:
+        degradations.append(
+            f"V2's pools take {sum(p.bytes for p in pools):,} bytes, more than the {kv_memory_bytes:,} budget "
+            "(the quota is rounded up to the granularity)"
+        )
+    lines = tuple(f"[{p.name}] {p.pages} slots of {p.page_bytes} bytes" for p in pools)
+    reported = {
+        "slots_per_pool_group": {p.name: p.pages for p in pools},
+        "granularity": sizing.granularity,
+        "grains": sizing.grains,
+        "tokens_per_block": tpb,
+    }
+    return EngineReport(
+        "trtllm",
+        VERSION + ", KV cache manager V2 (allocator fallback)",
+        SOURCES + (trtllm_v2.SOURCE,),
+        limits,
+        kv_memory_bytes,
+        tuple(pools),
+        reported,
+        lines,
+        (),
+        tuple(degradations),
+        tuple(notes),
+        group_pages,
     )

@@ -1,0 +1,119 @@
+"""TensorRT-LLM KV cache manager V2 sized by its own defaults: what V2 does with a
+byte quota when no `pool_ratio`, `avg_seq_len` or constraints are given.
+
+Rules re-expressed from the core package `tensorrt_llm/runtime/kv_cache_manager_v2/`
+(`_storage_manager.py` StorageManager, `_storage/_config.py`, `_life_cycle_registry.py`),
+as digested in shared/research/trtllm-kvcm-v2.md; no TensorRT-LLM code is used:
+
+- Life cycles: layers with equal (window, sink tokens) share one; life cycles whose
+  slot sizes are equal share one pool group (their slots are interchangeable).
+- GPU tier granularity: `2 MiB << min(4, max(0, floor(log2(quota / 1 GiB))))`.
+- Ratio (allocator fallback): the bytes one request of capacity 2049, history 2048
+  holds in each pool group, each rounded *up to the granularity* before the ratio.
+- Slots: the quota (rounded up to the granularity) is counted in grains; grains go to
+  pool groups by ratio, smallest first (floor), the largest takes the rest; a group
+  whose share is at or below its floor is pinned there. Each group holds
+  `grains * granularity // slot_bytes` slots; what a group's grains do not fill is left.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from kvpool.errors import LimitsError
+from kvpool.spec import LayerGroup, ModelSpec
+
+MiB = 1 << 20
+GiB = 1 << 30
+FALLBACK_CAPACITY = 2049  # the allocator fallback's one request: capacity 2049, history 2048
+FALLBACK_HISTORY = 2048
+SOURCE = "tensorrt_llm/runtime/kv_cache_manager_v2/_storage_manager.py: StorageManager (ratio, water-filling)"
+
+
+def granularity(quota_bytes: int) -> int:
+    """V2's GPU tier granularity for a quota: 2 MiB below 2 GiB, doubling per doubling, 32 MiB from 16 GiB."""
+    if quota_bytes < 1:
+        raise LimitsError(f"quota must be positive, got {quota_bytes}")
+    level = 0
+    while level < 4 and quota_bytes >= (2 << level) * GiB:
+        level += 1
+    return (2 * MiB) << level
+
+
+def round_up(value: int, step: int) -> int:
+    """`value` rounded up to a multiple of `step`."""
+    return -(-value // step) * step
+
+
+def life_cycle_blocks(group: LayerGroup, capacity: int, history: int, tpb: int, sinks: int = 0) -> int:
+    """Slots one request of (capacity, history) holds in a life cycle: one for a state
+    cycle, else `ceil(capacity / tpb)` less the stale blocks
+    `[min(ceil(h / tpb), sink_blocks), floor((h + 1 - W) / tpb))` (the +1 is the token in flight)."""
+    if group.kind == "state":
+        return 1
+    blocks = -(-capacity // tpb)
+    if group.kind == "full" or group.window is None:
+        return blocks
+    start = min(-(-history // tpb), -(-sinks // tpb))
+    end = (history + 1 - group.window) // tpb
+    return blocks - max(0, end - start)
+
+
+def sliding_floor(window: int, tpb: int) -> int:
+    """The newest StorageManager's floor for a sliding life cycle: `(W + tpb - 2) // tpb + 1`."""
+    return (window + tpb - 2) // tpb + 1
+
+
+@dataclass(frozen=True)
+class V2Sizing:
+    """V2's sizing of one quota: granularity, grains and the pool groups."""
+
+    quota_bytes: int
+    granularity: int
+    grains: int
+    pool_groups: tuple[tuple[tuple[str, ...], int, int, int, int], ...]  # (groups, slot, floor, grains, slots)
+    inflated: bool  # the floors did not fit and V2 grew the quota past it
+
+    @property
+    def leftover_bytes(self) -> int:
+        """Bytes of the (rounded) quota that hold no slot."""
+        return self.grains * self.granularity - sum(slot * n for _, slot, _, _, n in self.pool_groups)
+
+
+def size(spec: ModelSpec, quota_bytes: int) -> V2Sizing:
+    """V2's pool groups and slot counts for `quota_bytes` of GPU memory by its allocator fallback."""
+    tpb = spec.tokens_per_block
+    gran = granularity(quota_bytes)
+    merged: dict[int, list[LayerGroup]] = {}
+    for g in spec.groups:
+        merged.setdefault(g.slot_bytes, []).append(g)
+    keys = list(merged)
+    demand = {
+        k: round_up(sum(life_cycle_blocks(g, FALLBACK_CAPACITY, FALLBACK_HISTORY, tpb) for g in merged[k]) * k, gran)
+        for k in keys
+    }
+    floors = {
+        k: sum(sliding_floor(g.window, tpb) if g.kind == "sliding" and g.window else 1 for g in merged[k]) for k in keys
+    }
+    floor_grains = {k: -(-floors[k] * k // gran) for k in keys}
+    total = round_up(quota_bytes, gran) // gran
+    inflated = sum(floor_grains.values()) > total
+    total = max(total, sum(floor_grains.values()))
+    grains: dict[int, int] = {}
+    active = sorted(keys, key=lambda k: (demand[k], -k))
+    while True:
+        budget = total - sum(grains.values())
+        weight = sum(demand[k] for k in active)
+        share = {k: int(Fraction(budget * demand[k], weight)) for k in active}
+        share[active[-1]] = budget - sum(share[k] for k in active[:-1])
+        low = [k for k in active if share[k] <= floor_grains[k]]
+        if not low or len(low) == len(active):
+            for k in active:
+                grains[k] = max(share[k], floor_grains[k])
+            break
+        for k in low:
+            grains[k] = floor_grains[k]
+            active.remove(k)
+    rows = tuple((tuple(g.name for g in merged[k]), k, floors[k], grains[k], grains[k] * gran // k) for k in keys)
+    return V2Sizing(quota_bytes, gran, total, rows, inflated)

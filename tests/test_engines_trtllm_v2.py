@@ -1,0 +1,82 @@
+"""TensorRT-LLM KV cache manager V2 by its own defaults (`kvpool.engines.trtllm_v2`).
+
+Expectations come from TensorRT-LLM's core package and its tests, as listed with
+their sources in tests/data/trtllm/README.md, and are derived here by hand.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvpool.engines import trtllm, trtllm_v2
+from kvpool.plan import ServingLimits
+from kvpool.spec import load_model_spec
+from plan_helpers import group, hybrid, model
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+@pytest.mark.parametrize(
+    "quota,expected",
+    [
+        (1 * GiB, 2 * MiB),
+        (2 * GiB - 1, 2 * MiB),
+        (2 * GiB, 4 * MiB),
+        (5 * GiB, 8 * MiB),
+        (15 * GiB, 16 * MiB),
+        (16 * GiB, 32 * MiB),
+        (60 * GiB, 32 * MiB),
+        (1024 * GiB, 32 * MiB),
+    ],
+)
+def test_granularity_doubles_from_2_mib_to_32_mib(quota: int, expected: int) -> None:
+    # _storage/_config.py: 2 MiB << min(4, max(0, floor(log2(quota / 1 GiB))))
+    assert trtllm_v2.granularity(quota) == expected
+
+
+def test_fallback_request_blocks_at_tpb_32() -> None:
+    # _storage_manager.py allocator fallback: full needs 65 blocks, W=1024 sliding 65 - floor(1025/32) = 33
+    spec = hybrid(window=1024, tpb=32)
+    blocks = {g.name: trtllm_v2.life_cycle_blocks(g, 2049, 2048, 32) for g in spec.groups}
+    assert blocks == {"full": 65, "sliding": 33}
+
+
+def test_pool_groups_merge_equal_slot_sizes() -> None:
+    # test_storage_manager.py: equal-size sliding + full share one pool group; different sizes give two
+    same = trtllm_v2.size(hybrid(full_row=1024, sliding_row=1024), 4 * GiB)
+    assert [names for names, *_ in same.pool_groups] == [("full", "sliding")]
+    differ = trtllm_v2.size(hybrid(full_row=1024, sliding_row=2048), 4 * GiB)
+    assert sorted(names for names, *_ in differ.pool_groups) == [("full",), ("sliding",)]
+    uniform = trtllm_v2.size(model(group("full", row_bytes=4096)), GiB)
+    assert len(uniform.pool_groups) == 1 and uniform.pool_groups[0][4] == GiB // (4096 * 32)
+
+
+def test_gemma_4_fp8_60_gib_gives_v2_slots() -> None:
+    # issue 26: V2 gives sliding 15,728 / full 39,321. By hand: 60 GiB / 32 MiB = 1920 grains; the fallback
+    # request holds 33 x 3,276,800 B (-> 4 grains) and 65 x 327,680 B (-> 1 grain): ratio 4 : 1, so
+    # 1536 and 384 grains; 1536 x 32 MiB // 3,276,800 = 15,728 and 384 x 32 MiB // 327,680 = 39,321.
+    spec = load_model_spec("gemma-4-26b-a4b", kv_dtype="fp8")
+    report = trtllm.allocate(spec, ServingLimits(max_seq_len=32768), 60 * GiB, manager="v2-default")
+    assert report.group_pages == {"sliding": 15_728, "full": 39_321}
+    assert report.reported["grains"] == 1920 and report.reported["granularity"] == 32 * MiB
+    assert sum(p.bytes for p in report.pools) <= 60 * GiB
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    full_row=st.integers(1, 64).map(lambda k: k * 512),
+    sliding_row=st.integers(1, 64).map(lambda k: k * 512),
+    window=st.sampled_from([128, 512, 1024, 4096]),
+    quota=st.integers(1 * GiB, 200 * GiB),
+)
+def test_water_filling_spends_at_most_the_rounded_quota(
+    full_row: int, sliding_row: int, window: int, quota: int
+) -> None:
+    sizing = trtllm_v2.size(hybrid(full_row=full_row, sliding_row=sliding_row, window=window), quota)
+    assert not sizing.inflated
+    assert sum(g for *_, g, _ in sizing.pool_groups) == sizing.grains == -(-quota // sizing.granularity)
+    for _, slot, floor, grains, slots in sizing.pool_groups:
+        assert slots == grains * sizing.granularity // slot >= floor
+    assert 0 <= sizing.leftover_bytes < sum(slot for _, slot, *_ in sizing.pool_groups)
