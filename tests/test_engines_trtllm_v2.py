@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvpool.cli.main import main
 from kvpool.engines import trtllm, trtllm_v2
 from kvpool.plan import ServingLimits
 from kvpool.spec import load_model_spec
@@ -80,3 +81,25 @@ def test_water_filling_spends_at_most_the_rounded_quota(
     for _, slot, floor, grains, slots in sizing.pool_groups:
         assert slots == grains * sizing.granularity // slot >= floor
     assert 0 <= sizing.leftover_bytes < sum(slot for _, slot, *_ in sizing.pool_groups)
+
+
+def test_sliding_floor_pins_and_inflates_when_it_does_not_fit() -> None:
+    # newest StorageManager floor for a sliding life cycle: (W + tpb - 2) // tpb + 1 = 33 at W 1024, tpb 32;
+    # a 2 MiB sliding slot needs 33 grains of 2 MiB, more than a 64 MiB quota's 32: V2 grows the quota
+    assert trtllm_v2.sliding_floor(1024, 32) == 33 and trtllm_v2.sliding_floor(1, 32) == 1
+    spec = hybrid(full_row=1024, sliding_row=65536, window=1024)
+    sizing = trtllm_v2.size(spec, 64 * MiB)
+    slots = {names: n for names, _, _, _, n in sizing.pool_groups}
+    assert sizing.inflated and slots[("sliding",)] == 33
+    report = trtllm.allocate(spec, ServingLimits(max_seq_len=8192), 64 * MiB, manager="v2-default")
+    assert any("grows the quota" in d for d in report.degradations)
+
+
+def test_cli_engine_trtllm_is_v2_and_trtllm_at_v1_the_old_manager(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "gemma-4-26b-a4b", "--kv-dtype", "fp8", "--kv-memory", "60GiB", "--max-seq-len", "32768"]
+    assert main([*argv, "--engine", "trtllm"]) == 0
+    out = capsys.readouterr().out
+    assert "prints: [sliding] 15728 slots of 3276800 bytes" in out and "KV cache manager V2" in out
+    assert "16,425" in out  # kvpool's own plan stays beside it
+    assert main([*argv, "--engine", "trtllm@v1"]) == 0
+    assert "[windowSize=1024] {.primaryBlocks=" in capsys.readouterr().out
