@@ -29,6 +29,7 @@ from kvpool.engines.common import (
     EngineNotModelledError,
     EnginePool,
     EngineReport,
+    allocate_with,
     member,
     refuse_compressed,
 )
@@ -171,53 +172,6 @@ def _from_plan(plan: PoolPlan) -> EngineReport:
 
 
 def _v2_default(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int) -> EngineReport:
-    """V2 sized by its allocator fallback (no pool_ratio, no avg_seq_len): `trtllm_v2.size`."""
+    """V2 sized by its allocator fallback, run through the EngineModel protocol."""
     refuse_compressed(spec, "TensorRT-LLM V2")
-    sizing = trtllm_v2.size(spec, kv_memory_bytes)
-    tpb = spec.tokens_per_block
-    by_name = {g.name: g for g in spec.groups}
-    pools = []
-    for names, slot, _, _, slots in sizing.pool_groups:
-        members = tuple(by_name[n] for n in names)
-        paged = any(m.kind != "state" for m in members)
-        pools.append(
-            EnginePool(
-                "+".join(names), tpb if paged else 0, slot, slots, names, members, slots * tpb if paged else None
-            )
-        )
-    merged = any(len(names) > 1 for names, *_ in sizing.pool_groups)
-    group_pages = None if merged else {names[0]: slots for names, _, _, _, slots in sizing.pool_groups}
-    notes = [
-        f"V2 allocator fallback: ratio from one request of capacity {trtllm_v2.FALLBACK_CAPACITY}, "
-        f"history {trtllm_v2.FALLBACK_HISTORY}, each pool group rounded up to the {sizing.granularity // (1 << 20)} MiB "
-        f"granularity; {sizing.grains} grains; {sizing.leftover_bytes:,} bytes hold no slot",
-    ]
-    degradations: list[str] = []
-    if sizing.inflated:
-        degradations.append("the pool groups' floors do not fit: V2 grows the quota past the budget")
-    if sum(p.bytes for p in pools) > kv_memory_bytes:
-        degradations.append(
-            f"V2's pools take {sum(p.bytes for p in pools):,} bytes, more than the {kv_memory_bytes:,} budget "
-            "(the quota is rounded up to the granularity)"
-        )
-    lines = tuple(f"[{p.name}] {p.pages} slots of {p.page_bytes} bytes" for p in pools)
-    reported = {
-        "slots_per_pool_group": {p.name: p.pages for p in pools},
-        "granularity": sizing.granularity,
-        "grains": sizing.grains,
-        "tokens_per_block": tpb,
-    }
-    return EngineReport(
-        "trtllm",
-        VERSION + ", KV cache manager V2 (allocator fallback)",
-        SOURCES + (trtllm_v2.SOURCE,),
-        limits,
-        kv_memory_bytes,
-        tuple(pools),
-        reported,
-        lines,
-        (),
-        tuple(degradations),
-        tuple(notes),
-        group_pages,
-    )
+    return allocate_with(trtllm_v2.V2Model(VERSION, SOURCES), spec, limits, kv_memory_bytes)

@@ -21,7 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
+from kvpool.engines.common import EnginePool, EngineReport, Sizing
 from kvpool.errors import LimitsError
+from kvpool.plan.limits import ServingLimits
 from kvpool.spec import LayerGroup, ModelSpec
 
 MiB = 1 << 20
@@ -117,3 +119,79 @@ def size(spec: ModelSpec, quota_bytes: int) -> V2Sizing:
             active.remove(k)
     rows = tuple((tuple(g.name for g in merged[k]), k, floors[k], grains[k], grains[k] * gran // k) for k in keys)
     return V2Sizing(quota_bytes, gran, total, rows, inflated)
+
+
+@dataclass(frozen=True)
+class V2EngineSizing(Sizing):
+    """`Sizing` of the EngineModel protocol carrying V2's own numbers."""
+
+    v2: V2Sizing | None = None
+
+
+@dataclass(frozen=True)
+class V2Model:
+    """TensorRT-LLM KV cache manager V2 by its defaults, as an `EngineModel`."""
+
+    version: str
+    base_sources: tuple[str, ...]
+    engine: str = "trtllm"
+    release: str = "v2"
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return (*self.base_sources, SOURCE)
+
+    def size(self, spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int) -> V2EngineSizing:
+        v2 = size(spec, kv_memory_bytes)
+        degradations = (
+            ("the pool groups' floors do not fit: V2 grows the quota past the budget",) if v2.inflated else ()
+        )
+        notes = (
+            f"V2 allocator fallback: ratio from one request of capacity {FALLBACK_CAPACITY}, history "
+            f"{FALLBACK_HISTORY}, each pool group rounded up to the {v2.granularity // MiB} MiB granularity; "
+            f"{v2.grains} grains; {v2.leftover_bytes:,} bytes hold no slot",
+        )
+        return V2EngineSizing(spec, limits, kv_memory_bytes, (), degradations, notes, v2)
+
+    def pools(self, sizing: V2EngineSizing) -> tuple[EnginePool, ...]:
+        assert sizing.v2 is not None
+        tpb = sizing.spec.tokens_per_block
+        by_name = {g.name: g for g in sizing.spec.groups}
+        out = []
+        for names, slot, _, _, slots in sizing.v2.pool_groups:
+            members = tuple(by_name[n] for n in names)
+            paged = any(m.kind != "state" for m in members)
+            tokens = slots * tpb if paged else None
+            out.append(EnginePool("+".join(names), tpb if paged else 0, slot, slots, names, members, tokens))
+        return tuple(out)
+
+    def report(self, sizing: V2EngineSizing, pools: tuple[EnginePool, ...]) -> EngineReport:
+        assert sizing.v2 is not None
+        merged = any(len(p.groups) > 1 for p in pools)
+        degradations = list(sizing.degradations)
+        spent = sum(p.bytes for p in pools)
+        if spent > sizing.budget_bytes:
+            degradations.append(
+                f"V2's pools take {spent:,} bytes, more than the {sizing.budget_bytes:,} budget "
+                "(the quota is rounded up to the granularity)"
+            )
+        reported = {
+            "slots_per_pool_group": {p.name: p.pages for p in pools},
+            "granularity": sizing.v2.granularity,
+            "grains": sizing.v2.grains,
+            "tokens_per_block": sizing.spec.tokens_per_block,
+        }
+        return EngineReport(
+            self.engine,
+            self.version + ", KV cache manager V2 (allocator fallback)",
+            self.sources,
+            sizing.limits,
+            sizing.budget_bytes,
+            pools,
+            reported,
+            tuple(f"[{p.name}] {p.pages} slots of {p.page_bytes} bytes" for p in pools),
+            sizing.refusals,
+            tuple(degradations),
+            sizing.notes,
+            None if merged else {p.groups[0]: p.pages for p in pools},
+        )
