@@ -103,3 +103,33 @@ def test_cli_engine_trtllm_is_v2_and_trtllm_at_v1_the_old_manager(capsys: pytest
     assert "16,425" in out  # kvpool's own plan stays beside it
     assert main([*argv, "--engine", "trtllm@v1"]) == 0
     assert "[windowSize=1024] {.primaryBlocks=" in capsys.readouterr().out
+
+
+# NVIDIA/TensorRT-LLM tests/unittest/kv_cache_manager_v2_tests/test_storage_manager.py at commit
+# ed3fb4f5496400a215c92028b3e53a44627b7fc6: K and V buffers of 8192 bytes per block and layer at tpb 32,
+# a 256 MiB GPU quota ("small enough ... that phys_mem_size stays at 2 MiB").
+KV_BUF = 8192
+
+
+def _row(layers: int, buf: int = KV_BUF) -> int:
+    return layers * 2 * buf // 32  # bytes per token: layers x (K + V) x buffer bytes per 32-token block
+
+
+def test_storage_manager_single_life_cycle_gpu_only() -> None:
+    sizing = trtllm_v2.size(model(group("full", row_bytes=_row(4))), 256 * MiB)
+    assert sizing.granularity == 2 * MiB
+    assert [(len(names), slot) for names, slot, *_ in sizing.pool_groups] == [(1, 4 * 2 * KV_BUF)]
+
+
+def test_storage_manager_two_life_cycles_same_slot_size_merged() -> None:
+    spec = model(group("full", row_bytes=_row(2)), group("sliding", kind="sliding", row_bytes=_row(2), window=100))
+    sizing = trtllm_v2.size(spec, 256 * MiB)
+    assert [(len(names), slot) for names, slot, *_ in sizing.pool_groups] == [(2, 2 * 2 * KV_BUF)]
+
+
+def test_storage_manager_two_life_cycles_different_slot_sizes_separate_pool_groups() -> None:
+    spec = model(
+        group("full", row_bytes=_row(1)), group("sliding", kind="sliding", row_bytes=_row(1, 16384), window=100)
+    )
+    sizing = trtllm_v2.size(spec, 256 * MiB)
+    assert sorted(slot for _, slot, *_ in sizing.pool_groups) == [8192 * 2, 16384 * 2]
