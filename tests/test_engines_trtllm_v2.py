@@ -77,7 +77,7 @@ def test_water_filling_spends_at_most_the_rounded_quota(
 ) -> None:
     sizing = trtllm_v2.size(hybrid(full_row=full_row, sliding_row=sliding_row, window=window), quota)
     assert not sizing.inflated
-    assert sum(g for *_, g, _ in sizing.pool_groups) == sizing.grains == -(-quota // sizing.granularity)
+    assert sum(g for *_, g, _ in sizing.pool_groups) <= sizing.grains == -(-quota // sizing.granularity)
     for _, slot, floor, grains, slots in sizing.pool_groups:
         assert slots == grains * sizing.granularity // slot >= floor
     assert 0 <= sizing.leftover_bytes < sum(slot for _, slot, *_ in sizing.pool_groups)

@@ -10,16 +10,14 @@ as digested in shared/research/trtllm-kvcm-v2.md; no TensorRT-LLM code is used:
 - GPU tier granularity: `2 MiB << min(4, max(0, floor(log2(quota / 1 GiB))))`.
 - Ratio (allocator fallback): the bytes one request of capacity 2049, history 2048
   holds in each pool group, each rounded *up to the granularity* before the ratio.
-- Slots: the quota (rounded up to the granularity) is counted in grains; grains go to
-  pool groups by ratio, smallest first (floor), the largest takes the rest; a group
-  whose share is at or below its floor is pinned there. Each group holds
-  `grains * granularity // slot_bytes` slots; what a group's grains do not fill is left.
+- Slots: the quota (rounded up to the granularity) is counted in grains and water-filled
+  by `_water_fill` (`_storage/_core.py` `ratio_to_slot_count_list`); what a group's grains
+  do not fill with whole slots is left unspent.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
 
 from kvpool.engines.common import EnginePool, EngineReport, Sizing
 from kvpool.errors import LimitsError
@@ -83,6 +81,37 @@ class V2Sizing:
         return self.grains * self.granularity - sum(slot * n for _, slot, _, _, n in self.pool_groups)
 
 
+def _water_fill(
+    total: int, gran: int, keys: list[int], ratio: dict[int, float], floors: dict[int, int]
+) -> dict[int, int]:
+    """Slots per pool group (keyed by slot bytes), as `_storage/_core.py`
+    `CacheLevelStorage.ratio_to_slot_count_list` does (read in NVIDIA/TensorRT-LLM's stored
+    version): each round walks the active groups by ratio, smallest first, giving each
+    `round(budget * its share of the ratios still to serve)` grains, filling them with slots
+    and passing the grains those slots do not use on; groups at or below their floor are
+    pinned to the floor's grains and the rest go round again."""
+    out: dict[int, int] = {}
+    remaining = total
+    active = list(keys)
+    while active:
+        budget = remaining
+        got: dict[int, int] = {}
+        order = sorted(active, key=lambda k: ratio[k])
+        for i, k in enumerate(order):
+            share = ratio[k] / sum(ratio[j] for j in order[i:])
+            got[k] = round(budget * share) * gran // k
+            budget -= -(-got[k] * k // gran)
+        low = [k for k in active if got[k] <= floors[k]]
+        if not low:
+            out.update(got)
+            break
+        for k in low:
+            out[k] = -(-floors[k] * k // gran) * gran // k
+            remaining -= -(-out[k] * k // gran)
+        active = [k for k in active if k not in low]
+    return out
+
+
 def size(spec: ModelSpec, quota_bytes: int) -> V2Sizing:
     """V2's pool groups and slot counts for `quota_bytes` of GPU memory by its allocator fallback."""
     tpb = spec.tokens_per_block
@@ -102,21 +131,8 @@ def size(spec: ModelSpec, quota_bytes: int) -> V2Sizing:
     total = round_up(quota_bytes, gran) // gran
     inflated = sum(floor_grains.values()) > total
     total = max(total, sum(floor_grains.values()))
-    grains: dict[int, int] = {}
-    active = sorted(keys, key=lambda k: (demand[k], -k))
-    while True:
-        budget = total - sum(grains.values())
-        weight = sum(demand[k] for k in active)
-        share = {k: int(Fraction(budget * demand[k], weight)) for k in active}
-        share[active[-1]] = budget - sum(share[k] for k in active[:-1])
-        low = [k for k in active if share[k] <= floor_grains[k]]
-        if not low or len(low) == len(active):
-            for k in active:
-                grains[k] = max(share[k], floor_grains[k])
-            break
-        for k in low:
-            grains[k] = floor_grains[k]
-            active.remove(k)
+    slots = _water_fill(total, gran, keys, {k: demand[k] / sum(demand.values()) for k in keys}, floors)
+    grains = {k: -(-slots[k] * k // gran) for k in keys}
     rows = tuple((tuple(g.name for g in merged[k]), k, floors[k], grains[k], grains[k] * gran // k) for k in keys)
     return V2Sizing(quota_bytes, gran, total, rows, inflated)
 
