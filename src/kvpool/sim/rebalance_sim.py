@@ -1,8 +1,8 @@
 """A trace replayed with online rebalancing (`kvpool.sim.rebalance`).
 
-The same loop as `kvpool.sim.simulator.simulate` (shared scheduler, real
-`KVCacheManager`, the same step-time model) run step by step (no decode
-fast path), with the rebalancer consulted between steps. Pool sizes are
+The loop of `kvpool.sim.simulator.simulate` itself, with a hook
+(`StepHook`): run step by step (no decode fast path), with the rebalancer
+consulted between steps. Pool sizes are
 emulated by ballast dummies (`kvpool.sim.ballast`); usage figures leave the
 ballast out.
 
@@ -15,19 +15,15 @@ a pending one.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-import numpy as np
-
-from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
-from kvpool.sched import Scheduler, Sequence
+from kvpool.sched import Scheduler, Sequence, Step
 from kvpool.sim.ballast import BallastPools, pages_for_share
-from kvpool.sim.metrics import GroupUsage, SimResult
+from kvpool.sim.metrics import SimResult
 from kvpool.sim.rebalance import Rebalancer
-from kvpool.sim.requests import OUTPUT_TOKEN, make_sequence
+from kvpool.sim.simulator import Setup, simulate
 from kvpool.sim.steptime import StepTimeModel
 from kvpool.trace import Trace
 
@@ -115,107 +111,58 @@ def simulate_rebalanced(
         manager, limits, padding=padding, captured=report.captured, padding_rids=pads, enable_reuse=use_reuse
     )
     log = RebalanceLog(pools.sliding)
-    n = len(trace)
-    arrivals = (trace.arrival_s if trace.arrival_s is not None else np.zeros(n)).tolist()
     groups = [g.name for g in plan.spec.groups]
-    peak = dict.fromkeys(groups, 0)
-    largest = dict.fromkeys(groups, 0)  # reported as the pool's pages: the most it had
-    used_time = dict.fromkeys(groups, 0.0)
-    seen: set[int] = set()
-    now, nxt, rejected, idle = 0.0, 0, 0, 0
-    steps = decode_steps = decode_only = graph_steps = finished = out_tokens = 0
-    last_finish = 0.0
-    ttft: list[float] = []
-    tpot: list[float] = []
-    wall0 = time.perf_counter()
-    mover = Mover(plan, pools, reb, log, dry_run)
-    while True:
-        while nxt < n and arrivals[nxt] <= now and len(sched.waiting) < 2 * limits.max_batch_size:
-            seq = make_sequence(trace, nxt, limits.max_seq_len)
-            nxt += 1
-            if seq is None:
-                rejected += 1
-            else:
-                sched.add(seq)
-        if not sched.has_work():
-            if nxt >= n:
-                break
-            now = max(now, arrivals[nxt])
-            continue
-        step = sched.schedule()
-        if step is None:  # pragma: no cover - has_work() was checked
-            break
-        rejected += len(step.rejected)
-        if step.is_empty:
-            idle += 1
-            if idle > 2:
-                raise KvpoolError("simulation made no progress: no request can be scheduled")
-            continue
-        idle = 0
-        for seq, _, _ in step.prefills:
-            if seq.rid not in seen:
-                seen.add(seq.rid)
-                reb.observe(seq.prompt_len, seq.max_new_tokens)
-        dt = model.step_time(step)
-        for g in groups:
-            used = pools.size(g) - manager.free_pages(g)
-            peak[g] = max(peak[g], used)
-            largest[g] = max(largest[g], pools.size(g))
-            used_time[g] += used * dt
-        now += dt
-        steps += 1
-        if step.decodes:
-            decode_steps += 1
-            if not step.prefills:
-                decode_only += 1
-                graph_steps += bool(step.graph)
-        sampled = {q.rid: [OUTPUT_TOKEN] for q, _ in step.decodes}
-        for q, start, num in step.prefills:
-            if start + num == q.num_tokens:
-                sampled[q.rid] = [OUTPUT_TOKEN]
-        done: list[Sequence] = sched.update(step, sampled)
-        for q, _, _ in step.prefills:
-            if q.first_token_s is None and q.output_ids:
-                q.first_token_s = now
-        for q in done:
-            q.finish_s = last_finish = now
-            reb.finished(len(q.output_ids))
-            finished += 1
-            out_tokens += len(q.output_ids)
-            if q.first_token_s is not None:
-                ttft.append(q.first_token_s - q.arrival_s)
-                if len(q.output_ids) > 1:
-                    tpot.append((now - q.first_token_s) / (len(q.output_ids) - 1))
-        mover.after_step(steps, now)
-        if on_step is not None:
-            on_step(pools)
-    makespan = last_finish - float(arrivals[0]) if n else 0.0
-    usage = {g: GroupUsage(largest[g], peak[g], used_time[g] / now if now > 0 else 0.0) for g in groups}
-    result = SimResult(
+    hook = _RebalanceHook(pools, reb, Mover(plan, pools, reb, log, dry_run), groups, on_step)
+    setup = Setup(manager, sched, report, groups, [pools.size(g) for g in groups], hook.used)
+    result = simulate(plan, trace, model, padding=padding, hook=hook, setup=setup)
+    usage = {g: replace(result.pages[g], total=hook.largest[g]) for g in groups}
+    result = replace(
+        result,
         policy="rebalance" + (" (dry run)" if dry_run else ""),
-        plan=plan,
-        num_requests=n,
-        finished=finished,
-        rejected=rejected,
-        output_tokens=out_tokens,
-        makespan_s=makespan,
-        ttft_s=np.asarray(ttft),
-        tpot_s=np.asarray(tpot),
-        preemptions=sched.num_preemptions,
-        steps=steps,
-        decode_steps=decode_steps,
-        decode_only_steps=decode_only,
-        graph_steps=graph_steps,
         padding_failures=0,
         pages=usage,
-        captured=len(report.captured),
-        skipped=len(report.skipped),
-        wall_s=time.perf_counter() - wall0,
-        end_used={g: pools.size(g) - manager.free_pages(g) for g in groups},
-        reuse_hit_rate=manager.stats().hit_rate,
+        reserved={},
         rebalance=log.to_json(),
     )
     return result, log
+
+
+class _RebalanceHook:
+    """The loop's hook (`simulator.StepHook`): feeds the rebalancer what was
+    admitted and finished, moves pages after each step, and tracks the
+    largest size each pool had (reported as its pages)."""
+
+    def __init__(
+        self,
+        pools: BallastPools,
+        reb: Rebalancer,
+        mover: Mover,
+        groups: list[str],
+        on_step: Callable[[BallastPools], None] | None,
+    ):
+        self.pools, self.reb, self.mover, self.groups, self.on_step = pools, reb, mover, groups, on_step
+        self.largest = dict.fromkeys(groups, 0)
+        self.seen: set[int] = set()
+
+    def used(self) -> list[int]:
+        """Used pages per group, ballast left out."""
+        return [self.pools.size(g) - self.pools.manager.free_pages(g) for g in self.groups]
+
+    def scheduled(self, step: Step) -> None:
+        for g in self.groups:
+            self.largest[g] = max(self.largest[g], self.pools.size(g))
+        for seq, _, _ in step.prefills:
+            if seq.rid not in self.seen:
+                self.seen.add(seq.rid)
+                self.reb.observe(seq.prompt_len, seq.max_new_tokens)
+
+    def finished(self, seq: Sequence) -> None:
+        self.reb.finished(len(seq.output_ids))
+
+    def after_step(self, steps: int, now: float) -> None:
+        self.mover.after_step(steps, now)
+        if self.on_step is not None:
+            self.on_step(self.pools)
 
 
 class Mover:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from kvpool.cache import KVCacheManager
+from kvpool.cache import KVCacheManager, WarmupReport
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
 from kvpool.sched import Scheduler, Sequence, Step, advance_decodes, decode_run_limit, session
@@ -36,6 +37,32 @@ class Progress:
     total: int
     sim_time_s: float
     wall_s: float
+
+
+class StepHook(Protocol):
+    """What a variant of the loop (online rebalancing) adds to it: called
+    when a step was scheduled, for each finished request, and after each
+    step (before `on_step`). A hooked run goes step by step (no fast path)."""
+
+    def scheduled(self, step: Step) -> None: ...
+
+    def finished(self, seq: Sequence) -> None: ...
+
+    def after_step(self, steps: int, now: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A session the caller built (manager, scheduler, warmup report) and the
+    reported groups, their pages and a function giving their used pages now;
+    None in `simulate`: its own `session` and `_usage`."""
+
+    manager: KVCacheManager
+    sched: Scheduler
+    report: WarmupReport
+    groups: list[str]
+    totals: list[int]
+    used: Callable[[], list[int]]
 
 
 @dataclass
@@ -88,6 +115,8 @@ def simulate(
     fast: bool = True,
     check: bool = False,
     on_step: Callable[[KVCacheManager], None] | None = None,
+    hook: StepHook | None = None,
+    setup: Setup | None = None,
 ) -> SimResult:
     """Replay `trace` (arrival times already set, see `Trace.with_rate`)
     against `plan`. `padding=False` drops the persistent padding dummies that
@@ -97,16 +126,22 @@ def simulate(
     manager call (`sched.advance_decodes`); the result is the same up to
     floating-point rounding. `check` runs the manager's integrity check at
     the end (O(pages); for tests). `on_step` is called with the manager after
-    each step, or each stretch of decode steps (e.g. to publish its events)."""
+    each step, or each stretch of decode steps (e.g. to publish its events).
+    `hook` and `setup` are for variants of the loop (`rebalance_sim`)."""
     limits = plan.limits
-    use_reuse = trace.hash_ids is not None if reuse is None else reuse
-    manager, sched, report = session(plan, enable_reuse=use_reuse, padding=padding)
-    assert report is not None  # warmup ran
+    if setup is None:
+        use_reuse = trace.hash_ids is not None if reuse is None else reuse
+        manager, sched, report = session(plan, enable_reuse=use_reuse, padding=padding)
+        assert report is not None  # warmup ran
+        groups, totals, used = _usage(plan, manager)
+    else:
+        manager, sched, report = setup.manager, setup.sched, setup.report
+        groups, totals, used = setup.groups, setup.totals, setup.used
+    fast = fast and hook is None
 
     n = len(trace)
     arrivals = trace.arrival_s if trace.arrival_s is not None else np.zeros(n)
     arrival_list = arrivals.tolist()
-    groups, totals, used = _usage(plan, manager)
     peak = [0] * len(groups)
     used_time = [0.0] * len(groups)
     one = [OUTPUT_TOKEN]
@@ -139,6 +174,8 @@ def simulate(
                 raise KvpoolError("simulation made no progress: no request can be scheduled")
             continue
         idle_steps = 0
+        if hook is not None:
+            hook.scheduled(step)
         used_now = used()
         peak = [max(p, u) for p, u in zip(peak, used_now, strict=True)]
         if fast and (run := _decode_run(sched, step, model, now, arrival_list, nxt, used)) is not None:
@@ -168,6 +205,10 @@ def simulate(
             if s.first_token_s is None and s.output_ids:
                 s.first_token_s = now
         tally.finish(done, now)
+        if hook is not None:
+            for q in done:
+                hook.finished(q)
+            hook.after_step(tally.steps, now)
         if on_step is not None:
             on_step(manager)
         if progress is not None and tally.steps % progress_every == 0:
