@@ -13,6 +13,7 @@ import pytest
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.presets import GpuSpec
 from kvpool.presets.traces import Trace, load_trace
+from kvpool.sched import Sequence, Step
 from kvpool.sim import Progress, SimResult, StepTimeModel, Weights, simulate
 from kvpool.sim.steptime import KERNELS_PER_LAYER, KERNELS_PER_STEP, LAUNCH_S, REPLAY_S
 from kvpool.spec import ModelSpec, load_model_spec
@@ -170,6 +171,36 @@ def test_fast_path_matches_step_by_step() -> None:
         assert fast.pages[next(iter(pages))].peak_used == slow.pages[next(iter(pages))].peak_used
         for key in ("output_tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s"):
             assert math.isclose(fast.to_json()[key], slow.to_json()[key], rel_tol=1e-9), key
+
+
+class CountingHook:
+    """A hook that only counts what the loop hands it (`StepHook`)."""
+
+    def __init__(self) -> None:
+        self.scheduled_steps = self.after_steps = self.done = 0
+
+    def scheduled(self, step: Step) -> None:
+        self.scheduled_steps += 1
+
+    def finished(self, seq: Sequence) -> None:
+        self.done += 1
+
+    def after_step(self, steps: int, now: float) -> None:
+        self.after_steps += 1
+
+
+def test_a_hooked_run_is_the_step_by_step_run_and_sees_every_step_and_finish() -> None:
+    # rebalancing drives the same loop through a hook: a hook that changes
+    # nothing must leave the run as it is without one, step by step
+    p = plan({"full": 25})
+    t = trace([(5 + i % 23, 1 + i % 31) for i in range(40)], [i * 0.002 for i in range(40)])
+    hook = CountingHook()
+    hooked = run(p, t, hook=hook)
+    slow = run(p, t, fast=False)
+    assert hooked.to_json() == slow.to_json()
+    assert (hooked.steps, hooked.graph_steps, hooked.end_used) == (slow.steps, slow.graph_steps, slow.end_used)
+    assert hook.scheduled_steps == hook.after_steps == hooked.steps
+    assert hook.done == hooked.finished
 
 
 # ----------------------------------------------------------------------------- reuse
