@@ -65,7 +65,7 @@ def trace(lengths: list[tuple[int, int]], arrivals: list[float] | None = None) -
 
 
 def run(p: PoolPlan, t: Trace, **kw: object) -> SimResult:
-    model = StepTimeModel.build(p.spec, GPU, WEIGHTS)
+    model = StepTimeModel.build(p.spec, GPU, WEIGHTS, "roofline")
     return simulate(p, t, model, check=True, **kw)  # type: ignore[arg-type]
 
 
@@ -260,7 +260,7 @@ def test_lazy_padding_dummy_fails_when_the_pool_is_full() -> None:
 def test_progress_is_reported_every_n_steps() -> None:
     seen: list[Progress] = []
     p = plan({"full": 100})
-    model = StepTimeModel.build(p.spec, GPU, WEIGHTS)
+    model = StepTimeModel.build(p.spec, GPU, WEIGHTS, "roofline")
     r = simulate(
         p, trace([(4, 3)] * 5, [0.0, 1.0, 2.0, 3.0, 4.0]), model, fast=False, progress=seen.append, progress_every=2
     )

@@ -1,38 +1,35 @@
-"""The step-time model: how long one scheduler iteration takes on one GPU.
+"""The step-time model: how long one scheduler iteration takes on one rank.
 
-Everything the simulator assumes about speed is in this file.
+Everything the simulator assumes about speed is in this file, `sim/kernels.py`
+(what each kind of GPU work costs) and `sim/calibration.py` (the constants,
+fitted on measured kernel timings). A step runs its kernels one after the
+other, so its GPU time is the **sum** of its parts:
 
-    time = max(flops / peak_flops, bytes / hbm_bandwidth) + overhead
+    gpu = matmuls (dense + lm_head) + routed experts + attention (per group)
+          + elementwise + all-reduce (tp > 1)
+    step = gpu + step_floor + row_s x requests                (CUDA graph)
+    step = max(gpu, launches x launch_s) + step_floor + ...   (eager: the CPU
+           launching kernels one by one is the bound when the GPU is faster)
 
-- **flops** = 2 x active parameters x tokens computed (every token passes
-  through the dense layers and its routed experts), plus attention:
-  4 x query heads x head dim per (query, key) pair per layer (QK^T and PV, one
-  multiply-add = 2 FLOPs each). A decode row with history h has h + 1 keys per
-  query in a full group, min(h + 1, W) in a sliding group, (h mod C) + 1 in a
-  chunked group, (h + 1) / r in a compressed group; a prefill chunk is causal.
-- **bytes** = weights read once per step + KV read + KV written. Weights: a
-  dense model reads all its parameters. A MoE model reads its dense part
-  (active minus the routed experts a token uses) plus the distinct experts the
-  step's tokens touch: with E experts, k per token and T tokens, the expected
-  share touched is 1 - (1 - k/E)^T (k/E per token, drawn independently). For one
-  token that is the active parameters; for large batches all of them. KV: per
-  group, each key position read costs the group's `row_bytes` (all its layers);
-  each new position is written once; a `state` group reads and writes its
-  `state_bytes` per request.
-- **peak_flops** = the GPU's dense BF16 figure, FP8 when the checkpoint stores
-  one byte per parameter or less; **hbm_bandwidth**: `kvpool.presets.load_gpu`
-  (data/gpus.json, with sources). Both are peaks: the model is a roofline, so
-  absolute times are optimistic; comparisons between plans on the same GPU are
-  what it is for.
-- **overhead**: a step that runs eagerly launches every kernel from the CPU:
-  `LAUNCH_S` per kernel x (`KERNELS_PER_LAYER` (+ `MOE_KERNELS_PER_LAYER`) per
-  layer + `KERNELS_PER_STEP`). A CUDA-graph step pays one replay, `REPLAY_S`.
-  Sources: one cudaLaunchKernel costs about 5 us of CPU time and one eager
-  PyTorch op 5-20 us (learnaivisually.com "CUDA Graphs for LLM decode";
-  transcendence2006.site "CUDA graphs and inference optimization"). Check:
-  Llama-3.1-8B on H100 decodes in 8.4 ms eager vs 5.1 ms with a CUDA graph
-  (cloudai.pt, "CUDA Graphs + torch.compile: 1.65x LLM decode speedup"): a
-  3.3 ms gap; 32 layers x 10 kernels x 10 us = 3.2 ms.
+- **matmuls**: every token passes every dense multiply of its rank
+  (`sim/shapes.py`, from the checkpoint's own tensor list); the rows that
+  sample (decode rows and drafts, one per prefill chunk) pass the lm_head.
+- **routed experts**: per MoE layer, the experts the step's T tokens touch,
+  E (1 - (1 - k/E)^T) of them, each streaming its weights and computing whole
+  tiles of the tokens it got.
+- **attention**, per pool group, by its kind rule (`spec.kinds`): a decode row
+  with history h reads `keys_read(h)` key rows (full: h + 1; sliding:
+  min(h + 1, W); chunked; compressed) of `row_bytes` each (all the group's
+  layers), a prefill chunk computes its causal (query, key) pairs at
+  4 x heads x head_dim FLOPs each; new rows are written once; a `state` group
+  reads and writes its `state_bytes` per request.
+- **FLOP peaks**: matmuls at the BF16 peak, FP8 for 1-byte weights; 4-bit
+  weights (MXFP4, ~0.53 bytes/param) run as W4A16 (BF16 math) as vLLM does on
+  Hopper. Attention math at the BF16 peak.
+
+`calibration="roofline"` keeps the idealised model this simulator had before
+calibration, for comparison: max(all FLOPs / peak, all bytes / bandwidth) +
+launch or replay overhead, one roofline over the whole step.
 - Weights: `data/model_params.json` (parameter counts from model cards, each
   with its source) or `weights_bytes` / `active_params` given by the caller.
 """
@@ -43,7 +40,7 @@ import json
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -51,9 +48,17 @@ import numpy.typing as npt
 from kvpool.errors import KvpoolError
 from kvpool.presets import DATA, GpuSpec
 from kvpool.sched import Step
+from kvpool.sim.calibration import for_gpu
+from kvpool.sim.kernels import Calibration, Kernels
+from kvpool.sim.shapes import Shapes, model_shapes
 from kvpool.spec import LayerGroup, ModelSpec
 from kvpool.spec.families import head_dim, split_heads
 
+# The roofline's overheads (calibration="roofline"). One cudaLaunchKernel costs
+# about 5 us of CPU time and one eager PyTorch op 5-20 us (learnaivisually.com
+# "CUDA Graphs for LLM decode"); Llama-3.1-8B on H100 decodes in 8.4 ms eager vs
+# 5.1 ms with a CUDA graph (cloudai.pt, "CUDA Graphs + torch.compile: 1.65x LLM
+# decode speedup"): 32 layers x 10 kernels x 10 us = 3.2 ms of the 3.3 ms gap.
 LAUNCH_S = 10e-6  # one eager op: Python dispatch + cudaLaunchKernel
 KERNELS_PER_LAYER = 10  # norms, QKV, RoPE, attention, O, residuals, gate/up, act, down
 MOE_KERNELS_PER_LAYER = 4  # router, top-k, permute, un-permute
@@ -146,25 +151,67 @@ def _attention_dims(spec: ModelSpec, group: LayerGroup) -> tuple[int, int]:
     return heads, head_dim(c)
 
 
+class StepCost(NamedTuple):
+    """Seconds of one step by part (`StepTimeModel.cost`); `total` is the step.
+    Floats, or arrays over a run of decode steps."""
+
+    matmul: Any
+    experts: Any
+    attention: Any
+    elementwise: Any
+    allreduce: Any
+    overhead: Any
+    total: Any
+
+
 @dataclass(frozen=True)
 class StepTimeModel:
-    """Seconds per step for one model on one GPU (see the module docstring)."""
+    """Seconds per step for one model on one rank (see the module docstring).
+    `kernels` None is the roofline model."""
 
     gpu: GpuSpec
     weights: Weights
     groups: tuple[GroupCost, ...]
     num_layers: int
+    shapes: Shapes
+    kernels: Kernels | None
+    tp: int = 1
     launch_s: float = LAUNCH_S
     replay_s: float = REPLAY_S
 
     @classmethod
-    def build(cls, spec: ModelSpec, gpu: GpuSpec, weights: Weights) -> StepTimeModel:
+    def build(
+        cls, spec: ModelSpec, gpu: GpuSpec, weights: Weights, calibration: Calibration | str | None = None
+    ) -> StepTimeModel:
+        """The model of `spec` (one rank: `weights` already per rank) on `gpu`.
+        `calibration`: None for the shipped profile of `gpu`
+        (`calibration.for_gpu`), a `Calibration`, or "roofline"."""
         groups = []
         for g in spec.groups:
             heads, dim = _attention_dims(spec, g)
             pair = 0.0 if g.rule.per_request else 4.0 * heads * dim * len(g.layers)
             groups.append(GroupCost(g, pair, float(g.row_bytes), float(g.state_bytes)))
-        return cls(gpu, weights, tuple(groups), spec.num_layers)
+        tp = max(spec.tp_size, 1)
+        shapes = model_shapes(
+            spec.config, tp, active_params=weights.active_params * tp, top_k=weights.experts_per_token
+        )
+        if calibration == "roofline":
+            kernels = None
+        else:
+            if calibration is None:
+                cal = for_gpu(gpu)
+            elif isinstance(calibration, Calibration):
+                cal = calibration
+            else:
+                raise KvpoolError(f"calibration must be a Calibration, None or 'roofline', not {calibration!r}")
+            matmul_peak = gpu.fp8_flops if weights.bytes_per_param == 1 and gpu.fp8_flops else gpu.bf16_flops
+            kernels = Kernels(cal, gpu.hbm_bandwidth_bytes_per_s, matmul_peak, gpu.bf16_flops)
+        return cls(gpu, weights, tuple(groups), spec.num_layers, shapes, kernels, tp)
+
+    @property
+    def calibration(self) -> str:
+        """Which constants price the steps: a profile name, or "roofline"."""
+        return "roofline" if self.kernels is None else self.kernels.cal.name
 
     @property
     def peak_flops(self) -> float:
@@ -174,11 +221,15 @@ class StepTimeModel:
 
     @property
     def eager_overhead_s(self) -> float:
+        return self.launch_s * self.eager_launches
+
+    @property
+    def eager_launches(self) -> int:
         per_layer = KERNELS_PER_LAYER + (MOE_KERNELS_PER_LAYER if self.weights.num_experts else 0)
-        return self.launch_s * (per_layer * self.num_layers + KERNELS_PER_STEP)
+        return per_layer * self.num_layers + KERNELS_PER_STEP
 
     def weight_bytes(self, tokens: int) -> float:
-        """Weight bytes one step of `tokens` tokens reads."""
+        """Weight bytes one step of `tokens` tokens reads (roofline model)."""
         w = self.weights
         if not w.num_experts or not w.experts_per_token or w.num_experts <= w.experts_per_token:
             return w.total_params * w.bytes_per_param
@@ -218,20 +269,14 @@ class StepTimeModel:
         same arithmetic as `time`, vectorised over the steps."""
         h = np.asarray(histories, dtype=np.float64)[None, :] + np.arange(steps, dtype=np.float64)[:, None]
         rows = h.shape[1]
-        tokens = padded_batch if graph and padded_batch else rows
-        flops = np.full(steps, 2.0 * self.weights.active_params * tokens)
-        kv_bytes = np.zeros(steps)
-        for g in self.groups:
-            if g.group.rule.per_request:  # the state is read and written once per row
-                kv_bytes += 2.0 * g.state_bytes * rows
-                continue
-            keys = g.group.rule.keys_read(g.group, h).sum(axis=1)
-            flops += g.flops_per_pair * keys
-            kv_bytes += g.row_bytes * (keys + self.written(g, tokens))
-        bytes_moved = self.weight_bytes(tokens) + kv_bytes
-        roofline = np.maximum(flops / self.peak_flops, bytes_moved / self.gpu.hbm_bandwidth_bytes_per_s)
-        result: npt.NDArray[np.float64] = roofline + (self.replay_s if graph else self.eager_overhead_s)
-        return result
+        tokens = float(padded_batch if graph and padded_batch else rows)
+        keys = [
+            np.zeros(steps) if g.group.rule.per_request else g.group.rule.keys_read(g.group, h).sum(axis=1)
+            for g in self.groups
+        ]
+        decode = [(k, k) for k in keys]  # (pairs, rows read) per group
+        total = self._parts(tokens, tokens, rows, decode, [0.0] * len(keys), graph).total
+        return np.broadcast_to(np.asarray(total, dtype=np.float64), (steps,)).copy()
 
     def time(
         self,
@@ -243,27 +288,96 @@ class StepTimeModel:
     ) -> float:
         """Seconds for a step of decode rows (history, drafts) and prefill chunks
         (start, tokens). A graph step computes its padded rows too."""
+        return float(self.cost(decodes, prefills, graph=graph, padded_batch=padded_batch).total)
+
+    def cost(
+        self,
+        decodes: Seq[tuple[int, int]],
+        prefills: Seq[tuple[int, int]],
+        *,
+        graph: bool = False,
+        padded_batch: int | None = None,
+    ) -> StepCost:
+        """`time`, by part."""
         rows = len(decodes)
-        tokens = sum(1 + k for _, k in decodes) + sum(n for _, n in prefills)
+        drafts = max((k for _, k in decodes), default=0)
+        decode_tokens = sum(1 + k for _, k in decodes)
         if graph and padded_batch:
-            tokens += (padded_batch - rows) * (1 + max((k for _, k in decodes), default=0))
-        flops = 2.0 * self.weights.active_params * tokens
-        kv_bytes = 0.0
+            decode_tokens += (padded_batch - rows) * (1 + drafts)
+        tokens = decode_tokens + sum(n for _, n in prefills)
+        decode, prefill = [], []
         for g in self.groups:
             if g.group.rule.per_request:
-                kv_bytes += 2.0 * g.state_bytes * (rows + len(prefills))
+                decode.append((0.0, 0.0))
+                prefill.append(0.0)
                 continue
-            pairs = 0.0
-            read = 0.0
+            pairs = read = 0.0
             for h, k in decodes:
                 keys = self.keys(g, h + k)
                 pairs += keys * (1 + k)
                 read += keys
+            chunk = 0.0
             for start, n in prefills:
-                pairs += self.chunk_pairs(g, start, n)
+                chunk += self.chunk_pairs(g, start, n)
                 read += self.keys(g, start + n - 1)
-            flops += g.flops_per_pair * pairs
-            kv_bytes += g.row_bytes * (read + self.written(g, tokens))
-        bytes_moved = self.weight_bytes(tokens) + kv_bytes
-        roofline = max(flops / self.peak_flops, bytes_moved / self.gpu.hbm_bandwidth_bytes_per_s)
-        return roofline + (self.replay_s if graph else self.eager_overhead_s)
+            decode.append((pairs, read))
+            prefill.append(chunk)
+        return self._parts(
+            float(tokens), float(decode_tokens + len(prefills)), rows + len(prefills), decode, prefill, graph
+        )
+
+    def _roofline(
+        self, tokens: float, requests: int, decode: list[tuple[Any, Any]], prefill: list[Any], graph: bool
+    ) -> StepCost:
+        """The pre-calibration model: one max(FLOPs / peak, bytes / bandwidth)
+        over the whole step, plus launch or replay overhead."""
+        flops: Any = 2.0 * self.weights.active_params * tokens
+        bytes_moved: Any = self.weight_bytes(int(tokens))
+        for g, (pairs, read), chunk in zip(self.groups, decode, prefill, strict=True):
+            if g.group.rule.per_request:
+                bytes_moved = bytes_moved + 2.0 * g.state_bytes * requests
+                continue
+            bytes_moved = bytes_moved + g.row_bytes * (read + self.written(g, tokens))
+            flops = flops + g.flops_per_pair * (pairs + chunk)
+        roof = np.maximum(flops / self.peak_flops, bytes_moved / self.gpu.hbm_bandwidth_bytes_per_s)
+        over = self.replay_s if graph else self.eager_overhead_s
+        return StepCost(roof, 0.0, 0.0, 0.0, 0.0, over, roof + over)
+
+    def _parts(
+        self,
+        tokens: float,
+        logits: float,
+        requests: int,
+        decode: list[tuple[Any, Any]],
+        prefill: list[Any],
+        graph: bool,
+    ) -> StepCost:
+        """Price a step from its token count, sampling rows, requests and, per
+        group, (decode pairs, key rows read) and prefill pairs; the per-group
+        figures may be arrays over a run of steps (`decode_run_times`)."""
+        k = self.kernels
+        if k is None:
+            return self._roofline(tokens, requests, decode, prefill, graph)
+        sh, bpp = self.shapes, self.weights.bytes_per_param
+        matmul: Any = sum(k.matmul(tokens, g, bpp) for g in sh.dense) + k.matmul(logits, sh.lm_head, bpp)
+        experts: Any = 0.0
+        if sh.moe_layers and sh.expert:
+            experts = sh.moe_layers * k.experts(tokens, sh.expert, sh.touched_experts(tokens), bpp, sh.top_k)
+        attention: Any = 0.0
+        for g, (pairs, read), chunk in zip(self.groups, decode, prefill, strict=True):
+            layers = len(g.group.layers)
+            if g.group.rule.per_request:
+                attention = attention + k.decode_attention(2.0 * g.state_bytes * requests, 0.0, layers)
+                continue
+            if np.any(pairs):
+                written = g.row_bytes * (read + self.written(g, tokens))
+                attention = attention + k.decode_attention(written, g.flops_per_pair * pairs, layers)
+            if np.any(chunk):
+                attention = attention + k.prefill_attention(g.flops_per_pair * chunk, layers)
+        elementwise = k.elementwise(tokens, sh.hidden, self.num_layers)
+        allreduce = k.allreduce(tokens, sh.hidden, self.tp, 2 * self.num_layers)
+        gpu = matmul + experts + attention + elementwise + allreduce
+        cal = k.cal
+        floor = cal.step_floor_s + cal.row_s * requests
+        busy = gpu if graph else np.maximum(gpu, cal.launch_s * self.eager_launches)
+        return StepCost(matmul, experts, attention, elementwise, allreduce, busy - gpu + floor, busy + floor)

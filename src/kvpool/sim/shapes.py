@@ -1,0 +1,124 @@
+"""The matrix multiplies of one step, per tensor-parallel rank: what the
+linear-layer cost of the step-time model (`sim/kernels.py`) is summed over.
+
+Shapes come from `models.params.matrices(config)` (every weight tensor of the
+text decoder, named as in the checkpoint). Per rank, as vLLM shards them
+(column-parallel q/k/v, gate/up, experts' gate/up: output rows split tp ways;
+row-parallel o and down: input columns split; MLA's q_a / kv_a projections and
+the V3.2 indexer replicated; lm_head vocab-parallel). Norms, biases, sinks,
+routers' bias vectors are not matrix multiplies and are left to the
+elementwise cost. Routed experts (`count` > 1) are kept apart: a step touches
+only some of them (`Shapes.touched_experts`).
+
+A family `matrices` does not know falls back to four square-ish multiplies per
+layer holding the layer's share of the active parameters (a rough shape; the
+parameter count, which sets the memory-bound time, is exact).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvpool.models.params import ParameterCountError, matrices
+
+_ROW_PARALLEL = re.compile(r"\.(o_proj|down_proj|w2|out_proj)(\.weight)?$|experts\.down_proj$")
+_REPLICATED = re.compile(r"\.(q_a_proj|kv_a_proj_with_mqa|indexer\.[a-z_]+|gate|router)\.weight$")
+_LAYER = re.compile(r"(?:^|\.)layers\.\d+\.")
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """`count` multiplies of (tokens x k) by (k x n) on one rank per step."""
+
+    k: int
+    n: int
+    count: int = 1
+
+    @property
+    def params(self) -> int:
+        return self.k * self.n * self.count
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """A rank's multiplies: dense ones (every token passes through them), one
+    routed expert's multiplies per MoE layer (`experts` of them there, `top_k`
+    per token, in `moe_layers` layers), and the lm_head (rows that sample)."""
+
+    hidden: int
+    dense: tuple[Gemm, ...]
+    expert: tuple[Gemm, ...]
+    experts: int
+    top_k: int
+    moe_layers: int
+    lm_head: Gemm
+
+    @property
+    def dense_params(self) -> int:
+        return sum(g.params for g in self.dense)
+
+    def touched_experts(self, tokens: float) -> float:
+        """Expected distinct experts `tokens` tokens route to (each picks top_k of
+        the experts independently: 1 - (1 - k/E)^T of them)."""
+        if not self.experts:
+            return 0.0
+        return float(self.experts * (1.0 - (1.0 - self.top_k / self.experts) ** max(tokens, 0.0)))
+
+
+def _per_rank(name: str, rows: int, cols: int, tp: int) -> tuple[int, int]:
+    """(k, n) of a weight of `rows` x `cols` (out x in) on one of `tp` ranks."""
+    if tp == 1 or _REPLICATED.search(name):
+        return cols, rows
+    if _ROW_PARALLEL.search(name):
+        return -(-cols // tp), rows
+    return cols, -(-rows // tp)
+
+
+def model_shapes(config: Mapping[str, Any], tp: int, *, active_params: float, top_k: int | None = None) -> Shapes:
+    """The per-rank multiplies of `config` at tensor parallelism `tp`.
+    `active_params` (whole model) sizes the fallback of an unknown family."""
+    hidden = int(config.get("hidden_size") or 4096)
+    vocab = int(config.get("vocab_size") or 32000)
+    lm_head = Gemm(hidden, -(-vocab // tp))
+    try:
+        mats = matrices(config)
+    except (ParameterCountError, KeyError, TypeError, ValueError):
+        layers = max(int(config.get("num_hidden_layers") or 1), 1)
+        per_layer = max(active_params - 2 * vocab * hidden, hidden * hidden) / layers / tp
+        n = max(int(per_layer / 4 / hidden), 1)
+        return Shapes(hidden, (Gemm(hidden, n, 4 * layers),), (), 0, 0, 0, lm_head)
+    dense: Counter[tuple[int, int]] = Counter()
+    expert: Counter[tuple[int, int]] = Counter()
+    experts = 0
+    moe_layers: set[str] = set()
+    for m in mats:
+        if m.cols <= 1 or not _LAYER.search(m.name) or "norm" in m.name:
+            continue
+        k, n = _per_rank(m.name, m.rows, m.cols, tp)
+        if m.count > 1:
+            expert[(k, n)] += 1
+            experts = m.count
+            moe_layers.add(m.name.split(".experts")[0])
+        else:
+            dense[(k, n)] += 1
+    if expert:
+        # one routed expert's multiplies per MoE layer
+        layers = len(moe_layers)
+        expert = Counter({s: c // max(layers, 1) for s, c in expert.items()})
+    k_top = top_k or int(config.get("num_experts_per_tok") or config.get("experts_per_token") or 0)
+    return Shapes(
+        hidden,
+        tuple(Gemm(k, n, c) for (k, n), c in sorted(dense.items())),
+        tuple(Gemm(k, n, c) for (k, n), c in sorted(expert.items())),
+        experts,
+        min(k_top, experts) if experts else 0,
+        len(moe_layers),
+        lm_head,
+    )
+
+
+__all__ = ["Gemm", "Shapes", "model_shapes"]
