@@ -57,6 +57,10 @@ class PagedCache(Protocol):
         """Pages an allocation in `group` could take now (no side effects)."""
         ...
 
+    def live_pages(self, rid: int, group: str) -> int:
+        """Pages `rid` holds in `group` now (no side effects)."""
+        ...
+
     def pool_of(self, group: str) -> str:
         """The pool `group` draws from: its own name, or a pool it shares with
         other groups (which then report the same free pages); no side effects."""

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 
 from kvpool.plan.feasibility import largest_fitting
 from kvpool.plan.limits import ServingLimits
+from kvpool.sched.admission import Admission
 from kvpool.sched.padding import GraphPadding
 from kvpool.sched.paged_cache import PagedCache
 from kvpool.sched.sequence import SchedulerError, Sequence, Status, append_tokens, check_request
@@ -26,6 +27,8 @@ class Scheduler:
     dummy per draft length that warmup reserved. With `padding=False` it emulates engines that
     allocate the padding dummy lazily: a fresh one-token dummy in each padded step, freed after
     the step; when the pool is full that fails and the step runs eagerly (`sched.session` wires it).
+    `admission`: how much of its future a request must find room for to be admitted
+    (`sched/admission.py`; default optimistic, vLLM's rule).
     """
 
     def __init__(
@@ -37,8 +40,10 @@ class Scheduler:
         captured: Iterable[tuple[int, int]] | None = None,
         padding_rids: Mapping[int, int] | None = None,
         enable_reuse: bool = True,
+        admission: Admission | None = None,
     ) -> None:
         self.manager, self.limits = manager, limits
+        self.admission = admission or Admission.named("optimistic", ())
         self.enable_reuse = enable_reuse
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the last one is preempted first
@@ -99,6 +104,10 @@ class Scheduler:
                 budget -= n
                 i += 1  # else `seq` itself left the running list
         budget = self._admit(budget)
+        if self._preempted:
+            self.admission.preempted(self.running)
+        else:
+            self.admission.step()
 
         # A victim preempted after it was scheduled gives its slot back.
         if self._preempted:
@@ -153,6 +162,16 @@ class Scheduler:
             tokens = seq.all_ids
             reused = self.manager.create(seq.rid, tokens if self.enable_reuse else None, seq.salt)
             reused = min(reused, len(tokens) - 1)  # the last token is computed for its logits
+            extra = self.limits.num_extra_kv_tokens
+            if self.admission.reserves and not self.admission.fits(
+                self.manager, self.running, seq, reused=reused, extra=extra
+            ):
+                self.manager.free(seq.rid)
+                if not self.running:  # alone and its reservation still does not fit: it never will
+                    self.waiting.popleft()
+                    self._reject(seq, "needs more pages than the pools hold")
+                    continue
+                break
             n = self._largest_chunk(seq.rid, reused, min(len(tokens) - reused, budget))
             if not n:
                 self.manager.free(seq.rid)

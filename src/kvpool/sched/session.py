@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from kvpool.cache import KVCacheManager, TierSpec, WarmupReport
 from kvpool.plan import PoolPlan
+from kvpool.sched.admission import Admission
 from kvpool.sched.scheduler import Scheduler
 
 
@@ -31,6 +32,7 @@ def session(
     warmup: bool = True,
     draft_lens: Iterable[int] = (0,),
     tiers: Sequence[TierSpec] = (),
+    admission: str = "optimistic",
 ) -> Session:
     """A fresh manager and scheduler over `plan`.
 
@@ -39,7 +41,8 @@ def session(
     without it no shape counts as captured. `padding=False` emulates engines
     that allocate the padding dummy lazily: the reserved dummies are freed and
     the scheduler asks for a fresh one in each padded step. `tiers`: cold
-    tiers below the GPU pools (`cache/tiers.py`)."""
+    tiers below the GPU pools (`cache/tiers.py`). `admission`: the scheduler's
+    admission rule (`sched/admission.py`)."""
     manager = KVCacheManager(plan, enable_reuse=enable_reuse, tiers=tiers)
     report = None
     captured: list[tuple[int, int]] = []
@@ -56,6 +59,12 @@ def session(
                 report, padding={d: None for d in report.padding}, reserved_pages={g: 0 for g in report.reserved_pages}
             )
     scheduler = Scheduler(
-        manager, plan.limits, padding=padding, captured=captured, padding_rids=pads, enable_reuse=enable_reuse
+        manager,
+        plan.limits,
+        padding=padding,
+        captured=captured,
+        padding_rids=pads,
+        enable_reuse=enable_reuse,
+        admission=Admission.named(admission, plan.spec.groups),
     )
     return Session(manager, scheduler, report)

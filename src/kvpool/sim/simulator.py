@@ -22,6 +22,7 @@ from kvpool.cache import KVCacheManager, WarmupReport
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
 from kvpool.sched import Scheduler, Sequence, Step, advance_decodes, decode_run_limit, session
+from kvpool.sched.admission import admission_for
 from kvpool.sim.metrics import GroupUsage, SimResult
 from kvpool.sim.requests import OUTPUT_TOKEN, make_sequence
 from kvpool.sim.steptime import StepTimeModel
@@ -117,6 +118,7 @@ def simulate(
     on_step: Callable[[KVCacheManager], None] | None = None,
     hook: StepHook | None = None,
     setup: Setup | None = None,
+    admission: str | None = None,
 ) -> SimResult:
     """Replay `trace` (arrival times already set, see `Trace.with_rate`)
     against `plan`. `padding=False` drops the persistent padding dummies that
@@ -127,11 +129,14 @@ def simulate(
     floating-point rounding. `check` runs the manager's integrity check at
     the end (O(pages); for tests). `on_step` is called with the manager after
     each step, or each stretch of decode steps (e.g. to publish its events).
-    `hook` and `setup` are for variants of the loop (`rebalance_sim`)."""
+    `hook` and `setup` are for variants of the loop (`rebalance_sim`).
+    `admission`: the scheduler's admission rule (`sched/admission.py`);
+    default: the engine's for an `engine:*` plan, else optimistic."""
     limits = plan.limits
     if setup is None:
         use_reuse = trace.hash_ids is not None if reuse is None else reuse
-        manager, sched, report = session(plan, enable_reuse=use_reuse, padding=padding)
+        rule = admission or admission_for(plan.policy)
+        manager, sched, report = session(plan, enable_reuse=use_reuse, padding=padding, admission=rule)
         assert report is not None  # warmup ran
         groups, totals, used = _usage(plan, manager)
     else:
