@@ -4,6 +4,8 @@ as SGLang's tracker does."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,7 +18,7 @@ from kvpool.spec import ModelSpec
 from test_sched_scheduler import TPB, chunks, drain, full_spec, hybrid_spec, seq
 
 
-def make(pages: dict[str, int], rule: str, spec: ModelSpec | None = None, **limits: int) -> Scheduler:
+def make(pages: dict[str, int], rule: str, spec: ModelSpec | None = None, **limits: Any) -> Scheduler:
     spec = spec or full_spec()
     limits.setdefault("max_batch_size", 8)
     limits.setdefault("max_seq_len", 256)
