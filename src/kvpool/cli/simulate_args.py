@@ -99,6 +99,13 @@ def add_simulation_args(p: argparse.ArgumentParser) -> Any:
         metavar="N",
         help="active parameters per token (MoE), e.g. 3.8e9",
     )
+    s.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE|roofline",
+        help="step-time constants: a profile `kvpool calibrate` wrote, or 'roofline' for the "
+        "uncalibrated peak-rate model (default: the shipped profile of --gpu)",
+    )
     s.add_argument("--plot", default=None, metavar="OUT.png", help="write a plot (needs matplotlib)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     return s

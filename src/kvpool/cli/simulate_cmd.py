@@ -21,6 +21,8 @@ from kvpool.plan.sizing import check_pool_ratio
 from kvpool.presets import GpuSpec
 from kvpool.presets.traces import load_trace
 from kvpool.sim import SimResult, StepTimeModel, load_weights, simulate
+from kvpool.sim.calibration import load_profile
+from kvpool.sim.kernels import Calibration
 from kvpool.sim.policies import (
     PolicyPlan,
     parse_policies,
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
         check_target(args.plot)
     group, shares = sweep_points(args, spec)
-    notes: list[str] = []
+    notes: list[str] = [f"step times: calibration {setup.model.calibration} (--calibration; docs/sim.md)"]
     runner = Runner(setup, args.dry_run, bar, step_publisher(publisher), notes)
     # Plan every named policy first, so that an infeasible one fails in a second, not
     # after the runs before it.
@@ -101,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             f"({setup.resolved.limits.max_seq_len}) tokens, or more pages than the pools hold"
         )
     if args.json:
-        print_json({"runs": [run_json(r) for r in everything]})
+        print_json({"calibration": setup.model.calibration, "runs": [run_json(r) for r in everything]})
         return 0
     print(render(args, setup, runs, everything, sweep, group, notes))
     return 0
@@ -127,9 +129,16 @@ def prepare(args: argparse.Namespace) -> Setup:
     elif request.model.tp > 1:
         weights = per_rank(weights, 1 / request.model.tp)
     trace = load_trace(args.trace, max_requests=args.max_requests).with_rate(parse_rate(args.rate), args.seed)
-    model = StepTimeModel.build(resolved.spec, gpu, weights)
+    model = StepTimeModel.build(resolved.spec, gpu, weights, calibration_from(args.calibration))
     policies = tuple(policies_from(args, resolved.spec))
     return Setup(resolved, gpu, model, trace, policies, not args.no_padding_reservation)
+
+
+def calibration_from(value: str | None) -> Calibration | str | None:
+    """--calibration: None (the GPU's shipped profile), 'roofline', or a profile file."""
+    if value is None or value == "roofline":
+        return value
+    return load_profile(value)
 
 
 def policies_from(args: argparse.Namespace, spec: ModelSpec) -> list[str]:
