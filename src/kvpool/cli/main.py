@@ -28,6 +28,7 @@ COMMANDS = {
     "fit": "kvpool.cli.fit_cmd",
     "serve": "kvpool.cli.serve_cmd",
     "simulate": "kvpool.cli.simulate_cmd",
+    "calibrate": "kvpool.cli.calibrate_cmd",
     "sweep": "kvpool.cli.sweep_cmd",
     "warmup": "kvpool.cli.warmup_cmd",
 }
