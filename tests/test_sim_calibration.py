@@ -293,7 +293,17 @@ def test_profiles_round_trip_and_bad_ones_are_refused(tmp_path: Path) -> None:
         load_profile(path)
 
 
-def test_unknown_family_falls_back_to_parameter_shapes() -> None:
-    s = model_shapes({"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100}, 1, active_params=1e6)
-    # (1e6 - 2 x 100 x 64) / 2 layers / 4 multiplies / 64 inputs = 1903 outputs each
-    assert s.dense == (Gemm(64, int((1e6 - 12800) / 2 / 4 / 64), 8),)
+def test_unknown_family_falls_back_to_attention_fields_and_parameter_counts() -> None:
+    cfg = {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100, "num_attention_heads": 4, "head_dim": 16}
+    s = model_shapes(cfg, 1, total_params=1e6, active_params=1e6)
+    # q and o 64 x 64 and k, v 64 x 64 (no num_key_value_heads: as many as query heads) per
+    # layer; the rest of 1e6 less embeddings and lm_head (2 x 6400) and attention
+    # (2 layers x 4 x 4096) as gate, up and down of (rest / 2 layers / 3 / 64) outputs
+    attention = 2 * 4 * 64 * 64
+    rest = (1e6 - 2 * 6400 - attention) / 2
+    assert s.dense == (Gemm(64, 64, 2), Gemm(64, 64, 4), Gemm(64, 64, 2), Gemm(64, int(rest / 3 / 64), 6))
+    moe = model_shapes(cfg, 1, total_params=9e6, active_params=1e6, experts=8, top_k=1)
+    # each expert: (9e6 - 1e6) / (8 - 1) / 2 layers, as three multiplies of 64 inputs
+    per_expert = 8e6 / 7 / 2
+    assert moe.expert == (Gemm(64, int(per_expert / 3 / 64), 3),)
+    assert (moe.experts, moe.top_k, moe.moe_layers) == (8, 1, 2)

@@ -10,9 +10,11 @@ routers' bias vectors are not matrix multiplies and are left to the
 elementwise cost. Routed experts (`count` > 1) are kept apart: a step touches
 only some of them (`Shapes.touched_experts`).
 
-A family `matrices` does not know falls back to four square-ish multiplies per
-layer holding the layer's share of the active parameters (a rough shape; the
-parameter count, which sets the memory-bound time, is exact).
+A config `matrices` does not know (no `model_type`, or a family without a
+formula) falls back to its attention fields for q/k/v/o and to the rank's
+parameter counts for the rest (`_fallback`): the shapes of the MLP and the
+experts are then rough, their parameter counts, which set the memory-bound
+time, exact.
 """
 
 from __future__ import annotations
@@ -78,19 +80,25 @@ def _per_rank(name: str, rows: int, cols: int, tp: int) -> tuple[int, int]:
     return cols, -(-rows // tp)
 
 
-def model_shapes(config: Mapping[str, Any], tp: int, *, active_params: float, top_k: int | None = None) -> Shapes:
-    """The per-rank multiplies of `config` at tensor parallelism `tp`.
-    `active_params` (whole model) sizes the fallback of an unknown family."""
+def model_shapes(
+    config: Mapping[str, Any],
+    tp: int,
+    *,
+    total_params: float,
+    active_params: float,
+    experts: int | None = None,
+    top_k: int | None = None,
+) -> Shapes:
+    """The per-rank multiplies of `config` at tensor parallelism `tp`. The
+    parameter counts (one rank's) size the fallback of a family `matrices`
+    does not know."""
     hidden = int(config.get("hidden_size") or 4096)
     vocab = int(config.get("vocab_size") or 32000)
     lm_head = Gemm(hidden, -(-vocab // tp))
     try:
         mats = matrices(config)
     except (ParameterCountError, KeyError, TypeError, ValueError):
-        layers = max(int(config.get("num_hidden_layers") or 1), 1)
-        per_layer = max(active_params - 2 * vocab * hidden, hidden * hidden) / layers / tp
-        n = max(int(per_layer / 4 / hidden), 1)
-        return Shapes(hidden, (Gemm(hidden, n, 4 * layers),), (), 0, 0, 0, lm_head)
+        return _fallback(config, tp, lm_head, total_params, active_params, experts, top_k)
     dense: Counter[tuple[int, int]] = Counter()
     expert: Counter[tuple[int, int]] = Counter()
     experts = 0
@@ -118,6 +126,42 @@ def model_shapes(config: Mapping[str, Any], tp: int, *, active_params: float, to
         min(k_top, experts) if experts else 0,
         len(moe_layers),
         lm_head,
+    )
+
+
+def _fallback(
+    config: Mapping[str, Any],
+    tp: int,
+    lm_head: Gemm,
+    total: float,
+    active: float,
+    experts: int | None,
+    top_k: int | None,
+) -> Shapes:
+    """Shapes from the config's attention fields and the rank's parameter
+    counts: attention q/k/v/o exact; each routed expert (total - active) /
+    (E - k) parameters per rank as gate, up and down of equal size; the rest
+    of the active parameters (less embeddings and lm_head) as a dense MLP."""
+    h = lm_head.k
+    layers = max(int(config.get("num_hidden_layers") or 1), 1)
+    heads = int(config.get("num_attention_heads") or 1)
+    kv = int(config.get("num_key_value_heads") or heads)
+    d = int(config.get("head_dim") or h // heads)
+    q_out, kv_out = -(-heads * d // tp), -(-kv * d // tp)
+    attention = [Gemm(h, q_out, layers), Gemm(h, kv_out, 2 * layers), Gemm(q_out, h, layers)]
+    attn_params = sum(g.params for g in attention)
+    embed = 2 * lm_head.params
+    expert: tuple[Gemm, ...] = ()
+    routed = 0.0
+    e, k = experts or 0, top_k or 0
+    if e > k > 0 and total > active:
+        per_expert = (total - active) / (e - k) / layers
+        expert = (Gemm(h, max(int(per_expert / 3 / h), 1), 3),)
+        routed = k * per_expert * layers
+    rest = (active - routed - embed - attn_params) / layers
+    mlp = [Gemm(h, int(rest / 3 / h), 3 * layers)] if rest > 3 * h else []
+    return Shapes(
+        h, tuple(attention + mlp), expert, e if expert else 0, k if expert else 0, layers if expert else 0, lm_head
     )
 
 

@@ -193,7 +193,12 @@ class StepTimeModel:
             groups.append(GroupCost(g, pair, float(g.row_bytes), float(g.state_bytes)))
         tp = max(spec.tp_size, 1)
         shapes = model_shapes(
-            spec.config, tp, active_params=weights.active_params * tp, top_k=weights.experts_per_token
+            spec.config,
+            tp,
+            total_params=weights.total_params,
+            active_params=weights.active_params,
+            experts=weights.num_experts,
+            top_k=weights.experts_per_token,
         )
         if calibration == "roofline":
             kernels = None
