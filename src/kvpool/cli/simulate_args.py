@@ -8,6 +8,7 @@ from typing import Any
 
 from kvpool import presets
 from kvpool.cli.common import int_at_least, positive_float, positive_int
+from kvpool.sched.admission import ADMISSIONS
 
 # Each sweep point is a whole simulation of the trace: past this a typo, not a study.
 MAX_SWEEP_POINTS = 200
@@ -98,6 +99,14 @@ def add_simulation_args(p: argparse.ArgumentParser) -> Any:
         default=None,
         metavar="N",
         help="active parameters per token (MoE), e.g. 3.8e9",
+    )
+    s.add_argument(
+        "--admission",
+        choices=ADMISSIONS,
+        default=None,
+        help="how much of its future a request must find room for to be admitted: optimistic (vLLM, "
+        "TensorRT-LLM MAX_UTILIZATION), guaranteed (TensorRT-LLM GUARANTEED_NO_EVICT), sglang "
+        "(SGLang's new_token_ratio); default: the engine's for engine:* policies, else optimistic",
     )
     s.add_argument(
         "--calibration",

@@ -72,6 +72,7 @@ class Setup:
     trace: Trace
     policies: tuple[str, ...]
     padding: bool
+    admission: str | None = None  # --admission; None: each policy's engine's rule
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,7 +132,7 @@ def prepare(args: argparse.Namespace) -> Setup:
     trace = load_trace(args.trace, max_requests=args.max_requests).with_rate(parse_rate(args.rate), args.seed)
     model = StepTimeModel.build(resolved.spec, gpu, weights, calibration_from(args.calibration))
     policies = tuple(policies_from(args, resolved.spec))
-    return Setup(resolved, gpu, model, trace, policies, not args.no_padding_reservation)
+    return Setup(resolved, gpu, model, trace, policies, not args.no_padding_reservation, args.admission)
 
 
 def calibration_from(value: str | None) -> Calibration | str | None:
@@ -214,7 +215,14 @@ class Runner:
             result, _ = simulate_rebalanced(pp.plan, s.trace, s.model, dry_run=self.dry_run, padding=s.padding)
         else:
             result = simulate(
-                pp.plan, s.trace, s.model, policy=policy, padding=s.padding, progress=self.bar, on_step=self.on_step
+                pp.plan,
+                s.trace,
+                s.model,
+                policy=policy,
+                padding=s.padding,
+                progress=self.bar,
+                on_step=self.on_step,
+                admission=s.admission,
             )
         self.bar.done()
         return result
