@@ -158,51 +158,87 @@ class PageTables:
     def crossing(self, rows: Sequence[tuple[Request, int, int]]) -> bool:
         """Whether every (request, cap, hist) of `rows` is the decode step's
         crossing, the move's common case: capacity passes the end of the
-        tables by at most one block (each group that ends before it takes one
-        page) and/or history moves one page out of each window it leaves,
-        with no pool shared, no state group, and the pages on the free stacks.
-        Changes nothing; `cross` then moves them."""
+        tables by at most one block and/or history moves one page out of each
+        window it leaves, with no pool shared, no state group, and a page on
+        each free stack for every row that grows. Changes nothing; `cross`
+        then moves them."""
         if not self.crossable:
             return False
         tpb, groups = self.tokens_per_block, self.groups
-        need = [0] * len(groups)
+        growing = 0
         for req, cap, hist in rows:
-            if cap <= req.lo or cap > req.hi + tpb or req.lookup is not None:
+            hi = req.hi
+            if cap <= req.lo or cap > hi + tpb or req.lookup is not None:
                 return False
-            nblk = req.nblk
             if hist >= req.next_stale:  # each window it leaves drops exactly one page
-                nstale, stale_at = req.nstale, req.stale_at
-                for gi, at in enumerate(stale_at):
+                nstale, nblk = req.nstale, req.nblk
+                for gi, at in enumerate(req.stale_at):
                     if hist >= at and not (nstale[gi] < nblk[gi] and stale_pages(groups[gi], hist) == nstale[gi] + 1):
                         return False
-            if cap > req.hi:
-                for gi, n in enumerate(nblk):
-                    if n * tpb < cap:
-                        need[gi] += 1
-        for gi, n in enumerate(need):  # noqa: SIM110 (a loop: `all` of a generator costs more on this path)
-            if n > len(self.pools[gi].free_stack):
-                return False
+            if cap > hi:
+                growing += 1
+        if growing:  # a row that grows takes a page in every group (see `cross`)
+            for pool in self.pools:  # noqa: SIM110 (a loop: `all` of a generator costs more on this path)
+                if len(pool.free_stack) < growing:
+                    return False
         return True
 
     def cross(self, rows: Sequence[tuple[Request, int, int]]) -> None:
-        """Move `rows` that `crossing` accepted: one page released per window
-        left, one taken per group that grows, counts and bounds."""
-        tpb, pools, tables = self.tokens_per_block, self.pools, self.tables
+        """Move `rows` that `crossing` accepted, as `apply` moves their plans:
+        first every page that leaves a window (one per group whose `stale_at`
+        the row reached), then one page per growing row and group, in row
+        order. Tables of pages only have `ceil(cap / tpb)` entries in every
+        group, so a row whose capacity passes `hi` (`fewest * tpb`, not clamped
+        as cap <= limit) by at most a block grows one entry in every group:
+        `lo` becomes the old `hi`, `hi` moves a block on, with no `rebound`."""
+        tpb, tables, pools = self.tokens_per_block, self.tables, self.pools
+        growing = 0
+        released: list[list[int]] | None = None
         for req, cap, hist in rows:
-            nblk, nstale, stale_at, slot = req.nblk, req.nstale, req.stale_at, req.slot
-            for gi, n in enumerate(nblk):
-                if hist >= stale_at[gi]:  # the first live page left the window
-                    first = nstale[gi]
-                    pools[gi].release((tables[gi].item(slot, first),))
-                    tables[gi][slot, first] = STALE
-                    nstale[gi] = first + 1
-                    stale_at[gi] = self.next_stale(gi, hist, first + 1)
-                if n * tpb < cap:
-                    table = tables[gi] if n < tables[gi].shape[1] else self.widen(gi, n + 1)
-                    table[slot, n] = pools[gi].take(1)[0]
+            if hist >= req.next_stale:
+                nstale, stale_at, slot = req.nstale, req.stale_at, req.slot
+                if released is None:
+                    released = [[] for _ in pools]
+                for gi, at in enumerate(stale_at):
+                    if hist >= at:
+                        first, table = nstale[gi], tables[gi]
+                        released[gi].append(table.item(slot, first))
+                        table[slot, first] = STALE
+                        nstale[gi] = first + 1
+                        stale_at[gi] = self.next_stale(gi, hist, first + 1)
+                req.next_stale = stale_at[0] if len(stale_at) == 1 else min(stale_at)
+            if cap > req.hi:
+                growing += 1
+        if released is not None:
+            for pool, pages in zip(pools, released, strict=True):
+                if pages:
+                    pool.release(pages)
+        if not growing:
+            for req, cap, hist in rows:
+                req.cap = cap
+                req.hist = hist
+            return
+        taken: list[list[int]] = []  # one slice of each free stack (a loop: a comprehension costs more for one row)
+        for pool in pools:
+            taken.append(pool.take(growing))
+        k = 0
+        for req, cap, hist in rows:
+            hi = req.hi
+            if cap > hi:
+                slot, nblk = req.slot, req.nblk
+                for gi, n in enumerate(nblk):
+                    try:
+                        tables[gi][slot, n] = taken[gi][k]
+                    except IndexError:  # past the tables' width (checking each write costs more)
+                        self.widen(gi, n + 1)[slot, n] = taken[gi][k]
                     nblk[gi] = n + 1
-            req.cap, req.hist = cap, hist
-            self.rebound(req)
+                k += 1
+                if hi > req.lo:
+                    req.lo = hi
+                hi += tpb
+                req.hi = hi if hi < req.limit else req.limit
+            req.cap = cap
+            req.hist = hist
 
     def plan(self, req: Request, cap: int, hist: int) -> Move:
         """How `req`'s tables move to (cap, hist) (a validated shape), by

@@ -1,0 +1,95 @@
+"""The decode crossing (`PageTables.crossing` / `cross`, cache/tables.py), the
+move's early return, against the general planner (`plan` / `shortfall` /
+`apply`) on batches: the same answers, the same pages in the same table
+entries, the same owners, hashes, free stacks, LRU order and events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cache_helpers import full_spec, manager, observed, twin_spec
+from kvpool.cache import KVCacheManager
+from kvpool.cache.tables import PageTables
+
+TPB, WINDOW, BATCH = 4, 10, 5
+PROMPTS = [list(range(100 * i, 100 * i + 9 + i)) for i in range(BATCH)]
+
+
+def planner_only(m: KVCacheManager) -> KVCacheManager:
+    """`m` with the crossing's early return turned off: every move is planned."""
+    m.tables.crossing = lambda rows: False  # type: ignore[method-assign]
+    return m
+
+
+# each step: which requests move, how far (tokens), and whether to commit their ids first
+steps = st.lists(
+    st.tuples(st.sets(st.integers(0, BATCH - 1), min_size=1), st.integers(1, TPB + 1), st.booleans()),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    steps=steps,
+    sliding=st.booleans(),
+    reuse=st.booleans(),
+    full_pages=st.integers(20, 44),
+    sliding_pages=st.integers(20, 34),
+)
+def test_a_batch_crossing_moves_the_pages_the_planner_moves(
+    steps: list[tuple[set[int], int, bool]], sliding: bool, reuse: bool, full_pages: int, sliding_pages: int
+) -> None:
+    spec = twin_spec(tpb=TPB, window=WINDOW) if sliding else full_spec(tpb=TPB)
+    pages = {"full": full_pages, "sliding": sliding_pages} if sliding else {"full": full_pages}
+    fast, slow = manager(spec, pages, reuse=reuse), planner_only(manager(spec, pages, reuse=reuse))
+    known: dict[int, int] = {}
+    for rid, prompt in enumerate(PROMPTS):  # admitted and prefilled, windows already sliding
+        assert fast.create(rid, prompt) == slow.create(rid, prompt)
+        assert fast.resize(rid, len(prompt), len(prompt)) and slow.resize(rid, len(prompt), len(prompt))
+        known[rid] = len(prompt)
+    for movers, n, commit in steps:
+        rids = sorted(movers)
+        if any(fast.capacity(r) + n > fast.max_capacity for r in rids):
+            continue
+        a, b = fast.extend(rids, n), slow.extend(rids, n)
+        assert (bool(a), a.short) == (bool(b), b.short)
+        if commit and reuse and a:
+            for rid in rids:  # the generated ids so far, then every whole page is offered for reuse
+                hist = fast.history(rid)
+                new = [10_000 + rid * 1_000 + i for i in range(known[rid], hist)]
+                known[rid] = max(known[rid], hist)
+                assert fast.commit(rid, hist, new) == slow.commit(rid, hist, new)
+        assert fast.take_events() == slow.take_events()
+        assert observed(fast) == observed(slow)
+    assert fast.stats() == slow.stats()
+    fast.check_integrity()
+    slow.check_integrity()
+
+
+def test_a_batch_of_decode_steps_takes_the_crossing() -> None:
+    # the property above is not vacuous: 5 requests decoding one token a step cross together
+    # (the prompts end on different offsets within a page, so some steps cross a few rows at once)
+    m = manager(twin_spec(tpb=TPB, window=WINDOW), {"full": 60, "sliding": 30}, reuse=False)
+    rows_crossed: list[int] = []
+    real_cross = PageTables.cross
+
+    def counting_cross(self: PageTables, rows: Any) -> None:
+        rows_crossed.append(len(rows))
+        real_cross(self, rows)
+
+    m.tables.cross = counting_cross.__get__(m.tables)  # type: ignore[method-assign]
+    rids = list(range(BATCH))
+    for rid in rids:
+        m.create(rid)
+        assert m.resize(rid, 9 + rid, 8 + rid)
+    for _ in range(3 * TPB):
+        assert m.extend(rids, 1)
+    assert rows_crossed and max(rows_crossed) > 1
+    # each request crossed every page boundary once: ceil(cap / TPB) entries gained since 9 + rid
+    gained = sum(-(-(9 + r + 3 * TPB) // TPB) - -(-(9 + r) // TPB) for r in rids)
+    assert sum(rows_crossed) >= gained
+    m.check_integrity()
