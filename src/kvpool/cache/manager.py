@@ -292,7 +292,7 @@ class KVCacheManager:
         if cap > req.limit:
             check_capacity(req.rid, cap, req.limit)
         done = self._move(((req, cap, req.hist + 1),))
-        if done and token is not None and commits:  # the token was checked above
+        if commits and token is not None and done:  # the token was checked above
             prefix.commit(self.tables, req, req.hist, (token,), state_snapshots=self.state_snapshots)
         return done
 
@@ -306,7 +306,14 @@ class KVCacheManager:
         old_caps, old_hists = [r.cap for r in reqs], [r.hist for r in reqs]
         hists = batch_positions(histories, caps.shape, "histories") if histories is not None else np.array(old_hists)
         check_batch_shapes(rids, caps, hists, np.array(old_hists, np.int64))
-        return self._move_batch(reqs, caps.tolist(), hists.tolist(), lambda j: (old_caps[j], old_hists[j]))
+        rows: list[tuple[Request, int, int]] = []
+        for req, cap, hist in zip(reqs, caps.tolist(), hists.tolist(), strict=True):
+            if req.lo < cap <= req.hi and hist < req.next_stale and req.lookup is None:
+                req.cap = cap  # early return per request: no page moves
+                req.hist = hist
+            else:
+                rows.append((req, cap, hist))
+        return self._move_rows(reqs, rows, lambda j: (old_caps[j], old_hists[j])) if rows else RESIZED
 
     def extend(self, rids: Sequence[int], num_tokens: int = 1) -> Resize:
         """One decode step for a batch: capacity and history of each request
@@ -314,8 +321,15 @@ class KVCacheManager:
         as many new ones get slots). Atomic over the batch like `resize_many`."""
         n = as_position(num_tokens, "extend's num_tokens")
         reqs = self.requests.batch(rids)
-        caps, hists = [r.cap + n for r in reqs], [r.hist + n for r in reqs]
-        return self._move_batch(reqs, caps, hists, lambda j: (caps[j] - n, hists[j] - n))
+        rows: list[tuple[Request, int, int]] = []
+        for req in reqs:
+            cap, hist = req.cap + n, req.hist + n  # a valid shape, cap > req.lo as req.cap is
+            if cap <= req.hi and hist < req.next_stale and req.lookup is None:
+                req.cap = cap  # early return per request: no page moves
+                req.hist = hist
+            else:
+                rows.append((req, cap, hist))
+        return self._move_rows(reqs, rows, lambda j: (reqs[j].cap - n, reqs[j].hist - n)) if rows else RESIZED
 
     def can_resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
         """What `resize(rid, capacity, history)` would answer now; changes nothing."""
@@ -324,30 +338,22 @@ class KVCacheManager:
         short = self.tables.shortfall([self.tables.plan(req, cap, hist)])
         return Resize(short) if short else RESIZED
 
-    def _move_batch(
-        self, reqs: list[Request], caps: list[int], hists: list[int], old: Callable[[int], tuple[int, int]]
+    def _move_rows(
+        self, reqs: list[Request], rows: list[tuple[Request, int, int]], old: Callable[[int], tuple[int, int]]
     ) -> Resize:
-        """Move validated shapes of distinct requests: those whose pages stay
-        take the new shape at once (the early return per request; `old(j)`
-        gives row j's shape back if the rest does not fit), the others append
-        a page each (the common crossing) or are planned and applied together."""
-        rows: list[tuple[Request, int, int]] = []
+        """Move the `rows` of batch `reqs` (validated shapes but for the
+        capacity limit) whose pages move, all or none: the other requests took
+        their early return already, and `old(j)` gives request j's shape back
+        when a row is refused (a capacity past the limit raises)."""
         limit = self.max_capacity
-        for req, cap, hist in zip(reqs, caps, hists, strict=True):
-            if req.lo < cap <= req.hi and hist < req.next_stale and req.lookup is None:
-                req.cap = cap
-                req.hist = hist
-            elif cap > limit and not req.dummy:
+        for req, cap, _ in rows:
+            if cap > limit and not req.dummy:
                 self._undo(reqs, rows, old)
                 check_capacity(req.rid, cap, limit)
-            else:
-                rows.append((req, cap, hist))
-        if rows:
-            done = self._move(rows)
-            if not done:
-                self._undo(reqs, rows, old)
-                return done
-        return RESIZED
+        done = self._move(rows)
+        if not done:
+            self._undo(reqs, rows, old)
+        return done
 
     @staticmethod
     def _undo(reqs: list[Request], rows: list[tuple[Request, int, int]], old: Callable[[int], tuple[int, int]]) -> None:
