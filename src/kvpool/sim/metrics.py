@@ -50,11 +50,13 @@ class SimResult:
     pages: dict[str, GroupUsage]
     captured: int = 0
     skipped: int = 0
-    reuse_hit_rate: float = 0.0
+    reuse_hit_rate: float = 0.0  # the manager's: reused / looked-up tokens over every lookup
+    prompt_hit_rate: float = 0.0  # prompt tokens a prefix hit covered at each request's first admission
     wall_s: float = 0.0
     end_used: dict[str, int] = field(default_factory=dict)  # pages used after the last request
     reserved: dict[str, int] = field(default_factory=dict)  # of which padding reservations
     rebalance: dict[str, Any] | None = None  # moves and pages moved of an online rebalanced run
+    tiers: dict[str, Any] | None = None  # a run with cold tiers: pages moved, suspensions, copy time
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -85,4 +87,9 @@ class SimResult:
             "graph_step_share": self.graph_step_share,
             "pages": {name: {"total": u.total, "peak_used": u.peak_used} for name, u in self.pages.items()},
             **({"rebalance": self.rebalance} if self.rebalance is not None else {}),
+            **(
+                {"prompt_hit_rate": self.prompt_hit_rate, "reuse_hit_rate": self.reuse_hit_rate, "tiers": self.tiers}
+                if self.tiers is not None
+                else {}
+            ),
         }

@@ -14,19 +14,23 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from kvpool.cache import KVCacheManager, WarmupReport
+from kvpool.cache import KVCacheManager, TierSpec, WarmupReport
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
 from kvpool.sched import Scheduler, Sequence, Step, advance_decodes, decode_run_limit, session
-from kvpool.sched.admission import admission_for
+from kvpool.sched.admission import Admission, admission_for
 from kvpool.sim.metrics import GroupUsage, SimResult
 from kvpool.sim.requests import OUTPUT_TOKEN, make_sequence
 from kvpool.sim.steptime import StepTimeModel
+from kvpool.sim.suspend import SuspendingScheduler
+from kvpool.sim.transfers import Link, PageMoves
 from kvpool.trace import Trace
+
+TierSpecs = tuple[TierSpec, ...] | list[TierSpec]
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,18 @@ class _Tally:
     last_finish: float = 0.0
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
+    admitted: set[int] = field(default_factory=set)  # requests seen in a prefill
+    prompt_tokens: int = 0  # their prompts' tokens, and those a prefix hit covered at their first admission
+    prompt_hits: int = 0
+
+    def admit(self, step: Step) -> None:
+        """Each request's first prefill chunk starts where its prefix hit ended
+        (a recomputed request's later lookups, which find its own pages, do not count)."""
+        for s, start, _ in step.prefills:
+            if s.rid not in self.admitted:
+                self.admitted.add(s.rid)
+                self.prompt_tokens += s.prompt_len
+                self.prompt_hits += start
 
     def count(self, sched: Scheduler, step: Step, n: int = 1) -> None:
         """`n` steps shaped like `step` ran."""
@@ -119,6 +135,9 @@ def simulate(
     hook: StepHook | None = None,
     setup: Setup | None = None,
     admission: str | None = None,
+    tiers: TierSpecs = (),
+    link: Link | None = None,
+    preemption: str = "recompute",
 ) -> SimResult:
     """Replay `trace` (arrival times already set, see `Trace.with_rate`)
     against `plan`. `padding=False` drops the persistent padding dummies that
@@ -131,18 +150,34 @@ def simulate(
     each step, or each stretch of decode steps (e.g. to publish its events).
     `hook` and `setup` are for variants of the loop (`rebalance_sim`).
     `admission`: the scheduler's admission rule (`sched/admission.py`);
-    default: the engine's for an `engine:*` plan, else optimistic."""
+    default: the engine's for an `engine:*` plan, else optimistic.
+    `tiers`: cold tiers below the GPU pools (host memory, disk); the pages the
+    manager moves to and from them cost `link` time on top of each step's
+    (`sim/transfers.py`; `link` is required with tiers). `preemption`:
+    "recompute" (default) or "suspend" (a victim's pages go to a cold tier
+    and come back, `sim/suspend.py`; needs tiers)."""
     limits = plan.limits
+    if preemption not in ("recompute", "suspend"):
+        raise KvpoolError(f"preemption is 'recompute' or 'suspend', got {preemption!r}")
+    if (tiers or preemption == "suspend") and (link is None or setup is not None or not tiers):
+        raise KvpoolError("cold tiers need a link (sim/transfers.py), preemption by suspension needs a tier")
+    moves: PageMoves | None = None
     if setup is None:
         use_reuse = trace.hash_ids is not None if reuse is None else reuse
         rule = admission or admission_for(plan.policy)
-        manager, sched, report = session(plan, enable_reuse=use_reuse, padding=padding, admission=rule)
+        manager, sched, report = session(plan, enable_reuse=use_reuse, padding=padding, admission=rule, tiers=tiers)
         assert report is not None  # warmup ran
         groups, totals, used = _usage(plan, manager)
+        if tiers:
+            moves = PageMoves([g.slot_bytes for g in plan.spec.groups])
+            manager.set_tier_copies(moves)
+        if preemption == "suspend":
+            sched = _suspending(plan, manager, report, padding=padding, reuse=use_reuse, rule=rule)
     else:
         manager, sched, report = setup.manager, setup.sched, setup.report
         groups, totals, used = setup.groups, setup.totals, setup.used
     fast = fast and hook is None
+    transfer_s = 0.0
 
     n = len(trace)
     arrivals = trace.arrival_s if trace.arrival_s is not None else np.zeros(n)
@@ -183,9 +218,12 @@ def simulate(
             hook.scheduled(step)
         used_now = used()
         peak = [max(p, u) for p, u in zip(peak, used_now, strict=True)]
-        if fast and (run := _decode_run(sched, step, model, now, arrival_list, nxt, used)) is not None:
+        if fast and not _suspended(sched) and (run := _decode_run(sched, step, model, now, arrival_list, nxt, used)):
             times, done, used_after = run
             dt = float(times.sum())
+            if moves is not None and link is not None:  # evictions during the run offloaded pages
+                compute, dt = dt, link.step_seconds(dt, moves.take())
+                transfer_s += dt - compute
             for k in range(len(groups)):  # pages grow about linearly over a run: trapezoid
                 after = used_after[k]
                 peak[k] = max(peak[k], after)
@@ -197,10 +235,14 @@ def simulate(
                 on_step(manager)
             continue
         dt = model.step_time(step)
+        if moves is not None and link is not None:  # this step's onboards, offloads, suspends and resumes
+            compute, dt = dt, link.step_seconds(dt, moves.take())
+            transfer_s += dt - compute
         for k in range(len(groups)):
             used_time[k] += used_now[k] * dt
         now += dt
         tally.count(sched, step)
+        tally.admit(step)
         sampled = {s.rid: one for s, _ in step.decodes}
         for s, start, num in step.prefills:
             if start + num == s.num_tokens:
@@ -245,10 +287,55 @@ def simulate(
         captured=len(report.captured),
         skipped=len(report.skipped),
         reuse_hit_rate=stats.hit_rate,
+        prompt_hit_rate=t.prompt_hits / t.prompt_tokens if t.prompt_tokens else 0.0,
         wall_s=time.perf_counter() - wall0,
         end_used=dict(zip(groups, used(), strict=True)),
         reserved={o: sum(stats.groups[g].reserved for g in members) for o, members in _members(plan).items()},
+        tiers=None if moves is None else _tier_counts(moves, sched, tiers, transfer_s, preemption),
     )
+
+
+def _suspending(
+    plan: PoolPlan, manager: KVCacheManager, report: WarmupReport, *, padding: bool, reuse: bool, rule: str
+) -> SuspendingScheduler:
+    """The scheduler `session` built, with preemption by suspension (the same
+    captured shapes, padding dummies and admission rule)."""
+    return SuspendingScheduler(
+        manager,
+        plan.limits,
+        padding=padding,
+        captured=list(report.captured),
+        padding_rids={d: rid for d, rid in report.padding.items() if rid is not None},
+        enable_reuse=reuse,
+        admission=Admission.named(rule, plan.spec.groups),
+    )
+
+
+def _suspended(sched: Scheduler) -> bool:
+    """Requests wait suspended: step by step, so that each step may resume them."""
+    return isinstance(sched, SuspendingScheduler) and bool(sched.suspended)
+
+
+def _tier_counts(
+    moves: PageMoves, sched: Scheduler, tiers: TierSpecs, transfer_s: float, preemption: str
+) -> dict[str, Any]:
+    """What the cold tiers did over the run: their bytes, pages onboarded
+    (prefix hits copied in; resumed pages apart), offloaded, spilled to disk,
+    suspensions, and the seconds the copies added to the steps."""
+    susp = sched if isinstance(sched, SuspendingScheduler) else None
+    resumed = susp.resumed_pages if susp is not None else 0
+    suspended = susp.suspended_pages if susp is not None else 0
+    return {
+        "bytes": {t.medium: t.bytes for t in tiers},
+        "preemption": preemption,
+        "pages_onboarded": sum(moves.pages_in.values()) - resumed,
+        "pages_resumed": resumed,
+        "pages_offloaded": sum(moves.pages_out.values()) - suspended,
+        "pages_suspended": suspended,
+        "pages_spilled": moves.pages_spilled,
+        "suspensions": susp.num_suspensions if susp is not None else 0,
+        "transfer_s": transfer_s,
+    }
 
 
 def _decode_run(
