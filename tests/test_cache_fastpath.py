@@ -81,10 +81,9 @@ def test_only_steps_that_move_a_page_leave_the_early_return(monkeypatch: pytest.
         moved.append(cap)
         return real_plan(self, req, cap, hist)
 
-    def cross(self: PageTables, rows: Any) -> None:
-        real_cross(self, rows)
+    def cross(self: PageTables, rows: Any, *counts: int) -> None:
+        real_cross(self, rows, *counts)
         moved.extend(cap for _, cap, _ in rows)
-        return None
 
     monkeypatch.setattr(PageTables, "plan", plan)
     monkeypatch.setattr(PageTables, "cross", cross)

@@ -344,13 +344,12 @@ class KVCacheManager:
         """Move the `rows` of batch `reqs` (validated shapes but for the
         capacity limit) whose pages move, all or none: the other requests took
         their early return already, and `old(j)` gives request j's shape back
-        when a row is refused (a capacity past the limit raises)."""
-        limit = self.max_capacity
-        for req, cap, _ in rows:
-            if cap > limit and not req.dummy:
-                self._undo(reqs, rows, old)
-                check_capacity(req.rid, cap, limit)
-        done = self._move(rows)
+        when the rows are refused (a capacity past the limit raises)."""
+        try:
+            done = self._move(rows)
+        except CacheUsageError:
+            self._undo(reqs, rows, old)
+            raise
         if not done:
             self._undo(reqs, rows, old)
         return done
@@ -365,18 +364,24 @@ class KVCacheManager:
                 req.cap, req.hist = old(j)
 
     def _move(self, rows: Sequence[tuple[Request, int, int]]) -> Resize:
-        """Move each (request, cap, hist) of `rows` (validated shapes) if the
-        pools hold them all; else change nothing. The decode step's crossing
+        """Move each (request, cap, hist) of `rows` (shapes valid but for the
+        capacity limit: CacheUsageError past it) if the pools hold them all;
+        else change nothing. The decode step's crossing
         takes its early return (`PageTables.crossing`); the rest are planned,
         checked together and applied. With reuse on, the pages about to leave a
         window are stored first; a request's first successful move counts its
         prefix lookup."""
         t = self.tables
-        if t.crossing(rows):
-            if self._keeps_stale:
+        counts = t.crossing(rows)
+        if counts is not None:
+            growing, dropping = counts
+            if dropping and self._keeps_stale:
                 self._store_leaving(rows)
-            t.cross(rows)
+            t.cross(rows, growing, dropping)
             return RESIZED
+        for req, cap, _ in rows:
+            if cap > req.limit:
+                check_capacity(req.rid, cap, req.limit)  # raises
         moves = [t.plan(req, cap, hist) for req, cap, hist in rows]
         short = t.shortfall(moves)
         if short:

@@ -155,61 +155,61 @@ class PageTables:
 
     # ------------------------------------------------------------------ moving
 
-    def crossing(self, rows: Sequence[tuple[Request, int, int]]) -> bool:
+    def crossing(self, rows: Sequence[tuple[Request, int, int]]) -> tuple[int, int] | None:
         """Whether every (request, cap, hist) of `rows` is the decode step's
         crossing, the move's common case: capacity passes the end of the
-        tables by at most one block and/or history moves one page out of each
-        window it leaves, with no pool shared, no state group, and a page on
-        each free stack for every row that grows. Changes nothing; `cross`
-        then moves them."""
+        tables by at most one block (within the request's limit) and/or
+        history moves one page out of each window it leaves, with no pool
+        shared, no state group, and a page on each free stack for every row
+        that grows. Changes nothing; answers (rows that grow, rows that drop
+        a page) for `cross`, None when the rows are not that case."""
         if not self.crossable:
-            return False
+            return None
         tpb, groups = self.tokens_per_block, self.groups
-        growing = 0
+        growing = dropping = 0
         for req, cap, hist in rows:
             hi = req.hi
             if cap <= req.lo or cap > hi + tpb or req.lookup is not None:
-                return False
+                return None
             if hist >= req.next_stale:  # each window it leaves drops exactly one page
                 nstale, nblk = req.nstale, req.nblk
                 for gi, at in enumerate(req.stale_at):
                     if hist >= at and not (nstale[gi] < nblk[gi] and stale_pages(groups[gi], hist) == nstale[gi] + 1):
-                        return False
+                        return None
+                dropping += 1
             if cap > hi:
+                if cap > req.limit:
+                    return None
                 growing += 1
         if growing:  # a row that grows takes a page in every group (see `cross`)
-            for pool in self.pools:  # noqa: SIM110 (a loop: `all` of a generator costs more on this path)
+            for pool in self.pools:
                 if len(pool.free_stack) < growing:
-                    return False
-        return True
+                    return None
+        return growing, dropping
 
-    def cross(self, rows: Sequence[tuple[Request, int, int]]) -> None:
-        """Move `rows` that `crossing` accepted, as `apply` moves their plans:
-        first every page that leaves a window (one per group whose `stale_at`
-        the row reached), then one page per growing row and group, in row
-        order. Tables of pages only have `ceil(cap / tpb)` entries in every
-        group, so a row whose capacity passes `hi` (`fewest * tpb`, not clamped
-        as cap <= limit) by at most a block grows one entry in every group:
-        `lo` becomes the old `hi`, `hi` moves a block on, with no `rebound`."""
+    def cross(self, rows: Sequence[tuple[Request, int, int]], growing: int, dropping: int) -> None:
+        """Move `rows` that `crossing` accepted (`growing` and `dropping`
+        rows), as `apply` moves their plans: first every page that leaves a
+        window (one per group whose `stale_at` the row reached), then one page
+        per growing row and group, in row order. Tables of pages only have
+        `ceil(cap / tpb)` entries in every group, so a row whose capacity
+        passes `hi` (`fewest * tpb`, not clamped as cap <= limit) by at most a
+        block grows one entry in every group: `lo` becomes the old `hi`, `hi`
+        moves a block on, with no `rebound`."""
         tpb, tables, pools = self.tokens_per_block, self.tables, self.pools
-        growing = 0
-        released: list[list[int]] | None = None
-        for req, cap, hist in rows:
-            if hist >= req.next_stale:
-                nstale, stale_at, slot = req.nstale, req.stale_at, req.slot
-                if released is None:
-                    released = [[] for _ in pools]
-                for gi, at in enumerate(stale_at):
-                    if hist >= at:
-                        first, table = nstale[gi], tables[gi]
-                        released[gi].append(table.item(slot, first))
-                        table[slot, first] = STALE
-                        nstale[gi] = first + 1
-                        stale_at[gi] = self.next_stale(gi, hist, first + 1)
-                req.next_stale = stale_at[0] if len(stale_at) == 1 else min(stale_at)
-            if cap > req.hi:
-                growing += 1
-        if released is not None:
+        if dropping:
+            released: list[list[int]] = [[] for _ in pools]
+            for req, _, hist in rows:
+                if hist >= req.next_stale:
+                    nstale, stale_at, slot = req.nstale, req.stale_at, req.slot
+                    for gi, at in enumerate(stale_at):
+                        if hist >= at:
+                            first, table = nstale[gi], tables[gi]
+                            released[gi].append(table.item(slot, first))
+                            table[slot, first] = STALE
+                            nstale[gi] = first + 1
+                            stale_at[gi] = self.next_stale(gi, hist, first + 1)
+                    req.next_stale = stale_at[0] if len(stale_at) == 1 else min(stale_at)
             for pool, pages in zip(pools, released, strict=True):
                 if pages:
                     pool.release(pages)
