@@ -255,23 +255,36 @@ class KVCacheManager:
         before any change, for a token that is no token id or a request whose
         known ids do not reach its history (commit them first). `token=None`
         (or reuse off) commits nothing."""
-        req = self._by_id.get(rid) if type(rid) is int else None  # True and 1.0 would find request 1
+        try:
+            req: Request | None = self._by_id[rid]
+        except (KeyError, TypeError):  # unknown or unhashable: `requests.get` below names it
+            req = None
+        if req is not None and req.rid is not rid and type(rid) is not int:  # True and 1.0 would find request 1
+            req = None
         if req is not None and req.cap < req.hi and (hist := req.hist + 1) < req.next_stale and req.lookup is None:
             # early return: no page moves, and no page completes (or nothing to commit)
+            if token is None:
+                req.cap += 1
+                req.hist = hist
+                return RESIZED
             known = req.tokens
-            if known is not None and token is not None:  # reuse on, no dummy: commit the id
+            if known is not None:  # reuse on, no dummy: commit the id
                 if (
                     type(token) is int
-                    and hist < (req.committed + 1) * self.tokens_per_block
+                    and token >= 0
                     and req.base + len(known) + 1 == hist
-                    and 0 <= token <= INT64_MAX
+                    and hist < (req.committed + 1) * self.tokens_per_block
                     and not self._snapshots
                 ):
-                    known.append(token)
-                    req.cap += 1
-                    req.hist = hist
-                    return RESIZED
-            elif token is None or req.dummy or not self.enable_reuse:
+                    try:
+                        known.append(token)  # an int64 id (checked in C)
+                    except OverflowError:
+                        pass  # `_advance` names it
+                    else:
+                        req.cap += 1
+                        req.hist = hist
+                        return RESIZED
+            elif req.dummy or not self.enable_reuse:
                 req.cap += 1
                 req.hist = hist
                 return RESIZED
