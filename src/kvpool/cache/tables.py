@@ -213,26 +213,23 @@ class PageTables:
             for pool, pages in zip(pools, released, strict=True):
                 if pages:
                     pool.release(pages)
-        if not growing:
-            for req, cap, hist in rows:
-                req.cap = cap
-                req.hist = hist
-            return
-        taken: list[list[int]] = []  # one slice of each free stack (a loop: a comprehension costs more for one row)
-        for pool in pools:
-            taken.append(pool.take(growing))
-        k = 0
+        if growing:  # group by group (a tight loop each), the group's pages in row order
+            for gi, pool in enumerate(pools):
+                table, pages, k = tables[gi], pool.take(growing), 0
+                for req, cap, _ in rows:
+                    if cap > req.hi:
+                        nblk, slot = req.nblk, req.slot
+                        n = nblk[gi]
+                        try:
+                            table[slot, n] = pages[k]
+                        except IndexError:  # past the tables' width (checking each write costs more)
+                            table = self.widen(gi, n + 1)
+                            table[slot, n] = pages[k]
+                        nblk[gi] = n + 1
+                        k += 1
         for req, cap, hist in rows:
             hi = req.hi
             if cap > hi:
-                slot, nblk = req.slot, req.nblk
-                for gi, n in enumerate(nblk):
-                    try:
-                        tables[gi][slot, n] = taken[gi][k]
-                    except IndexError:  # past the tables' width (checking each write costs more)
-                        self.widen(gi, n + 1)[slot, n] = taken[gi][k]
-                    nblk[gi] = n + 1
-                k += 1
                 if hi > req.lo:
                     req.lo = hi
                 hi += tpb
