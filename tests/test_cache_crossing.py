@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cache_helpers import full_spec, manager, observed, twin_spec
-from kvpool.cache import KVCacheManager
+from kvpool.cache import KVCacheManager, tables
 from kvpool.cache.tables import PageTables
+from kvpool.spec.pages import stale_pages
 
 TPB, WINDOW, BATCH = 4, 10, 5
 PROMPTS = [list(range(100 * i, 100 * i + 9 + i)) for i in range(BATCH)]
@@ -93,3 +95,27 @@ def test_a_batch_of_decode_steps_takes_the_crossing() -> None:
     gained = sum(-(-(9 + r + 3 * TPB) // TPB) - -(-(9 + r) // TPB) for r in rids)
     assert sum(rows_crossed) >= gained
     m.check_integrity()
+
+
+@pytest.mark.parametrize("remembered", [1, 2, 1 << 16])
+def test_the_remembered_stale_steps_are_the_rule_s(monkeypatch: pytest.MonkeyPatch, remembered: int) -> None:
+    # a sliding window's decode: each step's (stale pages, next history where it grows) comes from
+    # `stale_step`, remembered per history; with room for 1 or 2 histories the memory is cleared
+    # between the crossing's check and its move, and the tables still match the planner's
+    monkeypatch.setattr(tables, "STALE_STEPS", remembered)
+    spec = twin_spec(tpb=TPB, window=WINDOW)
+    pages = {"full": 80, "sliding": 30}
+    fast, slow = manager(spec, pages, reuse=False), planner_only(manager(spec, pages, reuse=False))
+    rids = list(range(BATCH))
+    for m in (fast, slow):
+        for rid in rids:
+            m.create(rid)
+            assert m.resize(rid, 9 + rid, 8 + rid)
+    for _ in range(6 * TPB):
+        assert fast.extend(rids, 1) and slow.extend(rids, 1)
+        assert observed(fast) == observed(slow)
+    sliding = fast.groups[1]
+    for hist, (now, nxt) in fast.tables.stale_steps[1].items():
+        assert now == stale_pages(sliding, hist) == stale_pages(sliding, nxt - 1) < stale_pages(sliding, nxt)
+    assert 0 < len(fast.tables.stale_steps[1]) <= remembered
+    fast.check_integrity()

@@ -30,6 +30,7 @@ from kvpool.spec.kinds import NEVER
 from kvpool.spec.pages import stale_pages, table_blocks
 
 STALE = -1  # block-table entry of a block that has no page (stale or never needed)
+STALE_STEPS = 1 << 16  # histories remembered per group by `PageTables.stale_step`
 
 
 # How one request's table in group `gi` moves (plain tuples: a step that crosses a page boundary
@@ -59,6 +60,9 @@ class PageTables:
         self.store_of = [stores.index(s) for s in stores]
         self.shared = len(set(stores)) < len(stores)
         self.crossable = self.paged_only and not self.shared  # the decode crossing's early return applies
+        # per group, history -> (stale_pages, next history where it grows): pure functions of the history, and
+        # every request crosses at the same histories, so a decode step finds them here (`stale_step`)
+        self.stale_steps: list[dict[int, tuple[int, int]]] = [{} for _ in groups]
         # wide enough for `longest` positions (at most 1024 blocks; `widen` doubles)
         self.tables = [np.full((slots, min(1024, table_blocks(g, longest) + 1)), STALE, np.int32) for g in groups]
         self.free_slots = list(range(slots - 1, -1, -1))
@@ -153,6 +157,18 @@ class PageTables:
                 hi = mid
         return hi
 
+    def stale_step(self, gi: int, hist: int) -> tuple[int, int]:
+        """(`stale_pages` at `hist`, `next_stale` after it) in group `gi`,
+        remembered per history (at most `STALE_STEPS` of them per group)."""
+        step = self.stale_steps[gi].get(hist)
+        if step is None:
+            now = stale_pages(self.groups[gi], hist)
+            step = (now, self.next_stale(gi, hist, now))
+            if len(self.stale_steps[gi]) >= STALE_STEPS:
+                self.stale_steps[gi].clear()
+            self.stale_steps[gi][hist] = step
+        return step
+
     # ------------------------------------------------------------------ moving
 
     def crossing(self, rows: Sequence[tuple[Request, int, int]]) -> tuple[int, int] | None:
@@ -165,7 +181,7 @@ class PageTables:
         a page) for `cross`, None when the rows are not that case."""
         if not self.crossable:
             return None
-        tpb, groups = self.tokens_per_block, self.groups
+        tpb = self.tokens_per_block
         growing = dropping = 0
         for req, cap, hist in rows:
             hi = req.hi
@@ -174,7 +190,7 @@ class PageTables:
             if hist >= req.next_stale:  # each window it leaves drops exactly one page
                 nstale, nblk = req.nstale, req.nblk
                 for gi, at in enumerate(req.stale_at):
-                    if hist >= at and not (nstale[gi] < nblk[gi] and stale_pages(groups[gi], hist) == nstale[gi] + 1):
+                    if hist >= at and not (nstale[gi] < nblk[gi] and self.stale_step(gi, hist)[0] == nstale[gi] + 1):
                         return None
                 dropping += 1
             if cap > hi:
@@ -197,22 +213,24 @@ class PageTables:
         block grows one entry in every group: `lo` becomes the old `hi`, `hi`
         moves a block on, with no `rebound`."""
         tpb, tables, pools = self.tokens_per_block, self.tables, self.pools
-        if dropping:
-            released: list[list[int]] = [[] for _ in pools]
-            for req, _, hist in rows:
-                if hist >= req.next_stale:
-                    nstale, stale_at, slot = req.nstale, req.stale_at, req.slot
-                    for gi, at in enumerate(stale_at):
-                        if hist >= at:
-                            first, table = nstale[gi], tables[gi]
-                            released[gi].append(table.item(slot, first))
-                            table[slot, first] = STALE
-                            nstale[gi] = first + 1
-                            stale_at[gi] = self.next_stale(gi, hist, first + 1)
-                    req.next_stale = stale_at[0] if len(stale_at) == 1 else min(stale_at)
-            for pool, pages in zip(pools, released, strict=True):
+        if dropping:  # group by group, the pages of a group released at once (all before the first take)
+            for gi, pool in enumerate(pools):
+                table, steps, pages = tables[gi], self.stale_steps[gi], []
+                for req, _, hist in rows:
+                    stale_at = req.stale_at
+                    if hist >= stale_at[gi]:
+                        nstale, slot = req.nstale, req.slot
+                        first = nstale[gi]
+                        pages.append(table.item(slot, first))
+                        table[slot, first] = STALE
+                        nstale[gi] = first + 1
+                        stale_at[gi] = (steps.get(hist) or self.stale_step(gi, hist))[1]  # `crossing` asked for it
                 if pages:
                     pool.release(pages)
+            for req, _, hist in rows:
+                if hist >= req.next_stale:
+                    stale_at = req.stale_at
+                    req.next_stale = stale_at[0] if len(stale_at) == 1 else min(stale_at)
         if growing:  # group by group (a tight loop each), the group's pages in row order
             for gi, pool in enumerate(pools):
                 table, pages, k = tables[gi], pool.take(growing), 0
