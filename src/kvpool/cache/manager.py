@@ -295,7 +295,8 @@ class KVCacheManager:
         then the commit of `token` (when reuse is on and it is no dummy)."""
         commits = token is not None and self.enable_reuse and not req.dummy
         if commits:
-            check_few_tokens((token,), f"request {req.rid}: advance's token")
+            if type(token) is not int or not 0 <= token <= INT64_MAX:  # (the message is built for a bad id only)
+                check_few_tokens((token,), f"request {req.rid}: advance's token")
             if req.num_known != req.hist:
                 raise CacheUsageError(
                     f"request {req.rid}: advance commits the id of position {req.hist}, but {req.num_known} "
