@@ -119,3 +119,29 @@ def test_the_remembered_stale_steps_are_the_rule_s(monkeypatch: pytest.MonkeyPat
         assert now == stale_pages(sliding, hist) == stale_pages(sliding, nxt - 1) < stale_pages(sliding, nxt)
     assert 0 < len(fast.tables.stale_steps[1]) <= remembered
     fast.check_integrity()
+
+
+def test_a_batch_counts_the_prefix_lookups_of_its_requests_once_it_moves() -> None:
+    # request 1 stores 4 whole pages of its 70-token prompt; requests 2 and 3 hit them (64 tokens each).
+    # A refused batch counts neither lookup; a batch that moves counts both, the one whose shape stays
+    # (an early return) included, and only once
+    m = manager(full_spec(tpb=16), {"full": 12})
+    prompt = list(range(500, 570))
+    m.create(1, prompt)
+    assert m.resize(1, 71, 70)
+    m.commit(1, 70)
+    assert m.create(2, prompt) == m.create(3, prompt) == 64
+
+    def queried() -> tuple[int, int]:
+        return m.stats().reuse_queried_tokens, m.stats().reuse_hit_tokens
+
+    assert queried() == (70, 0) and m.requests.pending_lookups == 2
+    assert not m.resize_many([2, 3], [64, 64 + 16 * 8], [64, 64])  # 8 more pages: 7 are free
+    assert queried() == (70, 0) and m.requests.pending_lookups == 2
+    assert m.resize_many([2, 3], [64, 65], [64, 64])  # request 2 keeps its shape, 3 takes a page
+    assert queried() == (70 + 140, 128) and m.requests.pending_lookups == 0
+    assert m.extend([2, 3], 1) and queried() == (210, 128)
+    m.create(4, prompt)
+    m.free(4)  # never moved: never counted
+    assert queried() == (210, 128) and m.requests.pending_lookups == 0
+    m.check_integrity()

@@ -137,6 +137,7 @@ class KVCacheManager:
         req.tokens, req.seed = ids, seed
         hit = prefix.attach_prefix(self.tables, req, self._prompts, self.tier)
         req.lookup = (len(ids), hit)
+        self.requests.pending_lookups += 1
         return hit
 
     def free(self, rid: int) -> None:
@@ -322,12 +323,12 @@ class KVCacheManager:
         check_batch_shapes(rids, caps, hists, np.array(old_hists, np.int64))
         rows: list[tuple[Request, int, int]] = []
         for req, cap, hist in zip(reqs, caps.tolist(), hists.tolist(), strict=True):
-            if req.lo < cap <= req.hi and hist < req.next_stale and req.lookup is None:
+            if req.lo < cap <= req.hi and hist < req.next_stale:
                 req.cap = cap  # early return per request: no page moves
                 req.hist = hist
             else:
                 rows.append((req, cap, hist))
-        return self._move_rows(reqs, rows, lambda j: (old_caps[j], old_hists[j])) if rows else RESIZED
+        return self._move_rows(reqs, rows, lambda j: (old_caps[j], old_hists[j]))
 
     def extend(self, rids: Sequence[int], num_tokens: int = 1) -> Resize:
         """One decode step for a batch: capacity and history of each request
@@ -338,12 +339,12 @@ class KVCacheManager:
         rows: list[tuple[Request, int, int]] = []
         for req in reqs:
             cap, hist = req.cap + n, req.hist + n  # a valid shape, cap > req.lo as req.cap is
-            if cap <= req.hi and hist < req.next_stale and req.lookup is None:
+            if cap <= req.hi and hist < req.next_stale:
                 req.cap = cap  # early return per request: no page moves
                 req.hist = hist
             else:
                 rows.append((req, cap, hist))
-        return self._move_rows(reqs, rows, lambda j: (reqs[j].cap - n, reqs[j].hist - n)) if rows else RESIZED
+        return self._move_rows(reqs, rows, lambda j: (reqs[j].cap - n, reqs[j].hist - n))
 
     def can_resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
         """What `resize(rid, capacity, history)` would answer now; changes nothing."""
@@ -358,15 +359,20 @@ class KVCacheManager:
         """Move the `rows` of batch `reqs` (validated shapes but for the
         capacity limit) whose pages move, all or none: the other requests took
         their early return already, and `old(j)` gives request j's shape back
-        when the rows are refused (a capacity past the limit raises)."""
-        try:
-            done = self._move(rows)
-        except CacheUsageError:
-            self._undo(reqs, rows, old)
-            raise
-        if not done:
-            self._undo(reqs, rows, old)
-        return done
+        when the rows are refused (a capacity past the limit raises). A batch
+        that moved counts the prefix lookups of all its requests."""
+        if rows:
+            try:
+                done = self._move(rows)
+            except CacheUsageError:
+                self._undo(reqs, rows, old)
+                raise
+            if not done:
+                self._undo(reqs, rows, old)
+                return done
+        if self.requests.pending_lookups:
+            self._count_lookups(reqs)
+        return RESIZED
 
     @staticmethod
     def _undo(reqs: list[Request], rows: list[tuple[Request, int, int]], old: Callable[[int], tuple[int, int]]) -> None:
@@ -392,6 +398,8 @@ class KVCacheManager:
             if dropping and self._keeps_stale:
                 self._store_leaving(rows)
             t.cross(rows, growing, dropping)
+            if self.requests.pending_lookups:
+                self._count_lookups(req for req, _, _ in rows)
             return RESIZED
         for req, cap, _ in rows:
             if cap > req.limit:
@@ -403,12 +411,18 @@ class KVCacheManager:
         if self._keeps_stale:
             self._store_leaving(rows)
         t.apply(moves)
-        for req, _, _ in rows:
+        if self.requests.pending_lookups:
+            self._count_lookups(req for req, _, _ in rows)
+        return RESIZED
+
+    def _count_lookups(self, reqs: Iterable[Request]) -> None:
+        """Count the prefix lookups of `reqs`, whose move succeeded (once each)."""
+        for req in reqs:
             if req.lookup is not None:
                 self.reuse_queried_tokens += req.lookup[0]
                 self.reuse_hit_tokens += req.lookup[1]
                 req.lookup = None
-        return RESIZED
+                self.requests.pending_lookups -= 1
 
     def _store_leaving(self, rows: Sequence[tuple[Request, int, int]]) -> None:
         """Store the known whole pages of requests whose history reaches a

@@ -78,6 +78,7 @@ class Requests:
         self.free_dummy_ids: list[int] = []  # heap of -id
         # the last batch `batch` answered: a decode loop asks for the same batch every step
         self.last_batch: tuple[tuple[int, ...], list[Request]] | None = None
+        self.pending_lookups = 0  # registered requests whose `lookup` is not counted yet (a batch asks once)
 
     def __contains__(self, rid: object) -> bool:
         return rid in self.by_id or rid in self.suspended
@@ -128,6 +129,8 @@ class Requests:
         """Forget `rid` (its id becomes reusable if it was a dummy's)."""
         req = self.by_id.pop(rid) if rid in self.by_id else self.suspended.pop(rid)
         self.last_batch = None
+        if req.lookup is not None:
+            self.pending_lookups -= 1
         if req.dummy:
             heapq.heappush(self.free_dummy_ids, -rid)
         return req

@@ -185,7 +185,7 @@ class PageTables:
         growing = dropping = 0
         for req, cap, hist in rows:
             hi = req.hi
-            if cap <= req.lo or cap > hi + tpb or req.lookup is not None:
+            if cap <= req.lo or cap > hi + tpb:
                 return None
             if hist >= req.next_stale:  # each window it leaves drops exactly one page
                 nstale, nblk = req.nstale, req.nblk
