@@ -7,8 +7,8 @@ Both trees are imported under the name `kvpool`, each with its own modules
 the same workloads interleaved, on the same machine state.
 
 Workloads, as benchmarks/peers/bench_kvpool.py (256 requests, 1,000-token
-prompts, 16-token pages, 200 decode steps): W1 (full attention) and W3 (full +
-sliding 512), reuse off and on. Two ways of calling: `req`, one
+prompts, 16-token pages, 200 decode steps, the same pool sizes): W1 (full
+attention) and W3 (full + sliding 512), reuse off and on. Two ways of calling: `req`, one
 `advance(rid[, token])` per request (after a first `resize`), and `batch`, one
 `extend(rids, 1)` per step. Steps are timed one by one and split into the
 steps where pages move (every request crosses a page boundary together, every
@@ -77,8 +77,10 @@ def make(mods: dict[str, ModuleType], sliding: bool, reuse: bool) -> Any:
     if sliding:
         config |= {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": WINDOW}
     spec = mods["kvpool.spec"].load_model_spec(config, tokens_per_block=TPB)
-    per_request = -(-(PROMPT + STEPS + 1) // TPB)
-    pages = {g.name: BATCH * per_request + 64 for g in spec.groups}
+    # as the peer benchmark: the full group holds every page, the sliding one its peak (right after admission)
+    # and 64 more, so with reuse on its free stack runs dry and the cached pages that left the window are evicted
+    pages = {"full": BATCH * -(-(PROMPT + STEPS) // TPB) + 64, "sliding": BATCH * -(-PROMPT // TPB) + 64}
+    pages = {g.name: pages[g.name] for g in spec.groups}
     limits = mods["kvpool.plan"].ServingLimits(max_batch_size=BATCH, max_seq_len=8192)
     plan = mods["kvpool.plan"].PoolPlan.from_pages(spec, pages, limits)
     return mods["kvpool.cache"].KVCacheManager(plan, enable_reuse=reuse, events=False)

@@ -26,15 +26,25 @@ def planner_only(m: KVCacheManager) -> KVCacheManager:
     return m
 
 
-# each step: which requests move, how far (tokens), and whether to commit their ids first
+# each step: which requests move, how far (tokens), and then "x" nothing more, "c" commit their ids
+# (their whole pages become reusable) or "f" free the first and admit it again (its committed pages
+# wait in the LRU, and a pool whose free stack runs dry evicts them for the pages a crossing takes)
 steps = st.lists(
-    st.tuples(st.sets(st.integers(0, BATCH - 1), min_size=1), st.integers(1, TPB + 1), st.booleans()),
+    st.tuples(st.sets(st.integers(0, BATCH - 1), min_size=1), st.integers(1, TPB + 1), st.sampled_from("xcf")),
     min_size=1,
     max_size=40,
 )
 
 
-@settings(max_examples=80, deadline=None)
+def admit(m: KVCacheManager, rid: int) -> int:
+    """Admit request `rid` with its prompt, prefilled (history at its end); the prefix hit."""
+    prompt = PROMPTS[rid]
+    hit = m.create(rid, prompt)
+    assert m.resize(rid, len(prompt), len(prompt))
+    return hit
+
+
+@settings(max_examples=120, deadline=None)
 @given(
     steps=steps,
     sliding=st.booleans(),
@@ -43,28 +53,35 @@ steps = st.lists(
     sliding_pages=st.integers(20, 34),
 )
 def test_a_batch_crossing_moves_the_pages_the_planner_moves(
-    steps: list[tuple[set[int], int, bool]], sliding: bool, reuse: bool, full_pages: int, sliding_pages: int
+    steps: list[tuple[set[int], int, str]], sliding: bool, reuse: bool, full_pages: int, sliding_pages: int
 ) -> None:
     spec = twin_spec(tpb=TPB, window=WINDOW) if sliding else full_spec(tpb=TPB)
     pages = {"full": full_pages, "sliding": sliding_pages} if sliding else {"full": full_pages}
     fast, slow = manager(spec, pages, reuse=reuse), planner_only(manager(spec, pages, reuse=reuse))
     known: dict[int, int] = {}
     for rid, prompt in enumerate(PROMPTS):  # admitted and prefilled, windows already sliding
-        assert fast.create(rid, prompt) == slow.create(rid, prompt)
-        assert fast.resize(rid, len(prompt), len(prompt)) and slow.resize(rid, len(prompt), len(prompt))
+        assert admit(fast, rid) == admit(slow, rid)
         known[rid] = len(prompt)
-    for movers, n, commit in steps:
-        rids = sorted(movers)
-        if any(fast.capacity(r) + n > fast.max_capacity for r in rids):
+    for movers, n, then in steps:
+        rids = sorted(r for r in movers if r in known)  # (a request freed and not admitted again is gone)
+        if not rids or any(fast.capacity(r) + n > fast.max_capacity for r in rids):
             continue
         a, b = fast.extend(rids, n), slow.extend(rids, n)
         assert (bool(a), a.short) == (bool(b), b.short)
-        if commit and reuse and a:
+        if then == "c" and reuse and a:
             for rid in rids:  # the generated ids so far, then every whole page is offered for reuse
                 hist = fast.history(rid)
                 new = [10_000 + rid * 1_000 + i for i in range(known[rid], hist)]
                 known[rid] = max(known[rid], hist)
                 assert fast.commit(rid, hist, new) == slow.commit(rid, hist, new)
+        elif then == "f":
+            fast.free(rids[0])
+            slow.free(rids[0])
+            if fast.free_pages("full") >= 4 and (not sliding or fast.free_pages("sliding") >= 4):
+                assert admit(fast, rids[0]) == admit(slow, rids[0])
+                known[rids[0]] = len(PROMPTS[rids[0]])
+            else:  # no room to admit it again: the rest of the steps leave it out
+                del known[rids[0]]
         assert fast.take_events() == slow.take_events()
         assert observed(fast) == observed(slow)
     assert fast.stats() == slow.stats()

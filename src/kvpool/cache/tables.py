@@ -176,8 +176,8 @@ class PageTables:
         crossing, the move's common case: capacity passes the end of the
         tables by at most one block (within the request's limit) and/or
         history moves one page out of each window it leaves, with no pool
-        shared, no state group, and a page on each free stack for every row
-        that grows. Changes nothing; answers (rows that grow, rows that drop
+        shared, no state group, and a free or evictable page in each pool for
+        every row that grows. Changes nothing; answers (rows that grow, rows that drop
         a page) for `cross`, None when the rows are not that case."""
         if not self.crossable:
             return None
@@ -197,9 +197,9 @@ class PageTables:
                 if cap > req.limit:
                     return None
                 growing += 1
-        if growing:  # a row that grows takes a page in every group (see `cross`)
+        if growing:  # a row that grows takes a page in every group (see `cross`): free or evicted
             for pool in self.pools:
-                if len(pool.free_stack) < growing:
+                if len(pool.free_stack) < growing and pool.num_free < growing:
                     return None
         return growing, dropping
 
@@ -232,8 +232,11 @@ class PageTables:
                     stale_at = req.stale_at
                     req.next_stale = stale_at[0] if len(stale_at) == 1 else min(stale_at)
         if growing:  # group by group (a tight loop each), the group's pages in row order
+            # a slice of each free stack, or where rows must evict, pages taken as `apply` takes them
+            evicted = growing > 1 and any(len(pool.free_stack) < growing for pool in pools)
+            taken = self.take_evicting(growing) if evicted else None
             for gi, pool in enumerate(pools):
-                table, pages, k = tables[gi], pool.take(growing), 0
+                table, pages, k = tables[gi], pool.take(growing) if taken is None else taken[gi], 0
                 for req, cap, _ in rows:
                     if cap > req.hi:
                         nblk, slot = req.nblk, req.slot
@@ -254,6 +257,18 @@ class PageTables:
                 req.hi = hi if hi < req.limit else req.limit
             req.cap = cap
             req.hist = hist
+
+    def take_evicting(self, rows: int) -> list[list[int]]:
+        """`cross`'s pages when a pool must evict for several rows: one page
+        per group for each of `rows` growing rows, taken row by row as `apply`
+        takes them (the same cached pages evicted in the same order: the same
+        events and cold-tier spills); per group in row order. (One row takes
+        group by group either way.)"""
+        taken: list[list[int]] = [[] for _ in self.pools]
+        for _ in range(rows):
+            for pool, pages in zip(self.pools, taken, strict=True):
+                pages += pool.take(1)
+        return taken
 
     def plan(self, req: Request, cap: int, hist: int) -> Move:
         """How `req`'s tables move to (cap, hist) (a validated shape), by
