@@ -76,8 +76,9 @@ class Requests:
         self.suspended: dict[int, Request] = {}  # requests whose pages a cold tier holds (`cache/tiers.py`)
         self.next_dummy = -1
         self.free_dummy_ids: list[int] = []  # heap of -id
-        # the last batch `batch` answered: a decode loop asks for the same batch every step
-        self.last_batch: tuple[tuple[int, ...], list[Request]] | None = None
+        # the last batch `batch` answered (its ids as a list or tuple of the caller's type, copied):
+        # a decode loop asks for the same batch every step
+        self.last_batch: tuple[list[int] | tuple[int, ...], list[Request]] | None = None
         self.pending_lookups = 0  # registered requests whose `lookup` is not counted yet (a batch asks once)
 
     def __contains__(self, rid: object) -> bool:
@@ -150,9 +151,10 @@ class Requests:
     def batch(self, rids: Sequence[int]) -> list[Request]:
         """The records of a batch of distinct registered requests (read-only:
         the same list answers the same batch until a request comes or goes)."""
-        key = rids if type(rids) is tuple else tuple(as_list(rids, "a batch's request ids"))
-        if self.last_batch is not None and self.last_batch[0] == key:
-            return self.last_batch[1]
+        last = self.last_batch
+        if last is not None and type(rids) is type(last[0]) and rids == last[0]:  # (a list or tuple)
+            return last[1]
+        key: list[int] | tuple[int, ...] = rids if type(rids) is tuple else list(as_list(rids, "a batch's request ids"))
         by_id = self.by_id
         if not all(type(r) is int for r in key):
             bad = next(r for r in key if type(r) is not int)
