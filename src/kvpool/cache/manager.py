@@ -257,12 +257,12 @@ class KVCacheManager:
         known ids do not reach its history (commit them first). `token=None`
         (or reuse off) commits nothing."""
         try:
-            req: Request | None = self._by_id[rid]
-        except (KeyError, TypeError):  # unknown or unhashable: `requests.get` below names it
-            req = None
-        if req is not None and req.rid is not rid and type(rid) is not int:  # True and 1.0 would find request 1
-            req = None
-        if req is not None and req.cap < req.hi and (hist := req.hist + 1) < req.next_stale and req.lookup is None:
+            req = self._by_id[rid]
+        except (KeyError, TypeError):  # unknown, suspended or unhashable: `requests.get` names it
+            return self._advance(self.requests.get(rid), token)
+        if req.rid is not rid and type(rid) is not int:  # True and 1.0 would find request 1
+            return self._advance(self.requests.get(rid), token)
+        if req.cap < req.hi and (hist := req.hist + 1) < req.next_stale and req.lookup is None:
             # early return: no page moves, and no page completes (or nothing to commit)
             if token is None:
                 req.cap += 1
@@ -289,7 +289,7 @@ class KVCacheManager:
                 req.cap += 1
                 req.hist = hist
                 return RESIZED
-        return self._advance(self.requests.get(rid) if req is None else req, token)
+        return self._advance(req, token)
 
     def _advance(self, req: Request, token: int | None) -> Resize:
         """`advance` where a page may move or complete: the checks, the move,
@@ -303,10 +303,7 @@ class KVCacheManager:
                     f"request {req.rid}: advance commits the id of position {req.hist}, but {req.num_known} "
                     "token ids are known (commit the ids before it first)"
                 )
-        cap = req.cap + 1
-        if cap > req.limit:
-            check_capacity(req.rid, cap, req.limit)
-        done = self._move(((req, cap, req.hist + 1),))
+        done = self._move(((req, req.cap + 1, req.hist + 1),))  # (a capacity past the limit raises there)
         if commits and token is not None and done:  # the token was checked above
             prefix.commit(self.tables, req, req.hist, (token,), state_snapshots=self.state_snapshots)
         return done
