@@ -8,9 +8,10 @@ the same workloads interleaved, on the same machine state.
 
 Workloads, as benchmarks/peers/bench_kvpool.py (256 requests, 1,000-token
 prompts, 16-token pages, 200 decode steps, the same pool sizes): W1 (full
-attention) and W3 (full + sliding 512), reuse off and on. Two ways of calling: `req`, one
-`advance(rid[, token])` per request (after a first `resize`), and `batch`, one
-`extend(rids, 1)` per step. Steps are timed one by one and split into the
+attention) and W3 (full + sliding 512), reuse off and on. Three ways of calling: `req`, one
+`advance(rid[, token])` per request (after a first `resize`), `batch`, one
+`extend(rids, 1)` per step, and `many`, one `resize_many(rids, capacities,
+histories)` per step (lists). Steps are timed one by one and split into the
 steps where pages move (every request crosses a page boundary together, every
 16th step) and the no-move steps. Prints, per row, the medians over
 `--repeat` runs of each tree's median step (us per 256-request step) and the
@@ -86,7 +87,7 @@ def make(mods: dict[str, ModuleType], sliding: bool, reuse: bool) -> Any:
     return mods["kvpool.cache"].KVCacheManager(plan, enable_reuse=reuse, events=False)
 
 
-def run(mods: dict[str, ModuleType], sliding: bool, reuse: bool, batch: bool) -> tuple[list[float], list[float]]:
+def run(mods: dict[str, ModuleType], sliding: bool, reuse: bool, batch: bool | str) -> tuple[list[float], list[float]]:
     """(µs of each step where pages move, µs of each no-move step)."""
     m = make(mods, sliding, reuse)
     rids = list(range(BATCH))
@@ -107,7 +108,9 @@ def run(mods: dict[str, ModuleType], sliding: bool, reuse: bool, batch: bool) ->
     try:
         for step in range(2, STEPS + 1):
             t0 = clock()
-            if batch:
+            if batch == "many":  # the shapes given, as a scheduler that tracks them passes them
+                assert m.resize_many(rids, [PROMPT + step] * BATCH, [PROMPT + step - 1] * BATCH)
+            elif batch:
                 assert extend(rids, 1)
             elif reuse:
                 for rid in rids:
@@ -126,11 +129,11 @@ def run(mods: dict[str, ModuleType], sliding: bool, reuse: bool, batch: bool) ->
     return moving, still
 
 
-ROWS = {
-    f"{w} {'on' if reuse else 'off'}/{mode}": (w == "W3", reuse, mode == "batch")
+ROWS: dict[str, tuple[bool, bool, bool | str]] = {
+    f"{w} {'on' if reuse else 'off'}/{mode}": (w == "W3", reuse, {"req": False, "batch": True, "many": "many"}[mode])
     for w in ("W1", "W3")
     for reuse in (False, True)
-    for mode in ("req", "batch")
+    for mode in ("req", "batch", "many")
 }
 
 

@@ -25,11 +25,11 @@ from kvpool.cache.checks import (
     as_list,
     as_position,
     batch_positions,
-    check_batch_shapes,
     check_capacity,
     check_dummy_args,
     check_few_tokens,
     check_rid,
+    check_shape,
     check_tokens,
     checked_shape,
 )
@@ -51,6 +51,20 @@ from kvpool.spec.kinds import NEVER
 __all__ = ["STALE", "KVCacheManager"]
 
 EVENT_BUFFER = 1 << 16  # event records (runs of pages) kept until `take_events`; older ones are dropped
+
+
+def int_positions(values: npt.ArrayLike, n: int, what: str) -> Sequence[int]:
+    """`batch_positions(values, (n,), what)` as plain ints: a list or tuple of
+    `n` plain ints as it is (a scheduler's own list each step: a loop over it
+    costs a fraction of building and checking an array)."""
+    if isinstance(values, (list, tuple)) and len(values) == n:
+        for v in values:
+            if type(v) is not int:
+                break
+        else:
+            return values
+    positions: list[int] = batch_positions(values, (n,), what).tolist()
+    return positions
 
 
 class KVCacheManager:
@@ -314,18 +328,24 @@ class KVCacheManager:
         """`resize` for a batch of distinct requests in one call, atomic over the
         whole batch (falsy: nothing changed). The per-step decode path."""
         reqs = self.requests.batch(rids)
-        caps = batch_positions(capacities, (len(reqs),), "capacities")
-        old_caps, old_hists = [r.cap for r in reqs], [r.hist for r in reqs]
-        hists = batch_positions(histories, caps.shape, "histories") if histories is not None else np.array(old_hists)
-        check_batch_shapes(rids, caps, hists, np.array(old_hists, np.int64))
+        caps = int_positions(capacities, len(reqs), "capacities")
+        hists = [r.hist for r in reqs] if histories is None else int_positions(histories, len(reqs), "histories")
         rows: list[tuple[Request, int, int]] = []
-        for req, cap, hist in zip(reqs, caps.tolist(), hists.tolist(), strict=True):
-            if req.lo < cap <= req.hi and hist < req.next_stale:
-                req.cap = cap  # early return per request: no page moves
-                req.hist = hist
-            else:
-                rows.append((req, cap, hist))
-        return self._move_rows(reqs, rows, lambda j: (old_caps[j], old_hists[j]))
+        for req, cap, hist in zip(reqs, caps, hists, strict=True):  # every shape checked before anything changes
+            if not req.hist <= hist <= cap:
+                check_shape(req.rid, cap, hist, req.hist)  # raises
+            if not (req.lo < cap <= req.hi and hist < req.next_stale):
+                rows.append((req, cap, hist))  # pages move
+        if rows:
+            done = self._move(rows)  # (a capacity past the limit raises there, before any change)
+            if not done:
+                return done
+        for req, cap, hist in zip(reqs, caps, hists, strict=True):  # the others: the early return
+            req.cap = cap
+            req.hist = hist
+        if self.requests.pending_lookups:
+            self._count_lookups(reqs)
+        return RESIZED
 
     def extend(self, rids: Sequence[int], num_tokens: int = 1) -> Resize:
         """One decode step for a batch: capacity and history of each request
