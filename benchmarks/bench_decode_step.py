@@ -129,11 +129,12 @@ def run(mods: dict[str, ModuleType], sliding: bool, reuse: bool, batch: bool | s
     return moving, still
 
 
+MODES: dict[str, bool | str] = {"req": False, "batch": True, "many": "many"}
 ROWS: dict[str, tuple[bool, bool, bool | str]] = {
-    f"{w} {'on' if reuse else 'off'}/{mode}": (w == "W3", reuse, {"req": False, "batch": True, "many": "many"}[mode])
+    f"{w} {'on' if reuse else 'off'}/{mode}": (w == "W3", reuse, MODES[mode])
     for w in ("W1", "W3")
     for reuse in (False, True)
-    for mode in ("req", "batch", "many")
+    for mode in MODES
 }
 
 
