@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kvpool import presets
+from kvpool.cli.common import size_or_zero
 from kvpool.cli.request import BudgetOptions, ModelOptions, flag
 from kvpool.errors import KvpoolError
 from kvpool.models.params import ParameterCountError
@@ -51,10 +52,6 @@ def memory_fraction(options: BudgetOptions) -> float:
     if not 0 < fraction <= 1:
         raise KvpoolError(f"--memory-fraction must be in (0, 1], got {fraction}")
     return float(fraction)
-
-
-def _size_or_zero(text: str) -> int:
-    return 0 if text.strip() in ("0", "0B", "0b") else parse_size(text)
 
 
 def kv_budget(
@@ -149,7 +146,7 @@ def whole_gpu(
     how: dict[str, str] = {}
     values: dict[str, int] = {}
     for part, text in options.parts:
-        values[part], how[part] = _size_or_zero(text), f"{flag(part)} {text}"
+        values[part], how[part] = size_or_zero(text), f"{flag(part)} {text}"
     if "weights_memory" not in values:
         if weights_bytes is not None:
             values["weights_memory"], how["weights_memory"] = weights_bytes, "--weights-bytes / tp"

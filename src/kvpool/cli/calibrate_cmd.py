@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from kvpool.cli.common import add_json_arg, add_model_args, print_json, table
+from kvpool.cli.common import add_json_arg, add_model_args, checked, gpu_name, print_json, table
+from kvpool.cli.files import input_file, output_file
 from kvpool.cli.plan_args import load_spec
 from kvpool.cli.request import ModelOptions
 from kvpool.errors import KvpoolError
@@ -48,12 +49,16 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_args(p)
-    p.add_argument("--gpu", required=True, help="the GPU the measurements ran on (kvpool gpus)")
-    p.add_argument("--steps", type=Path, default=None, metavar="FILE.csv", help="measured step times (columns above)")
+    p.add_argument("--gpu", type=checked(gpu_name), required=True, help="the GPU the measurements ran on (kvpool gpus)")
     p.add_argument(
-        "--ops", type=Path, action="append", default=[], metavar="FILE.csv", help="Vidur-layout kernel timings"
+        "--steps", type=input_file, default=None, metavar="FILE.csv", help="measured step times (columns above)"
     )
-    p.add_argument("-o", "--out", type=Path, required=True, metavar="PROFILE.json", help="where to write the profile")
+    p.add_argument(
+        "--ops", type=input_file, action="append", default=[], metavar="FILE.csv", help="Vidur-layout kernel timings"
+    )
+    p.add_argument(
+        "-o", "--out", type=output_file, required=True, metavar="PROFILE.json", help="where to write the profile"
+    )
     add_json_arg(p)
     p.set_defaults(func=run)
 
@@ -166,11 +171,18 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"gpu": gpu.key, "from": base.name}
     cal = base
     if args.ops:
-        cal, ops_report = fit_ops(args.ops, cal, gpu.bf16_flops, gpu.hbm_bandwidth_bytes_per_s)
+        try:
+            cal, ops_report = fit_ops(args.ops, cal, gpu.bf16_flops, gpu.hbm_bandwidth_bytes_per_s)
+        except KvpoolError as e:
+            raise KvpoolError(f"--ops: {e}") from None
         report["ops"] = ops_report
     if args.steps is not None:
         model = step_model(args, gpu, cal)
-        cal, fit = fit_steps(cal, step_samples(args.steps, model))
+        try:
+            samples = step_samples(args.steps, model)
+        except KvpoolError as e:
+            raise KvpoolError(f"--steps: {e}") from None
+        cal, fit = fit_steps(cal, samples)
         report["steps"] = {
             **fit.values,
             "median_error": fit.median_error,

@@ -9,8 +9,11 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from kvpool import presets
+from kvpool.errors import KvpoolError
 from kvpool.plan.batches import REFERENCE_REQUEST
 from kvpool.spec import KV_DTYPES, ModelSpec
+from kvpool.units import parse_size
 
 # Past this a count is a typo, and sizes derived from it would overflow int64.
 MAX_COUNT = 2**40
@@ -48,6 +51,76 @@ def positive_float(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """An argparse type: a share in (0, 1] (nan, inf, 0 and above 1 are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1:  # False for nan too
+        raise argparse.ArgumentTypeError(f"expected a share in (0, 1], got {text!r}")
+    return value
+
+
+def checked(check: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse type that runs the library's own reader of a value (`check`)
+    while the options are parsed, so that its error comes out naming the flag
+    (`argument --kv-memory: size '-1GiB' must be positive`). The text is kept:
+    the command reads it again with the same reader and prints it as given."""
+
+    def parse(text: str) -> str:
+        try:
+            check(text)
+        except KvpoolError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+
+    parse.__qualname__ = f"checked_{getattr(check, '__name__', 'value')}"
+    return parse
+
+
+def size_or_zero(text: str) -> int:
+    """Bytes in `text` (units.parse_size), or 0 for `0`/`0B`."""
+    return 0 if text.strip() in ("0", "0B", "0b") else parse_size(text)
+
+
+size_arg = checked(parse_size)  # a byte size > 0 (units.parse_size)
+size_or_zero_arg = checked(size_or_zero)  # the same, or 0 (a part of the GPU the engine does not use)
+
+
+def kv_dtype_name(text: str) -> str:
+    """`text` if it names a KV dtype (case-insensitive), else a KvpoolError."""
+    if text.lower() not in KV_DTYPES:
+        raise KvpoolError(f"unsupported kv dtype {text!r}; choose one of {', '.join(KV_DTYPES)}")
+    return text
+
+
+def gpu_name(text: str) -> str:
+    """`text` if it names a GPU preset or is `auto` (read later, through NVML), else
+    the preset loader's KvpoolError with its suggestions."""
+    if text.lower() != "auto":
+        presets.load_gpu(text)
+    return text
+
+
+def int_items(text: str, *, low: int = 1, high: int = MAX_COUNT) -> tuple[int, ...]:
+    """`1,2,4` -> (1, 2, 4): integers in [low, high], comma-separated, no empty item
+    (`1,,2` and a trailing comma are typos, not a shorter list). KvpoolError otherwise."""
+    items = text.split(",")
+    if not text.strip() or any(not item.strip() for item in items):
+        raise KvpoolError(f"expected comma-separated integers with no empty item, e.g. 1,2,4; got {text!r}")
+    values = []
+    for item in items:
+        try:
+            value = int(item)
+        except ValueError:
+            raise KvpoolError(f"expected comma-separated integers: {item.strip()!r} in {text!r} is not one") from None
+        if not low <= value <= high:
+            raise KvpoolError(f"expected comma-separated integers in [{low}, {high:,}]; got {item.strip()} in {text!r}")
+        values.append(value)
+    return tuple(values)
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """MODEL plus the options that shape its KV spec."""
     p.add_argument(
@@ -56,7 +129,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="preset name (kvpool models), path to a config.json (or its folder), or Hugging Face id "
         "org/name[@revision] (local cache first; HF_HUB_OFFLINE=1: cache only)",
     )
-    p.add_argument("--kv-dtype", default="auto", help=f"KV storage dtype: {', '.join(KV_DTYPES)} (default auto)")
+    p.add_argument(
+        "--kv-dtype",
+        type=checked(kv_dtype_name),
+        default="auto",
+        help=f"KV storage dtype: {', '.join(KV_DTYPES)} (default auto)",
+    )
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size; the spec is one rank's")
     p.add_argument(
         "--pp", type=positive_int, default=1, help="pipeline stages; the spec is the stage with the most KV bytes"

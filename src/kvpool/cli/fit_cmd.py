@@ -21,7 +21,7 @@ from typing import Any
 
 from kvpool import presets
 from kvpool.cli import fit_layouts
-from kvpool.cli.common import add_json_arg, positive_int, print_json, table
+from kvpool.cli.common import add_json_arg, checked, positive_int, print_json, table
 from kvpool.cli.engines_out import launch_model_id
 from kvpool.cli.fit_engines import EngineFit, engine_fit, fit_lengths, render_engine
 from kvpool.cli.plan_args import Resolved, add_plan_args, resolve
@@ -49,11 +49,13 @@ def register(sub: Any) -> None:
     add_plan_args(p)
     for action in p._actions:  # the same --gpu, with a GPU count
         if action.dest == "gpu":
+            action.type = checked(gpu_and_count)
             action.metavar = "NAME[xN]"
             action.help = "GPU preset (kvpool gpus) and count, e.g. h100x2; auto: this machine's GPUs (NVML)"
     f = p.add_argument_group("fit")
     f.add_argument(
         "--engine",
+        type=checked(parse_engines),
         default="all",
         metavar="E,...",
         help=f"engines to answer for: {', '.join(ENGINES)} or all (default all)",
@@ -89,13 +91,22 @@ def parse_gpu(text: str | None) -> tuple[str, int]:
     return match["name"], count
 
 
+def gpu_and_count(text: str) -> str:
+    """`text` if `parse_gpu` reads it and names a GPU preset (`auto` is read later)."""
+    if text.lower() != "auto":
+        presets.load_gpu(parse_gpu(text)[0])
+    return text
+
+
 def parse_engines(text: str) -> tuple[str, ...]:
     """`all`, or a comma list of ENGINE[@RELEASE]: the engines, by bare name. The
     launch lines follow each engine's newest modelled release, so an older one is refused."""
     if text.strip().lower() == "all":
         return ENGINES
+    if any(not e.strip() for e in text.split(",")):
+        raise KvpoolError(f"--engine {text!r} has an empty item; choose from {', '.join(ENGINES)} or all")
     names = []
-    for item in (e.strip().lower() for e in text.split(",") if e.strip()):
+    for item in (e.strip().lower() for e in text.split(",")):
         try:
             engine, release = engine_name(item)
         except KvpoolError:

@@ -14,8 +14,16 @@ def check_device(torch: Any, name: str) -> None:
         device = torch.device(name)
     except (RuntimeError, ValueError):
         raise KvpoolError(f"--device {name!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise KvpoolError(f"--device {name}: this torch build sees no CUDA device; use --device cpu")
+    if device.type == "cpu":
+        return
+    if device.type == "meta":  # tensors without data: nothing could be generated
+        raise KvpoolError(f"--device {name}: meta tensors hold no data; use --device cpu or cuda")
+    backend = getattr(torch, device.type, None)  # torch.cuda, torch.mps, torch.xpu
+    if backend is None or not hasattr(backend, "is_available") or not backend.is_available():
+        raise KvpoolError(f"--device {name}: this torch build sees no {device.type} device; use --device cpu")
+    count = backend.device_count() if hasattr(backend, "device_count") else 1
+    if device.index is not None and device.index >= count:
+        raise KvpoolError(f"--device {name}: there are {count} {device.type} devices (0 to {count - 1})")
 
 
 def check_positions(config: dict[str, Any], prompt_len: int, max_new_tokens: int) -> None:
@@ -32,3 +40,22 @@ def check_positions(config: dict[str, Any], prompt_len: int, max_new_tokens: int
         f"prompt {prompt_len} + --max-new-tokens {max_new_tokens} tokens pass the model's {limit} positions "
         f"(max_position_embeddings); use --max-new-tokens {limit - prompt_len} or less"
     )
+
+
+def check_sizes(config: dict[str, Any], longest: int, speculate: int, tokens_per_block: int | None) -> None:
+    """Refuse drafts or a page size that no request of the model can use: past its
+    positions they only ask the allocator for pages (petabytes for 10**12)."""
+    text = config.get("text_config")
+    limit = (text if isinstance(text, dict) else config).get("max_position_embeddings")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        return
+    if longest + speculate > limit:
+        raise KvpoolError(
+            f"--speculate {speculate}: the longest request ({longest} tokens) plus its drafts passes the "
+            f"model's {limit} positions; use --speculate {max(limit - longest, 0)} or less"
+        )
+    if tokens_per_block is not None and tokens_per_block > limit:
+        raise KvpoolError(
+            f"--tokens-per-block {tokens_per_block} is more than the model's {limit} positions; use a page "
+            "size such as 16 or 32"
+        )

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvpool.cli.common import add_json_arg, positive_int, print_json, table
-from kvpool.cli.generate_checks import check_device, check_positions
+from kvpool.cli.common import add_json_arg, int_at_least, int_items, positive_int, print_json, size_arg, table
+from kvpool.cli.generate_checks import check_device, check_positions, check_sizes
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.engine.names import ARCHS, PACKAGED
 from kvpool.errors import KvpoolError
@@ -53,7 +53,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--chat", action="store_true", help="wrap each --prompt as a user message in the tokenizer's chat template"
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the --tiny weights (default 0)")
+    p.add_argument("--seed", type=int_at_least(0, 2**64 - 1), default=0, help="seed of the --tiny weights (default 0)")
     # One list in command-line order, so requests come out in the order given.
     p.add_argument(
         "--prompt",
@@ -69,7 +69,7 @@ def register(sub: Any) -> None:
         dest="prompts",
         action="append",
         metavar="1,2,3",
-        type=lambda s: ("ids", s),
+        type=prompt_ids,
         help="a prompt as token ids (repeat to batch requests)",
     )
     p.add_argument(
@@ -88,6 +88,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--kv-memory",
+        type=size_arg,
         metavar="SIZE",
         help="KV budget, split between the pools by "
         "`plan_pools` with the requests' lengths as workload (default: pools that hold "
@@ -95,7 +96,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--speculate",
-        type=int,
+        type=int_at_least(0),
         default=0,
         metavar="K",
         help="draft up to K tokens per step by n-gram prompt lookup (default 0: off)",
@@ -118,6 +119,15 @@ def register(sub: Any) -> None:
     add_kv_events_args(p)
     add_json_arg(p)
     p.set_defaults(func=run)
+
+
+def prompt_ids(text: str) -> tuple[str, str]:
+    """An argparse type: token ids `1,2,3` (non-negative, no empty item), kept as text."""
+    try:
+        int_items(text.replace(" ", ""), low=0, high=2**63 - 1)
+    except KvpoolError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return ("ids", text)
 
 
 def _prompts(args: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
@@ -185,8 +195,6 @@ def run(args: argparse.Namespace) -> int:
         raise KvpoolError("give a MODEL (folder or .gguf), --model NAME or --tiny ARCH (exactly one)")
     if args.chat and args.tiny:
         raise KvpoolError("--chat needs a real tokenizer; --tiny models have none")
-    if args.speculate < 0:
-        raise KvpoolError(f"--speculate must be >= 0, got {args.speculate}")
     try:
         import torch
         import transformers  # noqa: F401  (tiny models and tokenizers come from it)
@@ -274,6 +282,7 @@ def _engine(args: argparse.Namespace, model: Any, config: dict[str, Any], prompt
 
     longest = max(len(p) for p in prompts) + args.max_new_tokens
     check_positions(config, max(len(p) for p in prompts), args.max_new_tokens)
+    check_sizes(config, longest, args.speculate, args.tokens_per_block)
     kv_dtype = DTYPES[str(model.dtype).removeprefix("torch.")]
     spec = load_model_spec(config, kv_dtype=kv_dtype, tokens_per_block=args.tokens_per_block)
     limits = ServingLimits(

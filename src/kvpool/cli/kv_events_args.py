@@ -41,16 +41,26 @@ def open_publisher(args: argparse.Namespace, groups: Sequence[LayerGroup]) -> KV
     """The publisher `--kv-events` asks for (closed at exit), or None. One
     that connects first waits up to 1 s for the subscriber's handshake."""
     if args.kv_events is None:
+        # flags that mean nothing without --kv-events are refused, not ignored
         if args.kv_events_replay is not None:
             raise KvpoolError("--kv-events-replay needs --kv-events")
+        if args.kv_events_topic:
+            raise KvpoolError("--kv-events-topic needs --kv-events")
         return None
     try:
         from kvpool.cache.publisher import KVEventPublisher
     except ImportError as exc:
         raise KvpoolError(f"--kv-events needs pyzmq and msgspec: pip install 'kvpool[events]' ({exc})") from exc
-    pub = KVEventPublisher(
-        args.kv_events, groups, replay_endpoint=args.kv_events_replay, topic=args.kv_events_topic, connect_wait_s=1.0
-    )
+    try:
+        pub = KVEventPublisher(
+            args.kv_events,
+            groups,
+            replay_endpoint=args.kv_events_replay,
+            topic=args.kv_events_topic,
+            connect_wait_s=1.0,
+        )
+    except KvpoolError as e:
+        raise KvpoolError(f"--kv-events {args.kv_events!r}: {e}") from None
     atexit.register(pub.close)
     return pub
 

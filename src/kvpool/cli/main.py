@@ -13,7 +13,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from kvpool.errors import KvpoolError
 
@@ -39,6 +39,16 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # argparse drops a "--" value (`--tp=--`) and stores [] for a one-value
+        # option, which then fails deep inside as a TypeError: read it as the text
+        # it is, so that the option's own type refuses it, naming the option.
+        if arg_strings == ["--"] and action.nargs is None:
+            value = self._get_value(action, "--")
+            self._check_value(action, value)
+            return value
+        return super()._get_values(action, arg_strings)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,13 +76,22 @@ def join_negative_values(argv: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
+    """Run `kvpool ARGV...` and return its exit code (a usage error, --help and
+    --version too: argparse's exit is caught here, so a caller in the same
+    process gets the code back as for any other error)."""
+    if sys.stdout is None:  # started with stdout closed (`kvpool ... >&-`): nowhere to answer
+        print("kvpool: error: stdout is closed; redirect it to a file or /dev/null", file=sys.stderr)
+        return 2
+    try:
+        args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2 if e.code else 0
     try:
         code: int = args.func(args)
         sys.stdout.flush()  # a full disk or closed pipe shows here, not in the interpreter's exit
         return code
     except KvpoolError as e:
-        print(f"kvpool {args.command}: error: {e}", file=sys.stderr)
+        print(f"kvpool {args.command}: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kvpool: interrupted", file=sys.stderr)
@@ -91,10 +110,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("KVPOOL_DEBUG"):
             raise
         print(
-            f"kvpool {args.command}: internal error: {type(e).__name__}: {e} (set KVPOOL_DEBUG=1 for a traceback)",
+            f"kvpool {args.command}: internal error: {type(e).__name__}: {str(e).strip().partition(chr(10))[0]} "
+            "(set KVPOOL_DEBUG=1 for a traceback)",
             file=sys.stderr,
         )
         return 1
+
+
+def one_line(message: str) -> str:
+    """`message` on one line: a library's message may quote a multi-line source
+    (a YAML error shows the offending lines), and the promise is one line."""
+    return " ".join(part.strip() for part in message.splitlines() if part.strip())
 
 
 def _silence_stdout() -> None:

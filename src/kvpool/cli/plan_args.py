@@ -10,15 +10,27 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from kvpool.cli.budget import DEFAULT_MEMORY_FRACTION, Budget, kv_budget
-from kvpool.cli.common import add_model_args, int_at_least, positive_int, say_fallback
+from kvpool.cli.common import (
+    add_model_args,
+    checked,
+    fraction,
+    gpu_name,
+    int_at_least,
+    int_items,
+    positive_int,
+    say_fallback,
+    size_arg,
+    size_or_zero_arg,
+)
 from kvpool.cli.request import LimitOptions, ModelOptions, PlanRequest
-from kvpool.errors import LimitsError
+from kvpool.errors import KvpoolError, LimitsError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
-from kvpool.plan.sizing import parse_shares
+from kvpool.plan.sizing import check_pool_ratio, parse_shares
 from kvpool.plan.workload import Workload
 from kvpool.presets.traces import load_trace
 from kvpool.spec import ModelSpec
@@ -27,6 +39,9 @@ from kvpool.spec.loader import read_model_config, spec_from_read
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_SEQ_LEN = 8192
 DEFAULT_MAX_NUM_TOKENS = 8192
+# The planner builds batches of B requests, so its time and memory grow with B
+# (2**40 took 17 GB and never ended); the engines' defaults are 256 to 2,048.
+MAX_BATCH_SIZE = 2**16
 
 
 non_negative_int = int_at_least(0)
@@ -48,15 +63,17 @@ def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True, workload: b
     if model:
         add_model_args(p)
     b = p.add_argument_group("budget per rank (--kv-memory, or --gpu: the whole GPU, or --gpu with --non-kv-memory)")
-    b.add_argument("--kv-memory", metavar="SIZE", help="KV cache budget, e.g. 40GiB, 512MiB or bytes")
+    b.add_argument("--kv-memory", type=size_arg, metavar="SIZE", help="KV cache budget, e.g. 40GiB, 512MiB or bytes")
     b.add_argument(
         "--gpu",
+        type=checked(gpu_name),
         metavar="NAME",
         help="GPU preset (kvpool gpus); budget = GPU memory x utilization - weights per rank - "
         "activations - CUDA graphs - reserve (docs/plan.md)",
     )
     b.add_argument(
         "--non-kv-memory",
+        type=size_arg,
         metavar="SIZE",
         help="with --gpu: all non-KV memory (weights, activations, graphs); budget = (GPU - this) x F",
     )
@@ -64,7 +81,7 @@ def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True, workload: b
         "--memory-fraction",
         "--gpu-memory-utilization",
         dest="memory_fraction",
-        type=float,
+        type=fraction,
         default=None,
         metavar="F",
         help=f"with --gpu: share of the GPU's memory the engine uses (default {DEFAULT_MEMORY_FRACTION}, "
@@ -76,11 +93,11 @@ def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True, workload: b
         ("--cuda-graph-memory", "CUDA-graph pool per rank (default: estimate for the largest graph; 0 if eager)"),
         ("--reserved-memory", "CUDA context, workspaces, fragmentation (default 1GiB)"),
     ):
-        b.add_argument(flag, metavar="SIZE", default=None, help=f"with --gpu: {what}")
+        b.add_argument(flag, type=size_or_zero_arg, metavar="SIZE", default=None, help=f"with --gpu: {what}")
     lim = p.add_argument_group("serving limits")
     lim.add_argument(
         "--max-batch-size",
-        type=positive_int,
+        type=int_at_least(1, MAX_BATCH_SIZE),
         default=DEFAULT_MAX_BATCH_SIZE,
         metavar="B",
         help=f"most requests per step (default {DEFAULT_MAX_BATCH_SIZE})",
@@ -124,6 +141,7 @@ def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True, workload: b
     )
     lim.add_argument(
         "--cuda-graph-batch-sizes",
+        type=checked(batch_sizes),
         default=None,
         metavar="B1,B2,...",
         help="CUDA-graph batch sizes (default 1, 2, 4, then multiples of 8 up to min(B, 256))",
@@ -131,6 +149,7 @@ def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True, workload: b
     pol = p.add_argument_group("sizing policy")
     pol.add_argument(
         "--pool-ratio",
+        type=checked(parse_shares),
         default=None,
         metavar="NAME=SHARE,...",
         help="explicit byte share per group (summing to 1); drops all constraints",
@@ -162,13 +181,16 @@ def parse_pool_ratio(text: str | None) -> dict[str, float] | None:
     return None if text is None else parse_shares(text)
 
 
-def parse_batch_sizes(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
+def batch_sizes(text: str) -> tuple[int, ...]:
+    """`1,2,4,8` -> (1, 2, 4, 8): positive counts, no empty item."""
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise LimitsError(f"cannot read CUDA-graph batch sizes {text!r}; write e.g. 1,2,4,8") from None
+        return int_items(text)
+    except KvpoolError as e:
+        raise LimitsError(f"cannot read CUDA-graph batch sizes: {e}") from None
+
+
+def parse_batch_sizes(text: str | None) -> tuple[int, ...] | None:
+    return None if text is None else batch_sizes(text)
 
 
 @dataclass(frozen=True)
@@ -185,6 +207,11 @@ class Resolved:
         """The plan the request describes, on `budget` (default: its own). Raises
         KvpoolError subclasses on bad input or an infeasible plan."""
         req = self.request
+        if req.pool_ratio is not None:
+            try:
+                check_pool_ratio(self.spec, parse_shares(req.pool_ratio))
+            except KvpoolError as e:
+                raise LimitsError(f"--pool-ratio: {e}") from None
         return plan_pools(
             self.spec,
             self.limits,
@@ -201,10 +228,18 @@ def load_spec(model: ModelOptions, max_seq_len: int | None) -> tuple[ModelSpec, 
     attention) and that L: `max_seq_len`, else the model's max positions capped
     at 8192. The config is read once."""
     read = read_model_config(model.model)
+    check_tp_divides_heads(read[2], model.tp)
+    max_pos = read[2].get("max_position_embeddings")
     max_len = max_seq_len
     if max_len is None:
-        max_pos = read[2].get("max_position_embeddings")
         max_len = min(int(max_pos) if max_pos else DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
+    elif isinstance(max_pos, int) and not isinstance(max_pos, bool) and 0 < max_pos < max_len:
+        # vLLM refuses a max_model_len past the config's positions unless told to
+        # (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1): RoPE beyond them is untrained
+        raise LimitsError(
+            f"--max-seq-len {max_len:,} is past the model's {max_pos:,} positions (max_position_embeddings); "
+            f"give --max-seq-len {max_pos} or less"
+        )
     spec = spec_from_read(
         read,
         kv_dtype=model.kv_dtype,
@@ -215,6 +250,20 @@ def load_spec(model: ModelOptions, max_seq_len: int | None) -> tuple[ModelSpec, 
     )
     say_fallback(spec)
     return spec, max_len
+
+
+def check_tp_divides_heads(config: dict[str, Any], tp: int) -> None:
+    """Refuse a --tp that does not split the attention heads evenly, as vLLM's
+    `ModelConfig.verify_with_parallel_config` does ("Total number of attention
+    heads (28) must be divisible by tensor parallel size (8)"); KV heads fewer
+    than --tp are replicated there, so only the query heads are checked."""
+    text = config.get("text_config")
+    heads = (text if isinstance(text, dict) and "num_attention_heads" in text else config).get("num_attention_heads")
+    if tp > 1 and isinstance(heads, int) and not isinstance(heads, bool) and heads > 0 and heads % tp:
+        raise LimitsError(
+            f"--tp {tp} does not divide the model's {heads} attention heads (vLLM refuses it too); "
+            f"use a --tp that divides {heads}"
+        )
 
 
 def serving_limits(options: LimitOptions, max_seq_len: int) -> ServingLimits:
@@ -249,7 +298,10 @@ def workload_policy(source: str | None) -> Workload | None:
     """The `--workload` policy, when the command has that option and it is given."""
     if source is None:
         return None
-    trace = load_trace(source)
+    try:
+        trace = load_trace(source)
+    except KvpoolError as e:
+        raise KvpoolError(f"--workload: {e}") from None
     return Workload(np.stack([trace.prompt_len, trace.output_len], axis=1))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
@@ -42,13 +43,25 @@ def register(sub: Any) -> None:
     )
     w.add_argument(
         "--workload-rate",
-        default="inf",
+        type=workload_rate,
+        default=None,
         metavar="R",
         help="arrival rate the tuned search replays the sample at (default inf: "
         "offline; 'trace' for the trace's own times)",
     )
     add_json_arg(p)
     p.set_defaults(func=run)
+
+
+def workload_rate(text: str) -> str:
+    """An argparse type: requests/s > 0 (inf: offline) or `trace`."""
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if text.strip().lower() != "trace" and not rate > 0:  # nan and -inf fail too
+        raise argparse.ArgumentTypeError(f"expected requests/s > 0, inf or trace; got {text!r}")
+    return text
 
 
 def render(plan: PoolPlan) -> str:
@@ -164,12 +177,15 @@ def run(args: argparse.Namespace) -> int:
 
 def sized_plan(args: argparse.Namespace, resolved: Resolved) -> PoolPlan:
     """The plan of the --sizing policy asked for (workload: the plain plan)."""
+    # a flag that means nothing without the one it depends on is refused, not ignored
+    if args.sizing != "tuned":
+        for given, name in ((args.sim_gpu, "--sim-gpu"), (args.workload_rate, "--workload-rate")):
+            if given is not None:
+                raise KvpoolError(f"{name} is for --sizing tuned (the other sizings time no steps)")
     if args.sizing != "workload":
         from kvpool.cli.plan_sizing import adaptive_plan
 
-        return adaptive_plan(resolved, args.sizing, args.sim_gpu, args.workload_rate)
-    if args.sim_gpu is not None:
-        raise KvpoolError("--sim-gpu is for --sizing tuned")
+        return adaptive_plan(resolved, args.sizing, args.sim_gpu, args.workload_rate or "inf")
     return resolved.plan()
 
 

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kvpool.cli.common import positive_int, table
+from kvpool.cli.files import atomic_path, check_output, grid_file
 from kvpool.errors import KvpoolError
 from kvpool.sim.executor import Bar, ray_available, run_all
-from kvpool.sim.sweep import Point, best_shares, expand_grid, load_grid, run_point, write_rows
+from kvpool.sim.sweep import GridError, Point, best_shares, expand_grid, load_grid, run_point, write_rows
+
+# A grid past this is a typo (each point is a whole simulation); refused before it is expanded.
+MAX_POINTS = 10_000
 
 
 def register(sub: Any) -> None:
@@ -23,7 +29,7 @@ def register(sub: Any) -> None:
         "when Ray is installed (pip install 'kvpool[sweep]'), else serially. "
         "Writes OUT.json and OUT.csv with one row per point.",
     )
-    p.add_argument("grid", metavar="GRID.yaml", help="the grid file")
+    p.add_argument("grid", type=grid_file, metavar="GRID.yaml", help="the grid file")
     p.add_argument(
         "--out", default="sweep", metavar="OUT", help="results base name: OUT.json and OUT.csv (default: sweep)"
     )
@@ -51,10 +57,63 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def read_grid(path: Path) -> dict[str, Any]:
+    """The grid in `path`, checked before it is expanded: UTF-8 text, fields that
+    are a value or a flat list of values, and at most `MAX_POINTS` points (their
+    count is the product of the list lengths, computed without building them)."""
+    try:
+        path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise GridError(f"grid {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
+    try:
+        grid = load_grid(path)
+    except RecursionError:
+        raise GridError(f"grid {path} is nested too deeply; each field is a value or a list of values") from None
+    count, policies = 1, 1
+    for name, value in grid.items():
+        values = value if isinstance(value, list) else [value]
+        if name == "sweep":
+            points = value.get("points", 10) if isinstance(value, dict) else None
+            if not isinstance(points, int) or isinstance(points, bool) or not 2 <= points <= MAX_POINTS:
+                raise GridError(f"grid {path}: sweep needs a mapping whose points is an integer in [2, {MAX_POINTS:,}]")
+            policies += points
+            continue
+        nested = [v for v in values if isinstance(v, (list, dict))]
+        if nested:
+            kind = type(nested[0]).__name__
+            raise GridError(f"grid {path}: field {name!r} holds a nested {kind}; give a value or a list of values")
+        if name in ("policy", "policies"):
+            policies += len(values) - 1
+        else:
+            count = min(count * len(values), MAX_POINTS + 1)  # capped: a product of 10**9 is never built
+    count *= policies
+    if count > MAX_POINTS:
+        raise GridError(f"grid {path} has more than {MAX_POINTS:,} points; split it into smaller grids")
+    return grid
+
+
+def named(flag: str, check: Callable[[], Path]) -> Path:
+    """`check()`, its KvpoolError prefixed with the flag it is about."""
+    try:
+        return check()
+    except KvpoolError as e:
+        raise KvpoolError(f"{flag}: {e}") from None
+
+
+def out_base(text: str) -> Path:
+    """`--out OUT` (or OUT.json / OUT.csv): OUT.json, checked writable; OUT itself may not be a folder."""
+    if Path(text).is_dir():
+        raise KvpoolError(f"{text} is a folder; give a base name such as {Path(text) / 'sweep'}")
+    return check_output(text if Path(text).suffix.lower() in (".json", ".csv") else f"{text}.json")
+
+
 def run(args: argparse.Namespace) -> int:
-    points = expand_grid(load_grid(args.grid))
+    out = named("--out", lambda: out_base(args.out))
+    if args.plot is not None:
+        named("--plot", lambda: check_output(args.plot))
     if args.serial and (args.workers or args.ray_address):
         raise KvpoolError("--serial runs without Ray; drop --workers / --ray-address")
+    points = expand_grid(read_grid(args.grid))
     if args.plot:
         from kvpool.sim.plot import check_target
 
@@ -74,12 +133,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     rows = best_shares(rows)
-    paths = write_rows(rows, args.out)
+    paths = write_atomically(rows, out.with_suffix(""))
     group = next((p.policy.removeprefix("ratio:").split("=")[0] for p in points if p.policy.startswith("ratio:")), None)
     if args.plot:
         from kvpool.sim.sweep_plot import plot_sweep
 
-        plot_sweep(args.plot, rows, group)
+        with atomic_path(args.plot) as tmp:
+            plot_sweep(tmp, rows, group)
     shown = []
     for r in rows:
         ok = "error" not in r
@@ -99,3 +159,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{how}")
     print("wrote " + ", ".join(str(p) for p in paths) + (f", {args.plot}" if args.plot else ""))
     return 0
+
+
+def write_atomically(rows: list[dict[str, Any]], base: Path) -> list[Path]:
+    """`write_rows` into temporary files beside `base`, each renamed into place only
+    once both are written whole."""
+    with atomic_path(base.with_suffix(".json")) as tmp:
+        written = write_rows(rows, tmp)
+        paths = [base.with_suffix(p.suffix) for p in written]
+        try:
+            for done, target in zip(written[1:], paths[1:], strict=True):
+                os.replace(done, target)
+        finally:
+            for done in written[1:]:
+                done.unlink(missing_ok=True)
+    return paths

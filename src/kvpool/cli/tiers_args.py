@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvpool.cli.common import table
+from kvpool.cli.common import positive_int, size_arg, table
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
 from kvpool.plan.tiers import GiB, TierPlan, host_tier_bytes, plan_tiers
@@ -18,10 +18,11 @@ def add_tier_args(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("cold tiers per rank (host memory, disk; docs/cache.md)")
     t.add_argument(
         "--host-memory",
+        type=size_arg,
         metavar="SIZE",
         help="host memory for KV on one node, e.g. 256GiB; one rank's host tier follows --host-rule",
     )
-    t.add_argument("--disk", metavar="SIZE", help="disk tier per rank, e.g. 1TiB")
+    t.add_argument("--disk", type=size_arg, metavar="SIZE", help="disk tier per rank, e.g. 1TiB")
     t.add_argument(
         "--host-rule",
         choices=RULES,
@@ -33,7 +34,7 @@ def add_tier_args(p: argparse.ArgumentParser) -> None:
     )
     t.add_argument(
         "--ranks-per-node",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="GPUs (ranks) on one node sharing --host-memory (default: tp x pp)",

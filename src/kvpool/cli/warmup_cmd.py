@@ -6,9 +6,9 @@ import argparse
 from typing import Any
 
 from kvpool.cache import KVCacheManager, WarmupReport
-from kvpool.cli.common import add_json_arg, print_json, table
+from kvpool.cli.common import add_json_arg, checked, int_items, print_json, table
 from kvpool.cli.plan_args import add_plan_args, plan_from_args
-from kvpool.errors import LimitsError
+from kvpool.errors import KvpoolError, LimitsError
 from kvpool.plan.report import window_decodes_below_graph
 
 
@@ -24,25 +24,33 @@ def register(sub: Any) -> None:
     )
     add_plan_args(p)
     p.add_argument(
-        "--draft-lens", default=None, metavar="D1,D2,...", help="draft lengths to warm up (default: 0 and --draft-len)"
+        "--draft-lens",
+        type=checked(draft_lens),
+        default=None,
+        metavar="D1,D2,...",
+        help="draft lengths to warm up (default: 0 and --draft-len)",
     )
     add_json_arg(p)
     p.set_defaults(func=run)
 
 
+def draft_lens(text: str) -> tuple[int, ...]:
+    """`0,4` -> (0, 4): non-negative draft lengths, sorted, no empty item."""
+    try:
+        return tuple(sorted(set(int_items(text, low=0))))
+    except KvpoolError as e:
+        raise LimitsError(f"cannot read draft lengths: {e}") from None
+
+
 def parse_draft_lens(text: str | None, max_draft_len: int) -> tuple[int, ...]:
     if text is None:
         return tuple(sorted({0, max_draft_len}))
-    try:
-        values = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
-    except ValueError:
-        raise LimitsError(f"cannot read draft lengths {text!r}; write e.g. 0,4") from None
-    if not values or min(values) < 0:
-        raise LimitsError(f"draft lengths must be non-negative integers, got {text!r}")
+    values = draft_lens(text)
     if max(values) > max_draft_len:
         # the plan reserves nothing for longer drafts, and engines refuse them
         raise LimitsError(
-            f"draft length {max(values)} exceeds --draft-len {max_draft_len}; raise --draft-len to warm it up"
+            f"--draft-lens: draft length {max(values)} exceeds --draft-len {max_draft_len}; "
+            "raise --draft-len to warm it up"
         )
     return values
 

@@ -96,7 +96,10 @@ def resolve_model(model: str | os.PathLike[str]) -> ModelSource:
         raise ModelSourceError(f"MODEL is empty; {FORMS}")
     if model.lower() in presets.model_names():
         return ModelSource("preset", model, presets.DATA / "models" / f"{model.lower()}.json")
-    path = Path(model).expanduser()
+    try:
+        path = Path(model).expanduser()
+    except RuntimeError:  # `~` with no HOME and no password entry to find the home in
+        raise ModelSourceError(f"cannot expand '~' in {model!r}: no home directory; give the full path") from None
     if path.exists() or model.endswith(".json") or model.startswith(("/", ".", "~")):
         return path_source(path, model)
     match = HUB_ID.fullmatch(model)

@@ -20,6 +20,8 @@ def read_json(path: Path, what: str = "config file", limit: int = MAX_JSON_BYTES
     the file is missing, unreadable, larger than `limit` bytes, not UTF-8, not
     JSON, or nested too deep to parse."""
     try:
+        if path.is_fifo() or path.is_socket():  # opening one blocks until a writer comes, maybe never
+            raise SpecError(f"cannot read {what} {path}: a pipe or socket, not a file")
         with path.open("rb") as f:
             data = f.read(limit + 1)
     except FileNotFoundError:
@@ -29,10 +31,20 @@ def read_json(path: Path, what: str = "config file", limit: int = MAX_JSON_BYTES
     if len(data) > limit:
         raise SpecError(f"{what} {path} is larger than {limit // 2**20} MiB: not a model config")
     try:
-        return json.loads(data.decode("utf-8-sig"))
+        return json.loads(data.decode("utf-8-sig"), parse_int=_bounded_int)
     except UnicodeDecodeError as e:
         raise SpecError(f"{what} {path} is not UTF-8 text: {e}") from None
     except json.JSONDecodeError as e:
         raise SpecError(f"{what} {path} is not valid JSON: {e}") from None
+    except SpecError as e:  # an integer too long to be a count (_bounded_int)
+        raise SpecError(f"{what} {path}: {e}") from None
     except RecursionError:
         raise SpecError(f"{what} {path} is nested too deeply to be a model config") from None
+
+
+def _bounded_int(text: str) -> int:
+    """A JSON integer of at most 30 digits: past that no count in a config is real,
+    and thousands of digits pass Python's int-string limit (an untyped ValueError)."""
+    if len(text.lstrip("-")) > 30:
+        raise SpecError(f"an integer of {len(text.lstrip('-'))} digits ({text[:12]}...) is not a config value")
+    return int(text)

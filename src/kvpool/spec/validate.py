@@ -80,6 +80,33 @@ UNMODELLED = {
 }
 
 
+# The dtype names a config's torch_dtype / dtype may hold (torch's own names and
+# aliases, and transformers' "auto"); anything else is a typo kvpool would read as bf16.
+TORCH_DTYPES = frozenset(
+    [
+        "auto",
+        "bfloat16",
+        "float16",
+        "half",
+        "float32",
+        "float",
+        "float64",
+        "double",
+        "float8_e4m3fn",
+        "float8_e4m3fnuz",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+        "float4_e2m1fn_x2",
+        "int8",
+        "uint8",
+        "int16",
+        "int32",
+        "int64",
+        "bool",
+    ]
+)
+
 MAX_CONFIG_INT = 2**31 - 1
 # Tighter bounds where kvpool walks the count one by one (the deepest published
 # decoder has a few hundred layers).
@@ -135,9 +162,20 @@ def validate_config(config: Mapping[str, Any], where: str) -> None:
         value = config.get(field)
         if value is not None and not isinstance(value, str):
             raise SpecError(f"{where}: field {field!r} must be a string such as 'bfloat16', got {value!r}")
+        if isinstance(value, str) and value.lower().removeprefix("torch.") not in TORCH_DTYPES:
+            raise SpecError(
+                f"{where}: field {field!r} is {value!r}, not a torch dtype (e.g. bfloat16, float16, float32)"
+            )
     for field in REQUIRED.get(model_type, ()):
         if config.get(field) is None and not isinstance(config.get("linear_attention"), Mapping):
             raise SpecError(f"{where}: model_type {model_type!r} needs field {field!r}, which the config lacks")
     types = config.get("layer_types")
     if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
         raise SpecError(f"{where}: field 'layer_types' must be a list of strings")
+    layers = ints.get("num_hidden_layers")
+    if isinstance(types, list) and (not types or (layers is not None and len(types) > layers)):
+        # one entry per decoder layer (transformers' layer_types); more or none is a broken config
+        raise SpecError(
+            f"{where}: field 'layer_types' has {len(types)} entries for {layers} layers (num_hidden_layers); "
+            "it needs one per layer"
+        )
