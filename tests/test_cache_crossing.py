@@ -84,6 +84,7 @@ def test_a_batch_crossing_moves_the_pages_the_planner_moves(
                 del known[rids[0]]
         assert fast.take_events() == slow.take_events()
         assert observed(fast) == observed(slow)
+        fast.check_integrity()  # the crossing's bounds and stale histories are rebound's and next_stale's
     assert fast.stats() == slow.stats()
     fast.check_integrity()
     slow.check_integrity()

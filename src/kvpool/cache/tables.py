@@ -250,9 +250,8 @@ class PageTables:
                         k += 1
         for req, cap, hist in rows:
             hi = req.hi
-            if cap > hi:
-                if hi > req.lo:
-                    req.lo = hi
+            if cap > hi:  # (lo < old cap <= hi: the old hi is the new lo)
+                req.lo = hi
                 hi += tpb
                 req.hi = hi if hi < req.limit else req.limit
             req.cap = cap
