@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -108,7 +110,7 @@ def out_base(text: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = named("--out", lambda: out_base(args.out))
+    named("--out", lambda: out_base(args.out))
     if args.plot is not None:
         named("--plot", lambda: check_output(args.plot))
     if args.serial and (args.workers or args.ray_address):
@@ -133,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     rows = best_shares(rows)
-    paths = write_atomically(rows, out.with_suffix(""))
+    paths = write_atomically(rows, args.out)
     group = next((p.policy.removeprefix("ratio:").split("=")[0] for p in points if p.policy.startswith("ratio:")), None)
     if args.plot:
         from kvpool.sim.sweep_plot import plot_sweep
@@ -161,16 +163,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_atomically(rows: list[dict[str, Any]], base: Path) -> list[Path]:
-    """`write_rows` into temporary files beside `base`, each renamed into place only
-    once both are written whole."""
-    with atomic_path(base.with_suffix(".json")) as tmp:
-        written = write_rows(rows, tmp)
-        paths = [base.with_suffix(p.suffix) for p in written]
-        try:
-            for done, target in zip(written[1:], paths[1:], strict=True):
-                os.replace(done, target)
-        finally:
-            for done in written[1:]:
-                done.unlink(missing_ok=True)
+def write_atomically(rows: list[dict[str, Any]], out: str) -> list[Path]:
+    """`write_rows(rows, out)`, written in a temporary folder beside `out` and each
+    file renamed into place once all are written whole: a failure leaves none."""
+    target = Path(out)
+    folder = Path(tempfile.mkdtemp(prefix=".kvpool-sweep-", dir=target.parent))
+    try:
+        written = write_rows(rows, folder / target.name)
+        paths = [target.parent / p.name for p in written]
+        for done, path in zip(written, paths, strict=True):
+            os.replace(done, path)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     return paths
