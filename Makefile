@@ -96,3 +96,11 @@ engines-venvs:
 
 engines-truth: setup engines-venvs
 	KVPOOL_ENGINES_CACHE=$(ENGINES_CACHE) PYTHONPATH=tests $(BIN)/python -m engines_truth.lane vllm sglang
+
+# Soak runs (not part of `make test` or CI; skipped there without KVPOOL_SOAK): 20,000 random
+# mutations of the generated CLI bad inputs (KVPOOL_SOAK_CASES, KVPOOL_SOAK_SEED size and seed
+# it), printing the counts and memory growth. Add a soak file to SOAK_TESTS.
+SOAK_TESTS := tests/test_cli_soak_bad_input.py
+.PHONY: soak
+soak: setup
+	KVPOOL_SOAK=1 $(BIN)/pytest -s $(SOAK_TESTS)

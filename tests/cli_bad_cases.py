@@ -170,7 +170,7 @@ class Case:
     value: str
 
     def argv(self, tmp: str) -> list[str]:
-        base = BASE[self.command].format(tmp=tmp).split()
+        base = BASE[self.command].replace("{tmp}", tmp).split()
         if self.flag.startswith("-"):
             base = _drop(base, self.flag)
             if self.flag in GPU_ONLY:
@@ -178,9 +178,9 @@ class Case:
             extra = NEEDS.get(self.flag, "").split()
             if extra and extra[0] in base:
                 extra = []
-            return [*base, *extra, f"{self.flag}={self.value.format(tmp=tmp)}"]
+            return [*base, *extra, f"{self.flag}={self.value.replace('{tmp}', tmp)}"]
         # a positional: the one after the command
-        return [base[0], self.value.format(tmp=tmp), *base[2:]]
+        return [base[0], self.value.replace("{tmp}", tmp), *base[2:]]
 
     @property
     def id(self) -> str:

@@ -38,7 +38,7 @@ class Parser(argparse.ArgumentParser):
     """argparse that reports a usage error in one line and exits 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
     def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
         # argparse drops a "--" value (`--tp=--`) and stores [] for a one-value
@@ -82,8 +82,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sys.stdout is None:  # started with stdout closed (`kvpool ... >&-`): nowhere to answer
         print("kvpool: error: stdout is closed; redirect it to a file or /dev/null", file=sys.stderr)
         return 2
+    argv = sys.argv[1:] if argv is None else list(argv)
+    nul = next((a for a in argv if "\x00" in a), None)
+    if nul is not None:  # no shell passes one; every path and name reader would fail on it differently
+        print(f"kvpool: error: argument {nul.split('=')[0]!r} holds a NUL byte", file=sys.stderr)
+        return 2
     try:
-        args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
+        args = build_parser().parse_args(join_negative_values(argv))
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2 if e.code else 0
     try:
@@ -104,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:  # the machine's, not kvpool's: a full disk, a device gone
         _silence_stdout()
         where = f" ({e.filename})" if e.filename else " (writing the output)"
-        print(f"kvpool {args.command}: error: {e.strerror or e}{where}", file=sys.stderr)
+        print(f"kvpool {args.command}: error: {one_line(f'{e.strerror or e}{where}')}", file=sys.stderr)
         return 2
     except Exception as e:  # an internal failure: say so, keep the traceback opt-in
         if os.environ.get("KVPOOL_DEBUG"):
