@@ -7,7 +7,9 @@ import argparse
 from typing import Any
 
 from kvpool import presets
-from kvpool.cli.common import int_at_least, positive_float, positive_int
+from kvpool.cli.common import checked, int_at_least, positive_float, positive_int, size_arg, size_or_zero
+from kvpool.cli.tiers_args import RULES
+from kvpool.errors import KvpoolError
 from kvpool.sched.admission import ADMISSIONS
 
 # Each sweep point is a whole simulation of the trace: past this a typo, not a study.
@@ -118,3 +120,72 @@ def add_simulation_args(p: argparse.ArgumentParser) -> Any:
     s.add_argument("--plot", default=None, metavar="OUT.png", help="write a plot (needs matplotlib)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     return s
+
+
+# Each host size is a whole simulation of the trace.
+MAX_HOST_SIZES = 50
+
+
+def host_sizes(text: str) -> list[int]:
+    """`--host-memory`: one size or a comma-separated list of them (0 allowed:
+    no host tier), each read by `units.parse_size`."""
+    sizes = [size_or_zero(part) for part in text.split(",")]
+    if len(sizes) > MAX_HOST_SIZES:
+        raise KvpoolError(f"{len(sizes)} sizes, at most {MAX_HOST_SIZES} (each is a whole run)")
+    return sizes
+
+
+def add_tier_sim_args(p: argparse.ArgumentParser) -> None:
+    """The cold tiers of `kvpool plan` (`cli/tiers_args.py`: --host-memory,
+    --disk, --host-rule, --ranks-per-node; here --host-memory may be a list,
+    one run per size) and how the simulator moves pages over them."""
+    t = p.add_argument_group("cold tiers per rank, and how pages move to them (docs/sim.md)")
+    t.add_argument(
+        "--host-memory",
+        type=checked(host_sizes),
+        metavar="SIZE[,SIZE...]",
+        help="host memory for KV on one node, e.g. 256GiB; one rank's host tier follows --host-rule. "
+        "A list (0,64GiB,256GiB) runs once per size and shows what each buys",
+    )
+    t.add_argument("--disk", type=size_arg, metavar="SIZE", help="disk tier per rank, e.g. 1TiB")
+    t.add_argument(
+        "--host-rule",
+        choices=RULES,
+        default="even",
+        help="how one rank's host tier follows from --host-memory, as in kvpool plan: even (split over the "
+        "node's ranks), trtllm, vllm, sglang",
+    )
+    t.add_argument(
+        "--ranks-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="GPUs (ranks) on one node sharing --host-memory (default: tp x pp)",
+    )
+    t.add_argument(
+        "--preemption",
+        choices=("recompute", "suspend"),
+        default="recompute",
+        help="a preempted request's pages: dropped and recomputed (default), or suspended to the host "
+        "tier and brought back (TensorRT-LLM V2's suspend/resume; needs a tier)",
+    )
+    t.add_argument(
+        "--host-bandwidth",
+        type=positive_float,
+        default=None,
+        metavar="GB/s",
+        help="host <-> GPU bandwidth per direction (default: the GPU preset's host link, kvpool gpus)",
+    )
+    t.add_argument(
+        "--disk-bandwidth",
+        type=positive_float,
+        default=None,
+        metavar="GB/s",
+        help="disk read bandwidth (default 7.88: one NVMe drive on PCIe 4.0 x4)",
+    )
+    t.add_argument(
+        "--transfer-overlap",
+        action="store_true",
+        help="page copies overlap the forward (vLLM's offloading connector); default: the step waits for them "
+        "(TensorRT-LLM)",
+    )

@@ -10,12 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpool import presets
+from kvpool.cache import TierSpec
 from kvpool.cli.common import add_json_arg, print_json
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.cli.plan_args import Resolved, add_plan_args, parse_pool_ratio, resolve
 from kvpool.cli.request import PlanRequest
 from kvpool.cli.sim_output import ProgressBar, parse_rate, rebalance_lines, results_table, run_json
-from kvpool.cli.simulate_args import add_simulation_args
+from kvpool.cli.simulate_args import add_simulation_args, add_tier_sim_args
+from kvpool.cli.simulate_tiers import TierRuns, sweep_table, tier_runs
 from kvpool.errors import KvpoolError
 from kvpool.plan.sizing import check_pool_ratio
 from kvpool.presets import GpuSpec
@@ -50,6 +52,7 @@ def register(sub: Any) -> None:
     add_plan_args(p, workload=False)  # the trace is --trace; `--policy workload` uses it
     s = add_simulation_args(p)
     add_kv_events_args(s)
+    add_tier_sim_args(p)
     add_json_arg(p)
     p.set_defaults(func=run)
 
@@ -73,6 +76,7 @@ class Setup:
     policies: tuple[str, ...]
     padding: bool
     admission: str | None = None  # --admission; None: each policy's engine's rule
+    tiers: TierRuns | None = None  # --host-memory / --disk and how pages move (None: no cold tier)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     # Plan every named policy first, so that an infeasible one fails in a second, not
     # after the runs before it.
     plans = [runner.plan(p, with_model=True) for p in setup.policies]
+    if setup.tiers is not None:
+        return run_tiered(args, setup, runner, plans)
     runs = [runner.one(p, pp) for p, pp in zip(setup.policies, plans, strict=True)]
     sweep = run_sweep(args, runner, group, shares) if group is not None else []
     everything = runs + [r for _, r in sweep]
@@ -132,7 +138,13 @@ def prepare(args: argparse.Namespace) -> Setup:
     trace = load_trace(args.trace, max_requests=args.max_requests).with_rate(parse_rate(args.rate), args.seed)
     model = StepTimeModel.build(resolved.spec, gpu, weights, calibration_from(args.calibration))
     policies = tuple(policies_from(args, resolved.spec))
-    return Setup(resolved, gpu, model, trace, policies, not args.no_padding_reservation, args.admission)
+    tiers = tier_runs(args, gpu)
+    if tiers is not None:
+        if args.sweep_ratio or "rebalance" in policies:
+            raise KvpoolError("cold tiers are simulated with static splits: drop --sweep-ratio / rebalance")
+        if tiers.sweep and len(policies) > 1:
+            raise KvpoolError("a list of --host-memory sizes sweeps one policy: give one, not several")
+    return Setup(resolved, gpu, model, trace, policies, not args.no_padding_reservation, args.admission, tiers)
 
 
 def calibration_from(value: str | None) -> Calibration | str | None:
@@ -205,7 +217,9 @@ class Runner:
             padding=s.padding or not with_model,
         )
 
-    def one(self, policy: str, pp: PolicyPlan | None = None) -> SimResult:
+    def one(self, policy: str, pp: PolicyPlan | None = None, tiers: list[TierSpec] | None = None) -> SimResult:
+        """`policy` simulated (on `pp`, its plan, when given), with `tiers` below
+        the GPU pools when given (`Setup.tiers` says how pages move)."""
         s = self.setup
         pp = pp or self.plan(policy)
         self.notes.extend(n for n in pp.notes if n not in self.notes)
@@ -223,6 +237,9 @@ class Runner:
                 progress=self.bar,
                 on_step=self.on_step,
                 admission=s.admission,
+                tiers=tiers or (),
+                link=s.tiers.link if tiers and s.tiers else None,
+                preemption=s.tiers.preemption if tiers and s.tiers else "recompute",
             )
         self.bar.done()
         return result
@@ -273,13 +290,9 @@ def render(
 ) -> str:
     """The text report: the setup line, the results table, rebalance lines, the
     best split of a sweep, notes and the plot's path."""
-    r, budget = setup.resolved, setup.resolved.budget
-    lim = r.limits
+    r = setup.resolved
     lines = [
-        f"{r.spec.name} on {setup.gpu.name}: KV {format_bytes(budget.kv_bytes)} ({budget.how}), "
-        f"B={lim.max_batch_size} L={lim.max_seq_len} N={lim.max_num_tokens}; trace {setup.trace.name}: "
-        f"{len(setup.trace)} requests, rate {args.rate or 'trace times'}; padding dummies "
-        f"{'reserved' if setup.padding else 'lazy'}",
+        header(args, setup),
         results_table(everything, [g.name for g in r.spec.groups]),
         *rebalance_lines(everything),
     ]
@@ -299,3 +312,60 @@ def render(
     if args.plot:
         lines.append(f"plot: {args.plot}")
     return "\n".join(lines)
+
+
+def header(args: argparse.Namespace, setup: Setup) -> str:
+    """The setup line of the text report."""
+    r, budget = setup.resolved, setup.resolved.budget
+    lim = r.limits
+    return (
+        f"{r.spec.name} on {setup.gpu.name}: KV {format_bytes(budget.kv_bytes)} ({budget.how}), "
+        f"B={lim.max_batch_size} L={lim.max_seq_len} N={lim.max_num_tokens}; trace {setup.trace.name}: "
+        f"{len(setup.trace)} requests, rate {args.rate or 'trace times'}; padding dummies "
+        f"{'reserved' if setup.padding else 'lazy'}"
+    )
+
+
+def run_tiered(args: argparse.Namespace, setup: Setup, runner: Runner, plans: list[PolicyPlan]) -> int:
+    """Each policy with cold tiers, once per --host-memory size: the results
+    table, then per size what the host tier bought (and a plot of it)."""
+    tiers = setup.tiers
+    assert tiers is not None
+    rows: list[tuple[str | None, SimResult]] = []
+    for policy, pp in zip(setup.policies, plans, strict=True):
+        for size in tiers.sizes:
+            result = runner.one(policy, pp, tiers.specs(args, pp.plan, size))
+            if tiers.sweep:
+                result = dataclasses.replace(result, policy=f"{policy} host {size}")
+            rows.append((size, result))
+    runs = [r for _, r in rows]
+    if args.plot:
+        from kvpool.sim.plot import plot_host_sweep, plot_runs
+
+        title = f"{setup.resolved.spec.name} on {setup.gpu.key}, {setup.trace.name}"
+        if tiers.sweep:
+            plot_host_sweep(args.plot, [((r.tiers or {})["bytes"]["CPU"], r) for r in runs], title=title)
+        else:
+            plot_runs(args.plot, runs, title=title)
+    notes = runner.notes
+    if max(r.rejected for r in runs):
+        notes.append(f"requests not done were rejected (max_seq_len {setup.resolved.limits.max_seq_len}, or pages)")
+    if args.json:
+        out = [{**run_json(r), "host_memory": size} for size, r in rows]
+        print_json({"calibration": setup.model.calibration, "runs": out})
+        return 0
+    link = tiers.link
+    lines = [
+        header(args, setup),
+        results_table(runs, [g.name for g in setup.resolved.spec.groups]),
+        "",
+        f"cold tiers ({args.host_rule} rule): host link {link.host_bytes_per_s / 1e9:.1f} GB/s per direction, "
+        f"disk {link.disk_bytes_per_s / 1e9:.2f} GB/s, copies {'overlap the step' if link.overlap else 'before the step'}"
+        f", preemption by {tiers.preemption}",
+        sweep_table(rows),
+        *(f"note: {n}" for n in notes),
+    ]
+    if args.plot:
+        lines.append(f"plot: {args.plot}")
+    print("\n".join(lines))
+    return 0

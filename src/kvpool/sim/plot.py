@@ -99,3 +99,33 @@ def plot_runs(
     fig.savefig(out)
     plt.close(fig)
     return out
+
+
+def plot_host_sweep(path: str | Path, points: Sequence[tuple[int, SimResult]], *, title: str = "") -> Path:
+    """Write a PNG to `path` (side effect): the prompt hit rate (left axis) and
+    TTFT p50 / p99 (right axis) against one rank's host tier bytes. Returns the path."""
+    plt = _pyplot()
+    out = Path(path)
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    xs = [b / 2**30 for b, _ in points]
+    ax.plot(xs, [100 * r.prompt_hit_rate for _, r in points], "-o", color="tab:blue", label="prompt hit rate")
+    ax.set_xlabel("host tier per rank (GiB)")
+    ax.set_ylabel("prompt tokens hit (%)", color="tab:blue")
+    ax.set_ylim(bottom=0, top=max(5.0, ax.get_ylim()[1] * 1.1))
+    ttft = ax.twinx()
+    for q, style in ((50, "-s"), (99, "--^")):
+        ys = [r.percentile(r.ttft_s, q) for _, r in points]
+        ttft.plot(xs, [float("nan") if y is None else y for y in ys], style, color="tab:red", label=f"TTFT p{q}")
+    ttft.set_ylabel("TTFT (s, simulated)", color="tab:red")
+    ttft.set_ylim(bottom=0)
+    lines = ax.get_legend_handles_labels()
+    more = ttft.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="center right")
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
