@@ -102,7 +102,20 @@ def test_cli_engine_trtllm_is_v2_and_trtllm_at_v1_the_old_manager(capsys: pytest
     assert "prints: [sliding] 15728 slots of 3276800 bytes" in out and "KV cache manager V2" in out
     assert "16,425" in out  # kvpool's own plan stays beside it
     assert main([*argv, "--engine", "trtllm@v1"]) == 0
-    assert "[windowSize=1024] {.primaryBlocks=" in capsys.readouterr().out
+    v1 = capsys.readouterr().out
+    assert "[windowSize=1024] {.primaryBlocks=" in v1
+    assert main([*argv, "--engine", "trtllm-v1"]) == 0  # the alias names the same model
+    assert capsys.readouterr().out == v1
+
+
+def test_engine_alias_trtllm_v1_resolves_and_unknown_names_still_fail() -> None:
+    from kvpool.engines.common import EngineNotModelledError, split_engine_name
+
+    releases = {"trtllm": ("v2", "v1")}
+    assert split_engine_name("trtllm-v1", releases) == ("trtllm", "v1")
+    assert split_engine_name("trtllm", releases) == ("trtllm", "v2")
+    with pytest.raises(EngineNotModelledError):
+        split_engine_name("trtllm-v3", releases)
 
 
 # NVIDIA/TensorRT-LLM tests/unittest/kv_cache_manager_v2_tests/test_storage_manager.py at commit

@@ -28,7 +28,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="ENGINE[@RELEASE]",
         help="also show what this engine would allocate from the same memory by its own rules: "
-        + ", ".join(f"{e} (= {e}@{r[0]})" for e, r in RELEASES.items()),
+        + ", ".join(f"{e} (= {e}@{r[0]})" for e, r in RELEASES.items())
+        + "; trtllm@v1 (or trtllm-v1): TensorRT-LLM's old C++ manager",
     )
     g.add_argument(
         "--block-size",

@@ -219,12 +219,17 @@ def allocate_with(model: EngineModel[S], spec: ModelSpec, limits: ServingLimits,
     return model.report(sizing, model.pools(sizing))
 
 
+# Other names the CLI takes for an engine@release (`trtllm-v1`: TensorRT-LLM's old C++ manager).
+ENGINE_ALIASES = {"trtllm-v1": "trtllm@v1"}
+
+
 def split_engine_name(name: str, releases: Mapping[str, tuple[str, ...]]) -> tuple[str, str]:
-    """`vllm` -> (vllm, newest verified release), `vllm@0.32` -> (vllm, 0.32).
+    """`vllm` -> (vllm, newest verified release), `vllm@0.32` -> (vllm, 0.32);
+    an alias of `ENGINE_ALIASES` (`trtllm-v1`) -> what it names (trtllm, v1).
 
     `releases` maps each engine to its modelled releases, newest first.
     """
-    engine, _, release = name.partition("@")
+    engine, _, release = ENGINE_ALIASES.get(name, name).partition("@")
     if engine not in releases:
         raise EngineNotModelledError(f"unknown engine {engine!r}; choose one of {', '.join(releases)}")
     known = releases[engine]
