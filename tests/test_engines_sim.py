@@ -13,6 +13,7 @@ from kvpool.sim import StepTimeModel, Weights, simulate
 from kvpool.sim.policies import parse_policies, plan_for
 from kvpool.spec import load_model_spec
 from kvpool.trace import Trace
+from plan_helpers import hybrid
 
 GiB = 2**30
 LIMITS = ServingLimits(max_seq_len=8192)
@@ -40,8 +41,28 @@ def test_sglang_and_trtllm_pools_become_pages() -> None:
     assert sg.pages("sliding") == r.reported["swa_tokens"] // 32
     assert sg.policy == "engine:sglang"
     tr = plan_for(spec, LIMITS, "engine:trtllm", kv_memory_bytes=10 * GiB, trace=TRACE).plan
-    blocks = trtllm.allocate(spec, LIMITS, 10 * GiB).group_pages
-    assert blocks is not None and tr.pages("sliding") == blocks["sliding"]
+    # gpt-oss-20b's sliding and full layers are alike (12 each): V2 gives them one pool group of equal slots
+    v2 = trtllm.allocate(spec, LIMITS, 10 * GiB, manager="v2-default")
+    assert v2.group_pages is None and len(tr.shared) == 1 and tr.shared[0].pages == v2.pools[0].pages
+
+
+def test_trtllm_policy_sizes_pools_as_v2_gemma4() -> None:
+    # issue 26: V2 gives gemma-4-26b-a4b fp8 at 60 GiB sliding 15,728 / full 39,321 slots (V1 splits by window)
+    spec = load_model_spec("gemma-4-26b-a4b", kv_dtype="fp8", max_seq_len=32768)
+    lim = ServingLimits(max_seq_len=32768, max_batch_size=256)
+    plan = plan_for(spec, lim, "engine:trtllm", kv_memory_bytes=60 * GiB, trace=TRACE).plan
+    assert (plan.pages("sliding"), plan.pages("full")) == (15_728, 39_321)
+
+
+def test_trtllm_policy_one_pool_group_is_one_shared_pool() -> None:
+    # equal row bytes: V2's sliding and full life cycles have equal slot sizes and share one pool group
+    # (test_storage_manager.py's merged case); 1 GiB at 2 MiB grains holds 512 x 2 MiB // 32,768 B slots
+    spec = hybrid(full_row=1024, sliding_row=1024, window=1024)
+    report = trtllm.allocate(spec, LIMITS, GiB, manager="v2-default")
+    assert report.group_pages is None and report.pools[0].pages == GiB // (1024 * 32)
+    plan = plan_for(spec, LIMITS, "engine:trtllm", kv_memory_bytes=GiB, trace=TRACE).plan
+    assert len(plan.shared) == 1 and plan.shared[0].pages == GiB // (1024 * 32)
+    assert plan.policy == "engine:trtllm"
 
 
 def test_vllm_policy_is_one_shared_pool_gemma3() -> None:

@@ -2,8 +2,10 @@
 engine's own split of the same memory, run through kvpool's manager and scheduler.
 
 - `engine:sglang`, `engine:trtllm`: the engine's pools map one to one onto
-  kvpool's groups (SGLang's tokens, TensorRT-LLM V1's blocks per window), turned
-  into pages at the simulated page size.
+  kvpool's groups (SGLang's tokens, TensorRT-LLM KV cache manager V2's slots by
+  its own defaults), turned into pages at the simulated page size. V2 pool
+  groups that hold several life cycles (equal slot sizes) become one shared pool
+  when they hold every group.
 - `engine:vllm`: vLLM v1's shared block pool itself. `engines.vllm.allocate`
   (at `--block-size` = the simulated page size) gives vLLM's KV-cache groups:
   layers cut into groups of equal layer count, the last of each type padded with
@@ -102,7 +104,16 @@ def engine_plan(
     if engine == "sglang":
         report = sglang.allocate(spec, lim, kv_memory_bytes, max_running_requests=lim.max_batch_size)
     elif engine == "trtllm":
-        report = trtllm.allocate(spec, lim, kv_memory_bytes)
+        report = trtllm.allocate(spec, lim, kv_memory_bytes, manager="v2-default")
+        _refuse(policy, report)
+        if report.group_pages is None:  # V2 merged life cycles of equal slot size into one pool group
+            if len(report.pools) != 1:
+                raise EngineNotModelledError(
+                    f"{policy}: V2 pool groups {[p.name for p in report.pools]} share slots among some "
+                    "groups only; kvpool simulates one shared pool or one pool per group"
+                )
+            shared = PoolPlan.from_shared_pool(spec, report.pools[0].pages, lim, name=SHARED_POOL, policy=policy)
+            return shared, (f"{policy}: one V2 pool group, {report.lines[0]}",)
     else:
         raise KvpoolError(f"unknown policy {policy!r}; engine policies: {', '.join(ENGINE_POLICIES)}")
     _refuse(policy, report)
