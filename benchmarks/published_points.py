@@ -1,0 +1,399 @@
+"""Replay published serving benchmarks through `kvpool simulate` and compare times.
+
+Each row of tests/data/published_points/points.csv (README.md there names the sources
+and columns) is one published measurement: a model on a GPU at a stated parallelism,
+requests of ISL input and OSL output tokens, a concurrency and a measured throughput or
+latency. This script builds what `kvpool simulate` would build for it (the same argument
+parser, `simulate_cmd.prepare`, `StepTimeModel.build`, the engine's `engine:*` plan and
+admission, `kvpool.sim.simulate`), runs N requests that all arrive at t=0 with at most
+`concurrency` running (`--max-batch-size`), and prints simulated vs measured and the time
+ratio simulated / measured (> 1: the simulator is slower than the GPU was).
+
+The only departure from `kvpool simulate`: the step-time model gets the checkpoint's
+real bytes per parameter (FP8 = 1, NVFP4 = 0.5625), which `--weights-bytes` cannot say.
+
+    .venv/bin/python benchmarks/published_points.py            # table + median + worst
+    .venv/bin/python benchmarks/published_points.py --markdown # the table for docs/sim.md
+    .venv/bin/python benchmarks/published_points.py --json     # the rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvpool.cli.main import build_parser
+from kvpool.cli.sim_output import ProgressBar
+from kvpool.cli.simulate_cmd import Runner, calibration_from, prepare
+from kvpool.sim import StepTimeModel, Weights
+from kvpool.sim.steptime import params_table
+from kvpool.trace import Trace
+
+ROOT = Path(__file__).resolve().parents[1]
+POINTS = ROOT / "tests" / "data" / "published_points" / "points.csv"
+CONFIGS = ROOT / "tests" / "data" / "configs"
+
+BYTES_PER_PARAM = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}  # NVFP4: 4 bits + one FP8 scale per 16
+ENGINE_POLICY = {"trtllm": "engine:trtllm", "nim": "engine:trtllm", "vllm": "engine:vllm"}
+METRICS = ("output_tok_s", "batch_latency_ms")
+# Parameter counts of models that are configs here, not presets (the table has no row):
+# Mixtral 8x7B: "46.7B total parameters but only uses 12.9B parameters per token"
+# (Mistral AI, "Mixtral of experts", mistral.ai/news/mixtral-of-experts).
+CONFIG_PARAMS = {"Mixtral-8x7B-v0.1.json": (46.7e9, 12.9e9)}
+ANY_TRACE = "azure-conv"  # prepare() loads a trace; the harness replaces it with the point's
+
+
+class PointError(ValueError):
+    """A row of the points file that cannot be read or replayed."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One published measurement (the columns of points.csv)."""
+
+    id: str
+    model: str
+    published_model: str
+    gpu: str
+    tp: int
+    ep: int
+    dp: int
+    weights: str
+    kv_dtype: str
+    engine: str
+    isl: int
+    osl: int
+    concurrency: int
+    concurrency_source: str
+    max_num_tokens: int
+    num_requests: int | None
+    metric: str
+    measured: float
+    source: str
+    where: str
+    notes: str
+
+    @classmethod
+    def from_row(cls, row: dict[str, str], line: int) -> Point:
+        """The point of one CSV row; PointError names the line and the column."""
+
+        def text(name: str) -> str:
+            value = (row.get(name) or "").strip()
+            if not value and name != "notes":
+                raise PointError(f"line {line}: column {name!r} is empty")
+            return value
+
+        def integer(name: str, *, optional: bool = False) -> int | None:
+            value = (row.get(name) or "").strip()
+            if not value and optional:
+                return None
+            try:
+                n = int(value)
+            except ValueError:
+                raise PointError(f"line {line}: {name} {value!r} is not an integer") from None
+            if n < 1:
+                raise PointError(f"line {line}: {name} must be positive, got {n}")
+            return n
+
+        def positive(name: str) -> int:
+            n = integer(name)
+            assert n is not None
+            return n
+
+        try:
+            measured = float(text("measured"))
+        except ValueError:
+            raise PointError(f"line {line}: measured {row.get('measured')!r} is not a number") from None
+        if not math.isfinite(measured) or measured <= 0:
+            raise PointError(f"line {line}: measured must be a positive number, got {measured}")
+        p = cls(
+            text("id"),
+            text("model"),
+            text("published_model"),
+            text("gpu"),
+            positive("tp"),
+            positive("ep"),
+            positive("dp"),
+            text("weights"),
+            text("kv_dtype"),
+            text("engine"),
+            positive("isl"),
+            positive("osl"),
+            positive("concurrency"),
+            text("concurrency_source"),
+            positive("max_num_tokens"),
+            integer("num_requests", optional=True),
+            text("metric"),
+            measured,
+            text("source"),
+            text("where"),
+            text("notes"),
+        )
+        for name, value, allowed in (
+            ("weights", p.weights, BYTES_PER_PARAM),
+            ("engine", p.engine, ENGINE_POLICY),
+            ("metric", p.metric, METRICS),
+        ):
+            if value not in allowed:
+                raise PointError(f"line {line}: {name} {value!r} is not one of {', '.join(allowed)}")
+        if p.concurrency % p.dp:
+            raise PointError(f"line {line}: concurrency {p.concurrency} does not split over dp {p.dp}")
+        return p
+
+    @property
+    def model_arg(self) -> str:
+        """MODEL as `kvpool simulate` takes it: a preset name or a config path."""
+        if self.model.startswith("config:"):
+            return str(CONFIGS / self.model.removeprefix("config:"))
+        return self.model
+
+    @property
+    def params(self) -> tuple[float, float]:
+        """(total, active) parameters: the preset's parameter table, else CONFIG_PARAMS."""
+        if self.model.startswith("config:"):
+            name = self.model.removeprefix("config:")
+            if name not in CONFIG_PARAMS:
+                raise PointError(f"{self.id}: no parameter count for {name} (add it to CONFIG_PARAMS)")
+            return CONFIG_PARAMS[name]
+        row = params_table().get(self.model.lower())
+        if row is None:
+            raise PointError(f"{self.id}: {self.model} has no row in the parameter table")
+        return float(row["total_params"]), float(row["active_params"])
+
+
+def load_points(path: Path = POINTS) -> list[Point]:
+    """Every point of the CSV file, checked (PointError on a bad row or a repeated id)."""
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    points = [Point.from_row(r, i + 2) for i, r in enumerate(rows)]
+    ids = [p.id for p in points]
+    if len(set(ids)) != len(ids):
+        raise PointError(f"{path}: repeated ids {sorted({i for i in ids if ids.count(i) > 1})}")
+    return points
+
+
+def requests_per_rank(p: Point, waves: int) -> int:
+    """Requests one rank runs: one batch for a latency point; else `waves` full waves
+    of the rank's concurrency, no more than the source ran."""
+    per_rank = p.concurrency // p.dp
+    if p.metric == "batch_latency_ms":
+        return per_rank
+    n = per_rank * max(1, waves)
+    if p.num_requests is not None:
+        n = min(n, max(1, p.num_requests // p.dp))
+    return n
+
+
+def simulate_args(p: Point, calibration: str | None) -> argparse.Namespace:
+    """The `kvpool simulate` command line of the point, parsed by kvpool's own parser."""
+    total, active = p.params
+    argv = [
+        "simulate",
+        p.model_arg,
+        "--gpu",
+        p.gpu,
+        "--tp",
+        str(p.tp),
+        "--kv-dtype",
+        p.kv_dtype,
+        "--max-batch-size",
+        str(p.concurrency // p.dp),
+        "--max-num-tokens",
+        str(p.max_num_tokens),
+        "--max-seq-len",
+        str(p.isl + p.osl),
+        "--trace",
+        ANY_TRACE,
+        "--max-requests",
+        "1",
+        "--rate",
+        "inf",
+        "--policy",
+        ENGINE_POLICY[p.engine],
+        "--weights-bytes",
+        str(int(total * BYTES_PER_PARAM[p.weights])),
+        "--quiet",
+    ]
+    if p.ep > 1:
+        argv += ["--ep", str(p.ep)]
+    if p.dp > 1:
+        argv += ["--dp", str(p.dp)]
+    if p.model.startswith("config:"):
+        argv += ["--active-params", f"{active:.6g}"]
+    if calibration is not None:
+        argv += ["--calibration", calibration]
+    return build_parser().parse_args(argv)
+
+
+def point_weights(p: Point, share: float) -> Weights:
+    """One rank's weights at the checkpoint's bytes per parameter (`share` of them)."""
+    total, active = p.params
+    experts = top_k = None
+    if p.model.startswith("config:"):
+        config = json.loads((CONFIGS / p.model.removeprefix("config:")).read_text())
+        experts = config.get("num_local_experts") or config.get("n_routed_experts") or config.get("num_experts")
+        top_k = config.get("num_experts_per_tok")
+        source = f"{p.model}; parameters: CONFIG_PARAMS"
+    else:
+        row = params_table()[p.model.lower()]
+        experts, top_k, source = row.get("num_experts"), row.get("experts_per_token"), str(row["source"])
+    return Weights(
+        total * share, active * share, BYTES_PER_PARAM[p.weights], experts, top_k, f"{source}; {p.weights} weights"
+    )
+
+
+def replay(p: Point, *, waves: int = 3, calibration: str | None = None) -> dict[str, Any]:
+    """Simulate one point; its row: measured and simulated (metric units and seconds) and
+    the time ratio simulated / measured."""
+    args = simulate_args(p, calibration)
+    setup = prepare(args)
+    total, _ = p.params
+    memory = setup.resolved.budget.memory
+    # one rank's share of the weights, as simulate_cmd.prepare takes it
+    share = memory.weights_bytes / (total * BYTES_PER_PARAM[p.weights]) if memory is not None else 1 / p.tp
+    model = StepTimeModel.build(setup.resolved.spec, setup.gpu, point_weights(p, share), calibration_from(calibration))
+    n = requests_per_rank(p, waves)
+    trace = Trace(p.id, np.full(n, p.isl, dtype=np.int64), np.full(n, p.osl, dtype=np.int64), arrival_s=np.zeros(n))
+    setup = dataclasses.replace(setup, model=model, trace=trace)
+    notes: list[str] = []
+    runner = Runner(setup, False, ProgressBar(False), None, notes)
+    policy = setup.policies[0]
+    started = time.monotonic()
+    result = runner.one(policy, runner.plan(policy, with_model=True))
+    if result.finished != n:
+        raise PointError(f"{p.id}: {n - result.finished} of {n} requests not done ({result.rejected} rejected)")
+    simulated_s = result.makespan_s
+    if p.metric == "output_tok_s":
+        measured_s = n * p.osl / (p.measured / p.dp)
+        simulated = n * p.osl / simulated_s * p.dp
+    else:
+        measured_s = p.measured / 1000
+        simulated = simulated_s * 1000
+    return {
+        "id": p.id,
+        "model": p.model,
+        "published_model": p.published_model,
+        "gpu": p.gpu,
+        "tp": p.tp,
+        "ep": p.ep,
+        "dp": p.dp,
+        "weights": p.weights,
+        "engine": p.engine,
+        "policy": policy,
+        "isl": p.isl,
+        "osl": p.osl,
+        "concurrency": p.concurrency,
+        "requests_per_rank": n,
+        "metric": p.metric,
+        "measured": p.measured,
+        "simulated": simulated,
+        "measured_s": measured_s,
+        "simulated_s": simulated_s,
+        "ratio": simulated_s / measured_s,
+        "preemptions": result.preemptions,
+        "calibration": model.calibration,
+        "wall_s": time.monotonic() - started,
+        "source": p.source,
+    }
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median time ratio and the worst point (largest |log ratio|)."""
+    ratios = [r["ratio"] for r in rows]
+    worst = max(rows, key=lambda r: abs(math.log(r["ratio"])))
+    return {
+        "points": len(rows),
+        "median_ratio": statistics.median(ratios),
+        "worst": {"id": worst["id"], "ratio": worst["ratio"]},
+        "within_2x": sum(0.5 <= x <= 2.0 for x in ratios),
+    }
+
+
+def _value(metric: str, x: float) -> str:
+    return f"{x:,.0f} tok/s" if metric == "output_tok_s" else f"{x:,.0f} ms"
+
+
+def table(rows: list[dict[str, Any]], *, markdown: bool) -> str:
+    """The rows as a Markdown table or aligned text, then the summary line."""
+    head = ["point", "model", "GPU", "TP/EP/DP", "engine", "ISL/OSL", "conc.", "measured", "simulated", "ratio"]
+    body = [
+        [
+            r["id"],
+            r["model"].removeprefix("config:").removesuffix(".json"),
+            r["gpu"],
+            f"{r['tp']}/{r['ep']}/{r['dp']}",
+            r["engine"],
+            f"{r['isl']}/{r['osl']}",
+            str(r["concurrency"]),
+            _value(r["metric"], r["measured"]),
+            _value(r["metric"], r["simulated"]),
+            f"{r['ratio']:.2f}",
+        ]
+        for r in rows
+    ]
+    s = summary(rows)
+    foot = (
+        f"{s['points']} points, calibration {'/'.join(sorted({r['calibration'] for r in rows}))}: "
+        f"median time ratio simulated/measured "
+        f"{s['median_ratio']:.2f}; worst {s['worst']['id']} ({s['worst']['ratio']:.2f}); "
+        f"{s['within_2x']} of {s['points']} within 2x"
+    )
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(b) + " |" for b in body]
+        return "\n".join(lines) + "\n\n" + foot
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
+    fmt = "  ".join(f"{{:{'<' if i < 6 else '>'}{w}}}" for i, w in enumerate(widths))
+    lines = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*b) for b in body]
+    return "\n".join(lines) + "\n" + foot
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--points", type=Path, default=POINTS, help="points CSV (default: the checked-in one)")
+    ap.add_argument("--only", help="comma-separated point ids to run")
+    ap.add_argument("--waves", type=int, default=3, help="waves of `concurrency` requests per throughput point")
+    ap.add_argument("--calibration", help="as simulate --calibration: a profile file or 'roofline'")
+    out = ap.add_mutually_exclusive_group()
+    out.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/sim.md)")
+    out.add_argument("--json", action="store_true", help="print the rows and the summary as JSON")
+    args = ap.parse_args(argv)
+    try:
+        points = load_points(args.points)
+        if args.only:
+            wanted = args.only.split(",")
+            unknown = sorted(set(wanted) - {p.id for p in points})
+            if unknown:
+                raise PointError(f"unknown point ids: {', '.join(unknown)}")
+            points = [p for p in points if p.id in wanted]
+        if args.waves < 1:
+            raise PointError(f"--waves must be positive, got {args.waves}")
+        rows = []
+        for p in points:
+            rows.append(replay(p, waves=args.waves, calibration=args.calibration))
+            if not (args.json or args.markdown):
+                print(f"  {p.id}: ratio {rows[-1]['ratio']:.2f} ({rows[-1]['wall_s']:.1f} s)", file=sys.stderr)
+    except (PointError, OSError) as e:
+        print(f"published_points: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"rows": rows, "summary": summary(rows)}, indent=1))
+    else:
+        print(table(rows, markdown=args.markdown))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
