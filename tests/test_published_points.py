@@ -1,0 +1,152 @@
+"""The published benchmark points (tests/data/published_points) and their replay
+harness (benchmarks/published_points.py): every row is sourced, parses and resolves
+to a kvpool model and GPU; the harness gives finite positive ratios and caps running
+requests at the point's concurrency. Whether the ratios are *good* is the step-time
+model's business (docs/sim.md), not this file's."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvpool import presets
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "published_points"
+
+
+def _harness() -> Any:
+    spec = importlib.util.spec_from_file_location("published_points", ROOT / "benchmarks" / "published_points.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+pp = _harness()
+POINTS = pp.load_points(DATA / "points.csv")
+BY_ID = {p.id: p for p in POINTS}
+
+
+def test_enough_points_dense_and_moe() -> None:
+    assert len(POINTS) >= 24
+    moe = {p.id for p in POINTS if p.model in ("llama-4-scout-17b-16e", "deepseek-v3") or "Mixtral" in p.model}
+    assert len(moe) >= 5 and len(POINTS) - len(moe) >= 10
+
+
+def test_every_row_has_a_named_source_and_a_place_in_it() -> None:
+    readme = (DATA / "README.md").read_text()
+    with (DATA / "points.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(POINTS)
+    for row in rows:
+        assert row["source"].strip(), row["id"]
+        assert row["where"].strip(), row["id"]
+        # each source key is described (with its URL or repo@commit:path) in the README
+        assert f"`{row['source']}`" in readme, row["source"]
+    for column in rows[0]:
+        assert f"`{column}`" in readme, f"column {column} is not described in README.md"
+
+
+def test_units_parse_into_positive_seconds() -> None:
+    for p in POINTS:
+        n = pp.requests_per_rank(p, 3)
+        assert 1 <= n <= p.concurrency // p.dp * 3
+        seconds = n * p.osl / (p.measured / p.dp) if p.metric == "output_tok_s" else p.measured / 1000
+        assert math.isfinite(seconds) and seconds > 0, p.id
+        if p.metric == "batch_latency_ms":  # one batch: its requests all run at once
+            assert n == p.concurrency
+
+
+def test_models_and_gpus_resolve_as_simulate_resolves_them() -> None:
+    for p in POINTS:
+        presets.load_gpu(p.gpu)
+        setup = pp.prepare(pp.simulate_args(p, None))
+        assert setup.resolved.limits.max_batch_size == p.concurrency // p.dp, p.id
+        assert setup.policies == (pp.ENGINE_POLICY[p.engine],)
+        total, active = p.params
+        assert 0 < active <= total
+
+
+def _trtllm_bench_setting(p: Any) -> tuple[int, int]:
+    """max_batch_size and max_num_tokens by trtllm-bench's heuristic as README.md states
+    it (TensorRT-LLM tensorrt_llm/bench/build/tuning.py), from the preset's config."""
+    config = presets.load_model_config(p.model)
+    text = config.get("text_config", config)
+    layers, kv_heads, head = text["num_hidden_layers"], text["num_key_value_heads"], text["head_dim"]
+    kv_bytes = 1 if p.kv_dtype == "fp8" else 2
+    per_token = 2 * layers * max(p.tp, kv_heads) * head * kv_bytes / 2**30
+    engine = p.params[0] * pp.BYTES_PER_PARAM[p.weights] / 2**30
+    memory = round(presets.load_gpu(p.gpu).memory_bytes / 2**30, 2) * p.tp
+    requests = (memory - engine) * 0.95 / (per_token * (p.isl + p.osl))
+    raw_bs = min(requests, 4096)
+    raw_tokens = min(raw_bs * (1 + p.isl / p.osl), 32768)
+    step = 32 if raw_bs < 256 else 128 if raw_bs < 1024 else 256
+    bs = max(64, step * math.ceil(raw_bs / step))
+    tstep = 256 if raw_tokens < 4096 else 512 if raw_tokens < 8192 else 1024
+    return bs, max(2048, tstep * math.ceil(raw_tokens / tstep))
+
+
+def test_unstated_concurrency_is_trtllm_benchs_own_choice() -> None:
+    derived = [p for p in POINTS if p.concurrency_source == "trtllm-bench"]
+    assert derived
+    for p in derived:
+        assert _trtllm_bench_setting(p) == (p.concurrency, p.max_num_tokens), p.id
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ({"source": ""}, "column 'source' is empty"),
+        ({"measured": "fast"}, "not a number"),
+        ({"measured": "-3"}, "positive"),
+        ({"metric": "tok/s"}, "metric"),
+        ({"concurrency": "0"}, "positive"),
+        ({"concurrency": "10", "dp": "8"}, "does not split"),
+    ],
+)
+def test_a_bad_row_is_refused_by_line_and_column(text: dict[str, str], message: str) -> None:
+    with (DATA / "points.csv").open(newline="") as f:
+        row = next(csv.DictReader(f))
+    with pytest.raises(pp.PointError, match=message):
+        pp.Point.from_row({**row, **text}, 7)
+
+
+SMALL = ["vllm-8b-h200-latency", "vllm-mixtral-h200tp2-latency", "nim-70b-h100tp2-5000-500-c1"]
+
+
+@pytest.mark.parametrize("point_id", SMALL)
+def test_small_points_replay_to_finite_positive_ratios(point_id: str) -> None:
+    p = BY_ID[point_id]
+    row = pp.replay(p, waves=2)
+    assert math.isfinite(row["ratio"]) and row["ratio"] > 0
+    assert row["simulated_s"] > 0 and row["measured_s"] > 0
+    assert row["ratio"] == pytest.approx(row["simulated_s"] / row["measured_s"])
+    assert row["policy"] == pp.ENGINE_POLICY[p.engine]
+
+
+def test_concurrency_caps_running_requests() -> None:
+    # At concurrency 1, requests run one after the other: 3 take 3 times as long as 1
+    # (to within the first request's share of a step), never overlapping.
+    p = BY_ID["nim-70b-h100tp2-5000-500-c1"]
+    one = pp.replay(p, waves=1)["simulated_s"]
+    three = pp.replay(p, waves=3)["simulated_s"]
+    assert three == pytest.approx(3 * one, rel=0.01)
+
+
+def test_main_prints_json_rows_and_refuses_unknown_ids(capsys: pytest.CaptureFixture[str]) -> None:
+    assert pp.main(["--only", "vllm-8b-h200-latency", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in body["rows"]] == ["vllm-8b-h200-latency"]
+    assert body["summary"]["worst"]["id"] == "vllm-8b-h200-latency"
+    assert pp.main(["--only", "no-such-point"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no-such-point" in err
