@@ -157,7 +157,7 @@ KIND_BY_FLAG: dict[str, dict[str, str | None]] = {
     "calibrate": {"--steps": "path_in", "--ops": "path_in", "--out": "path_out"},
     "sweep": {"--out": "path_out", "--workers": "count"},
     "serve": {"--port": "port"},
-    "simulate": {"--seed": "count0"},
+    "simulate": {"--seed": "count0", "--host-memory": "size0"},  # --host-memory: a list of sizes, 0 allowed
 }
 
 

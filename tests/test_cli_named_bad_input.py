@@ -40,8 +40,10 @@ def test_tp_that_does_not_divide_the_attention_heads_is_refused_as_vllm_does(cli
     heads = json.loads(QWEN25.read_text())["num_attention_heads"]
     bad = next(tp for tp in range(2, heads + 2) if heads % tp)
     good = next(tp for tp in range(heads, 1, -1) if heads % tp == 0 and tp <= 8)
-    refused(cli("plan", str(QWEN25), "--kv-memory", "5GiB", "--tp", str(bad)), f"--tp {bad}", f"{heads} attention")
-    refused(cli("plan", str(QWEN25), "--kv-memory", "5GiB", "--tp", "8"), "--tp 8")
+    err = refused(cli("plan", str(QWEN25), "--kv-memory", "5GiB", "--tp", str(bad)), "--tp", f"{heads} attention")
+    assert f"size {bad} " in err
+    refused(cli("plan", str(QWEN25), "--kv-memory", "5GiB", "--tp", "8"), "size 8 ", "--tp")
+    refused(cli("fit", str(QWEN25), "--gpu", "h100x8"), "size 8 ", f"{heads} attention")
     refused(cli("plan", "llama-3.1-8b-instruct", "--kv-memory", "5GiB", "--tp", "1000000"), "--tp")
     code, _, err = cli("plan", str(QWEN25), "--kv-memory", "5GiB", "--tp", str(good))
     assert code == 0, err

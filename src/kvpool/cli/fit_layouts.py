@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpool.cli.budget import kv_budget
-from kvpool.cli.plan_args import Resolved, serving_limits
+from kvpool.cli.plan_args import Resolved, check_tp_divides_heads, serving_limits
 from kvpool.cli.request import BudgetOptions, LimitOptions, ModelOptions, PlanRequest
 from kvpool.errors import KvpoolError
 from kvpool.plan import plan_pools
@@ -88,6 +88,7 @@ def search(
         opts = dataclasses.replace(model, tp=tp, pp=pp, ep=1, dp=1)
         if (tp, pp) not in specs:
             try:
+                check_tp_divides_heads(read[2], tp)  # as `plan --tp`: vLLM refuses such a layout
                 specs[tp, pp] = spec_from_read(
                     read,
                     kv_dtype=model.kv_dtype,

@@ -261,8 +261,8 @@ def check_tp_divides_heads(config: dict[str, Any], tp: int) -> None:
     heads = (text if isinstance(text, dict) and "num_attention_heads" in text else config).get("num_attention_heads")
     if tp > 1 and isinstance(heads, int) and not isinstance(heads, bool) and heads > 0 and heads % tp:
         raise LimitsError(
-            f"--tp {tp} does not divide the model's {heads} attention heads (vLLM refuses it too); "
-            f"use a --tp that divides {heads}"
+            f"tensor-parallel size {tp} (--tp; fit: the GPU count) does not divide the model's {heads} "
+            f"attention heads (vLLM refuses it too); use a --tp that divides {heads}"
         )
 
 
