@@ -115,7 +115,7 @@ def test_a_batch_of_decode_steps_takes_the_crossing() -> None:
     m.check_integrity()
 
 
-@pytest.mark.parametrize("remembered", [1, 2, 1 << 16])
+@pytest.mark.parametrize("remembered", [1, 2, tables.STALE_STEPS])
 def test_the_remembered_stale_steps_are_the_rule_s(monkeypatch: pytest.MonkeyPatch, remembered: int) -> None:
     # a sliding window's decode: each step's (stale pages, next history where it grows) comes from
     # `stale_step`, remembered per history; with room for 1 or 2 histories the memory is cleared

@@ -30,7 +30,7 @@ from kvpool.spec.kinds import NEVER
 from kvpool.spec.pages import stale_pages, table_blocks
 
 STALE = -1  # block-table entry of a block that has no page (stale or never needed)
-STALE_STEPS = 1 << 16  # histories remembered per group by `PageTables.stale_step`
+STALE_STEPS = 1 << 12  # histories `PageTables.stale_step` keeps per group (a 64k context's crossings, 16-token pages)
 
 
 # How one request's table in group `gi` moves (plain tuples: a step that crosses a page boundary
