@@ -17,9 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpool.engines import trtllm_v2
+from kvpool.engines import trtllm, trtllm_v2
 from kvpool.engines.trtllm_v2 import V2Options
 from kvpool.errors import LimitsError
+from kvpool.plan import ServingLimits
 from plan_helpers import group, hybrid, model
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -214,3 +215,16 @@ def test_constraint_floors_hold_every_constraint(b: int, length: int, util: floa
             assert slots >= floor >= trtllm_v2.batch_slots(g, batch, 32)
     if not sizing.inflated:
         assert sum(g for *_, g, _ in sizing.pool_groups) <= sizing.grains
+
+
+def test_v2_typical_manager_uses_the_executor_batches() -> None:
+    # trtllm.allocate(manager="v2-typical") is V2 given avg_seq_len: the executor's typical step and
+    # constraints from the limits (B 3, L 1024, N 2048, d 2, S 1024 as the executor test), so the full
+    # life cycle's floor is test_executor_test_manager_floors_and_slots's 17
+    spec = model(group("full", row_bytes=128, tpb=128))
+    lim = ServingLimits(max_seq_len=1024, max_batch_size=3, max_num_tokens=2048, max_draft_len=2, avg_seq_len=1024)
+    report = trtllm.allocate(spec, lim, GiB, manager="v2-typical")
+    assert "typical step" in report.version_modelled and report.group_pages == {"full": 65_536}
+    assert trtllm_v2.options_for(lim, avg_seq_len=1024).constraints[0][1:] == ((3, 0), (3, 0))
+    with pytest.raises(LimitsError, match="avg_seq_len"):
+        trtllm.allocate(spec, ServingLimits(max_seq_len=1024), GiB, manager="v2-typical")

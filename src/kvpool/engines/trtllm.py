@@ -13,7 +13,9 @@ Rules modelled (facts read from TensorRT-LLM's source; no TensorRT-LLM code is u
   max_batch_size slots, taken from the budget first.
 - V2 manager (`KVCacheManagerV2`) by its own defaults (manager "v2-default",
   what `--engine trtllm` shows; `allocate`'s default stays "v1" for its callers): granularity, grains, the fallback ratio and water-filling of
-  `trtllm_v2` (core package `kv_cache_manager_v2`). Manager "v2": V2 given kvpool's
+  `trtllm_v2` (core package `kv_cache_manager_v2`). Manager "v2-typical": V2 given
+  `avg_seq_len` (the limits'), sized from the executor's typical step and constraints.
+  Manager "v2": V2 given kvpool's
   plan as `pool_ratio` (what `--emit trtllm` configures): kvpool's own plan.
 """
 
@@ -45,7 +47,7 @@ SOURCES = (
     "tensorrt_llm/_torch/pyexecutor/resource_manager.py: KVCacheManager (V1) and KVCacheManagerV2",
     "tensorrt_llm/_torch/pyexecutor/mamba_cache_manager.py: recurrent state slots per max_batch_size",
 )
-MANAGERS = ("v2-default", "v2", "v1")
+MANAGERS = ("v2-default", "v2-typical", "v2", "v1")
 RELEASES = ("v2", "v1")  # `--engine trtllm` is V2 by its defaults, `trtllm@v1` the old manager
 
 
@@ -62,6 +64,11 @@ def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *, ma
         return _from_plan(plan_pools(spec, limits, kv_memory_bytes=kv_memory_bytes))
     if manager == "v2-default":
         return _v2_default(spec, limits, kv_memory_bytes)
+    if manager == "v2-typical":
+        if limits.avg_seq_len is None:
+            raise LimitsError("TensorRT-LLM V2's typical step needs avg_seq_len")
+        options = trtllm_v2.options_for(limits, avg_seq_len=limits.avg_seq_len)
+        return _v2_default(spec, limits, kv_memory_bytes, options)
     refuse_compressed(spec, "TensorRT-LLM")
     notes = [
         f"{spec.name}: max_seq_len {limits.max_seq_len}, tokens_per_block {tpb}, max_batch_size {limits.max_batch_size}"
@@ -171,7 +178,9 @@ def _from_plan(plan: PoolPlan) -> EngineReport:
     )
 
 
-def _v2_default(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int) -> EngineReport:
-    """V2 sized by its allocator fallback, run through the EngineModel protocol."""
+def _v2_default(
+    spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, options: trtllm_v2.V2Options = trtllm_v2.DEFAULTS
+) -> EngineReport:
+    """V2 sized by its allocator fallback (or by `options`), run through the EngineModel protocol."""
     refuse_compressed(spec, "TensorRT-LLM V2")
-    return allocate_with(trtllm_v2.V2Model(VERSION, SOURCES), spec, limits, kv_memory_bytes)
+    return allocate_with(trtllm_v2.V2Model(VERSION, SOURCES, options=options), spec, limits, kv_memory_bytes)

@@ -199,6 +199,30 @@ def deepseek_v4_batches(
     return typical, ((longest,) if n is None else (longest, ((n, 0),)))
 
 
+def options_for(
+    limits: ServingLimits, *, avg_seq_len: int | None = None, max_tokens: int | None = None, sink_tokens: int = 0
+) -> V2Options:
+    """V2's options for a deployment whose `KvCacheConfig` sets `avg_seq_len` (and
+    `max_tokens`, `sink_token_length`): the executor's typical step and constraints
+    from B, L, N, d and E of `limits`."""
+    typical, constraints = executor_batches(
+        max_batch_size=limits.max_batch_size,
+        max_seq_len=limits.max_seq_len,
+        max_num_tokens=limits.max_num_tokens,
+        max_draft_len=limits.max_draft_len,
+        num_extra_kv_tokens=limits.num_extra_kv_tokens,
+        avg_seq_len=avg_seq_len,
+    )
+    return V2Options(
+        typical_step=typical,
+        constraints=constraints,
+        sink_tokens=sink_tokens,
+        max_tokens=max_tokens,
+        max_num_tokens=limits.max_num_tokens if max_tokens is not None else None,
+        max_batch_size=limits.max_batch_size,
+    )
+
+
 DSV4_SPARSE_RATIO = 4  # the overlapping compressor keeps 2 x ratio tokens of state
 
 
