@@ -117,12 +117,26 @@ def render_report(report: EngineReport, plan: PoolPlan) -> str:
     return "\n".join(lines)
 
 
+def check_dependent(args: argparse.Namespace) -> None:
+    """Refuse the engine flags that mean nothing without the one they qualify
+    (vLLM's block size and scheduling without --engine vllm, a launch's model id
+    without --emit) rather than ignore them."""
+    vllm = args.engine is not None and engine_name(args.engine)[0] == "vllm"
+    if not vllm and args.block_size is not None:
+        raise KvpoolError("--block-size is vLLM's: it needs --engine vllm")
+    if not vllm and args.async_scheduling is False:
+        raise KvpoolError("--no-async-scheduling is vLLM's: it needs --engine vllm")
+    if args.emit is None and args.model_id is not None:
+        raise KvpoolError("--model-id names the model in the --emit launch: it needs --emit")
+
+
 def engine_outputs(
     args: argparse.Namespace, plan: PoolPlan, memory: MemoryBudget | None = None, tiers: Sequence[TierPlan] = ()
 ) -> tuple[EngineReport | None, Emitted | None]:
     """The --engine report and the --emit launch the options ask for (`memory`: the
     whole-GPU breakdown, when known, states SGLang's budget as --mem-fraction-static;
     `tiers`: the cold tiers per rank, stated as the engine's offload flags)."""
+    check_dependent(args)
     report = (
         engine_report(
             args.engine,

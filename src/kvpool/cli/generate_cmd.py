@@ -53,7 +53,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--chat", action="store_true", help="wrap each --prompt as a user message in the tokenizer's chat template"
     )
-    p.add_argument("--seed", type=int_at_least(0, 2**64 - 1), default=0, help="seed of the --tiny weights (default 0)")
+    p.add_argument(
+        "--seed", type=int_at_least(0, 2**64 - 1), default=None, help="seed of the --tiny weights (default 0)"
+    )
     # One list in command-line order, so requests come out in the order given.
     p.add_argument(
         "--prompt",
@@ -195,6 +197,11 @@ def run(args: argparse.Namespace) -> int:
         raise KvpoolError("give a MODEL (folder or .gguf), --model NAME or --tiny ARCH (exactly one)")
     if args.chat and args.tiny:
         raise KvpoolError("--chat needs a real tokenizer; --tiny models have none")
+    # flags that mean nothing without another are refused, not ignored
+    if args.seed is not None and not args.tiny:
+        raise KvpoolError("--seed seeds the random weights of --tiny; a real model's weights are its own")
+    if args.chat and not any(kind == "text" for kind, _ in args.prompts):
+        raise KvpoolError("--chat wraps each --prompt TEXT in the chat template; --prompt-ids are used as given")
     try:
         import torch
         import transformers  # noqa: F401  (tiny models and tokenizers come from it)
@@ -211,7 +218,10 @@ def run(args: argparse.Namespace) -> int:
     if args.tiny:
         config = weights.tiny_config(args.tiny)
         model = weights.from_state_dict(
-            config, weights.hf_model(config, args.seed).state_dict(), dtype=dtype or torch.float32, device=args.device
+            config,
+            weights.hf_model(config, args.seed or 0).state_dict(),
+            dtype=dtype or torch.float32,
+            device=args.device,
         )
     else:
         folder = _folder(args)

@@ -143,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
             f"{plan.limits.max_seq_len:,}; give {hint} (the longest its constraints fit) or more memory"
         )
     memory = resolved.budget.memory
+    tiers_args.check_dependent(args)
     tiers = tiers_args.tiers_from_args(args, plan)
     report, emitted = engines_out.engine_outputs(args, plan, memory, tiers)
     capped = default_length_note(request, plan)

@@ -41,6 +41,17 @@ def add_tier_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def check_dependent(args: argparse.Namespace) -> None:
+    """Refuse the tier flags that mean nothing without --host-memory (a rule other
+    than sglang's sizes the host tier from it; ranks share it), not ignore them."""
+    if args.host_memory is not None:
+        return
+    if args.host_rule not in ("even", "sglang"):
+        raise KvpoolError(f"--host-rule {args.host_rule} sizes the host tier from --host-memory; give it")
+    if args.ranks_per_node is not None:
+        raise KvpoolError("--ranks-per-node says how many ranks share --host-memory; give it")
+
+
 def tiers_from_args(args: argparse.Namespace, plan: PoolPlan) -> list[TierPlan]:
     """The cold tiers of one rank the options ask for (none without them);
     `KvpoolError` naming the flag for a bad size or a rule that lacks its input."""
