@@ -33,7 +33,15 @@ from kvpool.cache.checks import (
     check_tokens,
     checked_shape,
 )
-from kvpool.cache.events import CacheEvent, CacheStats, CacheUsageError, EventRecord, GroupStats, expand
+from kvpool.cache.events import (
+    CacheEvent,
+    CacheIntegrityError,
+    CacheStats,
+    CacheUsageError,
+    EventRecord,
+    GroupStats,
+    expand,
+)
 from kvpool.cache.hashing import salt_seed
 from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request, Requests
@@ -606,8 +614,15 @@ class KVCacheManager:
         page is exactly one of free, owned (ref count = owners) or cached,
         every table matches its request's shape, and every cold tier's slot is
         exactly one of free, cached or pinned by a suspended request, with no
-        digest in two tiers. O(pages); for tests and debugging."""
+        digest in two tiers, and the registry counts the pending prefix
+        lookups it holds. O(pages); for tests and debugging."""
         integrity.check_integrity(self.tables, self.requests)
+        registry = self.requests
+        pending = sum(r.lookup is not None for r in (*registry.by_id.values(), *registry.suspended.values()))
+        if pending != registry.pending_lookups:
+            raise CacheIntegrityError(
+                f"{pending} prefix lookups pending, the registry counts {registry.pending_lookups}", {}
+            )
         if self.tier is not None:
             integrity.check_tiers(self.tier, self.tables, self.requests.suspended.values(), self._suspended)
 
