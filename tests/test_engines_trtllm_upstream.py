@@ -228,3 +228,19 @@ def test_v2_typical_manager_uses_the_executor_batches() -> None:
     assert trtllm_v2.options_for(lim, avg_seq_len=1024).constraints[0][1:] == ((3, 0), (3, 0))
     with pytest.raises(LimitsError, match="avg_seq_len"):
         trtllm.allocate(spec, ServingLimits(max_seq_len=1024), GiB, manager="v2-typical")
+
+
+def test_pool_ratio_replaces_the_ratio_and_is_checked() -> None:
+    # storageManager.cpp: initial_pool_ratio must have one positive share per life cycle, summing to 1;
+    # it replaces the ratio. Full 32 KiB and sliding 64 KiB slots, 1 GiB in 2 MiB grains = 512, ratio
+    # 0.25 / 0.75: the smaller share first, round(512 x 0.25) = 128 grains -> 128 x 2 MiB // 32 KiB = 8,192
+    # full slots; the sliding group the other 384 grains -> 384 x 2 MiB // 64 KiB = 12,288.
+    spec = hybrid(full_row=1024, sliding_row=2048, window=1024)
+    sizing = trtllm_v2.size(spec, GiB, V2Options(pool_ratio=(0.25, 0.75)))
+    assert sizing.ratio_from == "pool_ratio"
+    assert {names: n for names, _, _, _, n in sizing.pool_groups} == {("full",): 8192, ("sliding",): 12_288}
+    for bad in ((0.5, 0.6), (1.0, 0.0), (-0.5, 1.5)):
+        with pytest.raises(LimitsError, match="pool_ratio"):
+            V2Options(pool_ratio=bad)
+    with pytest.raises(LimitsError, match="life cycles"):
+        trtllm_v2.size(spec, GiB, V2Options(pool_ratio=(1.0,)))

@@ -136,8 +136,15 @@ class V2Options:
     max_tokens: int | None = None
     max_num_tokens: int | None = None
     max_batch_size: int = 1
+    pool_ratio: tuple[float, ...] | None = None  # one share per life cycle (group), in spec order
 
     def __post_init__(self) -> None:
+        if self.pool_ratio is not None:
+            # StorageManager's checks on initial_pool_ratio: every share positive, summing to 1 within 1e-6
+            if any(not r > 0 for r in self.pool_ratio):
+                raise LimitsError("pool_ratio values must be positive")
+            if not math.isfinite(sum(self.pool_ratio)) or abs(sum(self.pool_ratio) - 1.0) > 1e-6:
+                raise LimitsError("pool_ratio values must sum to 1.0")
         if not 0.0 < self.max_util_for_resume <= 1.0:
             raise LimitsError(f"max_util_for_resume must be in (0, 1], got {self.max_util_for_resume}")
         if self.sink_tokens < 0 or self.window_extra < 0:
@@ -313,6 +320,9 @@ def size(spec: ModelSpec, quota_bytes: int, options: V2Options = DEFAULTS) -> V2
       a pool group's ratio is the sum of its life cycles';
     - quota: `max_tokens` caps it at `ceil(quota_from_max_tokens / max_util_for_resume)`;
       it is rounded up to the granularity and grown to the floors' bytes when they do not fit.
+
+    A `pool_ratio` (`initial_pool_ratio`) replaces the ratio; the executor then passes
+    no typical step and no constraints (`executor_batches(pool_ratio=True)`).
     """
     tpb = spec.tokens_per_block
     o = options
@@ -339,7 +349,13 @@ def size(spec: ModelSpec, quota_bytes: int, options: V2Options = DEFAULTS) -> V2
     for batch in o.constraints:
         for k in keys:
             floors[k] = max(floors[k], math.ceil(sum(need(g, batch) for g in merged[k]) / limit(k)))
-    if o.typical_step is not None:
+    lc_weight: dict[str, float] | None = None
+    if o.pool_ratio is not None:
+        if len(o.pool_ratio) != len(spec.groups):
+            raise LimitsError(f"pool_ratio has {len(o.pool_ratio)} shares for {len(spec.groups)} life cycles")
+        ratio_from, lc_weight = "pool_ratio", {g.name: r for g, r in zip(spec.groups, o.pool_ratio, strict=True)}
+        lc_slots = {}
+    elif o.typical_step is not None:
         ratio_from, lc_slots = "typical step", {g.name: need(g, o.typical_step) for g in spec.groups}
     elif o.constraints:
         ratio_from, lc_slots = "constraints", dict(lc_floor)
@@ -349,11 +365,12 @@ def size(spec: ModelSpec, quota_bytes: int, options: V2Options = DEFAULTS) -> V2
                     lc_slots[g.name] = max(lc_slots[g.name], math.ceil(need(g, batch) / limit(k)))
     else:
         ratio_from, lc_slots = "fallback", {g.name: need(g, FALLBACK_BATCH) for g in spec.groups}
-    lc_bytes = {g.name: round_up(lc_slots[g.name] * g.slot_bytes, gran) for g in spec.groups}
-    total_bytes = sum(lc_bytes.values())
-    if total_bytes == 0:
+    if lc_weight is None:
+        lc_weight = {g.name: round_up(lc_slots[g.name] * g.slot_bytes, gran) for g in spec.groups}
+    total_weight = sum(lc_weight.values())
+    if total_weight == 0:
         raise LimitsError("V2's ratio batch needs no slot in any life cycle")
-    ratio = {k: sum(lc_bytes[g.name] for g in merged[k]) / total_bytes for k in keys}
+    ratio = {k: sum(lc_weight[g.name] for g in merged[k]) / total_weight for k in keys}
     floor_grains = {k: -(-floors[k] * k // gran) for k in keys}
     total = round_up(quota_bytes, gran) // gran
     inflated = sum(floor_grains.values()) > total
