@@ -280,8 +280,8 @@ def _water_fill(
     total: int, gran: int, keys: list[int], ratio: dict[int, float], floors: dict[int, int]
 ) -> dict[int, int]:
     """Slots per pool group (keyed by slot bytes), as `_storage/_core.py`
-    `CacheLevelStorage.ratio_to_slot_count_list` does (read in NVIDIA/TensorRT-LLM's stored
-    version): each round walks the active groups by ratio, smallest first, giving each
+    `CacheLevelStorage.ratio_to_slot_count_list` and its C++ twin (`storage/core.cpp`
+    `ratioToSlotCountList`) do, for pool groups of one pool each: each round walks the active groups by ratio, smallest first, giving each
     `round(budget * its share of the ratios still to serve)` grains, filling them with slots
     and passing the grains those slots do not use on; groups at or below their floor are
     pinned to the floor's grains and the rest go round again."""
@@ -289,6 +289,8 @@ def _water_fill(
     remaining = total
     active = list(keys)
     while active:
+        if remaining <= 0:
+            raise LimitsError("insufficient quota to satisfy the pool groups' min slots")
         budget = remaining
         got: dict[int, int] = {}
         order = sorted(active, key=lambda k: ratio[k])
@@ -370,7 +372,8 @@ def size(spec: ModelSpec, quota_bytes: int, options: V2Options = DEFAULTS) -> V2
     total_weight = sum(lc_weight.values())
     if total_weight == 0:
         raise LimitsError("V2's ratio batch needs no slot in any life cycle")
-    ratio = {k: sum(lc_weight[g.name] for g in merged[k]) / total_weight for k in keys}
+    # the C++ StorageManager holds ratios as floats (float32)
+    ratio = {k: float32(sum(lc_weight[g.name] for g in merged[k]) / total_weight) for k in keys}
     floor_grains = {k: -(-floors[k] * k // gran) for k in keys}
     total = round_up(quota_bytes, gran) // gran
     inflated = sum(floor_grains.values()) > total
