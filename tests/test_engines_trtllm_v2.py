@@ -146,3 +146,11 @@ def test_storage_manager_two_life_cycles_different_slot_sizes_separate_pool_grou
     )
     sizing = trtllm_v2.size(spec, 256 * MiB)
     assert sorted(slot for _, slot, *_ in sizing.pool_groups) == [8192 * 2, 16384 * 2]
+
+
+def test_state_models_say_the_mamba_manager_typical_step_is_not_modelled() -> None:
+    spec = model(group("full", row_bytes=1024), group("ssm", "state", state_bytes=1 << 20))
+    report = trtllm.allocate(spec, ServingLimits(max_seq_len=8192), GiB, manager="v2-default")
+    assert any("hybrid Mamba manager" in n for n in report.notes)
+    plain = trtllm.allocate(hybrid(), ServingLimits(max_seq_len=8192), GiB, manager="v2-default")
+    assert not any("hybrid Mamba manager" in n for n in plain.notes)
