@@ -420,6 +420,15 @@ class V2Model:
             f"V2: ratio from {source}, each life cycle rounded up to the {v2.granularity // MiB} MiB "
             f"granularity; {v2.grains} grains; {v2.leftover_bytes:,} bytes hold no slot",
             *((f"max_tokens caps the quota at {v2.quota_bytes:,} bytes",) if v2.capped_by_max_tokens else ()),
+            *(
+                (
+                    "TensorRT-LLM's hybrid Mamba manager gives V2 its own typical step (avg_seq_len, else "
+                    "max_seq_len / 2 per resident sequence) and a state floor: not modelled, so these state "
+                    "slots are the core manager's",
+                )
+                if any(g.kind == "state" for g in spec.groups) and v2.ratio_from == "fallback"
+                else ()
+            ),
         )
         return V2EngineSizing(spec, limits, kv_memory_bytes, (), degradations, notes, v2)
 
