@@ -253,7 +253,7 @@ def point_weights(p: Point, share: float) -> Weights:
     )
 
 
-def replay(p: Point, *, waves: int = 3, calibration: str | None = None) -> dict[str, Any]:
+def replay(p: Point, *, waves: int = 2, calibration: str | None = None) -> dict[str, Any]:
     """Simulate one point; its row: measured and simulated (metric units and seconds) and
     the time ratio simulated / measured."""
     args = simulate_args(p, calibration)
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--points", type=Path, default=POINTS, help="points CSV (default: the checked-in one)")
     ap.add_argument("--only", help="comma-separated point ids to run")
-    ap.add_argument("--waves", type=int, default=3, help="waves of `concurrency` requests per throughput point")
+    ap.add_argument("--waves", type=int, default=2, help="waves of `concurrency` requests per throughput point")
     ap.add_argument("--calibration", help="as simulate --calibration: a profile file or 'roofline'")
     out = ap.add_mutually_exclusive_group()
     out.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/sim.md)")
