@@ -58,6 +58,10 @@ def test_max_seq_len_past_the_models_positions_is_refused(cli: Any) -> None:
     assert code == 0, err
     refused(cli(*args, "--max-seq-len", str(positions + 1)), "--max-seq-len", f"{positions:,}")
     refused(cli(*args, "--max-seq-len", str(2**40)), "--max-seq-len")
+    fit = ["fit", str(QWEN25), "--gpu", "h100", "--users", "4"]
+    refused(cli(*fit, "--len", str(positions + 1)), "--len", f"{positions:,}")
+    code, _, err = cli(*fit, "--len", str(positions))
+    assert code == 0, err
 
 
 @pytest.mark.parametrize(
@@ -278,3 +282,30 @@ def test_a_closed_stdout_is_one_line() -> None:
     """Started with stdout closed (`kvpool models >&-`): sys.stdout is None."""
     done = _kvpool("models", stdout=None, pass_fds=(), preexec_fn=lambda: os.close(1))
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "stdout is closed" in done.stderr, done.stderr
+
+
+LIBRARY_BAD = [True, 1.5, None, b"40GiB", [1], {}, float("nan"), object()]
+
+
+@pytest.mark.parametrize("value", LIBRARY_BAD, ids=[type(v).__name__ for v in LIBRARY_BAD])
+@pytest.mark.parametrize("name", ["units.parse_size", "presets.load_gpu", "presets.load_model_config"])
+def test_the_readers_the_cli_shares_raise_a_typed_error(name: str, value: Any) -> None:
+    """The CLI's types call these readers (cli/common.py `checked`); a library caller
+    passing a non-string gets the same typed KvpoolError, never a TypeError or
+    AttributeError (parse_size(True) was 1 byte)."""
+    import importlib
+
+    from kvpool.errors import KvpoolError
+
+    module, function = name.split(".")
+    reader = getattr(importlib.import_module(f"kvpool.{module}"), function)
+    with pytest.raises(KvpoolError):
+        reader(value)
+
+
+def test_a_preset_name_is_not_a_path() -> None:
+    from kvpool import presets
+    from kvpool.errors import UnknownPresetError
+
+    with pytest.raises(UnknownPresetError):
+        presets.load_model_config("../gpus")

@@ -3,6 +3,7 @@ one test of a count (`is_positive_int`) every layer checks its arguments with.""
 
 from __future__ import annotations
 
+import numbers
 import re
 from typing import TypeGuard
 
@@ -32,8 +33,11 @@ MAX_SIZE = 2**60
 def parse_size(text: str | int) -> int:
     """Bytes in `text`: a plain integer, or a number with a unit (KiB/MiB/GiB/TiB
     are powers of 2; KB/MB/GB/TB powers of 10; a bare K/M/G/T means KiB/MiB/GiB/TiB)."""
-    if isinstance(text, int):
-        number: float = text
+    if isinstance(text, bool) or not isinstance(text, str | numbers.Integral):
+        # True would be 1 byte, and a float or None an untyped TypeError from the regex
+        raise KvpoolError(f"a size is a string such as '40GiB' or a whole number of bytes, got {text!r}")
+    if isinstance(text, numbers.Integral):
+        number: float = int(text)
     else:
         match = _SIZE.match(text)
         unit = match.group(2).lower() if match else None

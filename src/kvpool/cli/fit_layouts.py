@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpool.cli.budget import kv_budget
-from kvpool.cli.plan_args import Resolved, check_tp_divides_heads, serving_limits
+from kvpool.cli.plan_args import Resolved, check_positions, check_tp_divides_heads, serving_limits
 from kvpool.cli.request import BudgetOptions, LimitOptions, ModelOptions, PlanRequest
 from kvpool.errors import KvpoolError
 from kvpool.plan import plan_pools
@@ -77,6 +77,7 @@ def search(
     GPU count after the first one that holds `users` (so the answer shows the
     smallest layouts and the next size up)."""
     read = read_model_config(model.model)
+    check_positions(read[2], length, "--len")
     specs: dict[tuple[int, int], ModelSpec | str] = {}
     out: list[Layout] = []
     enough_at: int | None = None

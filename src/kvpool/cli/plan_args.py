@@ -233,13 +233,8 @@ def load_spec(model: ModelOptions, max_seq_len: int | None) -> tuple[ModelSpec, 
     max_len = max_seq_len
     if max_len is None:
         max_len = min(int(max_pos) if max_pos else DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
-    elif isinstance(max_pos, int) and not isinstance(max_pos, bool) and 0 < max_pos < max_len:
-        # vLLM refuses a max_model_len past the config's positions unless told to
-        # (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1): RoPE beyond them is untrained
-        raise LimitsError(
-            f"--max-seq-len {max_len:,} is past the model's {max_pos:,} positions (max_position_embeddings); "
-            f"give --max-seq-len {max_pos} or less"
-        )
+    else:
+        check_positions(read[2], max_len)
     spec = spec_from_read(
         read,
         kv_dtype=model.kv_dtype,
@@ -250,6 +245,21 @@ def load_spec(model: ModelOptions, max_seq_len: int | None) -> tuple[ModelSpec, 
     )
     say_fallback(spec)
     return spec, max_len
+
+
+def check_positions(config: dict[str, Any], max_seq_len: int, flag: str = "--max-seq-len") -> None:
+    """Refuse a longest request past the config's positions, as vLLM refuses a
+    max_model_len past them unless told to (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1):
+    RoPE beyond them is untrained, and 2**40 positions ask for petabytes of pages."""
+    text = config.get("text_config")
+    max_pos = (text if isinstance(text, dict) and "max_position_embeddings" in text else config).get(
+        "max_position_embeddings"
+    )
+    if isinstance(max_pos, int) and not isinstance(max_pos, bool) and 0 < max_pos < max_seq_len:
+        raise LimitsError(
+            f"{flag} {max_seq_len:,} is past the model's {max_pos:,} positions (max_position_embeddings); "
+            f"give {flag} {max_pos} or less"
+        )
 
 
 def check_tp_divides_heads(config: dict[str, Any], tp: int) -> None:

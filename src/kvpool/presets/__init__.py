@@ -51,8 +51,9 @@ def model_names() -> list[str]:
 def load_model_config(name: str) -> dict[str, Any]:
     """The bundled config dict of preset `name`; UnknownPresetError with the
     closest names otherwise."""
+    _check_name("model", name)
     path = DATA / "models" / f"{name.lower()}.json"
-    if not path.is_file():
+    if not path.is_file() or name.lower() not in model_names():  # '../x' is a path, not a preset
         raise _unknown("model", name, model_names())
     config: dict[str, Any] = json.loads(path.read_text())
     config.setdefault("_name_or_path", name.lower())
@@ -106,6 +107,7 @@ def load_gpu(name: str) -> GpuSpec:
     """GPU preset by short name (`h100`, `B200`, `rtx4090`, ...; case-insensitive), or
     `auto`: this machine's GPU through NVML, with the memory it reports. Memory is
     what the device reports (nvidia-smi total) where known, else the marketed size."""
+    _check_name("gpu", name)
     key = name.lower()
     if key == "auto":  # this machine's GPU, through NVML (presets/detect.py)
         from kvpool.presets.detect import detect
@@ -144,3 +146,9 @@ def trace_path(name: str) -> Path:
     if name.lower() not in TRACES:
         raise _unknown("trace", name, trace_names())
     return DATA / "traces" / TRACES[name.lower()]
+
+
+def _check_name(kind: str, name: object) -> None:
+    """A preset name is a string: anything else is a typed error, not an AttributeError."""
+    if not isinstance(name, str):
+        raise SpecError(f"a {kind} preset name must be a string, got {type(name).__name__} {name!r}")
