@@ -141,7 +141,9 @@ def test_bad_input_is_one_line_and_exit_2(cli: Any, argv: list[str], message: st
 def test_nothing_fits_is_exit_2(cli: Any) -> None:
     code, _, err = cli("fit", "llama-3.1-70b", "--gpu", "l40s")  # 131 GiB of weights on one 45 GiB GPU
     assert code == 2 and "no memory left for the KV cache" in err
-    code, out, err = cli("fit", "qwen3-8b", "--gpu", "h100x2", "--users", "100000", "--len", "100000")
+    code, out, err = cli(
+        "fit", "qwen3-8b", "--gpu", "h100x2", "--users", "100000", "--len", "40960"
+    )  # 40,960: its positions
     assert code == 2 and "no layout up to 2 GPUs holds 100000" in err and "none" in out
 
 
