@@ -79,12 +79,17 @@ def test_models_and_gpus_resolve_as_simulate_resolves_them() -> None:
 def _trtllm_bench_setting(p: Any) -> tuple[int, int]:
     """max_batch_size and max_num_tokens by trtllm-bench's heuristic as README.md states
     it (TensorRT-LLM tensorrt_llm/bench/build/tuning.py), from the preset's config."""
-    config = presets.load_model_config(p.model)
+    if p.model.startswith("config:"):
+        config = json.loads((pp.CONFIGS / p.model.removeprefix("config:")).read_text())
+    else:
+        config = presets.load_model_config(p.model)
     text = config.get("text_config", config)
-    layers, kv_heads, head = text["num_hidden_layers"], text["num_key_value_heads"], text["head_dim"]
+    head = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    layers, kv_heads = text["num_hidden_layers"], text["num_key_value_heads"]
     kv_bytes = 1 if p.kv_dtype == "fp8" else 2
     per_token = 2 * layers * max(p.tp, kv_heads) * head * kv_bytes / 2**30
-    engine = p.params[0] * pp.BYTES_PER_PARAM[p.weights] / 2**30
+    # today's tuning.py counts the engine in GiB, TensorRT-LLM 0.17's in GB
+    engine = p.params[0] * pp.BYTES_PER_PARAM[p.weights] / (1e9 if p.source == "trtllm-perf-v017" else 2**30)
     memory = round(presets.load_gpu(p.gpu).memory_bytes / 2**30, 2) * p.tp
     requests = (memory - engine) * 0.95 / (per_token * (p.isl + p.osl))
     raw_bs = min(requests, 4096)
