@@ -114,7 +114,7 @@ def prefix_trace(data: st.DataObject) -> Trace:
     """Requests from a few conversations: each prompt is its conversation's
     first blocks (4 tokens each), so prompts share prefixes."""
     draw = data.draw
-    n = draw(st.integers(2, 10))
+    n = draw(st.integers(2, 14))
     convs = draw(st.lists(st.lists(st.integers(0, 1000), min_size=2, max_size=16), min_size=1, max_size=3))
     rows = []
     for _ in range(n):
@@ -122,7 +122,7 @@ def prefix_trace(data: st.DataObject) -> Trace:
         k = draw(st.integers(1, len(blocks)))
         rows.append(tuple(blocks[:k]))
     prompt = [4 * len(b) - draw(st.integers(0, 3)) for b in rows]
-    out = [draw(st.integers(1, 12)) for _ in rows]
+    out = [draw(st.integers(1, 40)) for _ in rows]
     gaps = draw(st.lists(st.floats(0, 0.002), min_size=n, max_size=n))
     return Trace(
         "t",
@@ -221,6 +221,23 @@ def test_suspended_requests_come_back_with_their_pages() -> None:
     assert t["pages_suspended"] == t["pages_resumed"] > 0
     # a suspended request keeps its computed positions: no prefill runs twice
     assert suspend.steps <= recompute.steps
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_suspension_loses_no_page_and_no_request(data: st.DataObject) -> None:
+    """Any trace, any host size: every request ends as with recompute (done or
+    rejected, the same tokens), the tiers' books check out (`check=True`), no
+    page stays used and every suspended page came back."""
+    trace = prefix_trace(data)
+    plan = toy_plan(data.draw(st.integers(12, 40)))
+    host = data.draw(st.integers(0, 80)) * plan.spec.groups[0].slot_bytes
+    recompute = run(plan, trace, host=host)
+    suspend = run(plan, trace, host=host, preemption="suspend")
+    assert suspend.finished + suspend.rejected == len(trace)
+    assert (suspend.finished, suspend.output_tokens) == (recompute.finished, recompute.output_tokens)
+    assert suspend.end_used == suspend.reserved
+    assert suspend.tiers is not None and suspend.tiers["pages_suspended"] == suspend.tiers["pages_resumed"]
 
 
 def test_suspension_needs_a_tier() -> None:
