@@ -44,6 +44,7 @@ def test_tp_that_does_not_divide_the_attention_heads_is_refused_as_vllm_does(cli
     assert f"size {bad} " in err
     refused(cli("plan", str(QWEN25), "--kv-memory", "5GiB", "--tp", "8"), "size 8 ", "--tp")
     refused(cli("fit", str(QWEN25), "--gpu", "h100x8"), "size 8 ", f"{heads} attention")
+    refused(cli("inspect", str(QWEN25), "--tp", "8"), "size 8 ", "--tp")
     refused(cli("plan", "llama-3.1-8b-instruct", "--kv-memory", "5GiB", "--tp", "1000000"), "--tp")
     code, _, err = cli("plan", str(QWEN25), "--kv-memory", "5GiB", "--tp", str(good))
     assert code == 0, err

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kvpool import presets
-from kvpool.errors import KvpoolError
+from kvpool.errors import KvpoolError, LimitsError
 from kvpool.plan.batches import REFERENCE_REQUEST
 from kvpool.spec import KV_DTYPES, ModelSpec
 from kvpool.units import parse_size
@@ -119,6 +119,35 @@ def int_items(text: str, *, low: int = 1, high: int = MAX_COUNT) -> tuple[int, .
             raise KvpoolError(f"expected comma-separated integers in [{low}, {high:,}]; got {item.strip()} in {text!r}")
         values.append(value)
     return tuple(values)
+
+
+def check_positions(config: Mapping[str, Any], max_seq_len: int, flag: str = "--max-seq-len") -> None:
+    """Refuse a longest request past the config's positions, as vLLM refuses a
+    max_model_len past them unless told to (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1):
+    RoPE beyond them is untrained, and 2**40 positions ask for petabytes of pages."""
+    text = config.get("text_config")
+    max_pos = (text if isinstance(text, Mapping) and "max_position_embeddings" in text else config).get(
+        "max_position_embeddings"
+    )
+    if isinstance(max_pos, int) and not isinstance(max_pos, bool) and 0 < max_pos < max_seq_len:
+        raise LimitsError(
+            f"{flag} {max_seq_len:,} is past the model's {max_pos:,} positions (max_position_embeddings); "
+            f"give {flag} {max_pos} or less"
+        )
+
+
+def check_tp_divides_heads(config: Mapping[str, Any], tp: int) -> None:
+    """Refuse a --tp that does not split the attention heads evenly, as vLLM's
+    `ModelConfig.verify_with_parallel_config` does ("Total number of attention
+    heads (28) must be divisible by tensor parallel size (8)"); KV heads fewer
+    than --tp are replicated there, so only the query heads are checked."""
+    text = config.get("text_config")
+    heads = (text if isinstance(text, Mapping) and "num_attention_heads" in text else config).get("num_attention_heads")
+    if tp > 1 and isinstance(heads, int) and not isinstance(heads, bool) and heads > 0 and heads % tp:
+        raise LimitsError(
+            f"tensor-parallel size {tp} (--tp; fit: the GPU count) does not divide the model's {heads} "
+            f"attention heads (vLLM refuses it too); use a --tp that divides {heads}"
+        )
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpool.cli.budget import kv_budget
-from kvpool.cli.plan_args import Resolved, check_positions, check_tp_divides_heads, serving_limits
+from kvpool.cli.common import check_positions, check_tp_divides_heads
+from kvpool.cli.plan_args import Resolved, serving_limits
 from kvpool.cli.request import BudgetOptions, LimitOptions, ModelOptions, PlanRequest
 from kvpool.errors import KvpoolError
 from kvpool.plan import plan_pools

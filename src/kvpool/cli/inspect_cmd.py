@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from kvpool.cli.budget import weights_source
-from kvpool.cli.common import add_json_arg, add_model_args, print_json, say_fallback, table
+from kvpool.cli.common import add_json_arg, add_model_args, check_tp_divides_heads, print_json, say_fallback, table
 from kvpool.cli.request import ModelOptions
 from kvpool.models.params import ParameterCountError
 from kvpool.models.weight_dtype import WeightSchemeError
@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         pp_size=model.pp,
         tokens_per_block=model.tokens_per_block,
     )
+    check_tp_divides_heads(spec.config, model.tp)  # as plan does: vLLM refuses such a --tp
     say_fallback(spec)
     parameters, weights_bytes = weights_facts(model, spec)
     if args.json:

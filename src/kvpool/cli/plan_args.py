@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from kvpool.cli.budget import DEFAULT_MEMORY_FRACTION, Budget, kv_budget
 from kvpool.cli.common import (
     add_model_args,
+    check_positions,
+    check_tp_divides_heads,
     checked,
     fraction,
     gpu_name,
@@ -245,35 +246,6 @@ def load_spec(model: ModelOptions, max_seq_len: int | None) -> tuple[ModelSpec, 
     )
     say_fallback(spec)
     return spec, max_len
-
-
-def check_positions(config: dict[str, Any], max_seq_len: int, flag: str = "--max-seq-len") -> None:
-    """Refuse a longest request past the config's positions, as vLLM refuses a
-    max_model_len past them unless told to (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1):
-    RoPE beyond them is untrained, and 2**40 positions ask for petabytes of pages."""
-    text = config.get("text_config")
-    max_pos = (text if isinstance(text, dict) and "max_position_embeddings" in text else config).get(
-        "max_position_embeddings"
-    )
-    if isinstance(max_pos, int) and not isinstance(max_pos, bool) and 0 < max_pos < max_seq_len:
-        raise LimitsError(
-            f"{flag} {max_seq_len:,} is past the model's {max_pos:,} positions (max_position_embeddings); "
-            f"give {flag} {max_pos} or less"
-        )
-
-
-def check_tp_divides_heads(config: dict[str, Any], tp: int) -> None:
-    """Refuse a --tp that does not split the attention heads evenly, as vLLM's
-    `ModelConfig.verify_with_parallel_config` does ("Total number of attention
-    heads (28) must be divisible by tensor parallel size (8)"); KV heads fewer
-    than --tp are replicated there, so only the query heads are checked."""
-    text = config.get("text_config")
-    heads = (text if isinstance(text, dict) and "num_attention_heads" in text else config).get("num_attention_heads")
-    if tp > 1 and isinstance(heads, int) and not isinstance(heads, bool) and heads > 0 and heads % tp:
-        raise LimitsError(
-            f"tensor-parallel size {tp} (--tp; fit: the GPU count) does not divide the model's {heads} "
-            f"attention heads (vLLM refuses it too); use a --tp that divides {heads}"
-        )
 
 
 def serving_limits(options: LimitOptions, max_seq_len: int) -> ServingLimits:
