@@ -344,7 +344,7 @@ def run_tiered(args: argparse.Namespace, setup: Setup, runner: Runner, plans: li
 
         title = f"{setup.resolved.spec.name} on {setup.gpu.key}, {setup.trace.name}"
         if tiers.sweep:
-            plot_host_sweep(args.plot, [((r.tiers or {})["bytes"]["CPU"], r) for r in runs], title=title)
+            plot_host_sweep(args.plot, [((r.tiers or {})["bytes"].get("CPU", 0), r) for r in runs], title=title)
         else:
             plot_runs(args.plot, runs, title=title)
     notes = runner.notes

@@ -33,9 +33,10 @@ class TierRuns:
         return len(self.sizes) > 1
 
     def specs(self, args: argparse.Namespace, plan: PoolPlan, size: str | None) -> list[TierSpec]:
-        """One rank's cold tiers for host size `size` under --host-rule (a 0
-        size: a host tier of 0 bytes, which is no tier at all, so that the run
-        reports its tier counts beside the others)."""
+        """One rank's cold tiers for host size `size` under --host-rule, and
+        --disk's. A 0 size is no host tier (pages go straight to disk, if any);
+        with no tier at all, a host tier of 0 bytes, which changes nothing, so
+        that the run reports its tier counts beside the others."""
         if plan.shared:
             raise KvpoolError(
                 "--host-memory / --disk: cold tiers with a shared pool (an engine:vllm plan, one pool for "
@@ -44,8 +45,8 @@ class TierRuns:
         zero = size is not None and size_or_zero(size) == 0
         sub = argparse.Namespace(**{**vars(args), "host_memory": None if zero else size})
         tiers = [TierSpec(t.medium, t.bytes) for t in tiers_from_args(sub, plan)]
-        if zero or not any(t.medium == "CPU" for t in tiers):
-            tiers.insert(0, TierSpec("CPU", 0))
+        if not tiers:
+            tiers.append(TierSpec("CPU", 0))
         return tiers
 
 
