@@ -310,3 +310,27 @@ def test_a_preset_name_is_not_a_path() -> None:
 
     with pytest.raises(UnknownPresetError):
         presets.load_model_config("../gpus")
+
+
+def test_atomic_path_leaves_the_whole_file_or_nothing(tmp_path: Path) -> None:
+    """What --plot, sweep --out and fit --emit-to write through (cli/files.py)."""
+    from kvpool.cli.files import atomic_path
+
+    target = tmp_path / "launch.sh"
+    with pytest.raises(OSError), atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise OSError(28, "No space left on device")
+    assert list(tmp_path.iterdir()) == []
+    target.write_text("old")
+    with atomic_path(target) as tmp:
+        tmp.write_text("new")
+        assert target.read_text() == "old"  # the old file stays whole until the new one is
+    assert target.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["launch.sh"]
+
+
+def test_fit_emit_to_a_missing_folder_is_refused_before_the_work(cli: Any, tmp_path: Path) -> None:
+    argv = ["fit", "llama-3.1-8b-instruct", "--gpu", "h100", "--engine", "vllm"]
+    refused(cli(*argv, "--emit-to", str(tmp_path / "no" / "x.sh")), "--emit-to", "no folder")
+    code, _, err = cli(*argv, "--emit-to", str(tmp_path / "x.sh"))
+    assert code == 0 and (tmp_path / "x.sh").read_text().startswith("vllm serve"), err
+    assert [p.name for p in tmp_path.iterdir()] == ["x.sh"]

@@ -23,6 +23,7 @@ from kvpool import presets
 from kvpool.cli import fit_layouts
 from kvpool.cli.common import add_json_arg, checked, positive_int, print_json, table
 from kvpool.cli.engines_out import launch_model_id
+from kvpool.cli.files import atomic_path, output_file
 from kvpool.cli.fit_engines import EngineFit, engine_fit, fit_lengths, render_engine
 from kvpool.cli.plan_args import Resolved, add_plan_args, resolve
 from kvpool.cli.plan_cmd import render_memory
@@ -65,6 +66,7 @@ def register(sub: Any) -> None:
     f.add_argument("--model-id", default=None, metavar="ID", help="model id in the launch lines (default: hub id)")
     f.add_argument(
         "--emit-to",
+        type=output_file,
         default=None,
         metavar="FILE",
         help="write the launch of the one --engine to FILE (a shell line, or TensorRT-LLM's YAML)",
@@ -262,9 +264,8 @@ def finish(args: argparse.Namespace, out: dict[str, Any], fits: list[EngineFit])
         raise KvpoolError(f"nothing to emit: {fits[0].reasons[0]}")
     path = Path(args.emit_to)
     text = fits[0].emitted.text() + "\n"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:  # a failed write leaves neither FILE nor a temporary beside it
+        tmp.write_text(text)
     out["emitted_to"] = str(path)
     print(f"kvpool fit: wrote the {fits[0].engine} launch to {path}", file=sys.stderr)
 
