@@ -139,7 +139,7 @@ def add_tier_sim_args(p: argparse.ArgumentParser) -> None:
     """The cold tiers of `kvpool plan` (`cli/tiers_args.py`: --host-memory,
     --disk, --host-rule, --ranks-per-node; here --host-memory may be a list,
     one run per size) and how the simulator moves pages over them."""
-    t = p.add_argument_group("cold tiers per rank, and how pages move to them (docs/sim.md)")
+    t = p.add_argument_group("cold tiers per rank, and how pages move to them (docs/tiers.md)")
     t.add_argument(
         "--host-memory",
         type=checked(host_sizes),
