@@ -133,6 +133,8 @@ def test_suspend_preemption_runs(cli, conversations: str) -> None:  # type: igno
     [
         (["--preemption", "suspend"], "add --host-memory"),
         (["--host-bandwidth", "20"], "add --host-memory"),
+        (["--transfer-overlap"], "--transfer-overlap applies to cold tiers"),
+        (["--ranks-per-node", "8"], "--ranks-per-node applies to cold tiers"),
         (["--host-memory", "0,lots"], "cannot read size 'lots'"),
         (["--host-memory", "1GiB,2GiB", "--compare", "reference,typical"], "sweeps one policy"),
         (["--host-memory", "1GiB", "--host-rule", "vllm", "--disk", "-1"], "--disk"),

@@ -157,7 +157,7 @@ def add_tier_sim_args(p: argparse.ArgumentParser) -> None:
     )
     t.add_argument(
         "--ranks-per-node",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="GPUs (ranks) on one node sharing --host-memory (default: tp x pp)",

@@ -56,9 +56,14 @@ def tier_runs(args: argparse.Namespace, gpu: GpuSpec) -> TierRuns | None:
     if not asked:
         if args.preemption == "suspend":
             raise KvpoolError("--preemption suspend parks pages in a cold tier: add --host-memory (or --disk)")
-        for flag, value in (("--host-bandwidth", args.host_bandwidth), ("--disk-bandwidth", args.disk_bandwidth)):
-            if value is not None:
-                raise KvpoolError(f"{flag} is the bandwidth of a cold tier's copies: add --host-memory (or --disk)")
+        for flag, value in (
+            ("--host-bandwidth", args.host_bandwidth),
+            ("--disk-bandwidth", args.disk_bandwidth),
+            ("--transfer-overlap", args.transfer_overlap or None),
+            ("--ranks-per-node", args.ranks_per_node),
+        ):
+            if value is not None:  # it would mean nothing: say so rather than ignore it
+                raise KvpoolError(f"{flag} applies to cold tiers: add --host-memory (or --disk)")
         return None
     if args.host_memory is None and args.host_rule in ("trtllm", "vllm"):
         raise KvpoolError(f"--host-rule {args.host_rule} sizes the host tier from --host-memory: add it")
