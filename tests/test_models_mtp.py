@@ -47,8 +47,9 @@ def test_mtp_layers_load_only_when_they_draft(tmp_path: Path, mtp_names: list[st
 
 
 def test_the_budget_counts_them_with_draft_len(tmp_path: Path, cli: Any) -> None:
-    checkpoint(tmp_path, ["model.layers.3.mlp.down_proj.weight"])
-    args = ["plan", str(tmp_path), "--gpu", "h100", "--max-seq-len", "2048", "--json"]
+    config = checkpoint(tmp_path, ["model.layers.3.mlp.down_proj.weight"])
+    length = str(config["max_position_embeddings"])  # a longer --max-seq-len is refused
+    args = ["plan", str(tmp_path), "--gpu", "h100", "--max-seq-len", length, "--json"]
     code, out, err = cli(*args)
     assert code == 0, err
     plain = json.loads(out)["memory"]["weights_bytes"]
