@@ -15,7 +15,7 @@ from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.sched import Scheduler, Sequence, Status
 from kvpool.sched.admission import ADMISSIONS, Admission, admission_for
 from kvpool.spec import ModelSpec
-from test_sched_scheduler import TPB, chunks, drain, full_spec, hybrid_spec, seq
+from sched_helpers import TPB, chunks, drain, full_spec, hybrid_spec, seq
 
 
 def make(pages: dict[str, int], rule: str, spec: ModelSpec | None = None, **limits: Any) -> Scheduler:

@@ -13,39 +13,8 @@ from kvpool.cache import KVCacheManager
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.sched import Scheduler, SchedulerError, Sequence, Status, Step
 from kvpool.sched.padding import GraphPadding
-from kvpool.spec import ModelSpec, load_model_spec
-
-TPB = 4
-
-
-def full_spec() -> ModelSpec:
-    return load_model_spec(
-        {
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "hidden_size": 64,
-            "max_position_embeddings": 1 << 16,
-            "torch_dtype": "bfloat16",
-        },
-        tokens_per_block=TPB,
-    )
-
-
-def hybrid_spec(window: int = 8) -> ModelSpec:
-    return load_model_spec(
-        {
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "hidden_size": 64,
-            "max_position_embeddings": 1 << 16,
-            "torch_dtype": "bfloat16",
-            "sliding_window": window,
-            "layer_types": ["full_attention", "sliding_attention"],
-        },
-        tokens_per_block=TPB,
-    )
+from kvpool.spec import ModelSpec
+from sched_helpers import chunks, drain, full_spec, hybrid_spec, run_step, seq
 
 
 def make(
@@ -66,33 +35,8 @@ def make(
     return mgr, Scheduler(mgr, lim, padding=padding, captured=captured, padding_rids=pads, enable_reuse=reuse)
 
 
-def seq(rid: int, prompt: int, out: int, first_token: int = 1000) -> Sequence:
-    # distinct token ids per request unless the caller shares them on purpose
-    return Sequence(rid=rid, prompt_ids=list(range(first_token * rid, first_token * rid + prompt)), max_new_tokens=out)
-
-
-def chunks(step: Step) -> list[tuple[int, int, int]]:
-    return [(s.rid, start, n) for s, start, n in step.prefills]
-
-
 def rows(step: Step) -> list[int]:
     return [s.rid for s, _ in step.decodes]
-
-
-def run_step(sched: Scheduler, step: Step, token: int = 7) -> list[Sequence]:
-    sampled = {s.rid: [token] for s, _ in step.decodes}
-    sampled.update({s.rid: [token] for s, st_, n in step.prefills if st_ + n == s.num_tokens})
-    return sched.update(step, sampled)
-
-
-def drain(sched: Scheduler, limit: int = 10_000) -> list[Sequence]:
-    done: list[Sequence] = []
-    for _ in range(limit):
-        step = sched.schedule()
-        if step is None:
-            return done
-        done += run_step(sched, step)
-    raise AssertionError("scheduler did not drain")
 
 
 # ----------------------------------------------------------------------------- admission
