@@ -307,3 +307,10 @@ def test_unknown_family_falls_back_to_attention_fields_and_parameter_counts() ->
     per_expert = 8e6 / 7 / 2
     assert moe.expert == (Gemm(64, int(per_expert / 3 / 64), 3),)
     assert (moe.experts, moe.top_k, moe.moe_layers) == (8, 1, 2)
+
+
+def test_a_profile_that_cannot_be_written_leaves_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "missing-dir" / "p.json"
+    with pytest.raises(CalibrationError, match="cannot write"):
+        save_profile(shipped()["h100"], target, report={})
+    assert not target.exists() and not target.with_name("p.json.tmp").exists()

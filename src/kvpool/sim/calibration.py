@@ -74,8 +74,12 @@ def save_profile(cal: Calibration, path: str | Path, *, report: dict[str, Any]) 
     """Write `cal` and its fit report as JSON, atomically (temp file, rename)."""
     p = Path(path).expanduser()
     tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps({"calibration": cal.to_json(), "fit": report}, indent=2) + "\n")
-    tmp.replace(p)
+    try:
+        tmp.write_text(json.dumps({"calibration": cal.to_json(), "fit": report}, indent=2) + "\n")
+        tmp.replace(p)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CalibrationError(f"cannot write calibration {p}: {e.strerror or e}") from None
 
 
 @dataclass(frozen=True)
