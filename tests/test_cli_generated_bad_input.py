@@ -12,24 +12,14 @@ from typing import Any
 
 import pytest
 
-from cli_bad_cases import BAD, BASE, KIND_BY_FLAG, Case, cases, flags
+from cli_bad_cases import BASE, KIND_BY_FLAG, Case, cases, flags
 
 # simulate's own flags (cli/simulate_args.py, cli/simulate_cmd.py) are being
 # rewritten by another change; these still answer without naming the flag, or
 # accept the value. strict: the day they are fixed, this list must shrink.
 FILES = ["{tmp}/missing.file", "{tmp}", "{tmp}/empty.file", "{tmp}/binary.file", "{tmp}/latin1.file"]
 POLICIES = ["a,,b", ",", "", "nope", "reference,"]
-KNOWN: dict[str, tuple[str, list[str]]] = {
-    "--calibration": ("names the file, not the flag", FILES),
-    "--trace": ("names the file, not the flag", FILES),
-    "--compare": ("empty items accepted, ',' an internal error, unknown names not named", POLICIES),
-    "--policy": ("empty items accepted, ',' an internal error, unknown names not named", POLICIES),
-    "--plot": ("'' accepted (no plot)", [""]),
-    "--sweep-range": ("read only with --sweep-ratio: bad ranges accepted", BAD["range"]),
-    "--sweep-ratio": ("'' accepted; an unknown group does not name the flag", BAD["name"]),
-    "--weights-bytes": ("size errors do not name the flag; '' accepted", BAD["size"]),
-    "--pool-ratio": ("simulate_cmd checks shares against the groups without naming the flag", ["full=2", "nope=1"]),
-}
+KNOWN: dict[str, tuple[str, list[str]]] = {}  # (flag: why, values) of cases still failing, as strict xfails
 ALL = cases()
 
 

@@ -12,6 +12,8 @@ from kvpool.cli.tiers_args import RULES
 from kvpool.errors import KvpoolError
 from kvpool.sched.admission import ADMISSIONS
 
+DEFAULT_SWEEP_RANGE = "0.05:0.95"
+
 # Each sweep point is a whole simulation of the trace: past this a typo, not a study.
 MAX_SWEEP_POINTS = 200
 
@@ -54,7 +56,7 @@ def add_simulation_args(p: argparse.ArgumentParser) -> Any:
     )
     s.add_argument(
         "--sweep-range",
-        default="0.05:0.95",
+        default=DEFAULT_SWEEP_RANGE,
         metavar="LOW:HIGH",
         help="shares swept (default 0.05:0.95; evenly spaced, geometric when "
         "HIGH/LOW >= 20, e.g. 0.002:0.2 for a small window)",

@@ -5,18 +5,21 @@ they buy."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from kvpool import presets
 from kvpool.cache import TierSpec
 from kvpool.cli.common import add_json_arg, print_json
+from kvpool.cli.files import check_input
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.cli.plan_args import Resolved, add_plan_args, parse_pool_ratio, resolve
 from kvpool.cli.request import PlanRequest
 from kvpool.cli.sim_output import ProgressBar, parse_rate, rebalance_lines, results_table, run_json
-from kvpool.cli.simulate_args import add_simulation_args, add_tier_sim_args
+from kvpool.cli.simulate_args import DEFAULT_SWEEP_RANGE, add_simulation_args, add_tier_sim_args
 from kvpool.cli.simulate_tiers import TierRuns, sweep_table, tier_runs
 from kvpool.errors import KvpoolError
 from kvpool.plan.sizing import check_pool_ratio
@@ -93,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
     runner = Runner(setup, args.dry_run, bar, step_publisher(publisher), notes)
     # Plan every named policy first, so that an infeasible one fails in a second, not
     # after the runs before it.
-    plans = [runner.plan(p, with_model=True) for p in setup.policies]
+    given = next((f for f, v in (("--compare", args.compare), ("--policy", args.policy)) if v), None)
+    with flagged(given) if given else contextlib.nullcontext():
+        plans = [runner.plan(p, with_model=True) for p in setup.policies]
     if setup.tiers is not None:
         return run_tiered(args, setup, runner, plans)
     runs = [runner.one(p, pp) for p, pp in zip(setup.policies, plans, strict=True)]
@@ -124,7 +129,9 @@ def prepare(args: argparse.Namespace) -> Setup:
     if args.phase != "final":
         raise KvpoolError("simulate runs final plans; drop --phase profile")
     request = PlanRequest.from_args(args)
-    total = parse_size(args.weights_bytes) if args.weights_bytes else None
+    check_flags(args)
+    with flagged("--weights-bytes"):
+        total = parse_size(args.weights_bytes) if args.weights_bytes is not None else None
     given = None if total is None else -(-total // request.model.tp)
     resolved = resolve(request, weights_bytes=given, gpu_only_for_budget=False)
     gpu = presets.load_gpu(args.gpu)
@@ -135,8 +142,11 @@ def prepare(args: argparse.Namespace) -> Setup:
         weights = per_rank(weights, memory.weights_bytes / (weights.total_params * weights.bytes_per_param))
     elif request.model.tp > 1:
         weights = per_rank(weights, 1 / request.model.tp)
-    trace = load_trace(args.trace, max_requests=args.max_requests).with_rate(parse_rate(args.rate), args.seed)
-    model = StepTimeModel.build(resolved.spec, gpu, weights, calibration_from(args.calibration))
+    with flagged("--trace"):
+        trace = load_trace(args.trace, max_requests=args.max_requests).with_rate(parse_rate(args.rate), args.seed)
+    with flagged("--calibration"):
+        calibration = calibration_from(args.calibration)
+    model = StepTimeModel.build(resolved.spec, gpu, weights, calibration)
     policies = tuple(policies_from(args, resolved.spec))
     tiers = tier_runs(args, gpu)
     if tiers is not None:
@@ -151,7 +161,36 @@ def calibration_from(value: str | None) -> Calibration | str | None:
     """--calibration: None (the GPU's shipped profile), 'roofline', or a profile file."""
     if value is None or value == "roofline":
         return value
-    return load_profile(value)
+    return load_profile(check_input(value, "calibration "))
+
+
+@contextlib.contextmanager
+def flagged(flag: str) -> Iterator[None]:
+    """A KvpoolError raised while reading `flag`'s value comes out naming the flag."""
+    try:
+        yield
+    except KvpoolError as e:
+        if flag in str(e):
+            raise
+        raise KvpoolError(f"{flag}: {e}") from None
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Values argparse lets through that mean nothing: empty names, empty list
+    items, a sweep range without a sweep."""
+    for flag, value in (
+        ("--compare", args.compare),
+        ("--policy", args.policy),
+        ("--sweep-ratio", args.sweep_ratio),
+        ("--plot", args.plot),
+    ):
+        if value is not None and not value.strip():
+            raise KvpoolError(f"{flag} is empty; give a value or leave the flag out")
+    for flag, value in (("--compare", args.compare), ("--policy", args.policy)):
+        if value is not None and any(not item.strip() for item in value.split(",")):
+            raise KvpoolError(f"{flag} {value!r} has an empty item; list policies as P1,P2")
+    if args.sweep_range != DEFAULT_SWEEP_RANGE and not args.sweep_ratio:
+        raise KvpoolError("--sweep-range sets the shares of --sweep-ratio GROUP; add it or drop --sweep-range")
 
 
 def policies_from(args: argparse.Namespace, spec: ModelSpec) -> list[str]:
@@ -168,13 +207,16 @@ def policies_from(args: argparse.Namespace, spec: ModelSpec) -> list[str]:
             "in --compare (e.g. --compare reference,ratio:full=0.3)"
         )
     if args.compare:
-        return parse_policies(args.compare)
+        with flagged("--compare"):
+            return parse_policies(args.compare)
     if args.policy:
-        return parse_policies(args.policy)
+        with flagged("--policy"):
+            return parse_policies(args.policy)
     if args.pool_ratio:
         # as in `kvpool plan`: a share for every group, summing to 1 (the
         # `ratio:` policy of --compare may name only some groups)
-        ratio = check_pool_ratio(spec, parse_pool_ratio(args.pool_ratio) or {})
+        with flagged("--pool-ratio"):
+            ratio = check_pool_ratio(spec, parse_pool_ratio(args.pool_ratio) or {})
         return ["ratio:" + ",".join(f"{k}={v:g}" for k, v in ratio.items())]
     return ["reference", "typical", "workload"] if args.sweep_ratio else ["reference"]
 
@@ -186,10 +228,12 @@ def sweep_points(args: argparse.Namespace, spec: ModelSpec) -> tuple[str | None,
         if args.workers or args.ray_address:
             raise KvpoolError("--workers / --ray-address run the points of --sweep-ratio; add it")
         return None, []
-    group = resolve_group(spec, args.sweep_ratio)
-    if len(spec.groups) < 2:
-        raise KvpoolError(f"{spec.name} has one pool group; there is no split to sweep")
-    return group, sweep_shares(args.sweep_points, *parse_range(args.sweep_range))
+    with flagged("--sweep-ratio"):
+        group = resolve_group(spec, args.sweep_ratio)
+        if len(spec.groups) < 2:
+            raise KvpoolError(f"{spec.name} has one pool group; there is no split to sweep")
+    with flagged("--sweep-range"):
+        return group, sweep_shares(args.sweep_points, *parse_range(args.sweep_range))
 
 
 @dataclass
