@@ -83,11 +83,6 @@ def test_a_disk_tier_alone_or_below_the_host(cli, conversations: str) -> None:  
     assert alone["tiers"]["transfer_s"] > host["tiers"]["transfer_s"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cache/tiers.py: while a claim holds every host slot aside, pages the GPU evicts find no room in the "
-    "host tier and are dropped instead of going on to the disk tier (ColdTier.put)",
-)
 def test_a_host_tier_above_a_disk_never_lowers_the_hit_rate(cli, conversations: str) -> None:  # type: ignore[no-untyped-def]
     alone, below = sweep(cli, conversations, "--host-memory", "0,256MiB", "--disk", "2GiB")
     assert below["tiers"]["pages_spilled"] > 0

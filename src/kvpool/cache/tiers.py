@@ -106,8 +106,9 @@ class ColdTier:
         """Offload `digests` of group `gi` that a warmer level evicted from
         `sources[i]` (GPU pages, or slots of tier `src`): each goes to a free
         slot here (the least recently used held digest moving one tier down,
-        or dropped, to make room); ignored where the group is not kept, the
-        tier has no slot for it, or a tier already holds it."""
+        or dropped, to make room), or to the tier below when no slot here can
+        be freed; ignored where the group is not kept, no tier has a slot for
+        it, or a tier already holds it."""
         if not self.keeps[gi]:
             return
         held = self.held[gi]
@@ -117,6 +118,10 @@ class ColdTier:
                     held.move_to_end(digest)
                 continue
             if not self.free[gi] and not self.make_room(gi, 1):
+                # every slot here is set aside (a claim onboarding from it): the
+                # page goes straight to the next level rather than being dropped
+                if self.below is not None:
+                    self.below.put(gi, [digest], [source], src)
                 continue
             held[digest] = slot = self.free[gi].pop()
             if self.copies is not None:
