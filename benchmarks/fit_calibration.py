@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from kvpool.presets import DATA, load_gpu
-from kvpool.sim.calibration import fit_affine, fit_matmul
+from kvpool.sim.calibration import OpSamples, fit_affine, fit_matmul, matmul_seconds, vidur_samples
 
 HERE = Path(__file__).resolve().parent.parent
 VIDUR = HERE / "tests" / "data" / "vidur"
@@ -64,8 +64,6 @@ SHAPE_COLUMNS = [
     "num_tokens",
     "num_tensor_parallel_workers",
 ]
-MATMULS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
-ELEMENTWISE = {"input_layernorm": 1, "post_attention_layernorm": 1, "attn_rope": 1, "mlp_act": 1, "add": 2}
 KV_BYTES_PER_TOKEN_LAYER = 2 * 8 * 128 * 2  # Llama-3-8B: K and V, 8 heads x 128, BF16
 PREFILL_FLOPS_PER_PAIR = 4 * 32 * 128  # QK^T and PV, 32 query heads x 128
 
@@ -140,48 +138,17 @@ def extract(source: Path) -> None:
         shutil.copy(source / name, VIDUR / name)
 
 
-def _matmul_samples(files: list[Path]) -> tuple[np.ndarray, ...]:
-    tokens, ks, ns, t = [], [], [], []
-    for path in files:
-        for r in _rows(path):
-            h, inter = int(r["n_embd"]), int(r["n_expanded_embd"])
-            heads, kv, tp, n_tok = (
-                int(r["n_head"]),
-                int(r["n_kv_head"]),
-                int(r["num_tensor_parallel_workers"]),
-                int(r["num_tokens"]),
-            )
-            d = h // heads
-            up = (2 if r["use_gated_mlp"] == "True" else 1) * inter
-            shapes = {
-                "attn_pre_proj": (h, (heads + 2 * kv) * d // tp),
-                "attn_post_proj": (heads * d // tp, h),
-                "mlp_up_proj": (h, up // tp),
-                "mlp_down_proj": (inter // tp, h),
-            }
-            for op, (k, n) in shapes.items():
-                tokens.append(n_tok)
-                ks.append(k)
-                ns.append(n)
-                t.append(float(r[f"time_stats.{op}.median"]) * 1e-3)
-    return tuple(np.array(x, dtype=np.float64) for x in (tokens, ks, ns, t))
-
-
-def _elementwise_samples(files: list[Path]) -> tuple[np.ndarray, np.ndarray]:
-    x, t = [], []
-    for path in files:
-        for r in _rows(path):
-            x.append(int(r["num_tokens"]) * int(r["n_embd"]))
-            t.append(sum(w * float(r[f"time_stats.{op}.median"]) for op, w in ELEMENTWISE.items()) * 1e-3)
-    return np.array(x, dtype=np.float64), np.array(t)
+def _samples(files: list[Path]) -> OpSamples:
+    rows = [r for path in files for r in _rows(path)]
+    return vidur_samples(rows)
 
 
 def fit_gpu(gpu: str, files: list[Path], report: dict[str, object]) -> dict[str, object]:
     spec = load_gpu(GPUS[gpu])
-    tok, k, n, t = _matmul_samples(files)
-    mm = fit_matmul(tok, k, n, t, flops=spec.bf16_flops, hbm=spec.hbm_bandwidth_bytes_per_s)
-    x, te = _elementwise_samples(files)
-    e_floor, e_slope, ew = fit_affine(x / spec.hbm_bandwidth_bytes_per_s, te)
+    hbm = spec.hbm_bandwidth_bytes_per_s
+    ops = _samples(files)
+    mm = fit_matmul(ops.tokens, ops.k, ops.n, ops.seconds, flops=spec.bf16_flops, hbm=hbm)
+    e_floor, e_slope, ew = fit_affine(ops.elementwise_x / hbm, ops.elementwise_s)
     names = ", ".join(p.stem for p in files)
     out: dict[str, object] = dict(mm.values)
     out["elementwise_floor_s"] = e_floor
@@ -223,15 +190,12 @@ def fit_attention(report: dict[str, object]) -> dict[str, float]:
 
 def held_out_error(gpu: str, train: list[Path], test: Path) -> dict[str, float]:
     spec = load_gpu(GPUS[gpu])
-    tok, k, n, t = _matmul_samples(train)
-    mm = fit_matmul(tok, k, n, t, flops=spec.bf16_flops, hbm=spec.hbm_bandwidth_bytes_per_s)
-    tok2, k2, n2, t2 = _matmul_samples([test])
-    v = mm.values
-    f = 2 * tok2 * k2 * n2 / spec.bf16_flops
-    b = (k2 * n2 * 2 + 2 * tok2 * (k2 + n2)) / spec.hbm_bandwidth_bytes_per_s
-    pred = v["linear_floor_s"] + (
-        (f / v["linear_flops_eff"]) ** v["linear_blend"] + (b / v["linear_bw_eff"]) ** v["linear_blend"]
-    ) ** (1 / v["linear_blend"])
+    fit, held = _samples(train), _samples([test])
+    mm = fit_matmul(fit.tokens, fit.k, fit.n, fit.seconds, flops=spec.bf16_flops, hbm=spec.hbm_bandwidth_bytes_per_s)
+    pred = matmul_seconds(
+        mm.values, held.tokens, held.k, held.n, flops=spec.bf16_flops, hbm=spec.hbm_bandwidth_bytes_per_s
+    )
+    t2 = held.seconds
     e = np.abs(pred / t2 - 1)
     return {"median_error": float(np.median(e)), "p90_error": float(np.quantile(e, 0.9)), "samples": len(t2)}
 

@@ -33,12 +33,18 @@ from kvpool.cli.plan_args import load_spec
 from kvpool.cli.request import ModelOptions
 from kvpool.errors import KvpoolError
 from kvpool.presets import GpuSpec, load_gpu
-from kvpool.sim.calibration import StepSample, fit_affine, fit_matmul, fit_steps, for_gpu, save_profile
-from kvpool.sim.kernels import Calibration
+from kvpool.sim.calibration import (
+    VIDUR_COLUMNS,
+    OpSamples,
+    StepSample,
+    fit_ops,
+    fit_steps,
+    for_gpu,
+    save_profile,
+    vidur_samples,
+)
+from kvpool.sim.kernels import Calibration, CalibrationError
 from kvpool.sim.steptime import StepTimeModel, load_weights
-
-MATMULS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
-ELEMENTWISE = {"input_layernorm": 1, "post_attention_layernorm": 1, "attn_rope": 1, "mlp_act": 1, "add": 2}
 
 
 def register(sub: Any) -> None:
@@ -90,44 +96,16 @@ def _number(row: dict[str, str], key: str, path: Path, line: int, *, minimum: fl
     return value
 
 
-def fit_ops(paths: list[Path], base: Calibration, flops: float, hbm: float) -> tuple[Calibration, dict[str, Any]]:
-    """Matmul and elementwise constants from Vidur-layout timings."""
-    shape = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "use_gated_mlp", "num_tokens")
-    need = shape + ("num_tensor_parallel_workers",) + tuple(f"time_stats.{op}.median" for op in MATMULS)
-    tok, ks, ns, t, ex, et = [], [], [], [], [], []
+def ops_samples(paths: list[Path]) -> OpSamples:
+    """The Vidur-layout timings of `paths`, as one set of samples."""
+    parts = []
     for path in paths:
-        for i, r in enumerate(_rows(path, need), start=2):
-            h, inter = (
-                int(_number(r, "n_embd", path, i, minimum=1)),
-                int(_number(r, "n_expanded_embd", path, i, minimum=1)),
-            )
-            heads, kv = int(_number(r, "n_head", path, i, minimum=1)), int(_number(r, "n_kv_head", path, i, minimum=1))
-            tp = int(_number(r, "num_tensor_parallel_workers", path, i, minimum=1))
-            n_tok = _number(r, "num_tokens", path, i, minimum=1)
-            d, up = h // heads, (2 if r["use_gated_mlp"] == "True" else 1) * inter
-            for op, (k, n) in zip(
-                MATMULS,
-                ((h, (heads + 2 * kv) * d // tp), (heads * d // tp, h), (h, up // tp), (inter // tp, h)),
-                strict=True,
-            ):
-                tok.append(n_tok)
-                ks.append(k)
-                ns.append(n)
-                t.append(_number(r, f"time_stats.{op}.median", path, i) * 1e-3)
-            if all(f"time_stats.{op}.median" in r for op in ELEMENTWISE):
-                ex.append(n_tok * h / hbm)
-                et.append(
-                    sum(w * _number(r, f"time_stats.{op}.median", path, i) for op, w in ELEMENTWISE.items()) * 1e-3
-                )
-    arr = [np.asarray(x, dtype=np.float64) for x in (tok, ks, ns, t)]
-    mm = fit_matmul(*arr, flops=flops, hbm=hbm)
-    cal = dataclasses.replace(base, **mm.values)  # type: ignore[arg-type]
-    report: dict[str, Any] = {"matmul": {**mm.values, "median_error": mm.median_error, "samples": mm.samples}}
-    if ex:
-        floor, slope, fit = fit_affine(np.asarray(ex), np.asarray(et))
-        cal = dataclasses.replace(cal, elementwise_floor_s=floor, elementwise_bytes=slope)
-        report["elementwise"] = {"floor_s": floor, "bytes": slope, "median_error": fit.median_error}
-    return cal, report
+        try:
+            parts.append(vidur_samples(_rows(path, VIDUR_COLUMNS)))
+        except CalibrationError as e:
+            raise KvpoolError(f"--ops {path}: {e}") from None
+    fields = [f.name for f in dataclasses.fields(OpSamples)]
+    return OpSamples(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))
 
 
 def step_samples(path: Path, model: StepTimeModel) -> list[StepSample]:
@@ -172,9 +150,10 @@ def run(args: argparse.Namespace) -> int:
     cal = base
     if args.ops:
         try:
-            cal, ops_report = fit_ops(args.ops, cal, gpu.bf16_flops, gpu.hbm_bandwidth_bytes_per_s)
+            ops = ops_samples(args.ops)
+            cal, ops_report = fit_ops(ops, cal, flops=gpu.bf16_flops, hbm=gpu.hbm_bandwidth_bytes_per_s)
         except KvpoolError as e:
-            raise KvpoolError(f"--ops: {e}") from None
+            raise KvpoolError(str(e) if "--ops" in str(e) else f"--ops: {e}") from None
         report["ops"] = ops_report
     if args.steps is not None:
         model = step_model(args, gpu, cal)

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -36,6 +37,12 @@ from kvpool.sim.kernels import Calibration, CalibrationError, soft_max
 
 Array = npt.NDArray[np.float64]
 AMPERE = ("a100", "a10", "a30", "a40", "a6000")
+# Vidur's profiler layout (mlp.csv): per row one model shape at one token count and TP,
+# the median milliseconds of each operation of a layer.
+VIDUR_MATMULS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+VIDUR_ELEMENTWISE = {"input_layernorm": 1, "post_attention_layernorm": 1, "attn_rope": 1, "mlp_act": 1, "add": 2}
+VIDUR_SHAPE = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "num_tokens", "num_tensor_parallel_workers")
+VIDUR_COLUMNS = (*VIDUR_SHAPE, "use_gated_mlp", *(f"time_stats.{op}.median" for op in VIDUR_MATMULS))
 BLENDS = (1.0, 1.25, 1.5, 2.0, 3.0)
 
 
@@ -80,6 +87,94 @@ def save_profile(cal: Calibration, path: str | Path, *, report: dict[str, Any]) 
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise CalibrationError(f"cannot write calibration {p}: {e.strerror or e}") from None
+
+
+@dataclass(frozen=True)
+class OpSamples:
+    """Kernel timings as the fits read them: matmuls (tokens, k, n, seconds) and
+    elementwise layers (tokens x hidden, seconds)."""
+
+    tokens: Array
+    k: Array
+    n: Array
+    seconds: Array
+    elementwise_x: Array
+    elementwise_s: Array
+
+
+def vidur_samples(rows: Iterable[Mapping[str, str]]) -> OpSamples:
+    """The samples of rows in Vidur's mlp.csv layout: the four multiplies per
+    rank as Vidur sharded them (QKV and gate/up split by output, O and down by
+    input), and the layer's norms, RoPE, activation and two residual adds.
+    CalibrationError names the row (from 1) and column of a bad value."""
+    tok: list[float] = []
+    ks: list[float] = []
+    ns: list[float] = []
+    t: list[float] = []
+    ex: list[float] = []
+    et: list[float] = []
+    for i, r in enumerate(rows, start=1):
+        h, inter, heads, kv, n_tok, tp = (
+            int(_vidur_number(r, i, c, 1))
+            for c in ("n_embd", "n_expanded_embd", "n_head", "n_kv_head", "num_tokens", "num_tensor_parallel_workers")
+        )
+        d, up = h // heads, (2 if r.get("use_gated_mlp") == "True" else 1) * inter
+        shapes = ((h, (heads + 2 * kv) * d // tp), (heads * d // tp, h), (h, up // tp), (inter // tp, h))
+        for op, (k, n) in zip(VIDUR_MATMULS, shapes, strict=True):
+            tok.append(n_tok)
+            ks.append(k)
+            ns.append(n)
+            t.append(_vidur_number(r, i, f"time_stats.{op}.median") * 1e-3)
+        if all(f"time_stats.{op}.median" in r for op in VIDUR_ELEMENTWISE):
+            ex.append(n_tok * h)
+            et.append(
+                sum(w * _vidur_number(r, i, f"time_stats.{op}.median") for op, w in VIDUR_ELEMENTWISE.items()) * 1e-3
+            )
+    if not t:
+        raise CalibrationError("no timings to fit")
+    a = [np.asarray(x, dtype=np.float64) for x in (tok, ks, ns, t, ex, et)]
+    return OpSamples(*a)
+
+
+def _vidur_number(row: Mapping[str, str], i: int, key: str, low: float = 0.0) -> float:
+    try:
+        v = float(row[key])
+    except (KeyError, TypeError, ValueError):
+        v = math.nan
+    if not math.isfinite(v) or v < low:
+        raise CalibrationError(f"row {i}: {key} must be a number >= {low:g}, got {row.get(key)!r}")
+    return v
+
+
+def matmul_seconds(
+    v: Mapping[str, float], tokens: Array, k: Array, n: Array, *, flops: float, hbm: float, bytes_per_param: float = 2.0
+) -> Array:
+    """What the matmul constants `v` (linear_*) predict for (tokens x k) @ (k x n)."""
+    f = 2.0 * tokens * k * n / flops
+    b = (k * n * bytes_per_param + 2.0 * tokens * (k + n)) / hbm
+    out: Array = v["linear_floor_s"] + soft_max(f / v["linear_flops_eff"], b / v["linear_bw_eff"], v["linear_blend"])
+    return out
+
+
+def fit_ops(samples: OpSamples, base: Calibration, *, flops: float, hbm: float) -> tuple[Calibration, dict[str, Any]]:
+    """`base` with its matmul (and, given elementwise timings, elementwise)
+    constants fitted on `samples`, and a report of the fit."""
+    mm = fit_matmul(samples.tokens, samples.k, samples.n, samples.seconds, flops=flops, hbm=hbm)
+    cal = dataclasses.replace(base, **mm.values)  # type: ignore[arg-type]
+    report: dict[str, Any] = {
+        "matmul": {**mm.values, "median_error": mm.median_error, "p90_error": mm.p90_error, "samples": mm.samples}
+    }
+    if len(samples.elementwise_s):
+        floor, slope, fit = fit_affine(samples.elementwise_x / hbm, samples.elementwise_s)
+        cal = dataclasses.replace(cal, elementwise_floor_s=floor, elementwise_bytes=slope)
+        report["elementwise"] = {
+            "floor_s": floor,
+            "bytes": slope,
+            "median_error": fit.median_error,
+            "p90_error": fit.p90_error,
+            "samples": fit.samples,
+        }
+    return cal, report
 
 
 @dataclass(frozen=True)
