@@ -9,34 +9,26 @@ from kvpool.spec import ModelSpec, load_model_spec
 TPB = 4
 
 
+def _spec(**extra: object) -> ModelSpec:
+    # 2 layers, 4 query heads, 2 KV heads, BF16; `extra` adds windows
+    config = {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_size": 64,
+        "max_position_embeddings": 1 << 16,
+        "torch_dtype": "bfloat16",
+        **extra,
+    }
+    return load_model_spec(config, tokens_per_block=TPB)
+
+
 def full_spec() -> ModelSpec:
-    return load_model_spec(
-        {
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "hidden_size": 64,
-            "max_position_embeddings": 1 << 16,
-            "torch_dtype": "bfloat16",
-        },
-        tokens_per_block=TPB,
-    )
+    return _spec()
 
 
 def hybrid_spec(window: int = 8) -> ModelSpec:
-    return load_model_spec(
-        {
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "hidden_size": 64,
-            "max_position_embeddings": 1 << 16,
-            "torch_dtype": "bfloat16",
-            "sliding_window": window,
-            "layer_types": ["full_attention", "sliding_attention"],
-        },
-        tokens_per_block=TPB,
-    )
+    return _spec(sliding_window=window, layer_types=["full_attention", "sliding_attention"])
 
 
 def seq(rid: int, prompt: int, out: int, first_token: int = 1000) -> Sequence:

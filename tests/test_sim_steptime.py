@@ -106,8 +106,10 @@ def test_sliding_chunk_pairs_match_brute_force() -> None:
             assert model.chunk_pairs(sliding, start, n) == brute, (start, n)
 
 
-def test_decode_run_times_equal_single_steps() -> None:
-    model = toy_model(sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+@pytest.mark.parametrize("calibration", ["roofline", None])
+def test_decode_run_times_equal_single_steps(calibration: str | None) -> None:
+    spec = toy_spec(sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    model = StepTimeModel.build(spec, GPU, Weights(1e9, 1e9, 2.0), calibration)  # None: shipped profile
     hist = [3, 9, 30]
     run = model.decode_run_times(hist, 5, graph=True, padded_batch=4)
     for j in range(5):
