@@ -7,8 +7,8 @@ import argparse
 from typing import Any
 
 from kvpool import presets
-from kvpool.cli.common import checked, int_at_least, positive_float, positive_int, size_arg, size_or_zero
-from kvpool.cli.tiers_args import RULES
+from kvpool.cli.common import checked, int_at_least, positive_float, positive_int, size_or_zero
+from kvpool.cli.tiers_args import add_tier_args
 from kvpool.errors import KvpoolError
 from kvpool.sched.admission import ADMISSIONS
 
@@ -141,28 +141,11 @@ def add_tier_sim_args(p: argparse.ArgumentParser) -> None:
     """The cold tiers of `kvpool plan` (`cli/tiers_args.py`: --host-memory,
     --disk, --host-rule, --ranks-per-node; here --host-memory may be a list,
     one run per size) and how the simulator moves pages over them."""
-    t = p.add_argument_group("cold tiers per rank, and how pages move to them (docs/tiers.md)")
-    t.add_argument(
-        "--host-memory",
-        type=checked(host_sizes),
-        metavar="SIZE[,SIZE...]",
-        help="host memory for KV on one node, e.g. 256GiB; one rank's host tier follows --host-rule. "
-        "A list (0,64GiB,256GiB) runs once per size and shows what each buys",
-    )
-    t.add_argument("--disk", type=size_arg, metavar="SIZE", help="disk tier per rank, e.g. 1TiB")
-    t.add_argument(
-        "--host-rule",
-        choices=RULES,
-        default="even",
-        help="how one rank's host tier follows from --host-memory, as in kvpool plan: even (split over the "
-        "node's ranks), trtllm, vllm, sglang",
-    )
-    t.add_argument(
-        "--ranks-per-node",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="GPUs (ranks) on one node sharing --host-memory (default: tp x pp)",
+    t = add_tier_args(
+        p,
+        title="cold tiers per rank, and how pages move to them (docs/tiers.md)",
+        host_memory=checked(host_sizes),
+        host_memory_note=". A list (0,64GiB,256GiB) runs once per size and shows what each buys",
     )
     t.add_argument(
         "--preemption",

@@ -4,6 +4,8 @@ GPU pools, per rank, as each engine would size its host tier (`plan/tiers.py`)."
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 from kvpool.cli.common import positive_int, size_arg, table
 from kvpool.errors import KvpoolError
@@ -14,13 +16,22 @@ from kvpool.units import format_bytes, parse_size
 RULES = ("even", "trtllm", "vllm", "sglang")
 
 
-def add_tier_args(p: argparse.ArgumentParser) -> None:
-    t = p.add_argument_group("cold tiers per rank (host memory, disk; docs/cache.md)")
+def add_tier_args(
+    p: argparse.ArgumentParser,
+    *,
+    title: str = "cold tiers per rank (host memory, disk; docs/cache.md)",
+    host_memory: Callable[[str], object] = size_arg,
+    host_memory_note: str = "",
+) -> Any:
+    """--host-memory, --disk, --host-rule, --ranks-per-node in a group titled
+    `title` (returned, for callers that add more). `host_memory` parses
+    --host-memory (simulate takes a list of sizes); `host_memory_note` ends its help."""
+    t = p.add_argument_group(title)
     t.add_argument(
         "--host-memory",
-        type=size_arg,
-        metavar="SIZE",
-        help="host memory for KV on one node, e.g. 256GiB; one rank's host tier follows --host-rule",
+        type=host_memory,
+        metavar="SIZE" if host_memory is size_arg else "SIZE[,SIZE...]",
+        help="host memory for KV on one node, e.g. 256GiB; one rank's host tier follows --host-rule" + host_memory_note,
     )
     t.add_argument("--disk", type=size_arg, metavar="SIZE", help="disk tier per rank, e.g. 1TiB")
     t.add_argument(
@@ -39,6 +50,7 @@ def add_tier_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="GPUs (ranks) on one node sharing --host-memory (default: tp x pp)",
     )
+    return t
 
 
 def check_dependent(args: argparse.Namespace) -> None:
