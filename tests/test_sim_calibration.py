@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvpool.presets import DATA, GpuSpec, load_gpu
+from kvpool.presets import DATA, load_gpu
 from kvpool.sim.calibration import (
     StepSample,
     fit_affine,
@@ -29,9 +29,10 @@ from kvpool.sim.kernels import Calibration, CalibrationError
 from kvpool.sim.shapes import Gemm, model_shapes
 from kvpool.sim.steptime import StepTimeModel, Weights
 from kvpool.spec import load_model_spec
+from sim_helpers import toy_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
-GPU = GpuSpec("toy", "toy", 10 * 2**30, 1e12, 1e14, 2e14, "marketed", "test")
+GPU = toy_gpu(fp8_flops=2e14)
 
 # round constants so every cost below can be written out by hand
 CAL = Calibration(
@@ -278,7 +279,7 @@ def test_profiles_round_trip_and_bad_ones_are_refused(tmp_path: Path) -> None:
         load_profile(path)
     with pytest.raises(CalibrationError, match="cannot read"):
         load_profile(tmp_path / "missing.json")
-    body["calibration"]["row_s"] = math.nan
+    body["calibration"].update(row_s=math.nan, linear_bw_eff=cal.linear_bw_eff)
     path.write_text(json.dumps(body))  # json writes NaN, which load_profile must refuse
     with pytest.raises(CalibrationError, match="row_s"):
         load_profile(path)

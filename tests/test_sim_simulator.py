@@ -11,23 +11,14 @@ import numpy as np
 import pytest
 
 from kvpool.plan import PoolPlan, ServingLimits
-from kvpool.presets import GpuSpec
 from kvpool.presets.traces import Trace, load_trace
 from kvpool.sched import Sequence, Step
 from kvpool.sim import Progress, SimResult, StepTimeModel, Weights, simulate
 from kvpool.sim.steptime import KERNELS_PER_LAYER, KERNELS_PER_STEP, LAUNCH_S, REPLAY_S
 from kvpool.spec import ModelSpec, load_model_spec
+from sim_helpers import toy_gpu
 
-GPU = GpuSpec(
-    key="toy",
-    name="toy",
-    memory_bytes=10 * 2**30,
-    hbm_bandwidth_bytes_per_s=1e12,
-    bf16_flops=1e14,
-    fp8_flops=None,
-    memory_source="marketed",
-    source="test",
-)
+GPU = toy_gpu()
 WEIGHTS = Weights(1e9, 1e9, 2.0)  # 2 GB of weights: every small step is memory bound
 EAGER = LAUNCH_S * (KERNELS_PER_LAYER * 2 + KERNELS_PER_STEP)
 

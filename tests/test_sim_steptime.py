@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from kvpool.errors import KvpoolError
-from kvpool.presets import GpuSpec
 from kvpool.sim.steptime import (
     KERNELS_PER_LAYER,
     KERNELS_PER_STEP,
@@ -17,18 +16,9 @@ from kvpool.sim.steptime import (
     load_weights,
 )
 from kvpool.spec import ModelSpec, load_model_spec
+from sim_helpers import toy_gpu
 
-# A GPU with round numbers: 100 TFLOPS BF16, 1 TB/s.
-GPU = GpuSpec(
-    key="toy",
-    name="toy",
-    memory_bytes=10 * 2**30,
-    hbm_bandwidth_bytes_per_s=1e12,
-    bf16_flops=1e14,
-    fp8_flops=2e14,
-    memory_source="marketed",
-    source="test",
-)
+GPU = toy_gpu(fp8_flops=2e14)
 
 
 def toy_spec(**extra: object) -> ModelSpec:

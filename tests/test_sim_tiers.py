@@ -14,29 +14,18 @@ from hypothesis import strategies as st
 from kvpool import presets
 from kvpool.cache import TierSpec
 from kvpool.plan import PoolPlan, ServingLimits
-from kvpool.presets import GpuSpec
 from kvpool.sim import SimResult, StepTimeModel, Weights, simulate
 from kvpool.sim.transfers import Link, Moved, PageMoves
 from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.trace import Trace
+from sim_helpers import toy_gpu
 
 GB = 1e9
 # PCI-SIG: PCIe 5.0 runs 32 GT/s per lane, PCIe 4.0 16 GT/s, both with 128b/130b encoding.
 PCIE5_X16 = 32e9 * 16 * 128 / 130 / 8
 PCIE4_X4 = 16e9 * 4 * 128 / 130 / 8
 
-GPU = GpuSpec(
-    key="toy",
-    name="toy",
-    memory_bytes=10 * 2**30,
-    hbm_bandwidth_bytes_per_s=1e12,
-    bf16_flops=1e14,
-    fp8_flops=None,
-    memory_source="marketed",
-    source="test",
-    host_link="pcie5_x16",
-    host_link_bytes_per_s=PCIE5_X16,
-)
+GPU = toy_gpu(host_link="pcie5_x16", host_link_bytes_per_s=PCIE5_X16)
 WEIGHTS = Weights(1e9, 1e9, 2.0)
 
 
