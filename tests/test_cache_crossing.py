@@ -1,4 +1,4 @@
-"""The decode crossing (`PageTables.crossing` / `cross`, cache/tables.py), the
+"""The decode crossing (`PageTables.cross`, cache/tables.py), the
 move's early return, against the general planner (`plan` / `shortfall` /
 `apply`) on batches: the same answers, the same pages in the same table
 entries, the same owners, hashes, free stacks, LRU order and events."""
@@ -97,9 +97,11 @@ def test_a_batch_of_decode_steps_takes_the_crossing() -> None:
     rows_crossed: list[int] = []
     real_cross = PageTables.cross
 
-    def counting_cross(self: PageTables, rows: Any, *counts: int) -> None:
-        rows_crossed.append(len(rows))
-        real_cross(self, rows, *counts)
+    def counting_cross(self: PageTables, rows: Any) -> bool:
+        crossed = real_cross(self, rows)
+        if crossed:
+            rows_crossed.append(len(rows))
+        return crossed
 
     m.tables.cross = counting_cross.__get__(m.tables)  # type: ignore[method-assign]
     rids = list(range(BATCH))

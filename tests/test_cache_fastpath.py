@@ -81,9 +81,11 @@ def test_only_steps_that_move_a_page_leave_the_early_return(monkeypatch: pytest.
         moved.append(cap)
         return real_plan(self, req, cap, hist)
 
-    def cross(self: PageTables, rows: Any, *counts: int) -> None:
-        real_cross(self, rows, *counts)
-        moved.extend(cap for _, cap, _ in rows)
+    def cross(self: PageTables, rows: Any) -> bool:
+        crossed = real_cross(self, rows)
+        if crossed:
+            moved.extend(cap for _, cap, _ in rows)
+        return crossed
 
     monkeypatch.setattr(PageTables, "plan", plan)
     monkeypatch.setattr(PageTables, "cross", cross)

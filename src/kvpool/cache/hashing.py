@@ -31,23 +31,25 @@ MASK64 = (1 << 64) - 1
 
 # (parent digest, bytes of whole pages, page width in bytes) -> the pages' unsigned digests, chained
 Chain = Callable[[int, bytes, int], list[int]]
-# (parent digest, one page's bytes) -> that page's unsigned digest: a chain of one page, one call
-Digest = Callable[[int, bytes], int]
+# (one page's bytes, parent digest as an unsigned 64-bit int) -> that page's unsigned digest: a chain of
+# one page, one call (XXH3's own function, no Python frame: a decode step's page is digested here)
+Digest = Callable[[bytes, int], int]
 
 
 def blake2b_chain(parent: int, data: bytes, width: int) -> list[int]:
     """Page digests by BLAKE2b-64 of (parent's 8 bytes, little-endian, as an
     unsigned 64-bit int) followed by the page's bytes: the fallback."""
     out: list[int] = []
+    parent &= MASK64
     for off in range(0, len(data), width):
-        parent = blake2b_digest(parent, data[off : off + width])
+        parent = blake2b_digest(data[off : off + width], parent)
         out.append(parent)
     return out
 
 
-def blake2b_digest(parent: int, page: bytes) -> int:
-    """`blake2b_chain` of one page."""
-    prev = (parent & MASK64).to_bytes(8, "little")
+def blake2b_digest(page: bytes, parent: int) -> int:
+    """`blake2b_chain` of one page (`parent` unsigned)."""
+    prev = parent.to_bytes(8, "little")
     return int.from_bytes(hashlib.blake2b(prev + page, digest_size=8, person=b"kvpool-page").digest(), "little")
 
 
@@ -58,11 +60,7 @@ def digest_function(name: str) -> Digest:
     if name == "xxh3":
         from xxhash import xxh3_64_intdigest
 
-        def xxh3_digest(parent: int, page: bytes) -> int:
-            """`xxh3_chain` of one page."""
-            return xxh3_64_intdigest(page, parent & MASK64)
-
-        return xxh3_digest
+        return xxh3_64_intdigest  # (data, seed): `xxh3_chain` of one page
     raise ValueError(f"unknown page digest {name!r}")
 
 
@@ -131,7 +129,6 @@ def extend_hashes(
     seed: int,
     num_blocks: int,
     chain: Chain | None = None,
-    *,
     base: int = 0,
 ) -> None:
     """Append page digests to `hashes` until it covers `num_blocks` whole pages
@@ -144,7 +141,7 @@ def extend_hashes(
     ids = tokens if type(tokens) is array else array("q", tokens)
     if first + 1 == num_blocks and chain is None:  # one page (a decode step's): one digest call
         page = ids[first * tokens_per_block - base : num_blocks * tokens_per_block - base].tobytes()
-        hashes.append(page_digest(hashes[-1] if hashes else seed, page))
+        hashes.append(page_digest(page, hashes[-1] if hashes else seed & MASK64))
         return
     data = ids[first * tokens_per_block - base : num_blocks * tokens_per_block - base].tobytes()  # only the new pages
     hashes += (page_chain if chain is None else chain)(hashes[-1] if hashes else seed, data, 8 * tokens_per_block)

@@ -13,6 +13,7 @@ none (docs/design.md, rule 6).
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
@@ -121,6 +122,8 @@ class KVCacheManager:
         self.tables = PageTables(self.groups, self.pools, max(8, self.limits.max_batch_size + 8), self.max_capacity)
         # with reuse on, pages that leave a sliding window or a finished chunk are stored before they are released
         self._keeps_stale = enable_reuse and not all(self.tables.never_stale)
+        if self._keeps_stale:
+            self.tables.before_release = self._store_leaving
         # a commit may snapshot a state group even when no page completes (`prefix.commit`)
         self._snapshots = state_snapshots and any(self.tables.is_state)
         self.requests = Requests()
@@ -292,42 +295,44 @@ class KVCacheManager:
                 return RESIZED
             known = req.tokens
             if known is not None:  # reuse on, no dummy: commit the id
-                if (
-                    type(token) is int
-                    and token >= 0
-                    and req.base + len(known) + 1 == hist
-                    and hist < (req.committed + 1) * self.tokens_per_block
-                    and not self._snapshots
-                ):
-                    try:
-                        known.append(token)  # an int64 id (checked in C)
-                    except OverflowError:
+                # (no state snapshot is due: one is due only at a history of committed whole pages, and
+                # committed * tpb <= req.hist < hist < (committed + 1) * tpb)
+                if req.base + len(known) + 1 == hist and hist < (req.committed + 1) * self.tokens_per_block:
+                    try:  # a plain id >= 0 (0 and 1 no bools), appended as int64 (checked in C)
+                        if token > 1 or type(token) is int and token >= 0:
+                            known.append(token)
+                            req.cap += 1
+                            req.hist = hist
+                            return RESIZED
+                    except (TypeError, OverflowError):
                         pass  # `_advance` names it
-                    else:
-                        req.cap += 1
-                        req.hist = hist
-                        return RESIZED
             elif req.dummy or not self.enable_reuse:
                 req.cap += 1
                 req.hist = hist
                 return RESIZED
+        if token is None:  # the move alone (a capacity past the limit raises there)
+            return self._move(((req, req.cap + 1, req.hist + 1),))
         return self._advance(req, token)
 
     def _advance(self, req: Request, token: int | None) -> Resize:
-        """`advance` where a page may move or complete: the checks, the move,
-        then the commit of `token` (when reuse is on and it is no dummy)."""
-        commits = token is not None and self.enable_reuse and not req.dummy
-        if commits:
-            if type(token) is not int or not 0 <= token <= INT64_MAX:  # (the message is built for a bad id only)
-                check_few_tokens((token,), f"request {req.rid}: advance's token")
-            if req.num_known != req.hist:
-                raise CacheUsageError(
-                    f"request {req.rid}: advance commits the id of position {req.hist}, but {req.num_known} "
-                    "token ids are known (commit the ids before it first)"
-                )
-        done = self._move(((req, req.cap + 1, req.hist + 1),))  # (a capacity past the limit raises there)
-        if commits and token is not None and done:  # the token was checked above
-            prefix.commit(self.tables, req, req.hist, (token,), state_snapshots=self.state_snapshots)
+        """`advance` where a page may move or complete: the move, then (reuse on,
+        no dummy, a token given) the checks before it and the commit after."""
+        if token is None or not self.enable_reuse or req.dummy:
+            return self._move(((req, req.cap + 1, req.hist + 1),))  # (a capacity past the limit raises there)
+        if type(token) is not int or not 0 <= token <= INT64_MAX:  # (the message is built for a bad id only)
+            check_few_tokens((token,), f"request {req.rid}: advance's token")
+        known = req.tokens
+        if (0 if known is None else req.base + len(known)) != req.hist:
+            raise CacheUsageError(
+                f"request {req.rid}: advance commits the id of position {req.hist}, but {req.num_known} "
+                "token ids are known (commit the ids before it first)"
+            )
+        done = self._move(((req, req.cap + 1, req.hist + 1),))
+        if done:
+            if known is None:
+                known = req.tokens = array("q")
+            known.append(token)  # checked above
+            prefix.commit(self.tables, req, req.hist, None, state_snapshots=self.state_snapshots)
         return done
 
     def resize_many(
@@ -412,17 +417,12 @@ class KVCacheManager:
         """Move each (request, cap, hist) of `rows` (shapes valid but for the
         capacity limit: CacheUsageError past it) if the pools hold them all;
         else change nothing. The decode step's crossing
-        takes its early return (`PageTables.crossing`); the rest are planned,
+        takes its early return (`PageTables.cross`); the rest are planned,
         checked together and applied. With reuse on, the pages about to leave a
         window are stored first; a request's first successful move counts its
         prefix lookup."""
         t = self.tables
-        counts = t.crossing(rows)
-        if counts is not None:
-            growing, dropping = counts
-            if dropping and self._keeps_stale:
-                self._store_leaving(rows)
-            t.cross(rows, growing, dropping)
+        if t.cross(rows):
             if self.requests.pending_lookups:
                 self._count_lookups(req for req, _, _ in rows)
             return RESIZED

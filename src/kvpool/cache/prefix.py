@@ -201,28 +201,29 @@ def commit(
     slot is snapshotted when `num_tokens` is a whole number of pages equal to
     the history, whether or not those pages were stored earlier. Returns the
     tokens now reusable."""
-    known = req.num_known + (len(tokens) if tokens is not None else 0)
+    ids = req.tokens
+    known = (0 if ids is None else req.base + len(ids)) + (len(tokens) if tokens is not None else 0)
     if num_tokens > known or num_tokens > (req.hist if computed is None else computed):
         raise CacheUsageError(
             f"request {req.rid}: cannot commit {num_tokens} tokens: {known} token ids known, "
             f"history {req.hist} (commit only computed, verified tokens)"
         )
     if tokens:
-        if req.tokens is None:
-            req.tokens = array("q")
-        req.tokens.extend(tokens)
+        if ids is None:
+            ids = req.tokens = array("q")
+        ids.extend(tokens)
     tpb = t.tokens_per_block
     k = num_tokens // tpb  # whole pages only
     done = req.committed
     if k > done:
-        assert req.tokens is not None
-        extend_hashes(req.hashes, req.tokens, tpb, req.seed, k, base=req.base)
+        assert ids is not None
+        hashes, slot = req.hashes, req.slot
+        extend_hashes(hashes, ids, tpb, req.seed, k, None, req.base)
         for gi, pool in enumerate(t.pools):
             nblk = req.nblk[gi]
-            if not t.is_state[gi] and nblk > done:
-                table = t.tables[gi]  # one page (a decode step's): no slice
-                pages = [table.item(req.slot, done)] if k == done + 1 else table[req.slot, done : min(k, nblk)].tolist()
-                pool.store_run(pages, req.hashes, done, tpb)
+            if nblk > done and not t.is_state[gi]:  # one page (a decode step's): no slice
+                pages = [t.rows[gi][slot][done]] if k == done + 1 else t.tables[gi][slot, done : min(k, nblk)].tolist()
+                pool.store_run(pages, hashes, done, tpb)
         req.committed = done = k
     if state_snapshots and computed is None and k and k * tpb == req.hist:
         snapshot_states(t, req, k)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 from kvpool.cache.checks import as_list
 from kvpool.cache.events import CacheUsageError
@@ -37,24 +37,26 @@ class Request:
     pages already offered for reuse. `lookup`: the (queried, hit) tokens of the
     prompt's prefix lookup, until the first resize that succeeds counts them."""
 
+    # the fields a decode step reads first, so that they share the record's first cache lines
     rid: int
+    cap: int = 0
+    hist: int = 0
+    lo: int = -1
+    hi: int = 0
+    next_stale: int = 0
+    lookup: tuple[int, int] | None = None
+    tokens: array[int] | None = None
+    base: int = 0
+    committed: int = 0
+    _: KW_ONLY
     slot: int
     dummy: bool
     limit: int
     nblk: list[int]
     nstale: list[int]
     stale_at: list[int]
-    cap: int = 0
-    hist: int = 0
-    lo: int = -1
-    hi: int = 0
-    next_stale: int = 0
     seed: int = 0
-    tokens: array[int] | None = None
-    base: int = 0
     hashes: list[int] = field(default_factory=list)
-    committed: int = 0
-    lookup: tuple[int, int] | None = None
 
     @property
     def num_known(self) -> int:

@@ -17,7 +17,7 @@ batch's tables can be read as one array.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
 import numpy as np
@@ -60,11 +60,16 @@ class PageTables:
         self.store_of = [stores.index(s) for s in stores]
         self.shared = len(set(stores)) < len(stores)
         self.crossable = self.paged_only and not self.shared  # the decode crossing's early return applies
+        # called with a crossing's rows before it releases the pages that leave a window (the manager stores them)
+        self.before_release: Callable[[Sequence[tuple[Request, int, int]]], None] | None = None
         # per group, history -> (stale_pages, next history where it grows): pure functions of the history, and
         # every request crosses at the same histories, so a decode step finds them here (`stale_step`)
         self.stale_steps: list[dict[int, tuple[int, int]]] = [{} for _ in groups]
         # wide enough for `longest` positions (at most 1024 blocks; `widen` doubles)
         self.tables = [np.full((slots, min(1024, table_blocks(g, longest) + 1)), STALE, np.int32) for g in groups]
+        # per group, each row's entries as a memoryview: the per-step paths read and write single entries
+        # there (a tenth of the cost of NumPy's scalar indexing); `grow` and `widen` make them again
+        self.rows = [row_views(t) for t in self.tables]
         self.free_slots = list(range(slots - 1, -1, -1))
 
     # ------------------------------------------------------------------ requests
@@ -74,7 +79,9 @@ class PageTables:
         if not self.free_slots:
             self.grow()
         n = len(self.groups)
-        req = Request(rid, self.free_slots.pop(), dummy, limit, [0] * n, [0] * n, [0] * n)
+        req = Request(
+            rid, slot=self.free_slots.pop(), dummy=dummy, limit=limit, nblk=[0] * n, nstale=[0] * n, stale_at=[0] * n
+        )
         req.stale_at = [self.next_stale(gi, 0) for gi in range(n)]
         self.rebound(req)
         return req
@@ -171,60 +178,57 @@ class PageTables:
 
     # ------------------------------------------------------------------ moving
 
-    def crossing(self, rows: Sequence[tuple[Request, int, int]]) -> tuple[int, int] | None:
-        """Whether every (request, cap, hist) of `rows` is the decode step's
-        crossing, the move's common case: capacity passes the end of the
-        tables by at most one block (within the request's limit) and/or
-        history moves one page out of each window it leaves, with no pool
-        shared, no state group, and a free or evictable page in each pool for
-        every row that grows. Changes nothing; answers (rows that grow, rows that drop
-        a page) for `cross`, None when the rows are not that case."""
+    def cross(self, rows: Sequence[tuple[Request, int, int]]) -> bool:
+        """Move every (request, cap, hist) of `rows` if all of them are the
+        decode step's crossing, the move's early return; False, nothing
+        changed, if not. The crossing: capacity passes the end of the tables
+        by at most one block (within the request's limit) and/or history
+        moves one page out of each window it leaves, with no pool shared, no
+        state group, and a free or evictable page in each pool for every row
+        that grows. Moved as `apply` moves their plans: first every page that
+        leaves a window (after `before_release`), then one page per growing
+        row and group, in row order. Tables of pages only have
+        `ceil(cap / tpb)` entries in every group, so a row whose capacity
+        passes `hi` (`fewest * tpb`, not clamped as cap <= limit) by at most a
+        block grows one entry in every group: `lo` becomes the old `hi`, `hi`
+        moves a block on, with no `rebound`."""
         if not self.crossable:
-            return None
+            return False
         tpb = self.tokens_per_block
         growing = dropping = 0
         for req, cap, hist in rows:
             hi = req.hi
             if cap <= req.lo or cap > hi + tpb:
-                return None
+                return False
             if hist >= req.next_stale:  # each window it leaves drops exactly one page
                 nstale, nblk = req.nstale, req.nblk
                 for gi, at in enumerate(req.stale_at):
                     if hist >= at and not (nstale[gi] < nblk[gi] and self.stale_step(gi, hist)[0] == nstale[gi] + 1):
-                        return None
+                        return False
                 dropping += 1
             if cap > hi:
                 if cap > req.limit:
-                    return None
+                    return False
                 growing += 1
-        if growing:  # a row that grows takes a page in every group (see `cross`): free or evicted
-            for pool in self.pools:
+        pools = self.pools
+        if growing:  # a row that grows takes a page in every group: free or evicted
+            for pool in pools:
                 if len(pool.free_stack) < growing and pool.num_free < growing:
-                    return None
-        return growing, dropping
-
-    def cross(self, rows: Sequence[tuple[Request, int, int]], growing: int, dropping: int) -> None:
-        """Move `rows` that `crossing` accepted (`growing` and `dropping`
-        rows), as `apply` moves their plans: first every page that leaves a
-        window (one per group whose `stale_at` the row reached), then one page
-        per growing row and group, in row order. Tables of pages only have
-        `ceil(cap / tpb)` entries in every group, so a row whose capacity
-        passes `hi` (`fewest * tpb`, not clamped as cap <= limit) by at most a
-        block grows one entry in every group: `lo` becomes the old `hi`, `hi`
-        moves a block on, with no `rebound`."""
-        tpb, tables, pools = self.tokens_per_block, self.tables, self.pools
+                    return False
         if dropping:  # group by group, the pages of a group released at once (all before the first take)
+            if self.before_release is not None:
+                self.before_release(rows)
             for gi, pool in enumerate(pools):
-                table, steps, pages = tables[gi], self.stale_steps[gi], []
+                views, steps, pages = self.rows[gi], self.stale_steps[gi], []
                 for req, _, hist in rows:
                     stale_at = req.stale_at
                     if hist >= stale_at[gi]:
-                        nstale, slot = req.nstale, req.slot
+                        nstale, row = req.nstale, views[req.slot]
                         first = nstale[gi]
-                        pages.append(table.item(slot, first))
-                        table[slot, first] = STALE
+                        pages.append(row[first])
+                        row[first] = STALE
                         nstale[gi] = first + 1
-                        stale_at[gi] = (steps.get(hist) or self.stale_step(gi, hist))[1]  # `crossing` asked for it
+                        stale_at[gi] = (steps.get(hist) or self.stale_step(gi, hist))[1]  # the check asked for it
                 if pages:
                     pool.release(pages)
             for req, _, hist in rows:
@@ -236,16 +240,17 @@ class PageTables:
             evicted = growing > 1 and any(len(pool.free_stack) < growing for pool in pools)
             taken = self.take_evicting(growing) if evicted else None
             for gi, pool in enumerate(pools):
-                table, pages, k = tables[gi], pool.take(growing) if taken is None else taken[gi], 0
+                views, pages, k = self.rows[gi], pool.take(growing) if taken is None else taken[gi], 0
                 for req, cap, _ in rows:
                     if cap > req.hi:
-                        nblk, slot = req.nblk, req.slot
+                        nblk = req.nblk
                         n = nblk[gi]
                         try:
-                            table[slot, n] = pages[k]
+                            views[req.slot][n] = pages[k]
                         except IndexError:  # past the tables' width (checking each write costs more)
-                            table = self.widen(gi, n + 1)
-                            table[slot, n] = pages[k]
+                            self.widen(gi, n + 1)
+                            views = self.rows[gi]
+                            views[req.slot][n] = pages[k]
                         nblk[gi] = n + 1
                         k += 1
         for req, cap, hist in rows:
@@ -256,6 +261,7 @@ class PageTables:
                 req.hi = hi if hi < req.limit else req.limit
             req.cap = cap
             req.hist = hist
+        return True
 
     def take_evicting(self, rows: int) -> list[list[int]]:
         """`cross`'s pages when a pool must evict for several rows: one page
@@ -392,6 +398,7 @@ class PageTables:
         """Double the rows (more live requests than planned for)."""
         old = self.tables[0].shape[0]
         self.tables = [np.concatenate([t, np.full_like(t, STALE)]) for t in self.tables]
+        self.rows = [row_views(t) for t in self.tables]
         self.free_slots = list(range(2 * old - 1, old - 1, -1)) + self.free_slots
 
     def widen(self, gi: int, width: int) -> npt.NDArray[np.int32]:
@@ -400,4 +407,10 @@ class PageTables:
         wide = np.full((t.shape[0], max(width, 2 * t.shape[1])), STALE, np.int32)
         wide[:, : t.shape[1]] = t
         self.tables[gi] = wide
+        self.rows[gi] = row_views(wide)
         return wide
+
+
+def row_views(table: npt.NDArray[np.int32]) -> list[memoryview]:
+    """Each row of `table` as a writable memoryview of its int32 entries."""
+    return [row.data for row in table]
