@@ -327,13 +327,18 @@ class KVCacheManager:
                 f"request {req.rid}: advance commits the id of position {req.hist}, but {req.num_known} "
                 "token ids are known (commit the ids before it first)"
             )
-        done = self._move(((req, req.cap + 1, req.hist + 1),))
-        if done:
-            if known is None:
-                known = req.tokens = array("q")
-            known.append(token)  # checked above
-            prefix.commit(self.tables, req, req.hist, None, state_snapshots=self.state_snapshots)
-        return done
+        cap, hist = req.cap + 1, req.hist + 1
+        if cap <= req.hi and hist < req.next_stale and req.lookup is None:  # no page moves: a page completes
+            req.cap, req.hist = cap, hist
+        else:
+            done = self._move(((req, cap, hist),))
+            if not done:
+                return done
+        if known is None:
+            known = req.tokens = array("q")
+        known.append(token)  # checked above
+        prefix.commit(self.tables, req, hist, None, state_snapshots=self.state_snapshots)
+        return RESIZED
 
     def resize_many(
         self, rids: Sequence[int], capacities: npt.ArrayLike, histories: npt.ArrayLike | None = None

@@ -215,53 +215,87 @@ class PageTables:
             for pool in pools:
                 if len(pool.free_stack) < growing and pool.num_free < growing:
                     return False
-        if dropping:  # group by group, the pages of a group released at once (all before the first take)
+        if dropping:
             if self.before_release is not None:
                 self.before_release(rows)
-            for gi, pool in enumerate(pools):
-                views, steps, pages = self.rows[gi], self.stale_steps[gi], []
-                for req, _, hist in rows:
-                    stale_at = req.stale_at
-                    if hist >= stale_at[gi]:
-                        nstale, row = req.nstale, views[req.slot]
-                        first = nstale[gi]
-                        pages.append(row[first])
-                        row[first] = STALE
-                        nstale[gi] = first + 1
-                        stale_at[gi] = (steps.get(hist) or self.stale_step(gi, hist))[1]  # the check asked for it
-                if pages:
-                    pool.release(pages)
-            for req, _, hist in rows:
-                if hist >= req.next_stale:
-                    stale_at = req.stale_at
-                    req.next_stale = stale_at[0] if len(stale_at) == 1 else min(stale_at)
-        if growing:  # group by group (a tight loop each), the group's pages in row order
-            # a slice of each free stack, or where rows must evict, pages taken as `apply` takes them
-            evicted = growing > 1 and any(len(pool.free_stack) < growing for pool in pools)
-            taken = self.take_evicting(growing) if evicted else None
-            for gi, pool in enumerate(pools):
-                views, pages, k = self.rows[gi], pool.take(growing) if taken is None else taken[gi], 0
-                for req, cap, _ in rows:
-                    if cap > req.hi:
-                        nblk = req.nblk
-                        n = nblk[gi]
-                        try:
-                            views[req.slot][n] = pages[k]
-                        except IndexError:  # past the tables' width (checking each write costs more)
-                            self.widen(gi, n + 1)
-                            views = self.rows[gi]
-                            views[req.slot][n] = pages[k]
-                        nblk[gi] = n + 1
-                        k += 1
+            self.leave_windows(rows)
+        if not growing:
+            for req, cap, hist in rows:
+                req.cap = cap
+                req.hist = hist
+            return True
+        # one page per group for each growing row, in row order: a slice of each free stack, or where
+        # rows must evict, pages taken as `apply` takes them; the first group's are written in the pass
+        # that moves the rows' shapes, the other groups' after it (`grow_others`)
+        evicts = growing > 1 and any(len(pool.free_stack) < growing for pool in pools)
+        taken = self.take_evicting(growing) if evicts else None
+        pages, views, k = pools[0].take(growing) if taken is None else taken[0], self.rows[0], 0
+        others = len(pools) > 1
+        grown: list[Request] = []
         for req, cap, hist in rows:
             hi = req.hi
-            if cap > hi:  # (lo < old cap <= hi: the old hi is the new lo)
+            if cap > hi:  # one more entry in every group (lo < old cap <= hi: the old hi is the new lo)
+                nblk = req.nblk
+                n = nblk[0]
+                try:
+                    views[req.slot][n] = pages[k]
+                except IndexError:  # past the tables' width (checking each write costs more)
+                    self.widen(0, n + 1)
+                    views = self.rows[0]
+                    views[req.slot][n] = pages[k]
+                nblk[0] = n + 1
+                k += 1
+                if others:
+                    grown.append(req)
                 req.lo = hi
                 hi += tpb
                 req.hi = hi if hi < req.limit else req.limit
             req.cap = cap
             req.hist = hist
+        if others:
+            self.grow_others(grown, taken)
         return True
+
+    def leave_windows(self, rows: Sequence[tuple[Request, int, int]]) -> None:
+        """`cross`'s releases: each row drops the first live page of every
+        group whose `stale_at` its history reached (`cross` checked that it is
+        exactly one), group by group, a group's pages released at once."""
+        for gi, pool in enumerate(self.pools):
+            views, steps, pages = self.rows[gi], self.stale_steps[gi], []
+            for req, _, hist in rows:
+                stale_at = req.stale_at
+                if hist >= stale_at[gi]:
+                    nstale, row = req.nstale, views[req.slot]
+                    first = nstale[gi]
+                    pages.append(row[first])
+                    row[first] = STALE
+                    nstale[gi] = first + 1
+                    stale_at[gi] = (steps.get(hist) or self.stale_step(gi, hist))[1]  # `cross` asked for it
+            if pages:
+                pool.release(pages)
+        for req, _, hist in rows:
+            if hist >= req.next_stale:
+                stale_at = req.stale_at
+                req.next_stale = stale_at[0] if len(stale_at) == 1 else min(stale_at)
+
+    def grow_others(self, grown: list[Request], taken: list[list[int]] | None) -> None:
+        """`cross`'s pages of the groups after the first: the entry each of
+        the `grown` rows just gained in the first group (tables of pages have
+        `ceil(cap / tpb)` entries in every group), from `taken` or each pool's
+        free stack."""
+        for gi in range(1, len(self.pools)):
+            views = self.rows[gi]
+            pages = self.pools[gi].take(len(grown)) if taken is None else taken[gi]
+            for req, page in zip(grown, pages, strict=True):
+                nblk = req.nblk
+                n = nblk[gi]
+                try:
+                    views[req.slot][n] = page
+                except IndexError:  # past the tables' width
+                    self.widen(gi, n + 1)
+                    views = self.rows[gi]
+                    views[req.slot][n] = page
+                nblk[gi] = n + 1
 
     def take_evicting(self, rows: int) -> list[list[int]]:
         """`cross`'s pages when a pool must evict for several rows: one page
