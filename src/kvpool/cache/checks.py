@@ -132,13 +132,18 @@ def batch_positions(values: npt.ArrayLike, shape: tuple[int, ...], what: str) ->
     return np.broadcast_to(array.astype(np.int64, copy=False), shape)
 
 
-def check_batch_shapes(
-    rids: Sequence[int], caps: npt.NDArray[np.int64], hists: npt.NDArray[np.int64], old: npt.NDArray[np.int64]
-) -> None:
-    """`check_shape` for a batch: the first offending request is named."""
-    if (caps < hists).any() or (hists < old).any():
-        bad = int(np.flatnonzero((caps < hists) | (hists < old))[0])
-        check_shape(rids[bad], int(caps[bad]), int(hists[bad]), int(old[bad]))
+def int_positions(values: npt.ArrayLike, n: int, what: str) -> Sequence[int]:
+    """`batch_positions(values, (n,), what)` as plain ints: a list or tuple of
+    `n` plain ints as it is (a scheduler's own list each step: a loop over it
+    costs a fraction of building and checking an array)."""
+    if isinstance(values, (list, tuple)) and len(values) == n:
+        for v in values:
+            if type(v) is not int:
+                break
+        else:
+            return values
+    positions: list[int] = batch_positions(values, (n,), what).tolist()
+    return positions
 
 
 def check_dummy_args(batch_size: int, token_num: int, draft_len: int) -> None:

@@ -25,7 +25,6 @@ from kvpool.cache.checks import (
     INT64_MAX,
     as_list,
     as_position,
-    batch_positions,
     check_capacity,
     check_dummy_args,
     check_few_tokens,
@@ -33,6 +32,7 @@ from kvpool.cache.checks import (
     check_shape,
     check_tokens,
     checked_shape,
+    int_positions,
 )
 from kvpool.cache.events import (
     CacheEvent,
@@ -60,20 +60,6 @@ from kvpool.spec.kinds import NEVER
 __all__ = ["STALE", "KVCacheManager"]
 
 EVENT_BUFFER = 1 << 16  # event records (runs of pages) kept until `take_events`; older ones are dropped
-
-
-def int_positions(values: npt.ArrayLike, n: int, what: str) -> Sequence[int]:
-    """`batch_positions(values, (n,), what)` as plain ints: a list or tuple of
-    `n` plain ints as it is (a scheduler's own list each step: a loop over it
-    costs a fraction of building and checking an array)."""
-    if isinstance(values, (list, tuple)) and len(values) == n:
-        for v in values:
-            if type(v) is not int:
-                break
-        else:
-            return values
-    positions: list[int] = batch_positions(values, (n,), what).tolist()
-    return positions
 
 
 class KVCacheManager:

@@ -182,6 +182,12 @@ class PagePool:
         entry < 0 (no page) are skipped. One `stored` record per unbroken run;
         `source_page` (a state snapshot's source) goes into the record."""
         page_hash, cached, record = self.page_hash, self.cached, self.record_events
+        if len(pages) == 1 and not record:  # a decode step's page, no event: one store, no run to track
+            page, h = pages[0], hashes[first]
+            if page >= 0 and page_hash[page] is None and h not in cached:
+                page_hash[page] = h
+                cached[h] = page
+            return
         start = 0
         for i, page in enumerate(pages):
             h = hashes[first + i]
