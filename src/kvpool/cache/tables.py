@@ -68,7 +68,7 @@ class PageTables:
         # wide enough for `longest` positions (at most 1024 blocks; `widen` doubles)
         self.tables = [np.full((slots, min(1024, table_blocks(g, longest) + 1)), STALE, np.int32) for g in groups]
         # per group, each row's entries as a memoryview: the per-step paths read and write single entries
-        # there (a tenth of the cost of NumPy's scalar indexing); `grow` and `widen` make them again
+        # there (a tenth of the cost of NumPy's scalar indexing); `add_slots` and `widen` make them again
         self.rows = [row_views(t) for t in self.tables]
         self.free_slots = list(range(slots - 1, -1, -1))
 
@@ -77,7 +77,7 @@ class PageTables:
     def new_request(self, rid: int, *, dummy: bool, limit: int) -> Request:
         """A request of capacity 0 (no pages) in a fresh row, capacities up to `limit`."""
         if not self.free_slots:
-            self.grow()
+            self.add_slots()
         n = len(self.groups)
         req = Request(
             rid, slot=self.free_slots.pop(), dummy=dummy, limit=limit, nblk=[0] * n, nstale=[0] * n, stale_at=[0] * n
@@ -200,11 +200,9 @@ class PageTables:
             hi = req.hi
             if cap <= req.lo or cap > hi + tpb:
                 return False
-            if hist >= req.next_stale:  # each window it leaves drops exactly one page
-                nstale, nblk = req.nstale, req.nblk
-                for gi, at in enumerate(req.stale_at):
-                    if hist >= at and not (nstale[gi] < nblk[gi] and self.stale_step(gi, hist)[0] == nstale[gi] + 1):
-                        return False
+            if hist >= req.next_stale:
+                if not self.leaves_one_page(req, hist):
+                    return False
                 dropping += 1
             if cap > hi:
                 if cap > req.limit:
@@ -254,6 +252,16 @@ class PageTables:
             req.hist = hist
         if others:
             self.grow_others(grown, taken)
+        return True
+
+    def leaves_one_page(self, req: Request, hist: int) -> bool:
+        """Whether raising `req`'s history to `hist` makes exactly one more
+        page stale in each group whose `stale_at` it reaches (a window moves
+        on by one page; a stale_pages jump or an empty table is the planner's)."""
+        nstale, nblk = req.nstale, req.nblk
+        for gi, at in enumerate(req.stale_at):
+            if hist >= at and not (nstale[gi] < nblk[gi] and self.stale_step(gi, hist)[0] == nstale[gi] + 1):
+                return False
         return True
 
     def leave_windows(self, rows: Sequence[tuple[Request, int, int]]) -> None:
@@ -428,7 +436,7 @@ class PageTables:
 
     # ------------------------------------------------------------------ storage
 
-    def grow(self) -> None:
+    def add_slots(self) -> None:
         """Double the rows (more live requests than planned for)."""
         old = self.tables[0].shape[0]
         self.tables = [np.concatenate([t, np.full_like(t, STALE)]) for t in self.tables]
