@@ -98,8 +98,7 @@ def twin_spec(tpb: int = 16, window: int = 40) -> ModelSpec:
 
 
 def observed(m: KVCacheManager) -> dict[str, Any]:
-    """Shapes, tables and pools (owners, hashes, free stack, LRU order); read
-    through the mirror (`stats` would write every mirror back, closing the fast paths)."""
+    """Shapes, tables and pools (owners, hashes, free stack, LRU order)."""
     out: dict[str, Any] = {}
     for rid, _ in m.iter_requests():
         out[f"r{rid}"] = (m.capacity(rid), m.history(rid), [m.block_table(rid, g.name).tolist() for g in m.groups])

@@ -165,3 +165,28 @@ def test_a_batch_counts_the_prefix_lookups_of_its_requests_once_it_moves() -> No
     m.free(4)  # never moved: never counted
     assert queried() == (210, 128) and m.requests.pending_lookups == 0
     m.check_integrity()
+
+
+def test_the_crossing_writes_through_tables_that_gained_rows_and_width() -> None:
+    # the crossing writes single entries through per-row views of the tables (`PageTables.rows`):
+    # more requests than the tables' first rows (`add_slots`) and a dummy past their first width
+    # (`widen`, dummies have no capacity limit) must leave the same tables as the planner's
+    spec = twin_spec(tpb=TPB, window=WINDOW)
+    pages = {"full": 600, "sliding": 200}
+    fast = manager(spec, pages, reuse=False, max_batch_size=1, max_seq_len=12)
+    slow = planner_only(manager(spec, pages, reuse=False, max_batch_size=1, max_seq_len=12))
+    rows, width = fast.tables.tables[0].shape
+    rids = list(range(3 * rows))
+    dummies = []
+    for m in (fast, slow):
+        for rid in rids:
+            m.create(rid)
+            assert m.resize(rid, 1 + rid % TPB, rid % TPB)
+        dummies.append(m.add_dummy_requests(1, 2).ids[0])
+    for _ in range(8):  # every request crosses a page boundary at least once, in batches of all of them
+        assert fast.extend(rids, 1) and slow.extend(rids, 1)
+    for _ in range(3 * width * TPB):  # the dummy, one decode step at a time, well past the first width
+        assert fast.advance(dummies[0]) and slow.advance(dummies[1])
+    assert fast.tables.tables[0].shape[0] > rows and fast.tables.tables[0].shape[1] > width
+    assert observed(fast) == observed(slow)
+    fast.check_integrity()
