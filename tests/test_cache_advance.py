@@ -1,8 +1,8 @@
 """`advance(rid, token)`, the one-call decode step, is exactly `resize(rid,
 capacity + 1, history + 1)` then `commit(rid, history + 1, (token,))`: the
-same tables, pools, LRU order, events and stats on random runs (full and
-sliding groups, reuse on and off, pools that run short), and a refused or
-bad call changes nothing."""
+same tables, pools, LRU order, events and stats on random runs (full,
+sliding and state groups with state snapshots, reuse on and off, pools that
+run short), and a refused or bad call changes nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cache_helpers import assert_unchanged, full_spec, manager, observed, snapshot, twin_spec
+from cache_helpers import assert_unchanged, full_spec, hybrid_spec, manager, observed, snapshot, twin_spec
 from kvpool.cache import CacheUsageError, KVCacheManager
 
 TPB = 4
@@ -49,7 +49,7 @@ def step_both(one: KVCacheManager, two: KVCacheManager, rid: int, token: int | N
 
 @settings(max_examples=150, deadline=None)
 @given(
-    sliding=st.booleans(),
+    kind=st.sampled_from(["full", "sliding", "hybrid"]),
     reuse=st.booleans(),
     full_pages=st.integers(6, 30),
     prompts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=11), min_size=1, max_size=4),
@@ -57,15 +57,17 @@ def step_both(one: KVCacheManager, two: KVCacheManager, rid: int, token: int | N
     steps=st.lists(st.tuples(st.integers(0, 3), st.one_of(st.none(), st.integers(0, 3))), max_size=60),
 )
 def test_advance_is_resize_then_commit(
-    sliding: bool,
+    kind: str,
     reuse: bool,
     full_pages: int,
     prompts: list[list[int]],
     lagging: list[bool],
     steps: list[tuple[int, int | None]],
 ) -> None:
-    spec = twin_spec(tpb=TPB, window=6) if sliding else full_spec(tpb=TPB)
-    pages = {"full": full_pages, "sliding": 10} if sliding else {"full": full_pages}
+    # (the hybrid's state group snapshots its slot at commits: advance's early return must never skip one)
+    spec = {"full": full_spec, "sliding": lambda tpb: twin_spec(tpb=tpb, window=6), "hybrid": hybrid_spec}[kind](TPB)
+    pages = {"full": full_pages, "sliding": 10, "linear_state": 8}
+    pages = {g.name: pages[g.name] for g in spec.groups}
     one, two = manager(spec, pages, reuse=reuse), manager(spec, pages, reuse=reuse)
     live = [rid for rid, prompt in enumerate(prompts) if admit(one, two, rid, prompt, 0, not lagging[rid])]
     untokened: set[int] = set()  # requests advanced without an id: their known ids stop short of history
@@ -93,7 +95,7 @@ def test_a_bad_token_changes_nothing(prompt_len: int) -> None:
     assert m.resize(0, prompt_len, prompt_len)
     m.commit(0, prompt_len)
     before = snapshot(m)
-    for bad in (-1, 1 << 63, 2.0, "7"):
+    for bad in (-1, 1 << 63, 2.0, "7", True, False):
         with pytest.raises(CacheUsageError, match="advance's token"):
             m.advance(0, bad)  # type: ignore[arg-type]
         assert_unchanged(before, snapshot(m))
