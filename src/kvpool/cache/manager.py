@@ -273,31 +273,32 @@ class KVCacheManager:
             return self._advance(self.requests.get(rid), token)
         if req.rid is not rid and type(rid) is not int:  # True and 1.0 would find request 1
             return self._advance(self.requests.get(rid), token)
-        if req.cap < req.hi and (hist := req.hist + 1) < req.next_stale and req.lookup is None:
+        cap, hist = req.cap + 1, req.hist + 1
+        if cap <= req.hi and hist < req.next_stale and req.lookup is None:
             # early return: no page moves, and no page completes (or nothing to commit)
             if token is None:
-                req.cap += 1
+                req.cap = cap
                 req.hist = hist
                 return RESIZED
             known = req.tokens
             if known is not None:  # reuse on, no dummy: commit the id
                 # (no state snapshot is due: one is due only at a history of committed whole pages, and
                 # committed * tpb <= req.hist < hist < (committed + 1) * tpb)
-                if req.base + len(known) + 1 == hist and hist < (req.committed + 1) * self.tokens_per_block:
+                if req.base + len(known) == req.hist and hist < (req.committed + 1) * self.tokens_per_block:
                     try:  # a plain id >= 0 (0 and 1 no bools), appended as int64 (checked in C)
                         if token > 1 or type(token) is int and token >= 0:
                             known.append(token)
-                            req.cap += 1
+                            req.cap = cap
                             req.hist = hist
                             return RESIZED
                     except (TypeError, OverflowError):
                         pass  # `_advance` names it
             elif req.dummy or not self.enable_reuse:
-                req.cap += 1
+                req.cap = cap
                 req.hist = hist
                 return RESIZED
         if token is None:  # the move alone (a capacity past the limit raises there)
-            return self._move(((req, req.cap + 1, req.hist + 1),))
+            return self._move(((req, cap, hist),))
         return self._advance(req, token)
 
     def _advance(self, req: Request, token: int | None) -> Resize:
