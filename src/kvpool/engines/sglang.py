@@ -106,6 +106,35 @@ def _gb(n: int) -> str:
     return f"{n / GIB:.2f} GB"
 
 
+def pool_layers(spec: ModelSpec) -> tuple[list[LayerGroup], list[LayerGroup], list[LayerGroup], list[str]]:
+    """(full, SWA, state) layer groups as SGLang pools them, and notes: sliding
+    layers of a model without a hybrid SWA pool (or with no full layers) are
+    sized as full attention; several windows, or sliding with state layers,
+    are not modelled (`EngineNotModelledError`)."""
+    full = [g for g in spec.groups if g.kind == "full"]
+    swa = [g for g in spec.groups if g.kind in ("sliding", "chunked")]
+    states = [g for g in spec.groups if g.kind == "state"]
+    notes = []
+    if len({(g.kind, g.window) for g in swa}) > 1:
+        raise EngineNotModelledError(
+            f"{spec.name}: SGLang keeps one sliding window; groups {[g.name for g in swa]} have several"
+        )
+    if swa and not has_hybrid_swa_pool(spec.config):
+        notes.append(
+            f"{spec.config.get('model_type')} has no hybrid SWA pool in SGLang: its sliding layers "
+            "keep KV for every position (sized as full attention)"
+        )
+        full, swa = full + swa, []
+    if swa and not full and not states:
+        notes.append(
+            "no full-attention layers: SGLang does not use a hybrid SWA pool for this model; sized as full attention"
+        )
+        full, swa = swa, []
+    if swa and states:
+        raise EngineNotModelledError(f"{spec.name}: sliding and state layers together are not modelled")
+    return full, swa, states, notes
+
+
 @dataclass(frozen=True)
 class SglangSizing(Sizing):
     """SGLang's sizing: tokens of the full and SWA pools, mamba slots, request caps."""
@@ -141,46 +170,16 @@ class Sglang:
         if not self.swa_full_tokens_ratio > 0 or not self.mamba_full_memory_ratio > 0 or page_size < 1:
             raise LimitsError("swa_full_tokens_ratio, mamba_full_memory_ratio and page_size must be positive")
         refuse_compressed(spec, "SGLang")
-        full = [g for g in spec.groups if g.kind == "full"]
-        swa = [g for g in spec.groups if g.kind in ("sliding", "chunked")]
-        states = [g for g in spec.groups if g.kind == "state"]
-        notes = [
+        full, swa, states, notes = pool_layers(spec)
+        notes.insert(
+            0,
             f"{spec.name}: context_len {limits.max_seq_len}, chunked_prefill_size {limits.max_num_tokens}, "
-            f"page_size {page_size}"
-        ]
-        if len({(g.kind, g.window) for g in swa}) > 1:
-            raise EngineNotModelledError(
-                f"{spec.name}: SGLang keeps one sliding window; groups {[g.name for g in swa]} have several"
-            )
-        if swa and not has_hybrid_swa_pool(spec.config):
-            notes.append(
-                f"{spec.config.get('model_type')} has no hybrid SWA pool in SGLang: its sliding layers "
-                "keep KV for every position (sized as full attention)"
-            )
-            full, swa = full + swa, []
-        if swa and not full and not states:
-            notes.append(
-                "no full-attention layers: SGLang does not use a hybrid SWA pool for this model; "
-                "sized as full attention"
-            )
-            full, swa = swa, []
-        if swa and states:
-            raise EngineNotModelledError(f"{spec.name}: sliding and state layers together are not modelled")
-        full_bytes = sum(g.row_bytes for g in full)
-        swa_bytes = sum(g.row_bytes for g in swa)
-        state_bytes = sum(g.state_bytes for g in states)
+            f"page_size {page_size}",
+        )
         base = SglangSizing(spec, limits, kv_memory_bytes, notes=tuple(notes))
         rest, slots = kv_memory_bytes, 0
         if states:
-            # _handle_max_mamba_cache: the state pool keeps one padding slot beyond its
-            # max_mamba_cache_size, both in the ratio's budget and in what it takes.
-            budget = kv_memory_bytes * self.mamba_full_memory_ratio / (1 + self.mamba_full_memory_ratio)
-            slots = (
-                int((budget - state_bytes) // state_bytes)
-                if self.max_mamba_cache_size is None
-                else self.max_mamba_cache_size
-            )
-            rest = kv_memory_bytes - (slots + 1) * state_bytes
+            slots, rest = self.mamba_slots(kv_memory_bytes, sum(g.state_bytes for g in states))
             if slots < 1 or rest <= 0:
                 return replace(
                     base,
@@ -189,43 +188,15 @@ class Sglang:
                     ),
                 )
         ratio = self.swa_full_tokens_ratio if swa else 0.0
-        cell = full_bytes + ratio * swa_bytes
+        cell = sum(g.row_bytes for g in full) + ratio * sum(g.row_bytes for g in swa)
         full_tokens = int(rest // cell) // page_size * page_size
         if self.max_total_tokens is not None:
             full_tokens = min(full_tokens, self.max_total_tokens) // page_size * page_size
         if full_tokens <= 0:
             return replace(base, refusals=("Not enough memory. Please try to increase --mem-fraction-static.",))
         swa_tokens = int(full_tokens * ratio) // page_size * page_size if swa else 0
-        refusals: list[str] = []
-        degradations: list[str] = []
-        if swa:
-            window = swa[0].window
-            assert window is not None
-            if window + page_size >= swa_tokens:
-                refusals.append(
-                    f"SWA pool ({swa_tokens} tokens) cannot hold even one request: the prefill "
-                    f"admission floor is sliding_window_size ({window}) + page_size ({page_size}). "
-                    "Increase --swa-full-tokens-ratio or the total KV budget."
-                )
-            probe = member("swa", swa[0].kind, page_size, window=window)
-            per = decode_worst_case_pages(probe, limits.headroom) or 1
-            graph = limits.largest_graph_batch
-            if graph * per > swa_tokens // page_size:
-                degradations.append(
-                    f"the SWA pool holds {swa_tokens // page_size // per} full-window decodes "
-                    f"but the largest CUDA-graph batch is {graph}: decode batches beyond that "
-                    "wait or are retracted"
-                )
-        # resolve_max_num_reqs: the request cap, or an estimate from the pool, never above
-        # half the pool's tokens; the mamba state slots cap it too.
-        cap = self.max_running_requests
-        estimated = max(min(int(full_tokens / limits.max_seq_len * 512), 4096), 2048)
-        max_num_reqs = min(cap or estimated, full_tokens // 2)
-        if states:
-            if cap is not None and slots < cap:
-                degradations.append(f"max_running_requests {cap} capped at {slots} by the mamba state pool")
-            max_num_reqs = min(max_num_reqs, slots)
-        running = max_num_reqs
+        refusals, degradations = self.swa_checks(swa, swa_tokens, limits) if swa else ([], [])
+        max_num_reqs = self.max_num_reqs(full_tokens, slots if states else None, limits, degradations)
         if full_tokens < limits.max_seq_len:
             degradations.append(
                 f"the full pool ({full_tokens} tokens) is shorter than context_len "
@@ -241,10 +212,59 @@ class Sglang:
             slots=slots,
             ratio=ratio,
             max_num_reqs=max_num_reqs,
-            running=running,
+            running=max_num_reqs,
             refusals=tuple(refusals),
             degradations=tuple(degradations),
         )
+
+    def mamba_slots(self, kv_memory_bytes: int, state_bytes: int) -> tuple[int, int]:
+        """(state slots, bytes left for the token pools): `_handle_max_mamba_cache`,
+        whose state pool keeps one padding slot beyond its max_mamba_cache_size,
+        both in the ratio's budget and in what it takes."""
+        budget = kv_memory_bytes * self.mamba_full_memory_ratio / (1 + self.mamba_full_memory_ratio)
+        slots = (
+            int((budget - state_bytes) // state_bytes)
+            if self.max_mamba_cache_size is None
+            else self.max_mamba_cache_size
+        )
+        return slots, kv_memory_bytes - (slots + 1) * state_bytes
+
+    def swa_checks(self, swa: list[LayerGroup], swa_tokens: int, limits: ServingLimits) -> tuple[list[str], list[str]]:
+        """(refusals, degradations) of an SWA pool of `swa_tokens`: the
+        one-request refusal (the prefill admission floor is window + page
+        size) and CUDA-graph decode batches the pool cannot hold at full window."""
+        page_size, refusals, degradations = self.page_size, [], []
+        window = swa[0].window
+        assert window is not None
+        if window + page_size >= swa_tokens:
+            refusals.append(
+                f"SWA pool ({swa_tokens} tokens) cannot hold even one request: the prefill "
+                f"admission floor is sliding_window_size ({window}) + page_size ({page_size}). "
+                "Increase --swa-full-tokens-ratio or the total KV budget."
+            )
+        probe = member("swa", swa[0].kind, page_size, window=window)
+        per = decode_worst_case_pages(probe, limits.headroom) or 1
+        graph = limits.largest_graph_batch
+        if graph * per > swa_tokens // page_size:
+            degradations.append(
+                f"the SWA pool holds {swa_tokens // page_size // per} full-window decodes "
+                f"but the largest CUDA-graph batch is {graph}: decode batches beyond that "
+                "wait or are retracted"
+            )
+        return refusals, degradations
+
+    def max_num_reqs(self, full_tokens: int, slots: int | None, limits: ServingLimits, notes: list[str]) -> int:
+        """`resolve_max_num_reqs`: the request cap, or an estimate from the
+        pool, never above half the pool's tokens; the mamba state `slots` cap
+        it too (appending a degradation to `notes` when they cut the cap)."""
+        cap = self.max_running_requests
+        estimated = max(min(int(full_tokens / limits.max_seq_len * 512), 4096), 2048)
+        max_num_reqs = min(cap or estimated, full_tokens // 2)
+        if slots is None:
+            return max_num_reqs
+        if cap is not None and slots < cap:
+            notes.append(f"max_running_requests {cap} capped at {slots} by the mamba state pool")
+        return min(max_num_reqs, slots)
 
     def pools(self, sizing: SglangSizing) -> tuple[EnginePool, ...]:
         """The full pool, the SWA pool and the mamba state pool that sizing buys."""
