@@ -2,7 +2,7 @@
 
 Rules modelled (facts read from TensorRT-LLM's source; no TensorRT-LLM code is used):
 
-- V1 manager (C++ `KVCacheManager`): layers are grouped by attention window (full
+- V1 manager (C++ `KVCacheManager`, `V1Model`): layers are grouped by attention window (full
   layers have window = max_seq_len). Window W, whose layers take c_W bytes per
   token, gets the share `(c_W / sum c) * W / sum_v (c_v / sum c) * v` of the
   memory (float32, as `calculateWindowSizeToShare` computes it), i.e. tokens
@@ -22,7 +22,7 @@ Rules modelled (facts read from TensorRT-LLM's source; no TensorRT-LLM code is u
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from kvpool.engines.common import (
     EngineNotModelledError,
     EnginePool,
     EngineReport,
+    Sizing,
     allocate_with,
     member,
     refuse_compressed,
@@ -38,7 +39,7 @@ from kvpool.engines.common import (
 from kvpool.errors import LimitsError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
 from kvpool.plan.report import plan_warnings
-from kvpool.spec import Kind, ModelSpec
+from kvpool.spec import Kind, LayerGroup, ModelSpec
 
 VERSION = "TensorRT-LLM main branch at commit b35ac1b6 (2026), PyTorch backend"
 SOURCES = (
@@ -59,7 +60,6 @@ def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *, ma
         raise LimitsError(f"kv_memory_bytes must be positive, got {kv_memory_bytes}")
     if manager not in MANAGERS:
         raise EngineNotModelledError(f"TensorRT-LLM manager {manager!r}; use one of {', '.join(MANAGERS)}")
-    tpb = spec.tokens_per_block
     if manager == "v2":
         return _from_plan(plan_pools(spec, limits, kv_memory_bytes=kv_memory_bytes))
     if manager == "v2-default":
@@ -69,20 +69,129 @@ def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *, ma
             raise LimitsError("TensorRT-LLM V2's typical step needs avg_seq_len")
         options = trtllm_v2.options_for(limits, avg_seq_len=limits.avg_seq_len)
         return _v2_default(spec, limits, kv_memory_bytes, options)
-    refuse_compressed(spec, "TensorRT-LLM")
-    notes = [
-        f"{spec.name}: max_seq_len {limits.max_seq_len}, tokens_per_block {tpb}, max_batch_size {limits.max_batch_size}"
-    ]
-    base = EngineReport("trtllm", VERSION + ", KV cache manager V1", SOURCES, limits, kv_memory_bytes, ())
-    states = [g for g in spec.groups if g.kind == "state"]
-    state_bytes = sum(g.state_bytes for g in states) * limits.max_batch_size
-    memory = kv_memory_bytes - state_bytes
-    if memory <= 0:
+    return allocate_with(V1Model(), spec, limits, kv_memory_bytes)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One V1 pool: the layer groups of attention window `size` (full layers:
+    max_seq_len), their bytes per token, and the primary blocks its share buys."""
+
+    size: int
+    groups: tuple[str, ...]
+    per_token: int
+    kind: Kind
+    window: int | None
+    blocks: int = 0
+
+
+@dataclass(frozen=True)
+class V1Sizing(Sizing):
+    """V1's sizing: the windows' blocks and the recurrent state's groups."""
+
+    windows: tuple[Window, ...] = ()
+    states: tuple[LayerGroup, ...] = ()
+
+
+@dataclass(frozen=True)
+class V1Model:
+    """TensorRT-LLM's C++ KV cache manager (V1), as an `EngineModel`."""
+
+    engine: str = "trtllm"
+    release: str = "v1"
+    sources: tuple[str, ...] = SOURCES
+
+    def size(self, spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int) -> V1Sizing:
+        """The recurrent state first (max_batch_size slots), then each window's
+        share of the rest (`calculateWindowSizeToShare`, in float32)."""
+        refuse_compressed(spec, "TensorRT-LLM")
+        tpb = spec.tokens_per_block
+        notes = [
+            f"{spec.name}: max_seq_len {limits.max_seq_len}, tokens_per_block {tpb}, "
+            f"max_batch_size {limits.max_batch_size}"
+        ]
+        states = tuple(g for g in spec.groups if g.kind == "state")
+        memory = kv_memory_bytes - sum(g.state_bytes for g in states) * limits.max_batch_size
+        if memory <= 0:
+            refusal = f"the recurrent state of {limits.max_batch_size} requests leaves no memory for the KV cache"
+            return V1Sizing(spec, limits, kv_memory_bytes, (refusal,), notes=tuple(notes))
+        windows = by_window(spec, limits, notes)
+        total_c = np.float32(sum(w.per_token for w in windows))
+        contribution = [np.float32(np.float32(w.per_token) / total_c) * np.float32(w.size) for w in windows]
+        denominator = np.float32(sum(float(c) for c in contribution))
+        sized = []
+        for w, c in zip(windows, contribution, strict=True):
+            share = np.float32(1.0) if len(windows) == 1 else np.float32(c / denominator)
+            tokens = int(float(np.float32(np.float32(memory) * share)) / w.per_token)
+            sized.append(replace(w, blocks=-(-tokens // tpb)))
+        if states:
+            notes.append(f"recurrent state: {limits.max_batch_size} slots taken from the budget before the KV pools")
+        return V1Sizing(spec, limits, kv_memory_bytes, notes=tuple(notes), windows=tuple(sized), states=states)
+
+    def pools(self, sizing: V1Sizing) -> tuple[EnginePool, ...]:
+        """One pool per window, then the recurrent state's slots."""
+        if sizing.refusals:
+            return ()
+        tpb = sizing.spec.tokens_per_block
+        pools = [
+            EnginePool(
+                f"window_{w.size}",
+                tpb,
+                w.per_token * tpb,
+                w.blocks,
+                w.groups,
+                (member(f"window_{w.size}", w.kind, tpb, window=w.window),),
+                w.blocks * tpb,
+            )
+            for w in sizing.windows
+        ]
+        if sizing.states:
+            pools.append(
+                EnginePool(
+                    "mamba",
+                    0,
+                    sum(g.state_bytes for g in sizing.states),
+                    sizing.limits.max_batch_size,
+                    tuple(g.name for g in sizing.states),
+                    (member("mamba", "state", 1),),
+                )
+            )
+        return tuple(pools)
+
+    def report(self, sizing: V1Sizing, pools: tuple[EnginePool, ...]) -> EngineReport:
+        """The 'Blocks per window size' lines and kvpool's plan of the same pages."""
+        base = EngineReport(
+            self.engine, VERSION + ", KV cache manager V1", self.sources, sizing.limits, sizing.budget_bytes, ()
+        )
+        if sizing.refusals:
+            return replace(base, refusals=sizing.refusals, notes=sizing.notes)
+        spec, limits = sizing.spec, sizing.limits
+        notes = list(sizing.notes)
+        if sum(p.bytes for p in pools) > sizing.budget_bytes:
+            notes.append("blocks are rounded up per window, so the pools may exceed the budget by one block each")
+        group_pages = {name: w.blocks for w in sizing.windows for name in w.groups}
+        group_pages.update({g.name: limits.max_batch_size for g in sizing.states})
+        plan = PoolPlan.from_pages(spec, group_pages, limits, policy="trtllm-v1")
+        reported = {
+            "blocks_per_window": {str(w.size): w.blocks for w in sizing.windows},
+            "tokens_per_block": spec.tokens_per_block,
+        }
+        lines = tuple(f"[windowSize={w.size}] {{.primaryBlocks={w.blocks}, .secondayBlocks=0}}" for w in sizing.windows)
         return replace(
             base,
-            refusals=(f"the recurrent state of {limits.max_batch_size} requests leaves no memory for the KV cache",),
+            pools=pools,
+            reported=reported,
+            lines=lines,
+            degradations=plan_warnings(plan),
             notes=tuple(notes),
+            group_pages=group_pages,
         )
+
+
+def by_window(spec: ModelSpec, limits: ServingLimits, notes: list[str]) -> list[Window]:
+    """The paged groups by attention window, smallest first (full layers and
+    windows past max_seq_len: max_seq_len; chunked attention as a window of its
+    chunk, noted in `notes`)."""
     windows: dict[int, list[str]] = defaultdict(list)
     per_token: dict[int, int] = defaultdict(int)
     kinds: dict[int, tuple[Kind, int | None]] = {}
@@ -95,55 +204,7 @@ def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *, ma
         windows[w].append(g.name)
         per_token[w] += g.row_bytes
         kinds[w] = ("full", None) if w == limits.max_seq_len else (g.kind, g.window)
-    order = sorted(windows)
-    total_c = np.float32(sum(per_token.values()))
-    contribution = {w: np.float32(np.float32(per_token[w]) / total_c) * np.float32(w) for w in order}
-    denominator = np.float32(sum(float(contribution[w]) for w in order))
-    pools, lines, group_pages = [], [], {}
-    for w in order:
-        share = np.float32(1.0) if len(order) == 1 else np.float32(contribution[w] / denominator)
-        tokens = int(float(np.float32(np.float32(memory) * share)) / per_token[w])
-        blocks = -(-tokens // tpb)
-        kind, window = kinds[w]
-        pools.append(
-            EnginePool(
-                f"window_{w}",
-                tpb,
-                per_token[w] * tpb,
-                blocks,
-                tuple(windows[w]),
-                (member(f"window_{w}", kind, tpb, window=window),),
-                blocks * tpb,
-            )
-        )
-        lines.append(f"[windowSize={w}] {{.primaryBlocks={blocks}, .secondayBlocks=0}}")
-        group_pages.update({name: blocks for name in windows[w]})
-    if states:
-        pools.append(
-            EnginePool(
-                "mamba",
-                0,
-                sum(g.state_bytes for g in states),
-                limits.max_batch_size,
-                tuple(g.name for g in states),
-                (member("mamba", "state", 1),),
-            )
-        )
-        group_pages.update({g.name: limits.max_batch_size for g in states})
-        notes.append(f"recurrent state: {limits.max_batch_size} slots taken from the budget before the KV pools")
-    if sum(p.bytes for p in pools) > kv_memory_bytes:
-        notes.append("blocks are rounded up per window, so the pools may exceed the budget by one block each")
-    plan = PoolPlan.from_pages(spec, group_pages, limits, policy="trtllm-v1")
-    reported = {"blocks_per_window": {str(w): group_pages[windows[w][0]] for w in order}, "tokens_per_block": tpb}
-    return replace(
-        base,
-        pools=tuple(pools),
-        reported=reported,
-        lines=tuple(lines),
-        degradations=plan_warnings(plan),
-        notes=tuple(notes),
-        group_pages=group_pages,
-    )
+    return [Window(w, tuple(windows[w]), per_token[w], *kinds[w]) for w in sorted(windows)]
 
 
 def _from_plan(plan: PoolPlan) -> EngineReport:
