@@ -206,6 +206,30 @@ def test_check_integrity_names_the_offending_pages() -> None:
     assert err.value.pages == {"full": [5]}
 
 
+def test_check_integrity_names_lists_and_hash_maps_that_disagree() -> None:
+    from kvpool.cache import CacheIntegrityError
+
+    m = manager(full_spec(tpb=16), {"full": 8})
+    m.create(1, list(range(40)))
+    assert m.resize(1, 33, 32)
+    m.commit(1, 32)  # pages 0 and 1 carry hashes
+    pool = m.pools[0]
+    first = pool.page_hash[0]
+    assert first is not None and pool.cached[first] == 0
+    pool.cached[first] = 1  # the map names page 1 under page 0's hash
+    with pytest.raises(CacheIntegrityError) as err:
+        m.check_integrity()
+    assert err.value.pages == {"full": [0, 1]} and "hash map and page hashes disagree" in str(err.value)
+    pool.cached[first] = 0
+    top = pool.free_stack[-1]
+    pool.free_stack.append(top)  # one page twice on the free stack
+    with pytest.raises(CacheIntegrityError) as err:
+        m.check_integrity()
+    assert err.value.pages == {"full": [top]} and "listed twice" in str(err.value)
+    pool.free_stack.pop()
+    m.check_integrity()
+
+
 def test_check_integrity_reports_foreign_and_aliased_pages() -> None:
     from kvpool.cache import CacheIntegrityError
 

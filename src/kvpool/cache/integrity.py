@@ -122,49 +122,71 @@ def _check_lists(
 ) -> None:
     """Ref counts against `owners`, the free stack, the LRU and the hash maps
     of one pool (the maps of every group drawing from it)."""
-    n = pool.num_pages
     ref = np.asarray(pool.ref, np.int64)
-    wrong_ref = np.flatnonzero(ref != owners).tolist()
-    if wrong_ref:
-        reasons.append(f"{label}: ref counts differ from owners at pages {wrong_ref}")
-        offending.update(wrong_ref)
-    if not any(t.groups[gi].rule.per_request for gi in gis):
-        # only a prefix hit shares a page, and a hit page carries its hash:
-        # a shared page without one means two requests write the same page
-        shared = [p for p in np.flatnonzero(ref > 1).tolist() if pool.page_hash[p] is None]
-        if shared:
-            reasons.append(f"{label}: pages {shared} are shared without a prefix hash")
-            offending.update(shared)
-    free = pool.free_stack
-    lru = pool.lru_order()
+    states = any(t.groups[gi].rule.per_request for gi in gis)
+    for found in (
+        _refs_match(ref, owners),
+        None if states else _shared_pages_hashed(pool, ref),
+        _listed_once(pool),
+        _one_state_each(pool, ref),
+        _maps_agree(pool, [t.pools[gi].cached for gi in gis]),
+    ):
+        if found is not None:
+            reasons.append(f"{label}: {found[0]}")
+            offending.update(found[1])
+
+
+# Each check below answers None, or (what is wrong, the pages it concerns).
+Finding = tuple[str, list[int]] | None
+
+
+def _refs_match(ref: npt.NDArray[np.int64], owners: npt.NDArray[np.int64]) -> Finding:
+    wrong = np.flatnonzero(ref != owners).tolist()
+    return (f"ref counts differ from owners at pages {wrong}", wrong) if wrong else None
+
+
+def _shared_pages_hashed(pool: PagePool, ref: npt.NDArray[np.int64]) -> Finding:
+    """Only a prefix hit shares a page, and a hit page carries its hash: a
+    shared page without one means two requests write the same page (pools
+    with a state group are exempt: a snapshot's source is shared by design)."""
+    shared = [p for p in np.flatnonzero(ref > 1).tolist() if pool.page_hash[p] is None]
+    return (f"pages {shared} are shared without a prefix hash", shared) if shared else None
+
+
+def _listed_once(pool: PagePool) -> Finding:
+    """No page twice on the free stack and the LRU together, and the LRU as long as it says."""
     seen: dict[int, int] = {}
-    for p in free + lru:
+    lru = pool.lru_order()
+    for p in pool.free_stack + lru:
         seen[p] = seen.get(p, 0) + 1
     twice = [p for p, c in seen.items() if c > 1]
     if twice or len(lru) != pool.num_cached:
-        reasons.append(f"{label}: pages listed twice as free/cached: {twice}")
-        offending.update(twice)
-    hashed = [p for p in range(n) if pool.page_hash[p] is not None]
-    free_set, lru_set = set(free), set(lru)
+        return f"pages listed twice as free/cached: {twice}", twice
+    return None
+
+
+def _one_state_each(pool: PagePool, ref: npt.NDArray[np.int64]) -> Finding:
+    """Every page exactly one of free (unhashed, on the stack), owned (on no
+    list) or cached (hashed, on the LRU)."""
+    free, lru, page_hash = set(pool.free_stack), set(pool.lru_order()), pool.page_hash
     lost = []
-    for p in range(n):
+    for p in range(pool.num_pages):
         owned = ref[p] > 0
-        if owned and (p in free_set or p in lru_set):
+        if owned and (p in free or p in lru):
             lost.append(p)  # owned yet allocatable
-        elif not owned and p not in free_set and p not in lru_set:
+        elif not owned and p not in free and p not in lru:
             lost.append(p)  # leaked: nobody owns it and nothing can allocate it
-        elif (p in free_set and pool.page_hash[p] is not None) or (p in lru_set and pool.page_hash[p] is None):
+        elif (p in free and page_hash[p] is not None) or (p in lru and page_hash[p] is None):
             lost.append(p)  # on the wrong list for its content
-    if lost:
-        reasons.append(f"{label}: pages {lost} are not exactly one of free/owned/cached")
-        offending.update(lost)
-    maps = [t.pools[gi].cached for gi in gis]
-    # each hashed page is in exactly one group's map, under its own hash
-    stale_map = [p for p in hashed if sum(m.get(pool.page_hash[p] or 0) == p for m in maps) != 1]
-    stale_map += [p for m in maps for h, p in m.items() if not 0 <= p < n or pool.page_hash[p] != h]
-    if stale_map:
-        reasons.append(f"{label}: hash map and page hashes disagree at pages {stale_map}")
-        offending.update(stale_map)
+    return (f"pages {lost} are not exactly one of free/owned/cached", lost) if lost else None
+
+
+def _maps_agree(pool: PagePool, maps: list[dict[int, int]]) -> Finding:
+    """Each hashed page is in exactly one group's map, under its own hash."""
+    n, page_hash = pool.num_pages, pool.page_hash
+    stale = [p for p in range(n) if page_hash[p] is not None and sum(m.get(page_hash[p] or 0) == p for m in maps) != 1]
+    stale += [p for m in maps for h, p in m.items() if not 0 <= p < n or page_hash[p] != h]
+    return (f"hash map and page hashes disagree at pages {stale}", stale) if stale else None
 
 
 def check_tiers(
