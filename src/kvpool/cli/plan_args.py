@@ -31,6 +31,7 @@ from kvpool.cli.common import (
 from kvpool.cli.request import LimitOptions, ModelOptions, PlanRequest
 from kvpool.errors import KvpoolError, LimitsError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
+from kvpool.plan.limits import MAX_BATCH_SIZE
 from kvpool.plan.sizing import check_pool_ratio, parse_shares
 from kvpool.plan.workload import Workload
 from kvpool.presets.traces import load_trace
@@ -40,9 +41,6 @@ from kvpool.spec.loader import read_model_config, spec_from_read
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_SEQ_LEN = 8192
 DEFAULT_MAX_NUM_TOKENS = 8192
-# The planner builds batches of B requests, so its time and memory grow with B
-# (2**40 took 17 GB and never ended); the engines' defaults are 256 to 2,048.
-MAX_BATCH_SIZE = 2**16
 
 
 non_negative_int = int_at_least(0)

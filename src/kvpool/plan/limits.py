@@ -8,6 +8,13 @@ from dataclasses import dataclass
 from kvpool.errors import LimitsError
 from kvpool.units import is_positive_int
 
+# Upper bounds, so that a caller's typo fails here with the field's name rather than deep in the planner:
+# the planner builds batches of B requests, so its time and memory grow with B (2**40 took 17 GB and never
+# ended; the engines' defaults are 256 to 2,048); positions and token counts are int32 in the engines'
+# block tables and in kvpool's (`cache/tables.py`).
+MAX_BATCH_SIZE = 2**16
+MAX_POSITIONS = 2**31 - 1
+
 
 def default_cuda_graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
     """1, 2, 4, then every multiple of 8 up to min(max_batch_size, 256)."""
@@ -45,6 +52,20 @@ class ServingLimits:
         }.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise LimitsError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.max_batch_size > MAX_BATCH_SIZE:
+            raise LimitsError(f"max_batch_size must be at most {MAX_BATCH_SIZE}, got {self.max_batch_size}")
+        counts: dict[str, int | None] = {
+            **optional,
+            "max_seq_len": self.max_seq_len,
+            "max_draft_len": self.max_draft_len,
+        }
+        for name, count in counts.items():
+            if count is not None and count > MAX_POSITIONS:
+                raise LimitsError(f"{name} must be at most {MAX_POSITIONS} (int32 positions), got {count}")
+        if self.headroom + self.max_seq_len > MAX_POSITIONS:
+            raise LimitsError(
+                f"max_seq_len {self.max_seq_len} plus the decode headroom {self.headroom} passes {MAX_POSITIONS}"
+            )
         if self.avg_seq_len is not None and self.avg_seq_len > self.max_seq_len:
             raise LimitsError(
                 f"avg_seq_len {self.avg_seq_len} exceeds max_seq_len {self.max_seq_len}; "
