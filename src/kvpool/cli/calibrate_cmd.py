@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from kvpool.cli.common import add_json_arg, add_model_args, checked, gpu_name, print_json, table
+from kvpool.cli.common import add_json_arg, add_model_args, checked, flagged, gpu_name, print_json, table
 from kvpool.cli.files import input_file, output_file
 from kvpool.cli.plan_args import load_spec
 from kvpool.cli.request import ModelOptions
@@ -149,18 +149,14 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"gpu": gpu.key, "from": base.name}
     cal = base
     if args.ops:
-        try:
+        with flagged("--ops"):
             ops = ops_samples(args.ops)
             cal, ops_report = fit_ops(ops, cal, flops=gpu.bf16_flops, hbm=gpu.hbm_bandwidth_bytes_per_s)
-        except KvpoolError as e:
-            raise KvpoolError(str(e) if "--ops" in str(e) else f"--ops: {e}") from None
         report["ops"] = ops_report
     if args.steps is not None:
         model = step_model(args, gpu, cal)
-        try:
+        with flagged("--steps"):
             samples = step_samples(args.steps, model)
-        except KvpoolError as e:
-            raise KvpoolError(f"--steps: {e}") from None
         cal, fit = fit_steps(cal, samples)
         report["steps"] = {
             **fit.values,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from kvpool import presets
@@ -77,6 +78,18 @@ def checked(check: Callable[[str], object]) -> Callable[[str], str]:
 
     parse.__qualname__ = f"checked_{getattr(check, '__name__', 'value')}"
     return parse
+
+
+@contextlib.contextmanager
+def flagged(flag: str) -> Iterator[None]:
+    """A KvpoolError raised while handling `flag`'s value comes out as one line
+    naming the flag (`--trace: ...`), unless its text names the flag already."""
+    try:
+        yield
+    except KvpoolError as e:
+        if flag in str(e):
+            raise
+        raise KvpoolError(f"{flag}: {e}") from None
 
 
 def size_or_zero(text: str) -> int:

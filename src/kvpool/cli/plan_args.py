@@ -19,6 +19,7 @@ from kvpool.cli.common import (
     check_positions,
     check_tp_divides_heads,
     checked,
+    flagged,
     fraction,
     gpu_name,
     int_at_least,
@@ -278,10 +279,8 @@ def workload_policy(source: str | None) -> Workload | None:
     """The `--workload` policy, when the command has that option and it is given."""
     if source is None:
         return None
-    try:
+    with flagged("--workload"):
         trace = load_trace(source)
-    except KvpoolError as e:
-        raise KvpoolError(f"--workload: {e}") from None
     return Workload(np.stack([trace.prompt_len, trace.output_len], axis=1))
 
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from kvpool import presets
 from kvpool.cache import TierSpec
-from kvpool.cli.common import add_json_arg, print_json
+from kvpool.cli.common import add_json_arg, flagged, print_json
 from kvpool.cli.files import check_input
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.cli.plan_args import Resolved, add_plan_args, parse_pool_ratio, resolve
@@ -162,17 +161,6 @@ def calibration_from(value: str | None) -> Calibration | str | None:
     if value is None or value == "roofline":
         return value
     return load_profile(check_input(value, "calibration "))
-
-
-@contextlib.contextmanager
-def flagged(flag: str) -> Iterator[None]:
-    """A KvpoolError raised while reading `flag`'s value comes out naming the flag."""
-    try:
-        yield
-    except KvpoolError as e:
-        if flag in str(e):
-            raise
-        raise KvpoolError(f"{flag}: {e}") from None
 
 
 def check_flags(args: argparse.Namespace) -> None:
