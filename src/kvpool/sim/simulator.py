@@ -156,58 +156,34 @@ def simulate(
     (`sim/transfers.py`; `link` is required with tiers). `preemption`:
     "recompute" (default) or "suspend" (a victim's pages go to a cold tier
     and come back, `sim/suspend.py`; needs tiers)."""
-    limits = plan.limits
-    if preemption not in ("recompute", "suspend"):
-        raise KvpoolError(f"preemption is 'recompute' or 'suspend', got {preemption!r}")
-    if (tiers or preemption == "suspend") and (link is None or setup is not None or not tiers):
-        raise KvpoolError("cold tiers need a link (sim/transfers.py), preemption by suspension needs a tier")
-    moves: PageMoves | None = None
+    _check_tiers(tiers, link, setup, preemption)
+    copies = None
     if setup is None:
         use_reuse = trace.hash_ids is not None if reuse is None else reuse
-        rule = admission or admission_for(plan.policy)
-        manager, sched, report = session(plan, enable_reuse=use_reuse, padding=padding, admission=rule, tiers=tiers)
-        assert report is not None  # warmup ran
-        groups, totals, used = _usage(plan, manager)
-        if tiers:
-            moves = PageMoves([g.slot_bytes for g in plan.spec.groups])
-            manager.set_tier_copies(moves)
-        if preemption == "suspend":
-            sched = _suspending(plan, manager, report, padding=padding, reuse=use_reuse, rule=rule)
-    else:
-        manager, sched, report = setup.manager, setup.sched, setup.report
-        groups, totals, used = setup.groups, setup.totals, setup.used
+        setup, copies = _setup(plan, use_reuse, padding, admission, tiers, link, preemption)
+    manager, sched = setup.manager, setup.sched
     fast = fast and hook is None
-    transfer_s = 0.0
-
     n = len(trace)
     arrivals = trace.arrival_s if trace.arrival_s is not None else np.zeros(n)
     arrival_list = arrivals.tolist()
-    peak = [0] * len(groups)
-    used_time = [0.0] * len(groups)
-    one = [OUTPUT_TOKEN]
-    feed_cap = 2 * limits.max_batch_size  # arrived requests beyond this wait outside the queue
+    usage = _Usage(len(setup.groups))
+    feed = _Feed(trace, arrival_list, plan.limits.max_seq_len, 2 * plan.limits.max_batch_size)
     now = 0.0
-    nxt = rejected = idle_steps = 0
+    idle_steps = 0
     tally = _Tally()
     wall0 = time.perf_counter()
 
     while True:
-        while nxt < n and arrival_list[nxt] <= now and len(sched.waiting) < feed_cap:
-            seq = make_sequence(trace, nxt, limits.max_seq_len)
-            nxt += 1
-            if seq is None:
-                rejected += 1
-            else:
-                sched.add(seq)
+        feed.until(now, sched)
         if not sched.has_work():
-            if nxt >= n:
+            if feed.nxt >= n:
                 break
-            now = max(now, arrival_list[nxt])
+            now = max(now, arrival_list[feed.nxt])
             continue
         step = sched.schedule()
         if step is None:  # pragma: no cover - has_work() was checked
             break
-        rejected += len(step.rejected)
+        feed.rejected += len(step.rejected)
         if step.is_empty:
             idle_steps += 1
             if idle_steps > 2:
@@ -216,41 +192,28 @@ def simulate(
         idle_steps = 0
         if hook is not None:
             hook.scheduled(step)
-        used_now = used()
-        peak = [max(p, u) for p, u in zip(peak, used_now, strict=True)]
-        if fast and not _suspended(sched) and (run := _decode_run(sched, step, model, now, arrival_list, nxt, used)):
+        used_now = setup.used()
+        usage.peak_at(used_now)
+        if (
+            fast
+            and not _suspended(sched)
+            and (run := _decode_run(sched, step, model, now, arrival_list, feed.nxt, setup.used))
+        ):
             times, done, used_after = run
-            dt = float(times.sum())
-            if moves is not None and link is not None:  # evictions during the run offloaded pages
-                compute, dt = dt, link.step_seconds(dt, moves.take())
-                transfer_s += dt - compute
-            for k in range(len(groups)):  # pages grow about linearly over a run: trapezoid
-                after = used_after[k]
-                peak[k] = max(peak[k], after)
-                used_time[k] += (used_now[k] + after) / 2 * dt
+            dt = float(times.sum()) if copies is None else copies.charge(float(times.sum()))
+            usage.run(used_now, used_after, dt)
             now += dt
             tally.count(sched, step, len(times))
             tally.finish(done, now)
             if on_step is not None:
                 on_step(manager)
             continue
-        dt = model.step_time(step)
-        if moves is not None and link is not None:  # this step's onboards, offloads, suspends and resumes
-            compute, dt = dt, link.step_seconds(dt, moves.take())
-            transfer_s += dt - compute
-        for k in range(len(groups)):
-            used_time[k] += used_now[k] * dt
+        dt = model.step_time(step) if copies is None else copies.charge(model.step_time(step))
+        usage.step(used_now, dt)
         now += dt
         tally.count(sched, step)
         tally.admit(step)
-        sampled = {s.rid: one for s, _ in step.decodes}
-        for s, start, num in step.prefills:
-            if start + num == s.num_tokens:
-                sampled[s.rid] = one
-        done = sched.update(step, sampled)
-        for s, _, _ in step.prefills:
-            if s.first_token_s is None and s.output_ids:
-                s.first_token_s = now
+        done = _sample(sched, step, now)
         tally.finish(done, now)
         if hook is not None:
             for q in done:
@@ -259,14 +222,151 @@ def simulate(
         if on_step is not None:
             on_step(manager)
         if progress is not None and tally.steps % progress_every == 0:
-            progress(Progress(policy or plan.policy, tally.finished + rejected, n, now, time.perf_counter() - wall0))
+            progress(
+                Progress(policy or plan.policy, tally.finished + feed.rejected, n, now, time.perf_counter() - wall0)
+            )
 
-    t = tally
-    makespan = t.last_finish - float(arrivals[0]) if n else 0.0
-    stats = manager.stats()
     if check:
         manager.check_integrity()
-    usage = {g: GroupUsage(totals[k], peak[k], used_time[k] / now if now > 0 else 0.0) for k, g in enumerate(groups)}
+    return _result(plan, policy, setup, tally, usage, feed.rejected, n, arrivals, now, wall0, copies, tiers, preemption)
+
+
+def _check_tiers(tiers: TierSpecs, link: Link | None, setup: Setup | None, preemption: str) -> None:
+    """Tiers need a link and `simulate`'s own session; suspension needs a tier."""
+    if preemption not in ("recompute", "suspend"):
+        raise KvpoolError(f"preemption is 'recompute' or 'suspend', got {preemption!r}")
+    if (tiers or preemption == "suspend") and (link is None or setup is not None or not tiers):
+        raise KvpoolError("cold tiers need a link (sim/transfers.py), preemption by suspension needs a tier")
+
+
+@dataclass
+class _Copies:
+    """The cold tiers' copies: a step (or a run of steps) waits for the pages
+    the manager moved between the GPU and the tiers meanwhile (`link`)."""
+
+    moves: PageMoves
+    link: Link
+    seconds: float = 0.0  # what the copies added to the steps
+
+    def charge(self, compute_s: float) -> float:
+        """The step's time with this step's onboards, offloads, suspends and resumes."""
+        dt = self.link.step_seconds(compute_s, self.moves.take())
+        self.seconds += dt - compute_s
+        return dt
+
+
+@dataclass
+class _Usage:
+    """Peak and time-weighted used pages per reported group."""
+
+    groups: int
+    peak: list[int] = field(default_factory=list)
+    used_time: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.peak, self.used_time = [0] * self.groups, [0.0] * self.groups
+
+    def peak_at(self, used: list[int]) -> None:
+        self.peak = [max(p, u) for p, u in zip(self.peak, used, strict=True)]
+
+    def step(self, used: list[int], dt: float) -> None:
+        for k in range(self.groups):
+            self.used_time[k] += used[k] * dt
+
+    def run(self, before: list[int], after: list[int], dt: float) -> None:
+        """A run of decode steps: pages grow about linearly over it (trapezoid)."""
+        for k in range(self.groups):
+            self.peak[k] = max(self.peak[k], after[k])
+            self.used_time[k] += (before[k] + after[k]) / 2 * dt
+
+
+@dataclass
+class _Feed:
+    """The trace's requests, handed to the scheduler as they arrive (at most
+    `cap` waiting: the rest wait outside the queue); too-long ones are rejected."""
+
+    trace: Trace
+    arrivals: list[float]
+    max_seq_len: int
+    cap: int
+    nxt: int = 0
+    rejected: int = 0
+
+    def until(self, now: float, sched: Scheduler) -> None:
+        n = len(self.arrivals)
+        while self.nxt < n and self.arrivals[self.nxt] <= now and len(sched.waiting) < self.cap:
+            seq = make_sequence(self.trace, self.nxt, self.max_seq_len)
+            self.nxt += 1
+            if seq is None:
+                self.rejected += 1
+            else:
+                sched.add(seq)
+
+
+def _setup(
+    plan: PoolPlan,
+    reuse: bool,
+    padding: bool,
+    admission: str | None,
+    tiers: TierSpecs,
+    link: Link | None,
+    preemption: str,
+) -> tuple[Setup, _Copies | None]:
+    """`simulate`'s own session: manager, scheduler (suspending victims with
+    `preemption="suspend"`), warmup report and reported groups; the tiers'
+    copies when there are tiers."""
+    rule = admission or admission_for(plan.policy)
+    manager, sched, report = session(plan, enable_reuse=reuse, padding=padding, admission=rule, tiers=tiers)
+    assert report is not None  # warmup ran
+    groups, totals, used = _usage(plan, manager)
+    copies = None
+    if tiers:
+        assert link is not None  # `simulate` checked
+        copies = _Copies(PageMoves([g.slot_bytes for g in plan.spec.groups]), link)
+        manager.set_tier_copies(copies.moves)
+    if preemption == "suspend":
+        sched = _suspending(plan, manager, report, padding=padding, reuse=reuse, rule=rule)
+    return Setup(manager, sched, report, groups, totals, used), copies
+
+
+def _sample(sched: Scheduler, step: Step, now: float) -> list[Sequence]:
+    """Every row that completes its tokens samples one; the scheduler applies
+    them (finished requests free their pages); returns the finished ones."""
+    one = [OUTPUT_TOKEN]
+    sampled = {s.rid: one for s, _ in step.decodes}
+    for s, start, num in step.prefills:
+        if start + num == s.num_tokens:
+            sampled[s.rid] = one
+    done = sched.update(step, sampled)
+    for s, _, _ in step.prefills:
+        if s.first_token_s is None and s.output_ids:
+            s.first_token_s = now
+    return done
+
+
+def _result(
+    plan: PoolPlan,
+    policy: str | None,
+    setup: Setup,
+    t: _Tally,
+    usage: _Usage,
+    rejected: int,
+    n: int,
+    arrivals: np.ndarray,
+    now: float,
+    wall0: float,
+    copies: _Copies | None,
+    tiers: TierSpecs,
+    preemption: str,
+) -> SimResult:
+    """The run's metrics."""
+    manager, sched, report, groups = setup.manager, setup.sched, setup.report, setup.groups
+    makespan = t.last_finish - float(arrivals[0]) if n else 0.0
+    stats = manager.stats()
+    pages = {
+        g: GroupUsage(setup.totals[k], usage.peak[k], usage.used_time[k] / now if now > 0 else 0.0)
+        for k, g in enumerate(groups)
+    }
     return SimResult(
         policy=policy or plan.policy,
         plan=plan,
@@ -283,15 +383,15 @@ def simulate(
         decode_only_steps=t.decode_only,
         graph_steps=t.graph_steps,
         padding_failures=t.pad_fail,
-        pages=usage,
+        pages=pages,
         captured=len(report.captured),
         skipped=len(report.skipped),
         reuse_hit_rate=stats.hit_rate,
         prompt_hit_rate=t.prompt_hits / t.prompt_tokens if t.prompt_tokens else 0.0,
         wall_s=time.perf_counter() - wall0,
-        end_used=dict(zip(groups, used(), strict=True)),
+        end_used=dict(zip(groups, setup.used(), strict=True)),
         reserved={o: sum(stats.groups[g].reserved for g in members) for o, members in _members(plan).items()},
-        tiers=None if moves is None else _tier_counts(moves, sched, tiers, transfer_s, preemption),
+        tiers=None if copies is None else _tier_counts(copies.moves, sched, tiers, copies.seconds, preemption),
     )
 
 
