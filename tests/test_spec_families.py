@@ -6,6 +6,7 @@ import pytest
 
 from conftest import attention_config
 from kvpool import load_model_spec
+from kvpool.errors import SpecError
 from kvpool.presets import load_model_config, model_names
 from kvpool.spec import LayerGroup, ModelSpec
 
@@ -50,11 +51,19 @@ def test_mqa_and_mha() -> None:
     assert mha.groups[0].row_bytes == 4 * 2 * 8 * 32 * 2
 
 
-@pytest.mark.parametrize(("tp", "heads_per_rank"), [(1, 8), (2, 4), (3, 3), (8, 1), (16, 1)])
+@pytest.mark.parametrize(("tp", "heads_per_rank"), [(1, 8), (2, 4), (8, 1), (16, 1)])
 def test_tensor_parallel_splits_kv_heads(tp: int, heads_per_rank: int) -> None:
-    # ceil(8 / tp) heads per rank, at least one (16 ranks replicate a head).
+    # 8 / tp KV heads per rank, at least one (16 ranks replicate a head).
     spec = load_model_spec("qwen3-8b", tp_size=tp)
     assert spec.groups[0].row_bytes == 36 * 2 * heads_per_rank * 128 * 2
+
+
+@pytest.mark.parametrize("tp", [3, 5, 24])
+def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused(tp: int) -> None:
+    # Qwen3-8B has 32 attention heads; vLLM's verify_with_parallel_config and
+    # SGLang's attention layers refuse a TP that leaves a remainder.
+    with pytest.raises(SpecError, match="tensor-parallel size .* does not divide the model's 32 attention heads"):
+        load_model_spec("qwen3-8b", tp_size=tp)
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from kvpool import presets
 from kvpool.errors import KvpoolError, LimitsError
 from kvpool.plan.batches import REFERENCE_REQUEST
 from kvpool.spec import KV_DTYPES, ModelSpec
+from kvpool.spec import loader as spec_loader
 from kvpool.units import parse_size
 
 # Past this a count is a typo, and sizes derived from it would overflow int64.
@@ -150,17 +151,11 @@ def check_positions(config: Mapping[str, Any], max_seq_len: int, flag: str = "--
 
 
 def check_tp_divides_heads(config: Mapping[str, Any], tp: int) -> None:
-    """Refuse a --tp that does not split the attention heads evenly, as vLLM's
-    `ModelConfig.verify_with_parallel_config` does ("Total number of attention
-    heads (28) must be divisible by tensor parallel size (8)"); KV heads fewer
-    than --tp are replicated there, so only the query heads are checked."""
-    text = config.get("text_config")
-    heads = (text if isinstance(text, Mapping) and "num_attention_heads" in text else config).get("num_attention_heads")
-    if tp > 1 and isinstance(heads, int) and not isinstance(heads, bool) and heads > 0 and heads % tp:
-        raise LimitsError(
-            f"tensor-parallel size {tp} (--tp; fit: the GPU count) does not divide the model's {heads} "
-            f"attention heads (vLLM refuses it too); use a --tp that divides {heads}"
-        )
+    """The library's check (`spec.loader.check_tp_divides_heads`) on the whole
+    --tp, as vLLM checks it (the spec itself is built at --tp / --dp under DP
+    attention), its error naming the flag."""
+    with flagged("--tp"):
+        spec_loader.check_tp_divides_heads(config, tp)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

@@ -11,7 +11,8 @@ from kvpool.cli.request import ModelOptions
 from kvpool.models.params import ParameterCountError
 from kvpool.models.weight_dtype import WeightSchemeError
 from kvpool.models.weights import model_weights
-from kvpool.spec import ModelSpec, load_model_spec
+from kvpool.spec import ModelSpec
+from kvpool.spec.loader import read_model_config, spec_from_read
 from kvpool.units import format_bytes
 
 
@@ -65,14 +66,15 @@ def inspect_json(spec: ModelSpec, parameters: int | None = None, weights_bytes: 
 
 def run(args: argparse.Namespace) -> int:
     model = ModelOptions.from_args(args)
-    spec = load_model_spec(
-        model.model,
+    read = read_model_config(model.model)
+    check_tp_divides_heads(read[2], model.tp)  # as plan does: vLLM refuses such a --tp
+    spec = spec_from_read(
+        read,
         kv_dtype=model.kv_dtype,
         tp_size=model.attention_tp,
         pp_size=model.pp,
         tokens_per_block=model.tokens_per_block,
     )
-    check_tp_divides_heads(spec.config, model.tp)  # as plan does: vLLM refuses such a --tp
     say_fallback(spec)
     parameters, weights_bytes = weights_facts(model, spec)
     if args.json:

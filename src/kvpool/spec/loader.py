@@ -118,6 +118,21 @@ def _check_sizes(tp_size: int, pp_size: int, tokens_per_block: int | None, max_s
             raise SpecError(f"{arg} must be a positive integer, got {value!r}")
 
 
+def check_tp_divides_heads(config: Mapping[str, Any], tp_size: int) -> None:
+    """SpecError when `tp_size` does not split the config's attention heads evenly:
+    vLLM 0.32 refuses it (`ModelConfig.verify_with_parallel_config`: "Total number
+    of attention heads (28) must be divisible by tensor parallel size (8)") and
+    SGLang 0.5.23's attention layers assert it (`models/qwen2.py`). KV heads fewer
+    than `tp_size` are replicated there, so only the query heads are checked."""
+    text = config.get("text_config")
+    heads = (text if isinstance(text, Mapping) and "num_attention_heads" in text else config).get("num_attention_heads")
+    if tp_size > 1 and isinstance(heads, int) and not isinstance(heads, bool) and heads > 0 and heads % tp_size:
+        raise SpecError(
+            f"tensor-parallel size {tp_size} does not divide the model's {heads} attention heads "
+            f"(vLLM and SGLang refuse it); use a tensor-parallel size that divides {heads}"
+        )
+
+
 def load_model_spec(
     source: str | Path | Mapping[str, Any],
     *,
@@ -139,7 +154,8 @@ def load_model_spec(
     parallelism (`pp_size`) it holds the layers of the stage that needs the most KV bytes (`pp_stage`). `tokens_per_block`
     defaults to 32 (128 for DeepSeek-V4). A sliding window of at least
     `max_seq_len` (default: the config's `max_position_embeddings`) is full
-    attention. Raises `SpecError` (a `KvpoolError`) on anything it cannot read.
+    attention. Raises `SpecError` (a `KvpoolError`) on anything it cannot read,
+    and on a `tp_size` that does not divide the attention heads (`check_tp_divides_heads`).
     """
     _check_sizes(tp_size, pp_size, tokens_per_block, max_seq_len)
     if not isinstance(source, str | Path | Mapping):
@@ -170,6 +186,7 @@ def spec_from_read(
     _check_sizes(tp_size, pp_size, tokens_per_block, max_seq_len)
     name, where, config, origin = read
     validate_config(config, where)
+    check_tp_divides_heads(config, tp_size)
     config = with_defaults(config)
     family, rule = family_of(config)
     tpb = tokens_per_block or FAMILY_TOKENS_PER_BLOCK.get(family, DEFAULT_TOKENS_PER_BLOCK)
