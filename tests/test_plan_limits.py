@@ -1,8 +1,8 @@
 """`ServingLimits` refuses, by name, what no engine serves: a batch past
 `MAX_BATCH_SIZE` (the planner's time grows with it) and positions or token
 counts past int32; everything inside the bounds is accepted. A library caller
-gets the same refusal the CLI prints (the CLI's --max-batch-size bound is the
-library's constant)."""
+gets the same refusal the CLI prints (the CLI has no bound of its own: it
+names the option that set the field the library refused)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,24 @@ def test_limits_inside_the_bounds_are_accepted_and_the_rest_refused_by_name(kw: 
     assert any(name in str(err.value) for name in over) if over else "headroom" in str(err.value)
 
 
+NOT_COUNTS = st.one_of(st.booleans(), st.floats(allow_nan=True), st.text(max_size=3), st.just([1]))
+POSITIVE = ("max_batch_size", "max_seq_len", "max_num_tokens", "avg_seq_len")
+NON_NEGATIVE = ("max_draft_len", "num_extra_kv_tokens")
+
+
+@given(
+    st.sampled_from(POSITIVE + NON_NEGATIVE),
+    st.one_of(NOT_COUNTS, st.integers(-(2**40), 0)),
+)
+def test_a_field_that_is_not_a_count_in_range_is_refused_by_name(name: str, value: Any) -> None:
+    if name in NON_NEGATIVE and value == 0 and type(value) is int:
+        kw: dict[str, Any] = {name: value}
+        assert getattr(ServingLimits(**kw), name) == 0  # zero drafts, zero extra tokens: fine
+        return
+    with pytest.raises(LimitsError, match=name):
+        ServingLimits(**{name: value})
+
+
 def test_a_huge_batch_is_refused_before_any_planning() -> None:
     with pytest.raises(LimitsError, match="max_batch_size must be at most"):
         ServingLimits(max_batch_size=2**40)
@@ -59,3 +77,13 @@ def test_the_cli_refuses_the_same_batch_in_one_line(capsys: pytest.CaptureFixtur
     assert main(["plan", "qwen3-8b", "--kv-memory", "4GiB", "--max-batch-size", str(MAX_BATCH_SIZE + 1)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--max-batch-size" in err[0]
+    assert f"max_batch_size must be at most {MAX_BATCH_SIZE}" in err[0]  # the library's message
+
+
+@pytest.mark.parametrize(("flag", "field"), [("--max-num-tokens", "max_num_tokens"), ("--draft-len", "max_draft_len")])
+def test_the_cli_names_the_option_of_a_token_count_past_int32(
+    capsys: pytest.CaptureFixture[str], flag: str, field: str
+) -> None:
+    assert main(["plan", "qwen3-8b", "--kv-memory", "4GiB", flag, str(INT32_MAX + 1)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flag}: {field} must be at most {INT32_MAX}" in err[0]

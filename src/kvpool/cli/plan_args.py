@@ -32,7 +32,6 @@ from kvpool.cli.common import (
 from kvpool.cli.request import LimitOptions, ModelOptions, PlanRequest
 from kvpool.errors import KvpoolError, LimitsError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
-from kvpool.plan.limits import MAX_BATCH_SIZE
 from kvpool.plan.sizing import check_pool_ratio, parse_shares
 from kvpool.plan.workload import Workload
 from kvpool.presets.traces import load_trace
@@ -42,6 +41,16 @@ from kvpool.spec.loader import read_model_config, spec_from_read
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_SEQ_LEN = 8192
 DEFAULT_MAX_NUM_TOKENS = 8192
+# ServingLimits' fields (its errors start with the field's name) -> the option that sets each.
+LIMIT_FLAGS = {
+    "max_batch_size": "--max-batch-size",
+    "max_seq_len": "--max-seq-len",
+    "max_num_tokens": "--max-num-tokens",
+    "max_draft_len": "--draft-len",
+    "num_extra_kv_tokens": "--extra-kv-tokens",
+    "avg_seq_len": "--avg-seq-len",
+    "cuda_graph_batch_sizes": "--cuda-graph-batch-sizes",
+}
 
 
 non_negative_int = int_at_least(0)
@@ -97,7 +106,7 @@ def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True, workload: b
     lim = p.add_argument_group("serving limits")
     lim.add_argument(
         "--max-batch-size",
-        type=int_at_least(1, MAX_BATCH_SIZE),
+        type=positive_int,  # its upper bound is ServingLimits' (plan/limits.py), named by `resolve`
         default=DEFAULT_MAX_BATCH_SIZE,
         metavar="B",
         help=f"most requests per step (default {DEFAULT_MAX_BATCH_SIZE})",
@@ -263,7 +272,13 @@ def serving_limits(options: LimitOptions, max_seq_len: int) -> ServingLimits:
 def resolve(request: PlanRequest, *, weights_bytes: int | None = None, gpu_only_for_budget: bool = True) -> Resolved:
     """model -> spec -> limits -> budget, once (`kv_budget` for the keywords)."""
     spec, max_len = load_spec(request.model, request.limits.max_seq_len)
-    limits = serving_limits(request.limits, max_len)
+    try:
+        limits = serving_limits(request.limits, max_len)
+    except LimitsError as e:  # the library's bound, told as the option that set the field
+        field = str(e).split(" ", 1)[0]
+        if field not in LIMIT_FLAGS or LIMIT_FLAGS[field] in str(e):
+            raise
+        raise LimitsError(f"{LIMIT_FLAGS[field]}: {e}") from None
     budget = kv_budget(
         request.budget,
         request.model,
