@@ -10,8 +10,9 @@ from kvpool.units import is_positive_int
 
 # Upper bounds, so that a caller's typo fails here with the field's name rather than deep in the planner:
 # the planner builds batches of B requests, so its time and memory grow with B (2**40 took 17 GB and never
-# ended; the engines' defaults are 256 to 2,048); positions and token counts are int32 in the engines'
-# block tables and in kvpool's (`cache/tables.py`).
+# ended; the engines' defaults are 256 to 2,048, and vLLM 0.32's SchedulerConfig asks only max_num_seqs >= 1,
+# so the bound is kvpool's own); positions and token counts are int32 in the engines' block tables (vLLM 0.32's
+# v1/worker/block_table.py: torch.int32 rows, np.int32 counts) and in kvpool's (`cache/tables.py`).
 MAX_BATCH_SIZE = 2**16
 MAX_POSITIONS = 2**31 - 1
 
