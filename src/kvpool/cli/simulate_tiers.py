@@ -1,7 +1,7 @@
 """Cold tiers in `kvpool simulate`: `--host-memory` (one size, or a list that
 sweeps the host tier's size), `--disk`, `--host-rule`, `--preemption`, the
 link's bandwidths; each run's tiers come from `cli/tiers_args.py`'s rules, and
-a sweep prints what each size buys (`sim/transfers.py`, `sim/suspend.py`)."""
+a sweep prints what each size buys (`sim/transfers.py`, `Scheduler(preemption="suspend")`)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from kvpool.cache.results import Dummies, Resize
+from kvpool.cache.suspension import Suspension
 from kvpool.spec import ModelSpec
 
 
@@ -68,4 +69,23 @@ class PagedCache(Protocol):
 
     def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0, is_gen: bool = True) -> Dummies:
         """Register `batch_size` dummies, all or none (each freed with `free`)."""
+        ...
+
+
+class SuspendingCache(PagedCache, Protocol):
+    """A `PagedCache` with a cold tier to park a preempted request's pages in
+    (`Scheduler(preemption="suspend")`)."""
+
+    def suspend(self, rid: int) -> Resize:
+        """Copy `rid`'s pages to a cold tier and release them on the device; the
+        request keeps its shape. Falsy, changing nothing, when no tier has room."""
+        ...
+
+    def resume(self, rid: int) -> Resize:
+        """Bring a suspended `rid`'s pages back to the device. Falsy, changing
+        nothing, when the device pools cannot take them now."""
+        ...
+
+    def suspension(self, rid: int) -> Suspension | None:
+        """What `rid` has parked in a cold tier (None: not suspended); no side effects."""
         ...

@@ -1,4 +1,5 @@
-"""The shared scheduler: FCFS admission, chunked prefill, preemption by recompute, and padding of
+"""The shared scheduler: FCFS admission, chunked prefill, preemption (by recompute, or by
+suspension to a cold tier), and padding of
 decode batches to captured CUDA-graph sizes. The engine and the simulator both drive it, so both
 apply the same rules to the same `KVCacheManager`. Every page count comes from the manager (`create`,
 `resize`, `commit`, `free`, `add_dummy_requests`); the scheduler only decides which request gets how
@@ -9,12 +10,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
+from typing import Literal, cast
 
 from kvpool.plan.feasibility import largest_fitting
 from kvpool.plan.limits import ServingLimits
 from kvpool.sched.admission import Admission
 from kvpool.sched.padding import GraphPadding
-from kvpool.sched.paged_cache import PagedCache
+from kvpool.sched.paged_cache import PagedCache, SuspendingCache
 from kvpool.sched.sequence import SchedulerError, Sequence, Status, append_tokens, check_request
 from kvpool.sched.step import Step
 
@@ -29,6 +31,15 @@ class Scheduler:
     the step; when the pool is full that fails and the step runs eagerly (`sched.session` wires it).
     `admission`: how much of its future a request must find room for to be admitted
     (`sched/admission.py`; default optimistic, vLLM's rule).
+
+    `preemption`: what happens to a victim when pages run out. "recompute" (default) frees its
+    pages and queues it first to be computed again. "suspend" (needs a manager with a cold tier,
+    `SuspendingCache`) parks its pages in the tier (`manager.suspend`) and keeps its computed
+    positions; each `schedule` first resumes the suspended requests, oldest first, while the batch
+    has room and the manager agrees, before anything new is admitted; a victim no tier has room
+    for is recomputed. TensorRT-LLM's KV cache manager V2 suspends and resumes requests the same
+    way; vLLM's v0 scheduler had it as its SWAP preemption mode. `num_suspensions`,
+    `suspended_pages` and `resumed_pages` count what suspension did.
     """
 
     def __init__(
@@ -41,8 +52,18 @@ class Scheduler:
         padding_rids: Mapping[int, int] | None = None,
         enable_reuse: bool = True,
         admission: Admission | None = None,
+        preemption: Literal["recompute", "suspend"] = "recompute",
     ) -> None:
+        if preemption not in ("recompute", "suspend"):
+            raise SchedulerError(f"preemption must be 'recompute' or 'suspend', not {preemption!r}")
         self.manager, self.limits = manager, limits
+        self.preemption = preemption
+        # suspend mode drives the manager's suspend / resume, beyond the `PagedCache` protocol
+        self.tiered = cast(SuspendingCache, manager) if preemption == "suspend" else None
+        self.suspended: deque[Sequence] = deque()  # oldest first
+        self.num_suspensions = 0
+        self.suspended_pages = 0
+        self.resumed_pages = 0
         self.admission = admission or Admission.named("optimistic", ())
         self.enable_reuse = enable_reuse
         self.waiting: deque[Sequence] = deque()
@@ -70,7 +91,7 @@ class Scheduler:
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.suspended or self.waiting or self.running)
 
     # ------------------------------------------------------------------ schedule
 
@@ -78,7 +99,9 @@ class Scheduler:
         """The next iteration's batch, with every scheduled request resized in the
         manager (side effect), or None when there is nothing to run. Decodes come
         first, then running prefills, then new admissions, within
-        `max_num_tokens` tokens and `max_batch_size` requests."""
+        `max_num_tokens` tokens and `max_batch_size` requests. In suspend mode the
+        suspended requests are resumed first (pages copied back: side effect)."""
+        self._resume()
         if not self.has_work():
             return None
         limits = self.limits
@@ -233,7 +256,44 @@ class Scheduler:
         if not self.manager.resize(seq.rid, cap, seq.num_computed):  # pragma: no cover
             raise SchedulerError(f"request {seq.rid}: raising history needed pages")
 
+    def _resume(self) -> None:
+        tiered = self.tiered
+        while tiered is not None and self.suspended and len(self.running) < self.limits.max_batch_size:
+            seq = self.suspended[0]
+            parked = tiered.suspension(seq.rid)
+            pages = sum(map(len, parked.slots)) if parked is not None else 0
+            if not tiered.resume(seq.rid):
+                if not self.running:  # nothing will free pages: recompute it instead of waiting forever
+                    self.suspended.popleft()
+                    tiered.free(seq.rid)
+                    seq.status, seq.num_computed, seq.num_cached = Status.WAITING, 0, 0
+                    self.waiting.appendleft(seq)
+                    continue
+                return
+            self.suspended.popleft()
+            self.resumed_pages += pages
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+
+    def _suspend(self, seq: Sequence) -> bool:
+        """Park `seq` in a cold tier; False (nothing changed) in recompute mode or
+        when no tier has room."""
+        if self.tiered is None or not self.tiered.suspend(seq.rid):
+            return False
+        self.running.remove(seq)
+        seq.status = Status.WAITING  # keeps num_computed: its pages come back
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.num_suspensions += 1
+        parked = self.tiered.suspension(seq.rid)
+        self.suspended_pages += sum(map(len, parked.slots)) if parked is not None else 0
+        self.suspended.append(seq)
+        self._preempted.append(seq)  # the step drops it, as a recomputed victim
+        return True
+
     def _preempt(self, seq: Sequence) -> None:
+        if self._suspend(seq):
+            return
         self._commit_computed(seq)
         self.manager.free(seq.rid)
         self.running.remove(seq)

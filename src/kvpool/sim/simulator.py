@@ -26,7 +26,6 @@ from kvpool.sched.admission import Admission, admission_for
 from kvpool.sim.metrics import GroupUsage, SimResult
 from kvpool.sim.requests import OUTPUT_TOKEN, make_sequence
 from kvpool.sim.steptime import StepTimeModel
-from kvpool.sim.suspend import SuspendingScheduler
 from kvpool.sim.transfers import Link, PageMoves
 from kvpool.trace import Trace
 
@@ -155,7 +154,7 @@ def simulate(
     manager moves to and from them cost `link` time on top of each step's
     (`sim/transfers.py`; `link` is required with tiers). `preemption`:
     "recompute" (default) or "suspend" (a victim's pages go to a cold tier
-    and come back, `sim/suspend.py`; needs tiers)."""
+    and come back, `Scheduler(preemption="suspend")`; needs tiers)."""
     _check_tiers(tiers, link, setup, preemption)
     copies = None
     if setup is None:
@@ -397,10 +396,10 @@ def _result(
 
 def _suspending(
     plan: PoolPlan, manager: KVCacheManager, report: WarmupReport, *, padding: bool, reuse: bool, rule: str
-) -> SuspendingScheduler:
+) -> Scheduler:
     """The scheduler `session` built, with preemption by suspension (the same
     captured shapes, padding dummies and admission rule)."""
-    return SuspendingScheduler(
+    return Scheduler(
         manager,
         plan.limits,
         padding=padding,
@@ -408,12 +407,13 @@ def _suspending(
         padding_rids={d: rid for d, rid in report.padding.items() if rid is not None},
         enable_reuse=reuse,
         admission=Admission.named(rule, plan.spec.groups),
+        preemption="suspend",
     )
 
 
 def _suspended(sched: Scheduler) -> bool:
     """Requests wait suspended: step by step, so that each step may resume them."""
-    return isinstance(sched, SuspendingScheduler) and bool(sched.suspended)
+    return bool(sched.suspended)
 
 
 def _tier_counts(
@@ -422,9 +422,7 @@ def _tier_counts(
     """What the cold tiers did over the run: their bytes, pages onboarded
     (prefix hits copied in; resumed pages apart), offloaded, spilled to disk,
     suspensions, and the seconds the copies added to the steps."""
-    susp = sched if isinstance(sched, SuspendingScheduler) else None
-    resumed = susp.resumed_pages if susp is not None else 0
-    suspended = susp.suspended_pages if susp is not None else 0
+    resumed, suspended = sched.resumed_pages, sched.suspended_pages
     return {
         "bytes": {t.medium: t.bytes for t in tiers},
         "preemption": preemption,
@@ -433,7 +431,7 @@ def _tier_counts(
         "pages_offloaded": sum(moves.pages_out.values()) - suspended,
         "pages_suspended": suspended,
         "pages_spilled": moves.pages_spilled,
-        "suspensions": susp.num_suspensions if susp is not None else 0,
+        "suspensions": sched.num_suspensions,
         "transfer_s": transfer_s,
     }
 
