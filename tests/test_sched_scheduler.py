@@ -378,3 +378,33 @@ def test_conservation(lengths: list[tuple[int, int]], pages: int, budget: int, h
     for g in spec.groups:
         assert mgr.free_pages(g.name) == pages, (g.name, mgr.free_pages(g.name))
     mgr.check_integrity()
+
+
+# ----------------------------------------------------------------------------- preemption by suspension
+
+
+def test_preemption_is_recompute_or_suspend() -> None:
+    mgr, _ = make({"full": 8})
+    with pytest.raises(SchedulerError, match="preemption"):
+        Scheduler(mgr, mgr.limits, preemption="swap")  # type: ignore[arg-type]
+
+
+def test_suspension_parks_a_victim_and_resumes_it_where_it_stopped() -> None:
+    # two requests of 100 positions (25 pages of 4 each) in 30 pages: once their decodes outgrow the pool
+    # the newest is suspended to the host tier (its computed positions kept, not recomputed) and resumes
+    # when the other has finished
+    from kvpool.cache import TierSpec
+
+    lim = ServingLimits(max_batch_size=8, max_seq_len=256, max_num_tokens=64)
+    plan = PoolPlan.from_pages(full_spec(), {"full": 30}, lim)
+    mgr = KVCacheManager(plan, enable_reuse=False, tiers=[TierSpec("CPU", 64 * plan.groups[0].page_bytes)])
+    sched = Scheduler(mgr, lim, padding=False, preemption="suspend")
+    a, b = seq(1, 40, 60), seq(2, 40, 60)
+    sched.add(a)
+    sched.add(b)
+    done = drain(sched)
+    assert [s.rid for s in done] == [1, 2] and all(len(s.output_ids) == 60 for s in done)
+    assert sched.num_suspensions >= 1 and sched.num_preemptions == sched.num_suspensions  # no recompute
+    assert sched.suspended_pages == sched.resumed_pages > 0
+    assert not sched.suspended and mgr.num_requests == 0
+    mgr.check_integrity()

@@ -1,5 +1,6 @@
 """sched: the scheduler shared by the reference engine and the simulator
-(FCFS admission, chunked prefill, preemption by recompute, CUDA-graph padding).
+(FCFS admission, chunked prefill, preemption by recompute or by suspension to a
+cold tier, CUDA-graph padding).
 NumPy-free; drives a `kvpool.cache.KVCacheManager`."""
 
 from kvpool.sched.paged_cache import PagedCache
