@@ -27,6 +27,7 @@ from kvpool.sim.metrics import GroupUsage, SimResult
 from kvpool.sim.requests import OUTPUT_TOKEN, make_sequence
 from kvpool.sim.steptime import StepTimeModel
 from kvpool.sim.transfers import Link, PageMoves
+from kvpool.sim.usage import PageUsage, group_members, reported_groups
 from kvpool.trace import Trace
 
 TierSpecs = tuple[TierSpec, ...] | list[TierSpec]
@@ -59,7 +60,7 @@ class StepHook(Protocol):
 class Setup:
     """A session the caller built (manager, scheduler, warmup report) and the
     reported groups, their pages and a function giving their used pages now;
-    None in `simulate`: its own `session` and `_usage`."""
+    None in `simulate`: its own `session` and `reported_groups`."""
 
     manager: KVCacheManager
     sched: Scheduler
@@ -165,7 +166,7 @@ def simulate(
     n = len(trace)
     arrivals = trace.arrival_s if trace.arrival_s is not None else np.zeros(n)
     arrival_list = arrivals.tolist()
-    usage = _Usage(len(setup.groups))
+    usage = PageUsage(len(setup.groups))
     feed = _Feed(trace, arrival_list, plan.limits.max_seq_len, 2 * plan.limits.max_batch_size)
     now = 0.0
     idle_steps = 0
@@ -255,31 +256,6 @@ class _Copies:
 
 
 @dataclass
-class _Usage:
-    """Peak and time-weighted used pages per reported group."""
-
-    groups: int
-    peak: list[int] = field(default_factory=list)
-    used_time: list[float] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.peak, self.used_time = [0] * self.groups, [0.0] * self.groups
-
-    def peak_at(self, used: list[int]) -> None:
-        self.peak = [max(p, u) for p, u in zip(self.peak, used, strict=True)]
-
-    def step(self, used: list[int], dt: float) -> None:
-        for k in range(self.groups):
-            self.used_time[k] += used[k] * dt
-
-    def run(self, before: list[int], after: list[int], dt: float) -> None:
-        """A run of decode steps: pages grow about linearly over it (trapezoid)."""
-        for k in range(self.groups):
-            self.peak[k] = max(self.peak[k], after[k])
-            self.used_time[k] += (before[k] + after[k]) / 2 * dt
-
-
-@dataclass
 class _Feed:
     """The trace's requests, handed to the scheduler as they arrive (at most
     `cap` waiting: the rest wait outside the queue); too-long ones are rejected."""
@@ -317,7 +293,7 @@ def _setup(
     rule = admission or admission_for(plan.policy)
     manager, sched, report = session(plan, enable_reuse=reuse, padding=padding, admission=rule, tiers=tiers)
     assert report is not None  # warmup ran
-    groups, totals, used = _usage(plan, manager)
+    groups, totals, used = reported_groups(plan, manager)
     copies = None
     if tiers:
         assert link is not None  # `simulate` checked
@@ -348,7 +324,7 @@ def _result(
     policy: str | None,
     setup: Setup,
     t: _Tally,
-    usage: _Usage,
+    usage: PageUsage,
     rejected: int,
     n: int,
     arrivals: np.ndarray,
@@ -389,7 +365,7 @@ def _result(
         prompt_hit_rate=t.prompt_hits / t.prompt_tokens if t.prompt_tokens else 0.0,
         wall_s=time.perf_counter() - wall0,
         end_used=dict(zip(groups, setup.used(), strict=True)),
-        reserved={o: sum(stats.groups[g].reserved for g in members) for o, members in _members(plan).items()},
+        reserved={o: sum(stats.groups[g].reserved for g in members) for o, members in group_members(plan).items()},
         tiers=None if copies is None else _tier_counts(copies.moves, sched, tiers, copies.seconds, preemption),
     )
 
@@ -468,39 +444,6 @@ def _decode_run(
 
     done = advance_decodes(sched, step, limit, OUTPUT_TOKEN, on_extended=measure)
     return None if done is None else (times, done, used_after)
-
-
-def _members(plan: PoolPlan) -> dict[str, list[str]]:
-    """The plan's groups under each group results report (the model's, for a
-    plan on a regrouped spec: `PoolPlan.origin`)."""
-    out: dict[str, list[str]] = {}
-    for g in plan.spec.groups:
-        out.setdefault(plan.origin.get(g.name, g.name), []).append(g.name)
-    return out
-
-
-def _usage(plan: PoolPlan, manager: KVCacheManager) -> tuple[list[str], list[int], Callable[[], list[int]]]:
-    """Reported groups, their total pages and a function giving their used pages
-    now. Groups with pools of their own: total - free. Groups of a shared pool
-    (`engine:vllm`, one pool): the pool's total, and the pages their regrouped
-    tables hold (prefix pages held by several requests counted once overall)."""
-    members = _members(plan)
-    names = list(members)
-    if not plan.shared:
-        totals = [manager.total_pages(g) for g in names]
-        return names, totals, lambda: [t - manager.free_pages(g) for t, g in zip(totals, names, strict=True)]
-    if len(plan.shared) > 1 or len(plan.shared[0].groups) < len(plan.spec.groups):
-        raise KvpoolError("the simulator reports a shared pool only when every group draws from it")
-    totals = [max(manager.total_pages(g) for g in members[o]) for o in names]
-    first = next(iter(members.values()))[0]
-
-    def used() -> list[int]:
-        # table entries count a prefix page once per holder: scale to the pages in use
-        held = [sum(manager.held_pages(g) for g in members[o]) for o in names]
-        in_use, total = totals[0] - manager.free_pages(first), sum(held)
-        return held if total <= in_use else [round(h * in_use / total) for h in held]
-
-    return names, totals, used
 
 
 def _needs_padding(sched: Scheduler, step: Step) -> bool:

@@ -1,0 +1,73 @@
+"""Which page counts a simulation reports and how it accumulates them: the
+model's groups (a plan on a regrouped spec reports its origin's), their total
+pages, a function giving their used pages now, and the peak and
+time-weighted use over a run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvpool.cache import KVCacheManager
+from kvpool.errors import KvpoolError
+from kvpool.plan import PoolPlan
+
+
+@dataclass
+class PageUsage:
+    """Peak and time-weighted used pages per reported group."""
+
+    groups: int
+    peak: list[int] = field(default_factory=list)
+    used_time: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.peak, self.used_time = [0] * self.groups, [0.0] * self.groups
+
+    def peak_at(self, used: list[int]) -> None:
+        """Raise the peaks to the pages `used` now."""
+        self.peak = [max(p, u) for p, u in zip(self.peak, used, strict=True)]
+
+    def step(self, used: list[int], dt: float) -> None:
+        """One step of `dt` seconds with `used` pages."""
+        for k in range(self.groups):
+            self.used_time[k] += used[k] * dt
+
+    def run(self, before: list[int], after: list[int], dt: float) -> None:
+        """A run of decode steps: pages grow about linearly over it (trapezoid)."""
+        for k in range(self.groups):
+            self.peak[k] = max(self.peak[k], after[k])
+            self.used_time[k] += (before[k] + after[k]) / 2 * dt
+
+
+def group_members(plan: PoolPlan) -> dict[str, list[str]]:
+    """The plan's groups under each group results report (the model's, for a
+    plan on a regrouped spec: `PoolPlan.origin`)."""
+    out: dict[str, list[str]] = {}
+    for g in plan.spec.groups:
+        out.setdefault(plan.origin.get(g.name, g.name), []).append(g.name)
+    return out
+
+
+def reported_groups(plan: PoolPlan, manager: KVCacheManager) -> tuple[list[str], list[int], Callable[[], list[int]]]:
+    """Reported groups, their total pages and a function giving their used pages
+    now. Groups with pools of their own: total - free. Groups of a shared pool
+    (`engine:vllm`, one pool): the pool's total, and the pages their regrouped
+    tables hold (prefix pages held by several requests counted once overall)."""
+    members = group_members(plan)
+    names = list(members)
+    if not plan.shared:
+        totals = [manager.total_pages(g) for g in names]
+        return names, totals, lambda: [t - manager.free_pages(g) for t, g in zip(totals, names, strict=True)]
+    if len(plan.shared) > 1 or len(plan.shared[0].groups) < len(plan.spec.groups):
+        raise KvpoolError("the simulator reports a shared pool only when every group draws from it")
+    totals = [max(manager.total_pages(g) for g in members[o]) for o in names]
+    first = next(iter(members.values()))[0]
+
+    def used() -> list[int]:
+        # table entries count a prefix page once per holder: scale to the pages in use
+        held = [sum(manager.held_pages(g) for g in members[o]) for o in names]
+        in_use, total = totals[0] - manager.free_pages(first), sum(held)
+        return held if total <= in_use else [round(h * in_use / total) for h in held]
+
+    return names, totals, used
