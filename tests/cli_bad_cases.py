@@ -13,6 +13,7 @@ import argparse
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvpool.cli.main import build_parser
 
@@ -238,3 +239,15 @@ def random_cases(n: int, seed: int) -> list[Case]:
             value = value[:at] + rng.choice(junk) + value[at:]
         out.append(Case(c.command, c.flag, value))
     return out
+
+
+def lay_out_files(folder: Path) -> Path:
+    """The inputs the base command lines read and the bad files the cases name, in `folder`."""
+    (folder / "empty.file").write_text("")
+    (folder / "binary.file").write_bytes(bytes(range(256)) * 4)
+    (folder / "latin1.file").write_bytes("caf\u00e9,1\n".encode("latin-1"))
+    (folder / "grid.yaml").write_text(
+        "model: llama-3.1-8b-instruct\ngpu: h100\nkv_memory: 4GiB\ntrace: azure-conv\nmax_requests: 20\n"
+    )
+    (folder / "steps.csv").write_text("")
+    return folder

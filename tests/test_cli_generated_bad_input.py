@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cli_bad_cases import BASE, KIND_BY_FLAG, Case, cases, flags
+from cli_bad_cases import BASE, KIND_BY_FLAG, Case, cases, flags, lay_out_files
 
 # simulate's own flags (cli/simulate_args.py, cli/simulate_cmd.py) are being
 # rewritten by another change; these still answer without naming the flag, or
@@ -30,14 +30,7 @@ def _known(case: Case) -> bool:
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
     """A folder with the inputs the base command lines read and the bad files."""
-    (tmp_path / "empty.file").write_text("")
-    (tmp_path / "binary.file").write_bytes(bytes(range(256)) * 4)
-    (tmp_path / "latin1.file").write_bytes("caf\u00e9,1\n".encode("latin-1"))
-    (tmp_path / "grid.yaml").write_text(
-        "model: llama-3.1-8b-instruct\ngpu: h100\nkv_memory: 4GiB\ntrace: azure-conv\nmax_requests: 20\n"
-    )
-    (tmp_path / "steps.csv").write_text("")
-    return tmp_path
+    return lay_out_files(tmp_path)
 
 
 @pytest.fixture

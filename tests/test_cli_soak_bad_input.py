@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from cli_bad_cases import random_cases
+from cli_bad_cases import lay_out_files, random_cases
 
 pytestmark = pytest.mark.skipif(not os.environ.get("KVPOOL_SOAK"), reason="a soak run: make soak (KVPOOL_SOAK=1)")
 
@@ -31,13 +31,7 @@ def test_random_bad_flag_values_never_crash(cli: Any, tmp_path: Path, monkeypatc
     n = int(os.environ.get("KVPOOL_SOAK_CASES", "20000"))
     seed = int(os.environ.get("KVPOOL_SOAK_SEED", str(int(time.time()))))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "empty.file").write_text("")
-    (tmp_path / "binary.file").write_bytes(bytes(range(256)) * 4)
-    (tmp_path / "latin1.file").write_bytes("caf\u00e9,1\n".encode("latin-1"))
-    (tmp_path / "grid.yaml").write_text(
-        "model: llama-3.1-8b-instruct\ngpu: h100\nkv_memory: 4GiB\ntrace: azure-conv\nmax_requests: 20\n"
-    )
-    (tmp_path / "steps.csv").write_text("")
+    lay_out_files(tmp_path)
     files = sorted(p.name for p in tmp_path.iterdir())
     rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     old = signal.signal(signal.SIGALRM, _expire)

@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from kvpool.cli.common import concurrency_text, table
+from kvpool.cli.common import checked, concurrency_text, table
 from kvpool.cli.fit_engines import with_budget_flag
 from kvpool.engines.common import EnginePool, EngineReport
 from kvpool.engines.emit import ENGINES, RELEASES, Emitted, emit, engine_name, engine_report, model_id_for
@@ -24,7 +24,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engines")
     g.add_argument(
         "--engine",
-        type=_engine,
+        type=checked(engine_name),
         default=None,
         metavar="ENGINE[@RELEASE]",
         help="also show what this engine would allocate from the same memory by its own rules: "
@@ -58,14 +58,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         metavar="ID",
         help="model id for --emit (default: the preset's Hugging Face id, else MODEL)",
     )
-
-
-def _engine(text: str) -> str:
-    try:
-        engine_name(text)
-    except KvpoolError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
 
 
 def _fits(value: int | None) -> str:

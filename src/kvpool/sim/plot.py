@@ -93,12 +93,7 @@ def plot_runs(
         ax.set_title(title, fontsize=10)
     if sweep_group and sweep:
         ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, ax, out)
 
 
 def plot_host_sweep(path: str | Path, points: Sequence[tuple[int, SimResult]], *, title: str = "") -> Path:
@@ -123,6 +118,11 @@ def plot_host_sweep(path: str | Path, points: Sequence[tuple[int, SimResult]], *
     ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="center right")
     if title:
         ax.set_title(title, fontsize=10)
+    return _save(plt, fig, ax, out)
+
+
+def _save(plt: Any, fig: Any, ax: Any, out: Path) -> Path:
+    """Grid, layout, write `out` (making its folder) and close the figure."""
     ax.grid(alpha=0.3)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
