@@ -78,7 +78,8 @@ clean:
 ENGINES_CACHE ?= $(HOME)/.cache/kvpool-engines
 VLLM_VENV := $(ENGINES_CACHE)/vllm-0.32
 SGLANG_VENV := $(ENGINES_CACHE)/sglang-0.5.23
-.PHONY: engines-venvs engines-truth
+DYNAMO_VENV := $(ENGINES_CACHE)/dynamo-1.6.1
+.PHONY: engines-venvs engines-truth dynamo-venv
 
 # A venv is (re)built only when its requirements differ from the copy kept inside it, not when a
 # fresh clone's newer file times say so: CI reuses the venvs a previous run built on this machine.
@@ -90,9 +91,20 @@ define engine_venv
 		$(1)/bin/pip install -q --no-deps -r $(2) && cp $(2) $(1)/requirements.txt && touch $(1)/.installed; fi
 endef
 
-engines-venvs:
+# Dynamo needs no torch: its venv is the wheel and its pins alone (tests/dynamo/).
+define plain_venv
+	@[ -f $(1)/.installed ] && [ ! -f $(1)/requirements.txt ] && cp $(2) $(1)/requirements.txt || true
+	@if ! cmp -s $(2) $(1)/requirements.txt; then \
+		echo "building $(1)" && rm -rf $(1) && $(PY) -m venv $(1) && \
+		$(1)/bin/pip install -q --no-deps -r $(2) && cp $(2) $(1)/requirements.txt && touch $(1)/.installed; fi
+endef
+
+engines-venvs: dynamo-venv
 	$(call engine_venv,$(VLLM_VENV),tests/engines_truth/vllm-0.32.txt)
 	$(call engine_venv,$(SGLANG_VENV),tests/engines_truth/sglang-0.5.23.txt)
+
+dynamo-venv:
+	$(call plain_venv,$(DYNAMO_VENV),tests/dynamo/dynamo-1.6.1.txt)
 
 engines-truth: setup engines-venvs
 	KVPOOL_ENGINES_CACHE=$(ENGINES_CACHE) PYTHONPATH=tests $(BIN)/python -m engines_truth.lane vllm sglang
