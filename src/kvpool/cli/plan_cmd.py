@@ -67,6 +67,8 @@ def workload_rate(text: str) -> str:
 def render(plan: PoolPlan) -> str:
     """The plan as text: a header, one row per pool, constraints, concurrency, warnings."""
     lim = plan.limits
+    # a missed guarantee (the engine's warmup, a request at max_seq_len) is said first
+    first = 1 if any(not c.satisfied for c in plan.guarantees) else 0
     lines = [
         f"{plan.spec.name}: {format_bytes(plan.total_bytes)} of {format_bytes(plan.budget_bytes)} "
         f"in {len(plan.groups)} pool{'' if len(plan.groups) == 1 else 's'} (policy {plan.policy}, "
@@ -74,6 +76,7 @@ def render(plan: PoolPlan) -> str:
         f"limits: max_batch_size {lim.max_batch_size}, max_seq_len {lim.max_seq_len}, max_num_tokens "
         f"{lim.max_num_tokens or 'none'}, draft_len {lim.max_draft_len}, extra_kv_tokens "
         f"{lim.num_extra_kv_tokens}, avg_seq_len {plan.avg_seq_len or 'not given'}",
+        *(f"warning: {w}" for w in plan.warnings[:first]),
         "",
         table(
             ["group", "kind", "window", "page bytes", "pages", "bytes", "share"],
@@ -108,7 +111,7 @@ def render(plan: PoolPlan) -> str:
         )
     conc = concurrency_text(plan.max_concurrency(), lim.max_seq_len, plan.avg_seq_len)
     lines.append(f"\nrequests that fit at once: {conc}")
-    lines += [f"warning: {w}" for w in plan.warnings]
+    lines += [f"warning: {w}" for w in plan.warnings[first:]]
     lines += [f"note: {n}" for n in plan.notes if not n.startswith("fit:")]
     return "\n".join(lines)
 
