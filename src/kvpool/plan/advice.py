@@ -43,16 +43,6 @@ def advise(
     def checked(changed: ServingLimits, at: int = budget) -> bool:
         return verify(changed, at)
 
-    def length_fits(n: int) -> bool:
-        return holds(limits.clamped(max_seq_len=n), budget)
-
-    # decodes end at L (the max_seq_len guarantee) or, as warmup's dummies, at
-    # L + d + E (a family's longest decode): search from either page alignment
-    lead = limits.max_draft_len + limits.num_extra_kv_tokens
-    best_l = max(
-        largest_fitting_length(1, limits.max_seq_len, tpb, length_fits),
-        largest_fitting_length(1, limits.max_seq_len, tpb, length_fits, lead=lead),
-    )
     best_b = largest_fitting(1, limits.max_batch_size, lambda b: holds(limits.clamped(max_batch_size=b), budget))
     best_n = 0
     if limits.max_num_tokens is not None:
@@ -61,9 +51,26 @@ def advise(
         )
     kv = -(-memory // MiB) * MiB
     return Advice(
-        max_seq_len=best_l if best_l >= 1 and checked(limits.clamped(max_seq_len=best_l)) else 0,
+        max_seq_len=longest(limits, budget, tpb, holds=holds, verify=verify),
         max_batch_size=best_b if best_b >= 1 and checked(limits.clamped(max_batch_size=best_b)) else 0,
         max_num_tokens=(best_n if best_n >= 1 and checked(dataclasses.replace(limits, max_num_tokens=best_n)) else 0),
         kv_memory_bytes=kv if checked(limits, kv) else 0,
         pool_ratio=split,
     )
+
+
+def longest(limits: ServingLimits, budget: int, tpb: int, *, holds: Holds, verify: Holds) -> int:
+    """The largest max_seq_len (others unchanged) at which a plan holds
+    everything, re-planned (`verify`); 0 if none. Decodes end at L (the
+    max_seq_len guarantee) or, as warmup's dummies do, at L + d + E (a family's
+    longest decode): the search runs from either page alignment and keeps the
+    larger (`largest_fitting_length`)."""
+
+    def fits(n: int) -> bool:
+        return holds(limits.clamped(max_seq_len=n), budget)
+
+    lead = limits.max_draft_len + limits.num_extra_kv_tokens
+    best = largest_fitting_length(1, limits.max_seq_len, tpb, fits)
+    if lead % tpb:
+        best = max(best, largest_fitting_length(1, limits.max_seq_len, tpb, fits, lead=lead))
+    return best if best >= 1 and verify(limits.clamped(max_seq_len=best), budget) else 0

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 from kvpool.errors import InfeasiblePlanError, LimitsError
-from kvpool.plan.advice import advise
+from kvpool.plan.advice import advise, longest
 from kvpool.plan.batches import (
     Constraint,
     context_constraint,
@@ -31,7 +31,7 @@ from kvpool.plan.feasibility import (
 )
 from kvpool.plan.limits import ServingLimits
 from kvpool.plan.report import guarantee_text, guarantee_warnings, plan_warnings, unmet_floor_warnings
-from kvpool.plan.result import Advice, GroupPlan, MiB, PoolPlan, ratio_text
+from kvpool.plan.result import Advice, ConstraintResult, GroupPlan, MiB, PoolPlan, ratio_text
 from kvpool.plan.waterfill import waterfill
 from kvpool.plan.workload import RatioPolicy
 from kvpool.spec import ModelSpec, Shape, pages_per_group
@@ -221,8 +221,12 @@ class Sizer:
             ratio=ratio,
             phase=self.phase,
         )
-        held = tuple(plan.check(c.name, c.batch) for c in f.kept)
-        return dataclasses.replace(plan, guarantees=held), f
+        return dataclasses.replace(plan, guarantees=tuple(self.held(c, pages) for c in f.kept)), f
+
+    def held(self, c: Constraint, pages: Mapping[str, int]) -> ConstraintResult:
+        """Whether `pages` hold `c`'s batch, and the pages short per group."""
+        short = {k: n - pages[k] for k, n in batch_floors(self.spec, c.batch).items() if n > pages[k]}
+        return ConstraintResult(c.name, c.batch, not short, short)
 
     def holds(self, limits: ServingLimits, budget: int) -> bool:
         """Whether a plan at `limits` and `budget` holds every constraint and
@@ -296,17 +300,22 @@ class Sizer:
                 return shares
         return None
 
+    def longest(self, limits: ServingLimits) -> int:
+        """The largest max_seq_len that holds everything (`advice.longest`)."""
+        return longest(limits, self.budget, self.spec.tokens_per_block, holds=self.holds, verify=self.verify)
+
     def plan(self, limits: ServingLimits, *, fit: bool) -> PoolPlan:
         """`plan_pools` at `limits` (its docstring)."""
         plan, f = self.split(limits, self.budget)
         if plan is None:
             assert f.failed is not None
-            advice = self.advise(limits)
-            if fit and advice.max_seq_len:
-                return self.refit(limits, advice.max_seq_len)
-            raise self.infeasible(limits, f, advice, fit=fit)
+            if fit and (length := self.longest(limits)):
+                return self.refit(limits, length)
+            raise self.infeasible(limits, f, self.advise(limits), fit=fit)
         if all(c.satisfied for c in plan.guarantees):
             return self.finish(plan, None)
+        if fit and not self.explicit and (length := self.longest(limits)):
+            return self.refit(limits, length)
         advice = self.advise(limits)
         if fit and advice.pool_ratio is not None:
             pinned, _ = self.split(limits, self.budget, pin=True)
