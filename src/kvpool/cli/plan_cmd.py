@@ -36,7 +36,8 @@ def register(sub: Any) -> None:
         help="workload (default): expected decode pages over the trace's lengths; "
         "occupancy: pages over each request's time in flight, prefill chunks "
         "included; tuned: a bounded search over the split, simulated on a "
-        "1,000-request sample of the trace (needs a GPU for step times)",
+        "1,000-request sample of the trace and checked on two other parts of it; "
+        "the reference split unless a candidate is faster everywhere (needs a GPU for step times)",
     )
     w.add_argument(
         "--sim-gpu", default=None, metavar="NAME", help="GPU whose step times --sizing tuned simulates (default: --gpu)"
