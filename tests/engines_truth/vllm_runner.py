@@ -34,6 +34,11 @@ from vllm.platforms.interface import Platform
 from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend  # noqa: E402
 from vllm.v1.attention.backends.utils import resolve_kv_cache_layout  # noqa: E402
 from vllm.v1.core import kv_cache_utils as ku  # noqa: E402
+
+try:  # vLLM 0.33 moved the planning out of kv_cache_utils
+    from vllm.v1.core import kv_cache_planning as planning
+except ImportError:  # vLLM 0.32
+    planning = None
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -127,7 +132,12 @@ def vllm_config(case: dict[str, Any]) -> VllmConfig:
     L = case["max_model_len"]
     # The fields of ModelConfig the sizing path reads (no model is loaded).
     vc.model_config = SimpleNamespace(  # type: ignore[assignment]
-        max_model_len=L, original_max_model_len=L, hf_config=SimpleNamespace(), use_mla=False
+        max_model_len=L,
+        original_max_model_len=L,
+        hf_config=SimpleNamespace(),
+        use_mla=False,
+        # 0.33's default KVCacheConfigBuilder: no model-declared grouping (SupportsKVCacheGrouping)
+        supports_kv_cache_grouping=False,
     )
     vc.scheduler_config.max_num_batched_tokens = case["max_num_batched_tokens"]
     vc.scheduler_config.max_num_seqs = case["max_num_seqs"]
@@ -173,6 +183,15 @@ def align_hybrid_block_size(case: dict[str, Any], vc: VllmConfig) -> None:
     vc.model_config = original
 
 
+def kv_cache_configs(vc: VllmConfig, workers: list[dict[str, KVCacheSpec]], memory: list[int]) -> list[Any]:
+    """`get_kv_cache_configs` as the engine core calls it: 0.32 in kv_cache_utils;
+    0.33 in kv_cache_planning, after `get_global_kv_cache_groups` groups the whole model."""
+    if planning is None:
+        return ku.get_kv_cache_configs(vc, workers, memory)  # type: ignore[attr-defined]
+    groups = planning.get_global_kv_cache_groups(vc, workers)
+    return planning.get_kv_cache_configs(vc, workers, memory, groups)
+
+
 def run(case: dict[str, Any]) -> dict[str, Any]:
     vc = vllm_config(case)
     if getattr(text_config(case["config"]), "hybrid_override_pattern", None):
@@ -187,7 +206,7 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
         start, end = get_pp_indices(n, rank, pp)
         workers.append({k: specs[k] for k in names if start <= int(k.split(".")[2]) < end})
     try:
-        configs = ku.get_kv_cache_configs(vc, workers, [case["memory"]] * len(workers))
+        configs = kv_cache_configs(vc, workers, [case["memory"]] * len(workers))
     except ValueError as e:
         msg = str(e)
         est = re.search(r"estimated maximum model length is (\d+)", msg)
