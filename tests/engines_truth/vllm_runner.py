@@ -21,12 +21,13 @@ import json
 import logging
 import re
 import sys
-from types import SimpleNamespace
+from dataclasses import fields, replace
+from types import MethodType, SimpleNamespace
 from typing import Any
 
 import torch  # noqa: E402
 from transformers import AutoConfig  # noqa: E402
-from vllm.config import VllmConfig  # noqa: E402
+from vllm.config import SpeculativeConfig, VllmConfig  # noqa: E402
 from vllm.distributed.utils import get_pp_indices  # noqa: E402
 from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator  # noqa: E402
 from vllm.model_executor.models.config import NemotronHForCausalLMConfig
@@ -62,9 +63,69 @@ def text_config(path: str) -> Any:
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
+def drafted(spec: KVCacheSpec) -> KVCacheSpec:
+    """A drafter's layer spec as the model runner registers it: `is_draft` set
+    (vLLM 0.33; 0.32's specs have no such field)."""
+    if "is_draft" in {f.name for f in fields(spec)}:
+        return replace(spec, is_draft=True)
+    return spec
+
+
+def draft_specs(
+    case: dict[str, Any], vc: VllmConfig, first: int, target: dict[str, KVCacheSpec]
+) -> dict[str, KVCacheSpec]:
+    """The drafter's layers, registered after the target's: MTP layers repeat the
+    target's (last) full-attention layer spec (an MTP block is a full decoder layer of
+    the target's: DeepSeek's MLA); a draft model or EAGLE head registers its own
+    full-attention layers."""
+    draft = case["draft"]
+    if draft["method"] == "mtp":
+        windowed = (SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec)
+        last = [x for x in target.values() if not isinstance(x, windowed)][-1]
+        return {f"model.layers.{first + i}.attn": drafted(last) for i in range(draft["layers"])}
+    c = text_config(draft["config"])
+    tp, bs = case["tp"], vc.cache_config.block_size
+    heads = c.num_attention_heads
+    kv_heads = max(1, (getattr(c, "num_key_value_heads", None) or heads) // tp)
+    head = getattr(c, "head_dim", None) or c.hidden_size // heads
+    dtype = DTYPES[case.get("kv_dtype", "auto")]
+    spec = FullAttentionSpec(block_size=bs, num_kv_heads=kv_heads, head_size=head, dtype=dtype)
+    return {f"model.layers.{first + i}.attn": drafted(spec) for i in range(c.num_hidden_layers)}
+
+
+def speculative_config(case: dict[str, Any]) -> Any:
+    """The fields of SpeculativeConfig the sizing path reads, its methods vLLM's own."""
+    draft = case["draft"]
+    ns = SimpleNamespace(
+        method=draft["method"],
+        num_speculative_tokens=draft["num_speculative_tokens"],
+        disable_eagle_block_drop=False,
+        draft_model_config=SimpleNamespace(hf_config=SimpleNamespace(num_nextn_predict_layers=draft.get("layers", 1))),
+    )
+    for name in (
+        "use_eagle",
+        "use_eagle_block_drop",
+        "use_multi_module_mtp",
+        "needs_eagle_block_drop",  # 0.33
+        "use_dflash",
+        "use_dspark",
+    ):
+        if hasattr(SpeculativeConfig, name):
+            setattr(ns, name, MethodType(getattr(SpeculativeConfig, name), ns))
+    return ns
+
+
 def layer_specs(case: dict[str, Any], vc: VllmConfig) -> dict[str, KVCacheSpec]:
     """What each layer's `get_kv_cache_spec` registers on one TP rank (at the block
-    size the platform settled on: vc.cache_config.block_size)."""
+    size the platform settled on: vc.cache_config.block_size), a drafter's layers last."""
+    specs = target_specs(case, vc)
+    if case.get("draft"):
+        specs.update(draft_specs(case, vc, text_config(case["config"]).num_hidden_layers, specs))
+    return specs
+
+
+def target_specs(case: dict[str, Any], vc: VllmConfig) -> dict[str, KVCacheSpec]:
+    """The served model's own layers."""
     c = text_config(case["config"])
     tp, bs = case["tp"], vc.cache_config.block_size
     dtype = DTYPES[case.get("kv_dtype", "auto")]
@@ -134,7 +195,7 @@ def vllm_config(case: dict[str, Any]) -> VllmConfig:
     vc.model_config = SimpleNamespace(  # type: ignore[assignment]
         max_model_len=L,
         original_max_model_len=L,
-        hf_config=SimpleNamespace(),
+        hf_config=SimpleNamespace(model_type=text_config(case["config"]).model_type),
         use_mla=False,
         # 0.33's default KVCacheConfigBuilder: no model-declared grouping (SupportsKVCacheGrouping)
         supports_kv_cache_grouping=False,
@@ -148,6 +209,8 @@ def vllm_config(case: dict[str, Any]) -> VllmConfig:
     vc.cache_config.mamba_cache_mode = case.get("mamba_cache_mode", "align")
     vc.cache_config.block_size = case["block_size"]
     vc.device_config = SimpleNamespace(device_type="cuda")  # type: ignore[assignment]
+    if case.get("draft"):
+        vc.speculative_config = speculative_config(case)
     # The layout the engine core resolves for FlashAttention (the GPU default backend).
     layouts = FlashAttentionBackend.supported_kv_cache_layouts() or ()
     resolve_kv_cache_layout(vc, [[x.name for x in layouts] or ["NHD"]])
@@ -200,7 +263,7 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"id": case["id"], "max_concurrent_batches": vc.max_concurrent_batches}
     pp = case.get("pp", 1)
     names = list(specs)
-    n = text_config(case["config"]).num_hidden_layers
+    n = text_config(case["config"]).num_hidden_layers + (len(specs) - len(target_specs(case, vc)))
     workers = [specs] if pp == 1 else []
     for rank in range(pp if pp > 1 else 0):
         start, end = get_pp_indices(n, rank, pp)
@@ -223,6 +286,7 @@ def run(case: dict[str, Any]) -> dict[str, Any]:
         block_sizes=sorted({g.kv_cache_spec.block_size for g in groups}),
         gpu_kv_cache_tokens=tokens,
         max_concurrency=round(concurrency, 2),
+        eagle_groups=sum(bool(getattr(g, "is_eagle_group", False)) for g in groups),
         line=f"{ku._kv_cache_device_name(vc)} KV cache size: {tokens:,} tokens, "
         f"Maximum concurrency for {case['max_model_len']:,} tokens per request: {concurrency:.2f}x",
     )

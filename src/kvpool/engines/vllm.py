@@ -325,7 +325,7 @@ class Vllm:
             base,
             groups=tuple(groups),
             types=tuple(types),
-            eagle_groups=self.eagle_groups(spec, drafted),
+            eagle_groups=self.eagle_groups(spec, drafted, hybrid=group_size > 1 or len(groups) > 1),
             group_size=group_size,
             page=page,
             num_blocks=num_blocks,
@@ -335,16 +335,18 @@ class Vllm:
             degradations=tuple(degradations),
         )
 
-    def eagle_groups(self, spec: ModelSpec, drafted: list[bool]) -> int:
+    def eagle_groups(self, spec: ModelSpec, drafted: list[bool], *, hybrid: bool) -> int:
         """KV cache groups flagged `is_eagle_group` (EAGLE block drop, on by default
         with an EAGLE-family drafter): 0.33 every group holding a layer marked
-        `is_draft`; 0.32 only for MTP, the group holding the last registered layer."""
+        `is_draft` (`get_global_kv_cache_groups`); 0.32 only for MTP, the group holding
+        the last registered layer, and only when the layers split into several groups
+        (`_annotate_eagle_groups` runs in the hybrid grouping alone)."""
         d = spec.drafter
         if d is None or d.method not in EAGLE_METHODS or not any(drafted):
             return 0
         if self.release == "0.33":
             return sum(drafted)
-        return int(d.method == "mtp")
+        return int(d.method == "mtp" and hybrid)
 
     def pools(self, sizing: VllmSizing) -> tuple[EnginePool, ...]:
         """The one shared block pool (none when sizing stopped before grouping)."""
