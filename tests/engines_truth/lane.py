@@ -55,13 +55,14 @@ def engine_python(engine: str) -> Path | None:
     return python if python.exists() else None
 
 
-def run_engine(engine: str, cases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The engine's own results by case id (one interpreter for all cases)."""
+def run_engine(engine: str, cases: list[dict[str, Any]], runner: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The engine's own results by case id (one interpreter for all cases), from its
+    sizing runner or another `runner` (parsers_runner.py: its command-line parsers)."""
     python = engine_python(engine)
     if python is None:
         raise FileNotFoundError(f"no side venv for {engine} under {CACHE}: run `make engines-venvs`")
     done = subprocess.run(
-        [str(python), str(RUNNERS[engine])],
+        [str(python), str(runner or RUNNERS[engine])],
         input=json.dumps(cases),
         capture_output=True,
         text=True,
