@@ -110,7 +110,7 @@ dynamo-venv:
 	$(call plain_venv,$(DYNAMO_VENV),tests/dynamo/dynamo-1.6.1.txt)
 
 engines-truth: setup engines-venvs
-	KVPOOL_ENGINES_CACHE=$(ENGINES_CACHE) PYTHONPATH=tests $(BIN)/python -m engines_truth.lane vllm sglang
+	KVPOOL_ENGINES_CACHE=$(ENGINES_CACHE) PYTHONPATH=tests $(BIN)/python -m engines_truth.lane
 
 # Soak runs (not part of `make test` or CI; skipped there without KVPOOL_SOAK): 20,000 random
 # mutations of the generated CLI bad inputs (KVPOOL_SOAK_CASES, KVPOOL_SOAK_SEED size and seed
