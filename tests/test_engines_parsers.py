@@ -54,7 +54,10 @@ def parsed(venv: str, engine: str) -> dict[str, dict[str, Any]]:
         if os.environ.get("KVPOOL_ENGINES_REQUIRED") == "1":
             pytest.fail(f"the {venv} side venv is missing: run `make engines-venvs`")
         pytest.skip(f"no {venv} side venv (make engines-venvs)")
-    items = [{"id": i, "engine": engine, "argv": list(e.argv or ())} for i, (_, _, e) in zip(IDS, launches(engine))]
+    items = [
+        {"id": i, "engine": engine, "argv": list(e.argv or ())}
+        for i, (_, _, e) in zip(IDS, launches(engine), strict=True)
+    ]
     return run_engine(venv, items, HERE / "parsers_runner.py")
 
 

@@ -36,6 +36,7 @@ from kvpool.plan.sizing import check_pool_ratio, parse_shares
 from kvpool.plan.workload import Workload
 from kvpool.presets.traces import load_trace
 from kvpool.spec import ModelSpec
+from kvpool.spec.drafts import load_draft
 from kvpool.spec.loader import read_model_config, spec_from_read
 
 DEFAULT_MAX_BATCH_SIZE = 256
@@ -131,6 +132,13 @@ def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True, workload: b
         default=0,
         metavar="D",
         help="speculative draft tokens per step (default 0)",
+    )
+    lim.add_argument(
+        "--draft-model",
+        default=None,
+        metavar="MODEL|mtp",
+        help="the drafter whose KV the plan holds beside the model's, in its own pools: a draft model or "
+        "EAGLE head (preset, path or Hugging Face id), or mtp for the model's own MTP layers (spec/drafts.py)",
     )
     lim.add_argument(
         "--extra-kv-tokens",
@@ -252,6 +260,8 @@ def load_spec(model: ModelOptions, max_seq_len: int | None) -> tuple[ModelSpec, 
         tokens_per_block=model.tokens_per_block,
         max_seq_len=max_len,
     )
+    if model.draft_model is not None:
+        spec = load_draft(spec, model.draft_model, max_seq_len=max_len)
     say_fallback(spec)
     return spec, max_len
 

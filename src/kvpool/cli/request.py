@@ -36,10 +36,20 @@ class ModelOptions:
     ep: int = 1
     dp: int = 1
     tokens_per_block: int | None = None
+    draft_model: str | None = None  # a drafter's model (or `mtp`): its layers as the spec's draft groups
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ModelOptions:
-        return cls(args.model, args.kv_dtype, args.tp, args.pp, args.ep, args.dp, args.tokens_per_block)
+        return cls(
+            args.model,
+            args.kv_dtype,
+            args.tp,
+            args.pp,
+            args.ep,
+            args.dp,
+            args.tokens_per_block,
+            getattr(args, "draft_model", None),
+        )
 
     @property
     def parallel(self) -> Parallel:

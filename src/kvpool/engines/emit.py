@@ -394,4 +394,8 @@ def at_max_positions(spec: ModelSpec) -> ModelSpec:
         pp_size=pp,
         tokens_per_block=spec.tokens_per_block,
     )
-    return replace(again, name=spec.name, source=spec.source, kv_dtype_note=spec.kv_dtype_note)
+    # the drafter's groups (spec/drafts.py) come along as they were
+    groups = again.groups + spec.draft_groups
+    return replace(
+        again, name=spec.name, source=spec.source, kv_dtype_note=spec.kv_dtype_note, groups=groups, drafter=spec.drafter
+    )

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvpool.engines import budgets, emit, sglang, trtllm, vllm
-from kvpool.engines.common import EngineNotModelledError, EngineReport, split_engine_name
+from kvpool.engines.common import EngineNotModelledError, EngineReport, refuse_kinds, split_engine_name
 from kvpool.models.weights import Parallel
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.plan.memory import MemoryBudget
@@ -180,6 +180,7 @@ def engine_report(name: str, plan: PoolPlan, options: EngineOptions = EngineOpti
     engine, release = engine_name(name)
     e = ENTRIES[engine]
     check_options(e, options)
+    refuse_kinds(plan.spec, e.kinds, e.title)
     return e.report(plan, release, options)
 
 
@@ -201,4 +202,6 @@ def launch(
 ) -> emit.Emitted:
     """The launch of engine `name` that follows `plan` on `parallel` (default: the
     plan's TP and PP), with its cold `tiers`' flags (emit.py)."""
-    return emit.emit(entry(name).name, plan, model_id, tiers, parallel)
+    e = entry(name)
+    refuse_kinds(plan.spec, e.kinds, e.title)
+    return emit.emit(e.name, plan, model_id, tiers, parallel)
