@@ -21,6 +21,7 @@ from typing import Any
 
 from kvpool.errors import SpecError
 from kvpool.spec.groups import Drafter, LayerGroup, ModelSpec
+from kvpool.spec.loader import read_model_config, spec_from_read
 
 DRAFT_METHODS = ("draft_model", "eagle", "eagle3", "mtp")
 DRAFT_PREFIX = "draft."
@@ -103,8 +104,6 @@ def load_draft(
     model or EAGLE head (preset, path, Hugging Face id or config dict) read at the
     target's KV dtype, tensor-parallel size and page size. `method` defaults to
     what the draft's config implies (`method_of`)."""
-    from kvpool.spec.loader import read_model_config, spec_from_read
-
     if isinstance(draft_model, str) and draft_model == MTP:
         if method not in (None, MTP):
             raise SpecError(f"--draft-model mtp drafts with the model's MTP layers, not {method}")
