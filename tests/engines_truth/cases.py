@@ -12,6 +12,7 @@ from typing import Any
 
 CONFIGS = Path(__file__).parents[1] / "data" / "configs"
 DRAFTS = Path(__file__).parent / "drafts"
+JAMBA = str(Path(__file__).parent / "jamba-v0.1-cache-fields.json")
 GIB, MIB = 1 << 30, 1 << 20
 
 
@@ -29,12 +30,15 @@ def _vllm(
     async_scheduling: bool = True,
     pp: int = 1,
     draft: dict[str, Any] | None = None,
+    ssm: str = "auto",
+    config: str | None = None,
 ) -> dict[str, Any]:
     return {
         "draft": draft,
+        "mamba_ssm_cache_dtype": ssm,
         "id": cid,
         "model": model,
-        "config": str(CONFIGS / f"{model}.json"),
+        "config": config or str(CONFIGS / f"{model}.json"),
         "tp": tp,
         "pp": pp,
         "block_size": bs,
@@ -110,6 +114,28 @@ VLLM_CASES: list[dict[str, Any]] = [
     _vllm("nemotron-h-56b-tp4", "Nemotron-H-56B-Base-8K", 7 * GIB + 5, 8192, tp=4, B=64),
     _vllm("nemotron-h-56b-tp4-bs1040", "Nemotron-H-56B-Base-8K", 7 * GIB + 5, 8192, tp=4, bs=1040, B=64),
     _vllm("nemotron-h-56b-tp8-sync", "Nemotron-H-56B-Base-8K", 3 * GIB, 8192, tp=8, B=32, async_scheduling=False),
+    # Jamba (Mamba-1): the state's SSM part follows --mamba-ssm-cache-dtype (auto: the model's bf16; float32 as
+    # its model card recommends), so the page vLLM aligns to doubles: 80 / 96 tokens at --block-size 16 / 32
+    # in bf16, 144 / 160 in float32. The config holds the cache-shaping fields of ai21labs/Jamba-v0.1 (README).
+    *(
+        _vllm(
+            f"jamba-v0.1-bs{bs}-ssm-{ssm}{'-tp2' if tp > 1 else ''}",
+            "jamba",
+            20 * GIB,
+            8192,
+            bs=bs,
+            tp=tp,
+            ssm=ssm,
+            config=JAMBA,
+        )
+        for bs, ssm, tp in (
+            (16, "auto", 1),
+            (32, "auto", 1),
+            (16, "float32", 1),
+            (32, "float32", 1),
+            (32, "float32", 2),
+        )
+    ),
 ]
 
 

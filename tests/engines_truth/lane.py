@@ -88,7 +88,13 @@ def vllm_fields(engine: dict[str, Any]) -> dict[str, Any]:
 
 def vllm_spec(case: dict[str, Any]) -> ModelSpec:
     """kvpool's spec of a case's model, with its drafter (spec/drafts.py) if any."""
-    spec = load_model_spec(case["config"], kv_dtype=case["kv_dtype"], tp_size=case["tp"], pp_size=case["pp"])
+    spec = load_model_spec(
+        case["config"],
+        kv_dtype=case["kv_dtype"],
+        tp_size=case["tp"],
+        pp_size=case["pp"],
+        ssm_dtype=case.get("mamba_ssm_cache_dtype", "auto"),
+    )
     draft = case.get("draft")
     if not draft:
         return spec

@@ -137,6 +137,8 @@ def target_specs(case: dict[str, Any], vc: VllmConfig) -> dict[str, KVCacheSpec]
     pattern = getattr(c, "hybrid_override_pattern", None)
     if pattern:
         kinds = [{"M": "mamba", "*": "full_attention"}.get(ch, "none") for ch in pattern]
+    if c.model_type == "jamba":  # transformers' JambaConfig.layers_block_type: attention or mamba (Mamba-1)
+        kinds = ["full_attention" if t == "attention" else "mamba1" for t in c.layers_block_type]
     chunk = getattr(c, "attention_chunk_size", None)
     if chunk and getattr(c, "no_rope_layers", None):
         # Llama 4: RoPE layers attend within chunks, NoPE layers (no_rope_layers[i] == 0) globally.
@@ -157,6 +159,21 @@ def target_specs(case: dict[str, Any], vc: VllmConfig) -> dict[str, KVCacheSpec]
         elif kind == "chunked_attention":
             specs[name] = ChunkedLocalAttentionSpec(
                 block_size=bs, num_kv_heads=kv_heads, head_size=head, dtype=dtype, attention_chunk_size=chunk
+            )
+        elif kind == "mamba1":
+            # vLLM's JambaForCausalLM state: MambaStateShapeCalculator.mamba1_state_shape in the model dtype
+            shapes = MambaStateShapeCalculator.mamba1_state_shape(
+                tp, c.mamba_expand * c.hidden_size, c.mamba_d_state, c.mamba_d_conv
+            )
+            dtypes = MambaStateDtypeCalculator.mamba1_state_dtype(
+                torch.bfloat16, "auto", vc.cache_config.mamba_ssm_cache_dtype
+            )
+            specs[name] = MambaSpec(
+                block_size=bs,
+                shapes=shapes,
+                dtypes=dtypes,
+                mamba_cache_mode=case.get("mamba_cache_mode", "align"),
+                page_size_padded=vc.cache_config.mamba_page_size_padded,
             )
         elif kind == "mamba":
             shapes = MambaStateShapeCalculator.mamba2_state_shape(
@@ -207,6 +224,7 @@ def vllm_config(case: dict[str, Any]) -> VllmConfig:
     vc.parallel_config.pipeline_parallel_size = case.get("pp", 1)
     vc.parallel_config.tensor_parallel_size = case["tp"]
     vc.cache_config.mamba_cache_mode = case.get("mamba_cache_mode", "align")
+    vc.cache_config.mamba_ssm_cache_dtype = case.get("mamba_ssm_cache_dtype", "auto")  # --mamba-ssm-cache-dtype
     vc.cache_config.block_size = case["block_size"]
     vc.device_config = SimpleNamespace(device_type="cuda")  # type: ignore[assignment]
     if case.get("draft"):
@@ -241,7 +259,8 @@ def align_hybrid_block_size(case: dict[str, Any], vc: VllmConfig) -> None:
         get_head_size=lambda: getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
     )
     vc.model_config.hf_config = c
-    NemotronHForCausalLMConfig.verify_and_update_config(vc)
+    if c.model_type == "nemotron_h":  # its config class sets the SSM cache dtype (Jamba has none)
+        NemotronHForCausalLMConfig.verify_and_update_config(vc)
     Platform._align_hybrid_block_size(vc, FlashAttentionBackend)
     vc.model_config = original
 
@@ -257,7 +276,8 @@ def kv_cache_configs(vc: VllmConfig, workers: list[dict[str, KVCacheSpec]], memo
 
 def run(case: dict[str, Any]) -> dict[str, Any]:
     vc = vllm_config(case)
-    if getattr(text_config(case["config"]), "hybrid_override_pattern", None):
+    c = text_config(case["config"])
+    if getattr(c, "hybrid_override_pattern", None) or c.model_type == "jamba":
         align_hybrid_block_size(case, vc)
     specs = layer_specs(case, vc)
     out: dict[str, Any] = {"id": case["id"], "max_concurrent_batches": vc.max_concurrent_batches}

@@ -37,6 +37,7 @@ class ModelOptions:
     dp: int = 1
     tokens_per_block: int | None = None
     draft_model: str | None = None  # a drafter's model (or `mtp`): its layers as the spec's draft groups
+    ssm_dtype: str = "auto"  # the Mamba SSM state's dtype (vLLM's --mamba-ssm-cache-dtype)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ModelOptions:
@@ -49,6 +50,7 @@ class ModelOptions:
             args.dp,
             args.tokens_per_block,
             getattr(args, "draft_model", None),
+            getattr(args, "mamba_ssm_dtype", "auto"),
         )
 
     @property

@@ -162,6 +162,7 @@ def emit_vllm(plan: PoolPlan, model_id: str, parallel: Parallel | None = None) -
         _vllm_dtype(plan, notes),
         "--compilation-config",
         json.dumps({"cudagraph_capture_sizes": list(lim.graph_batch_sizes)}),
+        *(["--mamba-ssm-cache-dtype", spec.ssm_dtype] if spec.ssm_dtype != "auto" else []),
     ]
     report = vllm.allocate(at_max_positions(spec), lim, plan.budget_bytes, block_size=block)
     if len(spec.groups) > 1:
@@ -393,6 +394,7 @@ def at_max_positions(spec: ModelSpec) -> ModelSpec:
         tp_size=spec.tp_size,
         pp_size=pp,
         tokens_per_block=spec.tokens_per_block,
+        ssm_dtype=spec.ssm_dtype,
     )
     # the drafter's groups (spec/drafts.py) come along as they were
     groups = again.groups + spec.draft_groups

@@ -193,7 +193,8 @@ def check_options(e: Engine, options: EngineOptions) -> None:
     if other:
         owners = [x.name for x in ENTRIES.values() if other[0] in x.options]
         raise EngineNotModelledError(
-            f"{flags[other[0]]} is {'/'.join(owners) or 'no engine'}'s option: {e.name} takes none"
+            f"{flags[other[0]]} is {'/'.join(owners) or 'no engine'}'s option ({e.name} takes none): "
+            f"it needs --engine {'|'.join(owners)}"
         )
 
 

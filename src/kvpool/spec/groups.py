@@ -105,6 +105,8 @@ class ModelSpec:
     pp_stage: tuple[int, int] | None = None
     # the speculative drafter whose layers the `draft` groups hold (spec/drafts.py), if any
     drafter: Drafter | None = None
+    # the Mamba SSM state's dtype as asked (vLLM's --mamba-ssm-cache-dtype; auto: the family's)
+    ssm_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         names = [g.name for g in self.groups]
