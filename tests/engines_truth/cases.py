@@ -13,6 +13,7 @@ from typing import Any
 CONFIGS = Path(__file__).parents[1] / "data" / "configs"
 DRAFTS = Path(__file__).parent / "drafts"
 JAMBA = str(Path(__file__).parent / "jamba-v0.1-cache-fields.json")
+FALCON_H1 = str(Path(__file__).parent / "falcon-h1-7b-cache-fields.json")
 GIB, MIB = 1 << 30, 1 << 20
 
 
@@ -135,6 +136,19 @@ VLLM_CASES: list[dict[str, Any]] = [
             (32, "float32", 1),
             (32, "float32", 2),
         )
+    ),
+    # Falcon-H1-7B (attention and Mamba-2 in every layer): 1,568-token pages in bf16, 3,104 in float32.
+    *(
+        _vllm(
+            f"falcon-h1-7b-ssm-{ssm}{'-tp2' if tp > 1 else ''}",
+            "falcon-h1",
+            30 * GIB,
+            16384,
+            tp=tp,
+            ssm=ssm,
+            config=FALCON_H1,
+        )
+        for ssm, tp in (("auto", 1), ("float32", 1), ("float32", 2))
     ),
 ]
 

@@ -139,6 +139,8 @@ def target_specs(case: dict[str, Any], vc: VllmConfig) -> dict[str, KVCacheSpec]
         kinds = [{"M": "mamba", "*": "full_attention"}.get(ch, "none") for ch in pattern]
     if c.model_type == "jamba":  # transformers' JambaConfig.layers_block_type: attention or mamba (Mamba-1)
         kinds = ["full_attention" if t == "attention" else "mamba1" for t in c.layers_block_type]
+    if c.model_type == "falcon_h1":  # every layer: attention and a Mamba-2 mixer side by side
+        kinds = ["full_attention"] * n + ["falcon_mamba"] * n
     chunk = getattr(c, "attention_chunk_size", None)
     if chunk and getattr(c, "no_rope_layers", None):
         # Llama 4: RoPE layers attend within chunks, NoPE layers (no_rope_layers[i] == 0) globally.
@@ -159,6 +161,23 @@ def target_specs(case: dict[str, Any], vc: VllmConfig) -> dict[str, KVCacheSpec]
         elif kind == "chunked_attention":
             specs[name] = ChunkedLocalAttentionSpec(
                 block_size=bs, num_kv_heads=kv_heads, head_size=head, dtype=dtype, attention_chunk_size=chunk
+            )
+        elif kind == "falcon_mamba":
+            # vLLM's FalconH1ForCausalLM: MambaMixer2 of mamba_d_ssm channels (one prefill checkpoint block)
+            shapes = MambaStateShapeCalculator.mamba2_state_shape(
+                tp, c.mamba_d_ssm, c.mamba_n_groups, c.mamba_n_heads, c.mamba_d_head, c.mamba_d_state, c.mamba_d_conv
+            )
+            dtypes = MambaStateDtypeCalculator.mamba2_state_dtype(
+                torch.bfloat16, "auto", vc.cache_config.mamba_ssm_cache_dtype
+            )
+            specs[f"model.layers.{i - n}.mamba"] = MambaSpec(
+                block_size=bs,
+                shapes=shapes,
+                dtypes=dtypes,
+                mamba_cache_mode=case.get("mamba_cache_mode", "align"),
+                page_size_padded=vc.cache_config.mamba_page_size_padded,
+                num_prefill_checkpoint_blocks=1,
+                prefill_checkpoint_alignment=1,
             )
         elif kind == "mamba1":
             # vLLM's JambaForCausalLM state: MambaStateShapeCalculator.mamba1_state_shape in the model dtype
@@ -277,7 +296,7 @@ def kv_cache_configs(vc: VllmConfig, workers: list[dict[str, KVCacheSpec]], memo
 def run(case: dict[str, Any]) -> dict[str, Any]:
     vc = vllm_config(case)
     c = text_config(case["config"])
-    if getattr(c, "hybrid_override_pattern", None) or c.model_type == "jamba":
+    if getattr(c, "hybrid_override_pattern", None) or c.model_type in ("jamba", "falcon_h1"):
         align_hybrid_block_size(case, vc)
     specs = layer_specs(case, vc)
     out: dict[str, Any] = {"id": case["id"], "max_concurrent_batches": vc.max_concurrent_batches}
