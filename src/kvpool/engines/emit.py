@@ -17,6 +17,7 @@ from kvpool.engines import sglang, trtllm, vllm
 from kvpool.engines.common import EngineNotModelledError, EngineReport
 from kvpool.engines.hf_ids import HF_IDS as HF_IDS
 from kvpool.engines.hf_ids import model_id_for as model_id_for
+from kvpool.engines.hicache import sglang_host_pools
 from kvpool.models.weights import Parallel
 from kvpool.plan import PoolPlan
 from kvpool.plan.tiers import GiB, TierPlan
@@ -368,7 +369,15 @@ def add_tiers(emitted: Emitted, plan: PoolPlan, tiers: Sequence[TierPlan]) -> Em
             notes.append("vLLM's native offloading has no disk tier (LMCache's max_local_disk_size, per rank, has)")
     elif emitted.engine == "sglang":
         if host is not None:
-            argv += ["--enable-hierarchical-cache", "--hicache-size", str(max(1, host.bytes // 10**9))]
+            size = max(1, host.bytes // 10**9)
+            argv += ["--enable-hierarchical-cache", "--hicache-size", str(size)]
+            if any(p.name == "mamba" for p in emitted.report.pools):
+                pools = sglang_host_pools(emitted.report, size_gb=size)
+                notes.append(
+                    f"SGLang's HiCache shares --hicache-size {size} between its host pools by device bytes: "
+                    f"{pools.kv_tokens:,} KV tokens and {pools.mamba_slots:,} Mamba state slots; a host hit "
+                    "needs its prefix's state checkpoint, so the state slots bound the prefixes kept on host"
+                )
         if disk is not None:
             notes.append(
                 "SGLang HiCache takes no disk size: its third level is a storage backend (--hicache-storage-backend)"
