@@ -17,7 +17,7 @@ from kvpool.engines import sglang
 from kvpool.engines.hicache import sglang_host_pools
 from kvpool.errors import LimitsError
 
-TINY_JAMBA = {
+TINY_JAMBA: dict[str, Any] = {
     "model_type": "jamba",
     "hidden_size": 64,
     "num_hidden_layers": 8,
