@@ -3,8 +3,9 @@
 SGLang: `ServerArgs(...).resolve_once()` with the device memory it queries
 (`get_device_memory_capacity`, MB) set to each case's, then the
 `mem_fraction_static` its resolution declares (`_handle_gpu_memory_settings`).
-vLLM: `CacheConfig`'s default `gpu_memory_utilization`. Reads a JSON list of
-cases on stdin ({"id", "engine", "gpu_mb", "tp", "config"}), writes one result
+(vLLM's default utilization is read from its source, tests/test_engines_budgets.py.)
+Reads a JSON list of
+cases on stdin ({"id", "gpu_mb", "tp", "config"}), writes one result
 per case. Imports the engine; never imported by kvpool.
 """
 
@@ -34,18 +35,12 @@ def sglang_fraction(case: dict[str, Any], root: Path) -> float:
     return float(resolved_view(args).mem_fraction_static)
 
 
-def vllm_utilization() -> float:
-    from vllm.config import CacheConfig
-
-    return float(CacheConfig().gpu_memory_utilization)
-
-
 def main() -> None:
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in json.load(sys.stdin):
             try:
-                value = sglang_fraction(case, Path(tmp)) if case["engine"] == "sglang" else vllm_utilization()
+                value = sglang_fraction(case, Path(tmp))
                 out.append({"id": case["id"], "value": value})
             except Exception as e:  # reported, not hidden
                 out.append({"id": case["id"], "error": f"{type(e).__name__}: {e}"})
