@@ -6,6 +6,8 @@ page is refused."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -90,3 +92,19 @@ def test_a_draft_spec_is_replaceable_but_keeps_its_flags() -> None:
     again = spec.with_tokens_per_block(16)
     assert [g.draft for g in again.groups] == [g.draft for g in spec.groups]
     assert dataclasses.replace(spec).drafter == spec.drafter
+
+
+def test_the_engines_own_splits_simulate_with_a_drafter(cli: Any) -> None:
+    """Each engine's split of a model with a drafter runs in the simulator; vLLM holds the
+    drafter's layers in the target's KV-cache groups (one shared pool), the others give
+    them pools of their own."""
+    code, out, err = cli(
+        "simulate", "qwen3-8b", "--draft-model", "qwen3-0.6b", "--draft-len", "3", "--gpu", "h100",
+        "--kv-memory", "8GiB", "--max-seq-len", "8192", "--trace", "azure-conv", "--max-requests", "20",
+        "--rate", "inf", "--compare", "engine:vllm,engine:sglang,engine:trtllm", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    runs = {r["policy"]: r for r in json.loads(out)["runs"]}
+    assert set(runs) == {"engine:vllm", "engine:sglang", "engine:trtllm"}
+    assert all(r["finished"] == r["num_requests"] == 20 for r in runs.values())
+    assert "draft.full" not in runs["engine:vllm"]["pages"] and "draft.full" in runs["engine:sglang"]["pages"]

@@ -103,6 +103,12 @@ def engine_plan(
             f"{report.reported['kv_cache_groups']} KV-cache groups of {report.reported['tensors']} layers"
             + (f", {padding} of them padding" if padding else "")
             + f"; {report.lines[0]}"
+            + (
+                f"; the drafter's layers ({', '.join(g.name for g in spec.draft_groups)}) are in the KV-cache groups "
+                "of the target's layers of their spec, counted there"
+                if spec.draft_groups
+                else ""
+            )
         )
         return plan, (note,)
     if report.group_pages is None:  # pools shared by several groups (V2's equal-slot life cycles)
