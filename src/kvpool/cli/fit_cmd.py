@@ -202,8 +202,7 @@ def answer_users(
     }
     if best is not None and best.resolved is not None:
         plan = best.resolved.plan()
-        if best.pp == 1:
-            fits = answer_engines(args, best.resolved, plan, engines, length)
+        fits = answer_engines(args, best.resolved, plan, engines, length)
         out.update(summary(best.resolved), pools=pools_json(plan))
     out["engines"] = [f.to_json() for f in fits]
     finish(args, out, fits)
@@ -211,10 +210,6 @@ def answer_users(
     if fits and best is not None:
         lines.append(f"\nper replica of the first layout ({best.replicas} x tp {best.tp}):\n")
         lines.append("\n\n".join(render_engine(f) for f in fits))
-    elif best is not None and best.pp > 1:
-        lines.append(
-            "\nnote: the launch lines state tensor parallelism only; the first layout pipelines: no launch line"
-        )
     error = None if best else f"no layout up to {max_gpus} GPUs holds {users} requests of {length} positions"
     return Answer(out, "\n".join(lines), error)
 
