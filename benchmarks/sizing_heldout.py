@@ -117,9 +117,7 @@ def halves(trace: Trace) -> tuple[Trace, Trace]:
 def load_case(name: str) -> Case:
     c = CASES[name]
     spec = load_model_spec(c.model, kv_dtype=c.kv_dtype, max_seq_len=c.max_seq_len)
-    limits = ServingLimits(
-        max_batch_size=c.max_batch_size, max_seq_len=c.max_seq_len, max_num_tokens=c.max_num_tokens
-    )
+    limits = ServingLimits(max_batch_size=c.max_batch_size, max_seq_len=c.max_seq_len, max_num_tokens=c.max_num_tokens)
     seen, unseen = halves(load_trace(c.trace, max_requests=c.requests))
     steps = StepTimeModel.build(spec, load_gpu(c.gpu), load_weights(c.model))
     group = next(g.name for g in spec.groups if g.kind != "full")
@@ -201,9 +199,7 @@ def summary(out: dict[str, Any]) -> str:
     ref = runs.get("reference", {}).get("output_tokens_per_s")
     tuned = runs.get("tuned", {}).get("output_tokens_per_s")
     vs_ref = f"{100 * tuned / ref:.1f} %" if ref and tuned else "-"
-    return (
-        f"| {label} | {best['output_tokens_per_s']:,.0f} ({best['share']:.3g}) | {' | '.join(cells)} | {vs_ref} |"
-    )
+    return f"| {label} | {best['output_tokens_per_s']:,.0f} ({best['share']:.3g}) | {' | '.join(cells)} | {vs_ref} |"
 
 
 def table(names: list[str]) -> str:
