@@ -25,10 +25,12 @@ TPB = 16
 
 
 def vllm_types(array_like: bool) -> tuple[Any, Any, Any, Any]:
-    """vLLM's structs (vllm/distributed/kv_events.py at commit 0181ea3173e5:
-    map encoding; with `array_like=True` the encoding before vLLM PR #42892)."""
+    """vLLM's structs as vllm/distributed/kv_events.py of the 0.33.0 wheel
+    defines them (the batch always `array_like`; events maps, or with
+    `array_like=True` arrays, the encoding before vLLM PR #42892). The side
+    venv test (test_kv_events_vllm.py) decodes with vLLM's own classes."""
 
-    class EventBatch(msgspec.Struct, array_like=array_like, omit_defaults=True, gc=False):
+    class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
         ts: float
         events: list[Any]
         data_parallel_rank: int | None = None
@@ -48,11 +50,17 @@ def vllm_types(array_like: bool) -> tuple[Any, Any, Any, Any]:
         group_idx: int | None = None
         kv_cache_spec_kind: str | None = None
         kv_cache_spec_sliding_window: int | None = None
+        locality: str | None = None
+        ownership: str | None = None
+        session_id: str | None = None
+        lookahead_token_ids: list[list[int]] | None = None
 
     class BlockRemoved(KVCacheEvent):
         block_hashes: list[int]
         medium: str | None
         group_idx: int | None = None
+        locality: str | None = None
+        ownership: str | None = None
 
     class AllBlocksCleared(KVCacheEvent):
         pass
@@ -208,22 +216,23 @@ def test_wire_fields_follow_vllm() -> None:
         finally:
             sub.close(linger=0)
         raw = msgspec.msgpack.decode(payload)
-        if wire == "map":
-            assert set(raw) == {"ts", "events", "data_parallel_rank"}
-            assert raw["events"][0]["type"] == "BlockStored"
-        else:
-            assert len(raw) == 3 and raw[2] == 2 and raw[1][0][0] == "BlockStored"
+        assert len(raw) == 3 and raw[2] == 2  # the batch: an array in both encodings
+        assert raw[1][0]["type" if wire == "map" else 0] == "BlockStored"
         batch = msgspec.msgpack.Decoder(types[0]).decode(payload)
         assert batch.data_parallel_rank == 2 and abs(batch.ts - time.time()) < 60
         by_group = {e.group_idx: e for e in batch.events}
         full = by_group[0]
         assert full.block_hashes == [e.block_hash for e in events if e.group == "full"]
         assert len(full.block_hashes) == 3 and full.parent_block_hash is None
-        assert (full.token_ids, full.block_size, full.medium, full.lora_id) == ([], TPB, "GPU", None)
+        assert (full.token_ids, full.block_size, full.medium, full.lora_id) == (prompt, TPB, "GPU", None)
         assert (full.kv_cache_spec_kind, full.kv_cache_spec_sliding_window) == ("full_attention", None)
+        assert (full.lora_name, full.extra_keys) == (None, None)
         assert by_group[1].kv_cache_spec_kind == "sliding_window"
         assert by_group[1].kv_cache_spec_sliding_window == 40
-        assert (by_group[2].kv_cache_spec_kind, by_group[2].block_size) == ("mamba", 48)
+        # the snapshot after 3 pages: keyed like page 2, named by page 2's ids
+        state = by_group[2]
+        assert (state.kv_cache_spec_kind, state.block_size, state.token_ids) == ("mamba", TPB, prompt[32:])
+        assert (state.block_hashes, state.parent_block_hash) == (full.block_hashes[2:], full.block_hashes[1])
 
 
 def test_bad_setup_is_a_typed_error() -> None:

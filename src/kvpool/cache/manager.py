@@ -35,6 +35,7 @@ from kvpool.cache.checks import (
     int_positions,
 )
 from kvpool.cache.events import (
+    BlockBook,
     CacheEvent,
     CacheIntegrityError,
     CacheStats,
@@ -43,7 +44,7 @@ from kvpool.cache.events import (
     GroupStats,
     expand,
 )
-from kvpool.cache.hashing import salt_seed
+from kvpool.cache.hashing import Salt, salt_seed
 from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Dummies, Resize
@@ -101,6 +102,7 @@ class KVCacheManager:
         self.groups = self.spec.groups
         self._index = {g.name: i for i, g in enumerate(self.groups)}
         self.events: deque[EventRecord] = deque(maxlen=EVENT_BUFFER)
+        self.blocks = BlockBook()  # what the events said each held digest holds (`take_events`)
         self.pools = build_pools(plan, self.events)  # one per group; shared stores where the plan shares a pool
         for pool in self.pools:
             pool.record_events = events
@@ -130,7 +132,7 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ requests
 
-    def create(self, rid: int, tokens: Sequence[int] | None = None, salt: str | bytes | int | None = None) -> int:
+    def create(self, rid: int, tokens: Sequence[int] | None = None, salt: Salt = None) -> int:
         """Register request `rid` (capacity 0). With reuse on and `tokens` (the
         prompt) given, attach the longest cached prefix of whole pages (never
         the last prompt token, which must be computed for logits): capacity and
@@ -143,7 +145,7 @@ class KVCacheManager:
         ids = check_tokens(tokens, f"request {rid}: tokens") if self.enable_reuse and tokens is not None else None
         seed = salt_seed(salt) if self.enable_reuse else 0  # also for ids that come later, with `commit`
         req = self._new_request(rid, dummy=False)
-        req.seed = seed
+        req.seed, req.salt = seed, salt
         if ids is None:
             return 0
         req.tokens = ids
@@ -322,6 +324,7 @@ class KVCacheManager:
             done = self._move(((req, cap, hist),))
             if not done:
                 return done
+            known = req.tokens  # (a commit on the way may have dropped committed ids: a new array)
         if known is None:
             known = req.tokens = array("q")
         known.append(token)  # checked above
@@ -597,8 +600,10 @@ class KVCacheManager:
 
     def take_events(self) -> list[CacheEvent]:
         """Stored/removed page events since the last call (oldest first), built
-        now from the pools' records; clears them. Empty with `events=False`."""
-        events = expand(self.events)
+        now from the pools' records; clears them. Empty with `events=False`.
+        Every stored event names its page's token ids and salt (a cold tier's
+        and a snapshot's those the page was first stored with: `blocks`)."""
+        events = expand(self.events, self.blocks)
         self.events.clear()
         return events
 

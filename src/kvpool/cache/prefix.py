@@ -89,11 +89,12 @@ def onboard_fits(t: PageTables, hashes: Sequence[int], k: int) -> bool:
     return True
 
 
-def claim(t: PageTables, gi: int, hashes: Sequence[int], first: int, k: int, tier: ColdTier | None) -> list[int]:
-    """The pages holding `hashes[first:k]` for a hit, each with one more
+def claim(t: PageTables, gi: int, req: Request, first: int, k: int, tier: ColdTier | None) -> list[int]:
+    """The pages holding `req.hashes[first:k]` for a hit, each with one more
     owner: the GPU pool's own, then fresh pages (`take`) for the digests only
     a cold tier holds, stored under them (the engine copies them in; the tier
     keeps its copy)."""
+    hashes = req.hashes
     pool = t.pools[gi]
     if tier is None:
         pages = list(map(pool.cached.__getitem__, hashes[first:k]))
@@ -115,8 +116,28 @@ def claim(t: PageTables, gi: int, hashes: Sequence[int], first: int, k: int, tie
         if tier.copies is not None:
             tier.copies.to_gpu(gi, level.medium, slot, page)
         found[i] = page
-        pool.store_run((page,), hashes, first + i, t.tokens_per_block)
+        pool.store_run((page,), hashes, first + i, t.tokens_per_block, None, page_ids(t, req, first + i), req.salt)
     return found
+
+
+def page_ids(t: PageTables, req: Request, block: int, end: int | None = None) -> array[int] | None:
+    """The token ids of blocks `block`..`end` (default: that one block) of
+    `req`, for the events; None when no event is recorded (the ids below
+    `req.base` are not kept then)."""
+    tpb, base = t.tokens_per_block, req.base
+    if not t.pools[0].record_events or req.tokens is None or block * tpb < base:
+        return None
+    return req.tokens[block * tpb - base : (block + 1 if end is None else end) * tpb - base]
+
+
+def drop_ids(t: PageTables, req: Request) -> None:
+    """With events recorded, `req` keeps the ids of pages not yet committed
+    (their stored events will name them) and of its last committed page (a
+    state snapshot's event names that one); drop the ones before."""
+    keep = (req.committed - 1) * t.tokens_per_block
+    if req.tokens is not None and keep > req.base:
+        req.tokens = req.tokens[keep - req.base :]
+        req.base = keep
 
 
 def attach_prefix(t: PageTables, req: Request, memo: PromptMemo, tier: ColdTier | None = None) -> int:
@@ -132,9 +153,11 @@ def attach_prefix(t: PageTables, req: Request, memo: PromptMemo, tier: ColdTier 
     # the part shared with the last prompt, where its hit's pages still hold, needs no lookup
     req.hashes, known = memo.digests(tokens, tpb, req.seed, (len(tokens) - 1) // tpb, t.pools)
     # keep only the ids past the digested pages (at most a page): a long prompt's array, held by every
-    # live request, would be fresh memory (page faults) for each one
-    req.base = len(req.hashes) * tpb
-    req.tokens = tokens[req.base :]
+    # live request, would be fresh memory (page faults) for each one; unless events are recorded, which
+    # name every stored page's ids
+    if not t.pools[0].record_events:
+        req.base = len(req.hashes) * tpb
+        req.tokens = tokens[req.base :]
     k = longest_hit(t, req.hashes, known, tier)
     attached: dict[int, KnownPages] = {}
     if k == 0:
@@ -145,7 +168,7 @@ def attach_prefix(t: PageTables, req: Request, memo: PromptMemo, tier: ColdTier 
         nblk, stale = table_blocks(group, n), stale_pages(group, n)
         row = t.fresh_row(req, gi, nblk)
         if t.is_state[gi]:  # the snapshot becomes the request's own state slot
-            (page,) = claim(t, gi, req.hashes, k - 1, k, tier)
+            (page,) = claim(t, gi, req, k - 1, k, tier)
             pool.forget(page)
             row[0] = page
         else:  # pages stale..k-1 at the row's end; only never-stale groups (stale 0) have known ones
@@ -155,7 +178,7 @@ def attach_prefix(t: PageTables, req: Request, memo: PromptMemo, tier: ColdTier 
             if head is not None:
                 pool.take_cached(islice(head.pages, h))
                 row[first : first + h] = head.row[:h]
-            rest = claim(t, gi, req.hashes, stale + h, k, tier)
+            rest = claim(t, gi, req, stale + h, k, tier)
             row[first + h : nblk] = rest
             if t.never_stale[gi]:
                 pages = rest if head is None else head.pages[:h] + rest
@@ -164,6 +187,8 @@ def attach_prefix(t: PageTables, req: Request, memo: PromptMemo, tier: ColdTier 
     req.cap = req.hist = n
     t.rebound(req)
     req.committed = k
+    if t.pools[0].record_events:
+        drop_ids(t, req)
     memo.remember_hit(attached, t.pools)
     return n
 
@@ -223,10 +248,15 @@ def commit(
             nblk = req.nblk[gi]
             if nblk > done and not t.is_state[gi]:  # one page (a decode step's): no slice
                 pages = [t.rows[gi][slot][done]] if k == done + 1 else t.tables[gi][slot, done : min(k, nblk)].tolist()
-                pool.store_run(pages, hashes, done, tpb)
+                if pool.record_events:
+                    pool.store_run(pages, hashes, done, tpb, None, page_ids(t, req, done, done + len(pages)), req.salt)
+                else:
+                    pool.store_run(pages, hashes, done, tpb)
         req.committed = done = k
     if state_snapshots and computed is None and k and k * tpb == req.hist:
         snapshot_states(t, req, k)
+    if req.base + 2 * tpb <= done * tpb and t.pools[0].record_events:  # (a decode's page: no copy every step)
+        drop_ids(t, req)
     return done * tpb
 
 
@@ -240,5 +270,5 @@ def snapshot_states(t: PageTables, req: Request, k: int) -> None:
         if t.is_state[gi] and req.nblk[gi] == 1 and block_hash not in pool.cached and pool.num_free:
             page = pool.take(1)[0]
             source = t.tables[gi].item(req.slot, 0)
-            pool.store_run([page], req.hashes, k - 1, k * t.tokens_per_block, source_page=source)
+            pool.store_run([page], req.hashes, k - 1, k * t.tokens_per_block, source, page_ids(t, req, k - 1), req.salt)
             pool.release([page])

@@ -56,6 +56,7 @@ class Request:
     nstale: list[int]
     stale_at: list[int]
     seed: int = 0
+    salt: object = None  # the scope `seed` digests, as the caller gave it (events publish it)
     hashes: list[int] = field(default_factory=list)
 
     @property
