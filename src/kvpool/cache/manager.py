@@ -44,7 +44,8 @@ from kvpool.cache.events import (
     GroupStats,
     expand,
 )
-from kvpool.cache.hashing import Salt, salt_seed
+from kvpool.cache.hashing import Salt, extend_hashes, salt_seed
+from kvpool.cache.prefix import TierHit
 from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Dummies, Resize
@@ -153,6 +154,20 @@ class KVCacheManager:
         req.lookup = (len(ids), hit)
         self.requests.pending_lookups += 1
         return hit
+
+    def cached_prefix(self, tokens: Sequence[int], salt: Salt = None) -> TierHit:
+        """The tokens of `tokens` (whole pages) this cache holds reusable under
+        `salt`, per tier (`TierHit`: GPU alone, with the host tier, with every
+        tier), each group by its kind's rule: what a router's index of this
+        manager's events answers (`kvpool.index`, Dynamo's KV indexer).
+        Changes nothing. `create` of a prompt that goes on after `tokens`
+        reuses `disk` of them when the GPU has room for the pages it copies in
+        from the tiers (and never the prompt's last token)."""
+        ids = check_tokens(tokens, "cached_prefix's tokens")
+        hashes: list[int] = []
+        if self.enable_reuse:
+            extend_hashes(hashes, ids, self.tokens_per_block, salt_seed(salt), len(ids) // self.tokens_per_block)
+        return prefix.cached_prefix(self.tables, hashes, self.tier)
 
     def free(self, rid: int) -> None:
         """Release every page of `rid` (cached content stays reusable until

@@ -23,6 +23,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Sequence
 from itertools import islice, takewhile
+from typing import NamedTuple
 
 from kvpool.cache.events import CacheUsageError
 from kvpool.cache.hashing import extend_hashes
@@ -34,40 +35,76 @@ from kvpool.spec.pages import stale_pages, table_blocks
 
 
 def longest_hit(
-    t: PageTables, hashes: Sequence[int], known: dict[int, KnownPages] | None = None, tier: ColdTier | None = None
+    t: PageTables,
+    hashes: Sequence[int],
+    known: dict[int, KnownPages] | None = None,
+    tier: ColdTier | None = None,
+    *,
+    media: frozenset[str] | None = None,
+    fits: bool = True,
 ) -> int:
     """Largest k <= len(hashes) such that a request can reuse k whole pages.
     `known[gi]`: leading pages of a never-stale group known to hold these
     digests (from `PromptMemo.digests`), not looked up again. With a cold
-    `tier`, a digest it (or a tier below) holds counts too, as long as the
-    GPU pools have the pages to copy such digests into (`onboard_fits`)."""
+    `tier`, a digest it (or a tier below) holds counts too (only the tiers of
+    `media`, when given), as long as the GPU pools have the pages to copy such
+    digests into (`onboard_fits`; not asked with `fits=False`)."""
     k = len(hashes)
     pools = t.pools
     for gi in range(len(pools)):
         if t.never_stale[gi] and not t.is_state[gi]:  # the leading cached run, counted in C
             skip = len(known[gi].pages) if known and gi in known else 0
-            k = min(k, skip + len(list(takewhile(holds(t, gi, tier), islice(hashes, skip, None)))))
+            k = min(k, skip + len(list(takewhile(holds(t, gi, tier, media), islice(hashes, skip, None)))))
     tpb = t.tokens_per_block
     checks = [gi for gi in range(len(pools)) if t.is_state[gi] or not t.never_stale[gi]]
     while k > 0:
         for gi in checks:
-            held = holds(t, gi, tier)
+            held = holds(t, gi, tier, media)
             wanted = hashes[k - 1 : k] if t.is_state[gi] else hashes[stale_pages(t.groups[gi], k * tpb) : k]
             if not all(map(held, wanted)):
                 break
         else:
-            if tier is None or onboard_fits(t, hashes, k):
+            if tier is None or not fits or onboard_fits(t, hashes, k):
                 return k
         k -= 1
     return 0
 
 
-def holds(t: PageTables, gi: int, tier: ColdTier | None) -> Callable[[int], bool]:
-    """Whether a digest is cached for group `gi`: in its GPU pool, or in a cold tier that keeps the group."""
+def holds(t: PageTables, gi: int, tier: ColdTier | None, media: frozenset[str] | None = None) -> Callable[[int], bool]:
+    """Whether a digest is cached for group `gi`: in its GPU pool, or in a cold
+    tier that keeps the group (of `media`, when given)."""
     cached = t.pools[gi].cached
     if tier is None or not tier.keeps[gi]:
         return cached.__contains__
+    if media is not None:
+        levels = [level.held[gi] for level in tier.levels() if level.medium in media]
+        return lambda h: h in cached or any(h in held for held in levels)
     return lambda h: h in cached or (gi, h) in tier
+
+
+class TierHit(NamedTuple):
+    """Tokens reusable from the GPU alone (`gpu`), with the host tier as well
+    (`cpu`), and with every tier (`disk`; each at least the one before): what
+    Dynamo's KV indexer reports per tier, and `kvpool.index` too."""
+
+    gpu: int
+    cpu: int
+    disk: int
+
+    @property
+    def longest(self) -> int:
+        return self.disk
+
+
+def cached_prefix(t: PageTables, hashes: Sequence[int], tier: ColdTier | None) -> TierHit:
+    """`TierHit` of the pages of `hashes`: the longest hit each set of tiers
+    holds, under every group's rule, GPU room for onboarding aside."""
+    tpb = t.tokens_per_block
+    hits = [tpb * longest_hit(t, hashes, None, tier, media=media, fits=False) for media in TIER_MEDIA]
+    return TierHit(*hits)
+
+
+TIER_MEDIA: tuple[frozenset[str], ...] = (frozenset(), frozenset({"CPU"}), frozenset({"CPU", "DISK"}))
 
 
 def onboard_fits(t: PageTables, hashes: Sequence[int], k: int) -> bool:
