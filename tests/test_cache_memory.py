@@ -3,7 +3,7 @@ past its digested pages only (`Request.base`, cache/request.py), so a server
 admitting many long prompts does not hold each one a second time (and does
 not fault in fresh memory for each copy); commits after that are unchanged.
 With events recorded, whose stored events name every page's ids, a request
-keeps the ids of its pages until they are committed, and no longer."""
+keeps its ids (one int64 copy)."""
 
 from __future__ import annotations
 
@@ -51,14 +51,15 @@ def test_live_requests_do_not_hold_their_prompts() -> None:
     assert held_per_request(PROMPTS) < COPY * 0.75
 
 
-def test_with_events_a_request_holds_its_ids_until_its_pages_are_committed() -> None:
-    assert held_per_request(PROMPTS, events=True) > held_per_request(PROMPTS) + COPY * 0.9
+def test_with_events_a_request_holds_its_ids_and_every_stored_event_names_them() -> None:
+    # the ids are what routers key on: a request keeps them while events are recorded (as vLLM's
+    # request keeps all_token_ids), and nothing more than one int64 copy
+    with_events = held_per_request(PROMPTS, events=True)
+    assert COPY * 0.9 < with_events - held_per_request(PROMPTS) < COPY * 1.25
     m = manager(full_spec(TPB), {"full": PROMPT // TPB + 2}, max_seq_len=8192)
     m.create(0, PROMPTS[0])
     assert m.resize(0, PROMPT, PROMPT)
     m.commit(0, PROMPT)
-    # the committed pages' ids are in the events now: the request keeps its last page's and the rest
-    assert m.requests.get(0).tokens is not None and len(m.requests.get(0).tokens or ()) == TPB + PROMPT % TPB
     stored = [e for e in m.take_events() if e.kind == "stored"]
     assert [i for e in stored for i in e.token_ids] == PROMPTS[0][: PROMPT // TPB * TPB]
 

@@ -163,7 +163,10 @@ class KVCacheManager:
         Changes nothing. `create` of a prompt that goes on after `tokens`
         reuses `disk` of them when the GPU has room for the pages it copies in
         from the tiers (and never the prompt's last token)."""
-        ids = check_tokens(tokens, "cached_prefix's tokens")
+        items = tokens if type(tokens) is list or type(tokens) is tuple else as_list(tokens, "cached_prefix's tokens")
+        if any(type(t) is bool for t in items):  # (check_tokens reads True as 1; a router's query never means it)
+            raise CacheUsageError("cached_prefix's tokens must be token ids, not bools")
+        ids = check_tokens(items, "cached_prefix's tokens")
         hashes: list[int] = []
         if self.enable_reuse:
             extend_hashes(hashes, ids, self.tokens_per_block, salt_seed(salt), len(ids) // self.tokens_per_block)

@@ -148,8 +148,12 @@ def claim(t: PageTables, gi: int, req: Request, first: int, k: int, tier: ColdTi
         assert source is not None  # `longest_hit` found it
         source[0].held[gi].pop(hashes[first + i])
         sources.append(source)
-    for i, page, (level, slot) in zip(missing, pool.take(len(missing)), sources, strict=True):
-        level.held[gi][hashes[first + i]] = slot  # back, as the most recently used
+    pages = pool.take(len(missing))
+    for i, (level, slot) in reversed(list(zip(missing, sources, strict=True))):
+        # back, as the most recently used: a prefix's first pages last, so that a tier that must make
+        # room moves a chain's last pages down first and its blocks stay warm to cold from the start
+        level.held[gi][hashes[first + i]] = slot
+    for i, page, (level, slot) in zip(missing, pages, sources, strict=True):
         if tier.copies is not None:
             tier.copies.to_gpu(gi, level.medium, slot, page)
         found[i] = page
@@ -165,16 +169,6 @@ def page_ids(t: PageTables, req: Request, block: int, end: int | None = None) ->
     if not t.pools[0].record_events or req.tokens is None or block * tpb < base:
         return None
     return req.tokens[block * tpb - base : (block + 1 if end is None else end) * tpb - base]
-
-
-def drop_ids(t: PageTables, req: Request) -> None:
-    """With events recorded, `req` keeps the ids of pages not yet committed
-    (their stored events will name them) and of its last committed page (a
-    state snapshot's event names that one); drop the ones before."""
-    keep = (req.committed - 1) * t.tokens_per_block
-    if req.tokens is not None and keep > req.base:
-        req.tokens = req.tokens[keep - req.base :]
-        req.base = keep
 
 
 def attach_prefix(t: PageTables, req: Request, memo: PromptMemo, tier: ColdTier | None = None) -> int:
@@ -224,8 +218,6 @@ def attach_prefix(t: PageTables, req: Request, memo: PromptMemo, tier: ColdTier 
     req.cap = req.hist = n
     t.rebound(req)
     req.committed = k
-    if t.pools[0].record_events:
-        drop_ids(t, req)
     memo.remember_hit(attached, t.pools)
     return n
 
@@ -285,6 +277,8 @@ def commit(
             nblk = req.nblk[gi]
             if nblk > done and not t.is_state[gi]:  # one page (a decode step's): no slice
                 pages = [t.rows[gi][slot][done]] if k == done + 1 else t.tables[gi][slot, done : min(k, nblk)].tolist()
+                if done and t.never_stale[gi] and hashes[done - 1] not in pool.cached:
+                    adopt(t, req, gi, done)
                 if pool.record_events:
                     pool.store_run(pages, hashes, done, tpb, None, page_ids(t, req, done, done + len(pages)), req.salt)
                 else:
@@ -292,9 +286,28 @@ def commit(
         req.committed = done = k
     if state_snapshots and computed is None and k and k * tpb == req.hist:
         snapshot_states(t, req, k)
-    if req.base + 2 * tpb <= done * tpb and t.pools[0].record_events:  # (a decode's page: no copy every step)
-        drop_ids(t, req)
     return done * tpb
+
+
+def adopt(t: PageTables, req: Request, gi: int, done: int) -> None:
+    """Before storing pages `done`.. of `req` in group `gi`: the page before
+    them left the GPU. That happens when the request's own page
+    held a copy of a digest another page stored first (two requests computed
+    one prefix at once) and that page was evicted. Store the request's own
+    copies of the digests the GPU lost, last ones first back to one the GPU
+    holds, so that every stored page's parent is on the GPU (as a router's
+    tree of GPU blocks must have it: Dynamo refuses a block whose parent it
+    does not hold in that tier or a warmer one)."""
+    pool, row = t.pools[gi], t.rows[gi][req.slot]
+    first = done
+    while first > 0 and req.hashes[first - 1] not in pool.cached:
+        page = row[first - 1]
+        if page < 0 or pool.page_hash[page] is not None:
+            break
+        first -= 1
+    if first < done:
+        pages = [row[j] for j in range(first, done)]
+        pool.store_run(pages, req.hashes, first, t.tokens_per_block, None, page_ids(t, req, first, done), req.salt)
 
 
 def snapshot_states(t: PageTables, req: Request, k: int) -> None:
