@@ -18,7 +18,7 @@ msgspec = pytest.importorskip("msgspec")
 
 from cache_helpers import full_spec, hybrid_spec, manager  # noqa: E402
 from kvpool.cache import KVCacheManager  # noqa: E402
-from kvpool.cache.events import as_signed  # noqa: E402
+from kvpool.cache.events import MASK64  # noqa: E402
 from kvpool.cache.publisher import END_SEQ, EventPublisherError, KVEventPublisher  # noqa: E402
 
 TPB = 16
@@ -160,7 +160,8 @@ def test_subscriber_rebuilds_the_cached_pages(wire: str, hybrid: bool) -> None:
             got = receive(sub, pub.next_seq - 1)
             assert all(topic == b"kv@test" for topic, _, _ in got)
             assert [s for _, s, _ in got] == list(range(got[0][1], pub.next_seq))
-            expected = {i: set(map(as_signed, pool.cached)) for i, pool in enumerate(m.pools) if pool.cached}
+            # vLLM's external hashes: the digests' low 64 bits, unsigned
+            expected = {i: {h & MASK64 for h in pool.cached} for i, pool in enumerate(m.pools) if pool.cached}
             assert sum(map(len, expected.values())) > 0
             assert rebuild([p for _, _, p in got], decoder, types) == expected
 
@@ -222,7 +223,7 @@ def test_wire_fields_follow_vllm() -> None:
         assert batch.data_parallel_rank == 2 and abs(batch.ts - time.time()) < 60
         by_group = {e.group_idx: e for e in batch.events}
         full = by_group[0]
-        assert full.block_hashes == [e.block_hash for e in events if e.group == "full"]
+        assert full.block_hashes == [e.block_hash & MASK64 for e in events if e.group == "full"]
         assert len(full.block_hashes) == 3 and full.parent_block_hash is None
         assert (full.token_ids, full.block_size, full.medium, full.lora_id) == (prompt, TPB, "GPU", None)
         assert (full.kv_cache_spec_kind, full.kv_cache_spec_sliding_window) == ("full_attention", None)

@@ -98,9 +98,14 @@ class BlockBook:
                 del self.blocks[digest]
 
 
+MASK64 = (1 << 64) - 1
+
+
 def as_signed(digest: int) -> int:
-    """An unsigned 64-bit page digest as the signed int64 events carry."""
-    return digest - ((digest >> 63) << 64)
+    """A page digest's low 64 bits as the signed int64 `CacheEvent`s carry
+    (kvpool's digests are 64-bit; vLLM's hashes, `hash="vllm:..."`, longer)."""
+    low = digest & MASK64
+    return low - ((low >> 63) << 64)
 
 
 def expand(records: Iterable[EventRecord], book: BlockBook | None = None) -> list[CacheEvent]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from kvpool.cache.events import CacheEvent
+from kvpool.cache.events import MASK64, CacheEvent
 from kvpool.cache.hashing import published_scope
 from kvpool.errors import KvpoolError
 from kvpool.spec.groups import LayerGroup
@@ -138,7 +138,9 @@ def wire_events(
 ) -> list[Any]:
     """vLLM events (encodable by msgpack) for kvpool events, oldest first;
     runs of chained stores and of removals in one group and medium are
-    merged. `media`: kvpool's tier names to the consumer's (default vLLM's)."""
+    merged; hashes are unsigned 64-bit ints, as vLLM sends them
+    (`maybe_convert_block_hash`). `media`: kvpool's tier names to the
+    consumer's (default vLLM's)."""
     names = MEDIA["vllm"] if media is None else media
     index = {g.name: i for i, g in enumerate(groups)}
     out: list[Any] = []
@@ -165,10 +167,11 @@ def wire_events(
                 j += 1
         gi = index[e.group]
         medium = names.get(e.medium, e.medium)
+        unsigned = [h & MASK64 for h in hashes]  # vLLM's external hashes: unsigned 64-bit ints
         if e.kind == "stored":
-            out.append(stored_event(events[i:j], hashes, gi, groups[gi], medium, wire))
+            out.append(stored_event(events[i:j], unsigned, gi, groups[gi], medium, wire))
         else:
-            out.append(encode_struct("BlockRemoved", REMOVED_FIELDS, [hashes, medium, gi], wire))
+            out.append(encode_struct("BlockRemoved", REMOVED_FIELDS, [unsigned, medium, gi], wire))
         i = j
     return out
 
@@ -185,7 +188,7 @@ def stored_event(
     salt, lora = published_scope(first.salt)
     values = [
         hashes,
-        first.parent_hash,
+        None if first.parent_hash is None else first.parent_hash & MASK64,
         token_ids,
         block_size,
         None,  # lora_id: deprecated in vLLM, the name is what routers key on

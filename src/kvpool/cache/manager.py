@@ -44,7 +44,7 @@ from kvpool.cache.events import (
     GroupStats,
     expand,
 )
-from kvpool.cache.hashing import Salt, extend_hashes, salt_seed
+from kvpool.cache.hashing import Salt, extend_hashes
 from kvpool.cache.prefix import TierHit
 from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request, Requests
@@ -53,6 +53,7 @@ from kvpool.cache.shared_pool import build_pools
 from kvpool.cache.suspension import Suspension
 from kvpool.cache.tables import STALE, PageTables
 from kvpool.cache.tiers import TierCopies, TierSpec, tiers_below
+from kvpool.cache.vllm_hashes import block_hasher
 from kvpool.plan import capture
 from kvpool.plan.capture import WarmupReport
 from kvpool.plan.result import PoolPlan
@@ -93,7 +94,10 @@ class KVCacheManager:
         events: bool = True,
         tiers: Sequence[TierSpec] = (),
         max_util_for_resume: float = 0.95,
+        hash: str = "kvpool",  # noqa: A002 (the engines' own word for it)
     ) -> None:
+        self.hash = hash
+        self._seed_of, self._chain = block_hasher(hash)  # kvpool's digest, or vLLM's (`cache/vllm_hashes.py`)
         self.plan = plan
         self.spec = plan.spec
         self.limits = plan.limits
@@ -144,9 +148,9 @@ class KVCacheManager:
         are not token ids, or a salt of another type (nothing registered then)."""
         check_rid(rid)
         ids = check_tokens(tokens, f"request {rid}: tokens") if self.enable_reuse and tokens is not None else None
-        seed = salt_seed(salt) if self.enable_reuse else 0  # also for ids that come later, with `commit`
+        seed = self._seed_of(salt) if self.enable_reuse else 0  # also for ids that come later, with `commit`
         req = self._new_request(rid, dummy=False)
-        req.seed, req.salt = seed, salt
+        req.seed, req.salt, req.chain = seed, salt, self._chain
         if ids is None:
             return 0
         req.tokens = ids
@@ -169,7 +173,9 @@ class KVCacheManager:
         ids = check_tokens(items, "cached_prefix's tokens")
         hashes: list[int] = []
         if self.enable_reuse:
-            extend_hashes(hashes, ids, self.tokens_per_block, salt_seed(salt), len(ids) // self.tokens_per_block)
+            extend_hashes(
+                hashes, ids, self.tokens_per_block, self._seed_of(salt), len(ids) // self.tokens_per_block, self._chain
+            )
         return prefix.cached_prefix(self.tables, hashes, self.tier)
 
     def free(self, rid: int) -> None:

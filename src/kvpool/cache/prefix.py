@@ -182,7 +182,7 @@ def attach_prefix(t: PageTables, req: Request, memo: PromptMemo, tier: ColdTier 
     if not tokens:
         return 0
     # the part shared with the last prompt, where its hit's pages still hold, needs no lookup
-    req.hashes, known = memo.digests(tokens, tpb, req.seed, (len(tokens) - 1) // tpb, t.pools)
+    req.hashes, known = memo.digests(tokens, tpb, req.seed, (len(tokens) - 1) // tpb, t.pools, req.chain)
     # keep only the ids past the digested pages (at most a page): a long prompt's array, held by every
     # live request, would be fresh memory (page faults) for each one; unless events are recorded, which
     # name every stored page's ids
@@ -272,7 +272,7 @@ def commit(
     if k > done:
         assert ids is not None
         hashes, slot = req.hashes, req.slot
-        extend_hashes(hashes, ids, tpb, req.seed, k, None, req.base)
+        extend_hashes(hashes, ids, tpb, req.seed, k, req.chain, req.base)
         for gi, pool in enumerate(t.pools):
             nblk = req.nblk[gi]
             if nblk > done and not t.is_state[gi]:  # one page (a decode step's): no slice
