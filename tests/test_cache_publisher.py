@@ -327,10 +327,10 @@ def frames_during(command: Any) -> list[list[bytes]]:
     return frames
 
 
-def check_stream(frames: list[list[bytes]], kinds: set[tuple[int, str]], least: int) -> None:
+def check_stream(frames: list[list[bytes]], kinds: set[tuple[int, str]], least: int, array_like: bool = False) -> None:
     """Every batch decodes with vLLM's structs, sequence numbers rise by one,
     the stores name exactly `kinds` (group_idx, kv_cache_spec_kind)."""
-    types = vllm_types(array_like=False)
+    types = vllm_types(array_like=array_like)
     decoder = msgspec.msgpack.Decoder(types[0])
     seqs = [int.from_bytes(seq, "big") for _, seq, _ in frames]
     assert len(seqs) >= least and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
@@ -387,10 +387,13 @@ def test_generate_publishes_kv_events(cli) -> None:  # type: ignore[no-untyped-d
             "4",
             "--kv-events",
             endpoint,
+            "--kv-events-wire",
+            "array",
         )
         assert code == 0, err
 
-    check_stream(frames_during(command), {(0, "full_attention")}, least=1)
+    # decode pages are published the step they fill: 2 x 40 generated tokens fill pages while running
+    check_stream(frames_during(command), {(0, "full_attention")}, least=10, array_like=True)
 
 
 def test_kv_events_replay_needs_an_endpoint(cli) -> None:  # type: ignore[no-untyped-def]
