@@ -7,6 +7,7 @@ groups given or learned from the events, in both wire encodings."""
 from __future__ import annotations
 
 import random
+from array import array
 from typing import Any
 
 import msgspec
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from cache_helpers import full_spec, hybrid_spec
 from kvpool.cache import KVCacheManager
-from kvpool.cache.hashing import ReuseScope
+from kvpool.cache.hashing import ReuseScope, extend_hashes, salt_seed
 from kvpool.cache.kv_wire import encode_batch, wire_events
 from kvpool.cache.tiers import TierSpec
 from kvpool.index import PrefixIndex, TierHit, parse_batch
@@ -91,23 +92,27 @@ def test_the_index_answers_what_the_manager_holds(
 
 
 def test_a_hybrid_worker_is_answered_by_its_real_reuse_not_its_full_groups() -> None:
-    # the sliding group's window pages are gone; the full group still holds the whole prompt
-    m = make(hybrid=True, tiers=False, seed=0)
+    # the full group still holds the whole prompt; the sliding window's pages are gone
+    spec = hybrid_spec(tpb=TPB, window=8)
+    plan = PoolPlan.from_pages(spec, {"full": 60, "sliding": 12, "linear_state": 6}, ServingLimits(max_seq_len=256))
+    m = KVCacheManager(plan, state_snapshots=True)
     index = PrefixIndex(TPB)
     prompt = list(range(100, 124))  # 6 pages
     m.create(1, prompt)
     assert m.resize(1, 24, 24)
     m.commit(1, 24)
     m.free(1)
-    sliding = m.groups[1].name
     index.apply("w", wire_events(m.take_events(), m.groups))
     assert index.query(prompt)["w"] == m.cached_prefix(prompt) == TierHit(24, 24, 24)
-    # evict every cached sliding page: a new request takes the sliding pool
-    m.create(2, list(range(500, 500 + 4 * m.total_pages(sliding))))
-    assert m.resize(2, 4 * m.total_pages(sliding), 0)
+    m.create(2, list(range(500, 548)))  # 12 pages: the whole sliding pool, a fifth of the full one
+    assert m.resize(2, 48, 0)
     index.apply("w", wire_events(m.take_events(), m.groups))
-    full_prefix = index.query(prompt)["w"]
-    assert full_prefix == m.cached_prefix(prompt) == TierHit(0, 0, 0)
+    digests: list[int] = []
+    extend_hashes(digests, array("q", prompt), TPB, salt_seed(None), 6)
+    full, sliding = m.pools[0], m.pools[1]
+    assert all(d in full.cached for d in digests) and not any(d in sliding.cached for d in digests)
+    # a router keyed on the full group alone would answer 24 tokens; the reuse is none
+    assert index.query(prompt)["w"] == m.cached_prefix(prompt) == TierHit(0, 0, 0)
 
 
 def test_refused_stores_are_counted_by_reason() -> None:
