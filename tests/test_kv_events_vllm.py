@@ -1,5 +1,5 @@
 """kvpool's KV events and engine-native hashes against vLLM's own code, run in
-vLLM's side venvs (`make engines-venvs`: 0.32; 0.33 too where its venv exists;
+vLLM's side venvs (`make engines-venvs`: 0.32 and 0.33;
 tests/engines_truth/vllm_kv_runner.py):
 
 - every batch kvpool publishes (hybrid models, state snapshots, host and disk
@@ -49,8 +49,8 @@ def side_python(version: str) -> Path:
     python = CACHE / version / "bin" / "python"
     if python.exists():
         return python
-    if version == "vllm-0.32" and os.environ.get("KVPOOL_ENGINES_REQUIRED") == "1":
-        pytest.fail("the vLLM 0.32 side venv is missing: run `make engines-venvs`")
+    if os.environ.get("KVPOOL_ENGINES_REQUIRED") == "1":
+        pytest.fail(f"the {version} side venv is missing: run `make engines-venvs`")
     pytest.skip(f"no {version} side venv")
 
 
