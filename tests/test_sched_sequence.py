@@ -1,5 +1,5 @@
-"""`Sequence.all_ids`: the prompt packed once, then extended by the outputs,
-always equal to prompt + output."""
+"""`Sequence.token_ids`: the prompt packed once, then extended by the outputs,
+always equal to `all_ids` (prompt + output)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ids = st.integers(0, 2**63 - 1)
     prompt=st.lists(ids, min_size=1, max_size=40),
     script=st.lists(st.one_of(st.lists(ids, min_size=1, max_size=12), st.just("read"), st.just("reset")), max_size=20),
 )
-def test_all_ids_is_prompt_plus_output(prompt: list[int], script: list[object]) -> None:
+def test_token_ids_are_prompt_plus_output(prompt: list[int], script: list[object]) -> None:
     seq = Sequence(rid=1, prompt_ids=list(prompt), max_new_tokens=1 << 20)
     for op in script:
         if op == "reset":  # a caller replaces the output list with a shorter copy
@@ -25,14 +25,14 @@ def test_all_ids_is_prompt_plus_output(prompt: list[int], script: list[object]) 
         elif op != "read":
             assert isinstance(op, list)
             append_tokens(seq, op, 1 << 30)
-        assert list(seq.all_ids) == prompt + seq.output_ids
-    assert list(seq.all_ids) == seq.prompt_ids + seq.output_ids
+        assert list(seq.token_ids) == prompt + seq.output_ids == seq.all_ids
+    assert list(seq.token_ids) == seq.all_ids
 
 
-def test_all_ids_is_kept_between_calls() -> None:
+def test_token_ids_are_kept_between_calls() -> None:
     # the prompt is packed once: later calls hand back the same array, grown by the new outputs only
     seq = Sequence(rid=1, prompt_ids=list(range(1000)), max_new_tokens=10)
-    first = seq.all_ids
-    assert seq.all_ids is first
+    first = seq.token_ids
+    assert seq.token_ids is first
     append_tokens(seq, [5], 1 << 20)
-    assert seq.all_ids is first and first[-1] == 5 and len(first) == 1001
+    assert seq.token_ids is first and first[-1] == 5 and len(first) == 1001

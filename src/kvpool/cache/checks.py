@@ -52,7 +52,7 @@ def as_list(values: object, what: str) -> list[Any]:
 def check_tokens(tokens: Iterable[object], what: str = "tokens") -> array[int]:
     """`tokens` as a new int64 array of token ids (ints in [0, 2**63));
     refuses strings, floats and ids past int64, which would hash but match no
-    real prompt. An int64 array (a scheduler's `Sequence.all_ids`, packed once)
+    real prompt. An int64 array (a scheduler's `Sequence.token_ids`, packed once)
     is copied and its sign checked, both in C; anything else is packed by
     `struct` in C (prompts are long; it is about twice as fast as building the
     array from the list). The array's bytes are what the page digests hash

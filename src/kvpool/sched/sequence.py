@@ -49,7 +49,7 @@ class Sequence:
     finish_s: float | None = None
     prompt_len: int = field(init=False, repr=False)  # len(prompt_ids); the prompt never changes
     stop_ids: frozenset[int] = field(init=False, repr=False)  # eos_token_id as a set
-    # `all_ids`, packed once and extended as output grows, and the output list it was extended from
+    # `token_ids`, packed once and extended as output grows, and the output list it was extended from
     _ids: array[int] | None = field(default=None, init=False, repr=False)
     _ids_of: list[int] | None = field(default=None, init=False, repr=False)
 
@@ -64,9 +64,15 @@ class Sequence:
         return self.prompt_len + len(self.output_ids)
 
     @property
-    def all_ids(self) -> array[int]:
-        """Prompt then output token ids as one int64 array (read it, never
-        write it). The prompt is packed and checked once, on the first call
+    def all_ids(self) -> list[int]:
+        """Prompt then output token ids, a new list (`token_ids` is the same
+        ids kept packed)."""
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def token_ids(self) -> array[int]:
+        """`all_ids` as one int64 array, kept between calls (read it, never
+        write it): the prompt is packed and checked once, on the first call
         (`Scheduler.add` makes it); later calls extend the same array by the
         outputs appended since, so a step costs what it adds, not the
         request's length. Raises `CacheUsageError` for ids that are not
@@ -132,6 +138,6 @@ def check_request(seq: Sequence, max_seq_len: int) -> None:
     if seq.max_new_tokens < 1:
         raise SchedulerError(f"request {seq.rid}: max_new_tokens must be at least 1")
     try:
-        seq.all_ids  # noqa: B018 - packed and checked here, at the boundary, once
+        seq.token_ids  # noqa: B018 - packed and checked here, at the boundary, once
     except CacheUsageError as e:
         raise SchedulerError(str(e)) from None
