@@ -56,7 +56,7 @@ browser-setup:
 
 test: lint typecheck browser-setup unit
 
-bench: setup
+bench: setup dynamo-venv
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 # The side-by-side manager benchmark against vLLM, SGLang and nano-vllm (benchmarks/peers/README.md).

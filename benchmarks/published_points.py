@@ -36,7 +36,7 @@ import numpy as np
 from kvpool.cli.main import build_parser
 from kvpool.cli.sim_output import ProgressBar
 from kvpool.cli.simulate_cmd import Runner, calibration_from, prepare
-from kvpool.sim import StepTimeModel, Weights
+from kvpool.sim import StepTimeModel, Weights, load_weights
 from kvpool.sim.steptime import params_table
 from kvpool.trace import Trace
 
@@ -44,9 +44,11 @@ ROOT = Path(__file__).resolve().parents[1]
 POINTS = ROOT / "tests" / "data" / "published_points" / "points.csv"
 CONFIGS = ROOT / "tests" / "data" / "configs"
 
-BYTES_PER_PARAM = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}  # NVFP4: 4 bits + one FP8 scale per 16
+# NVFP4: 4 bits + one FP8 scale per 16; MXFP4 (gpt-oss): None, the checkpoint as kvpool sizes it from the
+# config's quantization_config (experts 4 bits + one E8M0 scale per 32, the rest bf16; models/weight_dtype.py)
+BYTES_PER_PARAM: dict[str, float | None] = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625, "mxfp4": None}
 ENGINE_POLICY = {"trtllm": "engine:trtllm", "nim": "engine:trtllm", "vllm": "engine:vllm"}
-METRICS = ("output_tok_s", "batch_latency_ms")
+METRICS = ("output_tok_s", "batch_latency_ms", "duration_s")
 # Parameter counts of models that are configs here, not presets (the table has no row):
 # Mixtral 8x7B: "46.7B total parameters but only uses 12.9B parameters per token"
 # (Mistral AI, "Mixtral of experts", mistral.ai/news/mixtral-of-experts).
@@ -149,6 +151,10 @@ class Point:
                 raise PointError(f"line {line}: {name} {value!r} is not one of {', '.join(allowed)}")
         if p.concurrency % p.dp:
             raise PointError(f"line {line}: concurrency {p.concurrency} does not split over dp {p.dp}")
+        if p.metric == "duration_s" and p.num_requests is None:
+            raise PointError(f"line {line}: a duration_s point needs num_requests")
+        if p.weights == "mxfp4" and p.model.startswith("config:"):
+            raise PointError(f"line {line}: mxfp4 weights are sized from a preset's config")
         return p
 
     @property
@@ -189,6 +195,9 @@ def requests_per_rank(p: Point, waves: int) -> int:
     per_rank = p.concurrency // p.dp
     if p.metric == "batch_latency_ms":
         return per_rank
+    if p.metric == "duration_s":  # every request the source sent, at once
+        assert p.num_requests is not None  # from_row checked
+        return max(1, p.num_requests // p.dp)
     n = per_rank * max(1, waves)
     if p.num_requests is not None:
         n = min(n, max(1, p.num_requests // p.dp))
@@ -221,10 +230,11 @@ def simulate_args(p: Point, calibration: str | None) -> argparse.Namespace:
         "inf",
         "--policy",
         ENGINE_POLICY[p.engine],
-        "--weights-bytes",
-        str(int(total * BYTES_PER_PARAM[p.weights])),
         "--quiet",
     ]
+    bpp = BYTES_PER_PARAM[p.weights]
+    if bpp is not None:
+        argv += ["--weights-bytes", str(int(total * bpp))]
     if p.ep > 1:
         argv += ["--ep", str(p.ep)]
     if p.dp > 1:
@@ -239,6 +249,9 @@ def simulate_args(p: Point, calibration: str | None) -> argparse.Namespace:
 def point_weights(p: Point, share: float) -> Weights:
     """One rank's weights at the checkpoint's bytes per parameter (`share` of them)."""
     total, active = p.params
+    if BYTES_PER_PARAM[p.weights] is None:  # the preset's own parameter table (its checkpoint's bytes)
+        w = load_weights(p.model)
+        return Weights(total * share, active * share, w.bytes_per_param, w.num_experts, w.experts_per_token, w.source)
     experts = top_k = None
     if p.model.startswith("config:"):
         config = json.loads((CONFIGS / p.model.removeprefix("config:")).read_text())
@@ -248,9 +261,9 @@ def point_weights(p: Point, share: float) -> Weights:
     else:
         row = params_table()[p.model.lower()]
         experts, top_k, source = row.get("num_experts"), row.get("experts_per_token"), str(row["source"])
-    return Weights(
-        total * share, active * share, BYTES_PER_PARAM[p.weights], experts, top_k, f"{source}; {p.weights} weights"
-    )
+    bpp = BYTES_PER_PARAM[p.weights]
+    assert bpp is not None
+    return Weights(total * share, active * share, bpp, experts, top_k, f"{source}; {p.weights} weights")
 
 
 def replay(p: Point, *, waves: int = 2, calibration: str | None = None) -> dict[str, Any]:
@@ -261,7 +274,8 @@ def replay(p: Point, *, waves: int = 2, calibration: str | None = None) -> dict[
     total, _ = p.params
     memory = setup.resolved.budget.memory
     # one rank's share of the weights, as simulate_cmd.prepare takes it
-    share = memory.weights_bytes / (total * BYTES_PER_PARAM[p.weights]) if memory is not None else 1 / p.tp
+    bpp = BYTES_PER_PARAM[p.weights]
+    share = memory.weights_bytes / (total * bpp) if memory is not None and bpp is not None else 1 / p.tp
     model = StepTimeModel.build(setup.resolved.spec, setup.gpu, point_weights(p, share), calibration_from(calibration))
     n = requests_per_rank(p, waves)
     trace = Trace(p.id, np.full(n, p.isl, dtype=np.int64), np.full(n, p.osl, dtype=np.int64), arrival_s=np.zeros(n))
@@ -277,6 +291,8 @@ def replay(p: Point, *, waves: int = 2, calibration: str | None = None) -> dict[
     if p.metric == "output_tok_s":
         measured_s = n * p.osl / (p.measured / p.dp)
         simulated = n * p.osl / simulated_s * p.dp
+    elif p.metric == "duration_s":
+        measured_s, simulated = p.measured, simulated_s
     else:
         measured_s = p.measured / 1000
         simulated = simulated_s * 1000
@@ -321,7 +337,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _value(metric: str, x: float) -> str:
-    return f"{x:,.0f} tok/s" if metric == "output_tok_s" else f"{x:,.0f} ms"
+    return {"output_tok_s": f"{x:,.0f} tok/s", "duration_s": f"{x:,.1f} s"}.get(metric, f"{x:,.0f} ms")
 
 
 def table(rows: list[dict[str, Any]], *, markdown: bool) -> str:
