@@ -239,12 +239,12 @@ def test_pool_ratio_flag_is_a_ratio_policy(cli, small_trace: str) -> None:  # ty
 def test_bad_sweep_group_or_infeasible_policy_fails_before_any_run(  # type: ignore[no-untyped-def]
     cli, small_trace: str, monkeypatch: pytest.MonkeyPatch, args: list[str]
 ) -> None:
-    import kvpool.cli.simulate_cmd as cmd
+    import kvpool.deploy.simulation as cmd
 
     def no_run(*a: object, **k: object) -> None:
         raise AssertionError("a simulation ran before the bad input was reported")
 
-    monkeypatch.setattr(cmd, "simulate", no_run)
+    monkeypatch.setattr(cmd, "simulate_plan", no_run)
     code, out, err = cli(
         "simulate", "gemma-3-27b", "--gpu", "h100", "--kv-memory", "1GiB", "--trace", small_trace, "--quiet", *args
     )

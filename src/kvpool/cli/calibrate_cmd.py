@@ -27,12 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from kvpool.cli.common import add_json_arg, add_model_args, checked, flagged, gpu_name, print_json, table
+from kvpool.cli.common import add_json_arg, add_model_args, checked, print_json, table
 from kvpool.cli.files import input_file, output_file
-from kvpool.cli.plan_args import load_spec
-from kvpool.cli.request import ModelOptions
-from kvpool.errors import KvpoolError
-from kvpool.presets import GpuSpec, load_gpu
+from kvpool.deploy.gpus import gpu_and_count
+from kvpool.deploy.options import PlanRequest
+from kvpool.deploy.simulation import rank_step_model
+from kvpool.errors import KvpoolError, flagged
+from kvpool.presets import load_gpu
 from kvpool.sim.calibration import (
     VIDUR_COLUMNS,
     OpSamples,
@@ -43,8 +44,8 @@ from kvpool.sim.calibration import (
     save_profile,
     vidur_samples,
 )
-from kvpool.sim.kernels import Calibration, CalibrationError
-from kvpool.sim.steptime import StepTimeModel, load_weights
+from kvpool.sim.kernels import CalibrationError
+from kvpool.sim.steptime import StepTimeModel
 
 
 def register(sub: Any) -> None:
@@ -55,7 +56,13 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_args(p)
-    p.add_argument("--gpu", type=checked(gpu_name), required=True, help="the GPU the measurements ran on (kvpool gpus)")
+    p.add_argument(
+        "--gpu",
+        type=checked(gpu_and_count),
+        required=True,
+        metavar="NAME[xN]",
+        help="the GPU the measurements ran on (kvpool gpus); NAMExN: N of them as tensor parallelism",
+    )
     p.add_argument(
         "--steps", type=input_file, default=None, metavar="FILE.csv", help="measured step times (columns above)"
     )
@@ -129,22 +136,20 @@ def step_samples(path: Path, model: StepTimeModel) -> list[StepSample]:
     return out
 
 
-def step_model(args: argparse.Namespace, gpu: GpuSpec, cal: Calibration) -> StepTimeModel:
-    """MODEL's step-time model on one rank of --tp at the constants `cal`."""
-    options = ModelOptions.from_args(args)
-    spec, _ = load_spec(options, None)
-    weights = load_weights(args.model)
-    share = 1 / options.tp
-    weights = dataclasses.replace(
-        weights, total_params=weights.total_params * share, active_params=weights.active_params * share
-    )
-    return StepTimeModel.build(spec, gpu, weights, cal)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.steps is None and not args.ops:
         raise KvpoolError("give --steps FILE.csv and/or --ops FILE.csv: the measurements to fit")
-    gpu = load_gpu(args.gpu)
+    request = PlanRequest.of(
+        args.model,
+        args.gpu,
+        kv_dtype=args.kv_dtype,
+        tp=args.tp,
+        pp=args.pp,
+        ep=args.ep,
+        dp=args.dp,
+        tokens_per_block=args.tokens_per_block,
+    )
+    gpu = load_gpu(str(request.budget.gpu))
     base = dataclasses.replace(for_gpu(gpu), name=args.out.stem)
     report: dict[str, Any] = {"gpu": gpu.key, "from": base.name}
     cal = base
@@ -154,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
             cal, ops_report = fit_ops(ops, cal, flops=gpu.bf16_flops, hbm=gpu.hbm_bandwidth_bytes_per_s)
         report["ops"] = ops_report
     if args.steps is not None:
-        model = step_model(args, gpu, cal)
+        model = rank_step_model(request, gpu, cal)
         with flagged("--steps"):
             samples = step_samples(args.steps, model)
         cal, fit = fit_steps(cal, samples)

@@ -4,18 +4,11 @@ plan, and the launch that makes the engine follow the plan."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
-from collections.abc import Sequence
-from typing import Any
 
 from kvpool.cli.common import checked, concurrency_text, table
-from kvpool.cli.fit_engines import with_budget_flag
 from kvpool.engines.common import EnginePool, EngineReport
-from kvpool.engines.emit import ENGINES, RELEASES, Emitted, emit, engine_name, engine_report, model_id_for
-from kvpool.errors import KvpoolError
+from kvpool.engines.emit import ENGINES, RELEASES, Emitted, engine_name
 from kvpool.plan import REFERENCE_REQUEST, PoolPlan, decode_shape
-from kvpool.plan.memory import MemoryBudget
-from kvpool.plan.tiers import TierPlan
 from kvpool.units import format_bytes
 
 
@@ -109,60 +102,6 @@ def render_report(report: EngineReport, plan: PoolPlan) -> str:
     return "\n".join(lines)
 
 
-def check_dependent(args: argparse.Namespace) -> None:
-    """Refuse the engine flags that mean nothing without the one they qualify
-    (vLLM's block size and scheduling without --engine vllm, a launch's model id
-    without --emit) rather than ignore them."""
-    vllm = args.engine is not None and engine_name(args.engine)[0] == "vllm"
-    if not vllm and args.block_size is not None:
-        raise KvpoolError("--block-size is vLLM's: it needs --engine vllm")
-    if not vllm and args.async_scheduling is False:
-        raise KvpoolError("--no-async-scheduling is vLLM's: it needs --engine vllm")
-    if args.emit is None and args.model_id is not None:
-        raise KvpoolError("--model-id names the model in the --emit launch: it needs --emit")
-
-
-def engine_outputs(
-    args: argparse.Namespace, plan: PoolPlan, memory: MemoryBudget | None = None, tiers: Sequence[TierPlan] = ()
-) -> tuple[EngineReport | None, Emitted | None]:
-    """The --engine report and the --emit launch the options ask for (`memory`: the
-    whole-GPU breakdown, when known, states SGLang's budget as --mem-fraction-static;
-    `tiers`: the cold tiers per rank, stated as the engine's offload flags)."""
-    check_dependent(args)
-    report = (
-        engine_report(
-            args.engine,
-            plan,
-            block_size=getattr(args, "block_size", None),
-            async_scheduling=getattr(args, "async_scheduling", True),
-        )
-        if args.engine
-        else None
-    )
-    emitted = None
-    if args.emit:
-        beyond_tp = [f"--{k} {getattr(args, k)}" for k in ("pp", "ep", "dp") if getattr(args, k, 1) > 1]
-        if beyond_tp:  # the launch lines carry tensor parallelism only: refuse rather than emit a wrong one
-            raise KvpoolError(f"--emit does not yet state {', '.join(beyond_tp)} as engine flags; plan without them")
-        source = plan.spec.source
-        hub_id = source.repo_id if source is not None and source.kind == "hub" else None
-        model_id = launch_model_id(plan, args.model, args.model_id)
-        emitted = with_budget_flag(emit(args.emit, plan, model_id, tiers), memory)
-        if hub_id and source is not None and source.revision != "main":
-            # an engine takes the revision as its own option, never as id@revision
-            note = f"planned from {hub_id} at revision {source.revision}: give the engine that revision too"
-            emitted = dataclasses.replace(emitted, notes=(*emitted.notes, note))
-    return report, emitted
-
-
-def launch_model_id(plan: PoolPlan, model: str, given: str | None) -> str:
-    """The model id a launch line names: --model-id, else the hub id the plan was
-    read from, else the preset's Hugging Face id, else MODEL."""
-    source = plan.spec.source
-    hub_id = source.repo_id if source is not None and source.kind == "hub" else None
-    return given or hub_id or model_id_for(model)
-
-
 def render(report: EngineReport | None, emitted: Emitted | None, plan: PoolPlan) -> str:
     parts = []
     if report is not None:
@@ -170,17 +109,3 @@ def render(report: EngineReport | None, emitted: Emitted | None, plan: PoolPlan)
     if emitted is not None:
         parts.append(f"{emitted.engine} launch that follows the plan:\n{emitted.text()}")
     return "\n\n".join(parts)
-
-
-def to_json(report: EngineReport | None, emitted: Emitted | None, plan: PoolPlan) -> dict[str, Any]:
-    """--emit: the emitted object (its "engine_default" the --engine report, if
-    asked); --engine alone: the plan with the report under "engine"."""
-    if emitted is not None:
-        out = emitted.to_json()
-        if report is not None:
-            out["engine_default"] = report.to_json(plan.avg_seq_len)
-        return out
-    out = plan.to_json()
-    if report is not None:
-        out["engine"] = report.to_json(plan.avg_seq_len)
-    return out

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvpool.cli.budget import weights_source
-from kvpool.cli.common import add_json_arg, add_model_args, check_tp_divides_heads, print_json, say_fallback, table
-from kvpool.cli.request import ModelOptions
+from kvpool.cli.common import add_json_arg, add_model_args, print_json, say_fallback, table
+from kvpool.deploy.budget import weights_source
+from kvpool.deploy.options import ModelOptions
+from kvpool.deploy.resolution import check_tp_divides_heads
 from kvpool.models.params import ParameterCountError
 from kvpool.models.weight_dtype import WeightSchemeError
 from kvpool.models.weights import model_weights
@@ -65,7 +66,7 @@ def inspect_json(spec: ModelSpec, parameters: int | None = None, weights_bytes: 
 
 
 def run(args: argparse.Namespace) -> int:
-    model = ModelOptions.from_args(args)
+    model = ModelOptions(args.model, args.kv_dtype, args.tp, args.pp, args.ep, args.dp, args.tokens_per_block)
     read = read_model_config(model.model)
     check_tp_divides_heads(read[2], model.tp)  # as plan does: vLLM refuses such a --tp
     spec = spec_from_read(

@@ -1,5 +1,5 @@
 """What `kvpool simulate` prints besides its plans: the progress bar, the
-results table, and the reading of --rate."""
+results table, the cold tiers' table, and the reading of --rate."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 from kvpool.cli.common import table
 from kvpool.errors import KvpoolError
 from kvpool.sim import Progress, SimResult
+from kvpool.units import format_bytes
 
 
 def parse_rate(text: str | None) -> float | None:
@@ -88,25 +89,6 @@ def results_table(runs: list[SimResult], groups: list[str]) -> str:
     return table(headers, rows)
 
 
-def run_json(r: SimResult) -> dict[str, Any]:
-    """One run as `--json` prints it: the result's own fields plus every other
-    number the table shows (TPOT p99, padding failures, mean pages used, reuse
-    hits, requests done and rejected), so that a script reads what a person does."""
-    out = r.to_json()
-    out.update(
-        tpot_p99_s=r.percentile(r.tpot_s, 99),
-        padding_failures=r.padding_failures,
-        reuse_hit_rate=r.reuse_hit_rate,
-        finished=r.finished,
-        num_requests=r.num_requests,
-        rejected=r.rejected,
-        shared_pool=bool(r.plan.shared),
-    )
-    for name, u in r.pages.items():
-        out["pages"][name].update(mean_used=u.mean_used)
-    return out
-
-
 def rebalance_lines(runs: list[SimResult]) -> list[str]:
     """One line per online rebalanced run: its moves, the pages moved, the
     split after each move, and its throughput against the best static run."""
@@ -129,3 +111,45 @@ def rebalance_lines(runs: list[SimResult]) -> list[str]:
             )
         out.append(line)
     return out
+
+
+def host_label(size: str | None) -> str:
+    return "-" if size is None else size
+
+
+def sweep_table(rows: list[tuple[str | None, SimResult]]) -> str:
+    """Per host size: one rank's host tier, the prompt hit rate, TTFT, throughput
+    and what the tiers moved."""
+    out = []
+    for size, r in rows:
+        t = r.tiers or {}
+        ttft50, ttft99 = r.percentile(r.ttft_s, 50), r.percentile(r.ttft_s, 99)
+        out.append(
+            [
+                host_label(size),
+                format_bytes(t.get("bytes", {}).get("CPU", 0)),
+                f"{r.prompt_hit_rate:.1%}",
+                "-" if ttft50 is None else f"{ttft50:,.2f}",
+                "-" if ttft99 is None else f"{ttft99:,.2f}",
+                f"{r.output_tokens_per_s:,.0f}",
+                f"{t.get('pages_onboarded', 0):,}",
+                f"{t.get('pages_offloaded', 0):,}",
+                f"{r.preemptions:,}",
+                f"{t.get('suspensions', 0):,}",
+                f"{t.get('transfer_s', 0.0):,.2f}",
+            ]
+        )
+    headers = [
+        "host memory",
+        "host tier/rank",
+        "prompt hits",
+        "TTFT p50 s",
+        "TTFT p99 s",
+        "tok/s",
+        "pages onboarded",
+        "pages offloaded",
+        "preempt",
+        "suspended",
+        "copy s",
+    ]
+    return table(headers, out)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kvpool import deploy
 from kvpool.cache import KVCacheManager, WarmupReport
-from kvpool.cli.common import add_json_arg, checked, int_items, print_json, table
-from kvpool.cli.plan_args import add_plan_args, plan_from_args
+from kvpool.cli.common import add_json_arg, checked, int_items, print_json, say_fallback, table
+from kvpool.cli.plan_args import add_plan_args, plan_keywords
 from kvpool.errors import KvpoolError, LimitsError
 from kvpool.plan.report import window_decodes_below_graph
 
@@ -98,7 +99,8 @@ def render(report: WarmupReport, batch_sizes: tuple[int, ...], drafts: tuple[int
 
 
 def run(args: argparse.Namespace) -> int:
-    plan = plan_from_args(args)
+    plan = deploy.resolve(deploy.PlanRequest.of(args.model, args.gpu, **plan_keywords(args))).plan()
+    say_fallback(plan.spec)
     drafts = parse_draft_lens(args.draft_lens, plan.limits.max_draft_len)
     sizes = plan.limits.graph_batch_sizes
     report = KVCacheManager(plan, enable_reuse=False).warmup(sizes, drafts)

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kvpool import presets
-from kvpool.cli.common import size_or_zero
-from kvpool.cli.request import BudgetOptions, ModelOptions, flag
+from kvpool.deploy.options import BudgetOptions, ModelOptions, flag
 from kvpool.errors import KvpoolError
 from kvpool.models.params import ParameterCountError
 from kvpool.models.weight_dtype import WeightSchemeError
@@ -32,7 +31,7 @@ from kvpool.plan.memory import (
     cuda_graph_bytes,
 )
 from kvpool.spec import ModelSpec
-from kvpool.units import format_bytes, parse_size
+from kvpool.units import format_bytes, parse_size, size_or_zero
 
 DEFAULT_MEMORY_FRACTION = DEFAULT_UTILIZATION
 

@@ -6,7 +6,7 @@ fit at once, the CUDA-graph batch sizes that keep graphs, and the launch line.
 Budget conventions (each engine's own knob for the same KV bytes K per rank, on
 a GPU of G bytes holding weights W per rank):
 
-- vLLM: `--gpu-memory-utilization U` is kvpool's own convention (cli/budget.py:
+- vLLM: `--gpu-memory-utilization U` is kvpool's own convention (deploy/budget.py:
   K = G x U - weights - activations - CUDA graphs - reserve); the exact
   `--kv-cache-memory-bytes K` replaces the profiling (vLLM's engine arguments).
 - SGLang: the pools get `total x --mem-fraction-static - W` (model_runner's
@@ -172,21 +172,3 @@ def engine_fit(
         )
     sizes, note = graph_answer(engine, report, plan, at_max)
     return EngineFit(engine, not reasons, tuple(reasons), flags, plan.budget_bytes, fits, lengths, sizes, note, emitted)
-
-
-def render_engine(fit: EngineFit) -> str:
-    """A few lines: verdict, budget flags, KV, requests, graphs, launch."""
-    name = ENGINE_NAMES[fit.engine]
-    if fit.emitted is None:
-        return f"{name}: NOT MODELLED: {'; '.join(fit.reasons)}"
-    verdict = "starts" if fit.starts else "REFUSES: " + "; ".join(fit.reasons)
-    fits = ", ".join(f"{fit.lengths[n]:,} tokens ({n.replace('_', ' ')}): {v}" for n, v in fit.fits.items())
-    lines = [
-        f"{name} ({fit.emitted.report.version_modelled}): {verdict}",
-        f"  budget: {' | '.join(fit.budget_flags) or 'give --gpu alone for the fraction'}"
-        f"  (KV {format_bytes(fit.kv_bytes)} per rank)",
-        f"  requests that fit at once: {fits}",
-        f"  CUDA graphs: {fit.graph_note.split(': ', 1)[1]}",
-        "  launch: " + fit.emitted.text().replace("\n", "\n    "),
-    ]
-    return "\n".join(lines)

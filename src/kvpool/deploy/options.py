@@ -1,0 +1,236 @@
+"""What a deployment asks of the planner, as frozen values: the model and its
+parallel layout, the KV budget per rank, the serving limits and the sizing policy.
+
+`fit`, `plan` and `simulate` (this package) take these as keyword arguments
+(`PlanKeywords`, one list for all three) and build one `PlanRequest` with
+`PlanRequest.of`; the CLI reads its options into the same keywords. Errors name
+the option as the command line spells it (`--max-seq-len` for `max_seq_len`), so
+that a shell user and a notebook read the same line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from kvpool.deploy.gpus import split_gpu
+from kvpool.errors import KvpoolError, LimitsError
+from kvpool.models.weights import Parallel
+from kvpool.plan.families import Phase
+from kvpool.plan.sizing import parse_shares
+
+DEFAULT_MAX_BATCH_SIZE = 256
+DEFAULT_MAX_SEQ_LEN = 8192
+DEFAULT_MAX_NUM_TOKENS = 8192
+# The whole-GPU parts a user may give instead of kvpool's estimates, by keyword.
+PARTS = ("weights_memory", "activation_memory", "cuda_graph_memory", "reserved_memory")
+
+Size = int | str  # bytes, or text such as "40GiB" (units.parse_size)
+
+
+def flag(name: str) -> str:
+    """`weights_memory` -> `--weights-memory`."""
+    return "--" + name.replace("_", "-")
+
+
+class PlanKeywords(TypedDict, total=False):
+    """The keywords `fit`, `plan` and `simulate` share (each optional; defaults
+    as `kvpool plan --help` lists them). Sizes are bytes or text ("40GiB")."""
+
+    # the model's spec and weights per rank
+    kv_dtype: str
+    tp: int
+    pp: int
+    ep: int
+    dp: int
+    tokens_per_block: int | None
+    # the KV budget per rank (beside `gpu`, which each function takes itself)
+    kv_memory: Size | None
+    non_kv_memory: Size | None
+    memory_fraction: float | None
+    weights_memory: Size | None
+    activation_memory: Size | None
+    cuda_graph_memory: Size | None
+    reserved_memory: Size | None
+    # serving limits
+    max_batch_size: int
+    max_seq_len: int | None
+    max_num_tokens: int | None
+    draft_len: int
+    extra_kv_tokens: int
+    avg_seq_len: int | None
+    cuda_graph_batch_sizes: Sequence[int] | None
+    # sizing policy
+    pool_ratio: Mapping[str, float] | str | None
+    workload: str | None
+    shrink_to_fit: bool
+    phase: Phase
+
+
+KEYWORDS = frozenset(PlanKeywords.__optional_keys__)
+
+
+def _count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise KvpoolError(f"{flag(name)} must be a positive integer, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """MODEL and the options that shape its KV spec and its weights per rank."""
+
+    model: str
+    kv_dtype: str = "auto"
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    dp: int = 1
+    tokens_per_block: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise KvpoolError(f"MODEL must be a preset name, a path or a Hugging Face id, got {self.model!r}")
+        for name in ("tp", "pp", "ep", "dp"):
+            _count(name, getattr(self, name))
+
+    @property
+    def parallel(self) -> Parallel:
+        """The --tp / --pp / --ep / --dp layout the weights are split by."""
+        return Parallel(tp=self.tp, pp=self.pp, ep=self.ep, dp=self.dp)
+
+    @property
+    def attention_tp(self) -> int:
+        """Ranks one attention layer (and its KV) is split over: --tp, or --tp / --dp
+        with data-parallel attention (SGLang's convention: --dp must divide --tp)."""
+        for name, value in (("dp", self.dp), ("ep", self.ep)):
+            if self.tp % value:
+                raise KvpoolError(f"--{name} {value} must divide --tp {self.tp}")
+        return self.tp // self.dp
+
+    def layout(self) -> str:
+        """`tp 2` or `tp 4, pp 2`: the sizes beyond 1 (tp always)."""
+        sizes = {"tp": self.tp, "pp": self.pp, "ep": self.ep, "dp": self.dp}
+        return ", ".join(f"{k} {v}" for k, v in sizes.items() if k == "tp" or v > 1)
+
+
+@dataclass(frozen=True)
+class BudgetOptions:
+    """The KV budget options (deploy/budget.py reads them), sizes as given: `gpu`
+    the preset's name without a count; `parts` the whole-GPU parts given by hand,
+    as (keyword, text) pairs in `PARTS` order."""
+
+    kv_memory: str | None = None
+    gpu: str | None = None
+    non_kv_memory: str | None = None
+    memory_fraction: float | None = None
+    parts: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class LimitOptions:
+    """The serving-limit options as given; `max_seq_len` None means the model's
+    positions capped at the default (resolved with the config)."""
+
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_seq_len: int | None = None
+    max_num_tokens: int | None = DEFAULT_MAX_NUM_TOKENS
+    draft_len: int = 0
+    extra_kv_tokens: int = 0
+    avg_seq_len: int | None = None
+    cuda_graph_batch_sizes: tuple[int, ...] | None = None
+
+
+def _size(value: Size | None) -> str | None:
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything `plan`, `fit` and `simulate` ask of the planner (`count`: the
+    GPUs of `--gpu NAMExN`, already turned into the layout; tp x pp without one)."""
+
+    model: ModelOptions
+    budget: BudgetOptions
+    limits: LimitOptions
+    pool_ratio: Mapping[str, float] | None = None
+    workload: str | None = None
+    shrink_to_fit: bool = False
+    phase: Phase = "final"
+    count: int = 1
+
+    @classmethod
+    def of(cls, model: str, gpu: str | None = None, *, whole_gpus: bool = False, **options: Any) -> PlanRequest:
+        """The request of `model` on `gpu` (a preset, `NAMExN` for N of them, or
+        `auto`: this machine's) with the `PlanKeywords` given. N GPUs become tensor
+        parallelism unless tp / pp say otherwise; the GPUs left over are replicas.
+        `whole_gpus`: a preset without a count is one GPU (`fit`), not one rank's.
+        Raises KvpoolError for an unknown keyword or a layout that does not divide N."""
+        unknown = sorted(set(options) - KEYWORDS)
+        if unknown:
+            raise KvpoolError(f"unknown option(s) {', '.join(unknown)}; the options: {', '.join(sorted(KEYWORDS))}")
+        name, count = split_gpu(gpu) if gpu is not None else (None, None)
+        if count is None and whole_gpus:
+            count = 1
+        tp, pp = options.get("tp", 1), options.get("pp", 1)
+        if count is not None and count > 1 and tp == 1 and pp == 1:
+            tp = count  # N GPUs: one engine over all of them
+        model_options = ModelOptions(
+            model,
+            options.get("kv_dtype", "auto"),
+            tp,
+            pp,
+            options.get("ep", 1),
+            options.get("dp", 1),
+            options.get("tokens_per_block"),
+        )
+        if count is None:
+            count = tp * pp
+        if count % (tp * pp):
+            raise KvpoolError(f"--tp {tp} x --pp {pp} does not divide {count} GPUs")
+        parts = tuple((p, str(options[p])) for p in PARTS if options.get(p) is not None)
+        budget = BudgetOptions(
+            _size(options.get("kv_memory")),
+            name,
+            _size(options.get("non_kv_memory")),
+            options.get("memory_fraction"),
+            parts,
+        )
+        sizes = options.get("cuda_graph_batch_sizes")
+        limits = LimitOptions(
+            options.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE),
+            options.get("max_seq_len"),
+            options.get("max_num_tokens", DEFAULT_MAX_NUM_TOKENS),
+            options.get("draft_len", 0),
+            options.get("extra_kv_tokens", 0),
+            options.get("avg_seq_len"),
+            None if sizes is None else tuple(sizes),
+        )
+        ratio = options.get("pool_ratio")
+        if isinstance(ratio, str):
+            try:
+                ratio = parse_shares(ratio)
+            except KvpoolError as e:
+                raise LimitsError(f"--pool-ratio: {e}") from None
+        return cls(
+            model_options,
+            budget,
+            limits,
+            None if ratio is None else dict(ratio),
+            options.get("workload"),
+            bool(options.get("shrink_to_fit", False)),
+            options.get("phase", "final"),
+            count,
+        )
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel copies of one tp x pp engine on the `count` GPUs."""
+        return self.count // (self.model.tp * self.model.pp)
+
+    def with_layout(self, tp: int, pp: int) -> PlanRequest:
+        """The same request on one engine of tp x pp GPUs (ep and dp 1)."""
+        model = dataclasses.replace(self.model, tp=tp, pp=pp, ep=1, dp=1)
+        return dataclasses.replace(self, model=model, count=tp * pp)
