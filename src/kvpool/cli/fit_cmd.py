@@ -14,11 +14,13 @@ from kvpool.cli.common import add_json_arg, checked, positive_int, print_json, s
 from kvpool.cli.files import atomic_path, output_file
 from kvpool.cli.plan_args import add_plan_args, plan_keywords
 from kvpool.cli.plan_cmd import render_memory
+from kvpool.cli.tiers_args import add_tier_args
 from kvpool.deploy.engine_fit import ENGINE_NAMES, EngineFit
 from kvpool.deploy.fitting import FitResult, parse_engines
 from kvpool.deploy.layouts import Layout
 from kvpool.engines.emit import ENGINES
 from kvpool.errors import KvpoolError
+from kvpool.plan.tiers import TierPlan
 from kvpool.units import format_bytes
 
 
@@ -51,6 +53,7 @@ def register(sub: Any) -> None:
         metavar="FILE",
         help="write the launch of the one --engine to FILE (a shell line, or TensorRT-LLM's YAML)",
     )
+    add_tier_args(p, title="cold tiers below each engine's pools (docs/tiers.md)", engine_rules=True)
     add_json_arg(p)
     p.set_defaults(func=run)
 
@@ -66,6 +69,7 @@ def fit_keywords(args: argparse.Namespace) -> dict[str, Any]:
         "users": args.users,
         "length": args.len,
         "model_id": args.model_id,
+        **{k: getattr(args, k) for k in ("host_memory", "disk", "host_rule", "ranks_per_node")},
     }
 
 
@@ -146,9 +150,17 @@ def render_engine(fit: EngineFit) -> str:
         f"  (KV {format_bytes(fit.kv_bytes)} per rank)",
         f"  requests that fit at once: {fits}",
         f"  CUDA graphs: {fit.graph_note.split(': ', 1)[1]}",
+        *(f"  {tier_line(t)}" for t in fit.tiers),
         "  launch: " + fit.emitted.text().replace("\n", "\n    "),
     ]
     return "\n".join(lines)
+
+
+def tier_line(tier: TierPlan) -> str:
+    """`host tier: 32.00 GiB per rank (rule), 1,234 full pages`."""
+    pages = ", ".join(f"{n:,} {g}" for g, n in tier.pages.items())
+    medium = "host tier" if tier.medium == "CPU" else "disk tier"
+    return f"{medium}: {format_bytes(tier.bytes)} per rank ({tier.rule}), pages {pages}"
 
 
 def render_layouts(good: list[Layout], tried: list[Layout], users: int, length: int, gpu: str) -> str:

@@ -19,10 +19,12 @@ def add_tier_args(
     title: str = "cold tiers per rank (host memory, disk; docs/cache.md)",
     host_memory: Callable[[str], object] = size_arg,
     host_memory_note: str = "",
+    engine_rules: bool = False,
 ) -> Any:
     """--host-memory, --disk, --host-rule, --ranks-per-node in a group titled
     `title` (returned, for callers that add more). `host_memory` parses
-    --host-memory (simulate takes a list of sizes); `host_memory_note` ends its help."""
+    --host-memory (simulate takes a list of sizes); `host_memory_note` ends its help.
+    `engine_rules`: --host-rule defaults to each engine's own rule (fit)."""
     t = p.add_argument_group(title)
     t.add_argument(
         "--host-memory",
@@ -34,8 +36,12 @@ def add_tier_args(
     t.add_argument(
         "--host-rule",
         choices=RULES,
-        default="even",
-        help="how one rank's host tier follows from --host-memory: even (split over the node's ranks), "
+        default=None if engine_rules else "even",
+        help="how one rank's host tier follows from --host-memory: "
+        + ("each engine's own (default), or " if engine_rules else "")
+        + "even (split over the node's ranks"
+        + ("" if engine_rules else "; default")
+        + "), "
         "trtllm (V2's auto-provisioning: min(GPU KV, host / ranks x 0.5)), vllm (--kv-offloading-size = "
         "host memory, over the KV ranks), sglang (--hicache-size = host / ranks; without --host-memory "
         "--hicache-ratio 2 x the device pool)",
@@ -45,7 +51,8 @@ def add_tier_args(
         type=positive_int,
         default=None,
         metavar="N",
-        help="GPUs (ranks) on one node sharing --host-memory (default: tp x pp)",
+        help="GPUs (ranks) on one node sharing --host-memory (default: "
+        + ("the GPUs of --gpu, at most 8)" if engine_rules else "tp x pp)"),
     )
     return t
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from kvpool.engines.emit import Emitted, emit
 from kvpool.plan import PoolPlan
 from kvpool.plan.batches import REFERENCE_REQUEST, decode_shape
 from kvpool.plan.memory import MemoryBudget
+from kvpool.plan.tiers import TierPlan
 from kvpool.units import format_bytes
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
@@ -60,6 +62,7 @@ class EngineFit:
     graph_sizes: tuple[int, ...]
     graph_note: str
     emitted: Emitted | None  # None: kvpool does not model this engine for the model
+    tiers: tuple[TierPlan, ...] = ()  # one rank's cold tiers, as this engine sizes its host tier
 
     @property
     def verdict(self) -> str:
@@ -84,6 +87,7 @@ class EngineFit:
             "notes": [] if self.emitted is None else list(self.emitted.notes),
             "reported": {} if report is None else dict(report.reported),
             "version_modelled": None if report is None else report.version_modelled,
+            "tiers": [t.to_json() for t in self.tiers],
         }
 
 
@@ -150,13 +154,19 @@ def graph_answer(engine: str, report: EngineReport, plan: PoolPlan, at_max: int)
 
 
 def engine_fit(
-    engine: str, plan: PoolPlan, model_id: str, memory: MemoryBudget | None, lengths: dict[str, int]
+    engine: str,
+    plan: PoolPlan,
+    model_id: str,
+    memory: MemoryBudget | None,
+    lengths: dict[str, int],
+    tiers: Sequence[TierPlan] = (),
 ) -> EngineFit:
     """What `engine` does when launched to follow `plan` (whose budget is the KV
-    bytes per rank); `memory` the whole-GPU breakdown when the budget came from it."""
+    bytes per rank); `memory` the whole-GPU breakdown when the budget came from it;
+    `tiers` one rank's cold tiers, stated as the engine's offload flags."""
     flags = budget_flags(engine, plan.budget_bytes, memory)
     try:
-        emitted = emit(engine, plan, model_id)
+        emitted = emit(engine, plan, model_id, tiers)
     except EngineNotModelledError as e:  # the other engines still answer
         note = f"{ENGINE_NAMES[engine]}: not modelled"
         return EngineFit(engine, False, (str(e),), flags, plan.budget_bytes, {}, lengths, (), note, None)
@@ -171,4 +181,5 @@ def engine_fit(
             f"({format_bytes(plan.budget_bytes)} of KV per rank)"
         )
     sizes, note = graph_answer(engine, report, plan, at_max)
-    return EngineFit(engine, not reasons, tuple(reasons), flags, plan.budget_bytes, fits, lengths, sizes, note, emitted)
+    kv = plan.budget_bytes
+    return EngineFit(engine, not reasons, tuple(reasons), flags, kv, fits, lengths, sizes, note, emitted, tuple(tiers))

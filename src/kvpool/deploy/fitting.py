@@ -20,11 +20,42 @@ from kvpool.deploy.gpus import MAX_GPUS
 from kvpool.deploy.launch import launch_model_id
 from kvpool.deploy.layouts import Layout, ranked
 from kvpool.deploy.layouts import search as search_layouts
-from kvpool.deploy.options import PlanKeywords, PlanRequest
+from kvpool.deploy.options import ModelOptions, PlanKeywords, PlanRequest
 from kvpool.deploy.resolution import Resolved, resolve
+from kvpool.deploy.tiers import TierOptions
 from kvpool.engines.emit import ENGINES, RELEASES, engine_name
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
+from kvpool.plan.tiers import Rule, TierPlan
+
+GPUS_PER_NODE = 8  # tensor parallelism stays inside one node (layouts.py); its GPUs share its host memory
+ENGINE_RULES: dict[str, Rule] = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
+
+
+@dataclass(frozen=True)
+class FitTiers:
+    """The cold tiers `fit` sizes per engine: the node's `host_memory` for KV, a
+    `disk` tier per rank, `host_rule` (None: each engine's own, `plan/tiers.py`)
+    and `ranks_per_node` (None: the GPUs asked for, at most 8)."""
+
+    host_memory: str | None = None
+    disk: str | None = None
+    host_rule: Rule | None = None
+    ranks_per_node: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.host_memory is None and (self.host_rule is not None or self.ranks_per_node is not None):
+            raise KvpoolError(
+                "--host-rule / --ranks-per-node say how the node's host memory is shared: add --host-memory"
+            )
+
+    def for_engine(self, engine: str, plan: PoolPlan, model: ModelOptions, gpus: int) -> list[TierPlan]:
+        """One rank's cold tiers below `plan` as `engine` sizes its host tier."""
+        if self.host_memory is None and self.disk is None:
+            return []
+        rule = "even" if self.host_memory is None else self.host_rule or ENGINE_RULES[engine]
+        ranks = self.ranks_per_node or min(gpus, GPUS_PER_NODE)
+        return TierOptions(self.host_memory, self.disk, rule, ranks).per_rank(plan, model.tp, model.pp)
 
 
 @dataclass(frozen=True)
@@ -126,6 +157,10 @@ def fit(
     users: int | None = None,
     length: int | None = None,
     model_id: str | None = None,
+    host_memory: int | str | None = None,
+    disk: int | str | None = None,
+    host_rule: Rule | None = None,
+    ranks_per_node: int | None = None,
     **options: Unpack[PlanKeywords],
 ) -> FitResult:
     """Size a deployment of `model` on whole GPUs (`gpu`: a preset, `NAMExN` for N
@@ -135,29 +170,32 @@ def fit(
     the launch line (named `model_id`, default the hub id). With `users` and
     `length`: the layouts that hold that many requests of that length at once,
     ranked, searched up to N GPUs (up to 64 without a count), then the engines on
-    the first. `options`: the `PlanKeywords` (limits, budget parts, kv_dtype, tp,
-    ...). Raises KvpoolError on bad input; a deployment that does not fit is an
+    the first. `host_memory` (one node's, for KV) and `disk` (per rank): the cold
+    tiers below each engine's pools, sized by each engine's own rule unless
+    `host_rule` says one (`ranks_per_node`: the GPUs sharing the node's memory,
+    default the GPUs asked for, at most 8), stated in its launch line. `options`:
+    the `PlanKeywords` (limits, budget parts, kv_dtype, tp, ...). Raises KvpoolError on bad input; a deployment that does not fit is an
     answer (`FitResult.error`), not an exception.
 
     >>> fit("qwen3-32b", gpu="h100x2", max_seq_len=32768).engines[0].verdict
     'starts'
     """
     names = parse_engines(engines)
+    size = {k: None if v is None else str(v) for k, v in (("host_memory", host_memory), ("disk", disk))}
+    cold = FitTiers(**size, host_rule=host_rule, ranks_per_node=ranks_per_node)
     if (users is None) != (length is None):
         raise KvpoolError("give --users N and --len L together")
     request = PlanRequest.of(model, gpu, whole_gpus=True, **options)
     gpu_name = presets.load_gpu(str(request.budget.gpu)).name
     if users is not None and length is not None:
-        return fit_users(request, gpu_name, names, users, length, model_id)
+        return fit_users(request, gpu_name, Engines(names, model_id, cold), users, length)
     resolved = resolve(request, gpu_only_for_budget=False)  # --gpu also counts the GPUs
     plan = resolved.plan()
-    fits = answer_engines(resolved, plan, names, None, model_id)
+    fits = Engines(names, model_id, cold).answer(resolved, plan, None, request.count)
     return FitResult(resolved.spec.name, gpu_name, request.count, resolved, plan, fits)
 
 
-def fit_users(
-    request: PlanRequest, gpu_name: str, names: tuple[str, ...], users: int, length: int, model_id: str | None
-) -> FitResult:
+def fit_users(request: PlanRequest, gpu_name: str, engines: Engines, users: int, length: int) -> FitResult:
     """The layouts that hold `users` requests of `length`, and the engines on the first."""
     if request.limits.max_seq_len is not None:
         raise KvpoolError("--len is the max_seq_len of --users: drop --max-seq-len")
@@ -169,17 +207,27 @@ def fit_users(
     if best is None or best.resolved is None:
         return FitResult(request.model.model, gpu_name, request.count, None, None, (), search)
     plan = best.resolved.plan()
-    fits = answer_engines(best.resolved, plan, names, length, model_id) if best.pp == 1 else ()
+    fits = engines.answer(best.resolved, plan, length, best.gpus) if best.pp == 1 else ()
     return FitResult(request.model.model, gpu_name, request.count, best.resolved, plan, fits, search)
 
 
-def answer_engines(
-    resolved: Resolved, plan: PoolPlan, engines: tuple[str, ...], length: int | None, model_id: str | None
-) -> tuple[EngineFit, ...]:
-    """Each engine's answer on `plan`, the plan of `resolved`."""
-    launch_id = launch_model_id(plan, resolved.request.model.model, model_id)
-    lengths = fit_lengths(plan, length)
-    return tuple(engine_fit(e, plan, launch_id, resolved.budget.memory, lengths) for e in engines)
+@dataclass(frozen=True)
+class Engines:
+    """The engines to answer for, the model id their launch lines name (None: the
+    hub id) and the cold tiers below their pools."""
+
+    names: tuple[str, ...]
+    model_id: str | None
+    tiers: FitTiers
+
+    def answer(self, resolved: Resolved, plan: PoolPlan, length: int | None, gpus: int) -> tuple[EngineFit, ...]:
+        """Each engine's answer on `plan`, the plan of `resolved`, on `gpus` GPUs."""
+        launch_id = launch_model_id(plan, resolved.request.model.model, self.model_id)
+        lengths, memory, model = fit_lengths(plan, length), resolved.budget.memory, resolved.request.model
+        return tuple(
+            engine_fit(e, plan, launch_id, memory, lengths, self.tiers.for_engine(e, plan, model, gpus))
+            for e in self.names
+        )
 
 
 def pools_json(plan: PoolPlan) -> list[dict[str, Any]]:

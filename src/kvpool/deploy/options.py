@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 from kvpool.deploy.gpus import split_gpu
 from kvpool.errors import KvpoolError, LimitsError
@@ -28,6 +28,7 @@ DEFAULT_MAX_NUM_TOKENS = 8192
 PARTS = ("weights_memory", "activation_memory", "cuda_graph_memory", "reserved_memory")
 
 Size = int | str  # bytes, or text such as "40GiB" (units.parse_size)
+T = TypeVar("T")
 
 
 def flag(name: str) -> str:
@@ -142,9 +143,41 @@ class LimitOptions:
     avg_seq_len: int | None = None
     cuda_graph_batch_sizes: tuple[int, ...] | None = None
 
+    def __post_init__(self) -> None:
+        if self.cuda_graph_batch_sizes is not None:  # a list from a caller: kept as a tuple
+            object.__setattr__(self, "cuda_graph_batch_sizes", tuple(self.cuda_graph_batch_sizes))
+
 
 def _size(value: Size | None) -> str | None:
     return None if value is None else str(value)
+
+
+def _picked(cls: type[T], options: Mapping[str, Any], **given: Any) -> T:
+    """`cls` from the keywords among `options` that name its fields (and `given`)."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in options.items() if k in names and k not in given}, **given)
+
+
+def _pool_ratio(ratio: Mapping[str, float] | str | None) -> dict[str, float] | None:
+    """`full=0.3,sliding=0.7` or a mapping, as a dict (checked against the spec later)."""
+    if not isinstance(ratio, str):
+        return None if ratio is None else dict(ratio)
+    try:
+        return parse_shares(ratio)
+    except KvpoolError as e:
+        raise LimitsError(f"--pool-ratio: {e}") from None
+
+
+def layout_of(count: int | None, tp: int, pp: int) -> tuple[int, int]:
+    """(tp, GPUs) of `count` GPUs (None: one engine's tp x pp, no count given): N
+    GPUs become tensor parallelism unless tp or pp say otherwise. KvpoolError when
+    tp x pp does not divide them."""
+    if count is not None and count > 1 and tp == pp == 1:
+        tp = count  # N GPUs: one engine over all of them
+    count = tp * pp if count is None else count
+    if count % (tp * pp):
+        raise KvpoolError(f"--tp {tp} x --pp {pp} does not divide {count} GPUs")
+    return tp, count
 
 
 @dataclass(frozen=True)
@@ -172,53 +205,15 @@ class PlanRequest:
         if unknown:
             raise KvpoolError(f"unknown option(s) {', '.join(unknown)}; the options: {', '.join(sorted(KEYWORDS))}")
         name, count = split_gpu(gpu) if gpu is not None else (None, None)
-        if count is None and whole_gpus:
-            count = 1
-        tp, pp = options.get("tp", 1), options.get("pp", 1)
-        if count is not None and count > 1 and tp == 1 and pp == 1:
-            tp = count  # N GPUs: one engine over all of them
-        model_options = ModelOptions(
-            model,
-            options.get("kv_dtype", "auto"),
-            tp,
-            pp,
-            options.get("ep", 1),
-            options.get("dp", 1),
-            options.get("tokens_per_block"),
-        )
-        if count is None:
-            count = tp * pp
-        if count % (tp * pp):
-            raise KvpoolError(f"--tp {tp} x --pp {pp} does not divide {count} GPUs")
+        model_options = _picked(ModelOptions, options, model=model)  # checks tp and pp
+        tp, count = layout_of(1 if count is None and whole_gpus else count, model_options.tp, model_options.pp)
         parts = tuple((p, str(options[p])) for p in PARTS if options.get(p) is not None)
-        budget = BudgetOptions(
-            _size(options.get("kv_memory")),
-            name,
-            _size(options.get("non_kv_memory")),
-            options.get("memory_fraction"),
-            parts,
-        )
-        sizes = options.get("cuda_graph_batch_sizes")
-        limits = LimitOptions(
-            options.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE),
-            options.get("max_seq_len"),
-            options.get("max_num_tokens", DEFAULT_MAX_NUM_TOKENS),
-            options.get("draft_len", 0),
-            options.get("extra_kv_tokens", 0),
-            options.get("avg_seq_len"),
-            None if sizes is None else tuple(sizes),
-        )
-        ratio = options.get("pool_ratio")
-        if isinstance(ratio, str):
-            try:
-                ratio = parse_shares(ratio)
-            except KvpoolError as e:
-                raise LimitsError(f"--pool-ratio: {e}") from None
+        sizes = {k: _size(options.get(k)) for k in ("kv_memory", "non_kv_memory")}
         return cls(
-            model_options,
-            budget,
-            limits,
-            None if ratio is None else dict(ratio),
+            dataclasses.replace(model_options, tp=tp),
+            _picked(BudgetOptions, options, **sizes, gpu=name, parts=parts),
+            _picked(LimitOptions, options),
+            _pool_ratio(options.get("pool_ratio")),
             options.get("workload"),
             bool(options.get("shrink_to_fit", False)),
             options.get("phase", "final"),

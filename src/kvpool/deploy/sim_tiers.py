@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpool.cache import TierSpec
+from kvpool.deploy.options import flag
 from kvpool.deploy.tiers import TierOptions
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
@@ -77,26 +78,32 @@ def tier_runs(values: dict[str, Any], gpu: GpuSpec) -> TierRuns | None:
     preemption = values.get("preemption", "recompute")
     if preemption not in ("recompute", "suspend"):
         raise KvpoolError(f"--preemption {preemption!r}: choose recompute or suspend")
-    bandwidths = {
-        f: values.get(f.removeprefix("--").replace("-", "_")) for f in ("--host-bandwidth", "--disk-bandwidth")
-    }
-    overlap = bool(values.get("transfer_overlap", False))
     if host is None and not options.asked:
-        if preemption == "suspend":
-            raise KvpoolError("--preemption suspend parks pages in a cold tier: add --host-memory (or --disk)")
-        given = {**bandwidths, "--transfer-overlap": overlap or None, "--ranks-per-node": options.ranks_per_node}
-        for flag, value in given.items():
-            if value is not None:  # it would mean nothing: say so rather than ignore it
-                raise KvpoolError(f"{flag} applies to cold tiers: add --host-memory (or --disk)")
+        refuse_without_tiers(values, preemption)
         return None
     if host is None and options.host_rule in ("trtllm", "vllm"):
         raise KvpoolError(f"--host-rule {options.host_rule} sizes the host tier from --host-memory: add it")
     sizes: tuple[str | None, ...] = (None,) if host is None else host_sizes(host)
-    host_bw, disk_bw = bandwidths.values()
-    link = Link.of(
+    return TierRuns(sizes, options, link_of(values, gpu), preemption)
+
+
+def refuse_without_tiers(values: dict[str, Any], preemption: str) -> None:
+    """The options of how pages move mean nothing without a tier: say so rather than ignore them."""
+    if preemption == "suspend":
+        raise KvpoolError("--preemption suspend parks pages in a cold tier: add --host-memory (or --disk)")
+    for name in ("host_bandwidth", "disk_bandwidth", "transfer_overlap", "ranks_per_node"):
+        value = values.get(name)
+        if value is not None and value is not False:
+            raise KvpoolError(f"{flag(name)} applies to cold tiers: add --host-memory (or --disk)")
+
+
+def link_of(values: dict[str, Any], gpu: GpuSpec) -> Link:
+    """The link the copies use: the GPU's host link and the disk's default, or the
+    bandwidths given (GB/s); copies overlap the step with `transfer_overlap`."""
+    host, disk = values.get("host_bandwidth"), values.get("disk_bandwidth")
+    return Link.of(
         gpu,
-        host_bytes_per_s=None if host_bw is None else host_bw * GB,
-        disk_bytes_per_s=None if disk_bw is None else disk_bw * GB,
-        overlap=overlap,
+        host_bytes_per_s=None if host is None else host * GB,
+        disk_bytes_per_s=None if disk is None else disk * GB,
+        overlap=bool(values.get("transfer_overlap", False)),
     )
-    return TierRuns(sizes, options, link, preemption)

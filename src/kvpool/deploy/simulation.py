@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
@@ -178,31 +178,40 @@ def rank_step_model(request: PlanRequest, gpu: GpuSpec, calibration: Calibration
 def policy_list(values: dict[str, Any], spec: ModelSpec, pool_ratio: Any) -> tuple[tuple[str, ...], str | None]:
     """(the policies, the option that named them): those of compare, policy or
     pool_ratio (one of them), else the sweep's three, else the reference."""
-    compare, policy = values.get("compare"), values.get("policy")
-    if not isinstance(compare, str) and compare is not None:
+    compare = values.get("compare")
+    if compare is not None and not isinstance(compare, str):
         compare = ",".join(compare)
-    given = [f for f, v in (("--compare", compare), ("--policy", policy), ("--pool-ratio", pool_ratio)) if v]
+    named = {"--compare": compare, "--policy": values.get("policy")}
+    given = [f for f, v in (*named.items(), ("--pool-ratio", pool_ratio)) if v]
     if len(given) > 1:  # one would silently win over the other
         raise KvpoolError(
             f"give one of {' / '.join(given)}; to run several, list them all "
             "in --compare (e.g. --compare reference,ratio:full=0.3)"
         )
-    for flag, text in (("--compare", compare), ("--policy", policy)):
-        if text is None:
-            continue
-        if not text.strip():
-            raise KvpoolError(f"{flag} is empty; give a value or leave the flag out")
-        if any(not item.strip() for item in text.split(",")):
-            raise KvpoolError(f"{flag} {text!r} has an empty item; list policies as P1,P2")
-        with flagged(flag):
-            return tuple(parse_policies(text)), flag
+    for flag, text in named.items():
+        if text is not None:
+            return named_policies(flag, text), flag
     if pool_ratio:
-        # as in `plan`: a share for every group, summing to 1 (the `ratio:` policy
-        # of compare may name only some groups)
-        with flagged("--pool-ratio"):
-            ratio = check_pool_ratio(spec, pool_ratio)
-        return ("ratio:" + ",".join(f"{k}={v:g}" for k, v in ratio.items()),), None
+        return (ratio_of(spec, pool_ratio),), None
     return ("reference", "typical", "workload") if values.get("sweep_ratio") else ("reference",), None
+
+
+def ratio_of(spec: ModelSpec, pool_ratio: Mapping[str, float]) -> str:
+    """The `ratio:` policy of pool_ratio: as in `plan`, a share for every group,
+    summing to 1 (the `ratio:` policy of compare may name only some groups)."""
+    with flagged("--pool-ratio"):
+        ratio = check_pool_ratio(spec, pool_ratio)
+    return "ratio:" + ",".join(f"{k}={v:g}" for k, v in ratio.items())
+
+
+def named_policies(flag: str, text: str) -> tuple[str, ...]:
+    """The policies of `text` (P1,P2,...; a `ratio:` entry keeps its commas)."""
+    if not text.strip():
+        raise KvpoolError(f"{flag} is empty; give a value or leave the flag out")
+    if any(not item.strip() for item in text.split(",")):
+        raise KvpoolError(f"{flag} {text!r} has an empty item; list policies as P1,P2")
+    with flagged(flag):
+        return tuple(parse_policies(text))
 
 
 def sweep_of(values: dict[str, Any], spec: ModelSpec) -> Sweep | None:
@@ -248,44 +257,35 @@ class Simulation:
         """The set-up `simulate` runs (its keywords). Raises KvpoolError naming the
         option for anything that would make a run meaningless, before any runs."""
         values: dict[str, Any] = dict(options)
-        plan_options = {k: values.pop(k) for k in list(values) if k in KEYWORDS}
+        request = one_replica(model, gpu, {k: values.pop(k) for k in list(values) if k in KEYWORDS})
         unknown = sorted(set(values) - set(SimulateKeywords.__optional_keys__))
         if unknown:
             raise KvpoolError(f"unknown option(s) {', '.join(unknown)}")
-        if plan_options.get("phase", "final") != "final":
-            raise KvpoolError("simulate runs final plans; drop --phase profile")
-        request = PlanRequest.of(model, gpu, **plan_options)
-        if request.replicas > 1:
-            raise KvpoolError(
-                f"simulate runs one replica of tp {request.model.tp} x pp {request.model.pp}; "
-                f"--gpu {gpu} holds {request.replicas}: give --gpu {request.budget.gpu}x{request.count // request.replicas}"
-            )
         weights: Weights | None = values.get("weights")
-        if weights is not None and values.get("active_params") is not None:
-            raise KvpoolError("weights says the active parameters already: drop --active-params")
-        with flagged("--weights-bytes"):
-            total = weights_total(weights, values.get("weights_bytes"))
+        total = weights_total(weights, values.get("weights_bytes"), values.get("active_params"))
         given = None if total is None else -(-total // request.model.tp)
         resolved = resolve(request, weights_bytes=given, gpu_only_for_budget=False)
         gpu_spec = presets.load_gpu(str(request.budget.gpu))
         one_rank = step_weights(model, resolved, weights, total, values.get("active_params"))
-        with flagged("--trace"):
-            first = values.get("max_requests")
-            loaded = trace.head(first) if isinstance(trace, Trace) else load_trace(trace, max_requests=first)
-            loaded = loaded.with_rate(values.get("rate"), values.get("seed", 0))
-        calibration = calibration_of(values.get("calibration"))
-        steps = StepTimeModel.build(resolved.spec, gpu_spec, one_rank, calibration)
+        loaded = trace_of(trace, values)
+        steps = StepTimeModel.build(resolved.spec, gpu_spec, one_rank, calibration_of(values.get("calibration")))
         policies, named_by = policy_list(values, resolved.spec, request.pool_ratio)
         sweep = sweep_of(values, resolved.spec)
         tiers = tier_runs(values, gpu_spec)
-        if tiers is not None:
-            if sweep is not None or "rebalance" in policies:
-                raise KvpoolError("cold tiers are simulated with static splits: drop --sweep-ratio / rebalance")
-            if tiers.sweep and len(policies) > 1:
-                raise KvpoolError("a list of --host-memory sizes sweeps one policy: give one, not several")
-        padding = values.get("padding_reservation", True)
-        admission, dry_run = values.get("admission"), values.get("dry_run", False)
-        return cls(resolved, gpu_spec, steps, loaded, policies, padding, admission, tiers, sweep, dry_run, named_by)
+        check_tiers(tiers, sweep, policies)
+        return cls(
+            resolved,
+            gpu_spec,
+            steps,
+            loaded,
+            policies,
+            values.get("padding_reservation", True),
+            values.get("admission"),
+            tiers,
+            sweep,
+            values.get("dry_run", False),
+            named_by,
+        )
 
     @property
     def spec(self) -> ModelSpec:
@@ -344,10 +344,7 @@ class Simulation:
         notes = [f"step times: calibration {self.model.calibration} (--calibration; docs/sim.md)"]
         if self.tiers is not None:
             return self.run_tiered(plans, notes, progress, on_step)
-        runs = []
-        for pp in plans:
-            notes.extend(n for n in pp.notes if n not in notes)
-            runs.append(self.run_one(pp, progress=progress, on_step=on_step))
+        runs = [self.run_noted(pp, notes, progress=progress, on_step=on_step) for pp in plans]
         sweep = self.run_sweep(notes, progress, on_step) if self.sweep is not None else []
         if max(r.rejected for r in runs + [r for _, r in sweep]):
             notes.append(
@@ -355,6 +352,18 @@ class Simulation:
                 f"({self.resolved.limits.max_seq_len}) tokens, or more pages than the pools hold"
             )
         return SimulationResult(self, tuple(runs), tuple(sweep), (), tuple(notes))
+
+    def run_noted(
+        self,
+        pp: PolicyPlan,
+        notes: list[str],
+        tiers: Sequence[TierSpec] = (),
+        progress: Callable[[Progress], None] | None = None,
+        on_step: OnStep | None = None,
+    ) -> SimResult:
+        """`run_one`, the plan's notes added to `notes` (each once) first."""
+        notes.extend(n for n in pp.notes if n not in notes)
+        return self.run_one(pp, tiers, progress, on_step)
 
     def run_sweep(
         self, notes: list[str], progress: Callable[[Progress], None] | None, on_step: OnStep | None
@@ -385,8 +394,7 @@ class Simulation:
         for share in sweep.shares:
             try:
                 pp = self.plan(ratio_policy(sweep.group, share))
-                notes.extend(n for n in pp.notes if n not in notes)
-                points.append((share, self.run_one(pp, progress=progress, on_step=on_step)))
+                points.append((share, self.run_noted(pp, notes, progress=progress, on_step=on_step)))
             except KvpoolError as e:  # a share that cannot hold one request: note it, go on
                 notes.append(f"share {share:g} of {sweep.group} skipped: {e}")
         return points
@@ -404,9 +412,8 @@ class Simulation:
         m = self.resolved.request.model
         runs, sizes = [], []
         for pp in plans:
-            notes.extend(n for n in pp.notes if n not in notes)
             for size in tiers.sizes:
-                result = self.run_one(pp, tiers.specs(pp.plan, size, m.tp, m.pp), progress, on_step)
+                result = self.run_noted(pp, notes, tiers.specs(pp.plan, size, m.tp, m.pp), progress, on_step)
                 if tiers.sweep:
                     result = dataclasses.replace(result, policy=f"{pp.name} host {size}")
                 runs.append(result)
@@ -416,13 +423,46 @@ class Simulation:
         return SimulationResult(self, tuple(runs), (), tuple(sizes), tuple(notes))
 
 
-def weights_total(weights: Weights | None, weights_bytes: int | str | None) -> int | None:
+def weights_total(weights: Weights | None, weights_bytes: int | str | None, active: float | None) -> int | None:
     """The model's weight bytes on all ranks, when given (`weights` or `weights_bytes`)."""
-    if weights is not None and weights_bytes is not None:
-        raise KvpoolError("give weights or --weights-bytes, not both")
+    if weights is not None and (weights_bytes is not None or active is not None):
+        raise KvpoolError("weights says the bytes and active parameters: drop --weights-bytes / --active-params")
     if weights is not None:
         return int(weights.total_params * weights.bytes_per_param)
-    return None if weights_bytes is None else parse_size(weights_bytes)
+    with flagged("--weights-bytes"):
+        return None if weights_bytes is None else parse_size(weights_bytes)
+
+
+def one_replica(model: str, gpu: str, plan_options: dict[str, Any]) -> PlanRequest:
+    """The plan request of a simulation: one replica (its step times are one rank's), final plans."""
+    if plan_options.get("phase", "final") != "final":
+        raise KvpoolError("simulate runs final plans; drop --phase profile")
+    request = PlanRequest.of(model, gpu, **plan_options)
+    if request.replicas > 1:
+        ranks = request.model.tp * request.model.pp
+        raise KvpoolError(
+            f"simulate runs one replica of tp {request.model.tp} x pp {request.model.pp}; --gpu {gpu} holds "
+            f"{request.replicas}: give --gpu {request.budget.gpu}x{ranks}"
+        )
+    return request
+
+
+def trace_of(trace: str | Trace, values: dict[str, Any]) -> Trace:
+    """The trace (a name, a file or a `Trace`), its first `max_requests`, at `rate` (seeded)."""
+    first = values.get("max_requests")
+    with flagged("--trace"):
+        loaded = trace.head(first) if isinstance(trace, Trace) else load_trace(trace, max_requests=first)
+        return loaded.with_rate(values.get("rate"), values.get("seed", 0))
+
+
+def check_tiers(tiers: TierRuns | None, sweep: Sweep | None, policies: tuple[str, ...]) -> None:
+    """Cold tiers run static splits, and a list of host sizes one policy."""
+    if tiers is None:
+        return
+    if sweep is not None or "rebalance" in policies:
+        raise KvpoolError("cold tiers are simulated with static splits: drop --sweep-ratio / rebalance")
+    if tiers.sweep and len(policies) > 1:
+        raise KvpoolError("a list of --host-memory sizes sweeps one policy: give one, not several")
 
 
 def simulate(

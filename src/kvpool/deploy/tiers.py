@@ -28,7 +28,8 @@ class TierOptions:
     """`host_memory`: host memory for KV on one node; `disk`: a disk tier per rank
     (sizes as given, bytes or text); `host_rule`: how one rank's host tier follows
     from the node's (`RULES`); `ranks_per_node`: the GPUs sharing the node's host
-    memory (default: tp x pp)."""
+    memory (default: tp x pp, one engine). With more ranks than one engine's on the
+    node, each engine's vLLM `--kv-offloading-size` is its share of the node's memory."""
 
     host_memory: str | None = None
     disk: str | None = None
@@ -73,7 +74,8 @@ class TierOptions:
                 host_memory=host,
                 ranks_per_node=ranks,
                 kv_ranks=tp * pp,
-                offloading_gib=None if host is None else host / GiB,
+                # vLLM's size is one server's, summed over its KV ranks: its share of the node
+                offloading_gib=None if host is None else host / GiB * (tp * pp) / ranks,
                 hicache_gb=None if host is None else host / ranks / 1e9,
             )
         return plan_tiers(plan, host_bytes, disk, rule)
