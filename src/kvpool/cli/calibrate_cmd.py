@@ -13,6 +13,31 @@ Two kinds of measurement, either or both:
   use_gated_mlp, num_tokens, num_tensor_parallel_workers and
   time_stats.<op>.median in ms), as benchmarks/fit_calibration.py reads them.
 
+Timing steps on each engine (the same model, GPU and --tp as given here; equal
+prompts, so that the decoding requests' history is known: the prompt plus the
+tokens decoded so far):
+
+- vLLM (0.32): `vllm serve MODEL --enable-logging-iteration-details` logs each
+  step as "Iteration(N): C context requests, T context tokens, G generation
+  requests, ... iteration elapsed time: X ms": a row is decode_rows G,
+  prefill_tokens T (one context request), ms X. Or `vllm bench latency`:
+  `--batch-size 1 --input-len I --output-len 1` times one prefill of I tokens;
+  at `--batch-size B`, (the latency of `--output-len K+1` - that of
+  `--output-len 1`) / K is one decode step of B rows at context about I + K/2.
+- SGLang: `python -m sglang.benchmark.one_batch --model-path MODEL --tp N
+  --batch-size 1 8 64 256 --input-len 1024 --output-len 32` writes
+  prefill_latency and median_decode_latency per batch size to result.jsonl: a
+  decode row is decode_rows B, context I + 16, ms median_decode_latency x 1000;
+  at batch size 1 a prefill row is prefill_tokens I, ms prefill_latency x 1000.
+- TensorRT-LLM (PyTorch backend): `print_iter_log: true` in the
+  --extra_llm_api_options YAML logs each iteration's host_step_time and
+  prev_device_step_time (ms) with states num_ctx_tokens and
+  num_generation_tokens: decode_rows = num_generation_tokens (no drafts),
+  prefill_tokens = num_ctx_tokens, ms = host_step_time.
+
+Three steps at least, and steps of different sizes: the fit needs them to tell
+the floor from the work. A fit that puts any kernel above 100 % of the GPU's
+peak is refused (the times are not of this model on this GPU, or not in ms).
 The profile (`-o`, JSON) is what `kvpool simulate --calibration FILE` uses.
 """
 

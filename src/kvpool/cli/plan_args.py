@@ -141,7 +141,7 @@ def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True, workload: b
             metavar="TRACE",
             help="set the ratio from the expected pages of a trace's (prompt, output) "
             "lengths: a bundled trace (azure-conv, azure-code, mooncake-conv) "
-            "or a trace file",
+            "or a trace file (CSV or JSON lines: docs/traces.md)",
         )
     pol.add_argument(
         "--fit",

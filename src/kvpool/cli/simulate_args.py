@@ -25,7 +25,8 @@ def add_simulation_args(p: argparse.ArgumentParser) -> Any:
         "--trace",
         required=True,
         metavar="NAME|PATH",
-        help=f"bundled trace ({', '.join(presets.trace_names())}) or a trace file",
+        help=f"bundled trace ({', '.join(presets.trace_names())}), a mix (azure-conv:600+mooncake-conv:300) "
+        "or a trace file: CSV or JSON lines (docs/traces.md)",
     )
     s.add_argument(
         "--policy",
