@@ -16,7 +16,7 @@ from kvpool.cli.plan_args import add_plan_args, plan_keywords
 from kvpool.cli.plan_cmd import render_memory
 from kvpool.cli.tiers_args import add_tier_args
 from kvpool.deploy.engine_fit import ENGINE_NAMES, EngineFit
-from kvpool.deploy.fitting import FitResult, parse_engines
+from kvpool.deploy.fitting import FitResult, Search, parse_engines
 from kvpool.deploy.layouts import Layout
 from kvpool.engines.emit import ENGINES
 from kvpool.errors import KvpoolError
@@ -111,7 +111,7 @@ def render(found: FitResult) -> str:
     if found.search is None:
         return header(found) + "\n" + engines
     s, best = found.search, found.search.best
-    lines = [render_layouts(list(s.layouts), list(s.layouts + s.tried), s.users, s.length, found.gpu)]
+    lines = [render_layouts(s, found.gpu)]
     if found.engines and best is not None:
         lines += [f"\nper replica of the first layout ({best.replicas} x tp {best.tp}):\n", engines]
     elif best is not None and best.pp > 1:
@@ -163,33 +163,35 @@ def tier_line(tier: TierPlan) -> str:
     return f"{medium}: {format_bytes(tier.bytes)} per rank ({tier.rule}), pages {pages}"
 
 
-def render_layouts(good: list[Layout], tried: list[Layout], users: int, length: int, gpu: str) -> str:
-    head = f"layouts of {gpu} that hold {users} requests of {length:,} positions at once (fewest GPUs first):"
-    if not good:
-        closest = max(tried, key=lambda x: x.holds, default=None)
-        more = (
-            ""
-            if closest is None
-            else f"; the most any holds: {closest.holds} ({closest.gpus} GPUs, tp {closest.tp}, pp {closest.pp})"
-        )
+def render_layouts(search: Search, gpu: str) -> str:
+    """The layouts that hold the users (at most 12), and what falls short, closest."""
+    head = (
+        f"layouts of up to {search.max_gpus} {gpu} that hold {search.users} requests of {search.length:,} positions "
+        "at once (fewest GPUs first):"
+    )
+    closest = search.closest
+    if not search.layouts:
+        more = "" if closest is None else f"; the most any holds: {closest.holds} ({where(closest)}){why(closest)}"
         return f"{head}\nnone{more}"
     rows = [
-        [
-            x.gpus,
-            x.tp,
-            x.pp,
-            x.replicas,
-            format_bytes(x.kv_bytes),
-            x.per_replica,
-            x.holds,
-            f"{x.holds / users - 1:+.0%}",
-        ]
-        for x in good[:12]
+        [x.gpus, x.tp, x.pp, x.replicas, format_bytes(x.kv_bytes), x.per_replica, x.holds, headroom(x, search.users)]
+        for x in search.layouts[:12]
     ]
-    smaller = [x for x in tried if x.gpus < good[0].gpus]
     lines = [head, table(["GPUs", "TP", "PP", "replicas", "KV per rank", "per replica", "held", "headroom"], rows)]
-    if smaller:
-        most = max(smaller, key=lambda x: x.holds)
-        why = f": {most.reason}" if most.reason and not most.holds else f" ({most.holds} held)"
-        lines.append(f"fewer GPUs fall short; the closest is {most.gpus} GPUs, tp {most.tp}, pp {most.pp}{why}")
+    if closest is not None:
+        held = why(closest) or f" ({closest.holds} held)"
+        lines.append(f"fewer GPUs fall short; the closest is {where(closest)}{held}")
     return "\n".join(lines)
+
+
+def where(x: Layout) -> str:
+    return f"{x.gpus} GPU{'s' if x.gpus > 1 else ''}, tp {x.tp}, pp {x.pp}"
+
+
+def why(x: Layout) -> str:
+    """`: REASON` when the layout holds nothing for a reason, else nothing."""
+    return f": {x.reason}" if x.reason and not x.holds else ""
+
+
+def headroom(x: Layout, users: int) -> str:
+    return f"{x.holds / users - 1:+.0%}"

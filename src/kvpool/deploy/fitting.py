@@ -16,7 +16,7 @@ from typing import Any, Unpack
 
 from kvpool import presets
 from kvpool.deploy.engine_fit import EngineFit, engine_fit, fit_lengths
-from kvpool.deploy.gpus import MAX_GPUS
+from kvpool.deploy.gpus import MAX_GPUS, split_gpu
 from kvpool.deploy.launch import launch_model_id
 from kvpool.deploy.layouts import Layout, ranked
 from kvpool.deploy.layouts import search as search_layouts
@@ -73,6 +73,15 @@ class Search:
     def best(self) -> Layout | None:
         return self.layouts[0] if self.layouts else None
 
+    @property
+    def closest(self) -> Layout | None:
+        """What falls short, closest: the layout that holds the most when none holds
+        the users, else the one that holds the most with fewer GPUs than the first
+        that does (None when there is none)."""
+        best = self.best
+        short = [x for x in self.tried if best is None or x.gpus < best.gpus]
+        return max(short, key=lambda x: (x.holds, x.reason is None, x.gpus), default=None)
+
 
 @dataclass(frozen=True)
 class FitResult:
@@ -119,8 +128,10 @@ class FitResult:
                 "gpu": self.gpu,
                 "users": self.search.users,
                 "len": self.search.length,
+                "max_gpus": self.search.max_gpus,
                 "layouts": [x.to_json() for x in self.search.layouts],
                 "tried": [x.to_json() for x in self.search.tried],
+                "closest": None if self.search.closest is None else self.search.closest.to_json(),
             }
         if self.resolved is not None and self.plan is not None:
             out.update(summary(self.resolved), pools=pools_json(self.plan))
@@ -188,18 +199,28 @@ def fit(
     request = PlanRequest.of(model, gpu, whole_gpus=True, **options)
     gpu_name = presets.load_gpu(str(request.budget.gpu)).name
     if users is not None and length is not None:
-        return fit_users(request, gpu_name, Engines(names, model_id, cold), users, length)
+        cap = split_gpu(gpu)[1] or MAX_GPUS  # NAMExN searches up to N GPUs (h100x1: one), NAME up to 64
+        return fit_users(request, gpu_name, Engines(names, model_id, cold), Wanted(users, length, cap))
     resolved = resolve(request, gpu_only_for_budget=False)  # --gpu also counts the GPUs
     plan = resolved.plan()
     fits = Engines(names, model_id, cold).answer(resolved, plan, None, request.count)
     return FitResult(resolved.spec.name, gpu_name, request.count, resolved, plan, fits)
 
 
-def fit_users(request: PlanRequest, gpu_name: str, engines: Engines, users: int, length: int) -> FitResult:
+@dataclass(frozen=True)
+class Wanted:
+    """`users` requests of `length` positions at once, on at most `max_gpus` GPUs."""
+
+    users: int
+    length: int
+    max_gpus: int
+
+
+def fit_users(request: PlanRequest, gpu_name: str, engines: Engines, wanted: Wanted) -> FitResult:
     """The layouts that hold `users` requests of `length`, and the engines on the first."""
     if request.limits.max_seq_len is not None:
         raise KvpoolError("--len is the max_seq_len of --users: drop --max-seq-len")
-    max_gpus = request.count if request.count > 1 else MAX_GPUS
+    users, length, max_gpus = wanted.users, wanted.length, wanted.max_gpus
     found = search_layouts(request, users, length, max_gpus)
     good = ranked(found, users)
     search = Search(users, length, max_gpus, tuple(good), tuple(x for x in found if x not in good))
