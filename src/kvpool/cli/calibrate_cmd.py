@@ -44,33 +44,14 @@ The profile (`-o`, JSON) is what `kvpool simulate --calibration FILE` uses.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import math
-from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from kvpool.cli.common import add_json_arg, add_model_args, checked, print_json, table
 from kvpool.cli.files import input_file, output_file
+from kvpool.deploy.calibrating import CalibrationResult, calibrate
 from kvpool.deploy.gpus import gpu_and_count
-from kvpool.deploy.options import PlanRequest
-from kvpool.deploy.simulation import rank_step_model
-from kvpool.errors import KvpoolError, flagged
-from kvpool.presets import load_gpu
-from kvpool.sim.calibration import (
-    VIDUR_COLUMNS,
-    OpSamples,
-    StepSample,
-    fit_ops,
-    fit_steps,
-    for_gpu,
-    save_profile,
-    vidur_samples,
-)
-from kvpool.sim.kernels import CalibrationError
-from kvpool.sim.steptime import StepTimeModel
+from kvpool.sim.calibration import save_profile
 
 
 def register(sub: Any) -> None:
@@ -101,112 +82,28 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _rows(path: Path, need: tuple[str, ...]) -> list[dict[str, str]]:
-    """The CSV's rows (lines starting with # skipped); KvpoolError naming what is missing."""
-    try:
-        with path.expanduser().open(newline="") as f:
-            rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
-    except OSError as e:
-        raise KvpoolError(f"cannot read {path}: {e.strerror or e}") from None
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise KvpoolError(f"{path} is not a CSV file ({e})") from None
-    if not rows:
-        raise KvpoolError(f"{path} has no rows")
-    missing = [c for c in need if c not in rows[0]]
-    if missing:
-        raise KvpoolError(f"{path} lacks column(s) {', '.join(missing)}; see `kvpool calibrate --help`")
-    return rows
-
-
-def _number(row: dict[str, str], key: str, path: Path, line: int, *, minimum: float = 0.0) -> float:
-    try:
-        value = float(row[key])
-    except (TypeError, ValueError):
-        value = math.nan
-    if not math.isfinite(value) or value < minimum:
-        raise KvpoolError(f"{path} row {line}: {key} must be a number >= {minimum:g}, got {row[key]!r}")
-    return value
-
-
-def ops_samples(paths: list[Path]) -> OpSamples:
-    """The Vidur-layout timings of `paths`, as one set of samples."""
-    parts = []
-    for path in paths:
-        try:
-            parts.append(vidur_samples(_rows(path, VIDUR_COLUMNS)))
-        except CalibrationError as e:
-            raise KvpoolError(f"--ops {path}: {e}") from None
-    fields = [f.name for f in dataclasses.fields(OpSamples)]
-    return OpSamples(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))
-
-
-def step_samples(path: Path, model: StepTimeModel) -> list[StepSample]:
-    """Each measured step priced by `model` (its GPU time, floors excluded)."""
-    rows = _rows(path, ("decode_rows", "context", "prefill_tokens"))
-    if "ms" not in rows[0] and "seconds" not in rows[0]:
-        raise KvpoolError(f"{path} needs an 'ms' or 'seconds' column with the measured step time")
-    out = []
-    for i, r in enumerate(rows, start=2):
-        rows_n = int(_number(r, "decode_rows", path, i))
-        ctx = int(_number(r, "context", path, i))
-        pre = int(_number(r, "prefill_tokens", path, i))
-        start = int(_number(r, "prefill_start", path, i)) if r.get("prefill_start") not in (None, "") else 0
-        seconds = _number(r, "ms", path, i) * 1e-3 if "ms" in r else _number(r, "seconds", path, i)
-        if rows_n + pre == 0 or seconds <= 0:
-            raise KvpoolError(f"{path} row {i}: a step needs decode rows or prefill tokens, and a time > 0")
-        cost = model.cost(
-            [(ctx, 0)] * rows_n, [(start, pre)] if pre else [], graph=pre == 0, padded_batch=rows_n or None
-        )
-        out.append(StepSample(float(cost.total - cost.overhead), rows_n + (1 if pre else 0), seconds))
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    if args.steps is None and not args.ops:
-        raise KvpoolError("give --steps FILE.csv and/or --ops FILE.csv: the measurements to fit")
-    request = PlanRequest.of(
-        args.model,
-        args.gpu,
-        kv_dtype=args.kv_dtype,
-        tp=args.tp,
-        pp=args.pp,
-        ep=args.ep,
-        dp=args.dp,
-        tokens_per_block=args.tokens_per_block,
-    )
-    gpu = load_gpu(str(request.budget.gpu))
-    base = dataclasses.replace(for_gpu(gpu), name=args.out.stem)
-    report: dict[str, Any] = {"gpu": gpu.key, "from": base.name}
-    cal = base
-    if args.ops:
-        with flagged("--ops"):
-            ops = ops_samples(args.ops)
-            cal, ops_report = fit_ops(ops, cal, flops=gpu.bf16_flops, hbm=gpu.hbm_bandwidth_bytes_per_s)
-        report["ops"] = ops_report
-    if args.steps is not None:
-        model = rank_step_model(request, gpu, cal)
-        with flagged("--steps"):
-            samples = step_samples(args.steps, model)
-        cal, fit = fit_steps(cal, samples)
-        report["steps"] = {
-            **fit.values,
-            "median_error": fit.median_error,
-            "p90_error": fit.p90_error,
-            "samples": fit.samples,
-        }
-    cal = dataclasses.replace(cal, name=args.out.stem, source=f"kvpool calibrate on {gpu.key}")
-    save_profile(cal, args.out, report=report)
+    keywords = {k: getattr(args, k) for k in ("kv_dtype", "tp", "pp", "ep", "dp", "tokens_per_block")}
+    found = calibrate(args.model, gpu=args.gpu, steps=args.steps, ops=args.ops, name=args.out.stem, **keywords)
+    save_profile(found.calibration, args.out, report=found.report)
     if args.json:
-        print_json({"profile": str(args.out), "calibration": cal.to_json(), "fit": report})
+        print_json({"profile": str(args.out), "calibration": found.calibration.to_json(), "fit": found.report})
         return 0
+    print(render(found))
+    print(f"wrote {args.out}; use it with: kvpool simulate ... --calibration {args.out}")
+    return 0
+
+
+def render(found: CalibrationResult) -> str:
+    """The constants the fit changed (before, fitted) and each fit's median error."""
+    cal, base, report = found.calibration, found.base, found.report
     keys = [f.name for f in dataclasses.fields(cal) if f.name not in ("name", "source")]
     rows = [
         (k, f"{getattr(base, k):.4g}", f"{getattr(cal, k):.4g}") for k in keys if getattr(base, k) != getattr(cal, k)
     ]
-    print(table(["constant", "before", "fitted"], rows) if rows else "nothing changed")
+    lines = [table(["constant", "before", "fitted"], rows) if rows else "nothing changed"]
     for part in ("ops", "steps"):
         if part in report:
             fits = report[part] if part == "steps" else report[part]["matmul"]
-            print(f"{part}: median error {fits['median_error']:.1%} over {fits['samples']} measurements")
-    print(f"wrote {args.out}; use it with: kvpool simulate ... --calibration {args.out}")
-    return 0
+            lines.append(f"{part}: median error {fits['median_error']:.1%} over {fits['samples']} measurements")
+    return "\n".join(lines)

@@ -180,16 +180,20 @@ def print_json(obj: Any) -> None:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A plain text table: numbers right-aligned, text left-aligned."""
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    numeric = [all(_is_number(r[i]) for r in cells[1:]) and len(cells) > 1 for i in range(len(headers))]
-    lines = []
-    for k, r in enumerate(cells):
-        parts = [c.rjust(w) if numeric[i] and k else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
-        lines.append("  ".join(parts).rstrip())
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    body = [list(map(_cell, r)) for r in rows]
+    columns = list(zip(*([str(h) for h in headers], *body), strict=True))
+    widths = [max(map(len, col)) for col in columns]
+    numeric = [bool(body) and all(map(_is_number, col[1:])) for col in columns]
+    head = [_line([str(h) for h in headers], widths, [False] * len(widths)), "  ".join("-" * w for w in widths)]
+    return "\n".join(head + [_line(r, widths, numeric) for r in body])
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _line(cells: Sequence[str], widths: Sequence[int], right: Sequence[bool]) -> str:
+    return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)).rstrip()
 
 
 def _is_number(text: str) -> bool:

@@ -81,21 +81,36 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(inspect_json(spec, parameters, weights_bytes))
         return 0
-    print(
+    print(render(spec, parameters, weights_bytes))
+    return 0
+
+
+def render(spec: ModelSpec, parameters: int | None, weights_bytes: int | None) -> str:
+    """The spec as text: where it comes from, its pool groups, the full-attention bytes, the weights."""
+    lines = [
         f"{spec.name}  ({spec.family}, kv {spec.kv_dtype}, tp {spec.tp_size}, "
         f"{spec.tokens_per_block} tokens per page, {spec.num_layers} layers)"
-    )
+    ]
     if spec.source is not None:
-        print(f"source: {spec.source.describe()}")
+        lines.append(f"source: {spec.source.describe()}")
     if spec.pp_stage is not None:
         index, stages = spec.pp_stage
         layers = sorted(i for g in spec.groups for i in g.layers)
-        print(
+        lines.append(
             f"pipeline stage {index} of {stages} (layers {layers[0]}..{layers[-1]}): "
             "the stage with the most KV bytes per reference request"
         )
     if spec.kv_dtype_note:
-        print(f"note: {spec.kv_dtype_note}")
+        lines.append(f"note: {spec.kv_dtype_note}")
+    lines.append(groups_table(spec))
+    lines.append(f"full-attention bytes per token: {spec.full_attention_bytes_per_token:,}")
+    if weights_bytes is not None:
+        count = f"{parameters / 1e9:.2f}B parameters, " if parameters else ""
+        lines.append(f"weights: {count}{format_bytes(weights_bytes)} per rank at tp {spec.tp_size}")
+    return "\n".join(lines)
+
+
+def groups_table(spec: ModelSpec) -> str:
     rows = []
     for g in spec.groups:
         slot = g.rule.per_request  # one slot per request instead of pages of positions
@@ -110,9 +125,4 @@ def run(args: argparse.Namespace) -> int:
                 format_bytes(g.state_bytes) if slot else "-",
             ]
         )
-    print(table(["group", "kind", "life cycle", "layers", "bytes/token", "bytes/page", "state/request"], rows))
-    print(f"full-attention bytes per token: {spec.full_attention_bytes_per_token:,}")
-    if weights_bytes is not None:
-        count = f"{parameters / 1e9:.2f}B parameters, " if parameters else ""
-        print(f"weights: {count}{format_bytes(weights_bytes)} per rank at tp {spec.tp_size}")
-    return 0
+    return table(["group", "kind", "life cycle", "layers", "bytes/token", "bytes/page", "state/request"], rows)

@@ -14,6 +14,7 @@ from kvpool.deploy.adaptive import arrival_rate
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
 from kvpool.plan.memory import MemoryBudget
+from kvpool.plan.result import ConstraintResult
 from kvpool.units import format_bytes
 
 
@@ -65,50 +66,49 @@ def workload_rate(text: str) -> str:
 def render(plan: PoolPlan) -> str:
     """The plan as text: a header, one row per pool, constraints, concurrency, warnings."""
     lim = plan.limits
+    pools = "pool" if len(plan.groups) == 1 else "pools"
     lines = [
         f"{plan.spec.name}: {format_bytes(plan.total_bytes)} of {format_bytes(plan.budget_bytes)} "
-        f"in {len(plan.groups)} pool{'' if len(plan.groups) == 1 else 's'} (policy {plan.policy}, "
-        f"phase {plan.phase}, {plan.spec.tokens_per_block} tokens per page)",
+        f"in {len(plan.groups)} {pools} (policy {plan.policy}, phase {plan.phase}, "
+        f"{plan.spec.tokens_per_block} tokens per page)",
         f"limits: max_batch_size {lim.max_batch_size}, max_seq_len {lim.max_seq_len}, max_num_tokens "
         f"{lim.max_num_tokens or 'none'}, draft_len {lim.max_draft_len}, extra_kv_tokens "
         f"{lim.num_extra_kv_tokens}, avg_seq_len {plan.avg_seq_len or 'not given'}",
         "",
-        table(
-            ["group", "kind", "window", "page bytes", "pages", "bytes", "share"],
-            [
-                [
-                    g.name,
-                    g.kind,
-                    g.window,
-                    f"{g.page_bytes:,}",
-                    f"{g.pages:,}",
-                    format_bytes(g.bytes),
-                    f"{100 * g.share:.1f}%",
-                ]
-                for g in plan.groups
-            ],
-        ),
+        pools_table(plan),
+        *typical_step(plan),
+        *(constraint_line(c) for c in plan.constraints),
+        f"\nrequests that fit at once: {concurrency_text(plan.max_concurrency(), lim.max_seq_len, plan.avg_seq_len)}",
     ]
-    if plan.typical_step:
-        step = plan.typical_step
-        lines.append(
-            f"\ntypical step: {step[0].capacity}/{step[0].history}"
-            + (f" + {len(step) - 1} x {step[1].capacity}/{step[1].history}" if len(step) > 1 else "")
-            + " (capacity/history)"
-        )
-    for c in plan.constraints:
-        state = "fits" if c.satisfied else f"short {dict(c.short)}"
-        if c.shrunk_from is not None:
-            state += f" after shrinking its longest request from {c.shrunk_from.capacity}"
-        lines.append(
-            f"constraint {c.name}: {len(c.batch)} requests, longest "
-            f"{max(s.capacity for s in c.batch)} positions: {state}"
-        )
-    conc = concurrency_text(plan.max_concurrency(), lim.max_seq_len, plan.avg_seq_len)
-    lines.append(f"\nrequests that fit at once: {conc}")
     lines += [f"warning: {w}" for w in plan.warnings]
     lines += [f"note: {n}" for n in plan.notes if not n.startswith("fit:")]
     return "\n".join(lines)
+
+
+def pools_table(plan: PoolPlan) -> str:
+    rows = [
+        [g.name, g.kind, g.window, f"{g.page_bytes:,}", f"{g.pages:,}", format_bytes(g.bytes), f"{100 * g.share:.1f}%"]
+        for g in plan.groups
+    ]
+    return table(["group", "kind", "window", "page bytes", "pages", "bytes", "share"], rows)
+
+
+def typical_step(plan: PoolPlan) -> list[str]:
+    """The typical step's shapes (capacity/history), when the plan has one."""
+    step = plan.typical_step
+    if not step:
+        return []
+    rest = f" + {len(step) - 1} x {step[1].capacity}/{step[1].history}" if len(step) > 1 else ""
+    return [f"\ntypical step: {step[0].capacity}/{step[0].history}{rest} (capacity/history)"]
+
+
+def constraint_line(c: ConstraintResult) -> str:
+    state = "fits" if c.satisfied else f"short {dict(c.short)}"
+    if c.shrunk_from is not None:
+        state += f" after shrinking its longest request from {c.shrunk_from.capacity}"
+    return (
+        f"constraint {c.name}: {len(c.batch)} requests, longest {max(s.capacity for s in c.batch)} positions: {state}"
+    )
 
 
 def render_memory(memory: MemoryBudget, gpu: str, layout: str) -> str:

@@ -11,13 +11,15 @@ and run a simulation. The CLI, `kvpool serve` and a notebook call the same three
 
 One namespace rather than `kvpool.fit`/`kvpool.plan`: `kvpool.plan` is the sizing
 package (pure functions, NumPy only), which a function of that name would shadow,
-and `import kvpool` stays the NumPy-only core. Each function takes typed keywords
+and `import kvpool` stays the NumPy-only core. `deploy.calibrate` fits the
+simulator's step times to measurements of your own (`kvpool calibrate`). Each function takes typed keywords
 (`PlanKeywords`: limits, budget, parallel layout, policy) and returns a frozen
 result whose `to_dict()` is the matching command's `--json`. Bad input raises a
 `KvpoolError` naming the option as the command line spells it.
 """
 
 from kvpool.deploy.budget import Budget, kv_budget
+from kvpool.deploy.calibrating import CalibrationResult, calibrate
 from kvpool.deploy.engine_fit import EngineFit
 from kvpool.deploy.fitting import FitResult, Search, fit
 from kvpool.deploy.options import PlanKeywords, PlanRequest
@@ -27,6 +29,7 @@ from kvpool.deploy.simulation import SimulateKeywords, Simulation, SimulationRes
 
 __all__ = [
     "Budget",
+    "CalibrationResult",
     "EngineFit",
     "FitResult",
     "PlanKeywords",
@@ -37,6 +40,7 @@ __all__ = [
     "SimulateKeywords",
     "Simulation",
     "SimulationResult",
+    "calibrate",
     "fit",
     "kv_budget",
     "plan",
