@@ -141,11 +141,12 @@ class KVCacheManager:
         are not token ids, or a salt of another type (nothing registered then)."""
         check_rid(rid)
         ids = check_tokens(tokens, f"request {rid}: tokens") if self.enable_reuse and tokens is not None else None
-        seed = salt_seed(salt) if ids is not None else 0
+        seed = salt_seed(salt) if self.enable_reuse else 0  # also for ids that come later, with `commit`
         req = self._new_request(rid, dummy=False)
+        req.seed = seed
         if ids is None:
             return 0
-        req.tokens, req.seed = ids, seed
+        req.tokens = ids
         hit = prefix.attach_prefix(self.tables, req, self._prompts, self.tier)
         req.lookup = (len(ids), hit)
         self.requests.pending_lookups += 1
