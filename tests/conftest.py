@@ -23,6 +23,30 @@ if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transf
     collect_ignore_glob += ["test_engine_*.py", "engine_helpers.py"]
 
 
+# What `make test-core` leaves out (`-m "not slow and not outside"`; `make test` runs it all):
+# tests that need what `make setup` does not install (the engines' side venvs,
+# Chromium) or that run the reference engine's torch models, and whole studies (slow).
+OUTSIDE = (
+    "test_engines_truth.py",
+    "test_engines_tier_flags.py",
+    "test_engines_sglang_tier_flags.py",
+    "test_serve_browser.py",
+    "test_engine_",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "outside: needs what make setup does not install, or runs torch models (conftest OUTSIDE)"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name.startswith(OUTSIDE):
+            item.add_marker(pytest.mark.outside)
+
+
 def attention_config(**overrides: Any) -> dict[str, Any]:
     """A small Llama-like config dict; override any field."""
     config: dict[str, Any] = {

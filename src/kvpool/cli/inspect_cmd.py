@@ -6,14 +6,10 @@ import argparse
 from typing import Any
 
 from kvpool.cli.common import add_json_arg, add_model_args, print_json, say_fallback, table
-from kvpool.deploy.budget import weights_source
+from kvpool.deploy.budget import weights_facts
 from kvpool.deploy.options import ModelOptions
-from kvpool.deploy.resolution import check_tp_divides_heads
-from kvpool.models.params import ParameterCountError
-from kvpool.models.weight_dtype import WeightSchemeError
-from kvpool.models.weights import model_weights
+from kvpool.deploy.resolution import model_spec
 from kvpool.spec import ModelSpec
-from kvpool.spec.loader import read_model_config, spec_from_read
 from kvpool.units import format_bytes
 
 
@@ -26,16 +22,6 @@ def register(sub: Any) -> None:
     add_model_args(p)
     add_json_arg(p)
     p.set_defaults(func=run)
-
-
-def weights_facts(model: ModelOptions, spec: ModelSpec) -> tuple[int | None, int | None]:
-    """(parameters, weight bytes per rank at --tp) of the model `spec` was loaded
-    from, None where kvpool has no formula for its family (the KV layout is still shown)."""
-    try:
-        weights = model_weights(spec.config, weights_source(spec, model.model))
-    except (ParameterCountError, WeightSchemeError):
-        return None, None
-    return weights.parameters, weights.per_rank_bytes(model.parallel)
 
 
 def inspect_json(spec: ModelSpec, parameters: int | None = None, weights_bytes: int | None = None) -> dict[str, Any]:
@@ -67,17 +53,9 @@ def inspect_json(spec: ModelSpec, parameters: int | None = None, weights_bytes: 
 
 def run(args: argparse.Namespace) -> int:
     model = ModelOptions(args.model, args.kv_dtype, args.tp, args.pp, args.ep, args.dp, args.tokens_per_block)
-    read = read_model_config(model.model)
-    check_tp_divides_heads(read[2], model.tp)  # as plan does: vLLM refuses such a --tp
-    spec = spec_from_read(
-        read,
-        kv_dtype=model.kv_dtype,
-        tp_size=model.attention_tp,
-        pp_size=model.pp,
-        tokens_per_block=model.tokens_per_block,
-    )
+    spec = model_spec(model)  # refuses a tp that does not divide the heads, as plan does (vLLM does)
     say_fallback(spec)
-    parameters, weights_bytes = weights_facts(model, spec)
+    parameters, weights_bytes = weights_facts(spec, model)
     if args.json:
         print_json(inspect_json(spec, parameters, weights_bytes))
         return 0

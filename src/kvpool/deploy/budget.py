@@ -111,6 +111,16 @@ def weights_source(spec: ModelSpec, model: str) -> str | Path:
     return origin.folder if origin is not None and origin.folder else model
 
 
+def weights_facts(spec: ModelSpec, model: ModelOptions) -> tuple[int | None, int | None]:
+    """(parameters, weight bytes per rank at the model's layout) of the model `spec`
+    was loaded from, None where kvpool has no formula for its family."""
+    try:
+        weights = model_weights(spec.config, weights_source(spec, model.model))
+    except (ParameterCountError, WeightSchemeError):
+        return None, None
+    return weights.parameters, weights.per_rank_bytes(model.parallel)
+
+
 def weights_per_rank(spec: ModelSpec, model: ModelOptions, draft_len: int = 0) -> tuple[int, str]:
     """(weight bytes on the busiest rank, where they come from): the checkpoint's
     headers or the family's formula (models/weights.py), with the model's

@@ -17,14 +17,11 @@ from typing import Any
 
 from kvpool.deploy.budget import kv_budget
 from kvpool.deploy.options import PlanRequest
-from kvpool.deploy.resolution import Resolved, check_positions, serving_limits
+from kvpool.deploy.resolution import ConfigRead, Resolved, check_positions, serving_limits
 from kvpool.errors import KvpoolError
-from kvpool.models import ModelSource
 from kvpool.plan import plan_pools
 from kvpool.spec import ModelSpec
 from kvpool.spec.loader import read_model_config, spec_from_read
-
-ConfigRead = tuple[str, str, dict[str, Any], ModelSource | None]  # what read_model_config returns
 
 # within a node powers of two; beyond, whole 8-GPU nodes
 GPU_COUNTS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)

@@ -92,7 +92,7 @@ class ModelOptions:
     tokens_per_block: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, str) or not self.model.strip():
+        if not isinstance(self.model, str):  # an empty one is the model resolver's to explain
             raise KvpoolError(f"MODEL must be a preset name, a path or a Hugging Face id, got {self.model!r}")
         for name in ("tp", "pp", "ep", "dp"):
             _count(name, getattr(self, name))

@@ -13,6 +13,7 @@ import numpy as np
 from kvpool.deploy.budget import Budget, kv_budget
 from kvpool.deploy.options import DEFAULT_MAX_SEQ_LEN, LimitOptions, ModelOptions, PlanRequest
 from kvpool.errors import KvpoolError, LimitsError, flagged
+from kvpool.models import ModelSource
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
 from kvpool.plan.sizing import check_pool_ratio
 from kvpool.plan.workload import Workload
@@ -20,6 +21,8 @@ from kvpool.presets.traces import load_trace
 from kvpool.spec import ModelSpec
 from kvpool.spec import loader as spec_loader
 from kvpool.spec.loader import read_model_config, spec_from_read
+
+ConfigRead = tuple[str, str, dict[str, Any], ModelSource | None]  # what read_model_config returns
 
 # ServingLimits' fields (its errors start with the field's name) -> the option that sets each.
 LIMIT_FLAGS = {
@@ -86,27 +89,34 @@ def check_tp_divides_heads(config: Mapping[str, Any], tp: int) -> None:
         spec_loader.check_tp_divides_heads(config, tp)
 
 
-def load_spec(model: ModelOptions, max_seq_len: int | None) -> tuple[ModelSpec, int]:
-    """The model spec at the plan's max_seq_len (a window of at least L is full
-    attention) and that L: `max_seq_len`, else the model's max positions capped
-    at 8192. The config is read once."""
-    read = read_model_config(model.model)
+def model_spec(model: ModelOptions, read: ConfigRead | None = None, max_seq_len: int | None = None) -> ModelSpec:
+    """The spec of one rank of `model` from its config (`read`, else read now; a tp
+    that does not divide the heads refused by name), at `max_seq_len` when given: a
+    window of at least L is then full attention."""
+    if read is None:
+        read = read_model_config(model.model)
     check_tp_divides_heads(read[2], model.tp)
+    return spec_from_read(
+        read,
+        kv_dtype=model.kv_dtype,
+        tp_size=model.attention_tp,
+        pp_size=model.pp,
+        tokens_per_block=model.tokens_per_block,
+        max_seq_len=max_seq_len,
+    )
+
+
+def load_spec(model: ModelOptions, max_seq_len: int | None) -> tuple[ModelSpec, int]:
+    """The model spec at the plan's max_seq_len and that L: `max_seq_len`, else
+    the model's max positions capped at 8192. The config is read once."""
+    read = read_model_config(model.model)
     max_pos = read[2].get("max_position_embeddings")
     max_len = max_seq_len
     if max_len is None:
         max_len = min(int(max_pos) if max_pos else DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
     else:
         check_positions(read[2], max_len)
-    spec = spec_from_read(
-        read,
-        kv_dtype=model.kv_dtype,
-        tp_size=model.attention_tp,
-        pp_size=model.pp,
-        tokens_per_block=model.tokens_per_block,
-        max_seq_len=max_len,
-    )
-    return spec, max_len
+    return model_spec(model, read, max_len), max_len
 
 
 def serving_limits(options: LimitOptions, max_seq_len: int) -> ServingLimits:
