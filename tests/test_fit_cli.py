@@ -128,6 +128,8 @@ def test_emit_to_writes_a_yaml_a_launcher_reads(cli: Any, tmp_path: Path) -> Non
         (["--gpu", "h100", "--users", "3"], "--users N and --len L together"),
         (["--gpu", "h100", "--users", "3", "--len", "9", "--max-seq-len", "9"], "drop --max-seq-len"),
         (["--gpu", "h100x3", "--tp", "2"], "does not divide 3 GPUs"),
+        (["--gpu", "h100", "--users", "3", "--len", "9", "--pool-ratio", "full=1"], "drop --pool-ratio"),
+        (["--gpu", "h100", "--users", "3", "--len", "9", "--fit"], "drop --fit"),
         (["--gpu", "h100", "--emit-to", "x.sh"], "give one --engine"),
         (["--gpu", "h100x999"], "at most 64 GPUs"),
         ([], "fit needs --gpu"),

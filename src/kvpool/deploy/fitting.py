@@ -216,10 +216,19 @@ class Wanted:
     max_gpus: int
 
 
-def fit_users(request: PlanRequest, gpu_name: str, engines: Engines, wanted: Wanted) -> FitResult:
-    """The layouts that hold `users` requests of `length`, and the engines on the first."""
+def check_users_request(request: PlanRequest) -> None:
+    """What a layout search cannot honour is refused: its length is --len, and it
+    sizes every layout by kvpool's default split."""
     if request.limits.max_seq_len is not None:
         raise KvpoolError("--len is the max_seq_len of --users: drop --max-seq-len")
+    policy = [f for f, v in (("--pool-ratio", request.pool_ratio), ("--workload", request.workload)) if v]
+    if policy or request.shrink_to_fit:
+        raise KvpoolError(f"--users searches layouts with kvpool's default split: drop {' / '.join(policy) or '--fit'}")
+
+
+def fit_users(request: PlanRequest, gpu_name: str, engines: Engines, wanted: Wanted) -> FitResult:
+    """The layouts that hold `users` requests of `length`, and the engines on the first."""
+    check_users_request(request)
     users, length, max_gpus = wanted.users, wanted.length, wanted.max_gpus
     found = search_layouts(request, users, length, max_gpus)
     good = ranked(found, users)
