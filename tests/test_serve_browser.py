@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from kvpool.cli.serve_cmd import make_server
+from kvpool.units import format_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOT = ROOT / "build" / "kvpool-serve.png"  # the last state: layouts and engines for 200 users
@@ -226,6 +227,9 @@ def check_against_cli(shown: dict[str, Any], fit: dict[str, Any]) -> None:
         assert cells["version"] == e["version_modelled"]
         assert cells["verdict"].startswith(e["verdict"])
         assert cells["budget"] == "  |  ".join(e["budget_flags"])
+        own = e["own_default"]  # the KV the engine takes by its own defaults, as the CLI prints it
+        said = "-" if own is None else f"{format_bytes(own['kv_bytes_per_rank'])} ({own['rule']})"
+        assert cells["own-default"] == said
         for name, count in e["requests_that_fit"].items():
             assert int(cells[f"fit-{name}"]) == count
         assert int(cells["graphs"]) == e["largest_graph_batch"]

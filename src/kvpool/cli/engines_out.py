@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 
 from kvpool.cli.common import checked, concurrency_text, table
+from kvpool.engines import registry
 from kvpool.engines.common import EnginePool, EngineReport
-from kvpool.engines.emit import ENGINES, RELEASES, Emitted, engine_name
+from kvpool.engines.emit import Emitted
 from kvpool.plan import REFERENCE_REQUEST, PoolPlan, decode_shape
 from kvpool.units import format_bytes
 
@@ -17,11 +18,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engines")
     g.add_argument(
         "--engine",
-        type=checked(engine_name),
+        type=checked(registry.engine_name),
         default=None,
         metavar="ENGINE[@RELEASE]",
         help="also show what this engine would allocate from the same memory by its own rules: "
-        + ", ".join(f"{e} (= {e}@{r[0]})" for e, r in RELEASES.items())
+        + ", ".join(f"{e} (= {e}@{r[0]})" for e, r in registry.RELEASES.items())
         + "; trtllm@v1 (or trtllm-v1): TensorRT-LLM's old C++ manager",
     )
     g.add_argument(
@@ -40,7 +41,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--emit",
-        choices=ENGINES,
+        choices=registry.NAMES,
         default=None,
         help="print the launch command (vllm, sglang) or extra-options YAML (trtllm) that "
         "follows the plan, with a note for each part the engine cannot express",

@@ -15,10 +15,10 @@ from kvpool.cli.files import atomic_path, output_file
 from kvpool.cli.plan_args import add_plan_args, plan_keywords
 from kvpool.cli.plan_cmd import render_memory
 from kvpool.cli.tiers_args import add_tier_args
-from kvpool.deploy.engine_fit import ENGINE_NAMES, EngineFit
+from kvpool.deploy.engine_fit import EngineFit
 from kvpool.deploy.fitting import FitResult, Search, parse_engines
 from kvpool.deploy.layouts import Layout
-from kvpool.engines.emit import ENGINES
+from kvpool.engines import registry
 from kvpool.errors import KvpoolError
 from kvpool.plan.tiers import TierPlan
 from kvpool.units import format_bytes
@@ -41,7 +41,7 @@ def register(sub: Any) -> None:
         type=checked(parse_engines),
         default="all",
         metavar="E,...",
-        help=f"engines to answer for: {', '.join(ENGINES)} or all (default all)",
+        help=f"engines to answer for: {', '.join(registry.NAMES)} or all (default all)",
     )
     f.add_argument("--users", type=positive_int, default=None, metavar="N", help="requests decoding at once")
     f.add_argument("--len", type=positive_int, default=None, metavar="L", help="their length, prompt plus output")
@@ -114,10 +114,6 @@ def render(found: FitResult) -> str:
     lines = [render_layouts(s, found.gpu)]
     if found.engines and best is not None:
         lines += [f"\nper replica of the first layout ({best.replicas} x tp {best.tp}):\n", engines]
-    elif best is not None and best.pp > 1:
-        lines.append(
-            "\nnote: the launch lines state tensor parallelism only; the first layout pipelines: no launch line"
-        )
     return "\n".join(lines)
 
 
@@ -139,7 +135,7 @@ def header(found: FitResult) -> str:
 
 def render_engine(fit: EngineFit) -> str:
     """A few lines: verdict, budget flags, KV, requests, graphs, launch."""
-    name = ENGINE_NAMES[fit.engine]
+    name = registry.entry(fit.engine).title
     if fit.emitted is None:
         return f"{name}: NOT MODELLED: {'; '.join(fit.reasons)}"
     verdict = "starts" if fit.starts else "REFUSES: " + "; ".join(fit.reasons)
@@ -148,6 +144,11 @@ def render_engine(fit: EngineFit) -> str:
         f"{name} ({fit.emitted.report.version_modelled}): {verdict}",
         f"  budget: {' | '.join(fit.budget_flags) or 'give --gpu alone for the fraction'}"
         f"  (KV {format_bytes(fit.kv_bytes)} per rank)",
+        *(
+            []
+            if fit.own_default is None
+            else [f"  by its own defaults: KV {format_bytes(fit.own_default[0])} per rank ({fit.own_default[1]})"]
+        ),
         f"  requests that fit at once: {fits}",
         f"  CUDA graphs: {fit.graph_note.split(': ', 1)[1]}",
         *(f"  {tier_line(t)}" for t in fit.tiers),

@@ -22,6 +22,7 @@ from kvpool.deploy.gpus import gpu_and_count
 from kvpool.deploy.options import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_NUM_TOKENS, DEFAULT_MAX_SEQ_LEN, PARTS
 from kvpool.errors import KvpoolError, LimitsError
 from kvpool.plan.sizing import parse_shares
+from kvpool.spec.loader import SSM_DTYPES
 
 non_negative_int = int_at_least(0)
 
@@ -104,6 +105,20 @@ def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True, workload: b
         help="speculative draft tokens per step (default 0)",
     )
     lim.add_argument(
+        "--mamba-ssm-dtype",
+        choices=tuple(SSM_DTYPES),
+        default="auto",
+        help="dtype of Mamba layers' SSM state (vLLM's --mamba-ssm-cache-dtype; auto: the model's, Nemotron-H's "
+        "config field; float32 as Jamba's and Falcon-H1's model cards recommend doubles the state)",
+    )
+    lim.add_argument(
+        "--draft-model",
+        default=None,
+        metavar="MODEL|mtp",
+        help="the drafter whose KV the plan holds beside the model's, in its own pools: a draft model or "
+        "EAGLE head (preset, path or Hugging Face id), or mtp for the model's own MTP layers (spec/drafts.py)",
+    )
+    lim.add_argument(
         "--extra-kv-tokens",
         type=non_negative_int,
         default=0,
@@ -172,6 +187,8 @@ PLAN_KEYWORDS = (
     "ep",
     "dp",
     "tokens_per_block",
+    "draft_model",
+    "mamba_ssm_dtype",
     "kv_memory",
     "non_kv_memory",
     "memory_fraction",

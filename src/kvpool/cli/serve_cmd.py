@@ -84,7 +84,7 @@ def fit_json(query: dict[str, str]) -> dict[str, Any]:
 
 
 def options_json() -> dict[str, Any]:
-    from kvpool.engines.emit import ENGINES
+    from kvpool.engines.registry import NAMES as ENGINES
 
     return {"models": presets.model_names(), "gpus": presets.gpu_names(), "engines": list(ENGINES)}
 

@@ -23,13 +23,13 @@ from kvpool.deploy.layouts import search as search_layouts
 from kvpool.deploy.options import ModelOptions, PlanKeywords, PlanRequest
 from kvpool.deploy.resolution import Resolved, resolve
 from kvpool.deploy.tiers import TierOptions
-from kvpool.engines.emit import ENGINES, RELEASES, engine_name
+from kvpool.engines import registry
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
-from kvpool.plan.tiers import Rule, TierPlan
+from kvpool.plan.tiers import TierPlan
 
 GPUS_PER_NODE = 8  # tensor parallelism stays inside one node (layouts.py); its GPUs share its host memory
-ENGINE_RULES: dict[str, Rule] = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
+ENGINE_RULES: dict[str, str] = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class FitTiers:
 
     host_memory: str | None = None
     disk: str | None = None
-    host_rule: Rule | None = None
+    host_rule: str | None = None
     ranks_per_node: int | None = None
 
     def __post_init__(self) -> None:
@@ -144,18 +144,20 @@ def parse_engines(engines: str | Sequence[str]) -> tuple[str, ...]:
     bare name. The launch lines follow each engine's newest modelled release, so an
     older one is refused."""
     text = engines if isinstance(engines, str) else ",".join(engines)
+    every = registry.NAMES
     if text.strip().lower() == "all":
-        return ENGINES
+        return every
     if any(not e.strip() for e in text.split(",")):
-        raise KvpoolError(f"--engine {text!r} has an empty item; choose from {', '.join(ENGINES)} or all")
+        raise KvpoolError(f"--engine {text!r} has an empty item; choose from {', '.join(every)} or all")
     names = []
     for item in (e.strip().lower() for e in text.split(",")):
         try:
-            engine, release = engine_name(item)
+            engine, release = registry.engine_name(item)
         except KvpoolError:
-            raise KvpoolError(f"--engine {text!r}: choose from {', '.join(ENGINES)} or all") from None
-        if release != RELEASES[engine][0]:
-            raise KvpoolError(f"fit states {engine}@{RELEASES[engine][0]}'s launch; {item} is for kvpool plan --engine")
+            raise KvpoolError(f"--engine {text!r}: choose from {', '.join(every)} or all") from None
+        newest = registry.RELEASES[engine][0]
+        if release != newest:
+            raise KvpoolError(f"fit states {engine}@{newest}'s launch; {item} is for kvpool plan --engine")
         names.append(engine)
     return tuple(dict.fromkeys(names))
 
@@ -170,7 +172,7 @@ def fit(
     model_id: str | None = None,
     host_memory: int | str | None = None,
     disk: int | str | None = None,
-    host_rule: Rule | None = None,
+    host_rule: str | None = None,
     ranks_per_node: int | None = None,
     **options: Unpack[PlanKeywords],
 ) -> FitResult:
@@ -237,7 +239,7 @@ def fit_users(request: PlanRequest, gpu_name: str, engines: Engines, wanted: Wan
     if best is None or best.resolved is None:
         return FitResult(request.model.model, gpu_name, request.count, None, None, (), search)
     plan = best.resolved.plan()
-    fits = engines.answer(best.resolved, plan, length, best.gpus) if best.pp == 1 else ()
+    fits = engines.answer(best.resolved, plan, length, best.gpus)
     return FitResult(request.model.model, gpu_name, request.count, best.resolved, plan, fits, search)
 
 
@@ -255,7 +257,7 @@ class Engines:
         launch_id = launch_model_id(plan, resolved.request.model.model, self.model_id)
         lengths, memory, model = fit_lengths(plan, length), resolved.budget.memory, resolved.request.model
         return tuple(
-            engine_fit(e, plan, launch_id, memory, lengths, self.tiers.for_engine(e, plan, model, gpus))
+            engine_fit(e, plan, launch_id, memory, lengths, model.parallel, self.tiers.for_engine(e, plan, model, gpus))
             for e in self.names
         )
 

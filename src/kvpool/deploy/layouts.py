@@ -17,11 +17,11 @@ from typing import Any
 
 from kvpool.deploy.budget import kv_budget
 from kvpool.deploy.options import PlanRequest
-from kvpool.deploy.resolution import ConfigRead, Resolved, check_positions, serving_limits
+from kvpool.deploy.resolution import ConfigRead, Resolved, check_positions, model_spec, serving_limits
 from kvpool.errors import KvpoolError
 from kvpool.plan import plan_pools
 from kvpool.spec import ModelSpec
-from kvpool.spec.loader import read_model_config, spec_from_read
+from kvpool.spec.loader import read_model_config
 
 # within a node powers of two; beyond, whole 8-GPU nodes
 GPU_COUNTS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
@@ -99,14 +99,7 @@ def layout_spec(read: ConfigRead, request: PlanRequest, tp: int, pp: int, length
     """The spec of one rank of tp x pp at `length`, or why there is none (a tp
     that does not divide the heads is refused, as vLLM refuses it)."""
     try:
-        return spec_from_read(
-            read,
-            kv_dtype=request.model.kv_dtype,
-            tp_size=tp,
-            pp_size=pp,
-            tokens_per_block=request.model.tokens_per_block,
-            max_seq_len=length,
-        )
+        return model_spec(request.with_layout(tp, pp).model, read, length)
     except KvpoolError as e:
         return str(e)
 

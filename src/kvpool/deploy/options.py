@@ -47,6 +47,8 @@ class PlanKeywords(TypedDict, total=False):
     ep: int
     dp: int
     tokens_per_block: int | None
+    draft_model: str | None
+    mamba_ssm_dtype: str
     # the KV budget per rank (beside `gpu`, which each function takes itself)
     kv_memory: Size | None
     non_kv_memory: Size | None
@@ -90,6 +92,8 @@ class ModelOptions:
     ep: int = 1
     dp: int = 1
     tokens_per_block: int | None = None
+    draft_model: str | None = None  # a drafter's model (or `mtp`): its layers as the spec's draft groups
+    mamba_ssm_dtype: str = "auto"  # the Mamba SSM state's dtype (vLLM's --mamba-ssm-cache-dtype)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str):  # an empty one is the model resolver's to explain

@@ -12,16 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Unpack
 
-from kvpool.deploy.launch import check_engine_options, launch_for, report_for
+from kvpool.deploy.launch import check_engine_options, launch_for, launch_model_id, report_for
 from kvpool.deploy.options import PlanKeywords, PlanRequest
 from kvpool.deploy.resolution import Resolved, resolve
 from kvpool.deploy.tiers import TierOptions
+from kvpool.engines import registry
 from kvpool.engines.common import EngineReport
 from kvpool.engines.emit import Emitted
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
 from kvpool.plan.memory import MemoryBudget
-from kvpool.plan.tiers import Rule, TierPlan
+from kvpool.plan.tiers import TierPlan
 from kvpool.units import format_bytes
 
 Sizing = Literal["workload", "occupancy", "tuned"]
@@ -83,7 +84,7 @@ def plan(
     workload_rate: float | str | None = None,
     host_memory: int | str | None = None,
     disk: int | str | None = None,
-    host_rule: Rule = "even",
+    host_rule: str = "even",
     ranks_per_node: int | None = None,
     **options: Unpack[PlanKeywords],
 ) -> PlanResult:
@@ -115,12 +116,13 @@ def plan(
     tier_options.check()
     m = request.model
     tiers = tier_options.per_rank(pools, m.tp, m.pp)
-    check_engine_options(engine, emit, model_id, block_size, async_scheduling)
-    report = report_for(engine, pools, block_size, async_scheduling)
+    own = registry.EngineOptions(block_size, async_scheduling)
+    check_engine_options(engine, emit, model_id, own)
+    report = report_for(engine, pools, own)
     emitted = None
     if emit is not None:
-        beyond_tp = [f"--{k} {v}" for k, v in (("pp", m.pp), ("ep", m.ep), ("dp", m.dp)) if v > 1]
-        emitted = launch_for(emit, pools, m.model, model_id, resolved.budget.memory, tiers, beyond_tp)
+        launch_id = launch_model_id(pools, m.model, model_id)
+        emitted = launch_for(emit, pools, launch_id, resolved.budget.memory, tiers, m.parallel)
     return PlanResult(pools, resolved, report, emitted, tuple(tiers), default_length_note(request, pools))
 
 

@@ -20,6 +20,7 @@ from kvpool.plan.workload import Workload
 from kvpool.presets.traces import load_trace
 from kvpool.spec import ModelSpec
 from kvpool.spec import loader as spec_loader
+from kvpool.spec.drafts import load_draft
 from kvpool.spec.loader import read_model_config, spec_from_read
 
 ConfigRead = tuple[str, str, dict[str, Any], ModelSource | None]  # what read_model_config returns
@@ -96,14 +97,26 @@ def model_spec(model: ModelOptions, read: ConfigRead | None = None, max_seq_len:
     if read is None:
         read = read_model_config(model.model)
     check_tp_divides_heads(read[2], model.tp)
-    return spec_from_read(
+    spec = spec_from_read(
         read,
         kv_dtype=model.kv_dtype,
         tp_size=model.attention_tp,
         pp_size=model.pp,
         tokens_per_block=model.tokens_per_block,
         max_seq_len=max_seq_len,
+        ssm_dtype=model.mamba_ssm_dtype,
     )
+    return spec if model.draft_model is None else with_draft(spec, model.draft_model, max_seq_len)
+
+
+def with_draft(spec: ModelSpec, draft: str, max_seq_len: int | None) -> ModelSpec:
+    """`spec` with the drafter's layers as its draft groups (a draft model, an
+    EAGLE head, or `mtp`: spec/drafts.py)."""
+    with flagged("--draft-model"):
+        try:
+            return load_draft(spec, draft, max_seq_len=max_seq_len)
+        except OSError as e:  # a name the file system refuses (too long, ...)
+            raise KvpoolError(f"cannot read {draft[:60]!r}: {e.strerror}") from None
 
 
 def load_spec(model: ModelOptions, max_seq_len: int | None) -> tuple[ModelSpec, int]:

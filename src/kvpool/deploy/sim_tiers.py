@@ -13,6 +13,7 @@ from typing import Any
 from kvpool.cache import TierSpec
 from kvpool.deploy.options import flag
 from kvpool.deploy.tiers import TierOptions
+from kvpool.engines.host_tiers import NEEDS_HOST_MEMORY
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
 from kvpool.presets import GpuSpec
@@ -81,7 +82,7 @@ def tier_runs(values: dict[str, Any], gpu: GpuSpec) -> TierRuns | None:
     if host is None and not options.asked:
         refuse_without_tiers(values, preemption)
         return None
-    if host is None and options.host_rule in ("trtllm", "vllm"):
+    if host is None and options.host_rule in NEEDS_HOST_MEMORY - {"even"}:
         raise KvpoolError(f"--host-rule {options.host_rule} sizes the host tier from --host-memory: add it")
     sizes: tuple[str | None, ...] = (None,) if host is None else host_sizes(host)
     return TierRuns(sizes, options, link_of(values, gpu), preemption)

@@ -26,7 +26,6 @@ from kvpool.deploy.resolution import Resolved, load_spec, resolve
 from kvpool.deploy.sim_tiers import TierRuns, tier_runs
 from kvpool.errors import KvpoolError, flagged
 from kvpool.plan.sizing import check_pool_ratio
-from kvpool.plan.tiers import Rule
 from kvpool.presets import GpuSpec
 from kvpool.presets.traces import load_trace
 from kvpool.sim import Progress, SimResult, StepTimeModel, Weights, load_weights
@@ -75,7 +74,7 @@ class SimulateKeywords(PlanKeywords, total=False):
     dry_run: bool
     host_memory: int | str | Sequence[int | str] | None
     disk: int | str | None
-    host_rule: Rule
+    host_rule: str
     ranks_per_node: int | None
     preemption: str
     host_bandwidth: float | None

@@ -1,17 +1,19 @@
 """The cold tiers below a plan's GPU pools, per rank, from what a deployment gives:
 the node's host memory for KV, a disk quota per rank, and whose rule turns the
-node's host memory into one rank's tier (`plan/tiers.py` holds the rules)."""
+node's host memory into one rank's tier (`engines/host_tiers.py` holds the rules,
+`plan/tiers.py` the split over the groups)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvpool.engines.host_tiers import HOST_RULES, NEEDS_HOST_MEMORY, host_tier_bytes
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
-from kvpool.plan.tiers import GiB, Rule, TierPlan, host_tier_bytes, plan_tiers
+from kvpool.plan.tiers import GiB, TierPlan, plan_tiers
 from kvpool.units import parse_size
 
-RULES: tuple[Rule, ...] = ("even", "trtllm", "vllm", "sglang")
+RULES = HOST_RULES
 
 
 def _size(name: str, text: str | None) -> int | None:
@@ -33,7 +35,7 @@ class TierOptions:
 
     host_memory: str | None = None
     disk: str | None = None
-    host_rule: Rule = "even"
+    host_rule: str = "even"
     ranks_per_node: int | None = None
 
     def __post_init__(self) -> None:
@@ -52,7 +54,7 @@ class TierOptions:
         than sglang's sizes the host tier from it; ranks share it), not ignore them."""
         if self.host_memory is not None:
             return
-        if self.host_rule not in ("even", "sglang"):
+        if self.host_rule in NEEDS_HOST_MEMORY - {"even"}:
             raise KvpoolError(f"--host-rule {self.host_rule} sizes the host tier from --host-memory; give it")
         if self.ranks_per_node is not None:
             raise KvpoolError("--ranks-per-node says how many ranks share --host-memory; give it")
@@ -62,12 +64,12 @@ class TierOptions:
         options); KvpoolError naming the option for a bad size or a rule that lacks
         its input."""
         host, disk = _size("--host-memory", self.host_memory), _size("--disk", self.disk)
-        if host is None and disk is None and self.host_rule != "sglang":
+        if host is None and disk is None and self.host_rule in NEEDS_HOST_MEMORY:
             return []
         ranks = self.ranks_per_node if self.ranks_per_node is not None else tp * pp
         host_bytes: int | None = None
         rule: str = self.host_rule
-        if host is not None or self.host_rule == "sglang":
+        if host is not None or self.host_rule not in NEEDS_HOST_MEMORY:
             host_bytes, rule = host_tier_bytes(
                 self.host_rule,
                 gpu_kv_bytes=sum(g.bytes for g in plan.groups),
