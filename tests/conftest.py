@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,15 +26,15 @@ if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transf
 
 
 # What `make test-core` leaves out (`-m "not slow and not outside"`; `make test` runs it all):
-# tests that need what `make setup` does not install (the engines' side venvs,
-# Chromium) or that run the reference engine's torch models, and whole studies (slow).
-OUTSIDE = (
-    "test_engines_truth.py",
-    "test_engines_tier_flags.py",
-    "test_engines_sglang_tier_flags.py",
-    "test_serve_browser.py",
-    "test_engine_",
-)
+# tests that need what `make setup` does not install (the engines' side venvs: every module
+# that reads KVPOOL_ENGINES_REQUIRED; Chromium) or that run the reference engine's torch
+# models, and whole studies (marked slow where they are).
+OUTSIDE = ("test_serve_browser.py", "test_engine_")
+
+
+@functools.cache
+def outside(path: Path) -> bool:
+    return path.name.startswith(OUTSIDE) or "KVPOOL_ENGINES_REQUIRED" in path.read_text(encoding="utf-8")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -43,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.name.startswith(OUTSIDE):
+        if outside(item.path):
             item.add_marker(pytest.mark.outside)
 
 

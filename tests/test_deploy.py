@@ -122,11 +122,11 @@ def test_simulate_with_host_sizes_is_the_cli_json(cli: Any) -> None:
         kv_memory="4GiB",
         max_seq_len=16384,
         trace="mooncake-conv",
-        max_requests=60,
-        rate=2.0,
+        max_requests=20,
+        rate=4.0,
         host_memory=[0, "64GiB"],
     )
-    argv = [*SIM[:-1], "mooncake-conv", "--max-requests", "60", "--rate", "2", "--host-memory", "0,64GiB", "--quiet"]
+    argv = [*SIM[:-1], "mooncake-conv", "--max-requests", "20", "--rate", "4", "--host-memory", "0,64GiB", "--quiet"]
     assert found.to_dict() == cli_json(cli, "simulate", *argv)
     assert found.host_sizes == ("0", "64GiB")
 
