@@ -51,36 +51,50 @@ class ProgressBar:
             sys.stderr.flush()
 
 
-def results_table(runs: list[SimResult], groups: list[str]) -> str:
-    def num(x: float | None, scale: float, digits: int) -> str:
-        return "-" if x is None else f"{x * scale:,.{digits}f}"
+def _num(x: float | None, scale: float, digits: int) -> str:
+    return "-" if x is None else f"{x * scale:,.{digits}f}"
 
+
+def _pages(r: SimResult, g: str) -> str:
+    """A group's pages; "-" for a group the engine's own split holds inside another's
+    (vLLM: a drafter's layers in the target's groups)."""
+    if g not in r.pages:
+        return "-"
+    return f"{r.pages[g].total:,}" + (" shared" if r.plan.shared else "")
+
+
+def _use(r: SimResult, g: str) -> str:
+    """A group's peak / mean share of its pages used."""
+    if g not in r.pages:
+        return "-"
+    u = r.pages[g]
+    return f"{u.peak_used / max(u.total, 1):.0%}/{u.mean_used / max(u.total, 1):.0%}"
+
+
+def _row(r: SimResult, groups: list[str], reuse: bool) -> list[Any]:
+    times = [
+        _num(r.percentile(r.ttft_s, 50), 1, 2),
+        _num(r.percentile(r.ttft_s, 99), 1, 2),
+        _num(r.percentile(r.tpot_s, 50), 1e3, 1),
+        _num(r.percentile(r.tpot_s, 99), 1e3, 1),
+    ]
+    counts = [r.preemptions, f"{r.graph_step_share:.0%}", r.padding_failures]
+    hits = [f"{r.reuse_hit_rate:.0%}"] if reuse else []
+    return [
+        r.policy,
+        *(_pages(r, g) for g in groups),
+        f"{r.output_tokens_per_s:,.0f}",
+        f"{r.requests_per_s:.2f}",
+        *times,
+        *counts,
+        *(_use(r, g) for g in groups),
+        *hits,
+        f"{r.finished}/{r.num_requests}",
+    ]
+
+
+def results_table(runs: list[SimResult], groups: list[str]) -> str:
     reuse = any(r.reuse_hit_rate for r in runs)
-    rows = []
-    for r in runs:
-        row: list[Any] = [r.policy]
-        # "-": a group the engine's own split holds inside another's (vLLM: a drafter's layers in the target's groups)
-        row += [f"{r.pages[g].total:,}" + (" shared" if r.plan.shared else "") if g in r.pages else "-" for g in groups]
-        row += [
-            f"{r.output_tokens_per_s:,.0f}",
-            f"{r.requests_per_s:.2f}",
-            num(r.percentile(r.ttft_s, 50), 1, 2),
-            num(r.percentile(r.ttft_s, 99), 1, 2),
-            num(r.percentile(r.tpot_s, 50), 1e3, 1),
-            num(r.percentile(r.tpot_s, 99), 1e3, 1),
-            r.preemptions,
-            f"{r.graph_step_share:.0%}",
-            r.padding_failures,
-        ]
-        row += [
-            f"{r.pages[g].peak_used / max(r.pages[g].total, 1):.0%}/"
-            f"{r.pages[g].mean_used / max(r.pages[g].total, 1):.0%}"
-            if g in r.pages
-            else "-"
-            for g in groups
-        ]
-        row += ([f"{r.reuse_hit_rate:.0%}"] if reuse else []) + [f"{r.finished}/{r.num_requests}"]
-        rows.append(row)
     headers = (
         ["policy"]
         + [f"{g} pages" for g in groups]
@@ -89,7 +103,7 @@ def results_table(runs: list[SimResult], groups: list[str]) -> str:
         + (["reuse hits"] if reuse else [])
         + ["done"]
     )
-    return table(headers, rows)
+    return table(headers, [_row(r, groups, reuse) for r in runs])
 
 
 def rebalance_lines(runs: list[SimResult]) -> list[str]:
