@@ -78,7 +78,7 @@ def test_units_parse_into_positive_seconds() -> None:
 def test_models_and_gpus_resolve_as_simulate_resolves_them() -> None:
     for p in POINTS:
         presets.load_gpu(p.gpu)
-        setup = pp.prepare(pp.simulate_args(p, None))
+        setup = pp.simulation(p, None)
         assert setup.resolved.limits.max_batch_size == p.concurrency // p.dp, p.id
         assert setup.policies == (pp.ENGINE_POLICY[p.engine],)
         total, active = p.params
