@@ -42,10 +42,17 @@ class SharedPool(PagePool):
     store: SharedStore
 
     def store_run(
-        self, pages: Sequence[int], hashes: Sequence[int], first: int, num_tokens: int, source_page: int | None = None
+        self,
+        pages: Sequence[int],
+        hashes: Sequence[int],
+        first: int,
+        num_tokens: int,
+        source_page: int | None = None,
+        ids: Sequence[int] | None = None,
+        salt: object = None,
     ) -> None:
         """`PagePool.store_run`, remembering that this pool's map holds each hash it stored."""
-        super().store_run(pages, hashes, first, num_tokens, source_page)
+        super().store_run(pages, hashes, first, num_tokens, source_page, ids, salt)
         holder, cached = self.store.holder, self.cached
         for i, page in enumerate(pages):
             if page >= 0 and cached.get(hashes[first + i]) == page:
@@ -53,15 +60,12 @@ class SharedPool(PagePool):
 
     def evict(self, count: int) -> list[int]:
         """`PagePool.evict`, each page's `removed` record under the group whose map held it."""
-        pages = []
-        for _ in range(count):
-            page = self.nxt[self.num_pages]
-            self._lru_unlink(page)
+        pages = self._unlink_oldest(count)
+        for page in pages:
             holder = self.store.holder[page]
             block_hash = self._drop_hash(page)
             if holder is not None and holder.record_events:
                 holder.events.append(("removed", holder.name, [block_hash], [page]))
-            pages.append(page)
         return pages
 
     def _drop_hash(self, page: int) -> int:
