@@ -24,9 +24,9 @@ demo: setup
 	@echo; echo "== Gemma 4 on 60 GiB: default split (reference request) vs sizing from avg_seq_len = max_seq_len"
 	$(BIN)/kvpool plan gemma-4-26b-a4b --kv-dtype fp8 --kv-memory 60GiB --max-seq-len 32768
 	$(BIN)/kvpool plan gemma-4-26b-a4b --kv-dtype fp8 --kv-memory 60GiB --max-seq-len 32768 --avg-seq-len 32768
-	@echo; echo "== DeepSeek-V4 at 1M context on 2 GiB: infeasible (exit 2, one line naming the longest max_seq_len that fits), then that length"
+	@echo; echo "== DeepSeek-V4 at 1M context on 2 GiB: infeasible (exit 2, one line naming the longest max_seq_len that fits), then that length, which plans without a warning"
 	-$(BIN)/kvpool plan deepseek-v4-flash --kv-dtype fp8 --kv-memory 2GiB --max-seq-len 1048576 --max-batch-size 16
-	$(BIN)/kvpool plan deepseek-v4-flash --kv-dtype fp8 --kv-memory 2GiB --max-seq-len 509952 --max-batch-size 16
+	$(BIN)/kvpool plan deepseek-v4-flash --kv-dtype fp8 --kv-memory 2GiB --max-seq-len 509184 --max-batch-size 16
 	@echo; echo "== CUDA-graph warmup dry run on the default Gemma 4 plan: every shape captured, padding dummies reserved"
 	$(BIN)/kvpool warmup gemma-4-26b-a4b --kv-dtype fp8 --kv-memory 60GiB --max-seq-len 32768 --draft-len 4 --draft-lens 0,4
 	@echo; echo "== A pool too small for big batches: the skipped shape names the group and the pages short"

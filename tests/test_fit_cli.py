@@ -170,7 +170,8 @@ def test_an_engine_kvpool_does_not_model_is_named_not_fatal(cli: Any) -> None:
 )
 def test_fit_invariants(cli: Any, model: str, gpu: str, count: int, length: int) -> None:
     """Whatever the deployment: every engine that starts holds at least one request of
-    max_seq_len and no more of them than of the (shorter) reference request; SGLang's
+    max_seq_len and, without a sliding window, no more of them than of the (shorter)
+    reference request; SGLang's
     fraction gives its pools K, within 0.001 of the GPU; all engines share the plan's K."""
     gpus = f"{gpu}x{count}" if count > 1 else gpu
     code, out, err = cli("fit", model, "--gpu", gpus, "--max-seq-len", str(length), "--json")
@@ -183,7 +184,12 @@ def test_fit_invariants(cli: Any, model: str, gpu: str, count: int, length: int)
         assert e["kv_bytes_per_rank"] == fit["kv_bytes_per_rank"]
         if e["verdict"] == "starts":
             counts = e["requests_that_fit"]
-            assert 1 <= counts["max_seq_len"] <= counts["reference"]
+            assert counts["max_seq_len"] >= 1
+            # past the window a sliding group's need depends on the page offset: the
+            # reference request (2049, 2048) sits at the worst one, a decode at 2080 holds
+            # one sliding page less, so only models without a window are monotone here
+            if model not in ("gemma-3-27b", "gpt-oss-20b"):
+                assert counts["max_seq_len"] <= counts["reference"]
             assert e["largest_graph_batch"] <= fit["limits"]["max_batch_size"]
         if e["engine"] == "sglang":
             fraction = float(e["budget_flags"][0].split()[-1])

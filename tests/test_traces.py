@@ -121,6 +121,16 @@ def test_burstgpt_style_columns(tmp_path: Path) -> None:
     assert_arrays(trace.arrival_s, [0.0, 2.0])
 
 
+def test_vidur_processed_trace_columns() -> None:
+    # Vidur's processed traces: num_prefill_tokens, num_decode_tokens and two derived
+    # columns; the held-out arXiv trace's first row is 3772 prompt / 54 output tokens
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "traces" / "arxiv_summarization.csv"
+    t = load_trace(path)
+    assert len(t) == 28257 and t.arrival_s is None
+    assert (int(t.prompt_len[0]), int(t.output_len[0])) == (3772, 54)
+    assert int((t.prompt_len + t.output_len).max()) == 4096  # filtered to 4,096 tokens a request
+
+
 def test_jsonl_without_hashes(tmp_path: Path) -> None:
     path = write(
         tmp_path,

@@ -41,7 +41,8 @@ class InfeasiblePlanError(KvpoolError):
     Attributes name what failed and what would fit: `constraint`, `group`,
     `short_pages` (pages missing in `group`), `max_batch_size`, `max_seq_len`
     and `max_num_tokens` (the largest values that would fit, each with the
-    others unchanged; 0 if none).
+    others unchanged; 0 if none), `kv_memory_bytes` (the smallest budget that
+    would, whole MiB; 0 if not known). Each was re-planned before it was given.
     """
 
     def __init__(
@@ -54,11 +55,12 @@ class InfeasiblePlanError(KvpoolError):
         max_batch_size: int = 0,
         max_seq_len: int = 0,
         max_num_tokens: int = 0,
+        kv_memory_bytes: int = 0,
     ):
         super().__init__(message)
         self.constraint, self.group, self.short_pages = constraint, group, short_pages
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
-        self.max_num_tokens = max_num_tokens
+        self.max_num_tokens, self.kv_memory_bytes = max_num_tokens, kv_memory_bytes
 
 
 class OutOfPagesError(KvpoolError):

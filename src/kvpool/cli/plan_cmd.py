@@ -37,7 +37,8 @@ def register(sub: Any) -> None:
         help="workload (default): expected decode pages over the trace's lengths; "
         "occupancy: pages over each request's time in flight, prefill chunks "
         "included; tuned: a bounded search over the split, simulated on a "
-        "1,000-request sample of the trace (needs a GPU for step times)",
+        "1,000-request sample of the trace and checked on two other parts of it; "
+        "the reference split unless a candidate is faster everywhere (needs a GPU for step times)",
     )
     w.add_argument(
         "--sim-gpu", default=None, metavar="NAME", help="GPU whose step times --sizing tuned simulates (default: --gpu)"
@@ -67,6 +68,8 @@ def render(plan: PoolPlan) -> str:
     """The plan as text: a header, one row per pool, constraints, concurrency, warnings."""
     lim = plan.limits
     pools = "pool" if len(plan.groups) == 1 else "pools"
+    # a missed guarantee (the engine's warmup, a request at max_seq_len) is said first
+    first = 1 if any(not c.satisfied for c in plan.guarantees) else 0
     lines = [
         f"{plan.spec.name}: {format_bytes(plan.total_bytes)} of {format_bytes(plan.budget_bytes)} "
         f"in {len(plan.groups)} {pools} (policy {plan.policy}, phase {plan.phase}, "
@@ -74,13 +77,14 @@ def render(plan: PoolPlan) -> str:
         f"limits: max_batch_size {lim.max_batch_size}, max_seq_len {lim.max_seq_len}, max_num_tokens "
         f"{lim.max_num_tokens or 'none'}, draft_len {lim.max_draft_len}, extra_kv_tokens "
         f"{lim.num_extra_kv_tokens}, avg_seq_len {plan.avg_seq_len or 'not given'}",
+        *(f"warning: {w}" for w in plan.warnings[:first]),
         "",
         pools_table(plan),
         *typical_step(plan),
         *(constraint_line(c) for c in plan.constraints),
         f"\nrequests that fit at once: {concurrency_text(plan.max_concurrency(), lim.max_seq_len, plan.avg_seq_len)}",
     ]
-    lines += [f"warning: {w}" for w in plan.warnings]
+    lines += [f"warning: {w}" for w in plan.warnings[first:]]
     lines += [f"note: {n}" for n in plan.notes if not n.startswith("fit:")]
     return "\n".join(lines)
 

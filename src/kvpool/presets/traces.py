@@ -13,7 +13,8 @@ by extension and header:
   tokens each; equal ids mean a reusable prefix block);
 - a length-only CSV: any header naming a prompt and an output column
   (`ContextTokens`/`GeneratedTokens`, `input_length`/`output_length`,
-  `Request tokens`/`Response tokens`, ...) and no time column;
+  `Request tokens`/`Response tokens`, Vidur's `num_prefill_tokens`/`num_decode_tokens`,
+  ...) and no time column;
 - a plain CSV `prompt_len,output_len[,arrival_s]`, with or without that header.
 
 In a CSV a numeric `timestamp` / `time` column is seconds (name it
@@ -59,6 +60,7 @@ _PROMPT = (
     "contexttokens",
     "context_tokens",
     "request_tokens",
+    "num_prefill_tokens",
 )
 _OUTPUT = (
     "output_len",
@@ -68,6 +70,7 @@ _OUTPUT = (
     "generated_tokens",
     "response_tokens",
     "completion_tokens",
+    "num_decode_tokens",
 )
 # time column -> unit: seconds, milliseconds, or "datetime" (absolute wall clock string)
 _TIME = {
