@@ -104,3 +104,21 @@ def test_tests_import_factories_from_helper_modules_not_from_other_tests() -> No
         if module.startswith("test_")
     ]
     assert not bad, bad
+
+
+# the layers `kvpool.fleet` may import (docs/design.md: it sits above sim), and who may import it
+FLEET_IMPORTS = ("fleet", "sim", "sched", "cache", "index", "plan", "spec", "presets", "models", "trace", "errors", "units")
+
+
+def test_the_fleet_sits_above_the_simulator() -> None:
+    bad = []
+    for name, path in modules().items():
+        for module, _, line in runtime_imports(path):
+            if not module.startswith("kvpool."):
+                continue
+            layer = module.split(".")[1]
+            if name.startswith("kvpool.fleet") and layer not in FLEET_IMPORTS:
+                bad.append(f"{name}:{line} imports {module}")
+            if layer == "fleet" and not name.startswith(("kvpool.fleet", "kvpool.cli")):
+                bad.append(f"{name}:{line} imports {module} (only the CLI sits above the fleet)")
+    assert not bad, bad

@@ -11,13 +11,32 @@ from kvpool.fleet.handoff import (
     handoff_link,
     handoff_seconds,
 )
+from kvpool.fleet.kv_router import KvCost, KvRouter
+from kvpool.fleet.load import RouteRequest, RouterError, WorkerLoads
+from kvpool.fleet.prefix_router import ApproxTree, PrefixRouter
+from kvpool.fleet.registry import ROUTER_NAMES, ROUTERS, make_router
+from kvpool.fleet.routers import CacheAware, LeastLoad, RoundRobin, Router
 
 __all__ = [
+    "ROUTERS",
+    "ROUTER_NAMES",
+    "ApproxTree",
+    "CacheAware",
     "GroupHandoff",
     "Handoff",
     "HandoffError",
+    "KvCost",
+    "KvRouter",
+    "LeastLoad",
+    "PrefixRouter",
+    "RoundRobin",
+    "RouteRequest",
+    "Router",
+    "RouterError",
+    "WorkerLoads",
     "bytes_per_token",
     "handoff",
     "handoff_link",
     "handoff_seconds",
+    "make_router",
 ]
