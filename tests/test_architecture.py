@@ -107,7 +107,20 @@ def test_tests_import_factories_from_helper_modules_not_from_other_tests() -> No
 
 
 # the layers `kvpool.fleet` may import (docs/design.md: it sits above sim), and who may import it
-FLEET_IMPORTS = ("fleet", "sim", "sched", "cache", "index", "plan", "spec", "presets", "models", "trace", "errors", "units")
+FLEET_IMPORTS = (
+    "fleet",
+    "sim",
+    "sched",
+    "cache",
+    "index",
+    "plan",
+    "spec",
+    "presets",
+    "models",
+    "trace",
+    "errors",
+    "units",
+)
 
 
 def test_the_fleet_sits_above_the_simulator() -> None:

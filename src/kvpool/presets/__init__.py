@@ -124,11 +124,15 @@ def fabric_links() -> dict[str, FabricLink]:
     and the PCIe host links (`pcie5_x16`, ...) a GPU without NVLink reaches
     its neighbours over."""
     table: dict[str, dict[str, Any]] = json.loads((DATA / "gpus.json").read_text())["fabric_links"]
-    links = {k: FabricLink(k, str(v["kind"]), float(v["bytes_per_s"]), str(v["source"])) for k, v in table.items()}
+    links = {
+        k: FabricLink(k, str(v["kind"]), float(v["bytes_per_s"]), str(v["source"]))
+        for k, v in table.items()
+        if not k.startswith("_")
+    }
     for k, v in host_links().items():
         if k.startswith("pcie"):
             links[k] = FabricLink(k, "pcie", float(v["bytes_per_s"]), str(v["source"]))
-    return {k: v for k, v in links.items() if not k.startswith("_")}
+    return links
 
 
 def load_link(name: str) -> FabricLink:
