@@ -40,7 +40,7 @@ import numpy as np
 
 from kvpool.trace import MOONCAKE_BLOCK_TOKENS, Trace, TraceError, concat_traces
 
-__all__ = ["MOONCAKE_BLOCK_TOKENS", "Trace", "TraceError", "load_trace"]
+__all__ = ["MOONCAKE_BLOCK_TOKENS", "Trace", "TraceError", "load_trace", "mooncake_lines"]
 
 # Traces are read whole into arrays; past this size the lists of a CSV reader
 # alone take several GB (the bundled traces are a few MB).
@@ -292,3 +292,25 @@ def _read_jsonl(lines: Sequence[str], name: str, path: Path) -> Trace:
                 )
             hashes.append(tuple(ids))
     return _finish(name, prompt, output, times if has_time else None, hashes if has_hash else None, path)
+
+
+def mooncake_lines(trace: Trace) -> list[str]:
+    """`trace` as Mooncake JSONL lines (what `load_trace` reads back, and what
+    Dynamo's mocker replays with `trace_format="mooncake"`): `timestamp` in
+    milliseconds (0 for a trace without times), the lengths, and `hash_ids`
+    of `trace.hash_block_tokens` tokens; a trace without hashes gets fresh ids
+    no other request shares, so nothing is reused there either."""
+    block = trace.hash_block_tokens
+    times = trace.arrival_s if trace.arrival_s is not None else np.zeros(len(trace))
+    fresh = 1 + max((max(h) for h in trace.hash_ids or () if h), default=-1)
+    lines = []
+    for i, (prompt, output) in enumerate(trace.lengths()):
+        if trace.hash_ids is not None:
+            ids = list(trace.hash_ids[i])
+        else:
+            ids = list(range(fresh, fresh + -(-prompt // block)))
+            fresh += len(ids)
+        ms = float(times[i]) * 1000.0
+        stamp: float | int = int(ms) if ms.is_integer() else ms
+        lines.append(json.dumps({"timestamp": stamp, "input_length": prompt, "output_length": output, "hash_ids": ids}))
+    return lines
