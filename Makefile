@@ -1,11 +1,12 @@
-# Two entry points: `make demo` (set up, then run kvpool on bundled presets)
-# and `make test` (set up, then lint, type-check and run the whole suite).
+# Entry points: `make demo` (set up, then run kvpool on bundled presets), `make test`
+# (set up, then lint, type-check and run the whole suite, side venvs and Chromium included)
+# and `make test-core` (the same without what needs more than `make setup`: README.md).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck unit bench bench-peers peers-setup clean browser-setup
+.PHONY: setup demo test test-core lint typecheck unit bench bench-peers peers-setup clean browser-setup
 
 setup: $(STAMP)
 
@@ -56,7 +57,13 @@ browser-setup:
 
 test: lint typecheck browser-setup unit
 
-bench: setup
+# The core in a few minutes: lint, types, and every test but those that need the engines'
+# side venvs, Chromium or the reference engine's torch models, and the whole studies
+# (markers `outside` and `slow`, tests/conftest.py). Installs nothing beyond `make setup`.
+test-core: lint typecheck
+	$(BIN)/pytest -m "not slow and not outside"
+
+bench: setup dynamo-venv
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 # The side-by-side manager benchmark against vLLM, SGLang and nano-vllm (benchmarks/peers/README.md).

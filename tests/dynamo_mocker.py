@@ -18,14 +18,14 @@ import json
 import os
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from dynamo_helpers import dynamo_python
 from kvpool.plan import PoolPlan
-from kvpool.presets.traces import mooncake_lines
-from kvpool.trace import Trace
+from kvpool.presets.traces import write_mooncake_jsonl
+from kvpool.trace import MOONCAKE_BLOCK_TOKENS, Trace
 
 RUNNER = Path(__file__).parent / "dynamo" / "mocker_runner.py"
 ROUTER_MODES = ("kv_router", "round_robin")
@@ -64,6 +64,21 @@ class MockerEngine:
 
     def args(self, **extra: Any) -> dict[str, Any]:
         return {"engine": {**asdict(self), **extra}}
+
+
+def with_hashes(trace: Trace) -> Trace:
+    """`trace` as the mocker needs it: every request with `hash_ids` (it refuses a
+    line without: "trace line 1 is missing hash_ids"), a trace without any
+    given fresh ids no other request shares (nothing reused, as kvpool's
+    simulator replays a trace without hashes), and times (all at 0 without)."""
+    if trace.hash_ids is None:
+        ids, fresh = [], 0
+        for prompt in trace.prompt_len.tolist():
+            n = -(-prompt // MOONCAKE_BLOCK_TOKENS)
+            ids.append(tuple(range(fresh, fresh + n)))
+            fresh += n
+        trace = replace(trace, hash_ids=tuple(ids), hash_block_tokens=MOONCAKE_BLOCK_TOKENS)
+    return trace.with_rate(None)
 
 
 @dataclass(frozen=True)
@@ -105,7 +120,8 @@ def run_mocker(
     python = dynamo_python()
     with tempfile.TemporaryDirectory(prefix="kvpool-mocker-") as tmp:
         path = Path(tmp) / "trace.jsonl"
-        path.write_text("\n".join(mooncake_lines(trace)) + "\n")
+        trace = with_hashes(trace)
+        write_mooncake_jsonl(trace, path)
         job: dict[str, Any] = {
             "trace": str(path),
             "trace_block_size": trace.hash_block_tokens,

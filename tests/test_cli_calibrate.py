@@ -44,12 +44,11 @@ def test_ops_profile_from_vidurs_h100_timings(cli: Cli, tmp_path: Path) -> None:
     assert json.loads(stdout)["calibration"] == "h100-mine"
 
 
-def test_steps_profile_recovers_the_machine_that_made_the_timings(cli: Cli, tmp_path: Path) -> None:
-    # Steps "measured" on a machine 0.9x as fast as the shipped H100 profile, with a 2 ms
-    # step floor and 20 us per request: the fit must find those three numbers back.
+def write_steps(path: Path, speed: float) -> None:
+    """Steps "measured" on a machine `speed` x as fast as the shipped H100 profile
+    (llama-3.1-8b-instruct at tp 1), with a 2 ms step floor and 20 us per request."""
     spec = load_model_spec("llama-3.1-8b-instruct", max_seq_len=8192)
     model = StepTimeModel.build(spec, load_gpu("h100"), load_weights("llama-3.1-8b-instruct"))
-    path = tmp_path / "steps.csv"
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["decode_rows", "context", "prefill_tokens", "ms"])
@@ -57,7 +56,13 @@ def test_steps_profile_recovers_the_machine_that_made_the_timings(cli: Cli, tmp_
             c = model.cost([(ctx, 0)] * rows, [(0, pre)] if pre else [], graph=pre == 0, padded_batch=rows or None)
             gpu = c.total - c.overhead
             requests = rows + (1 if pre else 0)
-            w.writerow([rows, ctx, pre, (gpu / 0.9 + 2e-3 + 20e-6 * requests) * 1e3])
+            w.writerow([rows, ctx, pre, (gpu / speed + 2e-3 + 20e-6 * requests) * 1e3])
+
+
+def test_steps_profile_recovers_the_machine_that_made_the_timings(cli: Cli, tmp_path: Path) -> None:
+    # 0.9x as fast as the shipped profile: the fit must find the three numbers back.
+    path = tmp_path / "steps.csv"
+    write_steps(path, 0.9)
     out = tmp_path / "steps.json"
     code, stdout, err = cli("calibrate", "llama-3.1-8b-instruct", "--gpu", "h100", "--steps", str(path), "-o", str(out))
     assert code == 0, err
@@ -106,3 +111,32 @@ def test_calibrate_needs_measurements_and_readable_files(cli: Cli, tmp_path: Pat
         str(ROOT / "README.md"),
     )
     assert code == 2 and "not JSON" in err
+
+
+def test_steps_faster_than_the_gpus_peak_are_refused(cli: Cli, tmp_path: Path) -> None:
+    """Steps 3x faster than the shipped H100 profile put its matmuls' bandwidth share
+    (above 1/3 of peak) past 100 %: no GPU runs that, so no profile is written."""
+    base = shipped()["h100"]
+    assert base.linear_bw_eff * 3 > 1
+    path, out = tmp_path / "steps.csv", tmp_path / "p.json"
+    write_steps(path, 3.0)
+    code, stdout, err = cli("calibrate", "llama-3.1-8b-instruct", "--gpu", "h100", "--steps", str(path), "-o", str(out))
+    assert code == 2 and "faster than the GPU's peak allows" in err and "linear_bw_eff" in err, err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_gpu_count_is_the_tensor_parallel_size(cli: Cli, tmp_path: Path) -> None:
+    """`--gpu h100x2` times the steps of one rank of tp 2, as `--gpu h100 --tp 2` does."""
+    path = tmp_path / "steps.csv"
+    write_steps(path, 0.9)
+    two, tp2 = tmp_path / "two.json", tmp_path / "tp2.json"
+    code, _, err = cli("calibrate", "llama-3.1-8b-instruct", "--gpu", "h100x2", "--steps", str(path), "-o", str(two))
+    assert code == 0, err
+    code, _, err = cli(
+        "calibrate", "llama-3.1-8b-instruct", "--gpu", "h100", "--tp", "2", "--steps", str(path), "-o", str(tp2)
+    )
+    assert code == 0, err
+    assert json.loads(two.read_text())["calibration"] == {
+        **json.loads(tp2.read_text())["calibration"],
+        "name": "two",
+    }

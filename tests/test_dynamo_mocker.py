@@ -4,14 +4,15 @@ by prefill and decode workers. What is checked is the harness's wiring and
 the mocker's own semantics the fleet comparison relies on (docs/fleet.md):
 with one worker the router has no choice; fewer pages reuse less; the mocker
 charges a handoff exactly kvpool's bytes over the link's bandwidth, added to
-TTFT. Needs the Dynamo side venv (`make dynamo-venv`)."""
+TTFT. Needs the Dynamo side venv (`make dynamo-venv`): skipped without it,
+required with KVPOOL_ENGINES_REQUIRED=1."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from dynamo_mocker import MockerEngine, run_mocker
+from dynamo_mocker import MockerEngine, run_mocker, with_hashes
 from kvpool import ServingLimits, load_model_spec, plan_pools
 from kvpool.fleet import bytes_per_token, handoff, handoff_seconds
 from kvpool.presets import load_link
@@ -44,6 +45,15 @@ def test_the_engine_is_the_plans_pages_and_limits() -> None:
     assert (e.max_num_seqs, e.max_num_batched_tokens) == (256, 8192)
     with pytest.raises(ValueError, match="one-pool plans"):
         MockerEngine.of_plan(plan_pools(load_model_spec("gemma-3-27b"), ServingLimits(), kv_memory_bytes=8 << 30))
+
+
+def test_a_trace_without_hashes_or_times_gets_unshared_ids_at_time_zero() -> None:
+    bare = Trace("bare", np.array([600, 5, 1024]), np.array([3, 4, 5]))
+    t = with_hashes(bare)
+    assert t.hash_ids == ((0, 1), (2,), (3, 4)) and t.arrival_s is not None and not t.arrival_s.any()
+    timed = load_trace("mooncake-conv", max_requests=20)
+    assert with_hashes(timed).hash_ids == timed.hash_ids
+    assert np.array_equal(with_hashes(timed).arrival_s, timed.arrival_s)  # type: ignore[arg-type]
 
 
 def test_with_one_worker_the_router_changes_nothing() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -10,7 +9,8 @@ import numpy as np
 import pytest
 
 from kvpool.errors import KvpoolError
-from kvpool.presets.traces import Trace, TraceError, load_trace, mooncake_lines
+from kvpool.presets.traces import Trace, TraceError, load_trace, write_mooncake_jsonl
+from kvpool.trace import concat_traces
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -43,6 +43,37 @@ def test_bundled_traces_load(name: str, rows: int, first: tuple[int, int]) -> No
     assert trace.arrival_s is not None and trace.arrival_s[0] == 0.0
     assert np.all(np.diff(trace.arrival_s) >= 0)
     assert trace.prompt_len.min() >= 1 and trace.output_len.min() >= 1
+
+
+def same_trace(a: Trace, b: Trace) -> None:
+    assert a.prompt_len.tolist() == b.prompt_len.tolist() and a.output_len.tolist() == b.output_len.tolist()
+    assert a.hash_ids == b.hash_ids and a.hash_block_tokens == b.hash_block_tokens
+    assert (a.arrival_s is None) == (b.arrival_s is None)
+    if a.arrival_s is not None and b.arrival_s is not None:
+        assert np.allclose(a.arrival_s, b.arrival_s, rtol=1e-12, atol=0)
+
+
+def test_mooncake_jsonl_written_reads_back(tmp_path: Path) -> None:
+    # the bundled trace's whole-millisecond times come back exactly; a mix's re-timed ones to rounding
+    head = load_trace("mooncake-conv", max_requests=300)
+    write_mooncake_jsonl(head, tmp_path / "head.jsonl")
+    back = load_trace(tmp_path / "head.jsonl")
+    same_trace(back, head)
+    assert back.arrival_s is not None and head.arrival_s is not None
+    assert back.arrival_s.tolist() == head.arrival_s.tolist()
+    # the first line as the bundled file has it (integer milliseconds)
+    first = (tmp_path / "head.jsonl").read_text().splitlines()[0]
+    assert first.startswith('{"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2')
+    mix = concat_traces([head, load_trace("azure-conv", max_requests=40), head.head(25)])
+    write_mooncake_jsonl(mix, tmp_path / "mix.jsonl")
+    same_trace(load_trace(tmp_path / "mix.jsonl"), mix)
+
+
+def test_mooncake_jsonl_needs_512_token_blocks(tmp_path: Path) -> None:
+    trace = Trace("t", np.array([600]), np.array([5]), None, ((1, 2),), hash_block_tokens=300)
+    with pytest.raises(TraceError, match="512 tokens"):
+        write_mooncake_jsonl(trace, tmp_path / "t.jsonl")
+    assert not (tmp_path / "t.jsonl").exists()
 
 
 def test_azure_timestamps_are_seconds_from_first_request() -> None:
@@ -213,30 +244,3 @@ def test_utc_offset_timestamps_convert_quietly(tmp_path: Path, recwarn: pytest.W
     )
     assert_arrays(load_trace(path).arrival_s, [0.0, 1.5])
     assert not [w for w in recwarn if "timezone" in str(w.message)]
-
-
-# ----------------------------------------------------------------------------- Mooncake export
-
-
-@pytest.mark.parametrize("name", ["mooncake-conv", "azure-code", "azure-conv:50+mooncake-conv:50"])
-def test_mooncake_export_reads_back_as_the_same_trace(tmp_path: Path, name: str) -> None:
-    trace = load_trace(name, max_requests=300)
-    back = load_trace(write(tmp_path, "t.jsonl", "\n".join(mooncake_lines(trace)) + "\n"))
-    assert np.array_equal(back.prompt_len, trace.prompt_len) and np.array_equal(back.output_len, trace.output_len)
-    assert trace.arrival_s is not None and back.arrival_s is not None
-    assert np.allclose(back.arrival_s, trace.arrival_s, rtol=0, atol=1e-9)
-    assert back.hash_ids is not None
-    if trace.hash_ids is not None:
-        assert back.hash_ids == trace.hash_ids
-    else:  # fresh ids: no two requests share a block, so nothing is reused in the mocker either
-        ids = [i for h in back.hash_ids for i in h]
-        assert len(ids) == len(set(ids))
-
-
-def test_mooncake_export_of_an_untimed_trace_puts_every_request_at_zero() -> None:
-    trace = Trace("t", np.array([600, 5]), np.array([3, 4]))
-    rows = [json.loads(line) for line in mooncake_lines(trace)]
-    assert rows == [
-        {"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [0, 1]},
-        {"timestamp": 0, "input_length": 5, "output_length": 4, "hash_ids": [2]},
-    ]

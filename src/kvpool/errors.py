@@ -3,6 +3,9 @@ one into a single line on stderr and exit code 2."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 class KvpoolError(Exception):
     """Base class: a problem with the input, not a bug in kvpool."""
@@ -60,3 +63,15 @@ class InfeasiblePlanError(KvpoolError):
 
 class OutOfPagesError(KvpoolError):
     """A pool has no free page for an allocation that was required to succeed."""
+
+
+@contextlib.contextmanager
+def flagged(flag: str) -> Iterator[None]:
+    """A KvpoolError raised while handling `flag`'s value comes out as one line
+    naming the flag (`--trace: ...`), unless its text names the flag already."""
+    try:
+        yield
+    except KvpoolError as e:
+        if flag in str(e):
+            raise
+        raise KvpoolError(f"{flag}: {e}") from None

@@ -52,6 +52,13 @@ def parse_size(text: str | int) -> int:
     return value
 
 
+def size_or_zero(text: str | int) -> int:
+    """Bytes in `text` (`parse_size`), or 0 for `0`/`0B`: a part of the GPU, or a
+    cold tier, that is not there."""
+    zero = text.strip() in ("0", "0B", "0b") if isinstance(text, str) else text == 0 and not isinstance(text, bool)
+    return 0 if zero else parse_size(text)
+
+
 def is_positive_int(value: object) -> TypeGuard[int]:
     """A count: an `int` >= 1 (a bool is not one, nor a float that is whole)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1

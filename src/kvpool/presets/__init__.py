@@ -74,6 +74,7 @@ class GpuSpec:
     source: str
     host_link: str | None = None  # pcie4_x16, pcie5_x16, pcie6_x16, nvlink_c2c (data/gpus.json "host_links")
     host_link_bytes_per_s: float | None = None  # host <-> GPU, per direction
+    arch: str = ""  # architecture as data/gpus.json names it: "Ampere (GA100)", "Hopper (GH100)", "Blackwell", ...
     # GPU <-> GPU inside one node or NVLink domain (data/gpus.json "fabric_links"): its NVLink generation, else
     # its PCIe host link through a PCIe switch
     scale_up_link: str | None = None
@@ -178,6 +179,7 @@ def load_gpu(name: str) -> GpuSpec:
         source=str(row.get("source", "")),
         host_link=link,
         host_link_bytes_per_s=float(host_links()[link]["bytes_per_s"]) if link else None,
+        arch=str(row.get("arch", "")),
         scale_up_link=row.get("scale_up_link") or (link if link and link.startswith("pcie") else None),
     )
 

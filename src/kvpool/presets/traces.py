@@ -40,7 +40,7 @@ import numpy as np
 
 from kvpool.trace import MOONCAKE_BLOCK_TOKENS, Trace, TraceError, concat_traces
 
-__all__ = ["MOONCAKE_BLOCK_TOKENS", "Trace", "TraceError", "load_trace", "mooncake_lines"]
+__all__ = ["MOONCAKE_BLOCK_TOKENS", "Trace", "TraceError", "load_trace", "write_mooncake_jsonl"]
 
 # Traces are read whole into arrays; past this size the lists of a CSV reader
 # alone take several GB (the bundled traces are a few MB).
@@ -116,6 +116,30 @@ def load_trace(name_or_path: str | Path, *, max_requests: int | None = None) -> 
     except OSError as e:
         raise TraceError(f"cannot read trace {path}: {e}") from None
     return trace.head(max_requests)
+
+
+def write_mooncake_jsonl(trace: Trace, path: str | Path) -> None:
+    """Write `trace` as Mooncake JSONL (`timestamp` in milliseconds,
+    `input_length`, `output_length`, `hash_ids`), the format Dynamo's mocker and
+    `load_trace` read: loading the file gives the same trace back (times that
+    were whole milliseconds exactly). Raises TraceError for prefix blocks of
+    another size than Mooncake's 512 tokens."""
+    if trace.hash_ids is not None and trace.hash_block_tokens != MOONCAKE_BLOCK_TOKENS:
+        raise TraceError(
+            f"trace {trace.name}: Mooncake hash_ids cover {MOONCAKE_BLOCK_TOKENS} tokens, "
+            f"this trace's {trace.hash_block_tokens}"
+        )
+    times = None if trace.arrival_s is None else (trace.arrival_s * 1000.0).tolist()
+    with Path(path).open("w", encoding="utf-8") as f:
+        for i, (prompt, output) in enumerate(trace.lengths()):
+            row: dict[str, object] = {}
+            if times is not None:
+                ms = times[i]
+                row["timestamp"] = round(ms) if abs(ms - round(ms)) < 1e-6 else ms  # whole ms stay integers
+            row["input_length"], row["output_length"] = prompt, output
+            if trace.hash_ids is not None:
+                row["hash_ids"] = list(trace.hash_ids[i])
+            f.write(json.dumps(row) + "\n")
 
 
 def _part(text: str) -> Trace:
@@ -292,25 +316,3 @@ def _read_jsonl(lines: Sequence[str], name: str, path: Path) -> Trace:
                 )
             hashes.append(tuple(ids))
     return _finish(name, prompt, output, times if has_time else None, hashes if has_hash else None, path)
-
-
-def mooncake_lines(trace: Trace) -> list[str]:
-    """`trace` as Mooncake JSONL lines (what `load_trace` reads back, and what
-    Dynamo's mocker replays with `trace_format="mooncake"`): `timestamp` in
-    milliseconds (0 for a trace without times), the lengths, and `hash_ids`
-    of `trace.hash_block_tokens` tokens; a trace without hashes gets fresh ids
-    no other request shares, so nothing is reused there either."""
-    block = trace.hash_block_tokens
-    times = trace.arrival_s if trace.arrival_s is not None else np.zeros(len(trace))
-    fresh = 1 + max((max(h) for h in trace.hash_ids or () if h), default=-1)
-    lines = []
-    for i, (prompt, output) in enumerate(trace.lengths()):
-        if trace.hash_ids is not None:
-            ids = list(trace.hash_ids[i])
-        else:
-            ids = list(range(fresh, fresh + -(-prompt // block)))
-            fresh += len(ids)
-        ms = float(times[i]) * 1000.0
-        stamp: float | int = int(ms) if ms.is_integer() else ms
-        lines.append(json.dumps({"timestamp": stamp, "input_length": prompt, "output_length": output, "hash_ids": ids}))
-    return lines

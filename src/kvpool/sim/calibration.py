@@ -174,7 +174,25 @@ def fit_ops(samples: OpSamples, base: Calibration, *, flops: float, hbm: float) 
             "p90_error": fit.p90_error,
             "samples": fit.samples,
         }
+    check_efficiencies(cal, "the kernel timings")
     return cal, report
+
+
+# The constants that are shares of a peak (FLOPS or HBM bandwidth): none can pass 1.
+EFFICIENCIES = ("linear_flops_eff", "linear_bw_eff", "decode_attn_bw_eff", "prefill_attn_flops_eff")
+
+
+def check_efficiencies(cal: Calibration, what: str) -> None:
+    """CalibrationError when a fit puts a kernel above 100 % of the GPU's peak:
+    the timings cannot be of this model on this GPU (wrong GPU, tp or model, or
+    times in the wrong unit), and a profile built on them would be wrong everywhere."""
+    over = {k: getattr(cal, k) for k in EFFICIENCIES if getattr(cal, k) > 1.0}
+    if over:
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in over.items())
+        raise CalibrationError(
+            f"{what} are faster than the GPU's peak allows ({shares} of peak): check --gpu, --tp and MODEL, "
+            "and that the times are milliseconds under 'ms' (seconds under 'seconds')"
+        )
 
 
 @dataclass(frozen=True)
@@ -280,6 +298,7 @@ def fit_steps(base: Calibration, samples: Sequence[StepSample]) -> tuple[Calibra
         row_s=float(row),
         source=f"kvpool calibrate: {len(samples)} measured steps, efficiencies x {scale:.3f} of {base.name}",
     )
+    check_efficiencies(cal, "the measured steps")
     pred = a @ coef * t
     med, p90 = _errors(pred, t)
     return cal, Fit({"efficiency_scale": scale, "step_floor_s": float(coef[1]), "row_s": float(row)}, med, p90, len(t))
