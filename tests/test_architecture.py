@@ -122,3 +122,34 @@ def test_the_cli_only_parses_and_prints() -> None:
     assert not bad, "\n".join(bad)
     serve = (SRC / "cli" / "serve_cmd.py").read_text()
     assert "deploy.fit(" in serve and "build_parser" not in serve and "parse_args" not in serve
+
+
+# the layers `kvpool.fleet` may import (docs/design.md: it sits above sim), and who may import it
+FLEET_IMPORTS = (
+    "fleet",
+    "sim",
+    "sched",
+    "cache",
+    "index",
+    "plan",
+    "spec",
+    "presets",
+    "models",
+    "trace",
+    "errors",
+    "units",
+)
+
+
+def test_the_fleet_sits_above_the_simulator() -> None:
+    bad = []
+    for name, path in modules().items():
+        for module, _, line in runtime_imports(path):
+            if not module.startswith("kvpool."):
+                continue
+            layer = module.split(".")[1]
+            if name.startswith("kvpool.fleet") and layer not in FLEET_IMPORTS:
+                bad.append(f"{name}:{line} imports {module}")
+            if layer == "fleet" and not name.startswith(("kvpool.fleet", "kvpool.deploy", "kvpool.cli")):
+                bad.append(f"{name}:{line} imports {module} (only deploy and the CLI sit above the fleet)")
+    assert not bad, bad
