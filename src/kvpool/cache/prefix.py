@@ -128,7 +128,7 @@ def onboard_fits(t: PageTables, hashes: Sequence[int], k: int) -> bool:
     return True
 
 
-SPARE_WALK = 4096  # LRU pages `create_check` looks at for `spare`: more than a few decode runs take
+SPARE_WALK = 1024  # LRU pages `create_check` looks at for `spare`: more than a few decode runs take
 
 
 def create_check(

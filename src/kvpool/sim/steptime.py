@@ -384,10 +384,10 @@ class StepTimeModel:
             if g.group.rule.per_request:
                 attention = attention + k.decode_attention(2.0 * g.state_bytes * requests, 0.0, layers)
                 continue
-            if np.any(pairs):
+            if _some(pairs):
                 written = g.row_bytes * (read + self.written(g, tokens))
                 attention = attention + k.decode_attention(written, g.flops_per_pair * pairs, layers)
-            if np.any(chunk):
+            if _some(chunk):
                 attention = attention + k.prefill_attention(g.flops_per_pair * chunk, layers)
         elementwise = k.elementwise(tokens, sh.hidden, self.num_layers)
         allreduce = k.allreduce(tokens, sh.hidden, self.tp, 2 * self.num_layers)
@@ -396,6 +396,11 @@ class StepTimeModel:
         floor = cal.step_floor_s + cal.row_s * requests
         busy = gpu if graph else np.maximum(gpu, cal.launch_s * self.eager_launches)
         return StepCost(matmul, experts, attention, elementwise, allreduce, busy - gpu + floor, busy + floor)
+
+
+def _some(x: Any) -> bool:
+    """Whether a figure (a float, or an array over a run of steps) is not all zero."""
+    return bool(x) if type(x) is float else bool(np.any(x))
 
 
 def expert_storage(config: Any, shapes: Shapes) -> tuple[float, float] | None:
