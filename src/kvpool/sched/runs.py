@@ -152,13 +152,27 @@ def advance_decodes(
         return None
     if on_extended is not None:
         on_extended()
+    # the pages the run filled are offered as single steps offer them, in the order they filled (pages of
+    # equal digests in two rows: the first to fill is stored, the other not): those of steps 1..steps-1
+    # by the row ahead first (it fills a shared page first), rows level in row order; then the last
+    # step's as `update` offers them: rows going on in row order, then the finished ones (`finish`)
+    rows_ = [seq for seq, _ in step.decodes]
+    max_len = sched.limits.max_seq_len
+    for seq in sorted(rows_, key=lambda s: -s.num_computed):  # (sorted is stable: row order among equals)
+        seq.num_computed += steps - 1
+        append_tokens(seq, run_of(token, steps - 1), max_len)  # (the run's limit: nobody finishes before the last)
+        sched.commit_filled(seq)
     finished = []
-    run = [token] * steps
-    for seq, _ in step.decodes:
-        seq.num_computed += steps
-        if append_tokens(seq, run, sched.limits.max_seq_len):
+    for seq in rows_:
+        seq.num_computed += 1
+        if append_tokens(seq, [token], max_len):
             finished.append(seq)  # `finish` commits its pages
         else:
-            sched.commit_filled(seq)  # the pages the run filled, as step-by-step updates would
+            sched.commit_filled(seq)
     sched.finish(finished)
     return finished
+
+
+def run_of(token: int, n: int) -> list[int]:
+    """`n` copies of `token`."""
+    return [token] * n
