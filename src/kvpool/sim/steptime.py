@@ -12,7 +12,7 @@ other, so its GPU time is the **sum** of its parts:
            launching kernels one by one is the bound when the GPU is faster)
 
 - **matmuls**: every token passes every dense multiply of its rank
-  (`sim/shapes.py`, from the checkpoint's own tensor list); the rows that
+  (`sim/matmuls.py`, from the checkpoint's own tensor list); the rows that
   sample (decode rows and drafts, one per prefill chunk) pass the lm_head.
 - **routed experts**: per MoE layer, the experts the step's T tokens touch,
   E (1 - (1 - k/E)^T) of them, each streaming its weights and computing whole
@@ -54,7 +54,7 @@ from kvpool.sched import Step
 from kvpool.sim.calibration import for_gpu
 from kvpool.sim.fp4_experts import fp4_experts
 from kvpool.sim.kernels import Calibration, Kernels
-from kvpool.sim.shapes import Shapes, model_shapes
+from kvpool.sim.matmuls import Shapes, model_shapes
 from kvpool.spec import LayerGroup, ModelSpec
 from kvpool.spec.families import head_dim, split_heads
 
