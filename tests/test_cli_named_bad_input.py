@@ -227,42 +227,6 @@ def test_bad_sweep_grids_are_one_line_and_write_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
 
 
-def test_sweep_output_is_written_whole_or_not_at_all(cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A disk that fills while the results are written leaves no OUT.json, no OUT.csv
-    and no temporary file (the issue's full disk left 0-byte files)."""
-    from kvpool.cli import sweep_cmd
-
-    def full_disk(rows: Any, out: Any) -> list[Path]:
-        Path(out).write_text('{"points": [')  # half written
-        raise OSError(28, "No space left on device", str(out))
-
-    monkeypatch.setattr(sweep_cmd, "write_rows", full_disk)
-    grid = tmp_path / "grid.yaml"
-    grid.write_text(GRID)
-    code, _, err = cli("sweep", str(grid), "--out", str(tmp_path / "res"), "--serial", "--quiet")
-    assert code == 2 and err.count("\n") == 1 and "no space left" in err.lower(), err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.yaml"]
-
-
-def test_sweep_plot_is_written_whole_or_not_at_all(cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("matplotlib")
-    import kvpool.sim.sweep_plot as sweep_plot
-
-    def broken_plot(path: Any, rows: Any, group: Any) -> None:
-        Path(path).write_bytes(b"\x89PNG half")
-        raise OSError(28, "No space left on device", str(path))
-
-    monkeypatch.setattr(sweep_plot, "plot_sweep", broken_plot)
-    grid = tmp_path / "grid.yaml"
-    grid.write_text(GRID)
-    code, _, err = cli(
-        "sweep", str(grid), "--out", str(tmp_path / "res"), "--plot", str(tmp_path / "p.png"), "--serial", "--quiet"
-    )
-    assert code == 2 and err.count("\n") == 1, err
-    assert not (tmp_path / "p.png").exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], list(tmp_path.iterdir())
-
-
 def _kvpool(*argv: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "kvpool", *argv], stderr=subprocess.PIPE, text=True, timeout=120, **kwargs
@@ -310,22 +274,6 @@ def test_a_preset_name_is_not_a_path() -> None:
 
     with pytest.raises(UnknownPresetError):
         presets.load_model_config("../gpus")
-
-
-def test_atomic_path_leaves_the_whole_file_or_nothing(tmp_path: Path) -> None:
-    """What --plot, sweep --out and fit --emit-to write through (cli/files.py)."""
-    from kvpool.cli.files import atomic_path
-
-    target = tmp_path / "launch.sh"
-    with pytest.raises(OSError), atomic_path(target) as tmp:
-        tmp.write_text("half")
-        raise OSError(28, "No space left on device")
-    assert list(tmp_path.iterdir()) == []
-    target.write_text("old")
-    with atomic_path(target) as tmp:
-        tmp.write_text("new")
-        assert target.read_text() == "old"  # the old file stays whole until the new one is
-    assert target.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["launch.sh"]
 
 
 def test_fit_emit_to_a_missing_folder_is_refused_before_the_work(cli: Any, tmp_path: Path) -> None:

@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 
 from kvpool.cli.common import add_json_arg, add_model_args, checked, flagged, gpu_name, print_json, table
-from kvpool.cli.files import input_file, output_file
+from kvpool.cli.files import input_file, output_file, write_output
 from kvpool.cli.plan_args import load_spec
 from kvpool.cli.request import ModelOptions
 from kvpool.errors import KvpoolError
+from kvpool.plan.limits import MAX_BATCH_SIZE, MAX_POSITIONS
 from kvpool.presets import GpuSpec, load_gpu
 from kvpool.sim.calibration import (
     VIDUR_COLUMNS,
@@ -40,7 +41,7 @@ from kvpool.sim.calibration import (
     fit_ops,
     fit_steps,
     for_gpu,
-    save_profile,
+    profile_json,
     vidur_samples,
 )
 from kvpool.sim.kernels import Calibration, CalibrationError
@@ -72,7 +73,7 @@ def register(sub: Any) -> None:
 def _rows(path: Path, need: tuple[str, ...]) -> list[dict[str, str]]:
     """The CSV's rows (lines starting with # skipped); KvpoolError naming what is missing."""
     try:
-        with path.expanduser().open(newline="") as f:
+        with path.expanduser().open(newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's BOM
             rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
     except OSError as e:
         raise KvpoolError(f"cannot read {path}: {e.strerror or e}") from None
@@ -92,8 +93,22 @@ def _number(row: dict[str, str], key: str, path: Path, line: int, *, minimum: fl
     except (TypeError, ValueError):
         value = math.nan
     if not math.isfinite(value) or value < minimum:
-        raise KvpoolError(f"{path} row {line}: {key} must be a number >= {minimum:g}, got {row[key]!r}")
+        raise KvpoolError(f"{path} row {line}: {key} must be a number >= {minimum:g}, got {_shown(row[key])}")
     return value
+
+
+def _count(row: dict[str, str], key: str, path: Path, line: int, high: int) -> int:
+    """A whole number in [0, high] (a step of 10**9 decode rows is no measurement,
+    and pricing it would build a billion-row batch)."""
+    value = _number(row, key, path, line)
+    if not value.is_integer() or value > high:
+        raise KvpoolError(f"{path} row {line}: {key} must be a whole number <= {high:,}, got {_shown(row[key])}")
+    return int(value)
+
+
+def _shown(text: str | None) -> str:
+    """A cell as an error shows it: quoted, cut at 40 characters."""
+    return repr(text if text is None or len(text) <= 40 else text[:37] + "...")
 
 
 def ops_samples(paths: list[Path]) -> OpSamples:
@@ -115,10 +130,10 @@ def step_samples(path: Path, model: StepTimeModel) -> list[StepSample]:
         raise KvpoolError(f"{path} needs an 'ms' or 'seconds' column with the measured step time")
     out = []
     for i, r in enumerate(rows, start=2):
-        rows_n = int(_number(r, "decode_rows", path, i))
-        ctx = int(_number(r, "context", path, i))
-        pre = int(_number(r, "prefill_tokens", path, i))
-        start = int(_number(r, "prefill_start", path, i)) if r.get("prefill_start") not in (None, "") else 0
+        rows_n = _count(r, "decode_rows", path, i, MAX_BATCH_SIZE)
+        ctx = _count(r, "context", path, i, MAX_POSITIONS)
+        pre = _count(r, "prefill_tokens", path, i, MAX_POSITIONS)
+        start = _count(r, "prefill_start", path, i, MAX_POSITIONS) if r.get("prefill_start") not in (None, "") else 0
         seconds = _number(r, "ms", path, i) * 1e-3 if "ms" in r else _number(r, "seconds", path, i)
         if rows_n + pre == 0 or seconds <= 0:
             raise KvpoolError(f"{path} row {i}: a step needs decode rows or prefill tokens, and a time > 0")
@@ -157,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         model = step_model(args, gpu, cal)
         with flagged("--steps"):
             samples = step_samples(args.steps, model)
-        cal, fit = fit_steps(cal, samples)
+            cal, fit = fit_steps(cal, samples)
         report["steps"] = {
             **fit.values,
             "median_error": fit.median_error,
@@ -165,7 +180,9 @@ def run(args: argparse.Namespace) -> int:
             "samples": fit.samples,
         }
     cal = dataclasses.replace(cal, name=args.out.stem, source=f"kvpool calibrate on {gpu.key}")
-    save_profile(cal, args.out, report=report)
+    with flagged("--steps" if args.steps is not None else "--ops"):
+        text = profile_json(cal, report=report)
+    write_output(args.out, text, "--out")
     if args.json:
         print_json({"profile": str(args.out), "calibration": cal.to_json(), "fit": report})
         return 0

@@ -16,14 +16,13 @@ import dataclasses
 import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kvpool import presets
 from kvpool.cli import fit_layouts
 from kvpool.cli.common import add_json_arg, checked, positive_int, print_json, table
 from kvpool.cli.engines_out import launch_model_id
-from kvpool.cli.files import atomic_path, output_file
+from kvpool.cli.files import output_file, write_output
 from kvpool.cli.fit_engines import EngineFit, engine_fit, fit_lengths, render_engine
 from kvpool.cli.plan_args import Resolved, add_plan_args, resolve
 from kvpool.cli.plan_cmd import render_memory
@@ -262,10 +261,7 @@ def finish(args: argparse.Namespace, out: dict[str, Any], fits: list[EngineFit])
         raise KvpoolError("nothing to emit: no layout holds the requests")
     if fits[0].emitted is None:
         raise KvpoolError(f"nothing to emit: {fits[0].reasons[0]}")
-    path = Path(args.emit_to)
-    text = fits[0].emitted.text() + "\n"
-    with atomic_path(path) as tmp:  # a failed write leaves neither FILE nor a temporary beside it
-        tmp.write_text(text)
+    path = write_output(args.emit_to, fits[0].emitted.text() + "\n", "--emit-to")
     out["emitted_to"] = str(path)
     print(f"kvpool fit: wrote the {fits[0].engine} launch to {path}", file=sys.stderr)
 

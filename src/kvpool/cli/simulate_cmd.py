@@ -7,13 +7,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from kvpool import presets
 from kvpool.cache import TierSpec
 from kvpool.cli.common import add_json_arg, flagged, print_json
-from kvpool.cli.files import check_input
+from kvpool.cli.files import check_input, check_output, write_output
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.cli.plan_args import Resolved, add_plan_args, parse_pool_ratio, resolve
 from kvpool.cli.request import PlanRequest
@@ -104,10 +105,13 @@ def run(args: argparse.Namespace) -> int:
     sweep = run_sweep(args, runner, group, shares) if group is not None else []
     everything = runs + [r for _, r in sweep]
     if args.plot:
-        from kvpool.sim.plot import plot_runs
+        from kvpool.sim.plot import plot_format, plot_runs
 
         title = f"{spec.name} on {setup.gpu.key}, {setup.trace.name}" + (f" @ {args.rate}/s" if args.rate else "")
-        plot_runs(args.plot, runs, title=title, sweep_group=group, sweep=sweep)
+        fmt = plot_format(args.plot)
+        write_output(
+            args.plot, lambda f: plot_runs(f, runs, title=title, sweep_group=group, sweep=sweep, fmt=fmt), "--plot"
+        )
     if max(r.rejected for r in everything):
         notes.append(
             f"requests not done were rejected: a prompt of at least max_seq_len "
@@ -174,6 +178,9 @@ def check_flags(args: argparse.Namespace) -> None:
     ):
         if value is not None and not value.strip():
             raise KvpoolError(f"{flag} is empty; give a value or leave the flag out")
+    if args.plot is not None:
+        with flagged("--plot"):
+            check_output(args.plot)
     for flag, value in (("--compare", args.compare), ("--policy", args.policy)):
         if value is not None and any(not item.strip() for item in value.split(",")):
             raise KvpoolError(f"{flag} {value!r} has an empty item; list policies as P1,P2")
@@ -372,13 +379,17 @@ def run_tiered(args: argparse.Namespace, setup: Setup, runner: Runner, plans: li
             rows.append((size, result))
     runs = [r for _, r in rows]
     if args.plot:
-        from kvpool.sim.plot import plot_host_sweep, plot_runs
+        from kvpool.sim.plot import plot_format, plot_host_sweep, plot_runs
 
         title = f"{setup.resolved.spec.name} on {setup.gpu.key}, {setup.trace.name}"
-        if tiers.sweep:
-            plot_host_sweep(args.plot, [((r.tiers or {})["bytes"].get("CPU", 0), r) for r in runs], title=title)
-        else:
-            plot_runs(args.plot, runs, title=title)
+        fmt = plot_format(args.plot)
+        points = [((r.tiers or {})["bytes"].get("CPU", 0), r) for r in runs]
+        draw: Callable[[BinaryIO], None] = (
+            (lambda f: plot_host_sweep(f, points, title=title, fmt=fmt))
+            if tiers.sweep
+            else (lambda f: plot_runs(f, runs, title=title, fmt=fmt))
+        )
+        write_output(args.plot, draw, "--plot")
     notes = runner.notes
     if max(r.rejected for r in runs):
         notes.append(f"requests not done were rejected (max_seq_len {setup.resolved.limits.max_seq_len}, or pages)")

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kvpool.cli.common import positive_int, table
-from kvpool.cli.files import atomic_path, check_output, grid_file
+from kvpool.cli.files import Content, check_output, grid_file, write_outputs
 from kvpool.errors import KvpoolError
 from kvpool.sim.executor import Bar, ray_available, run_all
-from kvpool.sim.sweep import GridError, Point, best_shares, expand_grid, load_grid, run_point, write_rows
+from kvpool.sim.sweep import GridError, Point, best_shares, expand_grid, load_grid, rows_paths, rows_texts, run_point
 
 # A grid past this is a typo (each point is a whole simulation); refused before it is expanded.
 MAX_POINTS = 10_000
@@ -135,13 +133,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     rows = best_shares(rows)
-    paths = write_atomically(rows, args.out)
+    paths = rows_paths(args.out)
+    outputs: list[tuple[str | Path, Content, str]] = [
+        (path, text, "--out") for path, text in zip(paths, rows_texts(rows), strict=True)
+    ]
     group = next((p.policy.removeprefix("ratio:").split("=")[0] for p in points if p.policy.startswith("ratio:")), None)
     if args.plot:
+        from kvpool.sim.plot import plot_format
         from kvpool.sim.sweep_plot import plot_sweep
 
-        with atomic_path(args.plot) as tmp:
-            plot_sweep(tmp, rows, group)
+        fmt = plot_format(args.plot)
+        outputs.append((args.plot, lambda f: plot_sweep(f, rows, group, fmt), "--plot"))
+    write_outputs(outputs)  # all whole, or none: a full disk leaves the old files as they were
     shown = []
     for r in rows:
         ok = "error" not in r
@@ -161,18 +164,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{how}")
     print("wrote " + ", ".join(str(p) for p in paths) + (f", {args.plot}" if args.plot else ""))
     return 0
-
-
-def write_atomically(rows: list[dict[str, Any]], out: str) -> list[Path]:
-    """`write_rows(rows, out)`, written in a temporary folder beside `out` and each
-    file renamed into place once all are written whole: a failure leaves none."""
-    target = Path(out)
-    folder = Path(tempfile.mkdtemp(prefix=".kvpool-sweep-", dir=target.parent))
-    try:
-        written = write_rows(rows, folder / target.name)
-        paths = [target.parent / p.name for p in written]
-        for done, path in zip(written, paths, strict=True):
-            os.replace(done, path)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    return paths

@@ -77,16 +77,15 @@ def load_profile(path: str | Path) -> Calibration:
     return Calibration.from_json(data["calibration"], str(data["calibration"].get("name") or p.stem))
 
 
-def save_profile(cal: Calibration, path: str | Path, *, report: dict[str, Any]) -> None:
-    """Write `cal` and its fit report as JSON, atomically (temp file, rename)."""
-    p = Path(path).expanduser()
-    tmp = p.with_name(p.name + ".tmp")
+def profile_json(cal: Calibration, *, report: dict[str, Any]) -> str:
+    """The profile file `load_profile` reads: `cal` and its fit report as JSON,
+    never with Infinity or NaN in it (CalibrationError)."""
     try:
-        tmp.write_text(json.dumps({"calibration": cal.to_json(), "fit": report}, indent=2) + "\n")
-        tmp.replace(p)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise CalibrationError(f"cannot write calibration {p}: {e.strerror or e}") from None
+        return json.dumps({"calibration": cal.to_json(), "fit": report}, indent=2, allow_nan=False) + "\n"
+    except ValueError:  # Calibration refuses non-finite constants; this is the report's
+        raise CalibrationError(
+            "the fit's report holds a non-finite number: the measurements cannot be fitted"
+        ) from None
 
 
 @dataclass(frozen=True)
