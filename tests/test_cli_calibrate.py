@@ -44,20 +44,26 @@ def test_ops_profile_from_vidurs_h100_timings(cli: Cli, tmp_path: Path) -> None:
     assert json.loads(stdout)["calibration"] == "h100-mine"
 
 
-def test_steps_profile_recovers_the_machine_that_made_the_timings(cli: Cli, tmp_path: Path) -> None:
-    # Steps "measured" on a machine 0.9x as fast as the shipped H100 profile, with a 2 ms
-    # step floor and 20 us per request: the fit must find those three numbers back.
+def measured_steps(path: Path, speed: float = 0.9, encoding: str = "utf-8") -> Path:
+    """Steps "measured" on a machine `speed` x as fast as the shipped H100 profile,
+    with a 2 ms step floor and 20 us per request, written to `path`."""
     spec = load_model_spec("llama-3.1-8b-instruct", max_seq_len=8192)
     model = StepTimeModel.build(spec, load_gpu("h100"), load_weights("llama-3.1-8b-instruct"))
-    path = tmp_path / "steps.csv"
-    with path.open("w", newline="") as f:
+    with path.open("w", newline="", encoding=encoding) as f:
         w = csv.writer(f)
         w.writerow(["decode_rows", "context", "prefill_tokens", "ms"])
         for rows, ctx, pre in [(1, 100, 0), (8, 2000, 0), (64, 1000, 0), (256, 500, 0), (0, 0, 2048), (16, 800, 512)]:
             c = model.cost([(ctx, 0)] * rows, [(0, pre)] if pre else [], graph=pre == 0, padded_batch=rows or None)
             gpu = c.total - c.overhead
             requests = rows + (1 if pre else 0)
-            w.writerow([rows, ctx, pre, (gpu / 0.9 + 2e-3 + 20e-6 * requests) * 1e3])
+            w.writerow([rows, ctx, pre, (gpu / speed + 2e-3 + 20e-6 * requests) * 1e3])
+    return path
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig"])  # -sig: the byte-order mark spreadsheets write
+def test_steps_profile_recovers_the_machine_that_made_the_timings(cli: Cli, tmp_path: Path, encoding: str) -> None:
+    # the fit must find the machine's three numbers back
+    path = measured_steps(tmp_path / "steps.csv", encoding=encoding)
     out = tmp_path / "steps.json"
     code, stdout, err = cli("calibrate", "llama-3.1-8b-instruct", "--gpu", "h100", "--steps", str(path), "-o", str(out))
     assert code == 0, err
@@ -66,6 +72,17 @@ def test_steps_profile_recovers_the_machine_that_made_the_timings(cli: Cli, tmp_
     assert cal.linear_bw_eff == pytest.approx(base.linear_bw_eff * 0.9, rel=1e-6)
     assert cal.step_floor_s == pytest.approx(2e-3, rel=1e-6) and cal.row_s == pytest.approx(20e-6, rel=1e-6)
     assert "wrote" in stdout
+
+
+@pytest.mark.parametrize("speed", [1.7, 1e6])
+def test_steps_faster_than_the_gpus_peak_are_refused(cli: Cli, tmp_path: Path, speed: float) -> None:
+    """Timings 1.7x to 10**6x faster than the profile would put an efficiency above
+    1 (the issue's fits reached 10**294x the peak): measured on another GPU."""
+    path = measured_steps(tmp_path / "steps.csv", speed=speed)
+    out = tmp_path / "p.json"
+    code, _, err = cli("calibrate", "llama-3.1-8b-instruct", "--gpu", "h100", "--steps", str(path), "-o", str(out))
+    assert code == 2 and "--steps" in err and "above 1" in err and err.count("\n") == 1, err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(
@@ -77,6 +94,12 @@ def test_steps_profile_recovers_the_machine_that_made_the_timings(cli: Cli, tmp_
         ("decode_rows,context,prefill_tokens,ms\n1,x,0,3\n", "context must be a number"),
         ("decode_rows,context,prefill_tokens,ms\n0,2,0,3\n", "needs decode rows or prefill tokens"),
         ("decode_rows,context,prefill_tokens,ms\n", "has no rows"),
+        # 10**9 rows built a billion-row batch (MemoryError); 1.5 rows is no count
+        ("decode_rows,context,prefill_tokens,ms\n1000000000,2,0,3\n", "decode_rows must be a whole number <= 65,536"),
+        ("decode_rows,context,prefill_tokens,ms\n1.5,2,0,3\n", "decode_rows must be a whole number"),
+        ("decode_rows,context,prefill_tokens,ms\n1,%s,0,3\n" % ("9" * 5000), "context must be a number"),
+        ("decode_rows,context,prefill_tokens,ms\n1,2,0,Infinity\n", "ms must be a number"),
+        ("decode_rows,context,prefill_tokens,ms\n1,2,0,NaN\n", "ms must be a number"),
     ],
 )
 def test_bad_step_files_get_one_line(cli: Cli, tmp_path: Path, content: str, message: str) -> None:
