@@ -282,3 +282,40 @@ def test_fit_emit_to_a_missing_folder_is_refused_before_the_work(cli: Any, tmp_p
     code, _, err = cli(*argv, "--emit-to", str(tmp_path / "x.sh"))
     assert code == 0 and (tmp_path / "x.sh").read_text().startswith("vllm serve"), err
     assert [p.name for p in tmp_path.iterdir()] == ["x.sh"]
+
+
+SIM_4G = "simulate llama-3.1-8b-instruct --gpu h100 --kv-memory 4GiB --trace azure-conv --max-requests 20 --quiet"
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "word"),
+    [
+        ("plan llama-3.1-8b-instruct --kv-memory 1000TiB", "--kv-memory", "any GPU"),
+        ("warmup llama-3.1-8b-instruct --kv-memory 1000TiB", "--kv-memory", "any GPU"),
+        (SIM_4G.replace("4GiB", "1000TiB"), "--kv-memory", "h100 holds"),
+        (SIM_4G + " --host-memory 1000TiB", "--host-memory", "keeps books"),
+        (SIM_4G + " --disk 1000TiB", "--disk", "keeps books"),
+        (SIM_4G + " --host-memory 0,1000TiB", "--host-memory", "keeps books"),  # before the first size's run
+        ("plan llama-3.1-8b-instruct --kv-memory 4GiB --host-memory 1000TiB", "--host-memory", "keeps books"),
+        (" ".join(TINY) + " --kv-memory 1000TiB", "--kv-memory", "this machine"),
+        ("plan llama-3.1-8b-instruct --kv-memory 1152921504606846977", "--kv-memory", "1 EiB"),
+    ],
+)
+def test_sizes_no_machine_holds_are_refused_before_allocating(cli: Any, argv: str, flag: str, word: str) -> None:
+    """1000 TiB ran out of memory after seconds (the pools' books, or the engine's
+    tensors); 2**60 + 1 bytes, read as a float, passed as 1 EiB."""
+    start = time.perf_counter()
+    refused(cli(*argv.split()), flag, word)
+    assert time.perf_counter() - start < 10
+
+
+def test_a_zero_host_tier_is_zero_in_any_unit(cli: Any) -> None:
+    """`--host-memory 0B` was a run without a host tier and `0GiB` an error."""
+    runs = []
+    for zero in ("0", "0B", "0GiB", "0.0MiB"):
+        code, out, err = cli(*SIM_4G.split(), "--host-memory", f"{zero},1GiB", "--json")
+        assert code == 0, err
+        run = json.loads(out)["runs"][0]
+        assert run["tiers"]["bytes"] == {"CPU": 0}
+        runs.append({k: v for k, v in run.items() if k not in ("policy", "host_memory")})
+    assert all(r == runs[0] for r in runs)

@@ -3,6 +3,7 @@ one test of a count (`is_positive_int`) every layer checks its arguments with.""
 
 from __future__ import annotations
 
+import decimal
 import numbers
 import re
 from typing import TypeGuard
@@ -37,19 +38,32 @@ def parse_size(text: str | int) -> int:
         # True would be 1 byte, and a float or None an untyped TypeError from the regex
         raise KvpoolError(f"a size is a string such as '40GiB' or a whole number of bytes, got {text!r}")
     if isinstance(text, numbers.Integral):
-        number: float = int(text)
+        number = decimal.Decimal(int(text))
     else:
         match = _SIZE.match(text)
         unit = match.group(2).lower() if match else None
         if match is None or unit not in _UNITS:
             raise KvpoolError(f"cannot read size {text!r}; write e.g. 40GiB, 512MiB or 1073741824")
-        number = float(match.group(1)) * _UNITS[unit]
-    if number > MAX_SIZE:  # checked before int(): '1e400' is an infinite float
+        # exact decimal arithmetic: as a float, 2**60 + 1 bytes rounded down to 1 EiB and passed
+        number = decimal.Decimal(match.group(1))
+        if number <= MAX_SIZE:
+            number *= _UNITS[unit]
+    if number > MAX_SIZE:
         raise KvpoolError(f"size {text!r} is larger than 1 EiB; write the budget of one GPU, e.g. 40GiB")
     value = int(number)
     if value <= 0:
         raise KvpoolError(f"size {text!r} must be positive")
     return value
+
+
+def parse_size_or_zero(text: str | int) -> int:
+    """`parse_size`, or 0 for a size of zero in any unit (`0`, `0B`, `0GiB`, `0.0MiB`)."""
+    match = _SIZE.match(text) if isinstance(text, str) else None
+    if match is not None and match.group(2).lower() in _UNITS and decimal.Decimal(match.group(1)) == 0:
+        return 0
+    if isinstance(text, int) and not isinstance(text, bool) and text == 0:
+        return 0
+    return parse_size(text)
 
 
 def is_positive_int(value: object) -> TypeGuard[int]:

@@ -44,22 +44,39 @@ from kvpool.cache.events import (
     expand,
 )
 from kvpool.cache.hashing import salt_seed
+from kvpool.cache.pool import check_pages
 from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Dummies, Resize
 from kvpool.cache.shared_pool import build_pools
 from kvpool.cache.suspension import Suspension
 from kvpool.cache.tables import STALE, PageTables
-from kvpool.cache.tiers import TierCopies, TierSpec, tiers_below
+from kvpool.cache.tiers import TierCopies, TierSpec, checked_copies, checked_max_util, checked_specs, tiers_below
 from kvpool.plan import capture
 from kvpool.plan.capture import WarmupReport
 from kvpool.plan.result import PoolPlan
 from kvpool.plan.tiers import tier_pages
 from kvpool.spec.kinds import NEVER
+from kvpool.units import format_bytes
 
 __all__ = ["STALE", "KVCacheManager"]
 
 EVENT_BUFFER = 1 << 16  # event records (runs of pages) kept until `take_events`; older ones are dropped
+
+
+def _books(plan: PoolPlan, tiers: Sequence[TierSpec]) -> list[list[int]]:
+    """The slots per group of each cold tier (the GPU plan's proportions), after
+    checking that no pool or tier holds more pages than the books can keep
+    (`pool.check_pages`): refused by name before anything is allocated."""
+    for g in plan.groups:
+        check_pages(g.pages, f"pool {g.name!r}")
+    if tiers and plan.shared:
+        raise CacheUsageError("cold tiers with a shared pool are not supported")
+    slots = [list(tier_pages(plan, t.bytes).values()) for t in tiers]
+    for t, counts in zip(tiers, slots, strict=True):
+        for g, n in zip(plan.groups, counts, strict=True):
+            check_pages(n, f"the {t.medium} tier ({format_bytes(t.bytes)}) for group {g.name!r}")
+    return slots
 
 
 class KVCacheManager:
@@ -75,6 +92,10 @@ class KVCacheManager:
     of runs of pages; `take_events` builds the `CacheEvent`s) are the
     bookkeeping, public for the integrity checker, tools and tests: read them,
     never write them. `events=False` records no events at all.
+
+    The constructor raises `CacheUsageError` for `tiers` that are not a list of
+    `TierSpec`, a `max_util_for_resume` outside (0, 1], or a pool or tier of more
+    pages than `cache.pool.MAX_PAGES`.
 
     `state_snapshots=True` lets `commit` snapshot state groups (recurrent
     state) so that models with a state group can reuse prefixes at all; the
@@ -92,6 +113,9 @@ class KVCacheManager:
         tiers: Sequence[TierSpec] = (),
         max_util_for_resume: float = 0.95,
     ) -> None:
+        tiers = checked_specs(tiers)
+        tier_slots = _books(plan, tiers)
+        max_util_for_resume = checked_max_util(max_util_for_resume)
         self.plan = plan
         self.spec = plan.spec
         self.limits = plan.limits
@@ -118,12 +142,16 @@ class KVCacheManager:
         self.reuse_hit_tokens = 0
         self._prompts = PromptMemo()  # the last prompt's digests, for the next that shares its start
         self._padding: dict[int, int] = {}  # draft length -> persistent padding dummy id
-        if tiers and self.tables.shared:
-            raise CacheUsageError("cold tiers with a shared pool are not supported")
-        # the warmest cold tier (None: the GPU alone), each split between groups in the GPU plan's proportions
-        pages = [list(tier_pages(plan, s.bytes).values()) for s in tiers]
+        # the warmest cold tier (None: the GPU alone)
         self.tier = tiers_below(
-            self.pools, tiers, pages, self.tables.never_stale, enable_reuse, self.tokens_per_block, self.events, events
+            self.pools,
+            tiers,
+            tier_slots,
+            self.tables.never_stale,
+            enable_reuse,
+            self.tokens_per_block,
+            self.events,
+            events,
         )
         self.max_util_for_resume = max_util_for_resume
         self._suspended: dict[int, Suspension] = {}
@@ -232,6 +260,7 @@ class KVCacheManager:
         between the GPU and the cold tiers."""
         if self.tier is None:
             raise CacheUsageError("set_tier_copies needs a cold tier (tiers=...)")
+        copies = checked_copies(copies)
         for level in self.tier.levels():
             level.copies = copies
 

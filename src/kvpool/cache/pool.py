@@ -22,7 +22,21 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
-from kvpool.cache.events import EventRecord
+from kvpool.cache.events import CacheUsageError, EventRecord
+
+# The most pages (or tier slots) one group's books hold: each costs about 70 bytes
+# of Python lists here, so 2**24 is over a GiB of bookkeeping. Past it the page
+# size is too small for the memory (a larger tokens_per_block), or the memory a typo.
+MAX_PAGES = 2**24
+
+
+def check_pages(count: int, what: str) -> None:
+    """CacheUsageError, before anything is allocated, for more than `MAX_PAGES` pages in `what`."""
+    if count > MAX_PAGES:
+        raise CacheUsageError(
+            f"{what} would hold {count:,} pages, more than the {MAX_PAGES:,} a manager keeps books for; "
+            "give less memory or a larger tokens_per_block"
+        )
 
 
 class PageStore:

@@ -22,8 +22,9 @@ Events carry the tier as `medium` ("CPU", "DISK"), as vLLM's KV events do.
 from __future__ import annotations
 
 import functools
+import numbers
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -62,6 +63,35 @@ class TierSpec:
             raise CacheUsageError(f"tier medium must be 'CPU' or 'DISK', got {self.medium!r}")
         if type(self.bytes) is not int or self.bytes < 0:
             raise CacheUsageError(f"tier bytes must be a non-negative int, got {self.bytes!r}")
+
+
+def checked_specs(tiers: object) -> tuple[TierSpec, ...]:
+    """`tiers` (a list or tuple of `TierSpec`) as a tuple, or CacheUsageError:
+    a string, a mapping or a `None` entry is refused at the call, not deep inside
+    the first offload."""
+    if isinstance(tiers, str | bytes | Mapping) or not isinstance(tiers, Sequence):
+        raise CacheUsageError(f"tiers must be a list of TierSpec, got {type(tiers).__name__} {tiers!r:.60}")
+    bad = [t for t in tiers if not isinstance(t, TierSpec)]
+    if bad:
+        raise CacheUsageError(f"tiers must be a list of TierSpec, got {bad[0]!r:.60} in it")
+    return tuple(tiers)
+
+
+def checked_max_util(value: object) -> float:
+    """`max_util_for_resume` as a float in (0, 1], or CacheUsageError: 0 or -1
+    forbade every resume without a word, nan and strings failed at the first resume."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) <= 1:
+        raise CacheUsageError(f"max_util_for_resume must be a share of the pool in (0, 1], got {value!r}")
+    return float(value)
+
+
+def checked_copies(copies: object) -> TierCopies:
+    """`copies` if it has the three `TierCopies` methods, or CacheUsageError (before
+    any page moves: a suspend would otherwise crash half-way through its copies)."""
+    missing = [name for name in ("to_tier", "to_gpu", "between") if not callable(getattr(copies, name, None))]
+    if missing:
+        raise CacheUsageError(f"tier copies need methods to_tier, to_gpu and between; {copies!r:.60} lacks {missing}")
+    return copies  # type: ignore[return-value]  # checked structurally above
 
 
 class ColdTier:

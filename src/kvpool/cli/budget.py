@@ -79,7 +79,9 @@ def kv_budget(
             or (gpu_only_for_budget and options.gpu is not None)
         ):
             raise KvpoolError("give either --kv-memory or --gpu [--non-kv-memory | the memory estimates], not both")
-        return Budget(parse_size(options.kv_memory), f"--kv-memory {options.kv_memory}")
+        kv = parse_size(options.kv_memory)
+        check_kv_memory(kv, options.kv_memory, options.gpu)
+        return Budget(kv, f"--kv-memory {options.kv_memory}")
     if options.gpu is None:
         raise KvpoolError("no KV budget: give --kv-memory SIZE, or --gpu NAME (with --tp N for the weights per rank)")
     gpu = presets.load_gpu(options.gpu)
@@ -95,6 +97,21 @@ def kv_budget(
     memory = whole_gpu(options, model, spec, limits, gpu.memory_bytes, fraction, weights_bytes)
     memory.check(gpu.name, model.parallel)
     return Budget(memory.kv_bytes, f"{gpu.key} x {fraction:g} - weights - activations - CUDA graphs - reserve", memory)
+
+
+def check_kv_memory(kv_bytes: int, text: str, gpu: str | None) -> None:
+    """Refuse a --kv-memory no GPU holds: more than `gpu`'s memory, or without one
+    more than the largest GPU kvpool knows (`kvpool gpus`). A budget per rank past
+    the device is a typo, and a simulation would try to keep books for its pages."""
+    device = presets.load_gpu(gpu) if gpu is not None else max(map(presets.load_gpu, presets.gpu_names()), key=_memory)
+    if kv_bytes > device.memory_bytes:
+        held = f"{device.key} holds {format_bytes(device.memory_bytes)}"
+        what = held if gpu is not None else f"any GPU kvpool knows holds (the largest: {held})"
+        raise KvpoolError(f"--kv-memory {text} is more than {what}; give one rank's KV budget")
+
+
+def _memory(gpu: presets.GpuSpec) -> int:
+    return gpu.memory_bytes
 
 
 def weights_source(spec: ModelSpec, model: str) -> str | Path:

@@ -15,7 +15,7 @@ from kvpool.errors import KvpoolError, LimitsError
 from kvpool.plan.batches import REFERENCE_REQUEST
 from kvpool.spec import KV_DTYPES, ModelSpec
 from kvpool.spec import loader as spec_loader
-from kvpool.units import parse_size
+from kvpool.units import parse_size, parse_size_or_zero
 
 # Past this a count is a typo, and sizes derived from it would overflow int64.
 MAX_COUNT = 2**40
@@ -94,8 +94,8 @@ def flagged(flag: str) -> Iterator[None]:
 
 
 def size_or_zero(text: str) -> int:
-    """Bytes in `text` (units.parse_size), or 0 for `0`/`0B`."""
-    return 0 if text.strip() in ("0", "0B", "0b") else parse_size(text)
+    """Bytes in `text` (units.parse_size), or 0 for a zero size in any unit (`0`, `0B`, `0GiB`)."""
+    return parse_size_or_zero(text)
 
 
 size_arg = checked(parse_size)  # a byte size > 0 (units.parse_size)

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from kvpool.cli.common import add_json_arg, int_at_least, int_items, positive_int, print_json, size_arg, table
-from kvpool.cli.generate_checks import check_device, check_positions, check_sizes
+from kvpool.cli.generate_checks import check_device, check_memory, check_positions, check_sizes
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.engine.names import ARCHS, PACKAGED
 from kvpool.errors import KvpoolError
+from kvpool.units import parse_size
 
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
@@ -214,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
 
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     check_device(torch, args.device)
+    if args.kv_memory:
+        check_memory(torch, args.device, parse_size(args.kv_memory), args.kv_memory)
     tokenizer = None
     if args.tiny:
         config = weights.tiny_config(args.tiny)
@@ -288,7 +291,6 @@ def _engine(args: argparse.Namespace, model: Any, config: dict[str, Any], prompt
     from kvpool.engine.runner import Engine
     from kvpool.plan import PoolPlan, ServingLimits, Workload, plan_pools
     from kvpool.spec import load_model_spec, pages_per_group
-    from kvpool.units import parse_size
 
     longest = max(len(p) for p in prompts) + args.max_new_tokens
     check_positions(config, max(len(p) for p in prompts), args.max_new_tokens)

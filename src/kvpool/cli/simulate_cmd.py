@@ -370,10 +370,11 @@ def run_tiered(args: argparse.Namespace, setup: Setup, runner: Runner, plans: li
     table, then per size what the host tier bought (and a plot of it)."""
     tiers = setup.tiers
     assert tiers is not None
-    rows: list[tuple[str | None, SimResult]] = []
-    for policy, pp in zip(setup.policies, plans, strict=True):
+    specs = {(i, size): tiers.specs(args, pp.plan, size) for i, pp in enumerate(plans) for size in tiers.sizes}
+    rows: list[tuple[str | None, SimResult]] = []  # every size checked above: a bad one fails before the runs
+    for i, (policy, pp) in enumerate(zip(setup.policies, plans, strict=True)):
         for size in tiers.sizes:
-            result = runner.one(policy, pp, tiers.specs(args, pp.plan, size))
+            result = runner.one(policy, pp, specs[i, size])
             if tiers.sweep:
                 result = dataclasses.replace(result, policy=f"{policy} host {size}")
             rows.append((size, result))

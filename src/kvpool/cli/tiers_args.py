@@ -7,7 +7,8 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from kvpool.cli.common import positive_int, size_arg, table
+from kvpool.cache.pool import check_pages
+from kvpool.cli.common import flagged, positive_int, size_arg, table
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
 from kvpool.plan.tiers import GiB, TierPlan, host_tier_bytes, plan_tiers
@@ -85,7 +86,12 @@ def tiers_from_args(args: argparse.Namespace, plan: PoolPlan) -> list[TierPlan]:
             offloading_gib=None if host is None else host / GiB,
             hicache_gb=None if host is None else host / ranks / 1e9,
         )
-    return plan_tiers(plan, host_bytes, disk, rule)
+    tiers = plan_tiers(plan, host_bytes, disk, rule)
+    for t in tiers:  # a tier no machine's books hold is refused here, not after a simulation ran out of memory
+        with flagged("--host-memory" if t.medium == "CPU" else "--disk"):
+            for group, pages in t.pages.items():
+                check_pages(pages, f"one rank's {t.medium} tier ({format_bytes(t.bytes)}) for group {group!r}")
+    return tiers
 
 
 def _size(args: argparse.Namespace, name: str) -> int | None:
