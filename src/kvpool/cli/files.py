@@ -56,6 +56,20 @@ def check_input(text: str | Path, what: str = "") -> Path:
     return path
 
 
+def check_folder(folder: Path) -> Path:
+    """`folder` if every entry in it is a folder or a regular file (through links),
+    else KvpoolError naming the first that is not: a model folder's FIFO or device
+    (a config.json, a shard, a tokenizer file) would block the read of it forever."""
+    for entry in sorted(folder.iterdir()):
+        try:
+            mode = entry.stat().st_mode
+        except OSError:
+            continue  # a dangling link: whoever reads it says so
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise KvpoolError(f"cannot read {entry}: not a regular file (a pipe or a device?)")
+    return folder
+
+
 def output_file(text: str) -> Path:
     """An argparse type: a path a file can be written to (`check_output`).
     Checked before the work, not after it."""

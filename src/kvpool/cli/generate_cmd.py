@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpool.cli.common import add_json_arg, int_at_least, int_items, positive_int, print_json, size_arg, table
+from kvpool.cli.files import check_folder
 from kvpool.cli.generate_checks import check_device, check_memory, check_positions, check_sizes
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.engine.names import ARCHS, PACKAGED
@@ -173,11 +174,11 @@ def _folder(args: argparse.Namespace) -> Path:
 
     source = Path(gguf.packaged_gguf(args.packaged) if args.packaged else args.model_dir)
     if source.is_dir():
-        return source
+        return check_folder(source)
     if args.model_dir and not source.exists():
         from kvpool.models import weights_folder
 
-        return weights_folder(args.model_dir)
+        return check_folder(weights_folder(args.model_dir))
     if source.suffix != ".gguf" or not source.is_file():
         raise KvpoolError(f"{source}: expected a model folder or a .gguf file")
     if not (gguf.cached_path(source) / "config.json").is_file():

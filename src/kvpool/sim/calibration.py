@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvpool import jsonsafe
 from kvpool.presets import DATA, GpuSpec
 from kvpool.sim.kernels import Calibration, CalibrationError, soft_max
 
@@ -67,11 +68,13 @@ def load_profile(path: str | Path) -> Calibration:
     """A profile `kvpool calibrate` wrote. CalibrationError on anything else."""
     p = Path(path).expanduser()
     try:
-        data = json.loads(p.read_text())
+        data = jsonsafe.loads(p.read_bytes(), constants=True)  # a NaN constant is refused by name (Calibration)
     except OSError as e:
         raise CalibrationError(f"cannot read calibration {p}: {e.strerror or e}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CalibrationError(f"calibration {p} is not JSON ({e}); write one with `kvpool calibrate`") from None
+    except jsonsafe.JSONValueError as e:
+        raise CalibrationError(
+            f"calibration {p} is not JSON kvpool reads ({e}); write one with `kvpool calibrate`"
+        ) from None
     if not isinstance(data, dict) or not isinstance(data.get("calibration"), dict):
         raise CalibrationError(f"calibration {p} has no 'calibration' object; write one with `kvpool calibrate`")
     return Calibration.from_json(data["calibration"], str(data["calibration"].get("name") or p.stem))

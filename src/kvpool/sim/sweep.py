@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvpool import jsonsafe
 from kvpool.errors import KvpoolError
 
 ROW_METRICS = (
@@ -88,8 +89,8 @@ def load_grid(path: str | Path) -> dict[str, Any]:
         raise GridError(f"cannot read grid {p}: {e.strerror}") from None
     if p.suffix.lower() == ".json":
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
+            data = jsonsafe.loads(text)
+        except jsonsafe.JSONValueError as e:
             raise GridError(f"grid {p}: {e}") from None
     else:
         try:
@@ -102,8 +103,14 @@ def load_grid(path: str | Path) -> dict[str, Any]:
             data = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise GridError(f"grid {p}: {e}") from None
+        except ValueError:  # an integer past Python's int-string limit
+            raise GridError(f"grid {p}: holds an integer of thousands of digits") from None
     if not isinstance(data, dict):
         raise GridError(f"grid {p}: expected a mapping of fields to values or lists")
+    for name, value in data.items():  # what YAML reads that JSON would refuse (jsonsafe): huge or infinite numbers
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, float) and not math.isfinite(v) or isinstance(v, int) and v.bit_length() > 96:
+                raise GridError(f"grid {p}: field {name!r} holds a number no grid value can be")
     return data
 
 
