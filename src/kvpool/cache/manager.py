@@ -48,6 +48,7 @@ from kvpool.cache.pool import check_pages
 from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Dummies, Resize
+from kvpool.cache.rollback import Books
 from kvpool.cache.shared_pool import build_pools
 from kvpool.cache.suspension import Suspension
 from kvpool.cache.tables import STALE, PageTables
@@ -174,7 +175,21 @@ class KVCacheManager:
         if ids is None:
             return 0
         req.tokens, req.seed = ids, seed
-        hit = prefix.attach_prefix(self.tables, req, self._prompts, self.tier)
+        saved: list[Books] = []  # what a prefix hit copied in from a cold tier had before it
+        try:
+            hit = prefix.attach_prefix(
+                self.tables,
+                req,
+                self._prompts,
+                self.tier,
+                lambda: saved.append(Books(self.tables, self.tier, req, self.events)),
+            )
+        except BaseException:
+            if saved:  # a copy raised: the books as before the call, the request unregistered
+                saved[0].restore()
+                self.tables.free_slots.append(req.slot)
+                self.requests.remove(rid)
+            raise
         req.lookup = (len(ids), hit)
         self.requests.pending_lookups += 1
         return hit
@@ -226,7 +241,7 @@ class KVCacheManager:
         req = self.requests.get(rid)
         if self.tier is None or req.dummy:
             raise CacheUsageError(f"request {rid}: suspend needs a cold tier (tiers=...) and a real request")
-        done = suspension.suspend(self.tables, req, self.tier)
+        done = suspension.suspend(self.tables, req, self.tier)  # a copy that raises leaves it on the GPU
         if not isinstance(done, Suspension):
             return Resize(done)
         self._suspended[rid] = done
@@ -246,7 +261,7 @@ class KVCacheManager:
         short = suspension.resume_shortfall(self.tables, req, self.max_util_for_resume)
         if short:
             return Resize(short)
-        suspension.resume(self.tables, req, parked, self.tier)
+        suspension.resume(self.tables, req, parked, self.tier)  # a copy that raises leaves it suspended
         del self._suspended[rid]
         self.requests.resume(rid)
         return RESIZED
@@ -663,6 +678,12 @@ class KVCacheManager:
                 reserved=sum(self.requests.get(r).live(gi) for r in padding),
             )
         dummy_count = sum(1 for r in self.requests if r.dummy)
+        extra = {} if self.tier is None else {"failed_tier_copies": sum(t.failed_copies for t in self.tier.levels())}
         return CacheStats(
-            groups, self.reuse_queried_tokens, self.reuse_hit_tokens, len(self.requests) - dummy_count, dummy_count
+            groups,
+            self.reuse_queried_tokens,
+            self.reuse_hit_tokens,
+            len(self.requests) - dummy_count,
+            dummy_count,
+            extra,
         )

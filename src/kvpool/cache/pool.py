@@ -232,6 +232,15 @@ class PagePool:
                 ("stored", self.name, list(hashes[first + a : first + b]), parent, list(run), num_tokens, source_page)
             )
 
+    def drop_cached(self, page: int) -> None:
+        """Free cached (unowned) `page`: its content can no longer be trusted (a
+        copy into it was cut short). One `removed` record."""
+        self._lru_unlink(page)
+        block_hash = self._drop_hash(page)
+        self.free_stack.append(page)
+        if self.record_events:
+            self.events.append(("removed", self.name, [block_hash], [page]))
+
     def forget(self, page: int) -> None:
         """Drop a page's hash (its content is about to change); it stays owned."""
         if self.page_hash[page] is not None:

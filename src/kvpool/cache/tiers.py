@@ -37,7 +37,14 @@ Medium = Literal["CPU", "DISK"]
 class TierCopies(Protocol):
     """What an engine does when pages move between the GPU pools and the cold
     tiers; the manager only keeps the books and calls these (`group` is the
-    group's index) before anything can overwrite the source."""
+    group's index) before anything can overwrite the source.
+
+    A copy may fail (raise). One that offloads cached content (an evicted page
+    into a tier, a tier's page one tier down) only costs that page: the tier
+    does not keep it, as if it had no room, and `ColdTier.failed_copies` counts
+    it. One that moves a request's own pages (`suspend`, `resume`, a prefix hit
+    copied in by `create`) undoes the call: the books are as they were before it
+    (`cache/rollback.py`), and the exception reaches the caller."""
 
     def to_tier(self, group: int, page: int, medium: Medium, slot: int) -> None:
         """Copy GPU page `page` into the tier's `slot`."""
@@ -121,6 +128,7 @@ class ColdTier:
         self.free: list[list[int]] = [list(range(n - 1, -1, -1)) for n in pages]
         self.pinned = [0] * len(pages)
         self.copies: TierCopies | None = below.copies if below is not None else None  # the engine's, if any
+        self.failed_copies = 0  # offloads into this tier whose copy raised (not kept)
 
     def __contains__(self, item: tuple[int, int]) -> bool:
         """(group, digest) cached in this tier or one below."""
@@ -153,13 +161,26 @@ class ColdTier:
                 if self.below is not None:
                     self.below.put(gi, [digest], [source], src)
                 continue
-            held[digest] = slot = self.free[gi].pop()
-            if self.copies is not None:
-                if src is None:
-                    self.copies.to_tier(gi, source, self.medium, slot)
-                else:
-                    self.copies.between(gi, src, source, self.medium, slot)
+            slot = self.free[gi].pop()
+            if self.copies is not None and not self.copied(gi, source, src, slot):
+                self.free[gi].append(slot)  # the copy failed: the page is not kept here
+                continue
+            held[digest] = slot
             self.record("stored", gi, [digest], [slot])
+
+    def copied(self, gi: int, source: int, src: Medium | None, slot: int) -> bool:
+        """Copy an offloaded page (GPU page `source`, or slot `source` of tier
+        `src`) into `slot`; False, counted, when the engine's copy raised."""
+        assert self.copies is not None
+        try:
+            if src is None:
+                self.copies.to_tier(gi, source, self.medium, slot)
+            else:
+                self.copies.between(gi, src, source, self.medium, slot)
+        except Exception:  # a failed offload loses one cached page, never the books (TierCopies)
+            self.failed_copies += 1
+            return False
+        return True
 
     def locate(self, gi: int, digest: int) -> tuple[ColdTier, int] | None:
         """The tier (this or one below) and slot holding `digest` of group `gi`."""
@@ -206,6 +227,15 @@ class ColdTier:
             out.append([self.free[gi].pop() for _ in range(n)])
             self.pinned[gi] += n
         return out
+
+    def drop_slot(self, gi: int, slot: int) -> None:
+        """Forget the digest `slot` of group `gi` holds, if any: its content can
+        no longer be trusted (a copy into it was cut short)."""
+        digest = next((d for d, s in self.held[gi].items() if s == slot), None)
+        if digest is not None:
+            del self.held[gi][digest]
+            self.free[gi].append(slot)
+            self.record("removed", gi, [digest], [slot])
 
     def unpin(self, slots: Sequence[Sequence[int]]) -> None:
         """Give back the slots `pin` returned."""

@@ -1,0 +1,245 @@
+"""A copy the engine fails (its `TierCopies` method raises: a DMA that failed)
+never leaves the books inconsistent (cache/rollback.py). A failed suspend,
+resume or prefix hit copied in from a tier undoes the call: the requests, their
+pages, the pins and the free pages are as before it, and the books equal the
+snapshot taken before it except the cached pages the cut-short copies wrote over,
+which are dropped. A failed offload only loses that cached page. Checked against
+what each page and slot really holds: the copies move labels, and a failing copy
+first scribbles on its destination, as a half-done DMA would."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Set as AbstractSet
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cache_helpers import full_spec, hybrid_spec, snapshot
+from kvpool.cache import KVCacheManager
+from tier_helpers import TPB, Labels, tiered
+
+POISON = -1
+
+
+class DmaFailed(RuntimeError):
+    pass
+
+
+class Flaky(Labels):
+    """Labels that fail the copies in `fail`, (method, its n-th call from 0), or
+    each with probability `fail`, after writing POISON over the destination."""
+
+    def __init__(self, fail: AbstractSet[tuple[str, int]] | float = frozenset(), seed: int = 0) -> None:
+        super().__init__()
+        self.fail, self.rng = fail, random.Random(seed)
+        self.calls = {"to_tier": 0, "to_gpu": 0, "between": 0}
+
+    def _failing(self, method: str) -> bool:
+        n = self.calls[method]
+        self.calls[method] += 1
+        return self.rng.random() < self.fail if isinstance(self.fail, float) else (method, n) in self.fail
+
+    def to_tier(self, group: int, page: int, medium: str, slot: int) -> None:
+        if self._failing("to_tier"):
+            self.tier[group, medium, slot] = POISON
+            raise DmaFailed("to_tier")
+        super().to_tier(group, page, medium, slot)
+
+    def to_gpu(self, group: int, medium: str, slot: int, page: int) -> None:
+        if self._failing("to_gpu"):
+            self.gpu[group, page] = POISON
+            raise DmaFailed("to_gpu")
+        super().to_gpu(group, medium, slot, page)
+
+    def between(self, group: int, src: str, src_slot: int, dst: str, dst_slot: int) -> None:
+        if self._failing("between"):
+            self.tier[group, dst, dst_slot] = POISON
+            raise DmaFailed("between")
+        super().between(group, src, src_slot, dst, dst_slot)
+
+
+def books(m: KVCacheManager) -> dict[str, Any]:
+    """`snapshot` plus every tier level's held digests (LRU order), free slots and pins, and the suspensions."""
+    out = snapshot(m)
+    assert m.tier is not None
+    out["tiers"] = [
+        ([list(h.items()) for h in t.held], [list(f) for f in t.free], list(t.pinned)) for t in m.tier.levels()
+    ]
+    out["suspended"] = {rid: m.suspension(rid) for rid, _ in m.iter_requests()}
+    return out
+
+
+def requests_and_pins(m: KVCacheManager) -> dict[str, Any]:
+    """What a caller relies on after a failed call: each request's shape and
+    pages, and which slots are pinned and by whom."""
+    b = books(m)
+    shapes = {k: v for k, v in b["observed"].items() if k.startswith("r")}
+    owners = {p.name: list(p.ref) for p in m.pools}
+    return {"shapes": shapes, "owners": owners, "pins": [t[2] for t in b["tiers"]], "suspended": b["suspended"]}
+
+
+def assert_every_label_true(m: KVCacheManager, labels: Labels) -> None:
+    """Every cached GPU page and every held slot holds what its digest says."""
+    for gi, pool in enumerate(m.pools):
+        for digest, page in pool.cached.items():
+            if pool.ref[page] == 0:
+                assert labels.gpu.get((gi, page)) == digest, (gi, page, digest)
+    assert m.tier is not None
+    for level in m.tier.levels():
+        for gi, held in enumerate(level.held):
+            for digest, slot in held.items():
+                assert labels.tier.get((gi, level.medium, slot)) == digest, (level.medium, gi, slot, digest)
+
+
+def computed(m: KVCacheManager, labels: Labels, rid: int, hit: int) -> None:
+    """The engine writes the pages it computed (past the hit): a whole page's
+    label is its digest, a partial page's its request and block."""
+    for gi, group in enumerate(m.groups):
+        pool = m.pools[gi]
+        for block, page in enumerate(m.block_table(rid, group.name).tolist()):
+            if page >= 0 and (block + 1) * TPB > hit:
+                digest = pool.page_hash[page]
+                labels.gpu[gi, page] = digest if digest is not None else hash(("partial", rid, block))
+
+
+def test_a_failed_suspend_with_room_to_spare_leaves_the_books_exactly_as_before() -> None:
+    m = tiered(full_spec(tpb=TPB), {"full": 16}, host_pages=16)
+    labels = Flaky({("to_tier", 1)})  # the second page's copy fails
+    m.set_tier_copies(labels)
+    m.create(0, list(range(100, 117)))
+    assert m.resize(0, 18, 17)
+    m.commit(0, 17)
+    computed(m, labels, 0, 0)
+    before = books(m)
+    with pytest.raises(DmaFailed):
+        m.suspend(0)
+    assert books(m) == before
+    m.check_integrity()
+    assert m.suspend(0) and m.resume(0)  # the copies work again: so does the call
+    m.check_integrity()
+
+
+def test_a_failed_resume_with_free_pages_leaves_the_books_exactly_as_before() -> None:
+    m = tiered(full_spec(tpb=TPB), {"full": 16}, host_pages=16)
+    labels = Flaky({("to_gpu", 1)})  # the second page copied back fails
+    m.set_tier_copies(labels)
+    m.create(0, list(range(100, 113)))
+    assert m.resize(0, 14, 13)
+    m.commit(0, 13)
+    computed(m, labels, 0, 0)
+    assert m.suspend(0)
+    before = books(m)
+    with pytest.raises(DmaFailed):
+        m.resume(0)
+    assert books(m) == before
+    m.check_integrity()
+    assert m.resume(0)
+
+
+def test_a_failed_resume_that_evicted_loses_no_content() -> None:
+    """Resuming takes the free page, then three cached GPU pages (their content
+    offloaded to the host tier first); the copy into the third taken page fails
+    after scribbling on it: the request stays suspended, its pins kept, the four
+    pages go back to the free list, and the three evicted digests live on in the
+    host tier, where every label is still true."""
+    m = tiered(full_spec(tpb=TPB), {"full": 8}, host_pages=8)
+    labels = Flaky()
+    m.set_tier_copies(labels)
+    m.create(0, list(range(100, 113)))
+    assert m.resize(0, 14, 13)
+    m.commit(0, 13)
+    computed(m, labels, 0, 0)
+    assert m.suspend(0)
+    hit = m.create(1, list(range(500, 532)))
+    assert m.resize(1, 32, 31)
+    m.commit(1, 31)
+    computed(m, labels, 1, hit)
+    m.free(1)  # seven cached pages and one free: resuming 4 pages evicts 3
+    labels.fail = {("to_gpu", 2)}
+    before = books(m)
+    with pytest.raises(DmaFailed):
+        m.resume(0)
+    after = books(m)
+    assert m.suspension(0) is not None and after["tiers"][0][2] == before["tiers"][0][2]  # still suspended, pinned
+    lost = set(before["observed"]["full"][1]) - set(after["observed"]["full"][1])
+    assert m.tier is not None and len(lost) == 3 and lost <= set(m.tier.held[0])
+    assert m.free_pages("full") == 8
+    m.check_integrity()
+    assert_every_label_true(m, labels)
+    assert m.resume(0)
+
+
+def test_a_failed_hit_from_the_host_tier_leaves_the_books_exactly_as_before() -> None:
+    m = tiered(full_spec(tpb=TPB), {"full": 6}, host_pages=8)
+    labels = Flaky()
+    m.set_tier_copies(labels)
+    first = list(range(100, 120))
+    for rid, prompt in enumerate([first, list(range(500, 520))]):  # the second pushes the first to the host
+        hit = m.create(rid, prompt)
+        assert m.resize(rid, 21, 20)
+        m.commit(rid, 20)
+        computed(m, labels, rid, hit)
+        m.free(rid)
+    labels.fail = {("to_gpu", 2)}  # the third page copied back fails
+    before = books(m)
+    with pytest.raises(DmaFailed):
+        m.create(2, first + [7])
+    assert 2 not in m and books(m) == before
+    m.check_integrity()
+    assert m.create(2, first + [7]) == 20
+
+
+ops = st.lists(st.tuples(st.sampled_from("cccfsR"), st.integers(0, 5), st.integers(0, 5)), min_size=5, max_size=50)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=ops, host=st.integers(1, 24), disk=st.integers(0, 12), hybrid=st.booleans(), seed=st.integers(0, 2**16))
+def test_random_operations_with_failing_copies_keep_the_books(
+    ops: list[tuple[str, int, int]], host: int, disk: int, hybrid: bool, seed: int
+) -> None:
+    spec = hybrid_spec(tpb=TPB, window=8) if hybrid else full_spec(tpb=TPB)
+    pages = {"full": 12, "sliding": 12, "linear_state": 4} if hybrid else {"full": 12}
+    m = tiered(spec, pages, host_pages=host, disk_pages=disk)
+    labels = Flaky(0.2, seed)
+    m.set_tier_copies(labels)
+    bank = [list(range(100, 100 + 4 * (i + 2))) + [i] for i in range(6)]
+    for op, rid, i in ops:
+        before, kept = books(m), requests_and_pins(m)
+        try:
+            if op == "c" and rid not in m:
+                hit = m.create(rid, bank[i])
+                if m.resize(rid, len(bank[i]) + 1, len(bank[i])):
+                    m.commit(rid, len(bank[i]))
+                    computed(m, labels, rid, hit)
+            elif op == "f" and rid in m:
+                m.free(rid)
+            elif op == "s" and rid in m and m.suspension(rid) is None:
+                m.suspend(rid)
+            elif op == "R" and rid in m and m.suspension(rid) is not None:
+                m.resume(rid)
+        except DmaFailed:
+            after = books(m)
+            assert requests_and_pins(m) == kept  # the call is undone
+            for pool in m.pools:  # the cache only lost entries a copy wrote over
+                assert set(after["observed"][pool.name][1]) - {None} <= set(before["observed"][pool.name][1])
+            for (held_a, _, _), (held_b, _, _) in zip(after["tiers"], before["tiers"], strict=True):
+                for a, b in zip(held_a, held_b, strict=True):
+                    assert set(a) <= set(b)
+        m.check_integrity()
+        assert_every_label_true(m, labels)
+    stats = m.stats()
+    assert stats.extra["failed_tier_copies"] >= 0
+
+
+def test_set_tier_copies_refuses_what_cannot_copy() -> None:
+    """`set_tier_copies(42)` was accepted and the first suspend crashed half-way."""
+    from kvpool.cache import CacheUsageError
+
+    m = tiered(full_spec(tpb=TPB), {"full": 8}, host_pages=8)
+    for bad in (42, None, "copies", object()):
+        with pytest.raises(CacheUsageError, match="to_tier"):
+            m.set_tier_copies(bad)  # type: ignore[arg-type]
+    assert m.tier is not None and m.tier.copies is None
