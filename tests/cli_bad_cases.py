@@ -89,7 +89,7 @@ BAD: dict[str, list[str]] = {
     "path_out": ["/proc/nope/x", "{tmp}/no/such/dir/x", "{tmp}", "", "{tmp}/fifo.file", "{tmp}/socket.file"],
     "path_base": ["/proc/nope/x", "{tmp}/no/such/dir/x", "{tmp}", ""],  # OUT of OUT.json / OUT.csv
     "endpoint": ["", "nope", "tcp://"],
-    "engine": ["", "nope", "vllm@0.0.1", ",", "vllm,,sglang"],
+    "engine": ["", "nope", "vllm@0.0.1", "vllm@", ",", "vllm,,sglang"],
     "gpu_count": ["", "nope", "h100x0", f"h100x{HUGE}", "h100x-1"],
     "dtype": ["", "int3", "fp9", "x" * 300],
     "device": ["", "nope", "mps", "xpu", "meta", "cuda:99"],

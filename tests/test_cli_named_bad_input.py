@@ -43,7 +43,7 @@ def test_tp_that_does_not_divide_the_attention_heads_is_refused_as_vllm_does(cli
     err = refused(cli("plan", str(QWEN25), "--kv-memory", "5GiB", "--tp", str(bad)), "--tp", f"{heads} attention")
     assert f"size {bad} " in err
     refused(cli("plan", str(QWEN25), "--kv-memory", "5GiB", "--tp", "8"), "size 8 ", "--tp")
-    refused(cli("fit", str(QWEN25), "--gpu", "h100x8"), "size 8 ", f"{heads} attention")
+    refused(cli("fit", str(QWEN25), "--gpu", "h100x8"), "--gpu h100x8", "8 GPUs", f"{heads} attention")
     refused(cli("inspect", str(QWEN25), "--tp", "8"), "size 8 ", "--tp")
     refused(cli("plan", "llama-3.1-8b-instruct", "--kv-memory", "5GiB", "--tp", "1000000"), "--tp")
     code, _, err = cli("plan", str(QWEN25), "--kv-memory", "5GiB", "--tp", str(good))
@@ -319,3 +319,30 @@ def test_a_zero_host_tier_is_zero_in_any_unit(cli: Any) -> None:
         assert run["tiers"]["bytes"] == {"CPU": 0}
         runs.append({k: v for k, v in run.items() if k not in ("policy", "host_memory")})
     assert all(r == runs[0] for r in runs)
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        # the GPU count set the tensor-parallel size: the error spoke of a --tp never given
+        ("fit llama-3.1-8b-instruct --gpu h100x64", ["--gpu h100x64", "64 GPUs", "32 attention heads"]),
+        # --users/--len rank their own layouts: a --tp/--pp/--dp beside them was silently dropped
+        ("fit llama-3.1-8b-instruct --gpu h100 --users 4 --len 4096 --tp 2", ["--tp", "ranks the layouts"]),
+        ("fit llama-3.1-8b-instruct --gpu h100 --users 4 --len 4096 --pp 2 --dp 1", ["--pp"]),
+        ("fit llama-3.1-8b-instruct --gpu h100 --users 4 --len 4096 --tp 2 --dp 2", ["--tp / --dp"]),
+        # `vllm@` named no release and was read as the newest
+        ("plan llama-3.1-8b-instruct --kv-memory 4GiB --engine vllm@", ["--engine", "names no release"]),
+        ("fit llama-3.1-8b-instruct --gpu h100 --engine sglang@", ["--engine"]),
+    ],
+)
+def test_the_issues_wording_cases(cli: Any, argv: str, words: list[str]) -> None:
+    refused(cli(*argv.split()), *words)
+
+
+def test_a_full_stdout_names_it_not_an_output_file() -> None:
+    """The error read "(writing the output)" for any OSError without a file."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    with open("/dev/full", "w") as full:
+        done = _kvpool(*PLAN, stdout=full)
+    assert done.returncode == 2 and "standard output" in done.stderr and done.stderr.count("\n") == 1, done.stderr

@@ -28,8 +28,9 @@ from kvpool.cli.plan_args import Resolved, add_plan_args, resolve
 from kvpool.cli.plan_cmd import render_memory
 from kvpool.cli.request import PlanRequest
 from kvpool.engines.emit import ENGINES, RELEASES, engine_name
-from kvpool.errors import KvpoolError
+from kvpool.errors import KvpoolError, SpecError
 from kvpool.plan import PoolPlan
+from kvpool.spec.loader import check_tp_divides_heads, read_config
 from kvpool.units import format_bytes
 
 GPU_COUNT = re.compile(r"(?P<name>.+?)x(?P<count>[1-9][0-9]*)", re.IGNORECASE)
@@ -92,6 +93,21 @@ def parse_gpu(text: str | None) -> tuple[str, int]:
     return match["name"], count
 
 
+def check_implied_tp(model: str, gpu: str, count: int) -> None:
+    """One engine over `count` GPUs is tensor-parallel size `count`: refused in
+    terms of --gpu (the user gave no --tp) when it does not split the model's
+    attention heads, as vLLM and SGLang refuse it."""
+    try:
+        check_tp_divides_heads(read_config(model)[1], count)
+    except SpecError:
+        heads = read_config(model)[1].get("num_attention_heads")
+        raise KvpoolError(
+            f"--gpu {gpu}: one engine over {count} GPUs splits the model's {heads} attention heads {count} ways "
+            "(vLLM and SGLang refuse it); give a GPU count that divides them, --tp/--pp for the layout, "
+            "or --users N --len L to rank the layouts"
+        ) from None
+
+
 def gpu_and_count(text: str) -> str:
     """`text` if `parse_gpu` reads it and names a GPU preset (`auto` is read later)."""
     if text.lower() != "auto":
@@ -152,13 +168,20 @@ def answer(args: argparse.Namespace) -> Answer:
         raise KvpoolError("give --users N and --len L together")
     if args.users is not None and args.max_seq_len is not None:
         raise KvpoolError("--len is the max_seq_len of --users: drop --max-seq-len")
-    args = argparse.Namespace(**{**vars(args), "gpu": gpu})
+    layout = [flag for flag, value in (("--tp", args.tp), ("--pp", args.pp), ("--dp", args.dp)) if value != 1]
+    if args.users is not None and layout:  # they were silently replaced by each ranked layout's own
+        raise KvpoolError(
+            f"--users N --len L ranks the layouts (tp, pp, replicas) itself: drop {' / '.join(layout)}, "
+            "or give --max-seq-len instead to size that one layout"
+        )
+    args = argparse.Namespace(**{**vars(args), "gpu": gpu, "gpu_text": args.gpu})
     request = PlanRequest.from_args(args)
     if args.users is not None:
         return answer_users(args, request, gpu, count, engines)
     tp, pp = request.model.tp, request.model.pp
     if count > 1 and tp == 1 and pp == 1:
         tp = count  # N GPUs: one engine over all of them
+        check_implied_tp(args.model, args.gpu_text, count)
     if count % (tp * pp):
         raise KvpoolError(f"--tp {tp} x --pp {pp} does not divide {count} GPUs")
     request = dataclasses.replace(request, model=dataclasses.replace(request.model, tp=tp))
