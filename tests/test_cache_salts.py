@@ -83,3 +83,30 @@ def test_random_pairs_of_distinct_salts_are_isolated(a: Salt, b: Salt) -> None:
     same = type(a) is type(b) and a == b
     assert (salt_seed(a) == salt_seed(b)) == same
     assert hit_under(a, b) == (96 if same else 0)
+
+
+def committed_then_looked_up(first: Salt, second: Salt) -> tuple[int, list[int]]:
+    """A request created without its prompt (tokens passed to `commit`, as an
+    engine that learns them late does) under `first`; a later lookup under
+    `second`: its hit, and the digests the first one's events carried."""
+    m = manager(full_spec(tpb=16), {"full": 20})
+    assert m.create(1, None, salt=first) == 0
+    assert m.resize(1, len(PROMPT) + 1, len(PROMPT))
+    m.commit(1, len(PROMPT), PROMPT)
+    hashes = [e.block_hash for e in m.take_events() if e.kind == "stored"]
+    hit = m.create(2, PROMPT, salt=second)
+    m.check_integrity()
+    return hit, hashes
+
+
+@pytest.mark.parametrize(("a", "b"), [("tenant-a", "tenant-b"), (None, "x"), (1, 2)])
+def test_the_salt_of_a_request_created_without_tokens_scopes_its_commit(a: Salt, b: Salt) -> None:
+    # `create(rid, None, salt=...)` then `commit(..., tokens=...)` kept no salt: two tenants'
+    # identical tokens published identical digests and each hit the other's pages
+    hit_a, hashes_a = committed_then_looked_up(a, a)
+    hit_b, hashes_b = committed_then_looked_up(b, a)
+    assert len(hashes_a) == len(hashes_b) == len(PROMPT) // 16
+    assert set(hashes_a).isdisjoint(hashes_b)
+    assert hit_a == (len(PROMPT) - 1) // 16 * 16 and hit_b == 0
+    # and the digests are the ones a request created with its prompt gets
+    assert committed_then_looked_up(None, None)[0] == hit_under(None, None)

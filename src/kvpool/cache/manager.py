@@ -13,6 +13,7 @@ none (docs/design.md, rule 6).
 
 from __future__ import annotations
 
+import contextlib
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -170,26 +171,28 @@ class KVCacheManager:
         are not token ids, or a salt of another type (nothing registered then)."""
         check_rid(rid)
         ids = check_tokens(tokens, f"request {rid}: tokens") if self.enable_reuse and tokens is not None else None
-        seed = salt_seed(salt) if ids is not None else 0
+        seed = salt_seed(salt) if self.enable_reuse else 0  # also for ids that come later, with `commit`
         req = self._new_request(rid, dummy=False)
+        req.seed = seed
         if ids is None:
             return 0
-        req.tokens, req.seed = ids, seed
-        saved: list[Books] = []  # what a prefix hit copied in from a cold tier had before it
-        try:
-            hit = prefix.attach_prefix(
-                self.tables,
-                req,
-                self._prompts,
-                self.tier,
-                lambda: saved.append(Books(self.tables, self.tier, req, self.events)),
-            )
-        except BaseException:
-            if saved:  # a copy raised: the books as before the call, the request unregistered
-                saved[0].restore()
-                self.tables.free_slots.append(req.slot)
-                self.requests.remove(rid)
-            raise
+        req.tokens = ids
+        saved: list[Books] = []  # the books before a prefix hit is copied in from a cold tier
+        with contextlib.ExitStack() as watch:
+
+            def save() -> None:
+                saved.append(Books(self.tables, self.tier, req, self.events))
+                watch.enter_context(saved[0].watching())
+
+            try:
+                hit = prefix.attach_prefix(self.tables, req, self._prompts, self.tier, save)
+            except BaseException:
+                if saved:  # a copy raised: the books as before the call, the request unregistered
+                    watch.close()
+                    saved[0].restore()
+                    self.tables.free_slots.append(req.slot)
+                    self.requests.remove(rid)
+                raise
         req.lookup = (len(ids), hit)
         self.requests.pending_lookups += 1
         return hit

@@ -2,8 +2,9 @@
 
 Between two events (an arrival, a finish, a page shortage) a decode-only step
 repeats unchanged except that every row is one token longer. `advance_decodes`
-applies k such steps with one `manager.extend` call; the result equals k
-rounds of `Scheduler.schedule()` + `update()`. Only public methods of the
+applies k such steps with one `manager.extend` call (a few, where pages leave
+a sliding window); the result equals k rounds of `Scheduler.schedule()` +
+`update()`, the cache's reusable pages included. Only public methods of the
 scheduler are used (`finish`), so the two modules import one way.
 """
 
@@ -12,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvpool.sched.scheduler import Scheduler
-from kvpool.sched.sequence import Sequence, append_tokens
+from kvpool.sched.sequence import SchedulerError, Sequence, append_tokens
 from kvpool.sched.step import Step
-from kvpool.spec import decode_worst_case_pages
+from kvpool.spec import LayerGroup, decode_worst_case_pages, pages_needed
 
 
 def decode_run_limit(sched: Scheduler, step: Step) -> int:
@@ -29,12 +30,36 @@ def decode_run_limit(sched: Scheduler, step: Step) -> int:
     return min(min(s.max_new_tokens - len(s.output_ids), max_len - s.num_tokens) for s, _ in step.decodes)
 
 
+def release_steps(groups: list[LayerGroup], histories: list[int], last: int) -> list[int]:
+    """The steps t in 1..`last` of a run at which some row (history h + t)
+    has a page of one of `groups` go stale, in order."""
+    out: set[int] = set()
+    for g in groups:
+        stale = g.rule.stale_pages
+        for h in histories:
+            t, now = 0, stale(g, h)
+            while stale(g, h + last) > now:  # bisect for the next step that drops a page
+                lo, hi = t + 1, last
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if stale(g, h + mid) > now:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                out.add(lo)
+                t, now = lo, stale(g, h + lo)
+    return sorted(out)
+
+
 def advance_decodes(
     sched: Scheduler, step: Step, steps: int, token: int, *, on_extended: Callable[[], None] | None = None
 ) -> list[Sequence] | None:
     """Run the decode-only `step` `steps` times in a row, every row sampling
     `token` each time: one `manager.extend` call covers steps 2..`steps` (the
-    first was resized by `schedule`). Only when nothing else can happen
+    first was resized by `schedule`); with reuse on and a group whose pages
+    leave a window, one call per stretch that ends where some row releases
+    pages, so that the cache ends as single steps leave it (every decode page
+    offered as it fills, released pages in the same LRU order). Only when nothing else can happen
     meanwhile: `steps <= decode_run_limit(step)`, `token` is no row's EOS, and
     the pools hold every intermediate state: for groups whose need is not
     monotone in length (sliding, chunked) the free pages must cover every row
@@ -52,18 +77,43 @@ def advance_decodes(
     rows = len(step.decodes)
     manager = sched.manager
     need: dict[str, int] = {}  # pages every intermediate state may take, per pool
+    windows = False  # a group releases pages as the run moves
     for g in manager.spec.groups:
         worst = decode_worst_case_pages(g, sched.limits.headroom)
         pool = manager.pool_of(g.name)
-        if worst is not None and not g.rule.per_request:  # a state slot never grows
+        if g.rule.per_request:  # a state slot never grows
+            continue
+        if worst is not None:
             need[pool] = need.get(pool, 0) + rows * worst
-        elif worst is None and pool != g.name and not g.rule.per_request:
-            # a growing group in a shared pool: its growth meanwhile counts against the others
+            windows = True
+        elif pool != g.name:  # a growing group in a shared pool: its growth meanwhile counts against the others
             need[pool] = need.get(pool, 0) + rows * -(-(steps - 1) // g.tokens_per_block)
+        else:  # a growing group in its own pool: exactly the pages the run adds
+            need[pool] = need.get(pool, 0) + sum(
+                pages_needed(g, cap + steps - 1) - pages_needed(g, cap)
+                for cap in (manager.capacity(s.rid) for s, _ in step.decodes)
+            )
     for g in manager.spec.groups:
         if manager.free_pages(g.name) < need.get(manager.pool_of(g.name), 0):
             return None
-    if not sched.manager.extend([s.rid for s, _ in step.decodes], steps - 1):
+    rids = [s.rid for s, _ in step.decodes]
+    if windows and sched.enable_reuse:
+        # pages leaving a window are stored as they leave: the run's ids go first, and the move stops
+        # after each step at which some row releases pages, so that rows release (and the LRU
+        # lists them) in the order single steps would
+        stops = release_steps(
+            [g for g in manager.spec.groups if decode_worst_case_pages(g, 1) is not None and not g.rule.per_request],
+            [s.num_computed for s, _ in step.decodes],
+            steps - 1,
+        )
+        for seq, _ in step.decodes:
+            sched.commit_filled(seq, (token,) * (steps - 1))
+        done = 0
+        for stop in (*stops, steps - 1):
+            if stop > done and not manager.extend(rids, stop - done):  # pragma: no cover - checked above
+                raise SchedulerError("a run of decode steps found fewer pages than its check counted")
+            done = stop
+    elif not manager.extend(rids, steps - 1):
         return None
     if on_extended is not None:
         on_extended()
@@ -72,6 +122,8 @@ def advance_decodes(
     for seq, _ in step.decodes:
         seq.num_computed += steps
         if append_tokens(seq, run, sched.limits.max_seq_len):
-            finished.append(seq)
+            finished.append(seq)  # `finish` commits its pages
+        else:
+            sched.commit_filled(seq)  # the pages the run filled, as step-by-step updates would
     sched.finish(finished)
     return finished

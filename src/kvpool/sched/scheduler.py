@@ -238,16 +238,26 @@ class Scheduler:
                 return False
         return True
 
-    def _commit_computed(self, seq: Sequence) -> None:
-        """Offer every computed page of `seq` for reuse before its pages are
-        freed, passing the generated tokens the manager has not seen, so that a
-        recomputed or follow-up request hits them."""
+    def commit_filled(self, seq: Sequence, ahead: tuple[int, ...] = ()) -> None:
+        """Offer every computed page of running `seq` for reuse: the ids the
+        manager has not seen go first (so that the pages the history move then
+        releases from a sliding window are stored, not dropped), then its
+        history moves up to `num_computed`, then the pages are committed. A
+        decode page is so offered the step it fills, as vLLM caches a block the
+        step it completes: a router reading the events, and a request arriving
+        meanwhile, see it at once. `ahead`: the ids a run of decode steps will
+        append after the in-flight token (`sched.runs`), handed over before the
+        run's one move."""
+        if not self.enable_reuse or seq.num_computed == 0:
+            return
         known = self._known.get(seq.rid, 0)
-        if self.enable_reuse and seq.num_computed > 0:
-            self._advance_history(seq)
-            fresh = seq.all_ids[known : seq.num_computed] if seq.num_computed > known else None
-            self.manager.commit(seq.rid, seq.num_computed, fresh)
-            self._known[seq.rid] = max(known, seq.num_computed)
+        upto = seq.num_computed + (len(ahead) + 1 if ahead else 0)  # the history the caller reaches
+        if upto > known:
+            fresh = (seq.all_ids + list(ahead))[known:upto]
+            self.manager.commit(seq.rid, 0, fresh)  # ids only: a total of 0 offers no page
+            self._known[seq.rid] = upto
+        self._advance_history(seq)
+        self.manager.commit(seq.rid, seq.num_computed)
 
     def _advance_history(self, seq: Sequence) -> None:
         """Tell the manager the positions `seq` has computed (commit may not run
@@ -294,7 +304,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         if self._suspend(seq):
             return
-        self._commit_computed(seq)
+        self.commit_filled(seq)
         self.manager.free(seq.rid)
         self.running.remove(seq)
         seq.status, seq.num_computed, seq.num_cached = Status.WAITING, 0, 0
@@ -341,6 +351,7 @@ class Scheduler:
         sequence (ignored for other chunks); 1..k+1 accepted tokens for a decode
         row with k drafts. Returns the requests that finished."""
         finished: list[Sequence] = []
+        tpb = self.manager.spec.tokens_per_block
         for seq, start, n in step.prefills:
             seq.num_computed = start + n
             if self.enable_reuse:
@@ -359,9 +370,12 @@ class Scheduler:
                     f"request {seq.rid}: decode with {k} drafts must accept 1..{k + 1} tokens, "
                     f"got {0 if not tokens else len(tokens)}"
                 )
+            before = seq.num_computed
             seq.num_computed += len(tokens)
             if append_tokens(seq, tokens, self.limits.max_seq_len):
-                finished.append(seq)
+                finished.append(seq)  # `finish` commits its pages
+            elif seq.num_computed // tpb > before // tpb:
+                self.commit_filled(seq)
         self.graphs.release()
         self.finish(finished)
         return finished
@@ -373,7 +387,7 @@ class Scheduler:
             done = {s.rid for s in finished}
             self.running = [s for s in self.running if s.rid not in done]
             for seq in finished:
-                self._commit_computed(seq)
+                self.commit_filled(seq)
                 self._known.pop(seq.rid, None)
                 self.manager.free(seq.rid)
                 self._rids.discard(seq.rid)
