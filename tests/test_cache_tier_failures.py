@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cache_helpers import full_spec, hybrid_spec
+from kvpool.cache import KVCacheManager
 from tier_helpers import TPB, DmaFailed, Flaky, assert_every_label_true, books, computed, requests_and_pins, tiered
 
 
@@ -85,16 +86,20 @@ def test_a_failed_resume_that_evicted_loses_no_content() -> None:
 
 
 def test_a_failed_hit_from_the_host_tier_leaves_the_books_exactly_as_before() -> None:
-    m = tiered(full_spec(tpb=TPB), {"full": 6}, host_pages=8)
+    """The hit's fresh pages come off the free list (nothing evicted for them):
+    the books after the failed copy equal the snapshot before the call."""
+    m = tiered(full_spec(tpb=TPB), {"full": 8}, host_pages=8)
     labels = Flaky()
     m.set_tier_copies(labels)
     first = list(range(100, 120))
-    for rid, prompt in enumerate([first, list(range(500, 520))]):  # the second pushes the first to the host
-        hit = m.create(rid, prompt)
-        assert m.resize(rid, 21, 20)
-        m.commit(rid, 20)
-        computed(m, labels, rid, hit)
-        m.free(rid)
+    m.create(0, first)
+    assert m.resize(0, 21, 20)
+    m.commit(0, 20)
+    computed(m, labels, 0, 0)
+    m.free(0)
+    m.create(1)  # no tokens: takes every page (the first prompt's go to the host), frees them for good
+    assert m.resize(1, 32, 0)
+    m.free(1)
     labels.fail = {("to_gpu", 2)}  # the third page copied back fails
     before = books(m)
     with pytest.raises(DmaFailed):
@@ -102,6 +107,43 @@ def test_a_failed_hit_from_the_host_tier_leaves_the_books_exactly_as_before() ->
     assert 2 not in m and books(m) == before
     m.check_integrity()
     assert m.create(2, first + [7]) == 20
+
+
+def test_a_failed_hit_that_evicted_drops_what_it_wrote_over() -> None:
+    """The hit's fresh GPU pages are cached pages evicted for it; the copy into the
+    third fails after scribbling on it: the books come back, except the two cached
+    pages written over, whose digests are dropped (a later hit would read the
+    other prompt's rows under them), and every label is true."""
+    m = tiered(full_spec(tpb=TPB), {"full": 6}, host_pages=12)
+    labels = Flaky()
+    m.set_tier_copies(labels)
+    first, second = list(range(100, 120)), list(range(500, 520))
+    for rid, prompt in enumerate([first, second]):
+        hit = m.create(rid, prompt)
+        assert m.resize(rid, 21, 20)
+        m.commit(rid, 20)
+        computed(m, labels, rid, hit)
+        m.free(rid)
+    labels.fail = {("to_gpu", 2)}
+    before = books(m)
+    with pytest.raises(DmaFailed):
+        m.create(2, first + [7])
+    after = books(m)
+    assert 2 not in m
+    lost = set(before["observed"]["full"][1]) - set(after["observed"]["full"][1])
+    assert len(lost) == 2 and lost <= set(second_digests(m, second))
+    m.check_integrity()
+    assert_every_label_true(m, labels)
+    assert m.create(2, first + [7]) == 20
+
+
+def second_digests(m: KVCacheManager, prompt: list[int]) -> list[int]:
+    """The digests of `prompt`'s whole pages, as the manager files them."""
+    probe = KVCacheManager(m.plan)
+    probe.create(0, prompt)
+    assert probe.resize(0, len(prompt) + 1, len(prompt))
+    probe.commit(0, len(prompt))
+    return [h for h in probe.pools[0].page_hash if h is not None]
 
 
 ops = st.lists(st.tuples(st.sampled_from("cccfsR"), st.integers(0, 5), st.integers(0, 5)), min_size=5, max_size=50)
