@@ -66,8 +66,22 @@ BAD: dict[str, list[str]] = {
     "port": ["-1", "65536", "abc", "", HUGE],
     "fraction": ["0", "-0.5", "1.5", "nan", "inf", "-inf", "abc", "", "1e400"],
     "positive_float": ["0", "-1", "nan", "inf", "abc", "", "1e400"],
-    "size": ["-1GiB", "0", "lots", "12XB", "", " ", "1e400", "2000000TiB", "nan", "inf", "GiB", "1.5.5GiB", "-0"],
-    "size0": ["-1GiB", "lots", "12XB", "", "1e400", "2000000TiB", "nan", "inf", "GiB", "-5"],
+    # 1000TiB: no machine holds it (the books of its pages ran out of memory); 2**60 + 1 bytes: past 1 EiB, exactly
+    "size": [
+        "-1GiB",
+        "0",
+        "lots",
+        "12XB",
+        "",
+        " ",
+        "1e400",
+        "2000000TiB",
+        "1000TiB",
+        "1152921504606846977",
+        "1e" + "4" * 60,
+    ]
+    + ["nan", "inf", "GiB", "1.5.5GiB", "-0"],
+    "size0": ["-1GiB", "lots", "12XB", "", "1e400", "2000000TiB", "1000TiB", "nan", "inf", "GiB", "-5"],
     "choice": ["", "nope", " ", "x" * 300],
     "name": ["", "nope-not-a-thing", " ", "x" * 300],
     "ids": ["1,,2", ",", "", "a,b", "-1,2", f"1,{HUGE}", "1.5", "1;2"],
@@ -93,6 +107,7 @@ BAD: dict[str, list[str]] = {
     "gpu_count": ["", "nope", "h100x0", f"h100x{HUGE}", "h100x-1"],
     "dtype": ["", "int3", "fp9", "x" * 300],
     "device": ["", "nope", "mps", "xpu", "meta", "cuda:99"],
+    "folder": ["{tmp}/missing.file", "{tmp}/empty.file", "{tmp}/fifo.file", ""],
 }
 
 
@@ -169,7 +184,7 @@ KIND_BY_FLAG: dict[str, dict[str, str | None]] = {
     "fit": {"--gpu": "gpu_count", "--emit-to": "path_out", "--engine": "engine"},
     "calibrate": {"--steps": "path_in", "--ops": "path_in", "--out": "path_out"},
     "sweep": {"--out": "path_base", "--workers": "count"},
-    "serve": {"--port": "port"},
+    "serve": {"--port": "port", "--models-dir": "folder"},
     "simulate": {"--seed": "count0", "--host-memory": "size0"},  # --host-memory: a list of sizes, 0 allowed
 }
 

@@ -160,3 +160,21 @@ def test_a_size_is_read_exactly_and_bounded_at_1_eib(n: int, unit: tuple[str, in
     else:
         with pytest.raises(KvpoolError):
             parse_size(f"{n}{name}")
+
+
+@given(text=st.from_regex(r"[-+]?[0-9]{0,60}(\.[0-9]{0,6})?(e[-+]?[0-9]{1,20})?\s*(GiB|KB|t|B|)", fullmatch=True))
+def test_any_size_text_is_read_or_refused_at_once(text: str) -> None:
+    """A 20-digit exponent overflowed Decimal, and a negative one built a
+    billion-digit integer: every size text is a number of bytes in [1, 2**60] or
+    a KvpoolError, in well under a second."""
+    from kvpool.errors import KvpoolError
+    from kvpool.units import MAX_SIZE, parse_size, parse_size_or_zero
+
+    start = time.perf_counter()
+    for read in (parse_size, parse_size_or_zero):
+        try:
+            value = read(text)
+        except KvpoolError:
+            continue
+        assert (0 if read is parse_size_or_zero else 1) <= value <= MAX_SIZE
+    assert time.perf_counter() - start < 1

@@ -86,6 +86,12 @@ def kv_budget(
         raise KvpoolError("no KV budget: give --kv-memory SIZE, or --gpu NAME (with --tp N for the weights per rank)")
     gpu = presets.load_gpu(options.gpu)
     fraction = memory_fraction(options)
+    for part, text in options.parts:  # a part of one GPU no GPU holds is the flag's typo, not a short budget
+        if size_or_zero(text) > gpu.memory_bytes:
+            raise KvpoolError(
+                f"{flag(part)} {text} is more than {gpu.key} holds ({format_bytes(gpu.memory_bytes)}); "
+                "give one rank's share"
+            )
     if options.non_kv_memory is not None:
         if given:
             raise KvpoolError(f"--non-kv-memory replaces {', '.join(given)}; give one or the other")

@@ -55,13 +55,21 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=int_at_least(0, 65535), default=8000, help="port (default 8000; 0: any free one)")
     p.add_argument(
         "--models-dir",
-        type=Path,
+        type=models_folder,
         default=None,
         metavar="DIR",
         help="the one folder whose model folders (and config.json files) a request may name; without it, "
         "only presets and Hugging Face ids",
     )
     p.set_defaults(func=run)
+
+
+def models_folder(text: str) -> Path:
+    """An argparse type: an existing folder (`~` expanded), in full."""
+    path = Path(text).expanduser()
+    if not text.strip() or not path.is_dir():
+        raise argparse.ArgumentTypeError(f"expected a folder of model folders, got {text!r}")
+    return path.resolve()
 
 
 def fit_argv(query: dict[str, str]) -> list[str]:
@@ -152,8 +160,6 @@ def make_server(port: int, *, models_dir: Path | None = None, **limits: Any) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.models_dir is not None and not args.models_dir.expanduser().is_dir():
-        raise KvpoolError(f"--models-dir {args.models_dir}: no such folder")
     try:
         server = make_server(args.port, models_dir=args.models_dir)
     except OSError as e:

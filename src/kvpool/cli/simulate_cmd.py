@@ -133,11 +133,16 @@ def prepare(args: argparse.Namespace) -> Setup:
         raise KvpoolError("simulate runs final plans; drop --phase profile")
     request = PlanRequest.from_args(args)
     check_flags(args)
+    gpu = presets.load_gpu(args.gpu)
     with flagged("--weights-bytes"):
         total = parse_size(args.weights_bytes) if args.weights_bytes is not None else None
     given = None if total is None else -(-total // request.model.tp)
+    if given is not None and given > gpu.memory_bytes:  # one rank holds its share of the weights
+        raise KvpoolError(
+            f"--weights-bytes {args.weights_bytes} over --tp {request.model.tp} is more than one {gpu.key} holds "
+            f"({format_bytes(gpu.memory_bytes)}); give the checkpoint's size, or more --tp"
+        )
     resolved = resolve(request, weights_bytes=given, gpu_only_for_budget=False)
-    gpu = presets.load_gpu(args.gpu)
     weights = load_weights(args.model, weights_bytes=total, active_params=args.active_params)
     # one rank's step reads and computes its own share of the weights (the budget's, when it has one)
     memory = resolved.budget.memory
