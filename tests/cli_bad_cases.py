@@ -146,6 +146,7 @@ KIND_BY_FLAG: dict[str, dict[str, str | None]] = {
         "--json": None,
         "--quiet": None,
         "--model-id": None,  # any label
+        "--draft-model": "name",  # a model: preset, path, hub id, or mtp
         "--kv-events-topic": None,  # any topic, but only with --kv-events (tested apart)
         "--ray-address": None,  # a Ray address is Ray's to judge
         "--kv-dtype": "dtype",

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from cache_helpers import assert_unchanged, full_spec, hybrid_spec, snapshot, twin_spec
 from kvpool.cache import CacheUsageError, KVCacheManager
 from kvpool.plan import PoolPlan, ServingLimits
+from kvpool.spec import LayerGroup, ModelSpec
 from tier_helpers import TPB, Labels, tiered
 
 
@@ -87,16 +88,51 @@ def test_suspend_and_resume_keep_the_shape_and_move_the_pages() -> None:
     m.check_integrity()
 
 
+def test_resume_is_refused_only_above_max_util_already() -> None:
+    """TensorRT-LLM V2 (`_KVCache.resume`) refuses when a pool group is already used
+    beyond max_util_for_resume, not when the resume would take it there: at 80 of
+    100 pages and 0.9, a 15-page request comes back (95 pages used after)."""
+    m = tiered(full_spec(tpb=TPB), {"full": 100}, host_pages=20, max_util_for_resume=0.9)
+    m.create(0)
+    assert m.resize(0, 15 * TPB, 0)
+    assert m.suspend(0)
+    m.create(1)
+    assert m.resize(1, 80 * TPB, 0)
+    assert m.resume(0)
+    assert m.live_pages(0, "full") == 15 and m.free_pages("full") == 5
+    m.check_integrity()
+
+
+def test_a_state_pool_never_refuses_a_resume_on_utilization() -> None:
+    """A pool of state slots does not grow (one slot per request): above
+    max_util_for_resume it still takes a resume while a slot is free."""
+    groups = (
+        LayerGroup("full", "full", (0,), TPB, row_bytes=64),
+        LayerGroup("state", "state", (1,), TPB, state_bytes=256),
+    )
+    spec = ModelSpec("hybrid", "attention", groups, TPB, "bf16", 1, 2)
+    m = tiered(spec, {"full": 100, "state": 4}, host_pages=100, max_util_for_resume=0.5)
+    m.create(0)
+    assert m.resize(0, TPB, 0)
+    assert m.suspend(0)
+    for rid in (1, 2, 3):  # 3 of the 4 slots taken: the state pool is at 0.75 > 0.5, one slot free
+        m.create(rid)
+        assert m.resize(rid, TPB, 0)
+    assert m.resume(0)
+    assert m.live_pages(0, "state") == 1
+    m.check_integrity()
+
+
 def test_a_refused_resume_or_suspend_changes_nothing() -> None:
     m = tiered(full_spec(tpb=TPB), {"full": 10}, host_pages=10, max_util_for_resume=0.5)
     m.create(0)
     assert m.resize(0, 16, 0)  # 4 pages
     assert m.suspend(0)
     m.create(1)
-    assert m.resize(1, 8, 0)  # 2 pages used: 2 + 4 > 0.5 x 10
+    assert m.resize(1, 24, 0)  # 6 pages used: above 0.5 x 10 already (V2 refuses only then)
     before = snapshot(m)
     done = m.resume(0)
-    assert not done and done.short == {"full": 1}  # floor(0.5 x 10) - 2 = 3 pages of room, 4 needed
+    assert not done and done.short == {"full": 1}  # 6 - floor(0.5 x 10) pages to free first
     assert_unchanged(before, snapshot(m))
     m.free(1)
     assert m.resume(0)

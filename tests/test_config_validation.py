@@ -193,3 +193,17 @@ def test_recorded_defaults_are_transformers_own(model_type: str) -> None:
         if theirs is None:
             theirs = getattr(config, f"_{field}")
         assert theirs == value, f"{model_type}.{field}: kvpool {value!r}, transformers {theirs!r}"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_jamba_ssm_state_follows_the_ssm_cache_dtype(tp: int) -> None:
+    """vLLM's --mamba-ssm-cache-dtype float32 keeps the SSM part (d_inner x d_state) in
+    4 bytes, the conv part (d_inner x (d_conv - 1)) stays in the model's 2: vLLM's
+    MambaStateDtypeCalculator.mamba1_state_dtype (the lane checks the pages it gives)."""
+    auto = load_model_spec(jamba_v01(), tp_size=tp).group("mamba_state").state_bytes
+    fp32 = load_model_spec(jamba_v01(), tp_size=tp, ssm_dtype="float32").group("mamba_state").state_bytes
+    d_inner = 8192 // tp
+    assert auto == 28 * d_inner * (3 + 16) * 2
+    assert fp32 == 28 * (d_inner * 3 * 2 + d_inner * 16 * 4)
+    with pytest.raises(SpecError, match="ssm_dtype"):
+        load_model_spec(jamba_v01(), ssm_dtype="fp8")

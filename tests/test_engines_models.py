@@ -228,7 +228,7 @@ def test_vllm_starts_only_with_a_null_block_to_spare(memory: int) -> None:
 def test_engine_models_follow_the_protocol() -> None:
     s, lim = spec("gemma-3-27b"), ServingLimits(max_seq_len=8192)
     model: EngineModel[Any] = vllm.Vllm(block_size=32, async_scheduling=False)
-    assert (model.engine, model.release) == ("vllm", "0.32")
+    assert (model.engine, model.release) == ("vllm", vllm.RELEASES[0]) == ("vllm", "0.33")
     assert allocate_with(model, s, lim, 10 * GIB) == vllm.allocate(
         s, lim, 10 * GIB, block_size=32, async_scheduling=False
     )

@@ -154,3 +154,18 @@ def test_state_models_say_the_mamba_manager_typical_step_is_not_modelled() -> No
     assert any("hybrid Mamba manager" in n for n in report.notes)
     plain = trtllm.allocate(hybrid(), ServingLimits(max_seq_len=8192), GiB, manager="v2-default")
     assert not any("hybrid Mamba manager" in n for n in plain.notes)
+
+
+def test_max_tokens_quota_holds_the_state_slots() -> None:
+    """The hybrid Mamba manager's `_get_quota_from_max_tokens` adds its state slots to the
+    attention quota: one per resident request (B) and one per padding dummy, each of
+    the model's state bytes; without them a max_tokens cap leaves no room for the state."""
+    from kvpool import load_model_spec
+    from kvpool.engines.trtllm_v2 import V2Options, quota_from_max_tokens
+
+    spec = load_model_spec("qwen3-next-80b-a3b")
+    state = sum(g.state_bytes for g in spec.groups if g.kind == "state")
+    full = sum(g.row_bytes for g in spec.groups if g.kind == "full")
+    assert state > 0
+    o = V2Options(max_tokens=10_000, max_num_tokens=8192, max_batch_size=16)
+    assert quota_from_max_tokens(spec, o) == 10_000 * full + (16 + 1) * state

@@ -207,7 +207,7 @@ def test_users_layouts_are_the_smallest_that_hold_them(cli: Any, users: int, len
 
 def test_engine_names_take_their_release(cli: Any) -> None:
     """`--engine vllm@RELEASE,sglang` as kvpool plan takes it (the newest release by default)."""
-    from kvpool.engines.emit import RELEASES
+    from kvpool.engines.registry import RELEASES
 
     code, out, err = cli("fit", "qwen3-8b", "--gpu", "h100", "--engine", f"vllm@{RELEASES['vllm'][0]},sglang", "--json")
     assert code == 0, err

@@ -85,6 +85,9 @@ def test_cli_dp_or_ep_must_divide_tp(cli: Any, argv: list[str]) -> None:
     assert code == 2 and "must divide --tp 4" in err
 
 
-def test_emit_refuses_layouts_it_cannot_state(cli: Any) -> None:
+def test_emit_states_the_whole_layout(cli: Any) -> None:
+    """The launch line carries pipeline parallelism too (it used to be refused):
+    vLLM's --pipeline-parallel-size beside the TP size."""
     code, out, err = cli("plan", "llama-3.1-70b", "--kv-memory", "10GiB", "--tp", "4", "--pp", "2", "--emit", "vllm")
-    assert code == 2 and out == "" and "--pp 2" in err
+    assert code == 0, err
+    assert "--tensor-parallel-size 4 --pipeline-parallel-size 2" in out

@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cache_helpers import hybrid_spec, twin_spec
+from kvpool.engines.host_tiers import host_tier_bytes
 from kvpool.errors import LimitsError
 from kvpool.plan import PoolPlan, ServingLimits
-from kvpool.plan.tiers import GB, GiB, host_tier_bytes, plan_tiers, tier_pages
+from kvpool.plan.tiers import GB, GiB, plan_tiers, tier_pages
 
 
 @settings(max_examples=100, deadline=None)

@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpool.cache import KVCacheManager
+from kvpool.engines.registry import admission_of as admission_for
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.sched import Scheduler, Sequence, Status
-from kvpool.sched.admission import ADMISSIONS, Admission, admission_for
+from kvpool.sched.admission import ADMISSIONS, Admission
 from kvpool.spec import ModelSpec
 from sched_helpers import TPB, chunks, drain, full_spec, hybrid_spec, seq
 

@@ -103,3 +103,18 @@ def test_plan_and_simulator_use_the_new_rule(spec: ModelSpec) -> None:
     weights = Weights(1e8, 1e8)
     result = simulate(plan, trace.with_rate(None, 0), StepTimeModel.build(spec, load_gpu("h100"), weights), check=True)
     assert result.finished == 40
+
+
+@pytest.mark.parametrize("engine", ["vllm", "vllm@0.32", "sglang", "trtllm", "trtllm@v1"])
+def test_engine_models_refuse_a_kind_they_do_not_declare(spec: ModelSpec, engine: str) -> None:
+    """A kind added in spec/ is refused by each engine model by name (group and kind),
+    never sized as another kind (vLLM's and TensorRT-LLM's as full, SGLang's dropped)."""
+    from kvpool.engines import EngineNotModelledError, registry
+
+    e = registry.entry(engine)
+    assert "last_two_pages" not in e.kinds
+    plan = plan_pools(spec, ServingLimits(max_seq_len=64, max_batch_size=4, max_num_tokens=64), kv_memory_bytes=1 << 20)
+    with pytest.raises(EngineNotModelledError, match=r"local \(last_two_pages\)"):
+        registry.engine_report(engine, plan)
+    with pytest.raises(EngineNotModelledError, match=r"local \(last_two_pages\)"):
+        registry.launch(engine, plan, "toy")

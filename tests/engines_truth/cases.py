@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 CONFIGS = Path(__file__).parents[1] / "data" / "configs"
+DRAFTS = Path(__file__).parent / "drafts"
+JAMBA = str(Path(__file__).parent / "jamba-v0.1-cache-fields.json")
+FALCON_H1 = str(Path(__file__).parent / "falcon-h1-7b-cache-fields.json")
 GIB, MIB = 1 << 30, 1 << 20
 
 
@@ -27,11 +30,16 @@ def _vllm(
     kv: str = "auto",
     async_scheduling: bool = True,
     pp: int = 1,
+    draft: dict[str, Any] | None = None,
+    ssm: str = "auto",
+    config: str | None = None,
 ) -> dict[str, Any]:
     return {
+        "draft": draft,
+        "mamba_ssm_cache_dtype": ssm,
         "id": cid,
         "model": model,
-        "config": str(CONFIGS / f"{model}.json"),
+        "config": config or str(CONFIGS / f"{model}.json"),
         "tp": tp,
         "pp": pp,
         "block_size": bs,
@@ -107,6 +115,107 @@ VLLM_CASES: list[dict[str, Any]] = [
     _vllm("nemotron-h-56b-tp4", "Nemotron-H-56B-Base-8K", 7 * GIB + 5, 8192, tp=4, B=64),
     _vllm("nemotron-h-56b-tp4-bs1040", "Nemotron-H-56B-Base-8K", 7 * GIB + 5, 8192, tp=4, bs=1040, B=64),
     _vllm("nemotron-h-56b-tp8-sync", "Nemotron-H-56B-Base-8K", 3 * GIB, 8192, tp=8, B=32, async_scheduling=False),
+    # Jamba (Mamba-1): the state's SSM part follows --mamba-ssm-cache-dtype (auto: the model's bf16; float32 as
+    # its model card recommends), so the page vLLM aligns to doubles: 80 / 96 tokens at --block-size 16 / 32
+    # in bf16, 144 / 160 in float32. The config holds the cache-shaping fields of ai21labs/Jamba-v0.1 (README).
+    *(
+        _vllm(
+            f"jamba-v0.1-bs{bs}-ssm-{ssm}{'-tp2' if tp > 1 else ''}",
+            "jamba",
+            20 * GIB,
+            8192,
+            bs=bs,
+            tp=tp,
+            ssm=ssm,
+            config=JAMBA,
+        )
+        for bs, ssm, tp in (
+            (16, "auto", 1),
+            (32, "auto", 1),
+            (16, "float32", 1),
+            (32, "float32", 1),
+            (32, "float32", 2),
+        )
+    ),
+    # Falcon-H1-7B (attention and Mamba-2 in every layer): 1,568-token pages in bf16, 3,104 in float32.
+    *(
+        _vllm(
+            f"falcon-h1-7b-ssm-{ssm}{'-tp2' if tp > 1 else ''}",
+            "falcon-h1",
+            30 * GIB,
+            16384,
+            tp=tp,
+            ssm=ssm,
+            config=FALCON_H1,
+        )
+        for ssm, tp in (("auto", 1), ("float32", 1), ("float32", 2))
+    ),
+]
+
+
+def _draft(method: str, k: int, *, config: str | None = None, layers: int | None = None) -> dict[str, Any]:
+    """A drafter: `method` as vLLM names it, `k` speculative tokens, a draft config
+    (an EAGLE head under drafts/, or a published model under tests/data/configs) or MTP `layers`."""
+    where = (
+        None
+        if config is None
+        else str(DRAFTS / f"{config}.json" if config.startswith("eagle") else CONFIGS / f"{config}.json")
+    )
+    return {"method": method, "num_speculative_tokens": k, "config": where, "layers": layers}
+
+
+# Speculative decoding: the drafter's layers register after the target's and join the KV cache
+# groups of their spec (an EAGLE-3 head on gpt-oss: 12 sliding + 13 full layers, groups of 13);
+# multi-module MTP retains k - 1 more tokens in every sliding window.
+VLLM_SPEC_CASES: list[dict[str, Any]] = [
+    _vllm("gpt-oss-20b-eagle3", "gpt-oss-20b", 20 * GIB, 131072, draft=_draft("eagle3", 3, config="eagle3-gpt-oss")),
+    _vllm(
+        "gpt-oss-120b-tp2-eagle3",
+        "gpt-oss-120b",
+        30 * GIB,
+        131072,
+        tp=2,
+        draft=_draft("eagle3", 3, config="eagle3-gpt-oss"),
+    ),
+    _vllm(
+        "gemma3-27b-eagle3", "gemma-3-27b-it", 20 * GIB, 32768, draft=_draft("eagle3", 3, config="eagle3-gemma3-27b")
+    ),
+    _vllm(
+        "llama8-eagle3", "Meta-Llama-3.1-8B", 9 * GIB + 7, 32768, draft=_draft("eagle3", 3, config="eagle3-llama3.1-8b")
+    ),
+    _vllm("deepseek-v3-tp8-mtp", "DeepSeek-V3", 50 * GIB, 163840, tp=8, bs=64, draft=_draft("mtp", 1, layers=1)),
+    _vllm(
+        "deepseek-r1-fp8-mtp3",
+        "DeepSeek-R1",
+        13 * GIB + 3,
+        163840,
+        tp=8,
+        bs=64,
+        kv="fp8",
+        draft=_draft("mtp", 3, layers=1),
+    ),
+    _vllm("qwen3-8b-draft-0.6b", "Qwen3-8B", 17 * GIB, 40960, draft=_draft("draft_model", 4, config="Qwen3-0.6B")),
+    _vllm(
+        "qwen3-32b-tp2-draft-0.6b",
+        "Qwen3-32B",
+        37 * GIB + 99,
+        40960,
+        tp=2,
+        bs=64,
+        draft=_draft("draft_model", 4, config="Qwen3-0.6B"),
+    ),
+    _vllm(
+        "llama70-tp4-draft-1b",
+        "Meta-Llama-3.1-70B",
+        25 * GIB + 1,
+        131072,
+        tp=4,
+        draft=_draft("draft_model", 4, config="Llama-3.2-1B-Instruct"),
+    ),
+    # Gemma 3 has no MTP layers: three of its full layers as multi-module MTP (k = 3) is a made-up drafter
+    # that makes vLLM retain k - 1 = 2 more tokens in its sliding windows.
+    _vllm("gemma3-27b-mtp3-made-up", "gemma-3-27b-it", 10 * GIB, 8192, draft=_draft("mtp", 3, layers=3)),
+    _vllm("gemma3-27b-mtp3-made-up-refuse", "gemma-3-27b-it", GIB, 131072, draft=_draft("mtp", 3, layers=3)),
 ]
 
 

@@ -16,14 +16,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from engines_truth.cases import SGLANG_CASES, VLLM_CASES
+from engines_truth.cases import SGLANG_CASES, VLLM_CASES, VLLM_SPEC_CASES
 from kvpool import ServingLimits, load_model_spec
 from kvpool.engines import EngineNotModelledError, sglang, vllm
+from kvpool.spec import ModelSpec
+from kvpool.spec.drafts import load_draft, mtp_draft
 
 HERE = Path(__file__).parent
 CACHE = Path(os.environ.get("KVPOOL_ENGINES_CACHE", Path.home() / ".cache" / "kvpool-engines"))
-VENVS = {"vllm": CACHE / "vllm-0.32", "sglang": CACHE / "sglang-0.5.23"}
-RUNNERS = {"vllm": HERE / "vllm_runner.py", "sglang": HERE / "sglang_runner.py"}
+# The version matrix: each engine release's side venv and runner (`make engines-venvs`).
+VENVS = {
+    "vllm@0.33": CACHE / "vllm-0.33",
+    "vllm@0.32": CACHE / "vllm-0.32",
+    "sglang": CACHE / "sglang-0.5.23",
+}
+RUNNERS = {
+    "vllm@0.33": HERE / "vllm_runner.py",
+    "vllm@0.32": HERE / "vllm_runner.py",
+    "sglang": HERE / "sglang_runner.py",
+}
+VLLM_RELEASES = ("vllm@0.33", "vllm@0.32")
 VLLM_FIELDS = (
     "refused",
     "estimated_max_len",
@@ -32,6 +44,7 @@ VLLM_FIELDS = (
     "block_size",
     "gpu_kv_cache_tokens",
     "max_concurrency",
+    "eagle_groups",
     "line",
 )
 
@@ -42,19 +55,26 @@ def engine_python(engine: str) -> Path | None:
     return python if python.exists() else None
 
 
-def run_engine(engine: str, cases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The engine's own results by case id (one interpreter for all cases)."""
+def run_engine(engine: str, cases: list[dict[str, Any]], runner: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The engine's own results by case id (one interpreter for all cases), from its
+    sizing runner or another `runner` (parsers_runner.py: its command-line parsers)."""
     python = engine_python(engine)
     if python is None:
         raise FileNotFoundError(f"no side venv for {engine} under {CACHE}: run `make engines-venvs`")
     done = subprocess.run(
-        [str(python), str(RUNNERS[engine])],
+        [str(python), str(runner or RUNNERS[engine])],
         input=json.dumps(cases),
         capture_output=True,
         text=True,
         timeout=900,
         check=True,
-        env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false"},
+        # VLLM_TARGET_DEVICE: the vllm==0.33.0 wheel is CUDA's; its sizing code runs on vLLM's CPU platform
+        env={
+            **os.environ,
+            "VLLM_LOGGING_LEVEL": "ERROR",
+            "TOKENIZERS_PARALLELISM": "false",
+            "VLLM_TARGET_DEVICE": "cpu",
+        },
     )
     return {r["id"]: r for r in json.loads(done.stdout)}
 
@@ -66,17 +86,41 @@ def vllm_fields(engine: dict[str, Any]) -> dict[str, Any]:
     return {"refused": None} | {k: engine[k] for k in VLLM_FIELDS[2:]}
 
 
-def kvpool_vllm(case: dict[str, Any]) -> dict[str, Any]:
-    """The same fields from kvpool's vLLM model."""
-    spec = load_model_spec(case["config"], kv_dtype=case["kv_dtype"], tp_size=case["tp"], pp_size=case["pp"])
+def vllm_spec(case: dict[str, Any]) -> ModelSpec:
+    """kvpool's spec of a case's model, with its drafter (spec/drafts.py) if any."""
+    spec = load_model_spec(
+        case["config"],
+        kv_dtype=case["kv_dtype"],
+        tp_size=case["tp"],
+        pp_size=case["pp"],
+        ssm_dtype=case.get("mamba_ssm_cache_dtype", "auto"),
+    )
+    draft = case.get("draft")
+    if not draft:
+        return spec
+    if draft["method"] == "mtp":
+        return mtp_draft(spec, draft["layers"])
+    return load_draft(spec, draft["config"], method=draft["method"])
+
+
+def kvpool_vllm(case: dict[str, Any], engine: str = VLLM_RELEASES[0]) -> dict[str, Any]:
+    """The same fields from kvpool's vLLM model of release `engine` (vllm@X)."""
+    spec = vllm_spec(case)
+    draft = case.get("draft") or {}
     limits = ServingLimits(
         max_seq_len=case["max_model_len"],
         max_num_tokens=case["max_num_batched_tokens"],
         max_batch_size=case["max_num_seqs"],
+        max_draft_len=draft.get("num_speculative_tokens", 0),
     )
     try:
         r = vllm.allocate(
-            spec, limits, case["memory"], block_size=case["block_size"], async_scheduling=case["async_scheduling"]
+            spec,
+            limits,
+            case["memory"],
+            block_size=case["block_size"],
+            async_scheduling=case["async_scheduling"],
+            release=engine.partition("@")[2],
         )
     except EngineNotModelledError as e:
         return {"refused": f"not modelled: {e}"}
@@ -94,6 +138,7 @@ def kvpool_vllm(case: dict[str, Any]) -> dict[str, Any]:
         "block_size": rep["block_size"],
         "gpu_kv_cache_tokens": rep["gpu_kv_cache_tokens"],
         "max_concurrency": rep["max_concurrency"],
+        "eagle_groups": rep["eagle_groups"],
         "line": r.lines[0],
     }
 
@@ -126,14 +171,24 @@ def kvpool_sglang(case: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-CASES = {"vllm": VLLM_CASES, "sglang": SGLANG_CASES}
-FIELDS = {"vllm": (vllm_fields, kvpool_vllm), "sglang": (sglang_fields, kvpool_sglang)}
+CASES = {
+    "vllm@0.33": VLLM_CASES + VLLM_SPEC_CASES,
+    "vllm@0.32": VLLM_CASES + VLLM_SPEC_CASES,
+    "sglang": SGLANG_CASES,
+}
 
 
-def rows(engine: str = "vllm") -> list[tuple[str, str, Any, Any]]:
+def fields_of(engine: str) -> tuple[Any, Any]:
+    """(engine's fields, kvpool's fields) of one runner's results."""
+    if engine == "sglang":
+        return sglang_fields, kvpool_sglang
+    return vllm_fields, lambda case: kvpool_vllm(case, engine)
+
+
+def rows(engine: str = VLLM_RELEASES[0]) -> list[tuple[str, str, Any, Any]]:
     """(case, field, engine's value, kvpool's value) for every compared field."""
     results = run_engine(engine, CASES[engine])
-    theirs_of, ours_of = FIELDS[engine]
+    theirs_of, ours_of = fields_of(engine)
     out = []
     for case in CASES[engine]:
         theirs = results[case["id"]]
@@ -147,7 +202,7 @@ def rows(engine: str = "vllm") -> list[tuple[str, str, Any, Any]]:
     return out
 
 
-def table(engine: str = "vllm") -> str:
+def table(engine: str = VLLM_RELEASES[0]) -> str:
     lines = [f"| case ({engine}) | field | engine | kvpool | equal |", "|---|---|---|---|---|"]
     for cid, key, theirs, ours in rows(engine):
         lines.append(f"| {cid} | {key} | {theirs} | {ours} | {'yes' if theirs == ours else '**no**'} |")
@@ -170,7 +225,7 @@ def _text(values: dict[str, Any]) -> str:
 def case_table(engine: str) -> str:
     """One row per case: every compared field the engine gave, kvpool's, equal."""
     results = run_engine(engine, CASES[engine])
-    theirs_of, ours_of = FIELDS[engine]
+    theirs_of, ours_of = fields_of(engine)
     lines = ["| case | engine's own | kvpool | equal |", "|---|---|---|---|"]
     for case in CASES[engine]:
         raw = results[case["id"]]
@@ -183,8 +238,8 @@ def case_table(engine: str) -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--cases"]:
-        for name in sys.argv[2:] or ["vllm", "sglang"]:
+        for name in sys.argv[2:] or list(VENVS):
             sys.stdout.write(case_table(name) + "\n\n")
         sys.exit(0)
-    for name in sys.argv[1:] or ["vllm", "sglang"]:
+    for name in sys.argv[1:] or list(VENVS):
         sys.stdout.write(table(name) + "\n\n")

@@ -56,15 +56,22 @@ def suspend(t: PageTables, req: Request, tier: ColdTier) -> Suspension | dict[st
 
 
 def resume_shortfall(t: PageTables, req: Request, max_util: float) -> dict[str, int]:
-    """Pages missing per group to bring suspended `req` back: the pool's free
-    pages, and no more than would leave it used beyond `max_util` of its pages
-    (V2's rule, keeping room for the running requests to grow)."""
+    """Pages missing per group to bring suspended `req` back, by TensorRT-LLM V2's
+    rule (`_KVCache.resume`: refused when the most used pool group is *already*
+    above `max_util_for_resume`, keeping room for the running requests to grow):
+    a pool of growing pages used beyond `max_util` of its pages now is short of
+    what it must free to get back under it; any pool is short of the free pages
+    the request's pages need. A pool of state slots alone never refuses on
+    utilization (one slot per request; it does not grow: V2's
+    `poolGroupNeedsHeadroomForGrowth`)."""
     short = {}
     for gi, pool in enumerate(t.pools):
         used = pool.num_pages - pool.num_free
-        room = min(pool.num_free, math.floor(max_util * pool.num_pages) - used)
-        if req.live(gi) > room:
-            short[pool.name] = req.live(gi) - room
+        over = used - math.floor(max_util * pool.num_pages) if used > max_util * pool.num_pages else 0
+        grows = not t.groups[gi].rule.per_request
+        missing = max(over if grows else 0, req.live(gi) - pool.num_free)
+        if missing > 0:
+            short[pool.name] = missing
     return short
 
 

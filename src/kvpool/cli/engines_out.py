@@ -10,9 +10,12 @@ from typing import Any
 
 from kvpool.cli.common import checked, concurrency_text, table
 from kvpool.cli.fit_engines import with_budget_flag
+from kvpool.engines import registry
 from kvpool.engines.common import EnginePool, EngineReport
-from kvpool.engines.emit import ENGINES, RELEASES, Emitted, emit, engine_name, engine_report, model_id_for
+from kvpool.engines.emit import Emitted
+from kvpool.engines.hf_ids import model_id_for
 from kvpool.errors import KvpoolError
+from kvpool.models.weights import Parallel
 from kvpool.plan import REFERENCE_REQUEST, PoolPlan, decode_shape
 from kvpool.plan.memory import MemoryBudget
 from kvpool.plan.tiers import TierPlan
@@ -24,11 +27,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engines")
     g.add_argument(
         "--engine",
-        type=checked(engine_name),
+        type=checked(registry.engine_name),
         default=None,
         metavar="ENGINE[@RELEASE]",
         help="also show what this engine would allocate from the same memory by its own rules: "
-        + ", ".join(f"{e} (= {e}@{r[0]})" for e, r in RELEASES.items())
+        + ", ".join(f"{e} (= {e}@{r[0]})" for e, r in registry.RELEASES.items())
         + "; trtllm@v1 (or trtllm-v1): TensorRT-LLM's old C++ manager",
     )
     g.add_argument(
@@ -47,7 +50,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--emit",
-        choices=ENGINES,
+        choices=registry.NAMES,
         default=None,
         help="print the launch command (vllm, sglang) or extra-options YAML (trtllm) that "
         "follows the plan, with a note for each part the engine cannot express",
@@ -109,15 +112,21 @@ def render_report(report: EngineReport, plan: PoolPlan) -> str:
     return "\n".join(lines)
 
 
+def engine_options(args: argparse.Namespace) -> registry.EngineOptions:
+    return registry.EngineOptions(getattr(args, "block_size", None), getattr(args, "async_scheduling", True))
+
+
 def check_dependent(args: argparse.Namespace) -> None:
     """Refuse the engine flags that mean nothing without the one they qualify
-    (vLLM's block size and scheduling without --engine vllm, a launch's model id
-    without --emit) rather than ignore them."""
-    vllm = args.engine is not None and engine_name(args.engine)[0] == "vllm"
-    if not vllm and args.block_size is not None:
-        raise KvpoolError("--block-size is vLLM's: it needs --engine vllm")
-    if not vllm and args.async_scheduling is False:
-        raise KvpoolError("--no-async-scheduling is vLLM's: it needs --engine vllm")
+    (an engine's own option without --engine naming that engine, a launch's model
+    id without --emit) rather than ignore them."""
+    options = engine_options(args)
+    if args.engine is not None:
+        registry.check_options(registry.entry(args.engine), options)
+    elif options != registry.EngineOptions():
+        flag = "--block-size" if options.block_size is not None else "--no-async-scheduling"
+        owners = [e.name for e in registry.ENTRIES.values() if e.options]
+        raise KvpoolError(f"{flag} is an engine's option: it needs --engine {'|'.join(owners)}")
     if args.emit is None and args.model_id is not None:
         raise KvpoolError("--model-id names the model in the --emit launch: it needs --emit")
 
@@ -129,25 +138,14 @@ def engine_outputs(
     whole-GPU breakdown, when known, states SGLang's budget as --mem-fraction-static;
     `tiers`: the cold tiers per rank, stated as the engine's offload flags)."""
     check_dependent(args)
-    report = (
-        engine_report(
-            args.engine,
-            plan,
-            block_size=getattr(args, "block_size", None),
-            async_scheduling=getattr(args, "async_scheduling", True),
-        )
-        if args.engine
-        else None
-    )
+    report = registry.engine_report(args.engine, plan, engine_options(args)) if args.engine else None
     emitted = None
     if args.emit:
-        beyond_tp = [f"--{k} {getattr(args, k)}" for k in ("pp", "ep", "dp") if getattr(args, k, 1) > 1]
-        if beyond_tp:  # the launch lines carry tensor parallelism only: refuse rather than emit a wrong one
-            raise KvpoolError(f"--emit does not yet state {', '.join(beyond_tp)} as engine flags; plan without them")
+        parallel = Parallel(*(getattr(args, k, 1) for k in ("tp", "pp", "ep", "dp")))
         source = plan.spec.source
         hub_id = source.repo_id if source is not None and source.kind == "hub" else None
         model_id = launch_model_id(plan, args.model, args.model_id)
-        emitted = with_budget_flag(emit(args.emit, plan, model_id, tiers), memory)
+        emitted = with_budget_flag(registry.launch(args.emit, plan, model_id, tiers, parallel), memory)
         if hub_id and source is not None and source.revision != "main":
             # an engine takes the revision as its own option, never as id@revision
             note = f"planned from {hub_id} at revision {source.revision}: give the engine that revision too"

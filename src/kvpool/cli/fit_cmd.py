@@ -27,7 +27,7 @@ from kvpool.cli.fit_engines import EngineFit, engine_fit, fit_lengths, render_en
 from kvpool.cli.plan_args import Resolved, add_plan_args, resolve
 from kvpool.cli.plan_cmd import render_memory
 from kvpool.cli.request import PlanRequest
-from kvpool.engines.emit import ENGINES, RELEASES, engine_name
+from kvpool.engines import registry
 from kvpool.errors import KvpoolError, SpecError
 from kvpool.plan import PoolPlan
 from kvpool.spec.loader import check_tp_divides_heads, read_config
@@ -59,7 +59,7 @@ def register(sub: Any) -> None:
         type=checked(parse_engines),
         default="all",
         metavar="E,...",
-        help=f"engines to answer for: {', '.join(ENGINES)} or all (default all)",
+        help=f"engines to answer for: {', '.join(registry.NAMES)} or all (default all)",
     )
     f.add_argument("--users", type=positive_int, default=None, metavar="N", help="requests decoding at once")
     f.add_argument("--len", type=positive_int, default=None, metavar="L", help="their length, prompt plus output")
@@ -118,21 +118,23 @@ def gpu_and_count(text: str) -> str:
 def parse_engines(text: str) -> tuple[str, ...]:
     """`all`, or a comma list of ENGINE[@RELEASE]: the engines, by bare name. The
     launch lines follow each engine's newest modelled release, so an older one is refused."""
+    names_all = registry.NAMES
     if text.strip().lower() == "all":
-        return ENGINES
+        return names_all
     if any(not e.strip() for e in text.split(",")):
-        raise KvpoolError(f"--engine {text!r} has an empty item; choose from {', '.join(ENGINES)} or all")
+        raise KvpoolError(f"--engine {text!r} has an empty item; choose from {', '.join(names_all)} or all")
     names = []
     for item in (e.strip().lower() for e in text.split(",")):
         try:
-            engine, release = engine_name(item)
+            engine, release = registry.engine_name(item)
         except KvpoolError:
-            raise KvpoolError(f"--engine {text!r}: choose from {', '.join(ENGINES)} or all") from None
-        if release != RELEASES[engine][0]:
-            raise KvpoolError(f"fit states {engine}@{RELEASES[engine][0]}'s launch; {item} is for kvpool plan --engine")
+            raise KvpoolError(f"--engine {text!r}: choose from {', '.join(names_all)} or all") from None
+        newest = registry.RELEASES[engine][0]
+        if release != newest:
+            raise KvpoolError(f"fit states {engine}@{newest}'s launch; {item} is for kvpool plan --engine")
         names.append(engine)
     if not names:
-        raise KvpoolError(f"--engine {text!r}: choose from {', '.join(ENGINES)} or all")
+        raise KvpoolError(f"--engine {text!r}: choose from {', '.join(names_all)} or all")
     return tuple(dict.fromkeys(names))
 
 
@@ -222,8 +224,7 @@ def answer_users(
     }
     if best is not None and best.resolved is not None:
         plan = best.resolved.plan()
-        if best.pp == 1:
-            fits = answer_engines(args, best.resolved, plan, engines, length)
+        fits = answer_engines(args, best.resolved, plan, engines, length)
         out.update(summary(best.resolved), pools=pools_json(plan))
     out["engines"] = [f.to_json() for f in fits]
     finish(args, out, fits)
@@ -231,10 +232,6 @@ def answer_users(
     if fits and best is not None:
         lines.append(f"\nper replica of the first layout ({best.replicas} x tp {best.tp}):\n")
         lines.append("\n\n".join(render_engine(f) for f in fits))
-    elif best is not None and best.pp > 1:
-        lines.append(
-            "\nnote: the launch lines state tensor parallelism only; the first layout pipelines: no launch line"
-        )
     error = None if best else f"no layout up to {max_gpus} GPUs holds {users} requests of {length} positions"
     return Answer(out, "\n".join(lines), error)
 
@@ -260,7 +257,8 @@ def answer_engines(
     """Each engine's answer on `plan`, the plan of `resolved`."""
     model_id = launch_model_id(plan, resolved.request.model.model, args.model_id)
     lengths = fit_lengths(plan, length)
-    return [engine_fit(e, plan, model_id, resolved.budget.memory, lengths) for e in engines]
+    parallel = resolved.request.model.parallel
+    return [engine_fit(e, plan, model_id, resolved.budget.memory, lengths, parallel) for e in engines]
 
 
 def summary(resolved: Resolved) -> dict[str, Any]:

@@ -3,47 +3,26 @@ SGLang and TensorRT-LLM would do when launched to follow it — the verdict, the
 budget flags in the engine's own convention, the KV per rank, the requests that
 fit at once, the CUDA-graph batch sizes that keep graphs, and the launch line.
 
-Budget conventions (each engine's own knob for the same KV bytes K per rank, on
-a GPU of G bytes holding weights W per rank):
-
-- vLLM: `--gpu-memory-utilization U` is kvpool's own convention (cli/budget.py:
-  K = G x U - weights - activations - CUDA graphs - reserve); the exact
-  `--kv-cache-memory-bytes K` replaces the profiling (vLLM's engine arguments).
-- SGLang: the pools get `total x --mem-fraction-static - W` (model_runner's
-  `profile_max_num_token`: rest = available after the weights - total x (1 - F)),
-  so F = (K + W) / G, rounded up to 3 digits so the pools reach K (SGLang's
-  total is the memory free at start, a little under G) and `--max-total-tokens`
-  caps the full pool at the plan's tokens exactly; the 0.1 x G that the 0.9 leaves
-  out of K, activations and graphs keeps SGLang's own headroom.
-- TensorRT-LLM: `kv_cache_config.max_gpu_total_bytes: K` (the LLM API's
-  KvCacheConfig; `free_gpu_memory_fraction`, default 0.9 of the memory free after
-  the weights, applies as well, and the smaller of the two wins).
+The budget conventions (each engine's own knob for the same KV bytes per rank)
+and what each engine takes by its own defaults are library code
+(engines/budgets.py), as is everything else that differs between engines
+(engines/registry.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from kvpool.engines import registry
 from kvpool.engines.common import EngineNotModelledError, EngineReport
-from kvpool.engines.emit import Emitted, emit
+from kvpool.engines.emit import Emitted
+from kvpool.models.weights import Parallel
 from kvpool.plan import PoolPlan
 from kvpool.plan.batches import REFERENCE_REQUEST, decode_shape
 from kvpool.plan.memory import MemoryBudget
 from kvpool.units import format_bytes
-
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
-# What each engine does with a decode batch and its captured sizes (vLLM's
-# CompilationConfig.cudagraph_capture_sizes, SGLang's --cuda-graph-bs / cuda_graph_max_bs,
-# TensorRT-LLM's CudaGraphConfig.batch_sizes and enable_padding).
-GRAPH_RULES = {
-    "vllm": "batches up to {top} run on graphs ({n} sizes, a batch padded up to the next one); larger run eager",
-    "sglang": "batches up to {top} (cuda_graph_max_bs, {n} sizes) run on graphs; larger run eager",
-    "trtllm": "batches of a captured size up to {top} run on graphs ({n} sizes; others too with "
-    "cuda_graph_config.enable_padding: true); larger run eager",
-}
 
 
 @dataclass(frozen=True)
@@ -60,6 +39,7 @@ class EngineFit:
     graph_sizes: tuple[int, ...]
     graph_note: str
     emitted: Emitted | None  # None: kvpool does not model this engine for the model
+    own_default: tuple[int, str] | None = None  # (KV bytes per rank, rule) by the engine's own defaults
 
     @property
     def verdict(self) -> str:
@@ -84,30 +64,20 @@ class EngineFit:
             "notes": [] if self.emitted is None else list(self.emitted.notes),
             "reported": {} if report is None else dict(report.reported),
             "version_modelled": None if report is None else report.version_modelled,
+            "own_default": None
+            if self.own_default is None
+            else {"kv_bytes_per_rank": self.own_default[0], "rule": self.own_default[1]},
         }
-
-
-def sglang_fraction(kv_bytes: int, memory: MemoryBudget) -> float:
-    """SGLang's --mem-fraction-static for K bytes of pools on this GPU (module docstring)."""
-    return math.ceil(1000 * (kv_bytes + memory.weights_bytes) / memory.gpu_bytes) / 1000
-
-
-def budget_flags(engine: str, kv_bytes: int, memory: MemoryBudget | None) -> tuple[str, ...]:
-    """The engine's own flags for K bytes of KV per rank (module docstring)."""
-    if engine == "vllm":
-        exact = f"--kv-cache-memory-bytes {kv_bytes}"
-        return (f"--gpu-memory-utilization {memory.utilization:g}", exact) if memory else (exact,)
-    if engine == "sglang":
-        return (f"--mem-fraction-static {sglang_fraction(kv_bytes, memory):.3f}",) if memory else ()
-    return (f"kv_cache_config.max_gpu_total_bytes: {kv_bytes}",)
 
 
 def with_budget_flag(emitted: Emitted, memory: MemoryBudget | None) -> Emitted:
     """SGLang's launch with its --mem-fraction-static when the whole-GPU breakdown
     is known: the fraction replaces the "leave at least ..." note, SGLang sizes from it."""
-    if emitted.engine != "sglang" or memory is None or emitted.argv is None:
+    flags = registry.entry(emitted.engine).budget_flags(emitted.report.budget_bytes, memory)
+    fraction = [f for f in flags if f.startswith("--mem-fraction-static")]
+    if memory is None or emitted.argv is None or not fraction:
         return emitted
-    flag = budget_flags("sglang", emitted.report.budget_bytes, memory)[0]
+    flag = fraction[0]
     notes = tuple(n for n in emitted.notes if not n.startswith("SGLang sizes its pools"))
     return dataclasses.replace(emitted, argv=(*emitted.argv, *flag.split()), notes=notes)
 
@@ -136,11 +106,12 @@ def graph_answer(engine: str, report: EngineReport, plan: PoolPlan, at_max: int)
     many requests of max_seq_len can form a batch at all."""
     cap = int(report.reported.get("max_running_requests") or plan.limits.max_batch_size)
     sizes = tuple(b for b in plan.limits.graph_batch_sizes if b <= cap)
-    name = ENGINE_NAMES[engine]
+    e = registry.entry(engine)
+    name = e.title
     if not sizes:
         return sizes, f"{name}: no CUDA graph fits the request cap {cap}: every step runs eager"
     top = sizes[-1]
-    line = f"{name}: " + GRAPH_RULES[engine].format(top=top, n=len(sizes))
+    line = f"{name}: " + e.graph_rule.format(top=top, n=len(sizes))
     if at_max < top:
         line += (
             f"; at max_seq_len {plan.limits.max_seq_len:,} only {at_max} requests fit at once, so batches "
@@ -150,16 +121,25 @@ def graph_answer(engine: str, report: EngineReport, plan: PoolPlan, at_max: int)
 
 
 def engine_fit(
-    engine: str, plan: PoolPlan, model_id: str, memory: MemoryBudget | None, lengths: dict[str, int]
+    engine: str,
+    plan: PoolPlan,
+    model_id: str,
+    memory: MemoryBudget | None,
+    lengths: dict[str, int],
+    parallel: Parallel | None = None,
 ) -> EngineFit:
     """What `engine` does when launched to follow `plan` (whose budget is the KV
-    bytes per rank); `memory` the whole-GPU breakdown when the budget came from it."""
-    flags = budget_flags(engine, plan.budget_bytes, memory)
+    bytes per rank) on `parallel`; `memory` the whole-GPU breakdown when the budget
+    came from it, which also gives the KV the engine takes by its own defaults."""
+    e = registry.entry(engine)
+    flags = e.budget_flags(plan.budget_bytes, memory)
+    par = parallel or Parallel(tp=plan.spec.tp_size)
+    own = None if memory is None else e.default_kv(memory, par.tp, par.pp, plan.limits.max_batch_size)
     try:
-        emitted = emit(engine, plan, model_id)
-    except EngineNotModelledError as e:  # the other engines still answer
-        note = f"{ENGINE_NAMES[engine]}: not modelled"
-        return EngineFit(engine, False, (str(e),), flags, plan.budget_bytes, {}, lengths, (), note, None)
+        emitted = registry.launch(engine, plan, model_id, parallel=parallel)
+    except EngineNotModelledError as err:  # the other engines still answer
+        note = f"{e.title}: not modelled"
+        return EngineFit(engine, False, (str(err),), flags, plan.budget_bytes, {}, lengths, (), note, None)
     report = emitted.report
     emitted = with_budget_flag(emitted, memory)
     fits = requests_that_fit(report, plan, lengths)
@@ -171,12 +151,15 @@ def engine_fit(
             f"({format_bytes(plan.budget_bytes)} of KV per rank)"
         )
     sizes, note = graph_answer(engine, report, plan, at_max)
-    return EngineFit(engine, not reasons, tuple(reasons), flags, plan.budget_bytes, fits, lengths, sizes, note, emitted)
+    default = None if own is None else (own.kv_bytes, own.rule)
+    return EngineFit(
+        engine, not reasons, tuple(reasons), flags, plan.budget_bytes, fits, lengths, sizes, note, emitted, default
+    )
 
 
 def render_engine(fit: EngineFit) -> str:
     """A few lines: verdict, budget flags, KV, requests, graphs, launch."""
-    name = ENGINE_NAMES[fit.engine]
+    name = registry.entry(fit.engine).title
     if fit.emitted is None:
         return f"{name}: NOT MODELLED: {'; '.join(fit.reasons)}"
     verdict = "starts" if fit.starts else "REFUSES: " + "; ".join(fit.reasons)
@@ -185,6 +168,11 @@ def render_engine(fit: EngineFit) -> str:
         f"{name} ({fit.emitted.report.version_modelled}): {verdict}",
         f"  budget: {' | '.join(fit.budget_flags) or 'give --gpu alone for the fraction'}"
         f"  (KV {format_bytes(fit.kv_bytes)} per rank)",
+        *(
+            []
+            if fit.own_default is None
+            else [f"  by its own defaults: KV {format_bytes(fit.own_default[0])} per rank ({fit.own_default[1]})"]
+        ),
         f"  requests that fit at once: {fits}",
         f"  CUDA graphs: {fit.graph_note.split(': ', 1)[1]}",
         "  launch: " + fit.emitted.text().replace("\n", "\n    "),

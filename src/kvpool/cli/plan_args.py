@@ -36,7 +36,8 @@ from kvpool.plan.sizing import check_pool_ratio, parse_shares
 from kvpool.plan.workload import Workload
 from kvpool.presets.traces import load_trace
 from kvpool.spec import ModelSpec
-from kvpool.spec.loader import read_model_config, spec_from_read
+from kvpool.spec.drafts import load_draft
+from kvpool.spec.loader import SSM_DTYPES, read_model_config, spec_from_read
 
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_SEQ_LEN = 8192
@@ -131,6 +132,20 @@ def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True, workload: b
         default=0,
         metavar="D",
         help="speculative draft tokens per step (default 0)",
+    )
+    lim.add_argument(
+        "--mamba-ssm-dtype",
+        choices=tuple(SSM_DTYPES),
+        default="auto",
+        help="dtype of Mamba layers' SSM state (vLLM's --mamba-ssm-cache-dtype; auto: the model's, Nemotron-H's "
+        "config field; float32 as Jamba's and Falcon-H1's model cards recommend doubles the state)",
+    )
+    lim.add_argument(
+        "--draft-model",
+        default=None,
+        metavar="MODEL|mtp",
+        help="the drafter whose KV the plan holds beside the model's, in its own pools: a draft model or "
+        "EAGLE head (preset, path or Hugging Face id), or mtp for the model's own MTP layers (spec/drafts.py)",
     )
     lim.add_argument(
         "--extra-kv-tokens",
@@ -251,7 +266,14 @@ def load_spec(model: ModelOptions, max_seq_len: int | None) -> tuple[ModelSpec, 
         pp_size=model.pp,
         tokens_per_block=model.tokens_per_block,
         max_seq_len=max_len,
+        ssm_dtype=model.ssm_dtype,
     )
+    if model.draft_model is not None:
+        with flagged("--draft-model"):
+            try:
+                spec = load_draft(spec, model.draft_model, max_seq_len=max_len)
+            except OSError as e:  # a name the file system refuses (too long, ...)
+                raise KvpoolError(f"cannot read {model.draft_model[:60]!r}: {e.strerror}") from None
     say_fallback(spec)
     return spec, max_len
 

@@ -36,10 +36,22 @@ class ModelOptions:
     ep: int = 1
     dp: int = 1
     tokens_per_block: int | None = None
+    draft_model: str | None = None  # a drafter's model (or `mtp`): its layers as the spec's draft groups
+    ssm_dtype: str = "auto"  # the Mamba SSM state's dtype (vLLM's --mamba-ssm-cache-dtype)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ModelOptions:
-        return cls(args.model, args.kv_dtype, args.tp, args.pp, args.ep, args.dp, args.tokens_per_block)
+        return cls(
+            args.model,
+            args.kv_dtype,
+            args.tp,
+            args.pp,
+            args.ep,
+            args.dp,
+            args.tokens_per_block,
+            getattr(args, "draft_model", None),
+            getattr(args, "mamba_ssm_dtype", "auto"),
+        )
 
     @property
     def parallel(self) -> Parallel:

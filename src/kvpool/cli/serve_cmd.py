@@ -110,7 +110,7 @@ def _refuse(message: str) -> Any:
 
 
 def options_json() -> dict[str, Any]:
-    from kvpool.engines.emit import ENGINES
+    from kvpool.engines.registry import NAMES as ENGINES
 
     return {"models": presets.model_names(), "gpus": presets.gpu_names(), "engines": list(ENGINES)}
 

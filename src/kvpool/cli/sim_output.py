@@ -58,7 +58,8 @@ def results_table(runs: list[SimResult], groups: list[str]) -> str:
     rows = []
     for r in runs:
         row: list[Any] = [r.policy]
-        row += [f"{r.pages[g].total:,}" + (" shared" if r.plan.shared else "") for g in groups]
+        # "-": a group the engine's own split holds inside another's (vLLM: a drafter's layers in the target's groups)
+        row += [f"{r.pages[g].total:,}" + (" shared" if r.plan.shared else "") if g in r.pages else "-" for g in groups]
         row += [
             f"{r.output_tokens_per_s:,.0f}",
             f"{r.requests_per_s:.2f}",
@@ -73,6 +74,8 @@ def results_table(runs: list[SimResult], groups: list[str]) -> str:
         row += [
             f"{r.pages[g].peak_used / max(r.pages[g].total, 1):.0%}/"
             f"{r.pages[g].mean_used / max(r.pages[g].total, 1):.0%}"
+            if g in r.pages
+            else "-"
             for g in groups
         ]
         row += ([f"{r.reuse_hit_rate:.0%}"] if reuse else []) + [f"{r.finished}/{r.num_requests}"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from kvpool.cache import TierSpec
 from kvpool.cli.common import size_or_zero, table
 from kvpool.cli.tiers_args import tiers_from_args
+from kvpool.engines.host_tiers import NEEDS_HOST_MEMORY
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
 from kvpool.presets import GpuSpec
@@ -65,7 +66,7 @@ def tier_runs(args: argparse.Namespace, gpu: GpuSpec) -> TierRuns | None:
             if value is not None:  # it would mean nothing: say so rather than ignore it
                 raise KvpoolError(f"{flag} applies to cold tiers: add --host-memory (or --disk)")
         return None
-    if args.host_memory is None and args.host_rule in ("trtllm", "vllm"):
+    if args.host_memory is None and args.host_rule in NEEDS_HOST_MEMORY - {"even"}:
         raise KvpoolError(f"--host-rule {args.host_rule} sizes the host tier from --host-memory: add it")
     sizes: tuple[str | None, ...] = (None,)
     if args.host_memory is not None:  # checked by the parser (`simulate_args.host_sizes`)

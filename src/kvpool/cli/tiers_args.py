@@ -9,12 +9,13 @@ from typing import Any
 
 from kvpool.cache.pool import check_pages
 from kvpool.cli.common import flagged, positive_int, size_arg, table
+from kvpool.engines.host_tiers import HOST_RULES, NEEDS_HOST_MEMORY, host_tier_bytes
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
-from kvpool.plan.tiers import GiB, TierPlan, host_tier_bytes, plan_tiers
+from kvpool.plan.tiers import GiB, TierPlan, plan_tiers
 from kvpool.units import format_bytes, parse_size
 
-RULES = ("even", "trtllm", "vllm", "sglang")
+RULES = HOST_RULES
 
 
 def add_tier_args(
@@ -59,7 +60,7 @@ def check_dependent(args: argparse.Namespace) -> None:
     than sglang's sizes the host tier from it; ranks share it), not ignore them."""
     if args.host_memory is not None:
         return
-    if args.host_rule not in ("even", "sglang"):
+    if args.host_rule in NEEDS_HOST_MEMORY - {"even"}:
         raise KvpoolError(f"--host-rule {args.host_rule} sizes the host tier from --host-memory; give it")
     if args.ranks_per_node is not None:
         raise KvpoolError("--ranks-per-node says how many ranks share --host-memory; give it")
@@ -69,14 +70,14 @@ def tiers_from_args(args: argparse.Namespace, plan: PoolPlan) -> list[TierPlan]:
     """The cold tiers of one rank the options ask for (none without them);
     `KvpoolError` naming the flag for a bad size or a rule that lacks its input."""
     host, disk = (_size(args, name) for name in ("host_memory", "disk"))
-    if host is None and disk is None and args.host_rule != "sglang":
+    if host is None and disk is None and args.host_rule in NEEDS_HOST_MEMORY:
         return []
     ranks = args.ranks_per_node if args.ranks_per_node is not None else args.tp * args.pp
     if ranks < 1:
         raise KvpoolError(f"--ranks-per-node must be at least 1, got {ranks}")
     gpu_kv = sum(g.bytes for g in plan.groups)
     host_bytes, rule = None, args.host_rule
-    if host is not None or args.host_rule == "sglang":
+    if host is not None or args.host_rule not in NEEDS_HOST_MEMORY:
         host_bytes, rule = host_tier_bytes(
             args.host_rule,
             gpu_kv_bytes=gpu_kv,

@@ -2,7 +2,7 @@
 deployment, and the flags that make them follow a kvpool plan (no engine is
 imported)."""
 
-from kvpool.engines import sglang, trtllm, vllm
+from kvpool.engines import registry, sglang, trtllm, vllm
 from kvpool.engines.common import (
     EngineModel,
     EngineNotModelledError,
@@ -19,6 +19,7 @@ __all__ = [
     "EngineReport",
     "Sizing",
     "allocate_with",
+    "registry",
     "sglang",
     "trtllm",
     "vllm",

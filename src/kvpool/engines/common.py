@@ -141,13 +141,16 @@ def per_layer_bytes(group: LayerGroup) -> int:
     return total // n
 
 
-def refuse_compressed(spec: ModelSpec, engine: str) -> None:
-    """Engines' compressed-attention layouts (DeepSeek-V4) are not modelled."""
-    names = [g.name for g in spec.groups if g.kind == "compressed"]
-    if names:
+def refuse_kinds(spec: ModelSpec, kinds: frozenset[str], engine: str) -> None:
+    """EngineNotModelledError naming each group of a kind the engine model does not
+    size (`kinds`: the kinds it declares), so that a kind added to spec/ is refused
+    by name rather than sized as another (compressed attention, DeepSeek-V4's, is
+    one: its layout in the engines is not modelled)."""
+    other = [f"{g.name} ({g.kind})" for g in spec.groups if g.kind not in kinds]
+    if other:
         raise EngineNotModelledError(
-            f"kvpool does not model {engine}'s layout for compressed-attention groups "
-            f"({', '.join(names)}) of {spec.name}"
+            f"kvpool does not model {engine}'s layout for the groups {', '.join(other)} of {spec.name}; "
+            f"its model sizes {', '.join(sorted(kinds))} groups"
         )
 
 

@@ -14,23 +14,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvpool.engines import sglang, trtllm, vllm
-from kvpool.engines.common import EngineNotModelledError, EngineReport, split_engine_name
+from kvpool.engines.common import EngineNotModelledError, EngineReport
 from kvpool.engines.hf_ids import HF_IDS as HF_IDS
 from kvpool.engines.hf_ids import model_id_for as model_id_for
+from kvpool.engines.hicache import sglang_host_pools
+from kvpool.models.weights import Parallel
 from kvpool.plan import PoolPlan
 from kvpool.plan.tiers import GiB, TierPlan
 from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.spec.dtypes import engine_auto_dtype
 from kvpool.units import format_bytes
 
-ENGINES = ("vllm", "sglang", "trtllm")
-# The releases each engine model reproduces, newest (the default for a bare name) first:
-# `--engine vllm` is `vllm@0.32`.
-RELEASES: dict[str, tuple[str, ...]] = {
-    "vllm": vllm.RELEASES,
-    "sglang": sglang.RELEASES,
-    "trtllm": getattr(trtllm, "RELEASES", ("main",)),
-}
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 # SGLang 0.5.23 split --cuda-graph-bs into --cuda-graph-bs-decode / -prefill (the
 # old name is refused as ambiguous by its parser).
@@ -107,6 +101,31 @@ def _common_notes(engine: str, plan: PoolPlan) -> list[str]:
     return notes
 
 
+def layout(plan: PoolPlan, parallel: Parallel | None) -> Parallel:
+    """The launch's parallel layout: `parallel` when given, else the plan's (its
+    spec's tensor-parallel size and pipeline stages)."""
+    if parallel is not None:
+        return parallel
+    return Parallel(tp=plan.spec.tp_size, pp=plan.spec.pp_stage[1] if plan.spec.pp_stage else 1)
+
+
+def _vllm_parallel(par: Parallel, notes: list[str]) -> list[str]:
+    """vLLM's parallel flags: attention data parallelism is `--data-parallel-size`
+    replicas of `--tensor-parallel-size tp / dp` (kvpool's --dp divides --tp, as
+    SGLang's does); expert parallelism spans all of them (`--enable-expert-parallel`:
+    EP size = DP x TP), so an --ep other than --tp is stated in a note."""
+    argv = ["--tensor-parallel-size", str(par.tp // par.dp)]
+    if par.pp > 1:
+        argv += ["--pipeline-parallel-size", str(par.pp)]
+    if par.dp > 1:
+        argv += ["--data-parallel-size", str(par.dp)]
+    if par.ep > 1:
+        argv.append("--enable-expert-parallel")
+        if par.ep != par.tp:
+            notes.append(f"vLLM's expert parallelism spans all {par.tp} ranks (DP x TP), not --ep {par.ep}")
+    return argv
+
+
 def _vllm_dtype(plan: PoolPlan, notes: list[str]) -> str:
     dt = plan.spec.kv_dtype
     if dt == engine_auto_dtype(plan.spec.config):
@@ -117,9 +136,10 @@ def _vllm_dtype(plan: PoolPlan, notes: list[str]) -> str:
     return "auto"
 
 
-def emit_vllm(plan: PoolPlan, model_id: str) -> Emitted:
+def emit_vllm(plan: PoolPlan, model_id: str, parallel: Parallel | None = None) -> Emitted:
     lim, spec = plan.limits, plan.spec
     notes = _common_notes("vLLM", plan)
+    par = layout(plan, parallel)
     tpb = spec.tokens_per_block
     block = tpb if tpb in VLLM_BLOCK_SIZES else 16
     if block != tpb:
@@ -138,12 +158,12 @@ def emit_vllm(plan: PoolPlan, model_id: str) -> Emitted:
         str(lim.max_num_tokens or lim.max_seq_len),
         "--block-size",
         str(block),
-        "--tensor-parallel-size",
-        str(spec.tp_size),
+        *_vllm_parallel(par, notes),
         "--kv-cache-dtype",
         _vllm_dtype(plan, notes),
         "--compilation-config",
         json.dumps({"cudagraph_capture_sizes": list(lim.graph_batch_sizes)}),
+        *(["--mamba-ssm-cache-dtype", spec.ssm_dtype] if spec.ssm_dtype != "auto" else []),
     ]
     report = vllm.allocate(at_max_positions(spec), lim, plan.budget_bytes, block_size=block)
     if len(spec.groups) > 1:
@@ -171,9 +191,24 @@ def _sglang_ratio(full: int, swa: int, page: int) -> str:
     return f"{swa / full:.9f}"
 
 
-def emit_sglang(plan: PoolPlan, model_id: str) -> Emitted:
+def _sglang_parallel(par: Parallel) -> list[str]:
+    """SGLang's parallel flags: `--tp` over all ranks of a stage, `--pp-size`,
+    `--dp` with `--enable-dp-attention` (attention data parallelism inside the TP
+    group, kvpool's --dp), `--ep-size`."""
+    argv = ["--tp", str(par.tp)]
+    if par.pp > 1:
+        argv += ["--pp-size", str(par.pp)]
+    if par.dp > 1:
+        argv += ["--dp", str(par.dp), "--enable-dp-attention"]
+    if par.ep > 1:
+        argv += ["--ep-size", str(par.ep)]
+    return argv
+
+
+def emit_sglang(plan: PoolPlan, model_id: str, parallel: Parallel | None = None) -> Emitted:
     lim, spec = plan.limits, plan.spec
     notes = _common_notes("SGLang", plan)
+    par = layout(plan, parallel)
     tpb = spec.tokens_per_block
     full = [g for g in plan.groups if g.kind == "full"] or [g for g in plan.groups if g.kind != "state"]
     swa = (
@@ -212,8 +247,7 @@ def emit_sglang(plan: PoolPlan, model_id: str) -> Emitted:
         str(lim.max_num_tokens or -1),
         "--page-size",
         str(tpb),
-        "--tp",
-        str(spec.tp_size),
+        *_sglang_parallel(par),
         "--kv-cache-dtype",
         kv,
         SGLANG_GRAPH_FLAG,
@@ -249,9 +283,27 @@ def emit_sglang(plan: PoolPlan, model_id: str) -> Emitted:
     return Emitted("sglang", tuple(argv), None, tuple(notes), report)
 
 
-def emit_trtllm(plan: PoolPlan, model_id: str) -> Emitted:
+def _trtllm_parallel(par: Parallel) -> dict[str, Any]:
+    """The LLM API's parallel fields (`TorchLlmArgs`: tensor_parallel_size,
+    pipeline_parallel_size, moe_expert_parallel_size, enable_attention_dp)."""
+    out: dict[str, Any] = {"tensor_parallel_size": par.tp}
+    if par.pp > 1:
+        out["pipeline_parallel_size"] = par.pp
+    if par.ep > 1:
+        out["moe_expert_parallel_size"] = par.ep
+    if par.dp > 1:
+        out["enable_attention_dp"] = True
+    return out
+
+
+def emit_trtllm(plan: PoolPlan, model_id: str, parallel: Parallel | None = None) -> Emitted:
     lim, spec = plan.limits, plan.spec
     notes = _common_notes("TensorRT-LLM", plan)
+    par = layout(plan, parallel)
+    if par.dp > 1 and par.dp != par.tp:
+        notes.append(
+            f"TensorRT-LLM's attention DP runs one attention rank per GPU (dp = tp {par.tp}), not --dp {par.dp}"
+        )
     dt = spec.kv_dtype
     kv: dict[str, Any] = {
         "max_gpu_total_bytes": plan.budget_bytes,
@@ -263,6 +315,7 @@ def emit_trtllm(plan: PoolPlan, model_id: str) -> Emitted:
     elif plan.policy not in ("reference", "typical_step") and len(plan.groups) > 1:
         kv["pool_ratio"] = {g.name: round(g.share, 6) for g in plan.groups}
     config = {
+        **_trtllm_parallel(par),
         "kv_cache_config": kv,
         "max_batch_size": lim.max_batch_size,
         "max_num_tokens": lim.max_num_tokens or lim.max_seq_len,
@@ -280,17 +333,18 @@ def emit_trtllm(plan: PoolPlan, model_id: str) -> Emitted:
     return Emitted("trtllm", None, config, tuple(notes), report)
 
 
-def emit(engine: str, plan: PoolPlan, model_id: str, tiers: Sequence[TierPlan] = ()) -> Emitted:
-    """The launch for `engine` (vllm, sglang, trtllm) that follows `plan`, with
-    the flags of its cold `tiers` per rank (`plan.tiers`), if any."""
-    if engine not in ENGINES:
-        raise EngineNotModelledError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-    if engine == "vllm":
-        out = emit_vllm(plan, model_id)
-    elif engine == "sglang":
-        out = emit_sglang(plan, model_id)
-    else:
-        out = emit_trtllm(plan, model_id)
+EMITTERS = {"vllm": emit_vllm, "sglang": emit_sglang, "trtllm": emit_trtllm}
+
+
+def emit(
+    engine: str, plan: PoolPlan, model_id: str, tiers: Sequence[TierPlan] = (), parallel: Parallel | None = None
+) -> Emitted:
+    """The launch for `engine` (vllm, sglang, trtllm) that follows `plan` on the
+    `parallel` layout (default: the plan's TP and PP), with the flags of its cold
+    `tiers` per rank (`plan.tiers`), if any."""
+    if engine not in EMITTERS:
+        raise EngineNotModelledError(f"unknown engine {engine!r}; choose one of {', '.join(EMITTERS)}")
+    out = EMITTERS[engine](plan, model_id, parallel)
     return add_tiers(out, plan, tiers) if tiers else out
 
 
@@ -315,7 +369,15 @@ def add_tiers(emitted: Emitted, plan: PoolPlan, tiers: Sequence[TierPlan]) -> Em
             notes.append("vLLM's native offloading has no disk tier (LMCache's max_local_disk_size, per rank, has)")
     elif emitted.engine == "sglang":
         if host is not None:
-            argv += ["--enable-hierarchical-cache", "--hicache-size", str(max(1, host.bytes // 10**9))]
+            size = max(1, host.bytes // 10**9)
+            argv += ["--enable-hierarchical-cache", "--hicache-size", str(size)]
+            if any(p.name == "mamba" for p in emitted.report.pools):
+                pools = sglang_host_pools(emitted.report, size_gb=size)
+                notes.append(
+                    f"SGLang's HiCache shares --hicache-size {size} between its host pools by device bytes: "
+                    f"{pools.kv_tokens:,} KV tokens and {pools.mamba_slots:,} Mamba state slots; a host hit "
+                    "needs its prefix's state checkpoint, so the state slots bound the prefixes kept on host"
+                )
         if disk is not None:
             notes.append(
                 "SGLang HiCache takes no disk size: its third level is a storage backend (--hicache-storage-backend)"
@@ -326,11 +388,6 @@ def add_tiers(emitted: Emitted, plan: PoolPlan, tiers: Sequence[TierPlan]) -> Em
         if disk is not None:
             notes.append("TensorRT-LLM's disk tier (DiskCacheTierConfig) is not among the LLM API options")
     return replace(emitted, argv=tuple(argv) if emitted.argv is not None else None, config=config, notes=tuple(notes))
-
-
-def engine_name(name: str) -> tuple[str, str]:
-    """`vllm` or `vllm@0.32` -> (engine, release); `EngineNotModelledError` for others."""
-    return split_engine_name(name, RELEASES)
 
 
 def at_max_positions(spec: ModelSpec) -> ModelSpec:
@@ -346,27 +403,10 @@ def at_max_positions(spec: ModelSpec) -> ModelSpec:
         tp_size=spec.tp_size,
         pp_size=pp,
         tokens_per_block=spec.tokens_per_block,
+        ssm_dtype=spec.ssm_dtype,
     )
-    return replace(again, name=spec.name, source=spec.source, kv_dtype_note=spec.kv_dtype_note)
-
-
-def engine_report(
-    engine: str, plan: PoolPlan, *, block_size: int | None = None, async_scheduling: bool = True
-) -> EngineReport:
-    """What `engine` (a name or name@release) would allocate by its own defaults
-    from the plan's memory; `block_size` and `async_scheduling` are vLLM's flags."""
-    name, release = engine_name(engine)
-    if name == "sglang":
-        return sglang.allocate(
-            plan.spec, plan.limits, plan.budget_bytes, max_running_requests=plan.limits.max_batch_size
-        )
-    if name == "vllm":
-        return vllm.allocate(
-            at_max_positions(plan.spec),
-            plan.limits,
-            plan.budget_bytes,
-            block_size=block_size,
-            async_scheduling=async_scheduling,
-        )
-    manager = "v1" if release == "v1" else "v2-default"
-    return trtllm.allocate(plan.spec, plan.limits, plan.budget_bytes, manager=manager)
+    # the drafter's groups (spec/drafts.py) come along as they were
+    groups = again.groups + spec.draft_groups
+    return replace(
+        again, name=spec.name, source=spec.source, kv_dtype_note=spec.kv_dtype_note, groups=groups, drafter=spec.drafter
+    )

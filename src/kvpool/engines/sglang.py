@@ -38,7 +38,7 @@ from kvpool.engines.common import (
     Sizing,
     allocate_with,
     member,
-    refuse_compressed,
+    refuse_kinds,
 )
 from kvpool.errors import LimitsError
 from kvpool.plan.limits import ServingLimits
@@ -59,6 +59,8 @@ SOURCES = (
 )
 RELEASE = "0.5.23"
 RELEASES = (RELEASE,)
+# the attention kinds this model sizes (any other is refused by name: engines.common.refuse_kinds)
+KINDS = frozenset({"full", "sliding", "chunked", "state"})
 DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
 # Architectures SGLang 0.5.23 gives a hybrid SWA pool (configs/model_config.py:
 # is_hybrid_swa_model); every other model's sliding layers are sized as full attention.
@@ -169,7 +171,7 @@ class Sglang:
         page_size = self.page_size
         if not self.swa_full_tokens_ratio > 0 or not self.mamba_full_memory_ratio > 0 or page_size < 1:
             raise LimitsError("swa_full_tokens_ratio, mamba_full_memory_ratio and page_size must be positive")
-        refuse_compressed(spec, "SGLang")
+        refuse_kinds(spec, KINDS, "SGLang")
         full, swa, states, notes = pool_layers(spec)
         notes.insert(
             0,

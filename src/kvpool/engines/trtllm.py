@@ -34,7 +34,7 @@ from kvpool.engines.common import (
     Sizing,
     allocate_with,
     member,
-    refuse_compressed,
+    refuse_kinds,
 )
 from kvpool.errors import LimitsError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
@@ -50,6 +50,8 @@ SOURCES = (
 )
 MANAGERS = ("v2-default", "v2-typical", "v2", "v1")
 RELEASES = ("v2", "v1")  # `--engine trtllm` is V2 by its defaults, `trtllm@v1` the old manager
+# the attention kinds V1 and V2 are modelled for (any other is refused by name: engines.common.refuse_kinds)
+KINDS = frozenset({"full", "sliding", "chunked", "state"})
 
 
 def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *, manager: str = "v1") -> EngineReport:
@@ -60,6 +62,7 @@ def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *, ma
         raise LimitsError(f"kv_memory_bytes must be positive, got {kv_memory_bytes}")
     if manager not in MANAGERS:
         raise EngineNotModelledError(f"TensorRT-LLM manager {manager!r}; use one of {', '.join(MANAGERS)}")
+    refuse_kinds(spec, KINDS, "TensorRT-LLM")
     if manager == "v2":
         return _from_plan(plan_pools(spec, limits, kv_memory_bytes=kv_memory_bytes))
     if manager == "v2-default":
@@ -104,7 +107,7 @@ class V1Model:
     def size(self, spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int) -> V1Sizing:
         """The recurrent state first (max_batch_size slots), then each window's
         share of the rest (`calculateWindowSizeToShare`, in float32)."""
-        refuse_compressed(spec, "TensorRT-LLM")
+        refuse_kinds(spec, KINDS, "TensorRT-LLM")
         tpb = spec.tokens_per_block
         notes = [
             f"{spec.name}: max_seq_len {limits.max_seq_len}, tokens_per_block {tpb}, "
@@ -243,5 +246,5 @@ def _v2_default(
     spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, options: trtllm_v2.V2Options = trtllm_v2.DEFAULTS
 ) -> EngineReport:
     """V2 sized by its allocator fallback (or by `options`), run through the EngineModel protocol."""
-    refuse_compressed(spec, "TensorRT-LLM V2")
+    refuse_kinds(spec, KINDS, "TensorRT-LLM V2")
     return allocate_with(trtllm_v2.V2Model(VERSION, SOURCES, options=options), spec, limits, kv_memory_bytes)

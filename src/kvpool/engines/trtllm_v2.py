@@ -59,6 +59,7 @@ Request = tuple[int, int]  # V2's KVCacheDesc: (capacity, history_length)
 Batch = tuple[Request, ...]  # V2's BatchDesc (no shared system prompt)
 FALLBACK_BATCH: Batch = ((FALLBACK_CAPACITY, FALLBACK_HISTORY),)
 MAX_UTIL_FOR_RESUME = 0.95  # KvCacheConfig's default (the core package's own default is 0.97)
+RESERVED_DUMMY_SLOTS = 1  # num_reserved_index_slots: one CUDA-graph padding dummy
 
 
 def float32(value: float) -> float:
@@ -249,13 +250,20 @@ def deepseek_v4_window(role: str, compress_ratio: int, swa_window: int, max_draf
 def quota_from_max_tokens(spec: ModelSpec, options: V2Options) -> int:
     """The generic manager's `_get_quota_from_max_tokens(T)`: `T x full + B x sum_swa
     (ceil(W / tpb) x tpb x size) + min(T, N) x sum_swa(size)` (sizes in bytes per token;
-    a sliding layer costs its window per generating request and one row per context token)."""
+    a sliding layer costs its window per generating request and one row per context token);
+    with state (Mamba) layers, the hybrid Mamba manager's override adds its state slots:
+    `(B + reserved dummy slots) x state bytes per slot` (one per resident request and per
+    padding dummy; prefix-cache snapshot slots are not modelled)."""
     assert options.max_tokens is not None and options.max_num_tokens is not None
     tpb, t = spec.tokens_per_block, options.max_tokens
     full = sum(g.row_bytes for g in spec.groups if g.kind != "state" and life_cycle_window(g) is None)
     swa = [(w, g.row_bytes) for g in spec.groups if g.kind != "state" and (w := life_cycle_window(g))]
     per_request = sum(-(-w // tpb) * tpb * size for w, size in swa)
-    return t * full + options.max_batch_size * per_request + min(t, options.max_num_tokens) * sum(s for _, s in swa)
+    attention = (
+        t * full + options.max_batch_size * per_request + min(t, options.max_num_tokens) * sum(s for _, s in swa)
+    )
+    state = sum(g.state_bytes for g in spec.groups if g.kind == "state")
+    return attention + (options.max_batch_size + RESERVED_DUMMY_SLOTS) * state
 
 
 @dataclass(frozen=True)

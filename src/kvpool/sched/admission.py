@@ -39,8 +39,6 @@ from kvpool.spec import LayerGroup
 from kvpool.spec.pages import decode_worst_case_pages, pages_needed
 
 ADMISSIONS = ("optimistic", "guaranteed", "sglang")
-# The rule each engine policy of the simulator runs (`sim/engine_policies.py`).
-ENGINE_ADMISSION = {"engine:vllm": "optimistic", "engine:sglang": "sglang", "engine:trtllm": "guaranteed"}
 SGLANG_INIT_RATIO = 0.7
 SGLANG_MIN_FACTOR = 0.14
 SGLANG_DECAY_STEPS = 600
@@ -119,11 +117,6 @@ class Admission:
         for g in groups:
             need[cache.pool_of(g.name)] += max(0, _peak(g, cap, extra) - _peak(g, reused, extra))
         return all(n <= cache.free_pages(_member(groups, cache, pool)) for pool, n in need.items())
-
-
-def admission_for(policy: str) -> str:
-    """The admission rule of a plan's policy: its engine's for `engine:*`, else optimistic."""
-    return ENGINE_ADMISSION.get(policy, "optimistic")
 
 
 def _peak(g: LayerGroup, capacity: int, extra: int) -> int:

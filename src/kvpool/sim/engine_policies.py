@@ -25,18 +25,20 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvpool.engines import sglang, trtllm, vllm
+from kvpool.engines import registry
 from kvpool.engines.common import EngineNotModelledError, EngineReport
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.spec import LayerGroup, ModelSpec
 from kvpool.trace import Trace
 
-ENGINE_POLICIES = ("engine:vllm", "engine:sglang", "engine:trtllm")
+ENGINE_POLICIES = registry.POLICIES
 SHARED_POOL = "vllm-shared"  # name of the simulated shared block pool
 
 
-def vllm_shared_plan(spec: ModelSpec, limits: ServingLimits, report: EngineReport) -> PoolPlan:
+def vllm_shared_plan(
+    spec: ModelSpec, limits: ServingLimits, report: EngineReport, policy: str = "engine:vllm"
+) -> PoolPlan:
     """vLLM's shared block pool as a `PoolPlan` over a regrouped spec: one group
     per KV-cache group (state: per state block; a group whose block covers fewer
     tokens than the largest repeated to make up the unit), all drawing from one
@@ -70,7 +72,7 @@ def vllm_shared_plan(spec: ModelSpec, limits: ServingLimits, report: EngineRepor
     regrouped = dataclasses.replace(spec, groups=tuple(groups), tokens_per_block=unit_tokens)
     # vLLM's block pool holds one null block back: requests draw from the rest.
     pages = int(report.reported.get("usable_blocks", pool.pages)) * (widest // unit_tokens)
-    return PoolPlan.from_shared_pool(regrouped, pages, limits, name=SHARED_POOL, policy="engine:vllm", origin=origin)
+    return PoolPlan.from_shared_pool(regrouped, pages, limits, name=SHARED_POOL, policy=policy, origin=origin)
 
 
 def _origin(spec: ModelSpec, member: str) -> str:
@@ -86,37 +88,37 @@ def engine_plan(
 ) -> tuple[PoolPlan, tuple[str, ...]]:
     """The plan `engine:NAME` simulates, and notes on how it was made. Raises
     KvpoolError when the engine would refuse to start."""
-    engine = policy.removeprefix("engine:")
+    engine = registry.of_policy(policy)
+    if engine is None:
+        raise KvpoolError(f"unknown policy {policy!r}; engine policies: {', '.join(ENGINE_POLICIES)}")
     lim = dataclasses.replace(limits, avg_seq_len=None)
-    if engine == "vllm":
-        report = vllm.allocate(spec, lim, kv_memory_bytes, block_size=spec.tokens_per_block)
-        _refuse(policy, report)
-        plan = vllm_shared_plan(spec, lim, report)
+    report = engine.split(spec, lim, kv_memory_bytes)
+    _refuse(policy, report)
+    if engine.shared_pool:  # one block pool for every KV cache group (vLLM)
+        plan = vllm_shared_plan(spec, lim, report, policy)
         padding = int(report.reported["padding_layers"])
         note = (
-            f"engine:vllm: one shared pool of {report.reported['num_gpu_blocks']:,} blocks "
+            f"{policy}: one shared pool of {report.reported['num_gpu_blocks']:,} blocks "
             f"({plan.shared[0].pages:,} pages of {plan.spec.tokens_per_block} tokens) for "
             f"{report.reported['kv_cache_groups']} KV-cache groups of {report.reported['tensors']} layers"
             + (f", {padding} of them padding" if padding else "")
             + f"; {report.lines[0]}"
+            + (
+                f"; the drafter's layers ({', '.join(g.name for g in spec.draft_groups)}) are in the KV-cache groups "
+                "of the target's layers of their spec, counted there"
+                if spec.draft_groups
+                else ""
+            )
         )
         return plan, (note,)
-    if engine == "sglang":
-        report = sglang.allocate(spec, lim, kv_memory_bytes, max_running_requests=lim.max_batch_size)
-    elif engine == "trtllm":
-        report = trtllm.allocate(spec, lim, kv_memory_bytes, manager="v2-default")
-        _refuse(policy, report)
-        if report.group_pages is None:  # V2 merged life cycles of equal slot size into one pool group
-            if len(report.pools) != 1:
-                raise EngineNotModelledError(
-                    f"{policy}: V2 pool groups {[p.name for p in report.pools]} share slots among some "
-                    "groups only; kvpool simulates one shared pool or one pool per group"
-                )
-            shared = PoolPlan.from_shared_pool(spec, report.pools[0].pages, lim, name=SHARED_POOL, policy=policy)
-            return shared, (f"{policy}: one V2 pool group, {report.lines[0]}",)
-    else:
-        raise KvpoolError(f"unknown policy {policy!r}; engine policies: {', '.join(ENGINE_POLICIES)}")
-    _refuse(policy, report)
+    if report.group_pages is None:  # pools shared by several groups (V2's equal-slot life cycles)
+        if len(report.pools) != 1:
+            raise EngineNotModelledError(
+                f"{policy}: pool groups {[p.name for p in report.pools]} share slots among some "
+                "groups only; kvpool simulates one shared pool or one pool per group"
+            )
+        shared = PoolPlan.from_shared_pool(spec, report.pools[0].pages, lim, name=SHARED_POOL, policy=policy)
+        return shared, (f"{policy}: one pool group, {report.lines[0]}",)
     assert report.group_pages is not None
     plan = PoolPlan.from_pages(spec, dict(report.group_pages), lim, policy=policy)
     note = f"{policy}: {', '.join(report.lines[:2])}"

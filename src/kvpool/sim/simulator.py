@@ -19,10 +19,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from kvpool.cache import KVCacheManager, TierSpec, WarmupReport
+from kvpool.engines.registry import admission_of
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
 from kvpool.sched import Scheduler, Sequence, Step, advance_decodes, decode_run_limit, session
-from kvpool.sched.admission import Admission, admission_for
+from kvpool.sched.admission import Admission
 from kvpool.sim.metrics import GroupUsage, SimResult
 from kvpool.sim.requests import OUTPUT_TOKEN, make_sequence
 from kvpool.sim.steptime import StepTimeModel
@@ -290,7 +291,7 @@ def _setup(
     """`simulate`'s own session: manager, scheduler (suspending victims with
     `preemption="suspend"`), warmup report and reported groups; the tiers'
     copies when there are tiers."""
-    rule = admission or admission_for(plan.policy)
+    rule = admission or admission_of(plan.policy)
     manager, sched, report = session(plan, enable_reuse=reuse, padding=padding, admission=rule, tiers=tiers)
     assert report is not None  # warmup ran
     groups, totals, used = reported_groups(plan, manager)

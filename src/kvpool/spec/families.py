@@ -39,6 +39,9 @@ class Context:
     kv_dtype: str
     tp_size: int
     max_seq_len: int | None
+    # the recurrent (SSM) state's dtype: None = the family's default (the served
+    # dtype; Nemotron-H's config field); vLLM's --mamba-ssm-cache-dtype
+    ssm_dtype: str | None = None
 
 
 def need(config: Config, key: str) -> Any:

@@ -22,7 +22,10 @@ class LayerGroup:
     for `full`/`sliding`/`chunked`, one compressed row (covering `ratio`
     positions) for `compressed`. A page covers `tokens_per_block` positions.
     `state` groups hold `state_bytes` per request and no pages of positions.
-    `window` is the sliding window W or the chunk size C.
+    `window` is the sliding window W or the chunk size C. `draft` marks the
+    layers of a speculative drafter (a draft model, an EAGLE head, the model's
+    own MTP layers): their own group and pool, paged like the target's
+    (spec/drafts.py).
     """
 
     name: str
@@ -33,6 +36,7 @@ class LayerGroup:
     state_bytes: int = 0
     window: int | None = None
     ratio: int | None = None
+    draft: bool = False
     # the kind's rule, looked up once: the page arithmetic asks it on every resize
     rule: KindRule = field(init=False, repr=False, compare=False)
 
@@ -69,6 +73,17 @@ class LayerGroup:
 
 
 @dataclass(frozen=True)
+class Drafter:
+    """Who drafts for speculative decoding, when the spec holds a drafter's layers:
+    `method` as vLLM names it (`draft_model`, `eagle`, `eagle3`, `mtp`), the model
+    it came from, and its layers (the groups flagged `draft`)."""
+
+    method: str
+    source: str
+    num_layers: int
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A model's KV layout at one dtype, tensor-parallel size and page size."""
 
@@ -88,6 +103,10 @@ class ModelSpec:
     source: ModelSource | None = field(default=None, compare=False)
     # (stage index, pp size) when the spec is one pipeline stage's layers (spec/stages.py)
     pp_stage: tuple[int, int] | None = None
+    # the speculative drafter whose layers the `draft` groups hold (spec/drafts.py), if any
+    drafter: Drafter | None = None
+    # the Mamba SSM state's dtype as asked (vLLM's --mamba-ssm-cache-dtype; auto: the family's)
+    ssm_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         names = [g.name for g in self.groups]
@@ -95,6 +114,23 @@ class ModelSpec:
             raise SpecError(f"duplicate group names in {names}")
         if not self.groups:
             raise SpecError(f"model {self.name} keeps no KV state")
+        # one page size for the whole model: prefix reuse hashes one page of positions for every group
+        other = [f"{g.name} ({g.tokens_per_block})" for g in self.groups if g.tokens_per_block != self.tokens_per_block]
+        if other:
+            raise SpecError(
+                f"model {self.name}: groups {', '.join(other)} disagree with the model's {self.tokens_per_block} "
+                "tokens per page; every group must use the spec's tokens_per_block"
+            )
+
+    @property
+    def target_groups(self) -> tuple[LayerGroup, ...]:
+        """The groups of the served model itself (no drafter's)."""
+        return tuple(g for g in self.groups if not g.draft)
+
+    @property
+    def draft_groups(self) -> tuple[LayerGroup, ...]:
+        """The speculative drafter's groups (empty without one)."""
+        return tuple(g for g in self.groups if g.draft)
 
     def group(self, name: str) -> LayerGroup:
         for g in self.groups:

@@ -23,6 +23,8 @@ from kvpool.spec.validate import check_text_config, validate_config
 from kvpool.units import is_positive_int
 
 DEFAULT_TOKENS_PER_BLOCK = 32
+# vLLM's --mamba-ssm-cache-dtype values (MambaDType) -> kvpool's dtype names; auto: the family's default
+SSM_DTYPES: dict[str, str | None] = {"auto": None, "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 # DeepSeek-V4 keeps ratio-128 compressed rows, so its pages must cover 128 positions.
 FAMILY_TOKENS_PER_BLOCK = {"deepseek_v4": 128}
 
@@ -142,6 +144,7 @@ def load_model_spec(
     pp_size: int = 1,
     tokens_per_block: int | None = None,
     max_seq_len: int | None = None,
+    ssm_dtype: str = "auto",
 ) -> ModelSpec:
     """The KV layout of a model.
 
@@ -155,7 +158,9 @@ def load_model_spec(
     parallelism (`pp_size`) it holds the layers of the stage that needs the most KV bytes (`pp_stage`). `tokens_per_block`
     defaults to 32 (128 for DeepSeek-V4). A sliding window of at least
     `max_seq_len` (default: the config's `max_position_embeddings`) is full
-    attention. Raises `SpecError` (a `KvpoolError`) on anything it cannot read,
+    attention. `ssm_dtype` keeps the recurrent state's SSM part of Mamba layers in
+    that dtype (`auto`: the family's default; vLLM's --mamba-ssm-cache-dtype).
+    Raises `SpecError` (a `KvpoolError`) on anything it cannot read,
     and on a `tp_size` that does not divide the attention heads (`check_tp_divides_heads`).
     """
     _check_sizes(tp_size, pp_size, tokens_per_block, max_seq_len)
@@ -170,6 +175,7 @@ def load_model_spec(
         pp_size=pp_size,
         tokens_per_block=tokens_per_block,
         max_seq_len=max_seq_len,
+        ssm_dtype=ssm_dtype,
     )
 
 
@@ -181,6 +187,7 @@ def spec_from_read(
     pp_size: int = 1,
     tokens_per_block: int | None = None,
     max_seq_len: int | None = None,
+    ssm_dtype: str = "auto",
 ) -> ModelSpec:
     """`load_model_spec` on what `read_model_config` returned, so that a caller who
     needs the raw config first (the CLI's max_seq_len default) reads it once."""
@@ -194,7 +201,9 @@ def spec_from_read(
     tpb = tokens_per_block or FAMILY_TOKENS_PER_BLOCK.get(family, DEFAULT_TOKENS_PER_BLOCK)
     dtype, dtype_note = resolve_kv_dtype_noted(kv_dtype, config)
     max_pos = config.get("max_position_embeddings")
-    ctx = Context(kv_dtype=dtype, tp_size=tp_size, max_seq_len=max_seq_len or max_pos)
+    if ssm_dtype not in SSM_DTYPES:
+        raise SpecError(f"ssm_dtype {ssm_dtype!r}: use one of {', '.join(SSM_DTYPES)}")
+    ctx = Context(kv_dtype=dtype, tp_size=tp_size, max_seq_len=max_seq_len or max_pos, ssm_dtype=SSM_DTYPES[ssm_dtype])
     try:
         caches = rule(config, ctx)
         num_layers = int(config.get("num_hidden_layers") or 0)
@@ -219,4 +228,5 @@ def spec_from_read(
         kv_dtype_note=dtype_note,
         source=origin,
         pp_stage=stage,
+        ssm_dtype=ssm_dtype,
     )

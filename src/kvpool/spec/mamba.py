@@ -9,7 +9,10 @@ quantise them with the KV dtype) and split over tensor-parallel ranks with the i
     d_inner = mamba_expand x hidden_size
 
 (vLLM's Mamba-1 state shapes; transformers' own cache keeps d_conv conv columns,
-one more than an engine needs.)
+one more than an engine needs.) The SSM part is kept in `Context.ssm_dtype` when
+given (vLLM's `--mamba-ssm-cache-dtype`, e.g. float32 as Jamba's and Falcon-H1's
+model cards recommend), else in the served dtype (vLLM's `auto`; Nemotron-H: its
+config's `mamba_ssm_cache_dtype`, float32 by default).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def mamba1_state_bytes(config: Config, ctx: Context) -> int:
     per_rank = -(-d_inner // ctx.tp_size)
     conv = per_rank * (int(config["mamba_d_conv"]) - 1)
     ssm = per_rank * int(config["mamba_d_state"])
-    return row_bytes(conv + ssm, served_dtype(config))
+    return row_bytes(conv, served_dtype(config)) + row_bytes(ssm, ctx.ssm_dtype or served_dtype(config))
 
 
 def jamba(config: Config, ctx: Context) -> list[LayerCache]:
@@ -71,7 +74,7 @@ def mamba2_state_bytes(config: Config, ctx: Context, prefix: str = "mamba_") -> 
     groups = split_heads(int(need(config, f"{prefix}n_groups")), ctx.tp_size)
     p, n = int(need(config, f"{prefix}d_head")), int(need(config, f"{prefix}d_state"))
     conv = (heads * p + 2 * groups * n) * (int(need(config, f"{prefix}d_conv")) - 1)
-    return row_bytes(conv + heads * p * n, served_dtype(config))
+    return row_bytes(conv, served_dtype(config)) + row_bytes(heads * p * n, ctx.ssm_dtype or served_dtype(config))
 
 
 def granite_hybrid(config: Config, ctx: Context) -> list[LayerCache]:
@@ -115,7 +118,7 @@ def nemotron_h(config: Config, ctx: Context) -> list[LayerCache]:
     groups = split_heads(int(need(config, "n_groups")), ctx.tp_size)
     p, s = int(need(config, "mamba_head_dim")), int(need(config, "ssm_state_size"))
     conv = row_bytes((heads * p + 2 * groups * s) * (int(need(config, "conv_kernel")) - 1), served_dtype(config))
-    ssm_dtype = model_dtype({"torch_dtype": config.get("mamba_ssm_cache_dtype", "float32")})
+    ssm_dtype = ctx.ssm_dtype or model_dtype({"torch_dtype": config.get("mamba_ssm_cache_dtype", "float32")})
     state = conv + row_bytes(heads * p * s, ssm_dtype)
     kv = attention_kv(kv_heads(config), head_dim(config), ctx)
     out = []
