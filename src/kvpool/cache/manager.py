@@ -13,7 +13,6 @@ none (docs/design.md, rule 6).
 
 from __future__ import annotations
 
-import contextlib
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -45,40 +44,30 @@ from kvpool.cache.events import (
     expand,
 )
 from kvpool.cache.hashing import salt_seed
-from kvpool.cache.pool import check_pages
 from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Dummies, Resize
-from kvpool.cache.rollback import Books
+from kvpool.cache.rollback import attach_prefix_or_undo
 from kvpool.cache.shared_pool import build_pools
 from kvpool.cache.suspension import Suspension
 from kvpool.cache.tables import STALE, PageTables
-from kvpool.cache.tiers import TierCopies, TierSpec, checked_copies, checked_max_util, checked_specs, tiers_below
+from kvpool.cache.tiers import (
+    TierCopies,
+    TierSpec,
+    checked_copies,
+    checked_max_util,
+    checked_slots,
+    checked_specs,
+    tiers_below,
+)
 from kvpool.plan import capture
 from kvpool.plan.capture import WarmupReport
 from kvpool.plan.result import PoolPlan
-from kvpool.plan.tiers import tier_pages
 from kvpool.spec.kinds import NEVER
-from kvpool.units import format_bytes
 
 __all__ = ["STALE", "KVCacheManager"]
 
 EVENT_BUFFER = 1 << 16  # event records (runs of pages) kept until `take_events`; older ones are dropped
-
-
-def _books(plan: PoolPlan, tiers: Sequence[TierSpec]) -> list[list[int]]:
-    """The slots per group of each cold tier (the GPU plan's proportions), after
-    checking that no pool or tier holds more pages than the books can keep
-    (`pool.check_pages`): refused by name before anything is allocated."""
-    for g in plan.groups:
-        check_pages(g.pages, f"pool {g.name!r}")
-    if tiers and plan.shared:
-        raise CacheUsageError("cold tiers with a shared pool are not supported")
-    slots = [list(tier_pages(plan, t.bytes).values()) for t in tiers]
-    for t, counts in zip(tiers, slots, strict=True):
-        for g, n in zip(plan.groups, counts, strict=True):
-            check_pages(n, f"the {t.medium} tier ({format_bytes(t.bytes)}) for group {g.name!r}")
-    return slots
 
 
 class KVCacheManager:
@@ -116,7 +105,7 @@ class KVCacheManager:
         max_util_for_resume: float = 0.95,
     ) -> None:
         tiers = checked_specs(tiers)
-        tier_slots = _books(plan, tiers)
+        tier_slots = checked_slots(plan, tiers)
         max_util_for_resume = checked_max_util(max_util_for_resume)
         self.plan = plan
         self.spec = plan.spec
@@ -177,22 +166,12 @@ class KVCacheManager:
         if ids is None:
             return 0
         req.tokens = ids
-        saved: list[Books] = []  # the books before a prefix hit is copied in from a cold tier
-        with contextlib.ExitStack() as watch:
-
-            def save() -> None:
-                saved.append(Books(self.tables, self.tier, req, self.events))
-                watch.enter_context(saved[0].watching())
-
-            try:
-                hit = prefix.attach_prefix(self.tables, req, self._prompts, self.tier, save)
-            except BaseException:
-                if saved:  # a copy raised: the books as before the call, the request unregistered
-                    watch.close()
-                    saved[0].restore()
-                    self.tables.free_slots.append(req.slot)
-                    self.requests.remove(rid)
-                raise
+        try:
+            hit = attach_prefix_or_undo(self.tables, req, self._prompts, self.tier, self.events)
+        except BaseException:
+            if req.slot in self.tables.free_slots:  # undone: a copy from a cold tier raised
+                self.requests.remove(rid)
+            raise
         req.lookup = (len(ids), hit)
         self.requests.pending_lookups += 1
         return hit

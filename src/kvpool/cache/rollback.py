@@ -18,13 +18,16 @@ when an engine's copies are set and the hit needs a page from a cold tier.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from kvpool.cache import prefix
 from kvpool.cache.events import EventRecord
 from kvpool.cache.pool import PagePool
+from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request
 from kvpool.cache.tables import STALE, PageTables
 from kvpool.cache.tiers import ColdTier, Medium, TierCopies
@@ -121,3 +124,26 @@ def _pool_state(pool: PagePool) -> tuple[list[list[Any]], dict[int, int], int, i
 
 def _tier_state(level: ColdTier) -> tuple[list[OrderedDict[int, int]], list[list[int]], list[int]]:
     return [OrderedDict(h) for h in level.held], [list(f) for f in level.free], list(level.pinned)
+
+
+def attach_prefix_or_undo(
+    tables: PageTables, req: Request, memo: PromptMemo, tier: ColdTier | None, events: deque[EventRecord]
+) -> int:
+    """`prefix.attach_prefix` for fresh `req`; when a copy from a cold tier raises,
+    the books as they were before it (`Books.restore`), `req`'s row given back to
+    the free rows (the caller forgets the request), and the exception re-raised."""
+    saved: list[Books] = []
+    with contextlib.ExitStack() as watch:
+
+        def save() -> None:  # called by the hit before anything changes, when a page comes from a tier
+            saved.append(Books(tables, tier, req, events))
+            watch.enter_context(saved[0].watching())
+
+        try:
+            return prefix.attach_prefix(tables, req, memo, tier, save)
+        except BaseException:
+            if saved:
+                watch.close()
+                saved[0].restore()
+                tables.free_slots.append(req.slot)
+            raise

@@ -29,7 +29,10 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from kvpool.cache.events import CacheUsageError, EventRecord
-from kvpool.cache.pool import PagePool
+from kvpool.cache.pool import PagePool, check_pages
+from kvpool.plan.result import PoolPlan
+from kvpool.plan.tiers import tier_pages
+from kvpool.units import format_bytes
 
 Medium = Literal["CPU", "DISK"]
 
@@ -99,6 +102,21 @@ def checked_copies(copies: object) -> TierCopies:
     if missing:
         raise CacheUsageError(f"tier copies need methods to_tier, to_gpu and between; {copies!r:.60} lacks {missing}")
     return copies  # type: ignore[return-value]  # checked structurally above
+
+
+def checked_slots(plan: PoolPlan, tiers: Sequence[TierSpec]) -> list[list[int]]:
+    """The slots per group of each cold tier (the GPU plan's proportions), after
+    checking that no pool or tier holds more pages than the books can keep
+    (`pool.check_pages`): refused by name before anything is allocated."""
+    for g in plan.groups:
+        check_pages(g.pages, f"pool {g.name!r}")
+    if tiers and plan.shared:
+        raise CacheUsageError("cold tiers with a shared pool are not supported")
+    slots = [list(tier_pages(plan, t.bytes).values()) for t in tiers]
+    for t, counts in zip(tiers, slots, strict=True):
+        for g, n in zip(plan.groups, counts, strict=True):
+            check_pages(n, f"the {t.medium} tier ({format_bytes(t.bytes)}) for group {g.name!r}")
+    return slots
 
 
 class ColdTier:
