@@ -48,14 +48,23 @@ def hybrid_spec(tpb: int = 16, window: int = 40) -> ModelSpec:
 
 
 def manager(
-    spec: ModelSpec, pages: dict[str, int], *, reuse: bool = True, snapshots: bool = True, **limits: Any
+    spec: ModelSpec,
+    pages: dict[str, int],
+    *,
+    reuse: bool = True,
+    snapshots: bool = True,
+    events: bool = True,
+    **limits: Any,
 ) -> KVCacheManager:
     """A manager over hand-sized pools (every group of `spec` must be named);
     state snapshots on unless `snapshots=False`."""
     limits.setdefault("max_batch_size", 8)
     limits.setdefault("max_seq_len", 4096)
     return KVCacheManager(
-        PoolPlan.from_pages(spec, pages, ServingLimits(**limits)), enable_reuse=reuse, state_snapshots=snapshots
+        PoolPlan.from_pages(spec, pages, ServingLimits(**limits)),
+        enable_reuse=reuse,
+        state_snapshots=snapshots,
+        events=events,
     )
 
 

@@ -1,7 +1,9 @@
 """What a live request holds: not its prompt. A request keeps the token ids
 past its digested pages only (`Request.base`, cache/request.py), so a server
 admitting many long prompts does not hold each one a second time (and does
-not fault in fresh memory for each copy); commits after that are unchanged."""
+not fault in fresh memory for each copy); commits after that are unchanged.
+With events recorded, whose stored events name every page's ids, a request
+keeps its ids (one int64 copy)."""
 
 from __future__ import annotations
 
@@ -16,24 +18,50 @@ PROMPT = 4096 + 7  # tokens: 256 whole pages and a partial one
 REQUESTS = 16
 
 
-def held_per_request(prompts: list[list[int]]) -> float:
-    """Bytes the manager's allocations grow by per admitted request."""
-    m = manager(full_spec(TPB), {"full": REQUESTS * (PROMPT // TPB + 2)}, max_batch_size=REQUESTS, max_seq_len=8192)
+def held_per_request(prompts: list[list[int]], *, events: bool = False, commit: bool = False) -> float:
+    """Bytes the manager's allocations grow by per admitted request (prompt
+    computed, and committed with `commit`; the events taken)."""
+    m = manager(
+        full_spec(TPB),
+        {"full": REQUESTS * (PROMPT // TPB + 2)},
+        events=events,
+        max_batch_size=REQUESTS,
+        max_seq_len=8192,
+    )
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     for rid, prompt in enumerate(prompts):
         assert m.resize(rid, PROMPT, m.create(rid, prompt))
+        if commit:
+            assert m.resize(rid, PROMPT, PROMPT)
+            m.commit(rid, PROMPT)
+        m.take_events()
     grown = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     return grown / len(prompts)
 
 
+PROMPTS = [[rid * 100_000 + i for i in range(PROMPT)] for rid in range(REQUESTS)]
+# an int64 copy of a prompt is 8 bytes a token; what a request must hold is its 256 digests
+# (a list of Python ints, ~40 bytes each) and a page of ids
+COPY = 8 * PROMPT
+
+
 def test_live_requests_do_not_hold_their_prompts() -> None:
-    prompts = [[rid * 100_000 + i for i in range(PROMPT)] for rid in range(REQUESTS)]
-    # an int64 copy of a prompt is 8 bytes a token; what a request must hold is its 256 digests
-    # (a list of Python ints, ~40 bytes each) and a page of ids
-    copy = 8 * PROMPT
-    assert held_per_request(prompts) < copy * 0.75
+    assert held_per_request(PROMPTS) < COPY * 0.75
+
+
+def test_with_events_a_request_holds_its_ids_and_every_stored_event_names_them() -> None:
+    # the ids are what routers key on: a request keeps them while events are recorded (as vLLM's
+    # request keeps all_token_ids), and nothing more than one int64 copy
+    with_events = held_per_request(PROMPTS, events=True)
+    assert COPY * 0.9 < with_events - held_per_request(PROMPTS) < COPY * 1.25
+    m = manager(full_spec(TPB), {"full": PROMPT // TPB + 2}, max_seq_len=8192)
+    m.create(0, PROMPTS[0])
+    assert m.resize(0, PROMPT, PROMPT)
+    m.commit(0, PROMPT)
+    stored = [e for e in m.take_events() if e.kind == "stored"]
+    assert [i for e in stored for i in e.token_ids] == PROMPTS[0][: PROMPT // TPB * TPB]
 
 
 def test_commits_after_the_prompt_hash_every_token() -> None:

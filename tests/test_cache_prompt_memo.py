@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from cache_helpers import full_spec, manager, observed, twin_spec
 from kvpool.cache import hashing
 from kvpool.cache.checks import check_tokens
-from kvpool.cache.hashing import extend_hashes, salt_seed
+from kvpool.cache.hashing import Chain, extend_hashes, salt_seed
 from kvpool.cache.pool import PagePool
 from kvpool.cache.prompt_memo import KnownPages, PromptMemo
 
@@ -34,10 +34,16 @@ class ScratchMemo(PromptMemo):
     """A memo that remembers nothing: every digest from scratch, every page looked up."""
 
     def digests(
-        self, ids: array[int], tokens_per_block: int, seed: int, num_blocks: int, pools: list[PagePool]
+        self,
+        ids: array[int],
+        tokens_per_block: int,
+        seed: int,
+        num_blocks: int,
+        pools: list[PagePool],
+        chain: Chain | None = None,
     ) -> tuple[list[int], dict[int, KnownPages]]:
         out: list[int] = []
-        extend_hashes(out, ids, tokens_per_block, seed, num_blocks)
+        extend_hashes(out, ids, tokens_per_block, seed, num_blocks, chain)
         return out, {}
 
 

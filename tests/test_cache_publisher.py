@@ -18,17 +18,19 @@ msgspec = pytest.importorskip("msgspec")
 
 from cache_helpers import full_spec, hybrid_spec, manager  # noqa: E402
 from kvpool.cache import KVCacheManager  # noqa: E402
-from kvpool.cache.events import as_signed  # noqa: E402
+from kvpool.cache.events import MASK64  # noqa: E402
 from kvpool.cache.publisher import END_SEQ, EventPublisherError, KVEventPublisher  # noqa: E402
 
 TPB = 16
 
 
 def vllm_types(array_like: bool) -> tuple[Any, Any, Any, Any]:
-    """vLLM's structs (vllm/distributed/kv_events.py at commit 0181ea3173e5:
-    map encoding; with `array_like=True` the encoding before vLLM PR #42892)."""
+    """vLLM's structs as vllm/distributed/kv_events.py of the 0.33.0 wheel
+    defines them (the batch always `array_like`; events maps, or with
+    `array_like=True` arrays, the encoding before vLLM PR #42892). The side
+    venv test (test_kv_events_vllm.py) decodes with vLLM's own classes."""
 
-    class EventBatch(msgspec.Struct, array_like=array_like, omit_defaults=True, gc=False):
+    class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
         ts: float
         events: list[Any]
         data_parallel_rank: int | None = None
@@ -48,11 +50,17 @@ def vllm_types(array_like: bool) -> tuple[Any, Any, Any, Any]:
         group_idx: int | None = None
         kv_cache_spec_kind: str | None = None
         kv_cache_spec_sliding_window: int | None = None
+        locality: str | None = None
+        ownership: str | None = None
+        session_id: str | None = None
+        lookahead_token_ids: list[list[int]] | None = None
 
     class BlockRemoved(KVCacheEvent):
         block_hashes: list[int]
         medium: str | None
         group_idx: int | None = None
+        locality: str | None = None
+        ownership: str | None = None
 
     class AllBlocksCleared(KVCacheEvent):
         pass
@@ -152,7 +160,8 @@ def test_subscriber_rebuilds_the_cached_pages(wire: str, hybrid: bool) -> None:
             got = receive(sub, pub.next_seq - 1)
             assert all(topic == b"kv@test" for topic, _, _ in got)
             assert [s for _, s, _ in got] == list(range(got[0][1], pub.next_seq))
-            expected = {i: set(map(as_signed, pool.cached)) for i, pool in enumerate(m.pools) if pool.cached}
+            # vLLM's external hashes: the digests' low 64 bits, unsigned
+            expected = {i: {h & MASK64 for h in pool.cached} for i, pool in enumerate(m.pools) if pool.cached}
             assert sum(map(len, expected.values())) > 0
             assert rebuild([p for _, _, p in got], decoder, types) == expected
 
@@ -208,22 +217,23 @@ def test_wire_fields_follow_vllm() -> None:
         finally:
             sub.close(linger=0)
         raw = msgspec.msgpack.decode(payload)
-        if wire == "map":
-            assert set(raw) == {"ts", "events", "data_parallel_rank"}
-            assert raw["events"][0]["type"] == "BlockStored"
-        else:
-            assert len(raw) == 3 and raw[2] == 2 and raw[1][0][0] == "BlockStored"
+        assert len(raw) == 3 and raw[2] == 2  # the batch: an array in both encodings
+        assert raw[1][0]["type" if wire == "map" else 0] == "BlockStored"
         batch = msgspec.msgpack.Decoder(types[0]).decode(payload)
         assert batch.data_parallel_rank == 2 and abs(batch.ts - time.time()) < 60
         by_group = {e.group_idx: e for e in batch.events}
         full = by_group[0]
-        assert full.block_hashes == [e.block_hash for e in events if e.group == "full"]
+        assert full.block_hashes == [e.block_hash & MASK64 for e in events if e.group == "full"]
         assert len(full.block_hashes) == 3 and full.parent_block_hash is None
-        assert (full.token_ids, full.block_size, full.medium, full.lora_id) == ([], TPB, "GPU", None)
+        assert (full.token_ids, full.block_size, full.medium, full.lora_id) == (prompt, TPB, "GPU", None)
         assert (full.kv_cache_spec_kind, full.kv_cache_spec_sliding_window) == ("full_attention", None)
+        assert (full.lora_name, full.extra_keys) == (None, None)
         assert by_group[1].kv_cache_spec_kind == "sliding_window"
         assert by_group[1].kv_cache_spec_sliding_window == 40
-        assert (by_group[2].kv_cache_spec_kind, by_group[2].block_size) == ("mamba", 48)
+        # the snapshot after 3 pages: keyed like page 2, named by page 2's ids
+        state = by_group[2]
+        assert (state.kv_cache_spec_kind, state.block_size, state.token_ids) == ("mamba", TPB, prompt[32:])
+        assert (state.block_hashes, state.parent_block_hash) == (full.block_hashes[2:], full.block_hashes[1])
 
 
 def test_bad_setup_is_a_typed_error() -> None:
@@ -317,10 +327,10 @@ def frames_during(command: Any) -> list[list[bytes]]:
     return frames
 
 
-def check_stream(frames: list[list[bytes]], kinds: set[tuple[int, str]], least: int) -> None:
+def check_stream(frames: list[list[bytes]], kinds: set[tuple[int, str]], least: int, array_like: bool = False) -> None:
     """Every batch decodes with vLLM's structs, sequence numbers rise by one,
     the stores name exactly `kinds` (group_idx, kv_cache_spec_kind)."""
-    types = vllm_types(array_like=False)
+    types = vllm_types(array_like=array_like)
     decoder = msgspec.msgpack.Decoder(types[0])
     seqs = [int.from_bytes(seq, "big") for _, seq, _ in frames]
     assert len(seqs) >= least and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
@@ -377,10 +387,13 @@ def test_generate_publishes_kv_events(cli) -> None:  # type: ignore[no-untyped-d
             "4",
             "--kv-events",
             endpoint,
+            "--kv-events-wire",
+            "array",
         )
         assert code == 0, err
 
-    check_stream(frames_during(command), {(0, "full_attention")}, least=1)
+    # decode pages are published the step they fill: 2 x 40 generated tokens fill pages while running
+    check_stream(frames_during(command), {(0, "full_attention")}, least=10, array_like=True)
 
 
 def test_kv_events_replay_needs_an_endpoint(cli) -> None:  # type: ignore[no-untyped-def]

@@ -23,6 +23,8 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeAlias
 
 from kvpool.cache.events import CacheUsageError
 
@@ -93,7 +95,28 @@ except ImportError:
     DIGEST = "blake2b"
 
 
-def salt_seed(salt: str | bytes | int | None) -> int:
+@dataclass(frozen=True)
+class ReuseScope:
+    """A reuse scope with the names routers key on: `salt` (a tenant's cache
+    salt; events publish it in block 0's `extra_keys`, as vLLM does its
+    `cache_salt`) and `lora` (a LoRA adapter's name; events publish it as
+    `lora_name` and first in every block's `extra_keys`). Pass it as `salt`.
+    Without a LoRA name it is the plain salt: the same scope as `salt` itself."""
+
+    salt: str | None = None
+    lora: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("salt", "lora"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise CacheUsageError(f"ReuseScope.{name} must be a str or None, not {type(value).__name__}")
+
+
+Salt: TypeAlias = str | bytes | int | ReuseScope | None
+
+
+def salt_seed(salt: Salt) -> int:
     """The chain's seed for a salt (a LoRA id, a tenant key, ...).
 
     The seed is a BLAKE2b digest of the salt's exact bytes behind a type tag,
@@ -101,15 +124,35 @@ def salt_seed(salt: str | bytes | int | None) -> int:
     `1`, `"1"` and `b"1"` differ, and so do integers that Python's `hash()`
     maps alike (-1 and -2, or n and n + 2**61 - 1). Raises `CacheUsageError`
     for any other type of salt."""
-    if salt is None:
+    plain = salt.salt if isinstance(salt, ReuseScope) and salt.lora is None else salt
+    if plain is None:
         return ROOT_HASH
     return int.from_bytes(
-        hashlib.blake2b(_salt_bytes(salt), digest_size=8, person=b"kvpool-salt").digest(), "little", signed=True
+        hashlib.blake2b(_salt_bytes(plain), digest_size=8, person=b"kvpool-salt").digest(), "little", signed=True
     )
+
+
+def published_scope(salt: object) -> tuple[str | None, str | None]:
+    """(cache salt, LoRA name) as events publish a salt: a str salt as it is
+    (what vLLM's `cache_salt` is; a router given the same string finds it),
+    an int or bytes salt as `"int:<n>"` / `"bytes:<hex>"`."""
+    if isinstance(salt, ReuseScope):
+        return salt.salt, salt.lora
+    if salt is None or isinstance(salt, str):
+        return salt, None
+    if isinstance(salt, (bytes, bytearray, memoryview)):
+        return "bytes:" + bytes(salt).hex(), None
+    return f"{type(salt).__name__}:{salt}", None
 
 
 def _salt_bytes(salt: object) -> bytes:
     """Type tag + exact bytes of a salt."""
+    if isinstance(salt, ReuseScope):  # with a LoRA name (a scope without one is its plain salt)
+        assert salt.lora is not None
+        lora = salt.lora.encode("utf-8", "surrogatepass")
+        return b"r" + len(lora).to_bytes(8, "little") + lora + _salt_bytes(salt.salt)
+    if salt is None:
+        return b"n"
     if isinstance(salt, bool):
         return b"o" + (b"1" if salt else b"0")
     if isinstance(salt, int):
@@ -119,7 +162,7 @@ def _salt_bytes(salt: object) -> bytes:
         return b"s" + salt.encode("utf-8", "surrogatepass")
     if isinstance(salt, (bytes, bytearray, memoryview)):
         return b"b" + bytes(salt)
-    raise CacheUsageError(f"salt must be str, bytes, int or None, not {type(salt).__name__}")
+    raise CacheUsageError(f"salt must be str, bytes, int, ReuseScope or None, not {type(salt).__name__}")
 
 
 def extend_hashes(

@@ -35,6 +35,7 @@ from kvpool.cache.checks import (
     int_positions,
 )
 from kvpool.cache.events import (
+    BlockBook,
     CacheEvent,
     CacheIntegrityError,
     CacheStats,
@@ -43,7 +44,8 @@ from kvpool.cache.events import (
     GroupStats,
     expand,
 )
-from kvpool.cache.hashing import salt_seed
+from kvpool.cache.hashing import Salt, extend_hashes
+from kvpool.cache.prefix import TierHit
 from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, Dummies, Resize
@@ -60,6 +62,7 @@ from kvpool.cache.tiers import (
     checked_specs,
     tiers_below,
 )
+from kvpool.cache.vllm_hashes import block_hasher
 from kvpool.plan import capture
 from kvpool.plan.capture import WarmupReport
 from kvpool.plan.result import PoolPlan
@@ -103,10 +106,13 @@ class KVCacheManager:
         events: bool = True,
         tiers: Sequence[TierSpec] = (),
         max_util_for_resume: float = 0.95,
+        hash: str = "kvpool",  # noqa: A002 (the engines' own word for it)
     ) -> None:
         tiers = checked_specs(tiers)
         tier_slots = checked_slots(plan, tiers)
         max_util_for_resume = checked_max_util(max_util_for_resume)
+        self.hash = hash
+        self._seed_of, self._chain = block_hasher(hash)  # kvpool's digest, or vLLM's (`cache/vllm_hashes.py`)
         self.plan = plan
         self.spec = plan.spec
         self.limits = plan.limits
@@ -116,6 +122,7 @@ class KVCacheManager:
         self.groups = self.spec.groups
         self._index = {g.name: i for i, g in enumerate(self.groups)}
         self.events: deque[EventRecord] = deque(maxlen=EVENT_BUFFER)
+        self.blocks = BlockBook()  # what the events said each held digest holds (`take_events`)
         self.pools = build_pools(plan, self.events)  # one per group; shared stores where the plan shares a pool
         for pool in self.pools:
             pool.record_events = events
@@ -149,7 +156,7 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ requests
 
-    def create(self, rid: int, tokens: Sequence[int] | None = None, salt: str | bytes | int | None = None) -> int:
+    def create(self, rid: int, tokens: Sequence[int] | None = None, salt: Salt = None) -> int:
         """Register request `rid` (capacity 0). With reuse on and `tokens` (the
         prompt) given, attach the longest cached prefix of whole pages (never
         the last prompt token, which must be computed for logits): capacity and
@@ -160,9 +167,9 @@ class KVCacheManager:
         are not token ids, or a salt of another type (nothing registered then)."""
         check_rid(rid)
         ids = check_tokens(tokens, f"request {rid}: tokens") if self.enable_reuse and tokens is not None else None
-        seed = salt_seed(salt) if self.enable_reuse else 0  # also for ids that come later, with `commit`
+        seed = self._seed_of(salt) if self.enable_reuse else 0  # also for ids that come later, with `commit`
         req = self._new_request(rid, dummy=False)
-        req.seed = seed
+        req.seed, req.salt, req.chain = seed, salt, self._chain
         if ids is None:
             return 0
         req.tokens = ids
@@ -175,6 +182,25 @@ class KVCacheManager:
         req.lookup = (len(ids), hit)
         self.requests.pending_lookups += 1
         return hit
+
+    def cached_prefix(self, tokens: Sequence[int], salt: Salt = None) -> TierHit:
+        """The tokens of `tokens` (whole pages) this cache holds reusable under
+        `salt`, per tier (`TierHit`: GPU alone, with the host tier, with every
+        tier), each group by its kind's rule: what a router's index of this
+        manager's events answers (`kvpool.index`, Dynamo's KV indexer).
+        Changes nothing. `create` of a prompt that goes on after `tokens`
+        reuses `disk` of them when the GPU has room for the pages it copies in
+        from the tiers (and never the prompt's last token)."""
+        items = tokens if type(tokens) is list or type(tokens) is tuple else as_list(tokens, "cached_prefix's tokens")
+        if any(type(t) is bool for t in items):  # (check_tokens reads True as 1; a router's query never means it)
+            raise CacheUsageError("cached_prefix's tokens must be token ids, not bools")
+        ids = check_tokens(items, "cached_prefix's tokens")
+        hashes: list[int] = []
+        if self.enable_reuse:
+            extend_hashes(
+                hashes, ids, self.tokens_per_block, self._seed_of(salt), len(ids) // self.tokens_per_block, self._chain
+            )
+        return prefix.cached_prefix(self.tables, hashes, self.tier)
 
     def free(self, rid: int) -> None:
         """Release every page of `rid` (cached content stays reusable until
@@ -347,6 +373,7 @@ class KVCacheManager:
             done = self._move(((req, cap, hist),))
             if not done:
                 return done
+            known = req.tokens  # (a commit on the way may have dropped committed ids: a new array)
         if known is None:
             known = req.tokens = array("q")
         known.append(token)  # checked above
@@ -622,8 +649,10 @@ class KVCacheManager:
 
     def take_events(self) -> list[CacheEvent]:
         """Stored/removed page events since the last call (oldest first), built
-        now from the pools' records; clears them. Empty with `events=False`."""
-        events = expand(self.events)
+        now from the pools' records; clears them. Empty with `events=False`.
+        Every stored event names its page's token ids and salt (a cold tier's
+        and a snapshot's those the page was first stored with: `blocks`)."""
+        events = expand(self.events, self.blocks)
         self.events.clear()
         return events
 

@@ -153,10 +153,10 @@ class PagePool:
             self._lru_unlink(page)
             hashes.append(self._drop_hash(page))
             pages.append(page)
+        if self.spill is not None:  # the copy is stored in a tier before the page's removal: a router
+            self.spill(hashes, pages)  # never sees the digest held nowhere (and drop what hangs off it)
         if self.record_events:
             self.events.append(("removed", self.name, hashes, pages))
-        if self.spill is not None:
-            self.spill(hashes, pages)
         return pages
 
     def take_cached(self, pages: Iterable[int]) -> None:
@@ -188,13 +188,22 @@ class PagePool:
         self.store.lru_len += cached
 
     def store_run(
-        self, pages: Sequence[int], hashes: Sequence[int], first: int, num_tokens: int, source_page: int | None = None
+        self,
+        pages: Sequence[int],
+        hashes: Sequence[int],
+        first: int,
+        num_tokens: int,
+        source_page: int | None = None,
+        ids: Sequence[int] | None = None,
+        salt: object = None,
     ) -> None:
         """Mark owned pages reusable: `pages[i]` is block `first + i`, under
         `hashes[first + i]` with parent `hashes[first + i - 1]` (None for block
         0). A page that already has a hash, a hash another page holds and an
         entry < 0 (no page) are skipped. One `stored` record per unbroken run;
-        `source_page` (a state snapshot's source) goes into the record."""
+        `source_page` (a state snapshot's source), the pages' token ids `ids`
+        (one page's after the other) and the `salt` they were hashed under go
+        into the record."""
         page_hash, cached, record = self.page_hash, self.cached, self.record_events
         if len(pages) == 1 and not record:  # a decode step's page, no event: one store, no run to track
             page, h = pages[0], hashes[first]
@@ -207,13 +216,13 @@ class PagePool:
             h = hashes[first + i]
             if page < 0 or page_hash[page] is not None or h in cached:
                 if record:
-                    self._stored(pages, hashes, first, start, i, num_tokens, source_page)
+                    self._stored(pages, hashes, first, start, i, num_tokens, source_page, ids, salt)
                 start = i + 1
                 continue
             page_hash[page] = h
             cached[h] = page
         if record:
-            self._stored(pages, hashes, first, start, len(pages), num_tokens, source_page)
+            self._stored(pages, hashes, first, start, len(pages), num_tokens, source_page, ids, salt)
 
     def _stored(
         self,
@@ -224,12 +233,26 @@ class PagePool:
         b: int,
         num_tokens: int,
         source_page: int | None,
+        ids: Sequence[int] | None,
+        salt: object,
     ) -> None:
         if b > a:
             parent = hashes[first + a - 1] if first + a else None
             run = pages if a == 0 and b == len(pages) else pages[a:b]
+            width = len(ids) // len(pages) if ids is not None else 0
             self.events.append(
-                ("stored", self.name, list(hashes[first + a : first + b]), parent, list(run), num_tokens, source_page)
+                (
+                    "stored",
+                    self.name,
+                    list(hashes[first + a : first + b]),
+                    parent,
+                    list(run),
+                    num_tokens,
+                    source_page,
+                    "GPU",
+                    None if ids is None else ids[a * width : b * width],
+                    salt,
+                )
             )
 
     def drop_cached(self, page: int) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Sequence
 from itertools import islice, takewhile
+from typing import NamedTuple
 
 from kvpool.cache.events import CacheUsageError
 from kvpool.cache.hashing import extend_hashes
@@ -34,40 +35,76 @@ from kvpool.spec.pages import stale_pages, table_blocks
 
 
 def longest_hit(
-    t: PageTables, hashes: Sequence[int], known: dict[int, KnownPages] | None = None, tier: ColdTier | None = None
+    t: PageTables,
+    hashes: Sequence[int],
+    known: dict[int, KnownPages] | None = None,
+    tier: ColdTier | None = None,
+    *,
+    media: frozenset[str] | None = None,
+    fits: bool = True,
 ) -> int:
     """Largest k <= len(hashes) such that a request can reuse k whole pages.
     `known[gi]`: leading pages of a never-stale group known to hold these
     digests (from `PromptMemo.digests`), not looked up again. With a cold
-    `tier`, a digest it (or a tier below) holds counts too, as long as the
-    GPU pools have the pages to copy such digests into (`onboard_fits`)."""
+    `tier`, a digest it (or a tier below) holds counts too (only the tiers of
+    `media`, when given), as long as the GPU pools have the pages to copy such
+    digests into (`onboard_fits`; not asked with `fits=False`)."""
     k = len(hashes)
     pools = t.pools
     for gi in range(len(pools)):
         if t.never_stale[gi] and not t.is_state[gi]:  # the leading cached run, counted in C
             skip = len(known[gi].pages) if known and gi in known else 0
-            k = min(k, skip + len(list(takewhile(holds(t, gi, tier), islice(hashes, skip, None)))))
+            k = min(k, skip + len(list(takewhile(holds(t, gi, tier, media), islice(hashes, skip, None)))))
     tpb = t.tokens_per_block
     checks = [gi for gi in range(len(pools)) if t.is_state[gi] or not t.never_stale[gi]]
     while k > 0:
         for gi in checks:
-            held = holds(t, gi, tier)
+            held = holds(t, gi, tier, media)
             wanted = hashes[k - 1 : k] if t.is_state[gi] else hashes[stale_pages(t.groups[gi], k * tpb) : k]
             if not all(map(held, wanted)):
                 break
         else:
-            if tier is None or onboard_fits(t, hashes, k):
+            if tier is None or not fits or onboard_fits(t, hashes, k):
                 return k
         k -= 1
     return 0
 
 
-def holds(t: PageTables, gi: int, tier: ColdTier | None) -> Callable[[int], bool]:
-    """Whether a digest is cached for group `gi`: in its GPU pool, or in a cold tier that keeps the group."""
+def holds(t: PageTables, gi: int, tier: ColdTier | None, media: frozenset[str] | None = None) -> Callable[[int], bool]:
+    """Whether a digest is cached for group `gi`: in its GPU pool, or in a cold
+    tier that keeps the group (of `media`, when given)."""
     cached = t.pools[gi].cached
     if tier is None or not tier.keeps[gi]:
         return cached.__contains__
+    if media is not None:
+        levels = [level.held[gi] for level in tier.levels() if level.medium in media]
+        return lambda h: h in cached or any(h in held for held in levels)
     return lambda h: h in cached or (gi, h) in tier
+
+
+class TierHit(NamedTuple):
+    """Tokens reusable from the GPU alone (`gpu`), with the host tier as well
+    (`cpu`), and with every tier (`disk`; each at least the one before): what
+    Dynamo's KV indexer reports per tier, and `kvpool.index` too."""
+
+    gpu: int
+    cpu: int
+    disk: int
+
+    @property
+    def longest(self) -> int:
+        return self.disk
+
+
+def cached_prefix(t: PageTables, hashes: Sequence[int], tier: ColdTier | None) -> TierHit:
+    """`TierHit` of the pages of `hashes`: the longest hit each set of tiers
+    holds, under every group's rule, GPU room for onboarding aside."""
+    tpb = t.tokens_per_block
+    hits = [tpb * longest_hit(t, hashes, None, tier, media=media, fits=False) for media in TIER_MEDIA]
+    return TierHit(*hits)
+
+
+TIER_MEDIA: tuple[frozenset[str], ...] = (frozenset(), frozenset({"CPU"}), frozenset({"CPU", "DISK"}))
 
 
 def onboard_fits(t: PageTables, hashes: Sequence[int], k: int) -> bool:
@@ -89,11 +126,12 @@ def onboard_fits(t: PageTables, hashes: Sequence[int], k: int) -> bool:
     return True
 
 
-def claim(t: PageTables, gi: int, hashes: Sequence[int], first: int, k: int, tier: ColdTier | None) -> list[int]:
-    """The pages holding `hashes[first:k]` for a hit, each with one more
+def claim(t: PageTables, gi: int, req: Request, first: int, k: int, tier: ColdTier | None) -> list[int]:
+    """The pages holding `req.hashes[first:k]` for a hit, each with one more
     owner: the GPU pool's own, then fresh pages (`take`) for the digests only
     a cold tier holds, stored under them (the engine copies them in; the tier
     keeps its copy)."""
+    hashes = req.hashes
     pool = t.pools[gi]
     if tier is None:
         pages = list(map(pool.cached.__getitem__, hashes[first:k]))
@@ -110,13 +148,27 @@ def claim(t: PageTables, gi: int, hashes: Sequence[int], first: int, k: int, tie
         assert source is not None  # `longest_hit` found it
         source[0].held[gi].pop(hashes[first + i])
         sources.append(source)
-    for i, page, (level, slot) in zip(missing, pool.take(len(missing)), sources, strict=True):
-        level.held[gi][hashes[first + i]] = slot  # back, as the most recently used
+    pages = pool.take(len(missing))
+    for i, (level, slot) in reversed(list(zip(missing, sources, strict=True))):
+        # back, as the most recently used: a prefix's first pages last, so that a tier that must make
+        # room moves a chain's last pages down first and its blocks stay warm to cold from the start
+        level.held[gi][hashes[first + i]] = slot
+    for i, page, (level, slot) in zip(missing, pages, sources, strict=True):
         if tier.copies is not None:
             tier.copies.to_gpu(gi, level.medium, slot, page)
         found[i] = page
-        pool.store_run((page,), hashes, first + i, t.tokens_per_block)
+        pool.store_run((page,), hashes, first + i, t.tokens_per_block, None, page_ids(t, req, first + i), req.salt)
     return found
+
+
+def page_ids(t: PageTables, req: Request, block: int, end: int | None = None) -> array[int] | None:
+    """The token ids of blocks `block`..`end` (default: that one block) of
+    `req`, for the events; None when no event is recorded (the ids below
+    `req.base` are not kept then)."""
+    tpb, base = t.tokens_per_block, req.base
+    if not t.pools[0].record_events or req.tokens is None or block * tpb < base:
+        return None
+    return req.tokens[block * tpb - base : (block + 1 if end is None else end) * tpb - base]
 
 
 def attach_prefix(
@@ -138,11 +190,13 @@ def attach_prefix(
     if not tokens:
         return 0
     # the part shared with the last prompt, where its hit's pages still hold, needs no lookup
-    req.hashes, known = memo.digests(tokens, tpb, req.seed, (len(tokens) - 1) // tpb, t.pools)
+    req.hashes, known = memo.digests(tokens, tpb, req.seed, (len(tokens) - 1) // tpb, t.pools, req.chain)
     # keep only the ids past the digested pages (at most a page): a long prompt's array, held by every
-    # live request, would be fresh memory (page faults) for each one
-    req.base = len(req.hashes) * tpb
-    req.tokens = tokens[req.base :]
+    # live request, would be fresh memory (page faults) for each one; unless events are recorded, which
+    # name every stored page's ids
+    if not t.pools[0].record_events:
+        req.base = len(req.hashes) * tpb
+        req.tokens = tokens[req.base :]
     k = longest_hit(t, req.hashes, known, tier)
     attached: dict[int, KnownPages] = {}
     if k == 0:
@@ -157,7 +211,7 @@ def attach_prefix(
         nblk, stale = table_blocks(group, n), stale_pages(group, n)
         row = t.fresh_row(req, gi, nblk)
         if t.is_state[gi]:  # the snapshot becomes the request's own state slot
-            (page,) = claim(t, gi, req.hashes, k - 1, k, tier)
+            (page,) = claim(t, gi, req, k - 1, k, tier)
             pool.forget(page)
             row[0] = page
         else:  # pages stale..k-1 at the row's end; only never-stale groups (stale 0) have known ones
@@ -167,7 +221,7 @@ def attach_prefix(
             if head is not None:
                 pool.take_cached(islice(head.pages, h))
                 row[first : first + h] = head.row[:h]
-            rest = claim(t, gi, req.hashes, stale + h, k, tier)
+            rest = claim(t, gi, req, stale + h, k, tier)
             row[first + h : nblk] = rest
             if t.never_stale[gi]:
                 pages = rest if head is None else head.pages[:h] + rest
@@ -230,16 +284,42 @@ def commit(
     if k > done:
         assert ids is not None
         hashes, slot = req.hashes, req.slot
-        extend_hashes(hashes, ids, tpb, req.seed, k, None, req.base)
+        extend_hashes(hashes, ids, tpb, req.seed, k, req.chain, req.base)
         for gi, pool in enumerate(t.pools):
             nblk = req.nblk[gi]
             if nblk > done and not t.is_state[gi]:  # one page (a decode step's): no slice
                 pages = [t.rows[gi][slot][done]] if k == done + 1 else t.tables[gi][slot, done : min(k, nblk)].tolist()
-                pool.store_run(pages, hashes, done, tpb)
+                if done and t.never_stale[gi] and hashes[done - 1] not in pool.cached:
+                    adopt(t, req, gi, done)
+                if pool.record_events:
+                    pool.store_run(pages, hashes, done, tpb, None, page_ids(t, req, done, done + len(pages)), req.salt)
+                else:
+                    pool.store_run(pages, hashes, done, tpb)
         req.committed = done = k
     if state_snapshots and computed is None and k and k * tpb == req.hist:
         snapshot_states(t, req, k)
     return done * tpb
+
+
+def adopt(t: PageTables, req: Request, gi: int, done: int) -> None:
+    """Before storing pages `done`.. of `req` in group `gi`: the page before
+    them left the GPU. That happens when the request's own page
+    held a copy of a digest another page stored first (two requests computed
+    one prefix at once) and that page was evicted. Store the request's own
+    copies of the digests the GPU lost, last ones first back to one the GPU
+    holds, so that every stored page's parent is on the GPU (as a router's
+    tree of GPU blocks must have it: Dynamo refuses a block whose parent it
+    does not hold in that tier or a warmer one)."""
+    pool, row = t.pools[gi], t.rows[gi][req.slot]
+    first = done
+    while first > 0 and req.hashes[first - 1] not in pool.cached:
+        page = row[first - 1]
+        if page < 0 or pool.page_hash[page] is not None:
+            break
+        first -= 1
+    if first < done:
+        pages = [row[j] for j in range(first, done)]
+        pool.store_run(pages, req.hashes, first, t.tokens_per_block, None, page_ids(t, req, first, done), req.salt)
 
 
 def snapshot_states(t: PageTables, req: Request, k: int) -> None:
@@ -252,5 +332,5 @@ def snapshot_states(t: PageTables, req: Request, k: int) -> None:
         if t.is_state[gi] and req.nblk[gi] == 1 and block_hash not in pool.cached and pool.num_free:
             page = pool.take(1)[0]
             source = t.tables[gi].item(req.slot, 0)
-            pool.store_run([page], req.hashes, k - 1, k * t.tokens_per_block, source_page=source)
+            pool.store_run([page], req.hashes, k - 1, k * t.tokens_per_block, source, page_ids(t, req, k - 1), req.salt)
             pool.release([page])

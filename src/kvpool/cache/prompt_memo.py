@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from kvpool.cache.hashing import extend_hashes
+from kvpool.cache.hashing import Chain, extend_hashes
 from kvpool.cache.pool import PagePool
 
 __all__ = ["KnownPages", "PromptMemo"]
@@ -52,7 +52,13 @@ class PromptMemo:
         self.drops: dict[int, int] = {}  # group index -> its pool's `drops` when they were remembered
 
     def digests(
-        self, ids: array[int], tokens_per_block: int, seed: int, num_blocks: int, pools: list[PagePool]
+        self,
+        ids: array[int],
+        tokens_per_block: int,
+        seed: int,
+        num_blocks: int,
+        pools: list[PagePool],
+        chain: Chain | None = None,
     ) -> tuple[list[int], dict[int, KnownPages]]:
         """The chained digests of the first `num_blocks` whole pages of `ids`
         (checked int64 token ids) under `seed` (a list of the caller's own),
@@ -71,7 +77,7 @@ class PromptMemo:
                 for gi, held in self.pages.items()
                 if pools[gi].drops == self.drops[gi]
             }
-        extend_hashes(out, ids, tokens_per_block, seed, num_blocks)
+        extend_hashes(out, ids, tokens_per_block, seed, num_blocks, chain)
         if num_blocks:
             self.seed, self.ids, self.hashes = seed, ids, out[:]
         self.pages = {}

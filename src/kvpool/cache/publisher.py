@@ -1,44 +1,35 @@
 """Publish the manager's page events in vLLM's KV-event wire format (extra `events`).
 
 Routers that place requests by cached prefix (llm-d's KV cache indexer, NVIDIA
-Dynamo's KV router) subscribe to vLLM's ZMQ stream; `KVEventPublisher` speaks
-the same protocol, so they can follow a kvpool cache unchanged:
+Dynamo's KV router, kvpool's own `kvpool.index`) subscribe to vLLM's ZMQ
+stream; `KVEventPublisher` speaks the same protocol, so they can follow a
+kvpool cache unchanged:
 
 - a PUB socket sends multipart messages `[topic, seq, payload]`: `seq` is the
   batch's sequence number (8 bytes, big-endian, from 0), `payload` the msgpack
-  encoding of a `KVEventBatch` (`ts` float seconds, `events`,
-  `data_parallel_rank`);
+  encoding of a `KVEventBatch` `[ts, events, data_parallel_rank]` (an array
+  in both wire formats, as vLLM's `array_like` batch is);
 - an optional ROUTER replay socket answers `[b"", start_seq]` (8 bytes,
   big-endian) with `[b"", seq, payload]` for every buffered batch with
   `seq >= start_seq`, then the end marker `[b"", (-1) as 8 signed bytes, b""]`;
-- endpoints follow vLLM's rule: bind when the address holds `*` or `::` or is
-  `ipc://` / `inproc://`, connect otherwise (e.g. to a router that binds).
+- endpoints follow vLLM's rule unless `bind` says otherwise: bind when the
+  address holds `*` or `::` or is `ipc://` / `inproc://`, connect otherwise
+  (e.g. to a router that binds); `bind=True` binds any address (a loopback
+  one for a router that connects, as Dynamo's indexer does).
 
-Events (msgspec tagged structs, tag = class name, `omit_defaults`), fields in
-vLLM's order: `BlockStored(block_hashes, parent_block_hash, token_ids,
-block_size, lora_id, medium, lora_name, extra_keys=None, group_idx=None,
-kv_cache_spec_kind=None, kv_cache_spec_sliding_window=None)`,
-`BlockRemoved(block_hashes, medium, group_idx=None)`, `AllBlocksCleared()`.
-
-Matches `vllm/distributed/kv_events.py` at vLLM commit
-0181ea3173e53eea8cf04a86891488e3dc89bb34 (after vLLM PR #42892, merged
-2026-06-09, which dropped `array_like`): `wire="map"` (the default) encodes
-structs as maps, each event with its tag under `"type"`. `wire="array"` is the
-positional encoding vLLM used before that PR (`array_like=True`: a batch is
-`[ts, events, data_parallel_rank]`, an event `["BlockStored", block_hashes, ...]`
-with trailing default fields left off) for consumers that still expect it.
-
-What kvpool fills in: `block_hashes` are kvpool's chained page hashes (signed
-64-bit ints); consecutive `stored` events of one group that chain (each
-parent = the previous hash) and have the same token count become one
-`BlockStored`, consecutive `removed` ones of one group one `BlockRemoved`.
-`token_ids` is always `[]`: a `CacheEvent` does not carry token ids (routers
-that rebuild hashes from tokens cannot use this stream; those that index by
-hash can). `block_size` is the event's `num_tokens` (a state snapshot's: the whole
-prefix it covers); `lora_id`/`lora_name`
-None (a LoRA goes into kvpool's salt, hence into the hashes); `medium` "GPU";
-`group_idx` the group's index in the spec, `kv_cache_spec_kind` vLLM's name for
-its kind (kvpool's own name where vLLM has none) and
+The events, their fields and the two encodings (`wire="map"`, the default,
+named fields as vLLM since PR #42892; `wire="array"`, positional, as before
+it) are in `cache/kv_wire.py`; tests/engines_truth/kv_events_runner.py decodes
+every batch with vLLM 0.32's (and 0.33's) own classes. What kvpool fills in:
+`block_hashes` are kvpool's chained page digests (signed 64-bit ints);
+consecutive `stored` events of one group that chain (each parent = the
+previous hash) become one `BlockStored` whose `token_ids` are the pages' ids
+one after the other (`len(token_ids) == block_size * len(block_hashes)`, for
+every kind), consecutive `removed` ones one `BlockRemoved`. `lora_name` and
+`extra_keys` carry the request's `ReuseScope` (the LoRA name on every block,
+the salt on block 0, as vLLM does); `medium` the tier in the consumer's names
+(`media`, vLLM's GPU / CPU / STORAGE by default); `group_idx` the group's
+index in the spec, `kv_cache_spec_kind` vLLM's name for its kind and
 `kv_cache_spec_sliding_window` its window for sliding groups.
 
 Not thread-safe, no background thread: replay requests are answered inside
@@ -51,7 +42,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -60,42 +51,18 @@ import zmq
 
 from kvpool.cache.events import CacheEvent
 from kvpool.cache.kv_wire import (
-    BATCH_FIELDS as BATCH_FIELDS,
-)
-from kvpool.cache.kv_wire import (
-    CLEARED_FIELDS as CLEARED_FIELDS,
-)
-from kvpool.cache.kv_wire import (
-    END_SEQ as END_SEQ,
-)
-from kvpool.cache.kv_wire import (
-    MEDIUM_GPU as MEDIUM_GPU,
-)
-from kvpool.cache.kv_wire import (
-    REMOVED_FIELDS as REMOVED_FIELDS,
-)
-from kvpool.cache.kv_wire import (
-    SPEC_KIND as SPEC_KIND,
-)
-from kvpool.cache.kv_wire import (
-    STORED_FIELDS as STORED_FIELDS,
-)
-from kvpool.cache.kv_wire import (  # re-exported: the publisher's public surface
-    VLLM_COMMIT as VLLM_COMMIT,
-)
-from kvpool.cache.kv_wire import (
-    EventPublisherError as EventPublisherError,
-)
-from kvpool.cache.kv_wire import (
-    WireFormat as WireFormat,
-)
-from kvpool.cache.kv_wire import (
-    encode_struct as encode_struct,
-)
-from kvpool.cache.kv_wire import (
-    wire_events as wire_events,
+    CLEARED_FIELDS,
+    END_SEQ,
+    EventPublisherError,
+    WireFormat,
+    encode_batch,
+    encode_struct,
+    media_names,
+    wire_events,
 )
 from kvpool.spec.groups import LayerGroup
+
+__all__ = ["END_SEQ", "REPLAYS_PER_PUBLISH", "EventPublisherError", "KVEventPublisher"]
 
 # replay requests answered per `publish`: each resends the whole buffer, so a flood of them must
 # not hold a step's events back; the rest wait for the next calls (or `serve_replay()`)
@@ -112,7 +79,10 @@ class KVEventPublisher:
     for `group_idx` and the kind fields; `buffer_steps` batches are kept for
     replay. Use `publish(manager.take_events())` once per engine step. A
     publisher that connects waits up to `connect_wait_s` for the peer's
-    handshake (`wait_connected`)."""
+    handshake (`wait_connected`). `media`: the medium names of a consumer
+    (`kv_wire.MEDIA`: "vllm", the default, or "kvpool") or a mapping from
+    kvpool's tiers to names; `bind`: bind or connect the PUB socket (None:
+    vLLM's rule, from the address)."""
 
     def __init__(
         self,
@@ -122,6 +92,8 @@ class KVEventPublisher:
         replay_endpoint: str | None = None,
         topic: str = "",
         wire: WireFormat = "map",
+        media: str | Mapping[str, str] = "vllm",
+        bind: bool | None = None,
         data_parallel_rank: int = 0,
         buffer_steps: int = 10_000,
         hwm: int = 100_000,
@@ -129,6 +101,9 @@ class KVEventPublisher:
     ) -> None:
         if wire not in ("map", "array"):
             raise EventPublisherError(f"unknown KV-event wire format {wire!r} (map, array)")
+        if bind not in (None, True, False):
+            raise EventPublisherError(f"bind must be True, False or None (vLLM's rule), not {bind!r}")
+        self.media = media_names(media)
         for name, value, low in (
             ("buffer_steps", buffer_steps, 1),
             ("hwm", hwm, 0),
@@ -154,10 +129,11 @@ class KVEventPublisher:
         try:
             self._pub.setsockopt(zmq.LINGER, 100)  # never block the exit on a lost peer
             self._pub.set_hwm(hwm)
-            monitor = connect_wait_s > 0 and not _binds(endpoint)
+            binds = _binds(endpoint) if bind is None else bind
+            monitor = connect_wait_s > 0 and not binds
             if monitor:
                 self._monitor = self._pub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-            self.endpoint = self._attach(self._pub, endpoint, bind=_binds(endpoint))
+            self.endpoint = self._attach(self._pub, endpoint, bind=binds)
             if replay_endpoint is not None:
                 self._replay = ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 100)
@@ -207,7 +183,7 @@ class KVEventPublisher:
         bad = next((e for e in events if not isinstance(e, CacheEvent)), None)
         if bad is not None:
             raise EventPublisherError(f"publish takes CacheEvents (manager.take_events()), got {type(bad).__name__}")
-        return self._send(wire_events(events, self.groups, self.wire))
+        return self._send(wire_events(events, self.groups, self.wire, self.media))
 
     def publish_cleared(self) -> int:
         """Send a batch with one `AllBlocksCleared` (subscribers drop everything
@@ -216,8 +192,7 @@ class KVEventPublisher:
         return self._send([encode_struct("AllBlocksCleared", CLEARED_FIELDS, [], self.wire)])
 
     def _send(self, events: list[Any]) -> int:
-        batch = encode_struct(None, BATCH_FIELDS, [time.time(), events, self.data_parallel_rank], self.wire)
-        payload = self._encoder.encode(batch)
+        payload = self._encoder.encode(encode_batch(time.time(), events, self.data_parallel_rank))
         seq = self.next_seq
         self.next_seq += 1
         self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))

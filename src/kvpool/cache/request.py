@@ -18,6 +18,7 @@ from dataclasses import KW_ONLY, dataclass, field
 
 from kvpool.cache.checks import as_list
 from kvpool.cache.events import CacheUsageError
+from kvpool.cache.hashing import Chain
 
 
 @dataclass(slots=True, eq=False)
@@ -56,6 +57,8 @@ class Request:
     nstale: list[int]
     stale_at: list[int]
     seed: int = 0
+    salt: object = None  # the scope `seed` digests, as the caller gave it (events publish it)
+    chain: Chain | None = None  # the page digest (None: kvpool's own; `cache/vllm_hashes.py`)
     hashes: list[int] = field(default_factory=list)
 
     @property

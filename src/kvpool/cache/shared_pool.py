@@ -42,10 +42,17 @@ class SharedPool(PagePool):
     store: SharedStore
 
     def store_run(
-        self, pages: Sequence[int], hashes: Sequence[int], first: int, num_tokens: int, source_page: int | None = None
+        self,
+        pages: Sequence[int],
+        hashes: Sequence[int],
+        first: int,
+        num_tokens: int,
+        source_page: int | None = None,
+        ids: Sequence[int] | None = None,
+        salt: object = None,
     ) -> None:
         """`PagePool.store_run`, remembering that this pool's map holds each hash it stored."""
-        super().store_run(pages, hashes, first, num_tokens, source_page)
+        super().store_run(pages, hashes, first, num_tokens, source_page, ids, salt)
         holder, cached = self.store.holder, self.cached
         for i, page in enumerate(pages):
             if page >= 0 and cached.get(hashes[first + i]) == page:

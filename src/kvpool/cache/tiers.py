@@ -228,9 +228,9 @@ class ColdTier:
             return False
         while len(free) < count:
             digest, slot = held.popitem(last=False)
+            if self.below is not None:  # copied down before its slot is reused (and stored there first,
+                self.below.put(gi, [digest], [slot], self.medium)  # as a GPU page's eviction is)
             self.record("removed", gi, [digest], [slot])
-            if self.below is not None:  # copied down before its slot is reused
-                self.below.put(gi, [digest], [slot], self.medium)
             free.append(slot)
         return True
 

@@ -1,4 +1,5 @@
-"""`--kv-events ENDPOINT` (and `--kv-events-replay`, `--kv-events-topic`):
+"""`--kv-events ENDPOINT` (and `--kv-events-replay`, `--kv-events-topic`,
+`--kv-events-wire`, `--kv-events-media`):
 publish the manager's page events in vLLM's wire format while a command runs
 (`kvpool.cache.publisher`; needs the extra `kvpool[events]`)."""
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def add_kv_events_args(group: Any) -> None:
-    """Add the three options to an argparse group."""
+    """Add the options to an argparse group."""
     group.add_argument(
         "--kv-events",
         default=None,
@@ -35,6 +36,18 @@ def add_kv_events_args(group: Any) -> None:
     group.add_argument(
         "--kv-events-topic", default="", metavar="TOPIC", help="topic frame of every message (default empty, as vLLM's)"
     )
+    group.add_argument(
+        "--kv-events-wire",
+        default=None,
+        choices=("map", "array"),
+        help="event encoding: map (named fields, vLLM since PR #42892; default) or array (positional, older vLLM)",
+    )
+    group.add_argument(
+        "--kv-events-media",
+        default=None,
+        choices=("vllm", "kvpool"),
+        help="tier names in `medium`: vllm (GPU, CPU, STORAGE; default) or kvpool (GPU, CPU, DISK)",
+    )
 
 
 def open_publisher(args: argparse.Namespace, groups: Sequence[LayerGroup]) -> KVEventPublisher | None:
@@ -46,6 +59,9 @@ def open_publisher(args: argparse.Namespace, groups: Sequence[LayerGroup]) -> KV
             raise KvpoolError("--kv-events-replay needs --kv-events")
         if args.kv_events_topic:
             raise KvpoolError("--kv-events-topic needs --kv-events")
+        for flag in ("wire", "media"):
+            if getattr(args, f"kv_events_{flag}") is not None:
+                raise KvpoolError(f"--kv-events-{flag} needs --kv-events")
         return None
     try:
         from kvpool.cache.publisher import KVEventPublisher
@@ -57,6 +73,8 @@ def open_publisher(args: argparse.Namespace, groups: Sequence[LayerGroup]) -> KV
             groups,
             replay_endpoint=args.kv_events_replay,
             topic=args.kv_events_topic,
+            wire=args.kv_events_wire or "map",
+            media=args.kv_events_media or "vllm",
             connect_wait_s=1.0,
         )
     except KvpoolError as e:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from kvpool.cache.hashing import Salt
 from kvpool.cache.results import Dummies, Resize
 from kvpool.cache.suspension import Suspension
 from kvpool.spec import ModelSpec
@@ -21,7 +22,7 @@ class PagedCache(Protocol):
 
     spec: ModelSpec
 
-    def create(self, rid: int, tokens: Sequence[int] | None = None, salt: str | bytes | int | None = None) -> int:
+    def create(self, rid: int, tokens: Sequence[int] | None = None, salt: Salt = None) -> int:
         """Register `rid` with no pages, or with the longest cached prefix of
         `tokens` attached (returns its length; capacity = history = it)."""
         ...
