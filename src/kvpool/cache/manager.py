@@ -53,15 +53,7 @@ from kvpool.cache.rollback import attach_prefix_or_undo
 from kvpool.cache.shared_pool import build_pools
 from kvpool.cache.suspension import Suspension
 from kvpool.cache.tables import STALE, PageTables
-from kvpool.cache.tiers import (
-    TierCopies,
-    TierSpec,
-    checked_copies,
-    checked_max_util,
-    checked_slots,
-    checked_specs,
-    tiers_below,
-)
+from kvpool.cache.tiers import TierCopies, TierSpec, checked_copies, checked_tiers, tiers_below
 from kvpool.cache.vllm_hashes import block_hasher
 from kvpool.plan import capture
 from kvpool.plan.capture import WarmupReport
@@ -108,9 +100,7 @@ class KVCacheManager:
         max_util_for_resume: float = 0.95,
         hash: str = "kvpool",  # noqa: A002 (the engines' own word for it)
     ) -> None:
-        tiers = checked_specs(tiers)
-        tier_slots = checked_slots(plan, tiers)
-        max_util_for_resume = checked_max_util(max_util_for_resume)
+        tiers, tier_slots, max_util_for_resume = checked_tiers(plan, tiers, max_util_for_resume)
         self.hash = hash
         self._seed_of, self._chain = block_hasher(hash)  # kvpool's digest, or vLLM's (`cache/vllm_hashes.py`)
         self.plan = plan
@@ -689,12 +679,9 @@ class KVCacheManager:
                 reserved=sum(self.requests.get(r).live(gi) for r in padding),
             )
         dummy_count = sum(1 for r in self.requests if r.dummy)
-        extra = {} if self.tier is None else {"failed_tier_copies": sum(t.failed_copies for t in self.tier.levels())}
-        return CacheStats(
-            groups,
-            self.reuse_queried_tokens,
-            self.reuse_hit_tokens,
-            len(self.requests) - dummy_count,
-            dummy_count,
-            extra,
+        stats = CacheStats(
+            groups, self.reuse_queried_tokens, self.reuse_hit_tokens, len(self.requests) - dummy_count, dummy_count
         )
+        if self.tier is not None:  # offloads whose copy failed (`TierCopies`)
+            stats.extra["failed_tier_copies"] = sum(t.failed_copies for t in self.tier.levels())
+        return stats

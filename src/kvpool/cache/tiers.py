@@ -104,10 +104,19 @@ def checked_copies(copies: object) -> TierCopies:
     return copies  # type: ignore[return-value]  # checked structurally above
 
 
+def checked_tiers(
+    plan: PoolPlan, tiers: object, max_util: object
+) -> tuple[tuple[TierSpec, ...], list[list[int]], float]:
+    """The manager's tier arguments checked (`checked_specs`, `checked_max_util`),
+    with the slots per group of each cold tier (the GPU plan's proportions), once
+    no pool or tier holds more pages than the books can keep (`pool.check_pages`):
+    CacheUsageError naming what, before anything is allocated."""
+    specs = checked_specs(tiers)
+    return specs, checked_slots(plan, specs), checked_max_util(max_util)
+
+
 def checked_slots(plan: PoolPlan, tiers: Sequence[TierSpec]) -> list[list[int]]:
-    """The slots per group of each cold tier (the GPU plan's proportions), after
-    checking that no pool or tier holds more pages than the books can keep
-    (`pool.check_pages`): refused by name before anything is allocated."""
+    """The slots per group of each cold tier, each pool and tier checked (`checked_tiers`)."""
     for g in plan.groups:
         check_pages(g.pages, f"pool {g.name!r}")
     if tiers and plan.shared:
