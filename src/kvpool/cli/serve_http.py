@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import json
 import re
+import socket
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -71,9 +72,25 @@ class LocalServer(ThreadingHTTPServer):
         if not self.slots.acquire(blocking=False):  # over the cap: answered at once, no thread started
             with contextlib.suppress(OSError):
                 request.sendall(BUSY)
-            self.shutdown_request(request)
+            self.close_after(request, wait=0.0)
             return
         super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        self.close_after(request, wait=0.5)
+
+    def close_after(self, request: Any, *, wait: float) -> None:
+        """Close a connection without losing the answer: unread request bytes (the
+        rest of a 70,000-character line) make the kernel reset the connection, and
+        the client never reads the 414. So: end the answer, read what the client
+        still sends (at most 1 MiB, `wait` seconds), then close."""
+        with contextlib.suppress(OSError):
+            request.shutdown(socket.SHUT_WR)
+            request.settimeout(wait or 0.0)  # 0: only what has arrived
+            for _ in range(16):
+                if not request.recv(65536):
+                    break
+        self.close_request(request)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
