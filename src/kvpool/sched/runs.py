@@ -152,27 +152,17 @@ def advance_decodes(
         return None
     if on_extended is not None:
         on_extended()
-    # the pages the run filled are offered as single steps offer them, in the order they filled (pages of
-    # equal digests in two rows: the first to fill is stored, the other not): those of steps 1..steps-1
-    # by the row ahead first (it fills a shared page first), rows level in row order; then the last
-    # step's as `update` offers them: rows going on in row order, then the finished ones (`finish`)
+    # the pages the run filled are offered in the order single steps fill them (pages of equal digests
+    # in two rows: the first to fill is stored, the other not): the row ahead first (it fills a shared
+    # page first), rows level in row order; finished rows too, before `finish` frees them
+    ended: set[int] = set()
+    run = [token] * steps
     rows_ = [seq for seq, _ in step.decodes]
-    max_len = sched.limits.max_seq_len
-    for seq in sorted(rows_, key=lambda s: -s.num_computed):  # (sorted is stable: row order among equals)
-        seq.num_computed += steps - 1
-        append_tokens(seq, run_of(token, steps - 1), max_len)  # (the run's limit: nobody finishes before the last)
+    for seq in sorted(rows_, key=lambda s: -s.num_computed):  # (stable)
+        seq.num_computed += steps
+        if append_tokens(seq, run, sched.limits.max_seq_len):
+            ended.add(seq.rid)
         sched.commit_filled(seq)
-    finished = []
-    for seq in rows_:
-        seq.num_computed += 1
-        if append_tokens(seq, [token], max_len):
-            finished.append(seq)  # `finish` commits its pages
-        else:
-            sched.commit_filled(seq)
+    finished = [seq for seq in rows_ if seq.rid in ended]  # freed in row order, as `update` frees them
     sched.finish(finished)
     return finished
-
-
-def run_of(token: int, n: int) -> list[int]:
-    """`n` copies of `token`."""
-    return [token] * n
