@@ -13,14 +13,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpool.engines import trtllm, trtllm_v2
+from kvpool.engines import trtllm_v2_storage as storage
 from kvpool.engines.trtllm_v2 import V2Options
 from kvpool.errors import LimitsError
 from kvpool.plan import ServingLimits
+from kvpool.spec import LayerGroup
 from plan_helpers import group, hybrid, model
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -244,3 +247,67 @@ def test_pool_ratio_replaces_the_ratio_and_is_checked() -> None:
             V2Options(pool_ratio=bad)
     with pytest.raises(LimitsError, match="life cycles"):
         trtllm_v2.size(spec, GiB, V2Options(pool_ratio=(1.0,)))
+
+
+def test_block_quant_buffers_are_two_pools_of_one_pool_group() -> None:
+    # test_storage_manager.py: 2 layers of K = V = 8192 B and two 512 B block-quant buffers per block coalesce
+    # into one life cycle, one pool group, pools [2 x 2 x 8192, 2 x 2 x 512] (largest first)
+    case = DATA["block_quant_two_pools"]
+    inputs, tpb = case["inputs"], case["inputs"]["tokens_per_block"]
+    kv, bq = inputs["kv_buf_size"] // tpb, inputs["block_quant_buf_size"] // tpb
+    layers = tuple(range(inputs["layers"]))
+    g = LayerGroup("full", "full", layers, tpb, row_bytes=(2 * kv + 2 * bq) * len(layers), buffers=(kv, kv, bq, bq))
+    spec = model(g)
+    cycles = storage.life_cycles(spec)
+    assert len(cycles) == case["life_cycles"]
+    assert list(storage.pool_groups(cycles)) == [tuple(case["slot_sizes"])]
+
+
+@pytest.mark.parametrize("case", DATA["cold_codec_hot_slots"], ids=lambda c: c["source"].rsplit("::", 1)[1])
+def test_hot_pool_groups_of_the_cold_codec_tests(case: dict[str, Any]) -> None:
+    # one KEY buffer per layer of key_bytes per block; initial_pool_ratio, one constraint, max_util_for_resume 1.0:
+    # the hot tier's slot count of each layer's pool group is the test's `total`
+    inputs = case["inputs"]
+    tpb = inputs["tokens_per_block"]
+    groups = tuple(
+        LayerGroup(
+            f"l{i}",
+            "full" if w is None else "sliding",
+            (i,),
+            tpb,
+            row_bytes=key // tpb,
+            window=w,
+            buffers=(key // tpb,),
+        )
+        for i, (key, w) in enumerate(zip(inputs["key_bytes"], inputs["windows"], strict=True))
+    )
+    options = V2Options(
+        constraints=(_batch(inputs["constraint"]),),
+        pool_ratio=tuple(inputs["initial_pool_ratio"]),
+        max_util_for_resume=inputs["max_util_for_resume"],
+    )
+    sizing = trtllm_v2.size(model(*groups), inputs["gpu_quota"], options)
+    slots = {name: n for names, _, _, _, n in sizing.pool_groups for name in names}
+    assert [slots[g.name] for g in groups] == case["hot_totals_by_layer"]
+
+
+def test_water_filling_keeps_every_floor_at_the_floors_quota() -> None:
+    # ratio_to_slot_count_list at exactly the grains the floors take: every pool group keeps its floor
+    case = DATA["ratio_to_slot_count_list_preserves_min_slots"]["inputs"]
+    gran, floors = case["granularity"], case["min_slots"]
+    sizes = [tuple(s) for s in case["slot_size_lists"]]
+    total = sum(storage.grains_for_slots(f, s, gran) for f, s in zip(floors, sizes, strict=True))
+    ratio = [np.float32(r) for r in case["ratio_list"]]
+    slots = storage.water_fill(total, gran, sizes, ratio, floors)
+    assert all(n >= f for n, f in zip(slots, floors, strict=True))
+    assert sum(storage.grains_for_slots(n, s, gran) for n, s in zip(slots, sizes, strict=True)) <= total
+
+
+def test_grains_to_slots_refines_the_proportional_split() -> None:
+    # the grains of 157 slots split over two pools by size alone hold fewer than 157; the refinement restores them
+    case = DATA["grains_to_slots_refines_proportional_lower_bound"]["inputs"]
+    gran, sizes, floor = case["granularity"], tuple(case["slot_size_list"]), case["min_slots"]
+    grains = storage.grains_for_slots(floor, sizes, gran)
+    slots, used = storage.grains_to_slots(grains, sizes, gran)
+    assert slots >= floor and used <= grains
+    assert storage.grains_for_slots(slots + 1, sizes, gran) > grains
