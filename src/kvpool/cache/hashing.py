@@ -180,16 +180,15 @@ def extend_hashes(
     `chain` defaults to `page_chain`; a `LookaheadChain` digests only the pages
     whose `ahead` following ids are known, so `hashes` may stop short."""
     first = len(hashes)
-    ahead = getattr(chain, "ahead", 0)
+    if first >= num_blocks:
+        return
     ids = tokens if type(tokens) is array else array("q", tokens)
+    ahead = 0 if chain is None else getattr(chain, "ahead", 0)
     if ahead:  # a page is digested once the `ahead` ids after it are known
         num_blocks = min(num_blocks, (base + len(ids) - ahead) // tokens_per_block)
-        if first >= num_blocks:
-            return
-        data = ids[first * tokens_per_block - base : num_blocks * tokens_per_block + ahead - base].tobytes()
-        hashes += chain(hashes[-1] if hashes else seed, data, 8 * tokens_per_block)  # type: ignore[misc]
-        return
-    if first >= num_blocks:
+        if first < num_blocks:
+            data = ids[first * tokens_per_block - base : num_blocks * tokens_per_block + ahead - base].tobytes()
+            hashes += chain(hashes[-1] if hashes else seed, data, 8 * tokens_per_block)  # type: ignore[misc]
         return
     if first + 1 == num_blocks and chain is None:  # one page (a decode step's): one digest call
         page = ids[first * tokens_per_block - base : num_blocks * tokens_per_block - base].tobytes()

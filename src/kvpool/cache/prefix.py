@@ -165,7 +165,7 @@ def claim(t: PageTables, gi: int, req: Request, first: int, k: int, tier: ColdTi
 
 def lookahead(req: Request) -> int:
     """The token ids after each page that `req`'s page digests cover (`LookaheadChain`), 0 for none."""
-    return getattr(req.chain, "ahead", 0)
+    return 0 if req.chain is None else getattr(req.chain, "ahead", 0)
 
 
 def page_ids(t: PageTables, req: Request, block: int, end: int | None = None, ahead: int = 0) -> array[int] | None:
@@ -282,7 +282,8 @@ def commit(
         hashes, slot = req.hashes, req.slot
         extend_hashes(hashes, ids, tpb, req.seed, k, req.chain, req.base)
         ahead = lookahead(req)
-        k = min(k, len(hashes))  # lookahead digests: the pages whose following ids are known
+        if ahead:  # lookahead digests: only the pages whose following ids are known
+            k = min(k, len(hashes))
     if k > done:
         for gi, pool in enumerate(t.pools):
             nblk = req.nblk[gi]
