@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpool.engines import trtllm, trtllm_v2
+from kvpool.engines import trtllm, trtllm_v2, trtllm_v2_executor
 from kvpool.engines import trtllm_v2_storage as storage
 from kvpool.engines.trtllm_v2 import V2Options
 from kvpool.errors import LimitsError
@@ -36,7 +36,7 @@ def _batch(rows: list[list[int]]) -> tuple[tuple[int, int], ...]:
 
 @pytest.mark.parametrize("case", DATA["executor_batches"], ids=lambda c: c["source"].rsplit("::", 1)[1])
 def test_executor_typical_step_and_constraints(case: dict[str, Any]) -> None:
-    typical, constraints = trtllm_v2.executor_batches(**case["inputs"])
+    typical, constraints = trtllm_v2_executor.executor_batches(**case["inputs"])
     expected = case["typical_step"]
     assert typical == (None if expected is None else _batch(expected))
     if case.get("constraints") is not None:
@@ -48,7 +48,7 @@ def test_executor_typical_step_and_constraints(case: dict[str, Any]) -> None:
 def test_executor_refuses_avg_seq_len_past_max_seq_len() -> None:
     case = DATA["avg_seq_len_too_long"]
     with pytest.raises(LimitsError, match=case["raises_mentioning"]):
-        trtllm_v2.executor_batches(**case["inputs"])
+        trtllm_v2_executor.executor_batches(**case["inputs"])
 
 
 def test_ssm_only_pool_holds_quota_over_slot() -> None:
@@ -98,7 +98,7 @@ def test_executor_test_manager_floors_and_slots() -> None:
     # block, GPU quota 1 GiB, B 3, L 1024, N 2048, d 2, S 1024. Constraint A holds 1024 / 128 = 8 + 1 + 1 = 10
     # slots, B 2048 / 128 = 16; scaled by 1 / 0.95f: 11 and 17, so the floor is 17. One pool group takes the
     # whole quota: 1 GiB at 2 MiB grains / (128 x 128 B) = 65,536 slots.
-    typical, constraints = trtllm_v2.executor_batches(
+    typical, constraints = trtllm_v2_executor.executor_batches(
         max_batch_size=3, max_seq_len=1024, max_num_tokens=2048, max_draft_len=2, avg_seq_len=1024
     )
     spec = model(group("full", row_bytes=128, tpb=128))
@@ -127,7 +127,7 @@ def test_typical_step_at_max_seq_len_starves_the_sliding_pool() -> None:
     # at S = L: [(8192, 0)] + 255 x [(8192, 8191)]: full 256 x 256 x 5 = 327,680; sliding
     # (256 + 255 x (256 - (8192 - 1024) // 32)) x 25 = (256 + 255 x 32) x 25 = 210,400 -> full 60.9 %.
     spec = hybrid(full_row=5 * 256 * 1024, sliding_row=25 * 256 * 1024, window=1024)
-    typical, constraints = trtllm_v2.executor_batches(
+    typical, constraints = trtllm_v2_executor.executor_batches(
         max_batch_size=256, max_seq_len=8192, max_num_tokens=8192, avg_seq_len=8192
     )
 
@@ -169,22 +169,24 @@ def test_max_tokens_caps_the_quota() -> None:
 def test_deepseek_v4_windows_widened_by_the_draft_length() -> None:
     # deepseek_v4/cache_manager.py _get_window_size: SWA W + d; compressor state factor x ratio + d with
     # factor 2 for the overlapping ratio-4 compressor; the compressed cache has no window
-    assert trtllm_v2.deepseek_v4_window("swa", 1, 128, 3) == 131
-    assert trtllm_v2.deepseek_v4_window("compressor", 4, 128, 3) == 11
-    assert trtllm_v2.deepseek_v4_window("compressor", 128, 128, 0) == 128
-    assert trtllm_v2.deepseek_v4_window("compress", 4, 128, 3) is None
+    assert trtllm_v2_executor.deepseek_v4_window("swa", 1, 128, 3) == 131
+    assert trtllm_v2_executor.deepseek_v4_window("compressor", 4, 128, 3) == 11
+    assert trtllm_v2_executor.deepseek_v4_window("compressor", 128, 128, 0) == 128
+    assert trtllm_v2_executor.deepseek_v4_window("compress", 4, 128, 3) is None
     with pytest.raises(LimitsError):
-        trtllm_v2.deepseek_v4_window("indexer", 4, 128, 3)
+        trtllm_v2_executor.deepseek_v4_window("indexer", 4, 128, 3)
 
 
 def test_deepseek_v4_batches_default_to_max_seq_len() -> None:
     # test_typical_seq_len_preserves_deepseek_v4_fallback: no avg_seq_len -> max_seq_len, 256 -> 256
-    typical, constraints = trtllm_v2.deepseek_v4_batches(
+    typical, constraints = trtllm_v2_executor.deepseek_v4_batches(
         max_batch_size=3, max_seq_len=1024, max_num_tokens=2048, max_draft_len=2
     )
     assert typical == ((2048, 0), (1024, 1021), (1024, 1021))
     assert constraints == (((1024, 1023),), ((2048, 0),))
-    typical, _ = trtllm_v2.deepseek_v4_batches(max_batch_size=2, max_seq_len=1024, max_draft_len=2, avg_seq_len=256)
+    typical, _ = trtllm_v2_executor.deepseek_v4_batches(
+        max_batch_size=2, max_seq_len=1024, max_draft_len=2, avg_seq_len=256
+    )
     assert typical == ((256, 0), (256, 253))
 
 
@@ -204,7 +206,7 @@ def test_window_extra_widens_sliding_slots() -> None:
     quota=st.integers(64 * MiB, 64 * GiB),
 )
 def test_constraint_floors_hold_every_constraint(b: int, length: int, util: float, quota: int) -> None:
-    typical, constraints = trtllm_v2.executor_batches(
+    typical, constraints = trtllm_v2_executor.executor_batches(
         max_batch_size=b, max_seq_len=length, max_num_tokens=2048, avg_seq_len=length // 2
     )
     spec = hybrid(full_row=1024, sliding_row=4096, window=512)
@@ -228,7 +230,7 @@ def test_v2_typical_manager_uses_the_executor_batches() -> None:
     lim = ServingLimits(max_seq_len=1024, max_batch_size=3, max_num_tokens=2048, max_draft_len=2, avg_seq_len=1024)
     report = trtllm.allocate(spec, lim, GiB, manager="v2-typical")
     assert "typical step" in report.version_modelled and report.group_pages == {"full": 65_536}
-    assert trtllm_v2.options_for(lim, avg_seq_len=1024).constraints[0][1:] == ((3, 0), (3, 0))
+    assert trtllm_v2_executor.options_for(lim, avg_seq_len=1024).constraints[0][1:] == ((3, 0), (3, 0))
     with pytest.raises(LimitsError, match="avg_seq_len"):
         trtllm.allocate(spec, ServingLimits(max_seq_len=1024), GiB, manager="v2-typical")
 
