@@ -11,7 +11,7 @@ from typing import Any
 
 from kvpool import deploy
 from kvpool.cli.common import add_json_arg, checked, positive_int, print_json, say_fallback, table
-from kvpool.cli.files import atomic_path, output_file
+from kvpool.cli.files import output_file, write_output
 from kvpool.cli.plan_args import add_plan_args, plan_keywords
 from kvpool.cli.plan_cmd import render_memory
 from kvpool.cli.tiers_args import add_tier_args
@@ -98,8 +98,7 @@ def emit_to(path: Path, fits: tuple[EngineFit, ...]) -> Path:
         raise KvpoolError("nothing to emit: no layout holds the requests")
     if fits[0].emitted is None:
         raise KvpoolError(f"nothing to emit: {fits[0].reasons[0]}")
-    with atomic_path(path) as tmp:  # a failed write leaves neither FILE nor a temporary beside it
-        tmp.write_text(fits[0].emitted.text() + "\n")
+    path = write_output(path, fits[0].emitted.text() + "\n", "--emit-to")
     print(f"kvpool fit: wrote the {fits[0].engine} launch to {path}", file=sys.stderr)
     return path
 

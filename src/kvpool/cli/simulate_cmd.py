@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from kvpool.cli.common import add_json_arg, print_json, say_fallback
-from kvpool.cli.files import check_input
+from kvpool.cli.files import check_input, check_output, write_output
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.cli.plan_args import add_plan_args, plan_keywords
 from kvpool.cli.sim_output import ProgressBar, parse_rate, rebalance_lines, results_table, sweep_table
@@ -85,6 +85,9 @@ def simulate_keywords(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     if args.plot is not None and not args.plot.strip():
         raise KvpoolError("--plot is empty; give a value or leave the flag out")
+    if args.plot is not None:
+        with flagged("--plot"):
+            check_output(args.plot)
     setup = Simulation.of(args.model, **simulate_keywords(args))
     say_fallback(setup.spec)
     publisher = open_publisher(args, setup.spec.groups)
@@ -108,18 +111,22 @@ def run(args: argparse.Namespace) -> int:
 
 def plot(args: argparse.Namespace, result: SimulationResult) -> None:
     """--plot: the runs (and the sweep's curve), or with a list of host sizes the
-    prompt hits and TTFT against the host tier."""
-    from kvpool.sim.plot import plot_host_sweep, plot_runs
+    prompt hits and TTFT against the host tier; written whole or not at all."""
+    from kvpool.sim.plot import plot_format, plot_host_sweep, plot_runs
 
-    s = result.simulation
+    s, fmt = result.simulation, plot_format(args.plot)
     title = f"{s.spec.name} on {s.gpu.key}, {s.trace.name}"
     if s.tiers is not None and s.tiers.sweep:
-        plot_host_sweep(args.plot, [((r.tiers or {})["bytes"].get("CPU", 0), r) for r in result.runs], title=title)
+        points = [((r.tiers or {})["bytes"].get("CPU", 0), r) for r in result.runs]
+        write_output(args.plot, lambda f: plot_host_sweep(f, points, title=title, fmt=fmt), "--plot")
         return
     if s.tiers is None and args.rate:
         title += f" @ {args.rate}/s"
     group = s.sweep.group if s.sweep is not None else None
-    plot_runs(args.plot, list(result.runs), title=title, sweep_group=group, sweep=list(result.sweep))
+    runs, sweep = list(result.runs), list(result.sweep)
+    write_output(
+        args.plot, lambda f: plot_runs(f, runs, title=title, sweep_group=group, sweep=sweep, fmt=fmt), "--plot"
+    )
 
 
 def render(args: argparse.Namespace, result: SimulationResult) -> str:
