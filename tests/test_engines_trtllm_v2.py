@@ -63,7 +63,7 @@ def test_pool_groups_merge_equal_slot_sizes() -> None:
 
 
 def test_gemma_4_fp8_60_gib_gives_v2_slots() -> None:
-    # issue 26: V2 gives sliding 15,728 / full 39,321. By hand: 60 GiB / 32 MiB = 1920 grains; the fallback
+    # TensorRT-LLM V2 gives sliding 15,728 / full 39,321. By hand: 60 GiB / 32 MiB = 1920 grains; the fallback
     # request holds 33 x 3,276,800 B (-> 4 grains) and 65 x 327,680 B (-> 1 grain): ratio 4 : 1, so
     # 1536 and 384 grains; 1536 x 32 MiB // 3,276,800 = 15,728 and 384 x 32 MiB // 327,680 = 39,321.
     spec = load_model_spec("gemma-4-26b-a4b", kv_dtype="fp8")
