@@ -1,6 +1,6 @@
 """What one simulated replica is made of, as a value (`ReplicaSpec`), and what
 building it gives (`Setup`: manager, scheduler, warmup report, the groups
-results report; `TierCopies`: the cost of the cold tiers' copies).
+results report; `CopyTime`: the cost of the cold tiers' copies).
 
 A spec holds no state: `build_setup(spec)` makes a fresh session each time, so
 one spec can be simulated any number of times (`kvpool.sim.Replica(spec)`).
@@ -74,7 +74,7 @@ class Setup:
 
 
 @dataclass
-class TierCopies:
+class CopyTime:
     """The cold tiers' copies: a step (or a run of steps) waits for the pages
     the manager moved between the GPU and the tiers meanwhile (`link`)."""
 
@@ -89,7 +89,7 @@ class TierCopies:
         return dt
 
 
-def build_setup(spec: ReplicaSpec, *, events: bool = False) -> tuple[Setup, TierCopies | None]:
+def build_setup(spec: ReplicaSpec, *, events: bool = False) -> tuple[Setup, CopyTime | None]:
     """A fresh session for `spec`: manager (recording KV events only with
     `events`), scheduler (suspending victims with `preemption="suspend"`),
     warmup report and reported groups; the tiers' copies when there are tiers."""
@@ -103,7 +103,7 @@ def build_setup(spec: ReplicaSpec, *, events: bool = False) -> tuple[Setup, Tier
     copies = None
     if spec.tiers:
         assert spec.link is not None  # the spec checked
-        copies = TierCopies(PageMoves([g.slot_bytes for g in plan.spec.groups]), spec.link)
+        copies = CopyTime(PageMoves([g.slot_bytes for g in plan.spec.groups]), spec.link)
         manager.set_tier_copies(copies.moves)
     if spec.preemption == "suspend":
         sched = Scheduler(

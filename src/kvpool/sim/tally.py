@@ -11,7 +11,7 @@ import numpy as np
 
 from kvpool.sched import Scheduler, Sequence, Step
 from kvpool.sim.metrics import GroupUsage, RequestRecord, SimResult
-from kvpool.sim.replica_spec import ReplicaSpec, Setup, TierCopies
+from kvpool.sim.replica_spec import CopyTime, ReplicaSpec, Setup
 from kvpool.sim.transfers import PageMoves
 from kvpool.sim.usage import PageUsage, group_members
 
@@ -95,7 +95,7 @@ def result_of(
     first_arrival: float,
     now: float,
     wall_s: float,
-    copies: TierCopies | None,
+    copies: CopyTime | None,
 ) -> SimResult:
     """The run's metrics so far."""
     plan, manager, sched, groups = spec.plan, setup.manager, setup.sched, setup.groups
