@@ -1,11 +1,12 @@
-# Two entry points: `make demo` (set up, then run kvpool on bundled presets)
-# and `make test` (set up, then lint, type-check and run the whole suite).
+# Entry points: `make demo` (set up, then run kvpool on bundled presets), `make test`
+# (set up, then lint, type-check and run the whole suite, side venvs and Chromium included)
+# and `make test-core` (the same without what needs more than `make setup`: README.md).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint typecheck unit bench bench-peers peers-setup clean browser-setup
+.PHONY: setup demo test test-core lint typecheck unit bench bench-peers peers-setup clean browser-setup
 
 setup: $(STAMP)
 
@@ -23,9 +24,9 @@ demo: setup
 	@echo; echo "== Gemma 4 on 60 GiB: default split (reference request) vs sizing from avg_seq_len = max_seq_len"
 	$(BIN)/kvpool plan gemma-4-26b-a4b --kv-dtype fp8 --kv-memory 60GiB --max-seq-len 32768
 	$(BIN)/kvpool plan gemma-4-26b-a4b --kv-dtype fp8 --kv-memory 60GiB --max-seq-len 32768 --avg-seq-len 32768
-	@echo; echo "== DeepSeek-V4 at 1M context on 2 GiB: infeasible (exit 2, one line naming the longest max_seq_len that fits), then that length"
+	@echo; echo "== DeepSeek-V4 at 1M context on 2 GiB: infeasible (exit 2, one line naming the longest max_seq_len that fits), then that length, which plans without a warning"
 	-$(BIN)/kvpool plan deepseek-v4-flash --kv-dtype fp8 --kv-memory 2GiB --max-seq-len 1048576 --max-batch-size 16
-	$(BIN)/kvpool plan deepseek-v4-flash --kv-dtype fp8 --kv-memory 2GiB --max-seq-len 509952 --max-batch-size 16
+	$(BIN)/kvpool plan deepseek-v4-flash --kv-dtype fp8 --kv-memory 2GiB --max-seq-len 509184 --max-batch-size 16
 	@echo; echo "== CUDA-graph warmup dry run on the default Gemma 4 plan: every shape captured, padding dummies reserved"
 	$(BIN)/kvpool warmup gemma-4-26b-a4b --kv-dtype fp8 --kv-memory 60GiB --max-seq-len 32768 --draft-len 4 --draft-lens 0,4
 	@echo; echo "== A pool too small for big batches: the skipped shape names the group and the pages short"
@@ -56,7 +57,13 @@ browser-setup:
 
 test: lint typecheck browser-setup unit
 
-bench: setup
+# The core in a few minutes: lint, types, and every test but those that need the engines'
+# side venvs, Chromium or the reference engine's torch models, and the whole studies
+# (markers `outside` and `slow`, tests/conftest.py). Installs nothing beyond `make setup`.
+test-core: lint typecheck
+	$(BIN)/pytest -m "not slow and not outside"
+
+bench: setup dynamo-venv
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 # The side-by-side manager benchmark against vLLM, SGLang and nano-vllm (benchmarks/peers/README.md).

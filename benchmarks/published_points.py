@@ -3,14 +3,14 @@
 Each row of tests/data/published_points/points.csv (README.md there names the sources
 and columns) is one published measurement: a model on a GPU at a stated parallelism,
 requests of ISL input and OSL output tokens, a concurrency and a measured throughput or
-latency. This script builds what `kvpool simulate` would build for it (the same argument
-parser, `simulate_cmd.prepare`, `StepTimeModel.build`, the engine's `engine:*` plan and
-admission, `kvpool.sim.simulate`), runs N requests that all arrive at t=0 with at most
-`concurrency` running (`--max-batch-size`), and prints simulated vs measured and the time
+latency. This script sets up what `kvpool simulate` sets up for it (the library's
+`kvpool.deploy.Simulation`: the budget, `StepTimeModel.build`, the engine's `engine:*` plan
+and admission, `kvpool.sim.simulate`), runs N requests that all arrive at t=0 with at most
+`concurrency` running (`max_batch_size`), and prints simulated vs measured and the time
 ratio simulated / measured (> 1: the simulator is slower than the GPU was).
 
-The only departure from `kvpool simulate`: the step-time model gets the checkpoint's
-real bytes per parameter (FP8 = 1, NVFP4 = 0.5625), which `--weights-bytes` cannot say.
+The only departure from `kvpool simulate`: the weights are the checkpoint's real bytes per
+parameter (FP8 = 1, NVFP4 = 0.5625, the library's `weights=`), which `--weights-bytes` cannot say.
 
     .venv/bin/python benchmarks/published_points.py            # table + median + worst
     .venv/bin/python benchmarks/published_points.py --markdown # the table for docs/sim.md
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import json
 import math
 import statistics
@@ -33,10 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from kvpool.cli.main import build_parser
-from kvpool.cli.sim_output import ProgressBar
-from kvpool.cli.simulate_cmd import Runner, calibration_from, prepare
-from kvpool.sim import StepTimeModel, Weights
+from kvpool.deploy import Simulation
+from kvpool.sim import Weights, load_weights
 from kvpool.sim.steptime import params_table
 from kvpool.trace import Trace
 
@@ -44,14 +41,15 @@ ROOT = Path(__file__).resolve().parents[1]
 POINTS = ROOT / "tests" / "data" / "published_points" / "points.csv"
 CONFIGS = ROOT / "tests" / "data" / "configs"
 
-BYTES_PER_PARAM = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}  # NVFP4: 4 bits + one FP8 scale per 16
+# NVFP4: 4 bits + one FP8 scale per 16; MXFP4 (gpt-oss): None, the checkpoint as kvpool sizes it from the
+# config's quantization_config (experts 4 bits + one E8M0 scale per 32, the rest bf16; models/weight_dtype.py)
+BYTES_PER_PARAM: dict[str, float | None] = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625, "mxfp4": None}
 ENGINE_POLICY = {"trtllm": "engine:trtllm", "nim": "engine:trtllm", "vllm": "engine:vllm"}
-METRICS = ("output_tok_s", "batch_latency_ms")
+METRICS = ("output_tok_s", "batch_latency_ms", "duration_s")
 # Parameter counts of models that are configs here, not presets (the table has no row):
 # Mixtral 8x7B: "46.7B total parameters but only uses 12.9B parameters per token"
 # (Mistral AI, "Mixtral of experts", mistral.ai/news/mixtral-of-experts).
 CONFIG_PARAMS = {"Mixtral-8x7B-v0.1.json": (46.7e9, 12.9e9)}
-ANY_TRACE = "azure-conv"  # prepare() loads a trace; the harness replaces it with the point's
 
 
 class PointError(ValueError):
@@ -149,6 +147,10 @@ class Point:
                 raise PointError(f"line {line}: {name} {value!r} is not one of {', '.join(allowed)}")
         if p.concurrency % p.dp:
             raise PointError(f"line {line}: concurrency {p.concurrency} does not split over dp {p.dp}")
+        if p.metric == "duration_s" and p.num_requests is None:
+            raise PointError(f"line {line}: a duration_s point needs num_requests")
+        if p.weights == "mxfp4" and p.model.startswith("config:"):
+            raise PointError(f"line {line}: mxfp4 weights are sized from a preset's config")
         return p
 
     @property
@@ -189,56 +191,45 @@ def requests_per_rank(p: Point, waves: int) -> int:
     per_rank = p.concurrency // p.dp
     if p.metric == "batch_latency_ms":
         return per_rank
+    if p.metric == "duration_s":  # every request the source sent, at once
+        assert p.num_requests is not None  # from_row checked
+        return max(1, p.num_requests // p.dp)
     n = per_rank * max(1, waves)
     if p.num_requests is not None:
         n = min(n, max(1, p.num_requests // p.dp))
     return n
 
 
-def simulate_args(p: Point, calibration: str | None) -> argparse.Namespace:
-    """The `kvpool simulate` command line of the point, parsed by kvpool's own parser."""
-    total, active = p.params
-    argv = [
-        "simulate",
+def simulation(p: Point, calibration: str | None, waves: int = 2) -> Simulation:
+    """What `kvpool simulate` sets up for the point (`kvpool.deploy`), its requests the
+    trace: `requests_per_rank(p, waves)` requests of ISL + OSL, all arriving at t=0."""
+    n = requests_per_rank(p, waves)
+    trace = Trace(p.id, np.full(n, p.isl, dtype=np.int64), np.full(n, p.osl, dtype=np.int64), arrival_s=np.zeros(n))
+    return Simulation.of(
         p.model_arg,
-        "--gpu",
-        p.gpu,
-        "--tp",
-        str(p.tp),
-        "--kv-dtype",
-        p.kv_dtype,
-        "--max-batch-size",
-        str(p.concurrency // p.dp),
-        "--max-num-tokens",
-        str(p.max_num_tokens),
-        "--max-seq-len",
-        str(p.isl + p.osl),
-        "--trace",
-        ANY_TRACE,
-        "--max-requests",
-        "1",
-        "--rate",
-        "inf",
-        "--policy",
-        ENGINE_POLICY[p.engine],
-        "--weights-bytes",
-        str(int(total * BYTES_PER_PARAM[p.weights])),
-        "--quiet",
-    ]
-    if p.ep > 1:
-        argv += ["--ep", str(p.ep)]
-    if p.dp > 1:
-        argv += ["--dp", str(p.dp)]
-    if p.model.startswith("config:"):
-        argv += ["--active-params", f"{active:.6g}"]
-    if calibration is not None:
-        argv += ["--calibration", calibration]
-    return build_parser().parse_args(argv)
+        gpu=p.gpu,
+        trace=trace,
+        tp=p.tp,
+        ep=p.ep,
+        dp=p.dp,
+        kv_dtype=p.kv_dtype,
+        max_batch_size=p.concurrency // p.dp,
+        max_num_tokens=p.max_num_tokens,
+        max_seq_len=p.isl + p.osl,
+        policy=ENGINE_POLICY[p.engine],
+        # the budget's weights, and one rank's share of them for the steps; MXFP4 checkpoints are
+        # sized from their config's quantization_config, as `kvpool simulate` sizes them
+        weights=None if BYTES_PER_PARAM[p.weights] is None else point_weights(p, 1.0),
+        calibration=calibration,
+    )
 
 
 def point_weights(p: Point, share: float) -> Weights:
     """One rank's weights at the checkpoint's bytes per parameter (`share` of them)."""
     total, active = p.params
+    if BYTES_PER_PARAM[p.weights] is None:  # the preset's own parameter table (its checkpoint's bytes)
+        w = load_weights(p.model)
+        return Weights(total * share, active * share, w.bytes_per_param, w.num_experts, w.experts_per_token, w.source)
     experts = top_k = None
     if p.model.startswith("config:"):
         config = json.loads((CONFIGS / p.model.removeprefix("config:")).read_text())
@@ -248,35 +239,26 @@ def point_weights(p: Point, share: float) -> Weights:
     else:
         row = params_table()[p.model.lower()]
         experts, top_k, source = row.get("num_experts"), row.get("experts_per_token"), str(row["source"])
-    return Weights(
-        total * share, active * share, BYTES_PER_PARAM[p.weights], experts, top_k, f"{source}; {p.weights} weights"
-    )
+    bpp = BYTES_PER_PARAM[p.weights]
+    assert bpp is not None
+    return Weights(total * share, active * share, bpp, experts, top_k, f"{source}; {p.weights} weights")
 
 
 def replay(p: Point, *, waves: int = 2, calibration: str | None = None) -> dict[str, Any]:
     """Simulate one point; its row: measured and simulated (metric units and seconds) and
     the time ratio simulated / measured."""
-    args = simulate_args(p, calibration)
-    setup = prepare(args)
-    total, _ = p.params
-    memory = setup.resolved.budget.memory
-    # one rank's share of the weights, as simulate_cmd.prepare takes it
-    share = memory.weights_bytes / (total * BYTES_PER_PARAM[p.weights]) if memory is not None else 1 / p.tp
-    model = StepTimeModel.build(setup.resolved.spec, setup.gpu, point_weights(p, share), calibration_from(calibration))
-    n = requests_per_rank(p, waves)
-    trace = Trace(p.id, np.full(n, p.isl, dtype=np.int64), np.full(n, p.osl, dtype=np.int64), arrival_s=np.zeros(n))
-    setup = dataclasses.replace(setup, model=model, trace=trace)
-    notes: list[str] = []
-    runner = Runner(setup, False, ProgressBar(False), None, notes)
-    policy = setup.policies[0]
+    setup = simulation(p, calibration, waves)
+    n, policy = len(setup.trace), setup.policies[0]
     started = time.monotonic()
-    result = runner.one(policy, runner.plan(policy, with_model=True))
+    result = setup.run().runs[0]
     if result.finished != n:
         raise PointError(f"{p.id}: {n - result.finished} of {n} requests not done ({result.rejected} rejected)")
     simulated_s = result.makespan_s
     if p.metric == "output_tok_s":
         measured_s = n * p.osl / (p.measured / p.dp)
         simulated = n * p.osl / simulated_s * p.dp
+    elif p.metric == "duration_s":
+        measured_s, simulated = p.measured, simulated_s
     else:
         measured_s = p.measured / 1000
         simulated = simulated_s * 1000
@@ -302,7 +284,7 @@ def replay(p: Point, *, waves: int = 2, calibration: str | None = None) -> dict[
         "simulated_s": simulated_s,
         "ratio": simulated_s / measured_s,
         "preemptions": result.preemptions,
-        "calibration": model.calibration,
+        "calibration": setup.model.calibration,
         "wall_s": time.monotonic() - started,
         "source": p.source,
     }
@@ -321,7 +303,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _value(metric: str, x: float) -> str:
-    return f"{x:,.0f} tok/s" if metric == "output_tok_s" else f"{x:,.0f} ms"
+    return {"output_tok_s": f"{x:,.0f} tok/s", "duration_s": f"{x:,.1f} s"}.get(metric, f"{x:,.0f} ms")
 
 
 def table(rows: list[dict[str, Any]], *, markdown: bool) -> str:

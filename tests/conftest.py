@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +23,30 @@ if os.environ.get("CI"):
 collect_ignore_glob = []
 if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
     collect_ignore_glob += ["test_engine_*.py", "engine_helpers.py"]
+
+
+# What `make test-core` leaves out (`-m "not slow and not outside"`; `make test` runs it all):
+# tests that need what `make setup` does not install (the engines' side venvs: every module
+# that reads KVPOOL_ENGINES_REQUIRED; Chromium) or that run the reference engine's torch
+# models, and whole studies (marked slow where they are).
+OUTSIDE = ("test_serve_browser.py", "test_engine_")
+
+
+@functools.cache
+def outside(path: Path) -> bool:
+    return path.name.startswith(OUTSIDE) or "KVPOOL_ENGINES_REQUIRED" in path.read_text(encoding="utf-8")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "outside: needs what make setup does not install, or runs torch models (conftest OUTSIDE)"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if outside(item.path):
+            item.add_marker(pytest.mark.outside)
 
 
 def attention_config(**overrides: Any) -> dict[str, Any]:

@@ -104,3 +104,52 @@ def test_tests_import_factories_from_helper_modules_not_from_other_tests() -> No
         if module.startswith("test_")
     ]
     assert not bad, bad
+
+
+def test_the_cli_only_parses_and_prints() -> None:
+    """docs/design.md, layers: `cli` sits on top of `deploy`. No module outside `cli` (but
+    `python -m kvpool`) and no benchmark imports the CLI; `deploy` and the layers below
+    import no `cli`; `kvpool serve` calls the library and builds no command line."""
+    bad = []
+    sources = [*SRC.rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
+    for path in sources:
+        name = str(path.relative_to(ROOT))
+        if "/kvpool/cli/" in name or name.endswith("kvpool/__main__.py"):
+            continue
+        for module, _, line in runtime_imports(path):
+            if module.startswith("kvpool.cli"):
+                bad.append(f"{name}:{line} imports {module}")
+    assert not bad, "\n".join(bad)
+    serve = (SRC / "cli" / "serve_cmd.py").read_text()
+    assert "deploy.fit(" in serve and "build_parser" not in serve and "parse_args" not in serve
+
+
+# the layers `kvpool.fleet` may import (docs/design.md: it sits above sim), and who may import it
+FLEET_IMPORTS = (
+    "fleet",
+    "sim",
+    "sched",
+    "cache",
+    "index",
+    "plan",
+    "spec",
+    "presets",
+    "models",
+    "trace",
+    "errors",
+    "units",
+)
+
+
+def test_the_fleet_sits_above_the_simulator() -> None:
+    bad = []
+    for name, path in modules().items():
+        for module, _, line in runtime_imports(path):
+            if not module.startswith("kvpool."):
+                continue
+            layer = module.split(".")[1]
+            if name.startswith("kvpool.fleet") and layer not in FLEET_IMPORTS:
+                bad.append(f"{name}:{line} imports {module}")
+            if layer == "fleet" and not name.startswith(("kvpool.fleet", "kvpool.deploy", "kvpool.cli")):
+                bad.append(f"{name}:{line} imports {module} (only deploy and the CLI sit above the fleet)")
+    assert not bad, bad

@@ -168,13 +168,13 @@ def test_any_size_text_is_read_or_refused_at_once(text: str) -> None:
     billion-digit integer: every size text is a number of bytes in [1, 2**60] or
     a KvpoolError, in well under a second."""
     from kvpool.errors import KvpoolError
-    from kvpool.units import MAX_SIZE, parse_size, parse_size_or_zero
+    from kvpool.units import MAX_SIZE, parse_size, size_or_zero
 
     start = time.perf_counter()
-    for read in (parse_size, parse_size_or_zero):
+    for read in (parse_size, size_or_zero):
         try:
             value = read(text)
         except KvpoolError:
             continue
-        assert (0 if read is parse_size_or_zero else 1) <= value <= MAX_SIZE
+        assert (0 if read is size_or_zero else 1) <= value <= MAX_SIZE
     assert time.perf_counter() - start < 1

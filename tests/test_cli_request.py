@@ -13,9 +13,10 @@ import pytest
 
 from conftest import attention_config
 from kvpool import load_model_spec, plan_pools, presets
-from kvpool.cli import plan_args
 from kvpool.cli.main import build_parser
-from kvpool.cli.request import BudgetOptions, LimitOptions, ModelOptions, PlanRequest
+from kvpool.cli.plan_args import plan_keywords
+from kvpool.deploy import resolution as deploy_resolve
+from kvpool.deploy.options import BudgetOptions, LimitOptions, ModelOptions, PlanRequest
 from kvpool.plan import ServingLimits
 
 
@@ -23,7 +24,7 @@ from kvpool.plan import ServingLimits
 def reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Count the bundled configs read and the specs built while a test runs."""
     counts = {"config": 0, "spec": 0}
-    load_config, build = presets.load_model_config, plan_args.spec_from_read  # type: ignore[attr-defined]
+    load_config, build = presets.load_model_config, deploy_resolve.spec_from_read  # type: ignore[attr-defined]
 
     def counted_config(name: str) -> dict[str, Any]:
         counts["config"] += 1
@@ -34,7 +35,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         return build(*a, **k)
 
     monkeypatch.setattr(presets, "load_model_config", counted_config)
-    monkeypatch.setattr(plan_args, "spec_from_read", counted_spec)
+    monkeypatch.setattr(deploy_resolve, "spec_from_read", counted_spec)
     return counts
 
 
@@ -52,16 +53,16 @@ def test_a_command_reads_the_config_once(cli: Any, reads: dict[str, int], argv: 
     code, _, err = cli(*argv)
     assert code == 0, err
     assert reads["config"] == 1
-    assert reads["spec"] == (0 if argv[0] == "inspect" else 1)
+    assert reads["spec"] == 1  # inspect too builds its one spec through deploy.resolution
 
 
 def test_the_request_is_frozen_and_holds_no_namespace() -> None:
     args = argparse.Namespace(
         **vars(build_parser().parse_args(["plan", "qwen3-8b", "--kv-memory", "4GiB", "--weights-memory", "1GiB"]))
     )
-    request = PlanRequest.from_args(args)
+    request = PlanRequest.of(args.model, args.gpu, **plan_keywords(args))
     with pytest.raises(dataclasses.FrozenInstanceError):
-        request.fit = True  # type: ignore[misc]
+        request.shrink_to_fit = True  # type: ignore[misc]
     parts: list[Any] = [request, request.model, request.budget, request.limits]
     assert all(dataclasses.is_dataclass(p) for p in parts)
     assert not any(isinstance(getattr(p, f.name), argparse.Namespace) for p in parts for f in dataclasses.fields(p))
@@ -73,7 +74,7 @@ def test_resolved_plan_is_the_library_plan() -> None:
     request = PlanRequest(
         ModelOptions("gemma-3-27b", tp=2), BudgetOptions(kv_memory="6GiB"), LimitOptions(64, 16384, 4096)
     )
-    resolved = plan_args.resolve(request)
+    resolved = deploy_resolve.resolve(request)
     spec = load_model_spec("gemma-3-27b", tp_size=2, max_seq_len=16384)
     limits = ServingLimits(max_batch_size=64, max_seq_len=16384, max_num_tokens=4096)
     expected = plan_pools(spec, limits, kv_memory_bytes=6 << 30)
@@ -87,7 +88,7 @@ def test_max_seq_len_defaults_to_the_models_positions_capped(tmp_path: Path) -> 
     small.write_text(json.dumps(attention_config(max_position_embeddings=3000)))
     for model, expected in (("qwen3-8b", 8192), (str(small), 3000)):
         request = PlanRequest(ModelOptions(model), BudgetOptions(kv_memory="4GiB"), LimitOptions(8, None, 2048))
-        assert plan_args.resolve(request).limits.max_seq_len == expected
+        assert deploy_resolve.resolve(request).limits.max_seq_len == expected
 
 
 def test_dp_that_does_not_divide_tp_is_named() -> None:

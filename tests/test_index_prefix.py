@@ -88,6 +88,9 @@ def test_the_index_answers_what_the_manager_holds(
         query = rng.choice(prefixes) + [rng.randrange(60) for _ in range(rng.randrange(0, 12))]
         salt = rng.choice(SALTS)
         assert index.query(query, salt)["w"] == m.cached_prefix(query, salt), (query, salt)
+    # what a router reads as the worker's cache size: the pages every GPU pool holds by digest
+    assert index.gpu_blocks("w") == sum(len(pool.cached) for pool in m.pools)
+    assert index.gpu_blocks("nobody") == 0
     m.check_integrity()
 
 

@@ -39,6 +39,8 @@ def test_json_has_exactly_the_issue_shape(capsys: pytest.CaptureFixture[str]) ->
         "total_bytes",
         "groups",
         "constraints",
+        "guarantees",
+        "advice",
         "max_concurrency",
         "warnings",
         "notes",
@@ -53,7 +55,13 @@ def test_json_has_exactly_the_issue_shape(capsys: pytest.CaptureFixture[str]) ->
         ("full", "full", None),
     ]
     assert all(g["bytes"] == g["pages"] * g["page_bytes"] for g in groups)
-    assert out["constraints"] == [] and out["warnings"] == []
+    assert out["constraints"] == [] and out["warnings"] == [] and out["advice"] is None
+    # the default plan holds the engine's warmup and one request at max_seq_len
+    assert [(g["name"], g["satisfied"]) for g in out["guarantees"]] == [
+        ("warmup_context", True),
+        ("warmup_batch", True),
+        ("max_seq_len", True),
+    ]
     conc = out["max_concurrency"]
     assert isinstance(conc, dict) and set(conc) == {"reference", "avg_seq_len", "max_seq_len"}
     assert conc["avg_seq_len"] is None and conc["reference"] > 256
@@ -114,17 +122,39 @@ def test_infeasible_plan_exits_2_with_one_line_naming_group_b_and_l(
     assert "largest max_batch_size that fits" in err and "largest max_seq_len that fits" in err
 
 
-def test_fit_that_cannot_fit_is_exit_2_with_the_length_that_does(cli: Any) -> None:
-    """--fit used to exit 0 with a plan that holds no request of max_seq_len (issue 30):
-    now one line names the length its constraints shrank to, and that length plans."""
+def test_fit_plans_at_the_length_the_error_names_and_says_so(cli: Any) -> None:
+    """--fit used to exit 0 with a plan that holds no request of max_seq_len (issue 30),
+    then exit 2 naming a length; now it takes that length: the plan is the one
+    `--max-seq-len` that length gives, and a warning says what was lowered."""
     args = ["plan", "deepseek-v4-flash", "--kv-memory", "4GiB", "--max-batch-size", "8"]
-    code, out, err = cli(*args, "--max-seq-len", "1000000", "--fit")
+    code, out, err = cli(*args, "--max-seq-len", "1000000")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
-    assert "holds no request of max_seq_len 1,000,000" in err
-    length = err.split("give --max-seq-len ")[1].split()[0]
+    length = err.split("largest max_seq_len that fits: ")[1].split(";")[0]
+    assert f"pass --fit to plan at max_seq_len {length}" in err
+    code, out, err = cli(*args, "--max-seq-len", "1000000", "--fit", "--json")
+    assert code == 0, err
+    fitted = json.loads(out)
+    assert fitted["max_concurrency"]["max_seq_len"] >= 1
+    assert any(f"lowered from 1000000 to {length}" in w for w in fitted["warnings"]), fitted["warnings"]
     code, out, err = cli(*args, "--max-seq-len", length, "--json")
     assert code == 0, err
-    assert json.loads(out)["max_concurrency"]["max_seq_len"] >= 1
+    asked = json.loads(out)
+    assert asked["groups"] == fitted["groups"] and asked["warnings"] == fitted["warnings"][:-1]
+
+
+def test_fit_that_no_length_helps_is_exit_2_with_the_change_that_would(cli: Any) -> None:
+    # 256 requests' compressor state alone (12,206,080 B each) need 2.9 GiB: no
+    # max_seq_len fits 1 GiB, a smaller batch does
+    code, out, err = cli(
+        "plan", "deepseek-v4-flash", "--kv-memory", "1GiB", "--max-seq-len", "65536", "--max-batch-size", "256", "--fit"
+    )
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "largest max_seq_len that fits: none" in err and "largest max_batch_size that fits: " in err
+    best = int(err.split("largest max_batch_size that fits: ")[1].split(";")[0])
+    code, out, err = cli(
+        "plan", "deepseek-v4-flash", "--kv-memory", "1GiB", "--max-seq-len", "65536", "--max-batch-size", str(best)
+    )
+    assert code == 0 and "cannot hold" not in out, err + out
 
 
 @pytest.mark.parametrize(

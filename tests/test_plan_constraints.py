@@ -21,13 +21,15 @@ def test_typical_step_has_the_exact_shapes() -> None:
 
 
 def test_extra_kv_tokens_are_in_the_context_entry() -> None:
-    # E = 2, N = 256: the context request holds 256 + 2 = 258 positions.
+    # E = 2, N = 256: the typical step's context request holds 256 + 2 = 258 positions;
+    # the context floor is the engine's context warmup, which also holds the first
+    # generated token and d = 2 drafts: 256 + 1 + 2 + 2 = 261.
     limits = ServingLimits(
         max_batch_size=3, max_seq_len=1024, max_num_tokens=256, max_draft_len=2, num_extra_kv_tokens=2, avg_seq_len=1024
     )
     plan = plan_pools(hybrid(), limits, kv_memory_bytes=GiB)
     assert plan.typical_step is not None and plan.typical_step[0] == Shape(258, 0)
-    assert [(c.name, c.batch) for c in plan.constraints] == [("context", (Shape(258, 0),))]
+    assert [(c.name, c.batch) for c in plan.constraints] == [("context", (Shape(261, 0),))]
 
 
 def test_without_max_num_tokens_the_context_entry_is_s() -> None:
@@ -51,11 +53,12 @@ def test_avg_seq_len_builds_the_typical_step_and_context_constraint() -> None:
     plan = plan_pools(hybrid(), limits, kv_memory_bytes=GiB)
     assert plan.policy == "typical_step"
     assert plan.typical_step == (Shape(2048, 0), Shape(1024, 1021), Shape(1024, 1021))
-    assert [(c.name, c.batch, c.satisfied) for c in plan.constraints] == [("context", (Shape(2048, 0),), True)]
+    # the context floor: N = 2048 prompt tokens, the first generated token, d = 2 drafts
+    assert [(c.name, c.batch, c.satisfied) for c in plan.constraints] == [("context", (Shape(2051, 0),), True)]
     # Typical step pages: full 64 + 32 + 32 = 128; sliding: context 64, each decode
     # 32 - floor((1021 + 1 - 1024)/32) = 32 - 0 = 32 (window not yet passed) -> 128.
     assert plan.ratio == pytest.approx({"full": 0.5, "sliding": 0.5})
-    assert_holds(plan, [Shape(2048, 0)], "context constraint")
+    assert_holds(plan, [Shape(2051, 0)], "context constraint")
 
 
 def test_avg_seq_len_above_max_seq_len_fails_only_when_given() -> None:
@@ -108,10 +111,10 @@ def test_deepseek_v4_longest_decode_constraint_includes_draft_and_extra_tokens()
     plan = plan_pools(spec, dsv4_limits(max_draft_len=2, num_extra_kv_tokens=3), kv_memory_bytes=20 * GiB)
     by_name = {c.name: c for c in plan.constraints}
     assert set(by_name) == {"context", "longest_decode"}
-    # Context: N + E = 2048 + 3. Longest decode: the warmup dummy of L tokens,
+    # Context: the context warmup, N + 1 + d + E = 2048 + 1 + 2 + 3. Longest decode: the warmup dummy of L tokens,
     # capacity L + d + E = 4096 + 2 + 3 and history L - 1, plus B - 1 = 3 minimal
     # decodes of 1 + d + E = 1 + 2 + 3 = 6 positions, no history.
-    assert by_name["context"].batch == (Shape(2051, 0),)
+    assert by_name["context"].batch == (Shape(2054, 0),)
     assert by_name["longest_decode"].batch == (Shape(4101, 4095),) + (Shape(6, 0),) * 3
     for c in plan.constraints:
         assert_holds(plan, c.batch, c.name)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpool.errors import InfeasiblePlanError
-from kvpool.plan import ServingLimits, plan_constraints, plan_pools, rules_for
+from kvpool.plan import ServingLimits, plan_constraints, plan_guarantees, plan_pools, rules_for
 from kvpool.plan.families import longest_decode_batch
 from kvpool.plan.feasibility import (
     base_floors,
@@ -67,8 +67,10 @@ def v4_toys(draw: st.DrawFn) -> ModelSpec:
 
 
 def fits_at(spec: ModelSpec, limits: ServingLimits, budget: int) -> bool:
+    """Whether a plan at `limits` holds every constraint and guarantee (what the
+    errors' suggestions promise), from the floors by brute force."""
     wanted = plan_constraints(limits, rules_for(spec), "final", explicit_ratio=False)
-    return floors_fit(spec, wanted, budget)
+    return floors_fit(spec, wanted + plan_guarantees(limits, "final"), budget)
 
 
 def budget_near_floors(spec: ModelSpec, limits: ServingLimits, frac: float) -> int:
@@ -124,18 +126,27 @@ def test_fit_shrinks_to_the_exact_longest_length_that_fits(
 
 def test_context_constraint_error_names_the_largest_token_budget_and_never_offers_fit() -> None:
     # qwen3-8b, bf16, 32-token pages: 36 x 2 x 8 x 128 x 2 B x 32 = 4.5 MiB a page, so
-    # 100 MiB hold 22 pages = 704 positions: the context floor [(N, 0)] fits up to N = 704.
+    # 100 MiB hold 22 pages = 704 positions. The context floor is the engine's context
+    # warmup [(N + 1, 0)] (N prompt tokens and the first generated token), so it fits
+    # up to N = 703; one request at L = 512 needs 16 pages, 8 minimal decodes 8.
     # Its gap (capacity - history) is its whole capacity, so --fit cannot shrink it.
     spec = load_model_spec("qwen3-8b")
-    limits = ServingLimits(max_batch_size=8, max_seq_len=4096, max_num_tokens=8192, avg_seq_len=1024)
+    limits = ServingLimits(max_batch_size=8, max_seq_len=512, max_num_tokens=8192, avg_seq_len=256)
     for fit in (False, True):
         with pytest.raises(InfeasiblePlanError) as e:
             plan_pools(spec, limits, kv_memory_bytes=100 * 2**20, fit=fit)
-        assert e.value.constraint == "context" and e.value.max_num_tokens == 704, str(e.value)
+        assert e.value.constraint == "context" and e.value.max_num_tokens == 703, str(e.value)
         assert "--fit" not in str(e.value)
-    plan_pools(spec, dataclasses.replace(limits, max_num_tokens=704), kv_memory_bytes=100 * 2**20)
+    plan = plan_pools(spec, dataclasses.replace(limits, max_num_tokens=703), kv_memory_bytes=100 * 2**20)
+    assert all(c.satisfied for c in plan.guarantees) and plan.warnings == ()
     with pytest.raises(InfeasiblePlanError):
-        plan_pools(spec, dataclasses.replace(limits, max_num_tokens=705), kv_memory_bytes=100 * 2**20)
+        plan_pools(spec, dataclasses.replace(limits, max_num_tokens=704), kv_memory_bytes=100 * 2**20)
+    # At L = 4096 (128 pages) no token budget makes the plan hold a request of max_seq_len:
+    # the error suggests none, and the budget that would (the 257 pages of N = 8192 + 1
+    # are the largest floor: 257 x 4.5 MiB = 1156.5 MiB, whole MiB up)
+    with pytest.raises(InfeasiblePlanError) as e:
+        plan_pools(spec, dataclasses.replace(limits, max_seq_len=4096), kv_memory_bytes=100 * 2**20)
+    assert e.value.max_num_tokens == 0 and e.value.kv_memory_bytes == 1157 * 2**20, str(e.value)
 
 
 def test_fit_is_offered_where_shrinking_the_longest_request_helps() -> None:

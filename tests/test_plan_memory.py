@@ -42,6 +42,9 @@ def test_llama_70b_on_h100_at_tp_4_by_hand(capsys: pytest.CaptureFixture[str]) -
     per_token = 2 * (2 * H + (HEADS + 2 * KV_HEADS) * D // 4 + 3 * INTER // 4)
     activations = 8192 * per_token + 2 * 256 * V * 4
     graphs = 256 * per_token  # default graph sizes end at min(B, 256) = 256
+    how = m.pop("how")  # where each part comes from, in words: each estimate says so
+    assert set(how) == {"weights", "activation", "cuda_graph", "reserved"}
+    assert how["activation"].startswith("estimate") and how["cuda_graph"].startswith("estimate")
     assert m == {
         "gpu_bytes": gpu,
         "utilization": 0.9,

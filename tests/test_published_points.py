@@ -38,7 +38,11 @@ BY_ID = {p.id: p for p in POINTS}
 
 def test_enough_points_dense_and_moe() -> None:
     assert len(POINTS) >= 24
-    moe = {p.id for p in POINTS if p.model in ("llama-4-scout-17b-16e", "deepseek-v3") or "Mixtral" in p.model}
+    moe = {
+        p.id
+        for p in POINTS
+        if p.model in ("llama-4-scout-17b-16e", "deepseek-v3", "gpt-oss-20b", "gpt-oss-120b") or "Mixtral" in p.model
+    }
     assert len(moe) >= 5 and len(POINTS) - len(moe) >= 10
 
 
@@ -59,8 +63,13 @@ def test_every_row_has_a_named_source_and_a_place_in_it() -> None:
 def test_units_parse_into_positive_seconds() -> None:
     for p in POINTS:
         n = pp.requests_per_rank(p, 3)
-        assert 1 <= n <= p.concurrency // p.dp * 3
-        seconds = n * p.osl / (p.measured / p.dp) if p.metric == "output_tok_s" else p.measured / 1000
+        if p.metric == "duration_s":  # every request the source sent, whatever the waves
+            assert n == p.num_requests, p.id
+        else:
+            assert 1 <= n <= p.concurrency // p.dp * 3
+        seconds = {"output_tok_s": n * p.osl / (p.measured / p.dp), "duration_s": p.measured}.get(
+            p.metric, p.measured / 1000
+        )
         assert math.isfinite(seconds) and seconds > 0, p.id
         if p.metric == "batch_latency_ms":  # one batch: its requests all run at once
             assert n == p.concurrency
@@ -69,7 +78,7 @@ def test_units_parse_into_positive_seconds() -> None:
 def test_models_and_gpus_resolve_as_simulate_resolves_them() -> None:
     for p in POINTS:
         presets.load_gpu(p.gpu)
-        setup = pp.prepare(pp.simulate_args(p, None))
+        setup = pp.simulation(p, None)
         assert setup.resolved.limits.max_batch_size == p.concurrency // p.dp, p.id
         assert setup.policies == (pp.ENGINE_POLICY[p.engine],)
         total, active = p.params
@@ -116,6 +125,8 @@ def test_unstated_concurrency_is_trtllm_benchs_own_choice() -> None:
         ({"metric": "tok/s"}, "metric"),
         ({"concurrency": "0"}, "positive"),
         ({"concurrency": "10", "dp": "8"}, "does not split"),
+        ({"metric": "duration_s", "num_requests": ""}, "needs num_requests"),
+        ({"weights": "mxfp4", "model": "config:Mixtral-8x7B-v0.1.json"}, "sized from a preset"),
     ],
 )
 def test_a_bad_row_is_refused_by_line_and_column(text: dict[str, str], message: str) -> None:
@@ -125,7 +136,12 @@ def test_a_bad_row_is_refused_by_line_and_column(text: dict[str, str], message: 
         pp.Point.from_row({**row, **text}, 7)
 
 
-SMALL = ["vllm-8b-h200-latency", "vllm-mixtral-h200tp2-latency", "nim-70b-h100tp2-5000-500-c1"]
+SMALL = [
+    "vllm-8b-h200-latency",
+    "vllm-mixtral-h200tp2-latency",
+    "nim-70b-h100tp2-5000-500-c1",
+    "gpustack-oss20b-h100-2k",
+]
 
 
 @pytest.mark.parametrize("point_id", SMALL)
@@ -155,3 +171,21 @@ def test_main_prints_json_rows_and_refuses_unknown_ids(capsys: pytest.CaptureFix
     assert pp.main(["--only", "no-such-point"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no-such-point" in err
+
+
+def test_vllm_default_concurrency_is_vllms_own() -> None:
+    # vLLM's EngineArgs defaults for its API server (engine/arg_utils.py; tests/engine/test_arg_utils.py,
+    # test_defaults_with_usage_context): >= 70 GiB and not an A100: 1,024 sequences and 8,192 tokens per
+    # step; else 256 and 2,048
+    stated = [p for p in POINTS if p.concurrency_source == "vllm-default"]
+    assert stated
+    for p in stated:
+        big = presets.load_gpu(p.gpu).memory_bytes >= 70 * 2**30 and p.gpu != "a100"
+        assert (p.concurrency, p.max_num_tokens) == ((1024, 8192) if big else (256, 2048)), p.id
+
+
+def test_a_duration_point_runs_every_request_sent() -> None:
+    p = BY_ID["gpustack-oss20b-h100-2k"]
+    row = pp.replay(p)
+    assert row["requests_per_rank"] == p.num_requests == 500
+    assert row["measured_s"] == p.measured and row["simulated_s"] == row["simulated"]

@@ -134,6 +134,11 @@ def test_add_rejects_bad_requests() -> None:
     sched.add(seq(4, 4, 1))
     with pytest.raises(SchedulerError, match="already queued"):
         sched.add(seq(4, 4, 1))
+    # token ids are checked when the request is queued, with reuse on or off, and nothing is queued
+    for rid, bad in enumerate(([1, -2, 3], [1, 2**63], [1, "2"], [0.5, 1]), start=5):
+        with pytest.raises(SchedulerError, match=f"request {rid}: prompt ids"):
+            sched.add(Sequence(rid=rid, prompt_ids=bad, max_new_tokens=1))  # type: ignore[arg-type]
+    assert [s.rid for s in sched.waiting] == [4]
 
 
 def test_request_larger_than_the_pool_is_rejected_not_looped() -> None:

@@ -26,10 +26,13 @@ from typing import Any
 import pytest
 
 from kvpool.cli.serve_cmd import make_server
+from kvpool.units import format_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOT = ROOT / "build" / "kvpool-serve.png"  # the last state: layouts and engines for 200 users
 FIRST_SCREENSHOT = ROOT / "build" / "kvpool-serve-fit.png"  # the first: qwen3-32b on 2 x H100, all engines
+NONE_SCREENSHOT = ROOT / "build" / "kvpool-serve-none.png"  # no layout of up to 2 GPUs holds 500 users
+ERROR_SCREENSHOT = ROOT / "build" / "kvpool-serve-error.png"  # a bad input: the one line
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 CHROMEDRIVER = shutil.which("chromedriver")
 ELEMENT = "element-6066-11e4-a52e-4f735466cecf"  # the W3C WebDriver element key
@@ -143,31 +146,97 @@ for (const e of document.querySelectorAll('[data-engine][data-field]')) {
 }
 const launches = {};
 for (const e of document.querySelectorAll('pre.launch')) launches[e.dataset.engine] = e.textContent;
-const parts = {};
+const parts = {}, from = {};
 for (const e of document.querySelectorAll('[data-part]')) parts[e.dataset.part] = Number(e.dataset.bytes);
+for (const e of document.querySelectorAll('[data-from]')) from[e.dataset.from] = e.textContent;
 const pools = {};
 for (const e of document.querySelectorAll('[data-pool]')) pools[e.dataset.pool] = Number(e.dataset.pages);
 const held = [...document.querySelectorAll('[data-held]')].map((e) => Number(e.dataset.held));
-return {kv: Number(document.getElementById('kv-per-rank').dataset.bytes), cells, launches, parts, pools, held,
-        status: document.getElementById('status').textContent};
+// the pictures: each segment's bytes and its drawn width, each bar's whole width
+const drawn = (sel) => [...document.querySelectorAll(sel)].map((e) => ({
+  key: e.dataset.segment || e.dataset.poolSegment, bytes: Number(e.dataset.bytes),
+  width: e.getBoundingClientRect().width, whole: e.parentElement.getBoundingClientRect().width - 2}));
+const bars = [...document.querySelectorAll('[data-engine-bar]')].map((e) => ({
+  engine: e.dataset.engineBar, length: e.dataset.length, count: e.dataset.count === "" ? null : Number(e.dataset.count),
+  width: e.getBoundingClientRect().width, whole: e.parentElement.getBoundingClientRect().width}));
+const limits = document.getElementById('limits');
+const visible = (id) => { const e = document.getElementById(id); return Boolean(e && e.offsetParent !== null); };
+return {kv: Number((document.getElementById('kv-per-rank') || {dataset: {}}).dataset.bytes), cells, launches, parts, from,
+        pools, held, memory: drawn('[data-segment]'), poolBar: drawn('[data-pool-segment]'), bars,
+        limits: limits ? {...limits.dataset} : null, text: document.body.innerText,
+        status: document.getElementById('status').textContent, count: document.getElementById('count').value,
+        countPlaceholder: document.getElementById('count').placeholder,
+        visible: {result: visible('result'), memory: visible('memory-box'), pools: visible('pools-box'),
+                  engines: visible('engines-box'), layouts: visible('layouts-box')},
+        hint: document.getElementById('hint').textContent, layoutsHead: document.getElementById('layouts-head').textContent,
+        batchDisabled: document.getElementById('max-batch-size').disabled};
 """
 
 
+def check_pictures(shown: dict[str, Any], fit: dict[str, Any]) -> None:
+    """The memory of a rank is one bar of its parts, the pools one bar of their bytes, and
+    each engine's bar its count of requests: every width drawn in proportion (to a pixel)."""
+    memory = fit["memory"]
+    segments = {s["key"]: s for s in shown["memory"]}
+    expected = {
+        "weights": memory["weights_bytes"],
+        "activations": memory["activation_bytes"],
+        "cuda_graphs": memory["cuda_graph_bytes"],
+        "reserved": memory["reserved_bytes"],
+        "kv": memory["kv_bytes"],
+        "unused": memory["gpu_bytes"] - int(memory["gpu_bytes"] * memory["utilization"]),
+    }
+    assert {k: s["bytes"] for k, s in segments.items()} == expected
+    assert sum(expected.values()) == memory["gpu_bytes"]  # the bar is the whole GPU
+    for s in shown["memory"]:
+        assert abs(s["width"] - s["whole"] * s["bytes"] / memory["gpu_bytes"]) <= 1.0, s
+    pools = {p["name"]: p["bytes"] for p in fit["pools"]}
+    assert {s["key"]: s["bytes"] for s in shown["poolBar"]} == pools
+    for s in shown["poolBar"]:
+        assert abs(s["width"] - s["whole"] * s["bytes"] / sum(pools.values())) <= 1.0, s
+    engines = {e["engine"]: e for e in fit["engines"]}
+    for b in shown["bars"]:
+        counts = [e["requests_that_fit"].get(b["length"], 0) for e in fit["engines"]]
+        assert b["count"] == engines[b["engine"]]["requests_that_fit"][b["length"]]
+        assert abs(b["width"] - b["whole"] * b["count"] / max(1, *counts)) <= 1.0, b
+
+
 def check_against_cli(shown: dict[str, Any], fit: dict[str, Any]) -> None:
-    """Every number the page shows is the CLI's."""
+    """Every number the page shows is the CLI's, and every number the CLI prints is on the page."""
     assert shown["kv"] == fit["kv_bytes_per_rank"]
     assert shown["pools"] == {p["name"]: p["pages"] for p in fit["pools"]}
     memory = fit["memory"]
     assert shown["parts"]["kv"] == memory["kv_bytes"] and shown["parts"]["weights"] == memory["weights_bytes"]
+    assert shown["parts"]["cuda_graphs"] == memory["cuda_graph_bytes"]
+    # the sources column: where each part of the memory comes from, as the CLI says it
+    how = memory["how"]
+    assert {k: shown["from"][k] for k in ("weights", "activations", "cuda_graphs", "reserved")} == {
+        "weights": how["weights"],
+        "activations": how["activation"],
+        "cuda_graphs": how["cuda_graph"],
+        "reserved": how["reserved"],
+    }
+    assert shown["limits"] == {
+        "maxSeqLen": str(fit["limits"]["max_seq_len"]),
+        "maxBatchSize": str(fit["limits"]["max_batch_size"]),
+        "maxNumTokens": str(fit["limits"]["max_num_tokens"]),
+    }
     assert set(shown["cells"]) == {e["engine"] for e in fit["engines"]}
     for e in fit["engines"]:
         cells = shown["cells"][e["engine"]]
+        assert cells["version"] == e["version_modelled"]
         assert cells["verdict"].startswith(e["verdict"])
         assert cells["budget"] == "  |  ".join(e["budget_flags"])
+        own = e["own_default"]  # the KV the engine takes by its own defaults, as the CLI prints it
+        said = "-" if own is None else f"{format_bytes(own['kv_bytes_per_rank'])} ({own['rule']})"
+        assert cells["own-default"] == said
         for name, count in e["requests_that_fit"].items():
             assert int(cells[f"fit-{name}"]) == count
         assert int(cells["graphs"]) == e["largest_graph_batch"]
+        assert cells["graph-note"] == e["cuda_graphs"].split(": ", 1)[1]
         assert shown["launches"][e["engine"]] == e["launch_text"]
+    check_pictures(shown, fit)
+    assert "NaN" not in shown["text"] and "undefined" not in shown["text"]
 
 
 def test_the_page_shows_the_clis_numbers_before_and_after_the_inputs_change(
@@ -204,13 +273,14 @@ def test_the_page_shows_the_clis_numbers_before_and_after_the_inputs_change(
     check_against_cli(shown, after)
     assert set(shown["cells"]) == {"vllm", "sglang"} and shown["kv"] != 0
 
-    # the reverse question: 200 users of 8,192 positions on Llama 3.1 70B
+    # the reverse question: 200 users of 8,192 positions on Llama 3.1 70B; max_seq_len is
+    # their length, and the GPU count (1) is cleared as users are typed: the search goes up to 64
     done = browser.runs()
     browser.type("#model", "llama-3.1-70b")
     browser.choose("gpu", "h100")
     browser.choose("kv-dtype", "auto")
     browser.type("#users", "200")
-    browser.type("#len", "8192")
+    browser.type("#max-seq-len", "8192")
     browser.click("#fit")
     browser.wait_for_run(done, timeout=120)
     shown = browser.run(SHOWN)
@@ -220,9 +290,72 @@ def test_the_page_shows_the_clis_numbers_before_and_after_the_inputs_change(
     assert code == 0, err
     users = json.loads(out)
     assert shown["held"] == [x["requests_held"] for x in users["layouts"][:12]] and min(shown["held"]) >= 200
+    assert shown["layoutsHead"].startswith("Layouts of up to 64 H100-SXM5-80GB that hold 200 requests of 8,192")
+    closest = users["closest"]
+    assert shown["hint"] == (
+        f"fewer GPUs fall short; the closest is {closest['gpus']} GPUs, tp {closest['tp']}, pp {closest['pp']} "
+        f"({closest['requests_held']} held)"
+    )
+    assert shown["batchDisabled"]  # each replica's max_num_seqs is its share of the users
+    assert (shown["count"], shown["countPlaceholder"]) == ("", "64")
     check_against_cli(shown, users)
-
     save_screenshot(browser, SCREENSHOT)
+
+    # a cap the user sets is said, and honoured: 2 GPUs hold none of 500 requests of 32,768
+    done = browser.runs()
+    browser.type("#count", "2")
+    browser.type("#users", "500")
+    browser.type("#max-seq-len", "32768")
+    browser.click("#fit")
+    browser.wait_for_run(done, timeout=120)
+    shown = browser.run(SHOWN)
+    code, out, err = cli(
+        "fit",
+        "llama-3.1-70b",
+        "--gpu",
+        "h100x2",
+        "--users",
+        "500",
+        "--len",
+        "32768",
+        "--engine",
+        "vllm,sglang",
+        "--json",
+    )
+    none = json.loads(out)
+    assert code == 2 and not none["layouts"]
+    assert shown["status"] == f"no: {err.split('kvpool fit: ', 1)[1].strip()}" and "\n" not in shown["status"]
+    assert shown["layoutsHead"].startswith("Layouts of up to 2 H100-SXM5-80GB")
+    c = none["closest"]
+    assert (
+        shown["hint"]
+        == f"the most any layout holds: {c['requests_held']} ({c['gpus']} GPUs, tp {c['tp']}, pp {c['pp']})"
+    )
+    assert shown["visible"] == {"result": True, "memory": False, "pools": False, "engines": False, "layouts": True}
+    assert "NaN" not in shown["text"] and "undefined" not in shown["text"]
+    save_screenshot(browser, NONE_SCREENSHOT)
+
+
+def test_a_bad_input_is_one_line_and_no_stale_tables(page: tuple[Browser, str], cli: Any) -> None:
+    """The CLI's exit 2 line, alone: nothing of the previous answer, no "NaN GiB"."""
+    browser, url = page
+    browser.command("POST", "/url", {"url": url})
+    browser.wait_for_run(0)
+    done = browser.runs()
+    browser.type("#model", "llama-3.1-70b")
+    browser.choose("gpu", "l40s")
+    browser.type("#count", "1")
+    browser.type("#max-seq-len", "8192")
+    browser.click("#fit")
+    browser.wait_for_run(done)
+    shown = browser.run(SHOWN)
+    code, _, err = cli("fit", "llama-3.1-70b", "--gpu", "l40s", "--max-seq-len", "8192", "--max-batch-size", "256")
+    assert code == 2
+    message = err.split("error: ", 1)[1].strip()
+    assert shown["status"] == f"error: {message}" and "\n" not in shown["status"]
+    assert not shown["visible"]["result"]
+    assert "NaN" not in shown["text"] and "GiB" not in shown["text"].replace(message, "")
+    save_screenshot(browser, ERROR_SCREENSHOT)
 
 
 def save_screenshot(browser: Browser, path: Path) -> None:

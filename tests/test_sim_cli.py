@@ -239,12 +239,12 @@ def test_pool_ratio_flag_is_a_ratio_policy(cli, small_trace: str) -> None:  # ty
 def test_bad_sweep_group_or_infeasible_policy_fails_before_any_run(  # type: ignore[no-untyped-def]
     cli, small_trace: str, monkeypatch: pytest.MonkeyPatch, args: list[str]
 ) -> None:
-    import kvpool.cli.simulate_cmd as cmd
+    import kvpool.deploy.simulation as cmd
 
     def no_run(*a: object, **k: object) -> None:
         raise AssertionError("a simulation ran before the bad input was reported")
 
-    monkeypatch.setattr(cmd, "simulate", no_run)
+    monkeypatch.setattr(cmd, "simulate_plan", no_run)
     code, out, err = cli(
         "simulate", "gemma-3-27b", "--gpu", "h100", "--kv-memory", "1GiB", "--trace", small_trace, "--quiet", *args
     )
@@ -263,3 +263,17 @@ def test_policy_flags_that_would_override_each_other_are_refused(cli, small_trac
 def test_pool_ratio_is_checked_as_in_plan(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
     code, out, err = cli("simulate", "gemma-3-27b", *BASE, "--trace", small_trace, "--pool-ratio", "sliding=0.3")
     assert code == 2 and "a share for each group" in err and err.count("\n") == 1, err
+
+
+def test_help_names_the_calibrated_step_times_as_the_default(cli) -> None:  # type: ignore[no-untyped-def]
+    """The default step times are the GPU's shipped calibrated profile; roofline is only the opt-in."""
+    code, out, _ = cli("simulate", "--help")
+    assert code == 0
+    text = " ".join(out.split())
+    assert "roofline step-time model" not in text
+    assert "calibrated on measured GPU kernels (the GPU's shipped profile" in text
+    assert "default: the shipped profile of --gpu" in text
+    # every mention of roofline is the --calibration value that asks for it
+    assert text.count("roofline") == text.count("--calibration roofline") + text.count("FILE|roofline") + text.count(
+        "'roofline' for the uncalibrated"
+    )

@@ -129,6 +129,7 @@ def test_dry_run_changes_nothing_and_reports_its_moves() -> None:
     assert dry.makespan_s == pytest.approx(static.makespan_s, rel=1e-9)
 
 
+@pytest.mark.slow  # a study: a whole static sweep beside the online run
 def test_rebalance_beats_every_split_of_a_static_sweep_on_a_shifting_trace() -> None:
     limits, trace, model, spec, kv = shifting_case()
     static: dict[float | str, float] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.presets import load_gpu
 from kvpool.sim import StepTimeModel, load_weights, simulate
 from kvpool.sim.policies import plan_for
-from kvpool.sim.tuned import sample_trace, tune, tuned_group
+from kvpool.sim.tuned import sample_trace, trace_folds, tune, tuned_group
 from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.trace import Trace
 
@@ -28,6 +29,12 @@ def gemma() -> ModelSpec:
 def trace(n: int = 40) -> Trace:
     rng = np.random.default_rng(1)
     return Trace("t", rng.integers(500, 3000, n), rng.integers(5, 60, n), np.zeros(n))
+
+
+def tune_gemma(run: Any = None, **kw: Any) -> Any:
+    """`tune` on gemma-3-27b at L = 8192 with 20 GiB and the 40-request trace, runs
+    timed by `run(plan, fold)` (no simulator, no step model)."""
+    return tune(gemma(), ServingLimits(max_seq_len=8192), trace(), None, kv_memory_bytes=20 * GiB, run=run, **kw)  # type: ignore[arg-type]
 
 
 @settings(max_examples=40, deadline=None)
@@ -47,68 +54,78 @@ def test_sample_is_contiguous_blocks_in_time_order(n: int, size: int, chunks: in
 
 
 def test_search_finds_a_known_optimum_within_its_budget() -> None:
-    calls: list[float] = []
+    calls: list[tuple[float, str]] = []
 
-    def fake(plan: PoolPlan, _: Trace) -> float:
+    def fake(plan: PoolPlan, part: Trace) -> float:
         share = plan.group("sliding").share
-        calls.append(share)
-        return 100.0 - 1000.0 * (share - 0.3) ** 2
+        calls.append((share, part.name))
+        return 100.0 * math.exp(-10.0 * (share - 0.3) ** 2)  # tok/s, highest at 0.3
 
-    out = tune(
-        gemma(),
-        ServingLimits(max_seq_len=8192),
-        trace(),
-        None,  # type: ignore[arg-type]
-        kv_memory_bytes=20 * GiB,
-        run=fake,
-        extra_shares=(0.9,),
-        max_evals=11,
-    )
+    out = tune_gemma(fake, extra_shares=(0.9,), max_evals=11)
     assert tuned_group(gemma()) == "sliding" and out.group == "sliding"
-    assert len(calls) == len(out.evals) <= 11 and 0.9 in [s for s, _ in out.evals]
-    assert abs(out.share - 0.3) < 0.05 and max(v for _, v in out.evals) > 98
+    # at most 11 candidates and the reference on the sample, then the 3 best and the
+    # reference on each of the 2 checks
+    sampled = [c for c in calls if c[1].endswith("(sample)")]
+    assert len(out.evals) <= 11 and len(sampled) == len(out.evals) + 1 and len(calls) == len(sampled) + 2 * 4
+    assert 0.9 in [s for s, _ in out.evals]
+    assert abs(out.share - 0.3) < 0.05 and not out.fallback
     assert out.plan.policy == "tuned" and out.plan.group("sliding").share == pytest.approx(out.share, abs=1e-3)
-    assert "simulator runs on a 40-request sample" in out.notes()[0]
+    note = out.notes()[0]
+    assert "the search on a 20-request sample" in note and "2 other parts of it (10/10 requests)" in note, note
+    assert f"{len(calls)} simulator runs" in note and "faster than the reference split" in note
 
 
-def test_ties_keep_the_analytical_start_and_infeasible_splits_lose() -> None:
-    starts: list[float] = []
+def test_the_reference_split_is_kept_unless_a_candidate_wins_on_every_fold() -> None:
+    ref_share = plan_for(gemma(), ServingLimits(max_seq_len=8192), "reference", kv_memory_bytes=20 * GiB).plan
+    ref = ref_share.group("sliding").share
 
     def flat(plan: PoolPlan, _: Trace) -> float:
-        starts.append(plan.group("sliding").share)
         return 1.0
 
-    out = tune(
-        gemma(),
-        ServingLimits(max_seq_len=8192),
-        trace(),
-        None,  # type: ignore[arg-type]
-        kv_memory_bytes=20 * GiB,
-        run=flat,
-    )
-    assert out.share == pytest.approx(starts[0], abs=1e-3)
+    def loses_one_check(plan: PoolPlan, part: Trace) -> float:
+        # 0.3 beats the reference by 10 % on the sample and the first check, loses 1 % on the second
+        if abs(plan.group("sliding").share - ref) < 1e-3:
+            return 100.0
+        if abs(plan.group("sliding").share - 0.3) < 0.02:
+            return 99.0 if part.name.endswith("(fold 2)") else 110.0
+        return 50.0
+
+    for run in (flat, loses_one_check):
+        out = tune_gemma(run, extra_shares=(0.3,))
+        assert out.fallback and out.share == pytest.approx(ref, abs=1e-3)
+        assert out.plan.pages("sliding") == ref_share.pages("sliding"), "the reference split itself"
+        assert "kept the reference split" in out.notes()[0]
 
     def never(plan: PoolPlan, _: Trace) -> float:
         raise KvpoolError("does not fit")
 
-    with pytest.raises(KvpoolError, match="no split"):
-        tune(
-            gemma(),
-            ServingLimits(max_seq_len=8192),
-            trace(),
-            None,  # type: ignore[arg-type]
-            kv_memory_bytes=20 * GiB,
-            run=never,
-        )
+    with pytest.raises(KvpoolError, match="reference split"):
+        tune_gemma(never)
     with pytest.raises(KvpoolError, match="max_evals"):
-        tune(
-            gemma(),
-            ServingLimits(max_seq_len=8192),
-            trace(),
-            None,  # type: ignore[arg-type]
-            kv_memory_bytes=20 * GiB,
-            max_evals=0,
-        )
+        tune_gemma(max_evals=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5000), st.integers(1, 1200), st.integers(1, 5), st.integers(1, 800))
+def test_sample_and_checks_are_disjoint_blocks_spread_over_the_trace(n: int, size: int, folds: int, fold: int) -> None:
+    times = np.cumsum(np.arange(n, dtype=float) % 5)
+    t = Trace("t", np.arange(1, n + 1), np.ones(n, dtype=np.int64), times)
+    parts = trace_folds(t, size, folds, fold)
+    assert len(parts) == 1 + min(folds, 4)
+    ids = [p.prompt_len.tolist() for p in parts]
+    if n < 8:  # too short to cut: every part is the whole trace
+        assert all(i == list(range(1, n + 1)) for i in ids)
+        return
+    seg = n // 8
+    assert len(ids[0]) == 4 * min(seg, max(1, size // 4))
+    every = [i for part in ids for i in part]
+    assert len(every) == len(set(every))  # disjoint
+    for part in parts:
+        assert part.arrival_s is not None and part.arrival_s[0] == 0 and (np.diff(part.arrival_s) >= 0).all()
+    # the sample's blocks start the even segments, the checks' the odd ones
+    starts = {i for part in ids for i in part if (i - 1) % seg == 0 and (i - 1) // seg < 8}
+    assert {(i - 1) // seg for i in starts if i in ids[0]} == {0, 2, 4, 6}
+    assert {(i - 1) // seg for part in ids[1:] for i in part if i in starts} <= {1, 3, 5, 7}
 
 
 def test_tuned_policy_beats_or_matches_reference_on_its_sample() -> None:

@@ -142,6 +142,7 @@ def local_ray():  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.skipif(not ray_available(), reason="Ray is not installed (kvpool[sweep])")
+@pytest.mark.slow  # starts a local Ray cluster (15 s)
 def test_ray_gives_the_serial_rows(cli, local_ray, trace_file: str) -> None:  # type: ignore[no-untyped-def]
     """Points as tasks on a 2-CPU local Ray: the same rows as in this process,
     in the same order; and `simulate --sweep-ratio --workers 2` prints what

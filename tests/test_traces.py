@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from kvpool.errors import KvpoolError
-from kvpool.presets.traces import Trace, TraceError, load_trace
+from kvpool.presets.traces import Trace, TraceError, load_trace, write_mooncake_jsonl
+from kvpool.trace import concat_traces
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -42,6 +43,37 @@ def test_bundled_traces_load(name: str, rows: int, first: tuple[int, int]) -> No
     assert trace.arrival_s is not None and trace.arrival_s[0] == 0.0
     assert np.all(np.diff(trace.arrival_s) >= 0)
     assert trace.prompt_len.min() >= 1 and trace.output_len.min() >= 1
+
+
+def same_trace(a: Trace, b: Trace) -> None:
+    assert a.prompt_len.tolist() == b.prompt_len.tolist() and a.output_len.tolist() == b.output_len.tolist()
+    assert a.hash_ids == b.hash_ids and a.hash_block_tokens == b.hash_block_tokens
+    assert (a.arrival_s is None) == (b.arrival_s is None)
+    if a.arrival_s is not None and b.arrival_s is not None:
+        assert np.allclose(a.arrival_s, b.arrival_s, rtol=1e-12, atol=0)
+
+
+def test_mooncake_jsonl_written_reads_back(tmp_path: Path) -> None:
+    # the bundled trace's whole-millisecond times come back exactly; a mix's re-timed ones to rounding
+    head = load_trace("mooncake-conv", max_requests=300)
+    write_mooncake_jsonl(head, tmp_path / "head.jsonl")
+    back = load_trace(tmp_path / "head.jsonl")
+    same_trace(back, head)
+    assert back.arrival_s is not None and head.arrival_s is not None
+    assert back.arrival_s.tolist() == head.arrival_s.tolist()
+    # the first line as the bundled file has it (integer milliseconds)
+    first = (tmp_path / "head.jsonl").read_text().splitlines()[0]
+    assert first.startswith('{"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2')
+    mix = concat_traces([head, load_trace("azure-conv", max_requests=40), head.head(25)])
+    write_mooncake_jsonl(mix, tmp_path / "mix.jsonl")
+    same_trace(load_trace(tmp_path / "mix.jsonl"), mix)
+
+
+def test_mooncake_jsonl_needs_512_token_blocks(tmp_path: Path) -> None:
+    trace = Trace("t", np.array([600]), np.array([5]), None, ((1, 2),), hash_block_tokens=300)
+    with pytest.raises(TraceError, match="512 tokens"):
+        write_mooncake_jsonl(trace, tmp_path / "t.jsonl")
+    assert not (tmp_path / "t.jsonl").exists()
 
 
 def test_azure_timestamps_are_seconds_from_first_request() -> None:
@@ -87,6 +119,16 @@ def test_burstgpt_style_columns(tmp_path: Path) -> None:
     trace = load_trace(write(tmp_path, "b.csv", text))
     assert trace.lengths() == [(30, 2), (40, 3)]
     assert_arrays(trace.arrival_s, [0.0, 2.0])
+
+
+def test_vidur_processed_trace_columns() -> None:
+    # Vidur's processed traces: num_prefill_tokens, num_decode_tokens and two derived
+    # columns; the held-out arXiv trace's first row is 3772 prompt / 54 output tokens
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "traces" / "arxiv_summarization.csv"
+    t = load_trace(path)
+    assert len(t) == 28257 and t.arrival_s is None
+    assert (int(t.prompt_len[0]), int(t.output_len[0])) == (3772, 54)
+    assert int((t.prompt_len + t.output_len).max()) == 4096  # filtered to 4,096 tokens a request
 
 
 def test_jsonl_without_hashes(tmp_path: Path) -> None:

@@ -64,8 +64,9 @@ def _decimal(number: str, text: str | int) -> decimal.Decimal:
         raise KvpoolError(f"size {text!r} has an exponent no size has; write e.g. 40GiB") from None
 
 
-def parse_size_or_zero(text: str | int) -> int:
-    """`parse_size`, or 0 for a size of zero in any unit (`0`, `0B`, `0GiB`, `0.0MiB`)."""
+def size_or_zero(text: str | int) -> int:
+    """Bytes in `text` (`parse_size`), or 0 for a size of zero in any unit (`0`,
+    `0B`, `0GiB`, `0.0MiB`): a part of the GPU, or a cold tier, that is not there."""
     match = _SIZE.match(text) if isinstance(text, str) else None
     if match is not None and match.group(2).lower() in _UNITS and _decimal(match.group(1), text) == 0:
         return 0

@@ -50,20 +50,24 @@ def as_list(values: object, what: str) -> list[Any]:
 
 
 def check_tokens(tokens: Iterable[object], what: str = "tokens") -> array[int]:
-    """`tokens` as an int64 array of token ids (ints in [0, 2**63)); refuses
-    strings, floats and ids past int64, which would hash but match no real
-    prompt. `struct` packs the ids in C (prompts are long; it is about twice as
-    fast as building the array from the list), and the array's bytes are what
-    the page digests hash (`cache/hashing.py`)."""
-    # a list or tuple goes straight in; anything else is listed first (`array("q", b"..")` would read raw bytes)
-    items = tokens if type(tokens) is list or type(tokens) is tuple else as_list(tokens, what)
-    try:
-        data = int64_packer(len(items))(*items)
-    except struct.error as e:
-        raise CacheUsageError(f"{what} must be token ids (integers in [0, 2**63)): {e}") from None
-    ids = array("q")
-    ids.frombytes(data)
-    if ids and (min(ids) if len(ids) <= 64 else int(np.frombuffer(data, np.int64).min())) < 0:
+    """`tokens` as a new int64 array of token ids (ints in [0, 2**63));
+    refuses strings, floats and ids past int64, which would hash but match no
+    real prompt. An int64 array (a scheduler's `Sequence.token_ids`, packed once)
+    is copied and its sign checked, both in C; anything else is packed by
+    `struct` in C (prompts are long; it is about twice as fast as building the
+    array from the list). The array's bytes are what the page digests hash
+    (`cache/hashing.py`)."""
+    if type(tokens) is array and tokens.typecode == "q":  # already int64: copied, not packed again
+        ids = tokens[:]
+    else:  # a list or tuple goes straight in; anything else is listed first (`array("q", b"..")` reads bytes)
+        items = tokens if type(tokens) is list or type(tokens) is tuple else as_list(tokens, what)
+        try:
+            data = int64_packer(len(items))(*items)
+        except struct.error as e:
+            raise CacheUsageError(f"{what} must be token ids (integers in [0, 2**63)): {e}") from None
+        ids = array("q")
+        ids.frombytes(data)
+    if ids and (min(ids) if len(ids) <= 64 else int(np.frombuffer(ids, np.int64).min())) < 0:
         raise CacheUsageError(f"{what}: token id {min(ids)} is negative")
     return ids
 

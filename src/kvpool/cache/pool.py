@@ -14,7 +14,10 @@ pages out, so that several groups can draw from one store (`cache/shared_pool.py
 The LRU is an intrusive doubly linked list over two integer lists (`prev`,
 `nxt`) with a sentinel at index `num_pages`, so unlinking a cached page that a
 request hits, appending a released page and evicting the oldest are O(1) and
-allocate no Python objects.
+allocate no Python objects. Pages move as runs: a release appends its pages as
+one chain, an eviction cuts the oldest off the head with one splice, and a
+prefix hit cuts out each stretch of its pages that lies together in the list
+with one splice (the pages themselves still get one owner each).
 """
 
 from __future__ import annotations
@@ -106,11 +109,17 @@ class PagePool:
 
     # ------------------------------------------------------------------ LRU list
 
-    def _lru_unlink(self, page: int) -> None:
-        p, n = self.prev[page], self.nxt[page]
-        self.nxt[p] = n
-        self.prev[n] = p
-        self.store.lru_len -= 1
+    def _unlink_oldest(self, count: int) -> list[int]:
+        """Cut the `count` least recently released pages out of the LRU (one
+        splice: they are its head) and return them, oldest first."""
+        nxt, sentinel = self.nxt, self.num_pages
+        pages, page = [], nxt[sentinel]
+        for _ in range(count):
+            pages.append(page)
+            page = nxt[page]
+        nxt[sentinel], self.prev[page] = page, sentinel
+        self.store.lru_len -= count
+        return pages
 
     def lru_order(self) -> list[int]:
         """Cached pages, least recently released first (the eviction order)."""
@@ -147,12 +156,16 @@ class PagePool:
     def evict(self, count: int) -> list[int]:
         """Unlink the `count` least recently used cached pages and drop their
         hashes (one `removed` record); they stay unowned for the caller."""
-        pages, hashes = [], []
-        for _ in range(count):
-            page = self.nxt[self.num_pages]
-            self._lru_unlink(page)
-            hashes.append(self._drop_hash(page))
-            pages.append(page)
+        pages = self._unlink_oldest(count)
+        page_hash, cached = self.page_hash, self.cached
+        hashes = []
+        for page in pages:  # `_drop_hash`, inline
+            block_hash = page_hash[page]
+            assert block_hash is not None
+            del cached[block_hash]
+            page_hash[page] = None
+            hashes.append(block_hash)
+        self.drops += count
         if self.spill is not None:  # the copy is stored in a tier before the page's removal: a router
             self.spill(hashes, pages)  # never sees the digest held nowhere (and drop what hangs off it)
         if self.record_events:
@@ -160,13 +173,31 @@ class PagePool:
         return pages
 
     def take_cached(self, pages: Iterable[int]) -> None:
-        """Add an owner to each page of a prefix hit (pages holding reusable content)."""
-        ref = self.ref
+        """Add an owner to each page of a prefix hit (pages holding reusable
+        content); the unowned ones leave the LRU a run at a time. A request's
+        pages were released together, its table walked backwards (`free`), so
+        a hit's consecutive pages are usually one stretch of the list in
+        reverse order: each stretch is cut out with one splice."""
+        ref, prev, nxt = self.ref, self.prev, self.nxt
+        unlinked = 0
+        newest = oldest = -1  # the open stretch's ends in LRU order (-1: none open)
         for page in pages:
             r = ref[page]
-            if not r:
-                self._lru_unlink(page)
             ref[page] = r + 1
+            if r:
+                continue
+            unlinked += 1
+            if newest >= 0 and prev[oldest] == page:  # the stretch goes on one page earlier
+                oldest = page
+                continue
+            if newest >= 0:  # links are read when a stretch is cut, so stretches may touch
+                p, n = prev[oldest], nxt[newest]
+                nxt[p], prev[n] = n, p
+            newest = oldest = page
+        if newest >= 0:
+            p, n = prev[oldest], nxt[newest]
+            nxt[p], prev[n] = n, p
+        self.store.lru_len -= unlinked
 
     def release(self, pages: Iterable[int]) -> None:
         """Drop one owner of each page; an unowned page becomes cached (if it has
@@ -258,7 +289,9 @@ class PagePool:
     def drop_cached(self, page: int) -> None:
         """Free cached (unowned) `page`: its content can no longer be trusted (a
         copy into it was cut short). One `removed` record."""
-        self._lru_unlink(page)
+        p, n = self.prev[page], self.nxt[page]  # out of the LRU (a rare path: one page, no splice)
+        self.nxt[p], self.prev[n] = n, p
+        self.store.lru_len -= 1
         block_hash = self._drop_hash(page)
         self.free_stack.append(page)
         if self.record_events:

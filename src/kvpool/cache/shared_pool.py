@@ -60,15 +60,12 @@ class SharedPool(PagePool):
 
     def evict(self, count: int) -> list[int]:
         """`PagePool.evict`, each page's `removed` record under the group whose map held it."""
-        pages = []
-        for _ in range(count):
-            page = self.nxt[self.num_pages]
-            self._lru_unlink(page)
+        pages = self._unlink_oldest(count)
+        for page in pages:
             holder = self.store.holder[page]
             block_hash = self._drop_hash(page)
             if holder is not None and holder.record_events:
                 holder.events.append(("removed", holder.name, [block_hash], [page]))
-            pages.append(page)
         return pages
 
     def _drop_hash(self, page: int) -> int:

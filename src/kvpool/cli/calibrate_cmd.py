@@ -13,39 +13,44 @@ Two kinds of measurement, either or both:
   use_gated_mlp, num_tokens, num_tensor_parallel_workers and
   time_stats.<op>.median in ms), as benchmarks/fit_calibration.py reads them.
 
+Timing steps on each engine (the same model, GPU and --tp as given here; equal
+prompts, so that the decoding requests' history is known: the prompt plus the
+tokens decoded so far):
+
+- vLLM (0.32): `vllm serve MODEL --enable-logging-iteration-details` logs each
+  step as "Iteration(N): C context requests, T context tokens, G generation
+  requests, ... iteration elapsed time: X ms": a row is decode_rows G,
+  prefill_tokens T (one context request), ms X. Or `vllm bench latency`:
+  `--batch-size 1 --input-len I --output-len 1` times one prefill of I tokens;
+  at `--batch-size B`, (the latency of `--output-len K+1` - that of
+  `--output-len 1`) / K is one decode step of B rows at context about I + K/2.
+- SGLang: `python -m sglang.benchmark.one_batch --model-path MODEL --tp N
+  --batch-size 1 8 64 256 --input-len 1024 --output-len 32` writes
+  prefill_latency and median_decode_latency per batch size to result.jsonl: a
+  decode row is decode_rows B, context I + 16, ms median_decode_latency x 1000;
+  at batch size 1 a prefill row is prefill_tokens I, ms prefill_latency x 1000.
+- TensorRT-LLM (PyTorch backend): `print_iter_log: true` in the
+  --extra_llm_api_options YAML logs each iteration's host_step_time and
+  prev_device_step_time (ms) with states num_ctx_tokens and
+  num_generation_tokens: decode_rows = num_generation_tokens (no drafts),
+  prefill_tokens = num_ctx_tokens, ms = host_step_time.
+
+Three steps at least, and steps of different sizes: the fit needs them to tell
+the floor from the work. A fit that puts any kernel above 100 % of the GPU's
+peak is refused (the times are not of this model on this GPU, or not in ms).
 The profile (`-o`, JSON) is what `kvpool simulate --calibration FILE` uses.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import math
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from kvpool.cli.common import add_json_arg, add_model_args, checked, flagged, gpu_name, print_json, table
+from kvpool.cli.common import add_json_arg, add_model_args, checked, print_json, table
 from kvpool.cli.files import input_file, output_file, write_output
-from kvpool.cli.plan_args import load_spec
-from kvpool.cli.request import ModelOptions
-from kvpool.errors import KvpoolError
-from kvpool.plan.limits import MAX_BATCH_SIZE, MAX_POSITIONS
-from kvpool.presets import GpuSpec, load_gpu
-from kvpool.sim.calibration import (
-    VIDUR_COLUMNS,
-    OpSamples,
-    StepSample,
-    fit_ops,
-    fit_steps,
-    for_gpu,
-    profile_json,
-    vidur_samples,
-)
-from kvpool.sim.kernels import Calibration, CalibrationError
-from kvpool.sim.steptime import StepTimeModel, load_weights
+from kvpool.deploy.calibrating import CalibrationResult, calibrate
+from kvpool.deploy.gpus import gpu_and_count
 
 
 def register(sub: Any) -> None:
@@ -56,7 +61,13 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_args(p)
-    p.add_argument("--gpu", type=checked(gpu_name), required=True, help="the GPU the measurements ran on (kvpool gpus)")
+    p.add_argument(
+        "--gpu",
+        type=checked(gpu_and_count),
+        required=True,
+        metavar="NAME[xN]",
+        help="the GPU the measurements ran on (kvpool gpus); NAMExN: N of them as tensor parallelism",
+    )
     p.add_argument(
         "--steps", type=input_file, default=None, metavar="FILE.csv", help="measured step times (columns above)"
     )
@@ -70,130 +81,28 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _rows(path: Path, need: tuple[str, ...]) -> list[dict[str, str]]:
-    """The CSV's rows (lines starting with # skipped); KvpoolError naming what is missing."""
-    try:
-        with path.expanduser().open(newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's BOM
-            rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
-    except OSError as e:
-        raise KvpoolError(f"cannot read {path}: {e.strerror or e}") from None
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise KvpoolError(f"{path} is not a CSV file ({e})") from None
-    if not rows:
-        raise KvpoolError(f"{path} has no rows")
-    missing = [c for c in need if c not in rows[0]]
-    if missing:
-        raise KvpoolError(f"{path} lacks column(s) {', '.join(missing)}; see `kvpool calibrate --help`")
-    return rows
-
-
-def _number(row: dict[str, str], key: str, path: Path, line: int, *, minimum: float = 0.0) -> float:
-    try:
-        value = float(row[key])
-    except (TypeError, ValueError):
-        value = math.nan
-    if not math.isfinite(value) or value < minimum:
-        raise KvpoolError(f"{path} row {line}: {key} must be a number >= {minimum:g}, got {_shown(row[key])}")
-    return value
-
-
-def _count(row: dict[str, str], key: str, path: Path, line: int, high: int) -> int:
-    """A whole number in [0, high] (a step of 10**9 decode rows is no measurement,
-    and pricing it would build a billion-row batch)."""
-    value = _number(row, key, path, line)
-    if not value.is_integer() or value > high:
-        raise KvpoolError(f"{path} row {line}: {key} must be a whole number <= {high:,}, got {_shown(row[key])}")
-    return int(value)
-
-
-def _shown(text: str | None) -> str:
-    """A cell as an error shows it: quoted, cut at 40 characters."""
-    return repr(text if text is None or len(text) <= 40 else text[:37] + "...")
-
-
-def ops_samples(paths: list[Path]) -> OpSamples:
-    """The Vidur-layout timings of `paths`, as one set of samples."""
-    parts = []
-    for path in paths:
-        try:
-            parts.append(vidur_samples(_rows(path, VIDUR_COLUMNS)))
-        except CalibrationError as e:
-            raise KvpoolError(f"--ops {path}: {e}") from None
-    fields = [f.name for f in dataclasses.fields(OpSamples)]
-    return OpSamples(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))
-
-
-def step_samples(path: Path, model: StepTimeModel) -> list[StepSample]:
-    """Each measured step priced by `model` (its GPU time, floors excluded)."""
-    rows = _rows(path, ("decode_rows", "context", "prefill_tokens"))
-    if "ms" not in rows[0] and "seconds" not in rows[0]:
-        raise KvpoolError(f"{path} needs an 'ms' or 'seconds' column with the measured step time")
-    out = []
-    for i, r in enumerate(rows, start=2):
-        rows_n = _count(r, "decode_rows", path, i, MAX_BATCH_SIZE)
-        ctx = _count(r, "context", path, i, MAX_POSITIONS)
-        pre = _count(r, "prefill_tokens", path, i, MAX_POSITIONS)
-        start = _count(r, "prefill_start", path, i, MAX_POSITIONS) if r.get("prefill_start") not in (None, "") else 0
-        seconds = _number(r, "ms", path, i) * 1e-3 if "ms" in r else _number(r, "seconds", path, i)
-        if rows_n + pre == 0 or seconds <= 0:
-            raise KvpoolError(f"{path} row {i}: a step needs decode rows or prefill tokens, and a time > 0")
-        cost = model.cost(
-            [(ctx, 0)] * rows_n, [(start, pre)] if pre else [], graph=pre == 0, padded_batch=rows_n or None
-        )
-        out.append(StepSample(float(cost.total - cost.overhead), rows_n + (1 if pre else 0), seconds))
-    return out
-
-
-def step_model(args: argparse.Namespace, gpu: GpuSpec, cal: Calibration) -> StepTimeModel:
-    """MODEL's step-time model on one rank of --tp at the constants `cal`."""
-    options = ModelOptions.from_args(args)
-    spec, _ = load_spec(options, None)
-    weights = load_weights(args.model)
-    share = 1 / options.tp
-    weights = dataclasses.replace(
-        weights, total_params=weights.total_params * share, active_params=weights.active_params * share
-    )
-    return StepTimeModel.build(spec, gpu, weights, cal)
-
-
 def run(args: argparse.Namespace) -> int:
-    if args.steps is None and not args.ops:
-        raise KvpoolError("give --steps FILE.csv and/or --ops FILE.csv: the measurements to fit")
-    gpu = load_gpu(args.gpu)
-    base = dataclasses.replace(for_gpu(gpu), name=args.out.stem)
-    report: dict[str, Any] = {"gpu": gpu.key, "from": base.name}
-    cal = base
-    if args.ops:
-        with flagged("--ops"):
-            ops = ops_samples(args.ops)
-            cal, ops_report = fit_ops(ops, cal, flops=gpu.bf16_flops, hbm=gpu.hbm_bandwidth_bytes_per_s)
-        report["ops"] = ops_report
-    if args.steps is not None:
-        model = step_model(args, gpu, cal)
-        with flagged("--steps"):
-            samples = step_samples(args.steps, model)
-            cal, fit = fit_steps(cal, samples)
-        report["steps"] = {
-            **fit.values,
-            "median_error": fit.median_error,
-            "p90_error": fit.p90_error,
-            "samples": fit.samples,
-        }
-    cal = dataclasses.replace(cal, name=args.out.stem, source=f"kvpool calibrate on {gpu.key}")
-    with flagged("--steps" if args.steps is not None else "--ops"):
-        text = profile_json(cal, report=report)
-    write_output(args.out, text, "--out")
+    keywords = {k: getattr(args, k) for k in ("kv_dtype", "tp", "pp", "ep", "dp", "tokens_per_block")}
+    found = calibrate(args.model, gpu=args.gpu, steps=args.steps, ops=args.ops, name=args.out.stem, **keywords)
+    write_output(args.out, found.profile, "--out")
     if args.json:
-        print_json({"profile": str(args.out), "calibration": cal.to_json(), "fit": report})
+        print_json({"profile": str(args.out), "calibration": found.calibration.to_json(), "fit": found.report})
         return 0
+    print(render(found))
+    print(f"wrote {args.out}; use it with: kvpool simulate ... --calibration {args.out}")
+    return 0
+
+
+def render(found: CalibrationResult) -> str:
+    """The constants the fit changed (before, fitted) and each fit's median error."""
+    cal, base, report = found.calibration, found.base, found.report
     keys = [f.name for f in dataclasses.fields(cal) if f.name not in ("name", "source")]
     rows = [
         (k, f"{getattr(base, k):.4g}", f"{getattr(cal, k):.4g}") for k in keys if getattr(base, k) != getattr(cal, k)
     ]
-    print(table(["constant", "before", "fitted"], rows) if rows else "nothing changed")
+    lines = [table(["constant", "before", "fitted"], rows) if rows else "nothing changed"]
     for part in ("ops", "steps"):
         if part in report:
             fits = report[part] if part == "steps" else report[part]["matmul"]
-            print(f"{part}: median error {fits['median_error']:.1%} over {fits['samples']} measurements")
-    print(f"wrote {args.out}; use it with: kvpool simulate ... --calibration {args.out}")
-    return 0
+            lines.append(f"{part}: median error {fits['median_error']:.1%} over {fits['samples']} measurements")
+    return "\n".join(lines)

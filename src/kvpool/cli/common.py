@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kvpool import presets
-from kvpool.errors import KvpoolError, LimitsError
+from kvpool.errors import KvpoolError
 from kvpool.plan.batches import REFERENCE_REQUEST
 from kvpool.spec import KV_DTYPES, ModelSpec
-from kvpool.spec import loader as spec_loader
-from kvpool.units import parse_size, parse_size_or_zero
+from kvpool.units import parse_size, size_or_zero
 
 # Past this a count is a typo, and sizes derived from it would overflow int64.
 MAX_COUNT = 2**40
@@ -81,23 +79,6 @@ def checked(check: Callable[[str], object]) -> Callable[[str], str]:
     return parse
 
 
-@contextlib.contextmanager
-def flagged(flag: str) -> Iterator[None]:
-    """A KvpoolError raised while handling `flag`'s value comes out as one line
-    naming the flag (`--trace: ...`), unless its text names the flag already."""
-    try:
-        yield
-    except KvpoolError as e:
-        if flag in str(e):
-            raise
-        raise KvpoolError(f"{flag}: {e}") from None
-
-
-def size_or_zero(text: str) -> int:
-    """Bytes in `text` (units.parse_size), or 0 for a zero size in any unit (`0`, `0B`, `0GiB`)."""
-    return parse_size_or_zero(text)
-
-
 size_arg = checked(parse_size)  # a byte size > 0 (units.parse_size)
 size_or_zero_arg = checked(size_or_zero)  # the same, or 0 (a part of the GPU the engine does not use)
 
@@ -133,29 +114,6 @@ def int_items(text: str, *, low: int = 1, high: int = MAX_COUNT) -> tuple[int, .
             raise KvpoolError(f"expected comma-separated integers in [{low}, {high:,}]; got {item.strip()} in {text!r}")
         values.append(value)
     return tuple(values)
-
-
-def check_positions(config: Mapping[str, Any], max_seq_len: int, flag: str = "--max-seq-len") -> None:
-    """Refuse a longest request past the config's positions, as vLLM refuses a
-    max_model_len past them unless told to (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1):
-    RoPE beyond them is untrained, and 2**40 positions ask for petabytes of pages."""
-    text = config.get("text_config")
-    max_pos = (text if isinstance(text, Mapping) and "max_position_embeddings" in text else config).get(
-        "max_position_embeddings"
-    )
-    if isinstance(max_pos, int) and not isinstance(max_pos, bool) and 0 < max_pos < max_seq_len:
-        raise LimitsError(
-            f"{flag} {max_seq_len:,} is past the model's {max_pos:,} positions (max_position_embeddings); "
-            f"give {flag} {max_pos} or less"
-        )
-
-
-def check_tp_divides_heads(config: Mapping[str, Any], tp: int) -> None:
-    """The library's check (`spec.loader.check_tp_divides_heads`) on the whole
-    --tp, as vLLM checks it (the spec itself is built at --tp / --dp under DP
-    attention), its error naming the flag."""
-    with flagged("--tp"):
-        spec_loader.check_tp_divides_heads(config, tp)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -222,16 +180,20 @@ def print_json(obj: Any) -> None:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A plain text table: numbers right-aligned, text left-aligned."""
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    numeric = [all(_is_number(r[i]) for r in cells[1:]) and len(cells) > 1 for i in range(len(headers))]
-    lines = []
-    for k, r in enumerate(cells):
-        parts = [c.rjust(w) if numeric[i] and k else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
-        lines.append("  ".join(parts).rstrip())
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    body = [list(map(_cell, r)) for r in rows]
+    columns = list(zip(*([str(h) for h in headers], *body), strict=True))
+    widths = [max(map(len, col)) for col in columns]
+    numeric = [bool(body) and all(map(_is_number, col[1:])) for col in columns]
+    head = [_line([str(h) for h in headers], widths, [False] * len(widths)), "  ".join("-" * w for w in widths)]
+    return "\n".join(head + [_line(r, widths, numeric) for r in body])
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _line(cells: Sequence[str], widths: Sequence[int], right: Sequence[bool]) -> str:
+    return "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)).rstrip()
 
 
 def _is_number(text: str) -> bool:

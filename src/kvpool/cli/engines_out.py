@@ -4,21 +4,12 @@ plan, and the launch that makes the engine follow the plan."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
-from collections.abc import Sequence
-from typing import Any
 
 from kvpool.cli.common import checked, concurrency_text, table
-from kvpool.cli.fit_engines import with_budget_flag
 from kvpool.engines import registry
 from kvpool.engines.common import EnginePool, EngineReport
 from kvpool.engines.emit import Emitted
-from kvpool.engines.hf_ids import model_id_for
-from kvpool.errors import KvpoolError
-from kvpool.models.weights import Parallel
 from kvpool.plan import REFERENCE_REQUEST, PoolPlan, decode_shape
-from kvpool.plan.memory import MemoryBudget
-from kvpool.plan.tiers import TierPlan
 from kvpool.units import format_bytes
 
 
@@ -112,55 +103,6 @@ def render_report(report: EngineReport, plan: PoolPlan) -> str:
     return "\n".join(lines)
 
 
-def engine_options(args: argparse.Namespace) -> registry.EngineOptions:
-    return registry.EngineOptions(getattr(args, "block_size", None), getattr(args, "async_scheduling", True))
-
-
-def check_dependent(args: argparse.Namespace) -> None:
-    """Refuse the engine flags that mean nothing without the one they qualify
-    (an engine's own option without --engine naming that engine, a launch's model
-    id without --emit) rather than ignore them."""
-    options = engine_options(args)
-    if args.engine is not None:
-        registry.check_options(registry.entry(args.engine), options)
-    elif options != registry.EngineOptions():
-        flag = "--block-size" if options.block_size is not None else "--no-async-scheduling"
-        owners = [e.name for e in registry.ENTRIES.values() if e.options]
-        raise KvpoolError(f"{flag} is an engine's option: it needs --engine {'|'.join(owners)}")
-    if args.emit is None and args.model_id is not None:
-        raise KvpoolError("--model-id names the model in the --emit launch: it needs --emit")
-
-
-def engine_outputs(
-    args: argparse.Namespace, plan: PoolPlan, memory: MemoryBudget | None = None, tiers: Sequence[TierPlan] = ()
-) -> tuple[EngineReport | None, Emitted | None]:
-    """The --engine report and the --emit launch the options ask for (`memory`: the
-    whole-GPU breakdown, when known, states SGLang's budget as --mem-fraction-static;
-    `tiers`: the cold tiers per rank, stated as the engine's offload flags)."""
-    check_dependent(args)
-    report = registry.engine_report(args.engine, plan, engine_options(args)) if args.engine else None
-    emitted = None
-    if args.emit:
-        parallel = Parallel(*(getattr(args, k, 1) for k in ("tp", "pp", "ep", "dp")))
-        source = plan.spec.source
-        hub_id = source.repo_id if source is not None and source.kind == "hub" else None
-        model_id = launch_model_id(plan, args.model, args.model_id)
-        emitted = with_budget_flag(registry.launch(args.emit, plan, model_id, tiers, parallel), memory)
-        if hub_id and source is not None and source.revision != "main":
-            # an engine takes the revision as its own option, never as id@revision
-            note = f"planned from {hub_id} at revision {source.revision}: give the engine that revision too"
-            emitted = dataclasses.replace(emitted, notes=(*emitted.notes, note))
-    return report, emitted
-
-
-def launch_model_id(plan: PoolPlan, model: str, given: str | None) -> str:
-    """The model id a launch line names: --model-id, else the hub id the plan was
-    read from, else the preset's Hugging Face id, else MODEL."""
-    source = plan.spec.source
-    hub_id = source.repo_id if source is not None and source.kind == "hub" else None
-    return given or hub_id or model_id_for(model)
-
-
 def render(report: EngineReport | None, emitted: Emitted | None, plan: PoolPlan) -> str:
     parts = []
     if report is not None:
@@ -168,17 +110,3 @@ def render(report: EngineReport | None, emitted: Emitted | None, plan: PoolPlan)
     if emitted is not None:
         parts.append(f"{emitted.engine} launch that follows the plan:\n{emitted.text()}")
     return "\n\n".join(parts)
-
-
-def to_json(report: EngineReport | None, emitted: Emitted | None, plan: PoolPlan) -> dict[str, Any]:
-    """--emit: the emitted object (its "engine_default" the --engine report, if
-    asked); --engine alone: the plan with the report under "engine"."""
-    if emitted is not None:
-        out = emitted.to_json()
-        if report is not None:
-            out["engine_default"] = report.to_json(plan.avg_seq_len)
-        return out
-    out = plan.to_json()
-    if report is not None:
-        out["engine"] = report.to_json(plan.avg_seq_len)
-    return out

@@ -135,25 +135,27 @@ def prompt_ids(text: str) -> tuple[str, str]:
 
 
 def _prompts(args: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
-    prompts: list[list[int]] = []
-    for kind, text in args.prompts:
-        if kind == "ids":
-            try:
-                ids = [int(t) for t in text.replace(" ", "").split(",") if t]
-            except ValueError:
-                raise KvpoolError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
-            if not ids:
-                raise KvpoolError("--prompt-ids needs at least one id")
-            prompts.append(ids)
-        elif not text:
-            raise KvpoolError("--prompt needs some text")
-        elif args.chat:
-            prompts.append(_chat_ids(tokenizer, text))
-        else:
-            prompts.append(list(text.encode()) if tokenizer is None else list(tokenizer.encode(text)))
+    prompts = [_prompt(kind, text, args.chat, tokenizer) for kind, text in args.prompts]
     if not prompts:
         raise KvpoolError("give at least one --prompt or --prompt-ids")
     return prompts
+
+
+def _prompt(kind: str, text: str, chat: bool, tokenizer: Any) -> list[int]:
+    """One prompt's token ids: given (`ids`), or `text` encoded (in the chat template with `chat`)."""
+    if kind == "ids":
+        try:
+            ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+        except ValueError:
+            raise KvpoolError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
+        if not ids:
+            raise KvpoolError("--prompt-ids needs at least one id")
+        return ids
+    if not text:
+        raise KvpoolError("--prompt needs some text")
+    if chat:
+        return _chat_ids(tokenizer, text)
+    return list(text.encode()) if tokenizer is None else list(tokenizer.encode(text))
 
 
 def _chat_ids(tokenizer: Any, text: str) -> list[int]:
@@ -193,17 +195,20 @@ def _text(tokenizer: Any, ids: list[int]) -> str:
     return str(tokenizer.decode(ids, skip_special_tokens=True))
 
 
-def run(args: argparse.Namespace) -> int:
-    given = [x for x in (args.model_dir, args.packaged, args.tiny) if x is not None]
-    if len(given) != 1:
+def check_options(args: argparse.Namespace) -> None:
+    """One model source, and no option that means nothing without another (refused, not ignored)."""
+    if [args.model_dir, args.packaged, args.tiny].count(None) != 2:
         raise KvpoolError("give a MODEL (folder or .gguf), --model NAME or --tiny ARCH (exactly one)")
     if args.chat and args.tiny:
         raise KvpoolError("--chat needs a real tokenizer; --tiny models have none")
-    # flags that mean nothing without another are refused, not ignored
     if args.seed is not None and not args.tiny:
         raise KvpoolError("--seed seeds the random weights of --tiny; a real model's weights are its own")
     if args.chat and not any(kind == "text" for kind, _ in args.prompts):
         raise KvpoolError("--chat wraps each --prompt TEXT in the chat template; --prompt-ids are used as given")
+
+
+def load(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
+    """(model, config, tokenizer or None) of --tiny, --model or MODEL, on --device."""
     try:
         import torch
         import transformers  # noqa: F401  (tiny models and tokenizers come from it)
@@ -218,55 +223,50 @@ def run(args: argparse.Namespace) -> int:
     check_device(torch, args.device)
     if args.kv_memory:
         check_memory(torch, args.device, parse_size(args.kv_memory), args.kv_memory)
-    tokenizer = None
     if args.tiny:
         config = weights.tiny_config(args.tiny)
-        model = weights.from_state_dict(
-            config,
-            weights.hf_model(config, args.seed or 0).state_dict(),
-            dtype=dtype or torch.float32,
-            device=args.device,
-        )
-    else:
-        folder = _folder(args)
-        model, config = weights.load_folder(folder, dtype=dtype, device=args.device)
-        if any(kind == "text" for kind, _ in args.prompts):
-            tokenizer = _tokenizer(str(folder))
-        elif any((folder / name).is_file() for name in TOKENIZER_FILES):
-            tokenizer = _tokenizer(str(folder))  # only to decode the output
+        state = weights.hf_model(config, args.seed or 0).state_dict()
+        return weights.from_state_dict(config, state, dtype=dtype or torch.float32, device=args.device), config, None
+    folder = _folder(args)
+    model, config = weights.load_folder(folder, dtype=dtype, device=args.device)
+    # a tokenizer to encode the text prompts, or only to decode the output
+    wanted = any(kind == "text" for kind, _ in args.prompts) or any((folder / n).is_file() for n in TOKENIZER_FILES)
+    return model, config, _tokenizer(str(folder)) if wanted else None
+
+
+def run(args: argparse.Namespace) -> int:
+    check_options(args)
+    model, config, tokenizer = load(args)
     prompts = _prompts(args, tokenizer)
     engine = _engine(args, model, config, prompts)
     engine.on_step = step_publisher(open_publisher(args, engine.spec.groups))
     outputs = engine.generate(prompts, args.max_new_tokens, eos_token_id=model.cfg.eos_token_ids or None)
     kv = engine.kv_report()
     if args.json:
-        print_json(
-            {
-                "requests": [
-                    {"prompt_ids": o.prompt_ids, "output_ids": o.output_ids, "text": _text(tokenizer, o.output_ids)}
-                    for o in outputs
-                ],
-                "kv": kv,
-            }
-        )
+        requests = [
+            {"prompt_ids": o.prompt_ids, "output_ids": o.output_ids, "text": _text(tokenizer, o.output_ids)}
+            for o in outputs
+        ]
+        print_json({"requests": requests, "kv": kv})
         return 0
+    print(render(outputs, kv, tokenizer))
+    return 0
+
+
+def render(outputs: list[Any], kv: dict[str, Any], tokenizer: Any) -> str:
+    """Each request's tokens and text, the pages each group used, and the run's counts."""
+    lines = []
     for i, o in enumerate(outputs):
-        print(
-            f"request {i}: {len(o.prompt_ids)} prompt tokens -> {len(o.output_ids)} tokens "
-            f"{o.output_ids if tokenizer is None else ''}".rstrip()
-        )
-        print(f"  {_text(tokenizer, o.output_ids)!r}")
-    print(
-        table(
-            ["group", "pages used (peak)", "pages"],
-            [[g, kv["pages_used"][g], kv["total_pages"][g]] for g in kv["pages_used"]],
-        )
-    )
-    print(
+        ids = o.output_ids if tokenizer is None else ""
+        lines.append(f"request {i}: {len(o.prompt_ids)} prompt tokens -> {len(o.output_ids)} tokens {ids}".rstrip())
+        lines.append(f"  {_text(tokenizer, o.output_ids)!r}")
+    rows = [[g, kv["pages_used"][g], kv["total_pages"][g]] for g in kv["pages_used"]]
+    lines.append(table(["group", "pages used (peak)", "pages"], rows))
+    lines.append(
         f"reuse hits: {kv['reuse_hit_tokens']} tokens, preemptions: {kv['preemptions']}, "
         f"steps: {kv['steps']}, drafts accepted: {kv['draft_tokens_accepted']}/{kv['draft_tokens_proposed']}"
     )
-    return 0
+    return "\n".join(lines)
 
 
 # Files a Hugging Face tokenizer is loaded from; a folder with none has no tokenizer.

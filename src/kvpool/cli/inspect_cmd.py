@@ -5,14 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvpool.cli.budget import weights_source
-from kvpool.cli.common import add_json_arg, add_model_args, check_tp_divides_heads, print_json, say_fallback, table
-from kvpool.cli.request import ModelOptions
-from kvpool.models.params import ParameterCountError
-from kvpool.models.weight_dtype import WeightSchemeError
-from kvpool.models.weights import model_weights
+from kvpool.cli.common import add_json_arg, add_model_args, print_json, say_fallback, table
+from kvpool.deploy.budget import weights_facts
+from kvpool.deploy.options import ModelOptions
+from kvpool.deploy.resolution import model_spec
 from kvpool.spec import ModelSpec
-from kvpool.spec.loader import read_model_config, spec_from_read
 from kvpool.units import format_bytes
 
 
@@ -25,16 +22,6 @@ def register(sub: Any) -> None:
     add_model_args(p)
     add_json_arg(p)
     p.set_defaults(func=run)
-
-
-def weights_facts(model: ModelOptions, spec: ModelSpec) -> tuple[int | None, int | None]:
-    """(parameters, weight bytes per rank at --tp) of the model `spec` was loaded
-    from, None where kvpool has no formula for its family (the KV layout is still shown)."""
-    try:
-        weights = model_weights(spec.config, weights_source(spec, model.model))
-    except (ParameterCountError, WeightSchemeError):
-        return None, None
-    return weights.parameters, weights.per_rank_bytes(model.parallel)
 
 
 def inspect_json(spec: ModelSpec, parameters: int | None = None, weights_bytes: int | None = None) -> dict[str, Any]:
@@ -65,36 +52,43 @@ def inspect_json(spec: ModelSpec, parameters: int | None = None, weights_bytes: 
 
 
 def run(args: argparse.Namespace) -> int:
-    model = ModelOptions.from_args(args)
-    read = read_model_config(model.model)
-    check_tp_divides_heads(read[2], model.tp)  # as plan does: vLLM refuses such a --tp
-    spec = spec_from_read(
-        read,
-        kv_dtype=model.kv_dtype,
-        tp_size=model.attention_tp,
-        pp_size=model.pp,
-        tokens_per_block=model.tokens_per_block,
-    )
+    model = ModelOptions(args.model, args.kv_dtype, args.tp, args.pp, args.ep, args.dp, args.tokens_per_block)
+    spec = model_spec(model)  # refuses a tp that does not divide the heads, as plan does (vLLM does)
     say_fallback(spec)
-    parameters, weights_bytes = weights_facts(model, spec)
+    parameters, weights_bytes = weights_facts(spec, model)
     if args.json:
         print_json(inspect_json(spec, parameters, weights_bytes))
         return 0
-    print(
+    print(render(spec, parameters, weights_bytes))
+    return 0
+
+
+def render(spec: ModelSpec, parameters: int | None, weights_bytes: int | None) -> str:
+    """The spec as text: where it comes from, its pool groups, the full-attention bytes, the weights."""
+    lines = [
         f"{spec.name}  ({spec.family}, kv {spec.kv_dtype}, tp {spec.tp_size}, "
         f"{spec.tokens_per_block} tokens per page, {spec.num_layers} layers)"
-    )
+    ]
     if spec.source is not None:
-        print(f"source: {spec.source.describe()}")
+        lines.append(f"source: {spec.source.describe()}")
     if spec.pp_stage is not None:
         index, stages = spec.pp_stage
         layers = sorted(i for g in spec.groups for i in g.layers)
-        print(
+        lines.append(
             f"pipeline stage {index} of {stages} (layers {layers[0]}..{layers[-1]}): "
             "the stage with the most KV bytes per reference request"
         )
     if spec.kv_dtype_note:
-        print(f"note: {spec.kv_dtype_note}")
+        lines.append(f"note: {spec.kv_dtype_note}")
+    lines.append(groups_table(spec))
+    lines.append(f"full-attention bytes per token: {spec.full_attention_bytes_per_token:,}")
+    if weights_bytes is not None:
+        count = f"{parameters / 1e9:.2f}B parameters, " if parameters else ""
+        lines.append(f"weights: {count}{format_bytes(weights_bytes)} per rank at tp {spec.tp_size}")
+    return "\n".join(lines)
+
+
+def groups_table(spec: ModelSpec) -> str:
     rows = []
     for g in spec.groups:
         slot = g.rule.per_request  # one slot per request instead of pages of positions
@@ -109,9 +103,4 @@ def run(args: argparse.Namespace) -> int:
                 format_bytes(g.state_bytes) if slot else "-",
             ]
         )
-    print(table(["group", "kind", "life cycle", "layers", "bytes/token", "bytes/page", "state/request"], rows))
-    print(f"full-attention bytes per token: {spec.full_attention_bytes_per_token:,}")
-    if weights_bytes is not None:
-        count = f"{parameters / 1e9:.2f}B parameters, " if parameters else ""
-        print(f"weights: {count}{format_bytes(weights_bytes)} per rank at tp {spec.tp_size}")
-    return 0
+    return table(["group", "kind", "life cycle", "layers", "bytes/token", "bytes/page", "state/request"], rows)

@@ -80,13 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run `kvpool ARGV...` and return its exit code (a usage error, --help and
     --version too: argparse's exit is caught here, so a caller in the same
     process gets the code back as for any other error)."""
-    if sys.stdout is None:  # started with stdout closed (`kvpool ... >&-`): nowhere to answer
-        print("kvpool: error: stdout is closed; redirect it to a file or /dev/null", file=sys.stderr)
-        return 2
     argv = sys.argv[1:] if argv is None else list(argv)
-    nul = next((a for a in argv if "\x00" in a), None)
-    if nul is not None:  # no shell passes one; every path and name reader would fail on it differently
-        print(f"kvpool: error: argument {nul.split('=')[0]!r} holds a NUL byte", file=sys.stderr)
+    refused = unreadable(argv)
+    if refused:
+        print(f"kvpool: error: {refused}", file=sys.stderr)
         return 2
     try:
         args = build_parser().parse_args(join_negative_values(argv))
@@ -96,31 +93,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
         sys.stdout.flush()  # a full disk or closed pipe shows here, not in the interpreter's exit
         return code
-    except KvpoolError as e:
-        print(f"kvpool {args.command}: error: {one_line(str(e))}", file=sys.stderr)
-        return 2
+    except Exception as e:
+        return failed(args.command, e)
     except KeyboardInterrupt:
         print("kvpool: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
+
+
+def unreadable(argv: Sequence[str]) -> str | None:
+    """Why the command cannot run at all, before its options are read: nowhere to
+    answer (stdout closed: `kvpool ... >&-`), or a NUL byte (no shell passes one;
+    every path and name reader would fail on it differently)."""
+    if sys.stdout is None:
+        return "stdout is closed; redirect it to a file or /dev/null"
+    nul = next((a for a in argv if "\x00" in a), None)
+    return None if nul is None else f"argument {nul.split('=')[0]!r} holds a NUL byte"
+
+
+def failed(command: str, e: Exception) -> int:
+    """The exit code of a command that raised `e`, with its one line on stderr."""
+    if isinstance(e, KvpoolError):
+        print(f"kvpool {command}: error: {one_line(str(e))}", file=sys.stderr)
+        return 2
+    if isinstance(e, BrokenPipeError):
         # the reader left (`kvpool ... | head`): not an error. Point stdout at
         # devnull so that the interpreter's final flush does not fail again.
         _silence_stdout()
         return 0
-    except OSError as e:  # the machine's, not kvpool's: a full disk, a device gone
+    if isinstance(e, OSError):  # the machine's, not kvpool's: a full disk, a device gone
         where = f" ({e.filename})" if e.filename else " (writing standard output)" if e.errno in WRITE_ERRORS else ""
         _silence_stdout()
-        print(f"kvpool {args.command}: error: {one_line(f'{e.strerror or e}{where}')}", file=sys.stderr)
+        print(f"kvpool {command}: error: {one_line(f'{e.strerror or e}{where}')}", file=sys.stderr)
         return 2
-    except Exception as e:  # an internal failure: say so, keep the traceback opt-in
-        if os.environ.get("KVPOOL_DEBUG"):
-            raise
-        print(
-            f"kvpool {args.command}: internal error: {type(e).__name__}: {str(e).strip().partition(chr(10))[0]} "
-            "(set KVPOOL_DEBUG=1 for a traceback)",
-            file=sys.stderr,
-        )
-        return 1
+    if os.environ.get("KVPOOL_DEBUG"):  # an internal failure: say so, keep the traceback opt-in
+        raise e
+    print(
+        f"kvpool {command}: internal error: {type(e).__name__}: {str(e).strip().partition(chr(10))[0]} "
+        "(set KVPOOL_DEBUG=1 for a traceback)",
+        file=sys.stderr,
+    )
+    return 1
 
 
 # What a write without a file name fails with: stdout's (files kvpool writes name their flag, cli/files.py).

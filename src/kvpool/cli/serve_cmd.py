@@ -2,8 +2,8 @@
 
 A stdlib `http.server` (no new dependency) serves one static page (cli/web/fit.html)
 and one JSON endpoint, `/api/fit?model=...&gpu=...`, whose body is exactly what
-`kvpool fit ... --json` prints: the page computes nothing itself, so its numbers
-are the CLI's by construction. Why not Pyodide: the page would have to ship (or
+`kvpool fit ... --json` prints: both are `kvpool.deploy.fit(...).to_dict()`, and the
+page computes nothing itself, so its numbers are the CLI's by construction. Why not Pyodide: the page would have to ship (or
 fetch from a CDN) a ~10 MB Python runtime and kvpool's wheel for the same answer,
 and CI has no network; why not ASGI: it would add a server dependency for one
 endpoint. The server binds 127.0.0.1 only, and is hardened as a local tool
@@ -17,31 +17,34 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from kvpool import presets
+from kvpool import deploy, presets
 from kvpool.cli import serve_http
-from kvpool.cli.common import int_at_least
+from kvpool.cli.common import checked, fraction, int_at_least, kv_dtype_name, positive_int
+from kvpool.cli.plan_args import optional_tokens
 from kvpool.cli.serve_http import LocalHandler, LocalServer, checked_model, script_hashes
+from kvpool.deploy.gpus import gpu_and_count
 from kvpool.errors import KvpoolError
 
 HOST = serve_http.HOST
 PAGE = resources.files("kvpool.cli").joinpath("web/fit.html").read_bytes()
-# query parameter -> `kvpool fit` option (MODEL is positional)
-OPTIONS = {
-    "gpu": "--gpu",
-    "engine": "--engine",
-    "max_seq_len": "--max-seq-len",
-    "max_batch_size": "--max-batch-size",
-    "max_num_tokens": "--max-num-tokens",
-    "kv_dtype": "--kv-dtype",
-    "memory_fraction": "--memory-fraction",
-    "tp": "--tp",
-    "users": "--users",
-    "len": "--len",
+# query field -> (reader of its text, `deploy.fit` keyword); MODEL is `model`
+FIELDS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "gpu": (checked(gpu_and_count), "gpu"),
+    "engine": (str, "engines"),
+    "max_seq_len": (positive_int, "max_seq_len"),
+    "max_batch_size": (positive_int, "max_batch_size"),
+    "max_num_tokens": (optional_tokens, "max_num_tokens"),
+    "kv_dtype": (checked(kv_dtype_name), "kv_dtype"),
+    "memory_fraction": (fraction, "memory_fraction"),
+    "tp": (positive_int, "tp"),
+    "users": (positive_int, "users"),
+    "len": (positive_int, "length"),
 }
 
 
@@ -72,41 +75,34 @@ def models_folder(text: str) -> Path:
     return path.resolve()
 
 
-def fit_argv(query: dict[str, str]) -> list[str]:
-    """`kvpool fit` arguments from a query string's fields (unknown fields refused)."""
-    unknown = sorted(set(query) - set(OPTIONS) - {"model"})
+def fit_keywords(query: dict[str, str]) -> dict[str, Any]:
+    """`deploy.fit`'s keywords from a query string's fields, each read as the CLI
+    reads its option (unknown fields refused)."""
+    unknown = sorted(set(query) - set(FIELDS) - {"model"})
     if unknown:
-        raise KvpoolError(f"unknown field(s) {', '.join(unknown)}; fields: model, {', '.join(OPTIONS)}")
+        raise KvpoolError(f"unknown field(s) {', '.join(unknown)}; fields: model, {', '.join(FIELDS)}")
     if not query.get("model"):
         raise KvpoolError("give model=NAME (kvpool models)")
-    argv = ["fit", query["model"], "--json"]
-    for key, flag in OPTIONS.items():
+    out: dict[str, Any] = {}
+    for key, (read, keyword) in FIELDS.items():
         if query.get(key):
-            argv += [flag, query[key]]
-    return argv
-
-
-def fit_json(query: dict[str, str]) -> dict[str, Any]:
-    """What `kvpool fit --json` prints for these fields. Raises KvpoolError (a bad
-    value included: argparse's own message) for anything the CLI would exit 2 on."""
-    from kvpool.cli.fit_cmd import answer
-    from kvpool.cli.main import build_parser
-
-    parser = build_parser()
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    for sub in commands.choices.values():
-        sub.error = _refuse  # type: ignore[method-assign]  # this request's own parser: its errors raise here
-    args = parser.parse_args(fit_argv(query))
-    found = answer(args)
-    out = dict(found.out)
-    if found.error:
-        out["error"] = found.error
+            try:
+                out[keyword] = read(query[key])
+            except (argparse.ArgumentTypeError, KvpoolError) as e:
+                raise KvpoolError(f"{key}: {e}") from None
+    if "gpu" not in out:
+        raise KvpoolError("give gpu=NAME[xN] (kvpool gpus)")
     return out
 
 
-def _refuse(message: str) -> Any:
-    """A parser's error for this request alone (argparse would print it and exit)."""
-    raise KvpoolError(message)
+def fit_json(query: dict[str, str]) -> dict[str, Any]:
+    """What `kvpool fit --json` prints for these fields, and `error`: why nothing
+    fits, when nothing does. Raises KvpoolError for anything the CLI would refuse."""
+    found = deploy.fit(query.get("model", ""), **fit_keywords(query))
+    out = found.to_dict()
+    if found.error:
+        out["error"] = found.error
+    return out
 
 
 def options_json() -> dict[str, Any]:

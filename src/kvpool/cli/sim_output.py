@@ -1,5 +1,5 @@
 """What `kvpool simulate` prints besides its plans: the progress bar, the
-results table, and the reading of --rate."""
+results table, the cold tiers' table, and the reading of --rate."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 from kvpool.cli.common import table
 from kvpool.errors import KvpoolError
 from kvpool.sim import Progress, SimResult
+from kvpool.units import format_bytes
 
 
 def parse_rate(text: str | None) -> float | None:
@@ -50,36 +51,50 @@ class ProgressBar:
             sys.stderr.flush()
 
 
-def results_table(runs: list[SimResult], groups: list[str]) -> str:
-    def num(x: float | None, scale: float, digits: int) -> str:
-        return "-" if x is None else f"{x * scale:,.{digits}f}"
+def _num(x: float | None, scale: float, digits: int) -> str:
+    return "-" if x is None else f"{x * scale:,.{digits}f}"
 
+
+def _pages(r: SimResult, g: str) -> str:
+    """A group's pages; "-" for a group the engine's own split holds inside another's
+    (vLLM: a drafter's layers in the target's groups)."""
+    if g not in r.pages:
+        return "-"
+    return f"{r.pages[g].total:,}" + (" shared" if r.plan.shared else "")
+
+
+def _use(r: SimResult, g: str) -> str:
+    """A group's peak / mean share of its pages used."""
+    if g not in r.pages:
+        return "-"
+    u = r.pages[g]
+    return f"{u.peak_used / max(u.total, 1):.0%}/{u.mean_used / max(u.total, 1):.0%}"
+
+
+def _row(r: SimResult, groups: list[str], reuse: bool) -> list[Any]:
+    times = [
+        _num(r.percentile(r.ttft_s, 50), 1, 2),
+        _num(r.percentile(r.ttft_s, 99), 1, 2),
+        _num(r.percentile(r.tpot_s, 50), 1e3, 1),
+        _num(r.percentile(r.tpot_s, 99), 1e3, 1),
+    ]
+    counts = [r.preemptions, f"{r.graph_step_share:.0%}", r.padding_failures]
+    hits = [f"{r.reuse_hit_rate:.0%}"] if reuse else []
+    return [
+        r.policy,
+        *(_pages(r, g) for g in groups),
+        f"{r.output_tokens_per_s:,.0f}",
+        f"{r.requests_per_s:.2f}",
+        *times,
+        *counts,
+        *(_use(r, g) for g in groups),
+        *hits,
+        f"{r.finished}/{r.num_requests}",
+    ]
+
+
+def results_table(runs: list[SimResult], groups: list[str]) -> str:
     reuse = any(r.reuse_hit_rate for r in runs)
-    rows = []
-    for r in runs:
-        row: list[Any] = [r.policy]
-        # "-": a group the engine's own split holds inside another's (vLLM: a drafter's layers in the target's groups)
-        row += [f"{r.pages[g].total:,}" + (" shared" if r.plan.shared else "") if g in r.pages else "-" for g in groups]
-        row += [
-            f"{r.output_tokens_per_s:,.0f}",
-            f"{r.requests_per_s:.2f}",
-            num(r.percentile(r.ttft_s, 50), 1, 2),
-            num(r.percentile(r.ttft_s, 99), 1, 2),
-            num(r.percentile(r.tpot_s, 50), 1e3, 1),
-            num(r.percentile(r.tpot_s, 99), 1e3, 1),
-            r.preemptions,
-            f"{r.graph_step_share:.0%}",
-            r.padding_failures,
-        ]
-        row += [
-            f"{r.pages[g].peak_used / max(r.pages[g].total, 1):.0%}/"
-            f"{r.pages[g].mean_used / max(r.pages[g].total, 1):.0%}"
-            if g in r.pages
-            else "-"
-            for g in groups
-        ]
-        row += ([f"{r.reuse_hit_rate:.0%}"] if reuse else []) + [f"{r.finished}/{r.num_requests}"]
-        rows.append(row)
     headers = (
         ["policy"]
         + [f"{g} pages" for g in groups]
@@ -88,26 +103,7 @@ def results_table(runs: list[SimResult], groups: list[str]) -> str:
         + (["reuse hits"] if reuse else [])
         + ["done"]
     )
-    return table(headers, rows)
-
-
-def run_json(r: SimResult) -> dict[str, Any]:
-    """One run as `--json` prints it: the result's own fields plus every other
-    number the table shows (TPOT p99, padding failures, mean pages used, reuse
-    hits, requests done and rejected), so that a script reads what a person does."""
-    out = r.to_json()
-    out.update(
-        tpot_p99_s=r.percentile(r.tpot_s, 99),
-        padding_failures=r.padding_failures,
-        reuse_hit_rate=r.reuse_hit_rate,
-        finished=r.finished,
-        num_requests=r.num_requests,
-        rejected=r.rejected,
-        shared_pool=bool(r.plan.shared),
-    )
-    for name, u in r.pages.items():
-        out["pages"][name].update(mean_used=u.mean_used)
-    return out
+    return table(headers, [_row(r, groups, reuse) for r in runs])
 
 
 def rebalance_lines(runs: list[SimResult]) -> list[str]:
@@ -132,3 +128,45 @@ def rebalance_lines(runs: list[SimResult]) -> list[str]:
             )
         out.append(line)
     return out
+
+
+def host_label(size: str | None) -> str:
+    return "-" if size is None else size
+
+
+def sweep_table(rows: list[tuple[str | None, SimResult]]) -> str:
+    """Per host size: one rank's host tier, the prompt hit rate, TTFT, throughput
+    and what the tiers moved."""
+    out = []
+    for size, r in rows:
+        t = r.tiers or {}
+        ttft50, ttft99 = r.percentile(r.ttft_s, 50), r.percentile(r.ttft_s, 99)
+        out.append(
+            [
+                host_label(size),
+                format_bytes(t.get("bytes", {}).get("CPU", 0)),
+                f"{r.prompt_hit_rate:.1%}",
+                "-" if ttft50 is None else f"{ttft50:,.2f}",
+                "-" if ttft99 is None else f"{ttft99:,.2f}",
+                f"{r.output_tokens_per_s:,.0f}",
+                f"{t.get('pages_onboarded', 0):,}",
+                f"{t.get('pages_offloaded', 0):,}",
+                f"{r.preemptions:,}",
+                f"{t.get('suspensions', 0):,}",
+                f"{t.get('transfer_s', 0.0):,.2f}",
+            ]
+        )
+    headers = [
+        "host memory",
+        "host tier/rank",
+        "prompt hits",
+        "TTFT p50 s",
+        "TTFT p99 s",
+        "tok/s",
+        "pages onboarded",
+        "pages offloaded",
+        "preempt",
+        "suspended",
+        "copy s",
+    ]
+    return table(headers, out)

@@ -7,12 +7,11 @@ import argparse
 from typing import Any
 
 from kvpool import presets
-from kvpool.cli.common import checked, int_at_least, positive_float, positive_int, size_or_zero
+from kvpool.cli.common import checked, int_at_least, positive_float, positive_int
 from kvpool.cli.tiers_args import add_tier_args
-from kvpool.errors import KvpoolError
+from kvpool.deploy.sim_tiers import host_sizes
+from kvpool.deploy.simulation import DEFAULT_SWEEP_RANGE
 from kvpool.sched.admission import ADMISSIONS
-
-DEFAULT_SWEEP_RANGE = "0.05:0.95"
 
 # Each sweep point is a whole simulation of the trace: past this a typo, not a study.
 MAX_SWEEP_POINTS = 200
@@ -26,7 +25,8 @@ def add_simulation_args(p: argparse.ArgumentParser) -> Any:
         "--trace",
         required=True,
         metavar="NAME|PATH",
-        help=f"bundled trace ({', '.join(presets.trace_names())}) or a trace file",
+        help=f"bundled trace ({', '.join(presets.trace_names())}), a mix (azure-conv:600+mooncake-conv:300) "
+        "or a trace file: CSV or JSON lines (docs/traces.md)",
     )
     s.add_argument(
         "--policy",
@@ -117,24 +117,11 @@ def add_simulation_args(p: argparse.ArgumentParser) -> Any:
         default=None,
         metavar="FILE|roofline",
         help="step-time constants: a profile `kvpool calibrate` wrote, or 'roofline' for the "
-        "uncalibrated peak-rate model (default: the shipped profile of --gpu)",
+        "uncalibrated peak-rate model (default: the shipped profile of --gpu, fitted to measured kernels)",
     )
     s.add_argument("--plot", default=None, metavar="OUT.png", help="write a plot (needs matplotlib)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     return s
-
-
-# Each host size is a whole simulation of the trace.
-MAX_HOST_SIZES = 50
-
-
-def host_sizes(text: str) -> list[int]:
-    """`--host-memory`: one size or a comma-separated list of them (0 allowed:
-    no host tier), each read by `units.parse_size`."""
-    sizes = [size_or_zero(part) for part in text.split(",")]
-    if len(sizes) > MAX_HOST_SIZES:
-        raise KvpoolError(f"{len(sizes)} sizes, at most {MAX_HOST_SIZES} (each is a whole run)")
-    return sizes
 
 
 def add_tier_sim_args(p: argparse.ArgumentParser) -> None:
@@ -144,7 +131,7 @@ def add_tier_sim_args(p: argparse.ArgumentParser) -> None:
     t = add_tier_args(
         p,
         title="cold tiers per rank, and how pages move to them (docs/tiers.md)",
-        host_memory=checked(host_sizes),
+        host_memory=checked(host_sizes),  # deploy.sim_tiers reads the list
         host_memory_note=". A list (0,64GiB,256GiB) runs once per size and shows what each buys",
     )
     t.add_argument(

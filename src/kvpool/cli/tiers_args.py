@@ -1,5 +1,5 @@
-"""`--host-memory`, `--disk` and `--host-rule`: the cold tiers below a plan's
-GPU pools, per rank, as each engine would size its host tier (`plan/tiers.py`)."""
+"""`--host-memory`, `--disk` and `--host-rule`: the options of the cold tiers below
+a plan's GPU pools, per rank (`kvpool.deploy.tiers` sizes them), and their table."""
 
 from __future__ import annotations
 
@@ -7,15 +7,10 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from kvpool.cache.pool import check_pages
-from kvpool.cli.common import flagged, positive_int, size_arg, table
-from kvpool.engines.host_tiers import HOST_RULES, NEEDS_HOST_MEMORY, host_tier_bytes
-from kvpool.errors import KvpoolError
-from kvpool.plan import PoolPlan
-from kvpool.plan.tiers import GiB, TierPlan, plan_tiers
-from kvpool.units import format_bytes, parse_size
-
-RULES = HOST_RULES
+from kvpool.cli.common import positive_int, size_arg, table
+from kvpool.deploy.tiers import RULES
+from kvpool.plan.tiers import TierPlan
+from kvpool.units import format_bytes
 
 
 def add_tier_args(
@@ -24,10 +19,12 @@ def add_tier_args(
     title: str = "cold tiers per rank (host memory, disk; docs/cache.md)",
     host_memory: Callable[[str], object] = size_arg,
     host_memory_note: str = "",
+    engine_rules: bool = False,
 ) -> Any:
     """--host-memory, --disk, --host-rule, --ranks-per-node in a group titled
     `title` (returned, for callers that add more). `host_memory` parses
-    --host-memory (simulate takes a list of sizes); `host_memory_note` ends its help."""
+    --host-memory (simulate takes a list of sizes); `host_memory_note` ends its help.
+    `engine_rules`: --host-rule defaults to each engine's own rule (fit)."""
     t = p.add_argument_group(title)
     t.add_argument(
         "--host-memory",
@@ -39,8 +36,12 @@ def add_tier_args(
     t.add_argument(
         "--host-rule",
         choices=RULES,
-        default="even",
-        help="how one rank's host tier follows from --host-memory: even (split over the node's ranks), "
+        default=None if engine_rules else "even",
+        help="how one rank's host tier follows from --host-memory: "
+        + ("each engine's own (default), or " if engine_rules else "")
+        + "even (split over the node's ranks"
+        + ("" if engine_rules else "; default")
+        + "), "
         "trtllm (V2's auto-provisioning: min(GPU KV, host / ranks x 0.5)), vllm (--kv-offloading-size = "
         "host memory, over the KV ranks), sglang (--hicache-size = host / ranks; without --host-memory "
         "--hicache-ratio 2 x the device pool)",
@@ -50,60 +51,10 @@ def add_tier_args(
         type=positive_int,
         default=None,
         metavar="N",
-        help="GPUs (ranks) on one node sharing --host-memory (default: tp x pp)",
+        help="GPUs (ranks) on one node sharing --host-memory (default: "
+        + ("the GPUs of --gpu, at most 8)" if engine_rules else "tp x pp)"),
     )
     return t
-
-
-def check_dependent(args: argparse.Namespace) -> None:
-    """Refuse the tier flags that mean nothing without --host-memory (a rule other
-    than sglang's sizes the host tier from it; ranks share it), not ignore them."""
-    if args.host_memory is not None:
-        return
-    if args.host_rule in NEEDS_HOST_MEMORY - {"even"}:
-        raise KvpoolError(f"--host-rule {args.host_rule} sizes the host tier from --host-memory; give it")
-    if args.ranks_per_node is not None:
-        raise KvpoolError("--ranks-per-node says how many ranks share --host-memory; give it")
-
-
-def tiers_from_args(args: argparse.Namespace, plan: PoolPlan) -> list[TierPlan]:
-    """The cold tiers of one rank the options ask for (none without them);
-    `KvpoolError` naming the flag for a bad size or a rule that lacks its input."""
-    host, disk = (_size(args, name) for name in ("host_memory", "disk"))
-    if host is None and disk is None and args.host_rule in NEEDS_HOST_MEMORY:
-        return []
-    ranks = args.ranks_per_node if args.ranks_per_node is not None else args.tp * args.pp
-    if ranks < 1:
-        raise KvpoolError(f"--ranks-per-node must be at least 1, got {ranks}")
-    gpu_kv = sum(g.bytes for g in plan.groups)
-    host_bytes, rule = None, args.host_rule
-    if host is not None or args.host_rule not in NEEDS_HOST_MEMORY:
-        host_bytes, rule = host_tier_bytes(
-            args.host_rule,
-            gpu_kv_bytes=gpu_kv,
-            host_memory=host,
-            ranks_per_node=ranks,
-            kv_ranks=args.tp * args.pp,
-            offloading_gib=None if host is None else host / GiB,
-            hicache_gb=None if host is None else host / ranks / 1e9,
-        )
-    tiers = plan_tiers(plan, host_bytes, disk, rule)
-    for t in tiers:  # a tier no machine's books hold is refused here, not after a simulation ran out of memory
-        with flagged("--host-memory" if t.medium == "CPU" else "--disk"):
-            for group, pages in t.pages.items():
-                check_pages(pages, f"one rank's {t.medium} tier ({format_bytes(t.bytes)}) for group {group!r}")
-    return tiers
-
-
-def _size(args: argparse.Namespace, name: str) -> int | None:
-    text = getattr(args, name)
-    if text is None:
-        return None
-    flag = "--" + name.replace("_", "-")
-    try:
-        return parse_size(text)
-    except KvpoolError as e:
-        raise KvpoolError(f"{flag}: {e}") from None
 
 
 def render(tiers: list[TierPlan]) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kvpool import deploy
 from kvpool.cache import KVCacheManager, WarmupReport
-from kvpool.cli.common import add_json_arg, checked, int_items, print_json, table
-from kvpool.cli.plan_args import add_plan_args, plan_from_args
+from kvpool.cli.common import add_json_arg, checked, int_items, print_json, say_fallback, table
+from kvpool.cli.plan_args import add_plan_args, plan_keywords
 from kvpool.errors import KvpoolError, LimitsError
 from kvpool.plan.report import window_decodes_below_graph
 
@@ -55,29 +56,27 @@ def parse_draft_lens(text: str | None, max_draft_len: int) -> tuple[int, ...]:
     return values
 
 
-def render(report: WarmupReport, batch_sizes: tuple[int, ...], drafts: tuple[int, ...]) -> str:
-    """One row per run of consecutive batch sizes with the same outcome."""
+def shape_rows(report: WarmupReport, batch_sizes: tuple[int, ...], draft: int) -> list[list[Any]]:
+    """One row per run of consecutive batch sizes with the same outcome, at one draft length."""
     skipped = {(s.batch_size, s.draft_len): s for s in report.skipped}
-    rows: list[list[Any]] = []
-    for d in drafts:
-        runs: list[tuple[list[int], str, Any]] = []
-        for b in batch_sizes:
-            s = skipped.get((b, d))
-            outcome = f"skipped: {s.group} short {s.short_pages} pages" if s else "captured"
-            longest = "-" if s else report.lengths[(b, d)]
-            if runs and runs[-1][1] == outcome and runs[-1][2] == longest:
-                runs[-1][0].append(b)
-            else:
-                runs.append(([b], outcome, longest))
-        for sizes, outcome, longest in runs:
-            label = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}..{sizes[-1]} ({len(sizes)})"
-            rows.append([label, d, longest, outcome])
-    lines = [table(["batch sizes", "draft", "longest tokens", "shape"], rows)]
-    n_skipped = len(report.skipped)
-    lines.append(
-        f"\n{len(report.captured)} of {len(report.captured) + n_skipped} shapes captured"
-        + (f", {n_skipped} would run eager" if n_skipped else "")
-    )
+    runs: list[tuple[list[int], str, Any]] = []
+    for b in batch_sizes:
+        s = skipped.get((b, draft))
+        outcome = f"skipped: {s.group} short {s.short_pages} pages" if s else "captured"
+        longest = "-" if s else report.lengths[(b, draft)]
+        if runs and runs[-1][1:] == (outcome, longest):
+            runs[-1][0].append(b)
+        else:
+            runs.append(([b], outcome, longest))
+    return [[sizes_label(sizes), draft, longest, outcome] for sizes, outcome, longest in runs]
+
+
+def sizes_label(sizes: list[int]) -> str:
+    return str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}..{sizes[-1]} ({len(sizes)})"
+
+
+def padding_text(report: WarmupReport) -> str:
+    """Which padding dummy each draft length has, and the pages they reserve."""
 
     def pad(d: int, rid: int | None) -> str:
         if rid is not None:
@@ -86,19 +85,35 @@ def render(report: WarmupReport, batch_sizes: tuple[int, ...], drafts: tuple[int
 
     pads = ", ".join(pad(d, r) for d, r in report.padding.items())
     reserved = ", ".join(f"{g} {n}" for g, n in report.reserved_pages.items())
-    lines.append(f"padding dummies ({pads}) reserve pages: {reserved}")
-    for d, short in report.padding_short.items():
-        lines.append(
-            f"warning: no pages for the draft-{d} padding dummy (short {short}): padded "
-            "batches of that draft length fall back to eager"
-        )
-    for name, short in report.unfit.items():
-        lines.append(f"warning: warmup shape '{name}' does not fit (short {short}): the engine's warmup would fail")
+    return f"padding dummies ({pads}) reserve pages: {reserved}"
+
+
+def render(report: WarmupReport, batch_sizes: tuple[int, ...], drafts: tuple[int, ...]) -> str:
+    """The shapes (one row per run of batch sizes with the same outcome), the count
+    captured, the padding dummies, and a warning for each shape that falls back."""
+    rows = [row for d in drafts for row in shape_rows(report, batch_sizes, d)]
+    n_skipped = len(report.skipped)
+    lines = [
+        table(["batch sizes", "draft", "longest tokens", "shape"], rows),
+        f"\n{len(report.captured)} of {len(report.captured) + n_skipped} shapes captured"
+        + (f", {n_skipped} would run eager" if n_skipped else ""),
+        padding_text(report),
+    ]
+    lines += [
+        f"warning: no pages for the draft-{d} padding dummy (short {short}): padded "
+        "batches of that draft length fall back to eager"
+        for d, short in report.padding_short.items()
+    ]
+    lines += [
+        f"warning: warmup shape '{name}' does not fit (short {short}): the engine's warmup would fail"
+        for name, short in report.unfit.items()
+    ]
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
-    plan = plan_from_args(args)
+    plan = deploy.resolve(deploy.PlanRequest.of(args.model, args.gpu, **plan_keywords(args))).plan()
+    say_fallback(plan.spec)
     drafts = parse_draft_lens(args.draft_lens, plan.limits.max_draft_len)
     sizes = plan.limits.graph_batch_sizes
     report = KVCacheManager(plan, enable_reuse=False).warmup(sizes, drafts)

@@ -95,6 +95,7 @@ class WorkerBlocks:
     # parent left everywhere (a page whose parent page was a duplicate, a tier that dropped the
     # parent first) still gets its key, and counts once the parent is stored again
     gone: OrderedDict[Any, int] = field(default_factory=OrderedDict)
+    gpu_blocks: int = 0  # (key, group) pairs held on the GPU: how much the worker caches (a router's "tree size")
 
     def key_of(self, block: Any) -> int | None:
         entry = self.engine.get(block)
@@ -114,6 +115,7 @@ class WorkerBlocks:
         self.engine.clear()
         self.where.clear()
         self.gone.clear()
+        self.gpu_blocks = 0
 
     def holds(self, gi: int, key: int, mask: int) -> bool:
         slot = self.where.get(key)
@@ -240,6 +242,7 @@ class PrefixIndex:
             if not old & bit:
                 slot[gi] = old | bit
                 entry[1] += 1
+                self._count_gpu(ws, tier, 1)
 
     def _removed(self, ws: WorkerBlocks, e: Removed) -> None:
         tier = MEDIUM_TIER.get(e.medium)
@@ -264,10 +267,22 @@ class PrefixIndex:
             else:
                 slot[gi] = old & ~bit
             entry[1] -= 1
+            self._count_gpu(ws, tier, -1)
             if entry[1] <= 0:
                 ws.forget(h, key)
 
+    @staticmethod
+    def _count_gpu(ws: WorkerBlocks, tier: int, delta: int) -> None:
+        if tier == 0:
+            ws.gpu_blocks += delta
+
     # ------------------------------------------------------------------ queries
+
+    def gpu_blocks(self, worker: Hashable) -> int:
+        """Blocks `worker` holds on the GPU, summed over its groups (0 for a
+        worker the index does not know): SGLang's "smallest tree" reads this."""
+        ws = self.workers.get(worker)
+        return 0 if ws is None else ws.gpu_blocks
 
     def query(self, token_ids: Sequence[int], salt: Salt = None) -> dict[Hashable, TierHit]:
         """Tokens of `token_ids` (whole blocks) each worker can reuse under

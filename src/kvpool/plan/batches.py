@@ -53,11 +53,13 @@ def typical_step(limits: ServingLimits, avg_seq_len: int) -> tuple[Shape, ...]:
 
 
 def context_constraint(limits: ServingLimits) -> Constraint | None:
-    """The generic chunked-prefill constraint: one iteration's token budget
-    `[(N + E, 0)]`; None without a token budget."""
-    if limits.max_num_tokens is None:
-        return None
-    return Constraint("context", (context_shape(limits, limits.max_num_tokens),))
+    """The generic chunked-prefill constraint: one iteration's token budget as
+    the engine's warmup runs it, `[(N + 1 + d + E, 0)]` (`warmup_context`: N
+    prompt tokens, the first generated token and d drafts, plus E); None
+    without a token budget. A floor of only `(N + E, 0)` left the final pools
+    one page short of that warmup whenever N + E ends a page."""
+    context = warmup_context(limits)
+    return None if context is None else Constraint("context", (context,))
 
 
 def generation_dummy(token_num: int, limits: ServingLimits) -> Shape:
@@ -73,6 +75,18 @@ def warmup_context(limits: ServingLimits) -> Shape | None:
     if limits.max_num_tokens is None:
         return None
     return Shape(limits.max_num_tokens + limits.headroom, 0)
+
+
+def guarantees(limits: ServingLimits) -> tuple[Constraint, ...]:
+    """What a final plan holds whenever its budget can (docs/plan.md,
+    "Guarantees"): the two warmup shapes the engine runs on the final pools
+    (the context dummy and the general batch of B minimal decodes: either
+    failing fails the engine's start) and one request decoding at max_seq_len
+    (`decode_shape(L)`, the shape `max_concurrency` counts). Floors that never
+    raise: one the budget cannot hold is reported with the smallest change that
+    would (`plan.advice`)."""
+    warm = warmup_constraints(limits)[:-1]  # without graph_longest: a graph that does not fit runs eagerly
+    return warm + (Constraint("max_seq_len", (decode_shape(limits.max_seq_len, limits),)),)
 
 
 def warmup_constraints(limits: ServingLimits) -> tuple[Constraint, ...]:

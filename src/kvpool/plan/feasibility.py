@@ -1,26 +1,23 @@
-"""Floors from constraints, and what to say when they do not fit the budget.
+"""Floors from constraints and guarantees, and the searches for the largest
+limit whose floors fit.
 
-Floors never inflate the budget (docs/design.md, rule 3): a constraint that does not fit
-raises `InfeasiblePlanError` naming the constraint, the group it pushes
-hardest, the pages short there and the largest B and L that would fit; or, with
-`fit=True`, its longest request is shrunk (capacity and history together) to
-the longest that fits.
+Floors never inflate the budget (docs/design.md, rule 3): `resolve_floors`
+stops at the first hard constraint that does not fit (the caller raises
+`InfeasiblePlanError` with what would fit, `plan.advice`) and pins a guarantee
+only where the budget holds it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 from kvpool.errors import InfeasiblePlanError
 from kvpool.plan.batches import Constraint
-from kvpool.plan.limits import ServingLimits
 from kvpool.plan.result import ConstraintResult
 from kvpool.spec import ModelSpec, Shape, pages_needed
 from kvpool.units import format_bytes
-
-ConstraintBuilder = Callable[[ServingLimits], Sequence[Constraint]]
 
 
 def pages_bytes(spec: ModelSpec, pages: Mapping[str, int]) -> int:
@@ -93,141 +90,83 @@ def largest_fitting_length(lo: int, hi: int, tpb: int, fits: Callable[[int], boo
     return lo - 1
 
 
+class Floors(NamedTuple):
+    """What the floors of a plan come to (`resolve_floors`): pages per group,
+    the hard constraints that fit (in order), the guarantees not already held
+    by them and which of those the budget also holds (`pinned`), and the first
+    hard constraint that does not fit (`failed`: it, the floors before it, and
+    the floors with it) or None."""
+
+    pages: dict[str, int]
+    results: tuple[ConstraintResult, ...]
+    kept: tuple[Constraint, ...]
+    pinned: frozenset[str]
+    failed: tuple[Constraint, dict[str, int], dict[str, int]] | None
+
+
+def check_one_page_each(spec: ModelSpec, budget: int) -> None:
+    """Raises `InfeasiblePlanError` when `budget` cannot hold one page of every group."""
+    needed = pages_bytes(spec, base_floors(spec))
+    if needed <= budget:
+        return
+    # the shortfall in pages of the largest group (the one the message names):
+    # enough of them to cover every byte missing, not always 1
+    big = max(spec.groups, key=lambda g: g.slot_bytes)
+    excess = needed - budget
+    short = -(-excess // big.slot_bytes)
+    raise InfeasiblePlanError(
+        f"budget {format_bytes(budget)} cannot hold one page of every group "
+        f"({format_bytes(needed)} needed): group '{big.name}' is {short} pages "
+        f"({format_bytes(excess)}) short",
+        constraint="one_page_per_group",
+        group=big.name,
+        short_pages=short,
+    )
+
+
 def resolve_floors(
-    spec: ModelSpec,
-    limits: ServingLimits,
-    budget: int,
-    build: ConstraintBuilder,
-    *,
-    fit: bool = False,
-) -> tuple[dict[str, int], tuple[ConstraintResult, ...], tuple[str, ...]]:
-    """Page floors per group for the constraints `build(limits)`, checked in order.
-
-    Returns (floors, constraint results, notes on what was shrunk). Raises
-    `InfeasiblePlanError` for the first constraint that does not fit (after
-    shrinking, with `fit=True`). Side-effect free.
-    """
+    spec: ModelSpec, budget: int, hard: Sequence[Constraint], soft: Sequence[Constraint] = (), *, pin: bool = True
+) -> Floors:
+    """Page floors per group: one page each, then every hard constraint in order
+    (stopping at the first that does not fit: `Floors.failed`), then each soft
+    one (a guarantee) that the hard floors do not already hold, pinned when it
+    fits on top (with `pin`). Side-effect free; never exceeds `budget` with
+    what it pins."""
     floors = base_floors(spec)
-    if (needed := pages_bytes(spec, floors)) > budget:
-        # the shortfall in pages of the largest group (the one the message names):
-        # enough of them to cover every byte missing, not always 1
-        big = max(spec.groups, key=lambda g: g.slot_bytes)
-        excess = needed - budget
-        short = -(-excess // big.slot_bytes)
-        raise InfeasiblePlanError(
-            f"budget {format_bytes(budget)} cannot hold one page of every group "
-            f"({format_bytes(needed)} needed): group '{big.name}' is {short} pages "
-            f"({format_bytes(excess)}) short",
-            constraint="one_page_per_group",
-            group=big.name,
-            short_pages=short,
-        )
     results: list[ConstraintResult] = []
-    notes: list[str] = []
-    for c in build(limits):
+    for c in hard:
         merged = merge_floors(floors, batch_floors(spec, c.batch))
-        if pages_bytes(spec, merged) <= budget:
+        if pages_bytes(spec, merged) > budget:
+            return Floors(floors, tuple(results), (), frozenset(), (c, floors, merged))
+        floors = merged
+        results.append(ConstraintResult(c.name, c.batch, True))
+    hard_floors, kept, pinned = floors, [], set()
+    for c in soft:
+        need = batch_floors(spec, c.batch)
+        if all(need[k] <= hard_floors[k] for k in need):
+            continue  # a hard constraint already holds it
+        kept.append(c)
+        merged = merge_floors(floors, need)
+        if pin and pages_bytes(spec, merged) <= budget:
             floors = merged
-            results.append(ConstraintResult(c.name, c.batch, True))
-            continue
-        shrunk = shrink_longest(spec, c, floors, budget) if fit else None
-        if shrunk is None:
-            raise infeasible(spec, limits, budget, build, c, floors, merged, fit=fit)
-        longest = max(c.batch, key=lambda s: s.capacity)
-        new_longest = max(shrunk, key=lambda s: s.capacity)
-        floors = merge_floors(floors, batch_floors(spec, shrunk))
-        results.append(ConstraintResult(c.name, shrunk, True, shrunk_from=longest))
-        notes.append(
-            f"fit: constraint '{c.name}' longest request shrunk from capacity {longest.capacity} "
-            f"(history {longest.history}) to {new_longest.capacity} (history {new_longest.history})"
-        )
-    return floors, tuple(results), tuple(notes)
+            pinned.add(c.name)
+    return Floors(floors, tuple(results), tuple(kept), frozenset(pinned), None)
 
 
-def shrink_longest(
-    spec: ModelSpec, constraint: Constraint, floors: Mapping[str, int], budget: int
-) -> tuple[Shape, ...] | None:
-    """The constraint's batch with its longest request shrunk, capacity and
-    history together (their gap kept), to the longest that fits next to
-    `floors`; None if even `max(1, gap)` positions do not fit."""
-    batch = constraint.batch
-    index = max(range(len(batch)), key=lambda i: (batch[i].capacity, -i))
-    longest = batch[index]
-    gap = longest.capacity - longest.history
-
-    def with_capacity(cap: int) -> tuple[Shape, ...]:
-        return batch[:index] + (Shape(cap, cap - gap),) + batch[index + 1 :]
-
-    def fits(cap: int) -> bool:
-        merged = merge_floors(floors, batch_floors(spec, with_capacity(cap)))
-        return pages_bytes(spec, merged) <= budget
-
-    lo = max(1, gap)
-    best = largest_fitting_length(lo, longest.capacity, spec.tokens_per_block, fits)
-    return with_capacity(best) if best >= lo else None
-
-
-def infeasible(
-    spec: ModelSpec,
-    limits: ServingLimits,
-    budget: int,
-    build: ConstraintBuilder,
-    constraint: Constraint,
-    floors: Mapping[str, int],
-    merged: Mapping[str, int],
-    *,
-    fit: bool,
-) -> InfeasiblePlanError:
-    """The error for `constraint` not fitting on top of `floors`: the group it
-    grows most (in bytes), the pages of that group the budget lacks, and the
-    largest B and L (others unchanged) whose constraints all fit."""
+def shortfall(
+    spec: ModelSpec, budget: int, constraint: Constraint, floors: Mapping[str, int], merged: Mapping[str, int]
+) -> tuple[str, int, int]:
+    """(group, pages short, bytes short) of `constraint` on top of `floors`: the
+    group it grows most in bytes, and enough of its pages to cover every byte
+    missing."""
     excess = pages_bytes(spec, merged) - budget
     group = max(spec.groups, key=lambda g: (merged[g.name] - floors.get(g.name, 0)) * g.slot_bytes)
-    short = -(-excess // group.slot_bytes)
+    return group.name, -(-excess // group.slot_bytes), excess
 
-    def fits_with(**change: int) -> bool:
-        changed = limits.clamped(**change)
-        return floors_fit(spec, build(changed), budget)
 
-    best_b = largest_fitting(1, limits.max_batch_size, lambda b: fits_with(max_batch_size=b))
-    best_l = largest_fitting_length(
-        1,
-        limits.max_seq_len,
-        spec.tokens_per_block,
-        lambda n: fits_with(max_seq_len=n),
-        lead=limits.max_draft_len + limits.num_extra_kv_tokens,  # longest decodes end at L + d + E
-    )
-    best_n = 0
-    if limits.max_num_tokens is not None:  # the context constraint grows with N
-        best_n = max(
-            0,
-            largest_fitting(
-                1,
-                limits.max_num_tokens,
-                lambda n: floors_fit(spec, build(dataclasses.replace(limits, max_num_tokens=n)), budget),
-            ),
-        )
-    what = ", ".join(f"{n}x{s.capacity}/{s.history}" for s, n in _runs(constraint.batch))
-    hints = [
-        f"largest max_batch_size that fits: {best_b or 'none'}",
-        f"largest max_seq_len that fits: {best_l or 'none'}",
-    ]
-    if limits.max_num_tokens is not None:
-        hints.append(f"largest max_num_tokens that fits: {best_n or 'none'}")
-    # offer --fit only where shrinking the longest request would find an answer
-    if not fit and shrink_longest(spec, constraint, floors, budget) is not None:
-        hints.append("or pass --fit to shrink its longest request")
-    return InfeasiblePlanError(
-        f"budget {format_bytes(budget)} cannot hold constraint '{constraint.name}' "
-        f"[{what} capacity/history]: group '{group.name}' is {short} pages "
-        f"({format_bytes(excess)}) short; {'; '.join(hints)}",
-        constraint=constraint.name,
-        group=group.name,
-        short_pages=short,
-        max_batch_size=max(best_b, 0),
-        max_seq_len=max(best_l, 0),
-        max_num_tokens=best_n,
-    )
+def describe_batch(batch: Sequence[Shape]) -> str:
+    """`1x8193/0, 15x1/0`: runs of equal (capacity/history) shapes."""
+    return ", ".join(f"{n}x{s.capacity}/{s.history}" for s, n in _runs(batch))
 
 
 def _runs(batch: Sequence[Shape]) -> list[tuple[Shape, int]]:

@@ -120,7 +120,12 @@ class MemoryBudget:
 
     def to_json(self) -> dict[str, Any]:
         keys = ("gpu_bytes", "utilization", "weights_bytes", "activation_bytes", "cuda_graph_bytes", "reserved_bytes")
-        return {**{k: getattr(self, k) for k in keys}, "kv_bytes": self.kv_bytes, "per_rank": True}
+        return {
+            **{k: getattr(self, k) for k in keys},
+            "kv_bytes": self.kv_bytes,
+            "per_rank": True,
+            "how": dict(self.how),
+        }
 
     def check(self, gpu: str, par: Parallel) -> None:
         """Raise KvpoolError naming the shortfall and what to change when no KV memory is left."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvpool.plan.batches import Constraint, decode_shape, minimal_decode
+from kvpool.plan.limits import ServingLimits
 from kvpool.plan.plan_pages import plan_warmup
 from kvpool.plan.result import PoolPlan
 from kvpool.spec import decode_worst_case_pages, pages_needed, pages_per_group
@@ -51,12 +52,13 @@ def window_decodes_below_graph(plan: PoolPlan) -> dict[str, tuple[int, int]]:
     return out
 
 
-def graph_warnings(plan: PoolPlan) -> list[str]:
+def graph_warnings(plan: PoolPlan, *, unfit: bool = True) -> list[str]:
     """What the CUDA-graph warmup on this plan's pages finds (`plan_warmup`, the
     computation `kvpool warmup` runs on the manager): sizes it cannot capture,
     a padding dummy without pages, a warmup shape that does not fit, and groups
     that hold fewer full-window decodes than the largest graph batch. Each
-    graph warning names the sizes that are safe (captured)."""
+    graph warning names the sizes that are safe (captured). `unfit=False` leaves
+    out the warmup shapes that do not fit (a plan's guarantees report them)."""
     report = plan_warmup(plan)
     limits = plan.limits
     sizes = limits.graph_batch_sizes
@@ -77,7 +79,7 @@ def graph_warnings(plan: PoolPlan) -> list[str]:
                 f"no pages for the draft-{d} padding dummy (short {dict(report.padding_short[d])}): padded batches "
                 "of that draft length run eagerly"
             )
-    for name, short in report.unfit.items():
+    for name, short in report.unfit.items() if unfit else ():
         out.append(f"warmup shape '{name}' does not fit (short {dict(short)}): the engine's warmup would fail")
     graph = limits.largest_graph_batch
     safe0 = [b for b, d in report.captured if d == limits.max_draft_len]
@@ -92,14 +94,44 @@ def graph_warnings(plan: PoolPlan) -> list[str]:
     return out
 
 
-def plan_warnings(plan: PoolPlan) -> tuple[str, ...]:
+def plan_warnings(plan: PoolPlan, *, guarantees: bool = True) -> tuple[str, ...]:
     """Warnings for a final plan: the CUDA-graph findings of `graph_warnings`,
-    and a max-length request that does not fit at all."""
-    out = graph_warnings(plan)
+    and a max-length request that does not fit at all. `guarantees=False`
+    leaves out what `guarantee_warnings` says (a warmup shape that does not
+    fit, no request at max_seq_len)."""
+    out = graph_warnings(plan, unfit=guarantees)
     longest = decode_shape(plan.limits.max_seq_len, plan.limits)
-    if plan.max_requests(longest) == 0:
+    if guarantees and plan.max_requests(longest) == 0:
         out.append(f"not even one request at max_seq_len {plan.limits.max_seq_len} fits the pools")
     return tuple(out)
+
+
+def guarantee_text(name: str, limits: ServingLimits) -> str:
+    """What a guarantee (`batches.guarantees`) holds, in words."""
+    if name == "max_seq_len":
+        return f"one request at max_seq_len {limits.max_seq_len}"
+    if name == "warmup_batch":
+        return f"the engine's warmup batch of {limits.max_batch_size} minimal decodes"
+    return f"the engine's context warmup of {(limits.max_num_tokens or 0) + limits.headroom} positions"
+
+
+def guarantee_warnings(plan: PoolPlan) -> tuple[str, ...]:
+    """One warning for the guarantees a plan misses (none when it holds them all):
+    each missed one with the pages it lacks, what that breaks, and the smallest
+    single changes that would hold them all (`plan.advice`, each re-planned)."""
+    missed = [c for c in plan.guarantees if not c.satisfied]
+    if not missed:
+        return ()
+    limits = plan.limits
+    parts = [f"{guarantee_text(c.name, limits)} (short {dict(c.short)})" for c in missed]
+    breaks = (
+        "the engine's warmup would fail"
+        if any(c.name != "max_seq_len" for c in missed)
+        else "a request that long can never run"
+    )
+    changes = plan.advice.changes(limits, plan.budget_bytes) if plan.advice is not None else []
+    fix = f"the smallest change that holds {'it' if len(missed) == 1 else 'them'}: {' or '.join(changes)}"
+    return (f"the pools cannot hold {' and '.join(parts)}: {breaks}; {fix if changes else 'no single change would'}",)
 
 
 def unmet_floor_warnings(plan: PoolPlan, constraints: Sequence[Constraint]) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from kvpool.errors import LimitsError, SpecError
 from kvpool.plan.batches import REFERENCE_REQUEST, decode_shape
 from kvpool.plan.limits import ServingLimits
 from kvpool.spec import ModelSpec, Shape, pages_needed, pages_per_group
-from kvpool.units import is_positive_int
+from kvpool.units import format_bytes, is_positive_int
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,59 @@ class SharedPool:
         return self.page_bytes * self.pages
 
 
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The single changes that make a plan hold everything it must, each with
+    the other limits and the budget unchanged (0 or None: no such change).
+
+    `max_seq_len`, `max_batch_size`, `max_num_tokens`: the largest value that
+    does; `kv_memory_bytes`: the smallest budget that does at the limits asked,
+    in whole MiB; `pool_ratio`: for an explicit ratio whose budget could hold it
+    all, the split that does. `fit=True` takes the split, else the length.
+    """
+
+    max_seq_len: int = 0
+    max_batch_size: int = 0
+    max_num_tokens: int = 0
+    kv_memory_bytes: int = 0
+    pool_ratio: Mapping[str, float] | None = None
+
+    def changes(self, limits: ServingLimits, budget: int) -> list[str]:
+        """The changes as short phrases, the one `--fit` takes marked."""
+        out = []
+        fit_takes = " (--fit takes it)"
+        if self.pool_ratio is not None:
+            out.append(f"the split --pool-ratio {ratio_text(self.pool_ratio)}{fit_takes}")
+            fit_takes = ""
+        if 0 < self.max_seq_len < limits.max_seq_len:
+            out.append(f"max_seq_len {self.max_seq_len}{fit_takes}")
+        if 0 < self.max_batch_size < limits.max_batch_size:
+            out.append(f"max_batch_size {self.max_batch_size}")
+        if limits.max_num_tokens is not None and 0 < self.max_num_tokens < limits.max_num_tokens:
+            out.append(f"max_num_tokens {self.max_num_tokens}")
+        if self.kv_memory_bytes > budget:
+            more = format_bytes(self.kv_memory_bytes - budget)
+            out.append(f"a KV budget of {self.kv_memory_bytes // MiB}MiB ({more} more)")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_seq_len": self.max_seq_len,
+            "max_batch_size": self.max_batch_size,
+            "max_num_tokens": self.max_num_tokens,
+            "kv_memory_bytes": self.kv_memory_bytes,
+            "pool_ratio": None if self.pool_ratio is None else dict(self.pool_ratio),
+        }
+
+
+def ratio_text(ratio: Mapping[str, float]) -> str:
+    """`full=0.2812,sliding=0.7188`, as `--pool-ratio` reads it."""
+    return ",".join(f"{k}={v:g}" for k, v in ratio.items())
+
+
 @dataclass(frozen=True)
 class PoolPlan:
     """How a KV budget is split into page pools. `spec` is at the plan's page size.
@@ -70,6 +123,9 @@ class PoolPlan:
     `pool_ratio`, `workload`, `profile`, `manual`); `avg_seq_len` is the S in
     force (given, or a family's fallback), `typical_step` the batch the ratio
     came from when there was one; `ratio` the target byte share per group.
+    `guarantees`: what the plan holds whenever its budget can (the engine's
+    warmup shapes, one request at max_seq_len) and whether it does; `advice`:
+    where one is missed, the smallest changes that would hold it.
     """
 
     spec: ModelSpec
@@ -88,6 +144,8 @@ class PoolPlan:
     shared: tuple[SharedPool, ...] = ()
     # plan group -> the model's group whose layers it holds, when the spec was regrouped
     origin: Mapping[str, str] = field(default_factory=dict)
+    guarantees: tuple[ConstraintResult, ...] = ()
+    advice: Advice | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -235,6 +293,8 @@ class PoolPlan:
             "constraints": [
                 {"name": c.name, "satisfied": c.satisfied, "short": dict(c.short)} for c in self.constraints
             ],
+            "guarantees": [{"name": c.name, "satisfied": c.satisfied, "short": dict(c.short)} for c in self.guarantees],
+            "advice": None if self.advice is None else self.advice.to_json(),
             "max_concurrency": self.max_concurrency(),
             "warnings": list(self.warnings),
             "notes": list(self.notes),

@@ -74,6 +74,23 @@ class GpuSpec:
     source: str
     host_link: str | None = None  # pcie4_x16, pcie5_x16, pcie6_x16, nvlink_c2c (data/gpus.json "host_links")
     host_link_bytes_per_s: float | None = None  # host <-> GPU, per direction
+    arch: str = ""  # architecture as data/gpus.json names it: "Ampere (GA100)", "Hopper (GH100)", "Blackwell", ...
+    # GPU <-> GPU inside one node or NVLink domain (data/gpus.json "fabric_links"): its NVLink generation, else
+    # its PCIe host link through a PCIe switch
+    scale_up_link: str | None = None
+
+
+@dataclass(frozen=True)
+class FabricLink:
+    """A link between two GPUs (data/gpus.json "fabric_links", and the PCIe
+    host links through a switch): `bytes_per_s` per direction at the nominal
+    data rate, `kind` scale-up (NVLink), scale-out (one NIC per GPU) or pcie,
+    and where the figure comes from."""
+
+    name: str
+    kind: str
+    bytes_per_s: float
+    source: str
 
 
 @cache
@@ -101,6 +118,34 @@ def host_links() -> dict[str, dict[str, Any]]:
     """Host <-> GPU links by name: `bytes_per_s` per direction and their `source`."""
     links: dict[str, dict[str, Any]] = json.loads((DATA / "gpus.json").read_text())["host_links"]
     return {k: v for k, v in links.items() if not k.startswith("_")}
+
+
+def fabric_links() -> dict[str, FabricLink]:
+    """GPU <-> GPU links by name: NVLink generations, InfiniBand and RoCE NICs,
+    and the PCIe host links (`pcie5_x16`, ...) a GPU without NVLink reaches
+    its neighbours over."""
+    table: dict[str, dict[str, Any]] = json.loads((DATA / "gpus.json").read_text())["fabric_links"]
+    links = {
+        k: FabricLink(k, str(v["kind"]), float(v["bytes_per_s"]), str(v["source"]))
+        for k, v in table.items()
+        if not k.startswith("_")
+    }
+    for k, v in host_links().items():
+        if k.startswith("pcie"):
+            links[k] = FabricLink(k, "pcie", float(v["bytes_per_s"]), str(v["source"]))
+    return links
+
+
+def load_link(name: str) -> FabricLink:
+    """A fabric link by name (`nvlink4`, `ib-ndr`, `roce-400gbe`, `pcie5-x16`;
+    `-` and `_` alike, case-insensitive); UnknownPresetError with the closest
+    names otherwise."""
+    _check_name("link", name)
+    links = fabric_links()
+    key = name.lower().replace("-", "_")
+    if key not in links:
+        raise _unknown("link", name, sorted(links))
+    return links[key]
 
 
 def load_gpu(name: str) -> GpuSpec:
@@ -134,6 +179,8 @@ def load_gpu(name: str) -> GpuSpec:
         source=str(row.get("source", "")),
         host_link=link,
         host_link_bytes_per_s=float(host_links()[link]["bytes_per_s"]) if link else None,
+        arch=str(row.get("arch", "")),
+        scale_up_link=row.get("scale_up_link") or (link if link and link.startswith("pcie") else None),
     )
 
 

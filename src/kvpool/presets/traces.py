@@ -13,7 +13,8 @@ by extension and header:
   tokens each; equal ids mean a reusable prefix block);
 - a length-only CSV: any header naming a prompt and an output column
   (`ContextTokens`/`GeneratedTokens`, `input_length`/`output_length`,
-  `Request tokens`/`Response tokens`, ...) and no time column;
+  `Request tokens`/`Response tokens`, Vidur's `num_prefill_tokens`/`num_decode_tokens`,
+  ...) and no time column;
 - a plain CSV `prompt_len,output_len[,arrival_s]`, with or without that header.
 
 In a CSV a numeric `timestamp` / `time` column is seconds (name it
@@ -30,6 +31,7 @@ arrival (stable, so equal times keep file order). Bad files raise `TraceError`
 from __future__ import annotations
 
 import csv
+import json
 import math
 import warnings
 from collections.abc import Sequence
@@ -40,7 +42,7 @@ import numpy as np
 from kvpool import jsonsafe
 from kvpool.trace import MOONCAKE_BLOCK_TOKENS, Trace, TraceError, concat_traces
 
-__all__ = ["MOONCAKE_BLOCK_TOKENS", "Trace", "TraceError", "load_trace"]
+__all__ = ["MOONCAKE_BLOCK_TOKENS", "Trace", "TraceError", "load_trace", "write_mooncake_jsonl"]
 
 # Traces are read whole into arrays; past this size the lists of a CSV reader
 # alone take several GB (the bundled traces are a few MB).
@@ -59,6 +61,7 @@ _PROMPT = (
     "contexttokens",
     "context_tokens",
     "request_tokens",
+    "num_prefill_tokens",
 )
 _OUTPUT = (
     "output_len",
@@ -68,6 +71,7 @@ _OUTPUT = (
     "generated_tokens",
     "response_tokens",
     "completion_tokens",
+    "num_decode_tokens",
 )
 # time column -> unit: seconds, milliseconds, or "datetime" (absolute wall clock string)
 _TIME = {
@@ -116,6 +120,30 @@ def load_trace(name_or_path: str | Path, *, max_requests: int | None = None) -> 
     except OSError as e:
         raise TraceError(f"cannot read trace {path}: {e}") from None
     return trace.head(max_requests)
+
+
+def write_mooncake_jsonl(trace: Trace, path: str | Path) -> None:
+    """Write `trace` as Mooncake JSONL (`timestamp` in milliseconds,
+    `input_length`, `output_length`, `hash_ids`), the format Dynamo's mocker and
+    `load_trace` read: loading the file gives the same trace back (times that
+    were whole milliseconds exactly). Raises TraceError for prefix blocks of
+    another size than Mooncake's 512 tokens."""
+    if trace.hash_ids is not None and trace.hash_block_tokens != MOONCAKE_BLOCK_TOKENS:
+        raise TraceError(
+            f"trace {trace.name}: Mooncake hash_ids cover {MOONCAKE_BLOCK_TOKENS} tokens, "
+            f"this trace's {trace.hash_block_tokens}"
+        )
+    times = None if trace.arrival_s is None else (trace.arrival_s * 1000.0).tolist()
+    with Path(path).open("w", encoding="utf-8") as f:
+        for i, (prompt, output) in enumerate(trace.lengths()):
+            row: dict[str, object] = {}
+            if times is not None:
+                ms = times[i]
+                row["timestamp"] = round(ms) if abs(ms - round(ms)) < 1e-6 else ms  # whole ms stay integers
+            row["input_length"], row["output_length"] = prompt, output
+            if trace.hash_ids is not None:
+                row["hash_ids"] = list(trace.hash_ids[i])
+            f.write(json.dumps(row) + "\n")
 
 
 def _part(text: str) -> Trace:

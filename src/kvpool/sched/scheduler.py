@@ -182,7 +182,7 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.rid in preempted:  # not recomputed in the step that evicted it
                 break
-            tokens = seq.all_ids
+            tokens = seq.token_ids
             reused = self.manager.create(seq.rid, tokens if self.enable_reuse else None, seq.salt)
             reused = min(reused, len(tokens) - 1)  # the last token is computed for its logits
             extra = self.limits.num_extra_kv_tokens
@@ -253,7 +253,7 @@ class Scheduler:
         known = self._known.get(seq.rid, 0)
         upto = seq.num_computed + (len(ahead) + 1 if ahead else 0)  # the history the caller reaches
         if upto > known:
-            fresh = (seq.all_ids + list(ahead))[known:upto]
+            fresh = [*seq.token_ids[known:], *ahead][: upto - known]  # the unseen tail only, not the whole history
             self.manager.commit(seq.rid, 0, fresh)  # ids only: a total of 0 offers no page
             self._known[seq.rid] = upto
         self._advance_history(seq)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from enum import Enum
 
+from kvpool.cache.checks import check_few_tokens, check_tokens
+from kvpool.cache.events import CacheUsageError
 from kvpool.errors import KvpoolError
 
 
@@ -46,6 +49,9 @@ class Sequence:
     finish_s: float | None = None
     prompt_len: int = field(init=False, repr=False)  # len(prompt_ids); the prompt never changes
     stop_ids: frozenset[int] = field(init=False, repr=False)  # eos_token_id as a set
+    # `token_ids`, packed once and extended as output grows, and the output list it was extended from
+    _ids: array[int] | None = field(default=None, init=False, repr=False)
+    _ids_of: list[int] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_len = len(self.prompt_ids)
@@ -59,7 +65,26 @@ class Sequence:
 
     @property
     def all_ids(self) -> list[int]:
+        """Prompt then output token ids, a new list (`token_ids` is the same
+        ids kept packed)."""
         return self.prompt_ids + self.output_ids
+
+    @property
+    def token_ids(self) -> array[int]:
+        """`all_ids` as one int64 array, kept between calls (read it, never
+        write it): the prompt is packed and checked once, on the first call
+        (`Scheduler.add` makes it); later calls extend the same array by the
+        outputs appended since, so a step costs what it adds, not the
+        request's length. Raises `CacheUsageError` for ids that are not
+        integers in [0, 2**63)."""
+        ids, out = self._ids, self.output_ids
+        if ids is None or self._ids_of is not out or len(ids) > self.prompt_len + len(out):  # first, or output reset
+            ids = self._ids = check_tokens(self.prompt_ids, f"request {self.rid}: prompt ids")
+            self._ids_of = out
+        done = len(ids) - self.prompt_len
+        if done < len(out):
+            ids.extend(check_few_tokens(out[done:], f"request {self.rid}: output ids"))
+        return ids
 
     @property
     def num_pending(self) -> int:
@@ -112,3 +137,7 @@ def check_request(seq: Sequence, max_seq_len: int) -> None:
         )
     if seq.max_new_tokens < 1:
         raise SchedulerError(f"request {seq.rid}: max_new_tokens must be at least 1")
+    try:
+        seq.token_ids  # noqa: B018 - packed and checked here, at the boundary, once
+    except CacheUsageError as e:
+        raise SchedulerError(str(e)) from None

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from kvpool.errors import KvpoolError
+from kvpool.sim.fp4_experts import Fp4Experts
 from kvpool.sim.shapes import Gemm
 
 Num = Any  # a float, or a NumPy array of them (a run of steps priced at once)
@@ -90,12 +91,13 @@ class Calibration:
         for key in ("linear_flops_eff", "linear_bw_eff", "linear_blend", "moe_tile"):
             if getattr(self, key) <= 0:
                 raise CalibrationError(f"calibration constant {key} must be > 0, got {getattr(self, key)!r}")
-        for key in EFFICIENCIES:
-            if getattr(self, key) > 1:
-                raise CalibrationError(
-                    f"calibration constant {key} is {getattr(self, key):.3g}, above 1: faster than the GPU's peak; "
-                    "were the measurements taken on another GPU (or at another --tp)?"
-                )
+        over = {k: getattr(self, k) for k in EFFICIENCIES if getattr(self, k) > 1}
+        if over:
+            shares = ", ".join(f"{k} {v:.3g}" for k, v in over.items())
+            raise CalibrationError(
+                f"calibration constant(s) {shares}, above 1: faster than the GPU's peak allows; check --gpu, --tp "
+                "and MODEL, and that the times are milliseconds under 'ms' (seconds under 'seconds')"
+            )
 
     @classmethod
     def from_json(cls, data: dict[str, Any], name: str | None = None) -> Calibration:
@@ -130,6 +132,7 @@ class Kernels:
     hbm: float
     matmul_flops: float  # the peak the weights' matmuls run at (BF16, or FP8 for 1-byte weights)
     attention_flops: float  # BF16 peak
+    fp4: Fp4Experts | None = None  # the kernel of 4-bit experts on this GPU (sim/fp4_experts.py); None: generic
 
     def matmul(self, tokens: Num, g: Gemm, bytes_per_param: float) -> Num:
         """`g.count` multiplies of `tokens` rows."""
@@ -141,20 +144,30 @@ class Kernels:
         )
         return g.count * (c.linear_floor_s + one)
 
-    def experts(self, tokens: Num, gemms: tuple[Gemm, ...], touched: Num, bytes_per_param: float, top_k: int) -> Num:
-        """One MoE layer's routed experts for `tokens` tokens: `touched` experts
-        each stream their weights; the math runs in whole `moe_tile`-row tiles
-        of the (expected) tokens each touched expert gets."""
+    def experts(
+        self, tokens: float, gemms: tuple[Gemm, ...], touched: float, bytes_per_param: float, top_k: int, experts: int
+    ) -> Num:
+        """One MoE layer's routed experts (`experts` of them) for `tokens`
+        tokens: `touched` experts each stream their weights; the math runs in
+        whole `moe_tile`-row tiles of the (expected) tokens each touched expert
+        gets. 4-bit experts on a GPU with an `fp4` kernel run as that kernel
+        does: its blocks of rows (each streams the expert's weights again) at
+        its MMA's share of the peak (sim/fp4_experts.py)."""
         c = self.cal
-        safe = np.maximum(touched, 1e-9)
-        rows = np.ceil(tokens * top_k / safe / c.moe_tile) * c.moe_tile
-        total: Num = c.moe_floor_s + 0.0 * tokens
+        per_expert = tokens * top_k / max(touched, 1e-9)
+        fp4 = self.fp4 if bytes_per_param < 1 else None
+        flops_peak = c.linear_flops_eff * self.matmul_flops
+        if fp4 is None:
+            rows, streams = float(math.ceil(per_expert / c.moe_tile) * c.moe_tile), 1.0
+        else:
+            block = fp4.block_rows(tokens, top_k, experts)
+            streams = fp4.blocks(per_expert, block)
+            rows, flops_peak = streams * block, flops_peak * fp4.mma_share
+        total: Num = c.moe_floor_s
         for g in gemms:
             flops = 2.0 * touched * rows * g.k * g.n
-            moved = touched * g.k * g.n * bytes_per_param + 2.0 * tokens * top_k * (g.k + g.n)
-            t = soft_max(
-                flops / (c.linear_flops_eff * self.matmul_flops), moved / (c.linear_bw_eff * self.hbm), c.linear_blend
-            )
+            moved = touched * streams * g.k * g.n * bytes_per_param + 2.0 * tokens * top_k * (g.k + g.n)
+            t = soft_max(flops / flops_peak, moved / (c.linear_bw_eff * self.hbm), c.linear_blend)
             total = total + g.count * (c.linear_floor_s + t)
         return total
 

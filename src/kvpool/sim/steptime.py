@@ -24,8 +24,10 @@ other, so its GPU time is the **sum** of its parts:
   4 x heads x head_dim FLOPs each; new rows are written once; a `state` group
   reads and writes its `state_bytes` per request.
 - **FLOP peaks**: matmuls at the BF16 peak, FP8 for 1-byte weights; 4-bit
-  weights (MXFP4, ~0.53 bytes/param) run as W4A16 (BF16 math) as vLLM does on
-  Hopper. Attention math at the BF16 peak.
+  weights (MXFP4, ~0.53 bytes/param) run as W4A16 (BF16 math), on Hopper and
+  Ampere with the kernel vLLM picks (`sim/fp4_experts.py`: Marlin's blocks at
+  mma.sync's rate); a checkpoint that converts only its experts keeps the
+  rest at 2 bytes (`expert_storage`). Attention math at the BF16 peak.
 
 `calibration="roofline"` keeps the idealised model this simulator had before
 calibration, for comparison: max(all FLOPs / peak, all bytes / bandwidth) +
@@ -46,9 +48,11 @@ import numpy as np
 import numpy.typing as npt
 
 from kvpool.errors import KvpoolError
+from kvpool.models.weight_dtype import UNCONVERTED_BYTES, WeightSchemeError, matrix_bytes, weight_scheme
 from kvpool.presets import DATA, GpuSpec
 from kvpool.sched import Step
 from kvpool.sim.calibration import for_gpu
+from kvpool.sim.fp4_experts import fp4_experts
 from kvpool.sim.kernels import Calibration, Kernels
 from kvpool.sim.shapes import Shapes, model_shapes
 from kvpool.spec import LayerGroup, ModelSpec
@@ -178,6 +182,9 @@ class StepTimeModel:
     tp: int = 1
     launch_s: float = LAUNCH_S
     replay_s: float = REPLAY_S
+    # bytes per parameter of the dense matmuls and of the routed experts, where the checkpoint converts only
+    # its experts (MXFP4: `expert_storage`); None: `weights.bytes_per_param` for both
+    storage: tuple[float, float] | None = None
 
     @classmethod
     def build(
@@ -210,8 +217,9 @@ class StepTimeModel:
             else:
                 raise KvpoolError(f"calibration must be a Calibration, None or 'roofline', not {calibration!r}")
             matmul_peak = gpu.fp8_flops if weights.bytes_per_param == 1 and gpu.fp8_flops else gpu.bf16_flops
-            kernels = Kernels(cal, gpu.hbm_bandwidth_bytes_per_s, matmul_peak, gpu.bf16_flops)
-        return cls(gpu, weights, tuple(groups), spec.num_layers, shapes, kernels, tp)
+            kernels = Kernels(cal, gpu.hbm_bandwidth_bytes_per_s, matmul_peak, gpu.bf16_flops, fp4_experts(gpu))
+        storage = expert_storage(spec.config, shapes) if kernels is not None else None
+        return cls(gpu, weights, tuple(groups), spec.num_layers, shapes, kernels, tp, storage=storage)
 
     @property
     def calibration(self) -> str:
@@ -363,11 +371,13 @@ class StepTimeModel:
         k = self.kernels
         if k is None:
             return self._roofline(tokens, requests, decode, prefill, graph)
-        sh, bpp = self.shapes, self.weights.bytes_per_param
+        sh = self.shapes
+        bpp, expert_bpp = self.storage or (self.weights.bytes_per_param, self.weights.bytes_per_param)
         matmul: Any = sum(k.matmul(tokens, g, bpp) for g in sh.dense) + k.matmul(logits, sh.lm_head, bpp)
         experts: Any = 0.0
         if sh.moe_layers and sh.expert:
-            experts = sh.moe_layers * k.experts(tokens, sh.expert, sh.touched_experts(tokens), bpp, sh.top_k)
+            touched = sh.touched_experts(tokens)
+            experts = sh.moe_layers * k.experts(tokens, sh.expert, touched, expert_bpp, sh.top_k, sh.experts)
         attention: Any = 0.0
         for g, (pairs, read), chunk in zip(self.groups, decode, prefill, strict=True):
             layers = len(g.group.layers)
@@ -386,3 +396,19 @@ class StepTimeModel:
         floor = cal.step_floor_s + cal.row_s * requests
         busy = gpu if graph else np.maximum(gpu, cal.launch_s * self.eager_launches)
         return StepCost(matmul, experts, attention, elementwise, allreduce, busy - gpu + floor, busy + floor)
+
+
+def expert_storage(config: Any, shapes: Shapes) -> tuple[float, float] | None:
+    """(dense, expert) bytes per parameter where the checkpoint converts only
+    its routed experts (MXFP4, gpt-oss: transformers' Mxfp4HfQuantizer replaces
+    the experts; vLLM's Mxfp4Config gives every other linear layer
+    UnquantizedLinearMethod): the rest stays bf16. None for other schemes,
+    whose weights cost `Weights.bytes_per_param` throughout."""
+    try:
+        scheme = weight_scheme(config)
+    except WeightSchemeError:
+        return None
+    if not scheme.experts_only or not shapes.expert:
+        return None
+    g = shapes.expert[0]
+    return float(UNCONVERTED_BYTES), matrix_bytes(scheme, g.n, g.k, convertible=True) / (g.k * g.n)

@@ -47,6 +47,13 @@ PCIE4_LANE_BYTES_PER_S = 16e9 * 128 / 130 / 8
 DEFAULT_DISK_BYTES_PER_S = 4 * PCIE4_LANE_BYTES_PER_S
 
 
+def copy_seconds(nbytes: float, bytes_per_s: float) -> float:
+    """Seconds `nbytes` keep a link of `bytes_per_s` (per direction) busy, at
+    its nominal rate: the one arithmetic of every simulated copy (tier pages
+    here, a prefill -> decode handoff in `kvpool.fleet`)."""
+    return nbytes / bytes_per_s
+
+
 @dataclass(frozen=True)
 class Link:
     """Bandwidths (bytes/s, per direction) that tier copies use, and whether
@@ -83,10 +90,9 @@ class Link:
     def transfer_seconds(self, moved: Moved) -> float:
         """Seconds the copies of `moved` keep the link busy (full duplex: the
         longer direction; disk reads at the slower of disk and host link)."""
-        inbound = moved.host_in / self.host_bytes_per_s + moved.disk_in / min(
-            self.disk_bytes_per_s, self.host_bytes_per_s
-        )
-        return max(inbound, moved.host_out / self.host_bytes_per_s)
+        host = self.host_bytes_per_s
+        inbound = copy_seconds(moved.host_in, host) + copy_seconds(moved.disk_in, min(self.disk_bytes_per_s, host))
+        return max(inbound, copy_seconds(moved.host_out, host))
 
     def step_seconds(self, compute_s: float, moved: Moved) -> float:
         """A step's time: its compute and its copies, one after the other or overlapped."""

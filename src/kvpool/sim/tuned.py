@@ -1,23 +1,36 @@
 """The `tuned` policy: a bounded search over the split, each candidate run
-through the simulator on a sample of the trace.
+through the simulator on a sample of the trace, then checked on other parts of
+it; it keeps the reference split unless a candidate beats it everywhere.
 
-- Sample: `sample_trace` keeps `chunks` contiguous blocks of the trace (4 by
-  default) spread evenly over it, `sample` requests in all (1,000 by
-  default; the whole trace when it is shorter). Contiguous blocks keep a
-  conversation's prefix reuse, spread blocks keep a mix that drifts. Arrival
-  times are kept within a block and the blocks are laid end to end.
-- Search: over one group's byte share (the first group that is not full
-  attention; the other groups keep the proportions of the start), in log-odds
-  around the `occupancy` ratio: 5 points at offsets -1.6 .. +1.6 (share x about
-  1/5 .. 5 near 0), then 2 rounds of halving the step around the best, plus
-  the shares of `reference` and `workload`, at most `max_evals` runs
-  (11 by default). Ties keep the earlier candidate (the analytical start).
-- Each candidate is a plan with the same constraints as any policy (floors
-  kept), so the tuned plan is always one `plan_pools` would give for that
-  ratio. The objective is the sample's output tokens/s.
+- Parts (`trace_folds`): the trace is cut into 8 equal segments. The search
+  sample is a block of `sample / 4` requests (1,000 in all by default) from the
+  start of each even segment; each of the `folds` check parts (2 of 500 by
+  default) gathers a block from every other odd segment. The parts are
+  disjoint; contiguous blocks keep a conversation's prefix reuse, blocks
+  spread over the trace a mix that drifts; arrival times are kept within a
+  block and blocks are laid end to end.
+- Search, on the sample: over one group's byte share (the first group that is
+  not full attention; the other groups keep the proportions of the start), in
+  log-odds around the `occupancy` ratio: 5 points at offsets -1.6 .. +1.6
+  (share x about 1/5 .. 5 near 0), the `workload` share, then 2 rounds of
+  halving the step around the best; at most `max_evals` candidates, and the
+  reference split.
+- Check: the `keep` (3) fastest candidates that beat the reference split on
+  the sample run on every check part beside the reference split. The tuned
+  split is, among those at least as fast as the reference on the sample and
+  on **every** check, the one with the highest geometric mean of its
+  throughput over the reference's; when none is, the tuned plan is the
+  reference split itself. So by construction it is never slower than
+  `reference` on the traffic it was tuned on, and it leaves it only for a gain
+  that held on parts of that traffic the search did not see.
+- Each candidate is a plan with the same floors as any policy, so the tuned
+  plan is always one `plan_pools` would give for that ratio. The objective is
+  output tokens/s.
 
-Costs: one run per candidate on the sample; about 1 to 8 s each on a CPU for
-1,000 requests (see docs/sim.md), so 10 to 90 s per plan.
+Costs: at most `max_evals` + 1 runs on the sample and `(keep + 1) x folds` on
+the checks (12 runs of 1,000 and 8 of 500 requests by default): 20 s to 5
+minutes per plan on 2 busy CPUs. docs/sim.md, "Sizing on unseen traffic", says
+how close it gets on traces held out from the work that set these constants.
 """
 
 from __future__ import annotations
@@ -40,8 +53,14 @@ from kvpool.spec import ModelSpec
 from kvpool.trace import Trace
 
 DEFAULT_SAMPLE = 1000
+CHUNKS = 4  # blocks of the sample, spread over the trace
+DEFAULT_FOLDS = 2
+DEFAULT_FOLD_SIZE = 500
 DEFAULT_EVALS = 11
+DEFAULT_KEEP = 3
 OFFSETS = (0.0, -0.8, 0.8, -1.6, 1.6)
+
+Run = Callable[[PoolPlan, Trace], float]
 
 
 class FixedRatio:
@@ -56,26 +75,97 @@ class FixedRatio:
 
 @dataclass(frozen=True)
 class Tuned:
-    """The search's outcome: the plan, every candidate (share, sample tok/s)
-    in the order run, and what it assumed."""
+    """The search's outcome: the plan and its share of `group`; `evals`, every
+    candidate (share, tok/s on the sample) in the order run; `checks`, each
+    candidate run on the check parts (share, its tok/s over the reference's on
+    the sample, then on each check); `reference`, the reference split's share;
+    `fallback`, whether the reference split was kept because no candidate beat
+    it everywhere; `fold_sizes`, the requests of the sample and of each check."""
 
     plan: PoolPlan
     group: str
     share: float
     evals: tuple[tuple[float, float], ...]
-    sample_size: int
+    checks: tuple[tuple[float, tuple[float, ...]], ...]
+    reference: float
+    fallback: bool
+    fold_sizes: tuple[int, ...]
     wall_s: float
 
+    @property
+    def sample_size(self) -> int:
+        """Requests in all folds together."""
+        return sum(self.fold_sizes)
+
     def notes(self) -> tuple[str, ...]:
-        best = max(v for _, v in self.evals)
+        runs = len(self.evals) + 1 + sum(len(r) for _, r in self.checks) - len(self.checks)
+        runs += (len(self.fold_sizes) - 1) * (1 if self.checks else 0)
+        sizes = "/".join(str(n) for n in self.fold_sizes[1:])
+        head = (
+            f"tuned: {runs} simulator runs, the search on a {self.fold_sizes[0]}-request sample of the trace "
+            f"and the check on {len(self.fold_sizes) - 1} other parts of it ({sizes} requests); "
+        )
+        if self.fallback:
+            return (
+                head + f"kept the reference split ({self.group} share {self.reference:.4g}): no candidate was "
+                "faster on the sample and on every check",
+            )
+        gains = ", ".join(f"{100 * (r - 1):+.1f} %" for r in dict(self.checks)[self.share])
         return (
-            f"tuned: {len(self.evals)} simulator runs on a {self.sample_size}-request sample "
-            f"of the trace; best {self.group} share {self.share:.4g} at "
-            f"{best:,.0f} tok/s on the sample; start: occupancy ratio",
+            head + f"{self.group} share {self.share:.4g} (reference {self.reference:.4g}) is faster than the "
+            f"reference split on the sample and every check ({gains}); start: occupancy ratio",
         )
 
 
-def sample_trace(trace: Trace, size: int = DEFAULT_SAMPLE, chunks: int = 4) -> Trace:
+def trace_folds(
+    trace: Trace, sample: int = DEFAULT_SAMPLE, folds: int = DEFAULT_FOLDS, fold_size: int = DEFAULT_FOLD_SIZE
+) -> list[Trace]:
+    """The search sample and the check folds, disjoint: the trace is cut into
+    2 x 4 equal segments; the sample is a block of `sample / 4` requests from the
+    start of each even segment, check fold j a block of `fold_size x folds / 4`
+    from the start of every odd segment j, j + folds, ... (blocks laid end to end
+    in time, `sample_trace`'s way). A short trace gives smaller blocks."""
+    if sample < 1 or folds < 1 or fold_size < 1:
+        raise KvpoolError(f"folds need a positive sample, count and size, got {sample}, {folds}, {fold_size}")
+    segments = 2 * CHUNKS
+    folds = min(folds, CHUNKS)
+    seg = len(trace) // segments
+    if seg == 0:  # fewer requests than segments: the whole trace is the sample and every fold
+        names = ["sample", *(f"fold {j + 1}" for j in range(folds))]
+        return [replace(trace, name=f"{trace.name} ({what})") for what in names]
+    starts = [i * seg for i in range(segments)]
+    take = min(seg, max(1, sample // CHUNKS))
+    check = min(seg, max(1, fold_size * folds // CHUNKS))
+    out = [_blocks(trace, [(s, s + take) for s in starts[0::2]], f"{trace.name} (sample)")]
+    for j in range(folds):
+        spans = [(s, s + check) for s in starts[1 + 2 * j :: 2 * folds]]
+        out.append(_blocks(trace, spans, f"{trace.name} (fold {j + 1})"))
+    return out
+
+
+def _blocks(trace: Trace, spans: list[tuple[int, int]], name: str) -> Trace:
+    """The requests of `spans` (start, end) laid end to end in time."""
+    idx = np.concatenate([np.arange(a, b) for a, b in spans])
+    arrivals = None
+    if trace.arrival_s is not None:
+        parts, offset = [], 0.0
+        for a, b in spans:
+            t = trace.arrival_s[a:b] - trace.arrival_s[a]
+            parts.append(t + offset)
+            gap = float(np.diff(trace.arrival_s[a:b]).mean()) if b - a > 1 else 0.0
+            offset += float(t[-1]) + gap
+        arrivals = np.concatenate(parts)
+    return replace(
+        trace,
+        name=name,
+        prompt_len=trace.prompt_len[idx],
+        output_len=trace.output_len[idx],
+        arrival_s=arrivals,
+        hash_ids=None if trace.hash_ids is None else tuple(trace.hash_ids[i] for i in idx),
+    )
+
+
+def sample_trace(trace: Trace, size: int = DEFAULT_SAMPLE, chunks: int = CHUNKS) -> Trace:
     """`size` requests in `chunks` contiguous blocks spread over `trace` (the
     whole trace when it is no longer). Blocks are laid end to end in time."""
     n = len(trace)
@@ -86,24 +176,7 @@ def sample_trace(trace: Trace, size: int = DEFAULT_SAMPLE, chunks: int = 4) -> T
     chunks = min(chunks, size)
     block = size // chunks
     starts = [round(i * (n - block) / max(chunks - 1, 1)) for i in range(chunks)]
-    idx = np.concatenate([np.arange(s, s + block) for s in starts])
-    arrivals = None
-    if trace.arrival_s is not None:
-        parts, offset = [], 0.0
-        for s in starts:
-            t = trace.arrival_s[s : s + block] - trace.arrival_s[s]
-            parts.append(t + offset)
-            gap = float(np.diff(trace.arrival_s[s : s + block]).mean()) if block > 1 else 0.0
-            offset += float(t[-1]) + gap
-        arrivals = np.concatenate(parts)
-    return replace(
-        trace,
-        name=f"{trace.name} (sample {len(idx)})",
-        prompt_len=trace.prompt_len[idx],
-        output_len=trace.output_len[idx],
-        arrival_s=arrivals,
-        hash_ids=None if trace.hash_ids is None else tuple(trace.hash_ids[i] for i in idx),
-    )
+    return _blocks(trace, [(s, s + block) for s in starts], f"{trace.name} (sample {block * chunks})")
 
 
 def tuned_group(spec: ModelSpec) -> str:
@@ -132,69 +205,87 @@ def tune(
     fit: bool = False,
     padding: bool = True,
     sample: int = DEFAULT_SAMPLE,
+    folds: int = DEFAULT_FOLDS,
+    fold_size: int = DEFAULT_FOLD_SIZE,
     max_evals: int = DEFAULT_EVALS,
+    keep: int = DEFAULT_KEEP,
     extra_shares: tuple[float, ...] = (),
-    run: Callable[[PoolPlan, Trace], float] | None = None,
+    run: Run | None = None,
 ) -> Tuned:
-    """Search the split (module docstring). `extra_shares`: more candidates
-    (e.g. the reference and workload shares), tried after the first grid.
-    `run(plan, trace)` -> tok/s overrides the simulator (for tests).
-    Raises KvpoolError when no candidate gives a feasible plan."""
+    """Search the split on a sample and check it against the reference split on
+    other parts of `trace` (module docstring). `extra_shares`: more candidates (e.g. the workload share),
+    tried after the first grid. `run(plan, trace)` -> tok/s overrides the
+    simulator (for tests). Raises KvpoolError when not even the reference
+    split gives a plan that runs."""
     if max_evals < 1:
         raise KvpoolError(f"max_evals must be positive, got {max_evals}")
     lim = dataclasses.replace(limits, avg_seq_len=None)
-    start = Occupancy(trace.lengths()).ratio(spec, lim)
     group = tuned_group(spec)
-    sub = sample_trace(trace, sample)
+    parts = trace_folds(trace, sample, folds, fold_size)
     evaluate = run or (lambda plan, t: simulate(plan, t, model, padding=padding).output_tokens_per_s)
-    seen: dict[float, float] = {}
-    order: list[tuple[float, float]] = []
-    plans: dict[float, PoolPlan] = {}
     t0 = time.perf_counter()
+    reference = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, fit=fit)
+    ref_ratio = dict(reference.ratio)
+    ref_share = reference.group(group).share
+    start = Occupancy(trace.lengths()).ratio(spec, lim) if len(spec.groups) > 1 else ref_ratio
 
-    def plan_at(share: float) -> PoolPlan:
-        ratio = start if share == start[group] else _with_share(start, group, share)
+    def plan_at(share: float | None) -> PoolPlan:
+        ratio = ref_ratio if share is None else _with_share(start, group, share)
         return plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, policy=FixedRatio("tuned", ratio), fit=fit)
+
+    def speed(share: float | None, fold: Trace) -> float:
+        try:
+            return evaluate(plan_at(share), fold)
+        except KvpoolError:
+            return -math.inf  # an infeasible split: never chosen
+
+    ref_speed = [speed(None, parts[0])]
+    if ref_speed[0] == -math.inf:
+        raise KvpoolError(f"tuned: the reference split of {group} does not run on the trace")
+    first: dict[float, float] = {}
 
     def score(share: float) -> None:
         share = float(f"{min(max(share, 1e-4), 1 - 1e-4):.4g}")
-        if share in seen or len(order) >= max_evals:
-            return
-        try:
-            plan = plan_at(share)
-            value = evaluate(plan, sub)
-        except KvpoolError:
-            plan, value = None, -math.inf  # an infeasible split: never the best
-        seen[share] = value
-        order.append((share, value))
-        if plan is not None:
-            plans[share] = plan
+        if share not in first and len(first) < max_evals:
+            first[share] = speed(share, parts[0])
 
-    if len(spec.groups) < 2:
-        plan = plan_at(start[group])
-        return Tuned(plan, group, start[group], (), len(sub), 0.0)
-    x0 = math.log(start[group] / (1 - start[group])) if 0 < start[group] < 1 else 0.0
+    if len(spec.groups) > 1:
+        x0 = math.log(start[group] / (1 - start[group])) if 0 < start[group] < 1 else 0.0
+        for off in OFFSETS:
+            score(_share_of(x0 + off))
+        for s in extra_shares:
+            score(s)
+        step = OFFSETS[2] / 2
+        for _ in range(2):
+            best = max(first, key=lambda s: first[s])
+            xb = math.log(best / (1 - best))
+            score(_share_of(xb - step))
+            score(_share_of(xb + step))
+            step /= 2
+    ahead = sorted((s for s in first if first[s] > ref_speed[0]), key=lambda s: -first[s])[:keep]
+    ratios = {s: [first[s] / ref_speed[0]] for s in ahead}
+    for fold in parts[1:] if ahead else ():
+        base = speed(None, fold)
+        ref_speed.append(base)
+        for s in ahead:
+            ratios[s].append(speed(s, fold) / base if base > 0 else 0.0)
+    eligible = [s for s in ahead if min(ratios[s]) >= 1]
+    chosen = max(eligible, key=lambda s: sum(math.log(r) for r in ratios[s])) if eligible else None
+    return Tuned(
+        plan_at(chosen),
+        group,
+        ref_share if chosen is None else chosen,
+        tuple(first.items()),
+        tuple((s, tuple(r)) for s, r in ratios.items()),
+        ref_share,
+        chosen is None,
+        tuple(len(p) for p in parts),
+        time.perf_counter() - t0,
+    )
 
-    def share_of(x: float) -> float:
-        return 1 / (1 + math.exp(-x))
 
-    for off in OFFSETS:
-        score(share_of(x0 + off))
-    for s in extra_shares:
-        score(s)
-    step = OFFSETS[2] / 2
-    for _ in range(2):
-        best = max(order, key=lambda sv: sv[1])[0]
-        xb = math.log(best / (1 - best))
-        score(share_of(xb - step))
-        score(share_of(xb + step))
-        step /= 2
-    best_share, best_value = max(order, key=lambda sv: sv[1])
-    if best_value == -math.inf:
-        raise KvpoolError(
-            f"tuned: no split of {group} between {min(seen):.3g} and {max(seen):.3g} gives a feasible plan"
-        )
-    return Tuned(plans[best_share], group, best_share, tuple(order), len(sub), time.perf_counter() - t0)
+def _share_of(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
 
 
 def plan_adaptive(
@@ -209,7 +300,7 @@ def plan_adaptive(
     padding: bool = True,
 ) -> tuple[PoolPlan, tuple[str, ...]]:
     """The `occupancy` or `tuned` plan and notes on what it assumed. `tuned`
-    also tries the `reference` and `workload` shares on the sample."""
+    also tries the `workload` share."""
     lim = dataclasses.replace(limits, avg_seq_len=None)
     occ = Occupancy(trace.lengths())
     notes = (occ.assumptions(lim),)
@@ -217,16 +308,15 @@ def plan_adaptive(
         return plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, policy=occ, fit=fit), notes
     if model is None:
         raise KvpoolError("policy tuned needs a step-time model (a GPU: --gpu NAME)")
-    group = tuned_group(spec)
-    extra = []
+    extra: tuple[float, ...] = ()
     if len(spec.groups) > 1:
-        extra.append(plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, fit=fit).group(group).share)
-        extra.append(
-            plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, fit=fit, policy=Workload(trace.lengths()))
-            .group(group)
-            .share
+        workload = Workload(trace.lengths())
+        extra = (
+            plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, fit=fit, policy=workload).share_of(
+                tuned_group(spec)
+            ),
         )
     result = tune(
-        spec, limits, trace, model, kv_memory_bytes=kv_memory_bytes, fit=fit, padding=padding, extra_shares=tuple(extra)
+        spec, limits, trace, model, kv_memory_bytes=kv_memory_bytes, fit=fit, padding=padding, extra_shares=extra
     )
     return result.plan, notes + result.notes()

@@ -1,4 +1,4 @@
-"""`kvpool fit`, per engine: from one kvpool plan on the whole GPU, what vLLM,
+"""`fit`, per engine: from one kvpool plan on the whole GPU, what vLLM,
 SGLang and TensorRT-LLM would do when launched to follow it — the verdict, the
 budget flags in the engine's own convention, the KV per rank, the requests that
 fit at once, the CUDA-graph batch sizes that keep graphs, and the launch line.
@@ -12,6 +12,7 @@ and what each engine takes by its own defaults are library code
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from kvpool.models.weights import Parallel
 from kvpool.plan import PoolPlan
 from kvpool.plan.batches import REFERENCE_REQUEST, decode_shape
 from kvpool.plan.memory import MemoryBudget
+from kvpool.plan.tiers import TierPlan
 from kvpool.units import format_bytes
 
 
@@ -40,6 +42,7 @@ class EngineFit:
     graph_note: str
     emitted: Emitted | None  # None: kvpool does not model this engine for the model
     own_default: tuple[int, str] | None = None  # (KV bytes per rank, rule) by the engine's own defaults
+    tiers: tuple[TierPlan, ...] = ()  # one rank's cold tiers, as this engine sizes its host tier
 
     @property
     def verdict(self) -> str:
@@ -67,6 +70,7 @@ class EngineFit:
             "own_default": None
             if self.own_default is None
             else {"kv_bytes_per_rank": self.own_default[0], "rule": self.own_default[1]},
+            "tiers": [t.to_json() for t in self.tiers],
         }
 
 
@@ -127,16 +131,18 @@ def engine_fit(
     memory: MemoryBudget | None,
     lengths: dict[str, int],
     parallel: Parallel | None = None,
+    tiers: Sequence[TierPlan] = (),
 ) -> EngineFit:
     """What `engine` does when launched to follow `plan` (whose budget is the KV
     bytes per rank) on `parallel`; `memory` the whole-GPU breakdown when the budget
-    came from it, which also gives the KV the engine takes by its own defaults."""
+    came from it, which also gives the KV the engine takes by its own defaults;
+    `tiers` one rank's cold tiers, stated as the engine's offload flags."""
     e = registry.entry(engine)
     flags = e.budget_flags(plan.budget_bytes, memory)
     par = parallel or Parallel(tp=plan.spec.tp_size)
     own = None if memory is None else e.default_kv(memory, par.tp, par.pp, plan.limits.max_batch_size)
     try:
-        emitted = registry.launch(engine, plan, model_id, parallel=parallel)
+        emitted = registry.launch(engine, plan, model_id, tiers, parallel)
     except EngineNotModelledError as err:  # the other engines still answer
         note = f"{e.title}: not modelled"
         return EngineFit(engine, False, (str(err),), flags, plan.budget_bytes, {}, lengths, (), note, None)
@@ -152,29 +158,7 @@ def engine_fit(
         )
     sizes, note = graph_answer(engine, report, plan, at_max)
     default = None if own is None else (own.kv_bytes, own.rule)
+    kv = plan.budget_bytes
     return EngineFit(
-        engine, not reasons, tuple(reasons), flags, plan.budget_bytes, fits, lengths, sizes, note, emitted, default
+        engine, not reasons, tuple(reasons), flags, kv, fits, lengths, sizes, note, emitted, default, tuple(tiers)
     )
-
-
-def render_engine(fit: EngineFit) -> str:
-    """A few lines: verdict, budget flags, KV, requests, graphs, launch."""
-    name = registry.entry(fit.engine).title
-    if fit.emitted is None:
-        return f"{name}: NOT MODELLED: {'; '.join(fit.reasons)}"
-    verdict = "starts" if fit.starts else "REFUSES: " + "; ".join(fit.reasons)
-    fits = ", ".join(f"{fit.lengths[n]:,} tokens ({n.replace('_', ' ')}): {v}" for n, v in fit.fits.items())
-    lines = [
-        f"{name} ({fit.emitted.report.version_modelled}): {verdict}",
-        f"  budget: {' | '.join(fit.budget_flags) or 'give --gpu alone for the fraction'}"
-        f"  (KV {format_bytes(fit.kv_bytes)} per rank)",
-        *(
-            []
-            if fit.own_default is None
-            else [f"  by its own defaults: KV {format_bytes(fit.own_default[0])} per rank ({fit.own_default[1]})"]
-        ),
-        f"  requests that fit at once: {fits}",
-        f"  CUDA graphs: {fit.graph_note.split(': ', 1)[1]}",
-        "  launch: " + fit.emitted.text().replace("\n", "\n    "),
-    ]
-    return "\n".join(lines)

@@ -9,7 +9,8 @@
   unless given (`--weights-memory`, `--activation-memory`, `--cuda-graph-memory`,
   `--reserved-memory`); `--non-kv-memory` replaces all four.
 
-The GPU's memory is what the device reports (`kvpool gpus`)."""
+The GPU's memory is what the device reports (`kvpool gpus`). Errors name the
+options as the command line spells them (`kv_memory` is `--kv-memory`)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kvpool import presets
-from kvpool.cli.common import size_or_zero
-from kvpool.cli.request import BudgetOptions, ModelOptions, flag
+from kvpool.deploy.options import BudgetOptions, ModelOptions, flag
 from kvpool.errors import KvpoolError
 from kvpool.models.params import ParameterCountError
 from kvpool.models.weight_dtype import WeightSchemeError
@@ -31,8 +31,9 @@ from kvpool.plan.memory import (
     activation_bytes,
     cuda_graph_bytes,
 )
+from kvpool.presets import GpuSpec
 from kvpool.spec import ModelSpec
-from kvpool.units import format_bytes, parse_size
+from kvpool.units import format_bytes, parse_size, size_or_zero
 
 DEFAULT_MEMORY_FRACTION = DEFAULT_UTILIZATION
 
@@ -72,37 +73,50 @@ def kv_budget(
     Raises KvpoolError on contradictory options or a budget that leaves no KV memory."""
     given = [flag(p) for p, _ in options.parts]
     if options.kv_memory is not None:
-        if (
-            options.non_kv_memory is not None
-            or options.memory_fraction is not None
-            or given
-            or (gpu_only_for_budget and options.gpu is not None)
-        ):
-            raise KvpoolError("give either --kv-memory or --gpu [--non-kv-memory | the memory estimates], not both")
-        kv = parse_size(options.kv_memory)
-        check_kv_memory(kv, options.kv_memory, options.gpu)
-        return Budget(kv, f"--kv-memory {options.kv_memory}")
+        return given_kv(options, given, gpu_only_for_budget)
     if options.gpu is None:
         raise KvpoolError("no KV budget: give --kv-memory SIZE, or --gpu NAME (with --tp N for the weights per rank)")
     gpu = presets.load_gpu(options.gpu)
     fraction = memory_fraction(options)
-    for part, text in options.parts:  # a part of one GPU no GPU holds is the flag's typo, not a short budget
+    check_parts(options, gpu)
+    if options.non_kv_memory is not None:
+        return rest_of_gpu(options.non_kv_memory, given, gpu, fraction)
+    memory = whole_gpu(options, model, spec, limits, gpu.memory_bytes, fraction, weights_bytes)
+    memory.check(gpu.name, model.parallel)
+    return Budget(memory.kv_bytes, f"{gpu.key} x {fraction:g} - weights - activations - CUDA graphs - reserve", memory)
+
+
+def given_kv(options: BudgetOptions, given: list[str], gpu_only_for_budget: bool) -> Budget:
+    """`--kv-memory SIZE`, refused beside any option that would derive it."""
+    assert options.kv_memory is not None
+    beside = options.non_kv_memory is not None or options.memory_fraction is not None or given
+    if beside or (gpu_only_for_budget and options.gpu is not None):
+        raise KvpoolError("give either --kv-memory or --gpu [--non-kv-memory | the memory estimates], not both")
+    kv = parse_size(options.kv_memory)
+    check_kv_memory(kv, options.kv_memory, options.gpu)
+    return Budget(kv, f"--kv-memory {options.kv_memory}")
+
+
+def rest_of_gpu(non_kv_memory: str, given: list[str], gpu: GpuSpec, fraction: float) -> Budget:
+    """`--gpu NAME --non-kv-memory SIZE`: (GPU memory - SIZE) x F."""
+    if given:
+        raise KvpoolError(f"--non-kv-memory replaces {', '.join(given)}; give one or the other")
+    non_kv, how = parse_size(non_kv_memory), f"--non-kv-memory {non_kv_memory}"
+    rest = gpu.memory_bytes - non_kv
+    if rest <= 0:
+        raise KvpoolError(f"{how} leaves no memory on {gpu.name} ({format_bytes(gpu.memory_bytes)})")
+    return Budget(int(rest * fraction), f"({gpu.key} - {how}) x {fraction:g}")
+
+
+def check_parts(options: BudgetOptions, gpu: GpuSpec) -> None:
+    """Refuse a part of one GPU's memory (weights, activations, ...) larger than the
+    GPU: that is the flag's typo, not a short budget."""
+    for part, text in options.parts:
         if size_or_zero(text) > gpu.memory_bytes:
             raise KvpoolError(
                 f"{flag(part)} {text} is more than {gpu.key} holds ({format_bytes(gpu.memory_bytes)}); "
                 "give one rank's share"
             )
-    if options.non_kv_memory is not None:
-        if given:
-            raise KvpoolError(f"--non-kv-memory replaces {', '.join(given)}; give one or the other")
-        non_kv, how = parse_size(options.non_kv_memory), f"--non-kv-memory {options.non_kv_memory}"
-        rest = gpu.memory_bytes - non_kv
-        if rest <= 0:
-            raise KvpoolError(f"{how} leaves no memory on {gpu.name} ({format_bytes(gpu.memory_bytes)})")
-        return Budget(int(rest * fraction), f"({gpu.key} - {how}) x {fraction:g}")
-    memory = whole_gpu(options, model, spec, limits, gpu.memory_bytes, fraction, weights_bytes)
-    memory.check(gpu.name, model.parallel)
-    return Budget(memory.kv_bytes, f"{gpu.key} x {fraction:g} - weights - activations - CUDA graphs - reserve", memory)
 
 
 def check_kv_memory(kv_bytes: int, text: str, gpu: str | None) -> None:
@@ -116,7 +130,7 @@ def check_kv_memory(kv_bytes: int, text: str, gpu: str | None) -> None:
         raise KvpoolError(f"--kv-memory {text} is more than {what}; give one rank's KV budget")
 
 
-def _memory(gpu: presets.GpuSpec) -> int:
+def _memory(gpu: GpuSpec) -> int:
     return gpu.memory_bytes
 
 
@@ -124,6 +138,16 @@ def weights_source(spec: ModelSpec, model: str) -> str | Path:
     """Where the weights' headers of the model `spec` was loaded from are looked for."""
     origin = spec.source
     return origin.folder if origin is not None and origin.folder else model
+
+
+def weights_facts(spec: ModelSpec, model: ModelOptions) -> tuple[int | None, int | None]:
+    """(parameters, weight bytes per rank at the model's layout) of the model `spec`
+    was loaded from, None where kvpool has no formula for its family."""
+    try:
+        weights = model_weights(spec.config, weights_source(spec, model.model))
+    except (ParameterCountError, WeightSchemeError):
+        return None, None
+    return weights.parameters, weights.per_rank_bytes(model.parallel)
 
 
 def weights_per_rank(spec: ModelSpec, model: ModelOptions, draft_len: int = 0) -> tuple[int, str]:

@@ -1,0 +1,225 @@
+"""Sizing policies on traffic they have not seen (docs/sim.md, "Sizing on unseen traffic").
+
+Each case cuts its trace in two in arrival order: a policy plans from the first part
+(the traffic a deployment has seen), and every plan then serves the second part, offline
+(`--rate inf`); the best split of a `--sweep-ratio` grid on that second part is the
+oracle, and each policy is given as a share of it.
+
+    PYTHONPATH=src python benchmarks/sizing_heldout.py                 # the held-out cases
+    PYTHONPATH=src python benchmarks/sizing_heldout.py --dev           # the development cases
+    PYTHONPATH=src python benchmarks/sizing_heldout.py CASE ... [--policies tuned,...]
+    PYTHONPATH=src python benchmarks/sizing_heldout.py --table [--dev]
+
+Two sets of cases. DEV are the pairs of docs/sim.md's sizing table, cut the same way:
+the `tuned` policy's constants (folds, their size, the search, the fallback rule) were set
+on them. HELD_OUT were fixed before any of that work and run only to report: other models
+(gemma-2-9b, gpt-oss-120b), other budgets and lengths, and a trace no policy was ever
+developed on (Vidur's arXiv summarisation lengths, benchmarks/data/traces). Keep them out
+of any tuning: a constant changed after looking at them makes them dev cases.
+
+Each case writes docs/sim/heldout_<case>.json (settings and runs; `--policies` reruns
+only the named policies and keeps the rest) and prints one table row. A run takes 5 to 60 s
+on 2 busy CPUs; a case (10 grid points, 4 policies) 5 to 20 minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvpool.plan import ServingLimits
+from kvpool.presets import load_gpu
+from kvpool.presets.traces import load_trace
+from kvpool.sim import StepTimeModel, load_weights, simulate
+from kvpool.sim.policies import plan_for, ratio_policy, sweep_shares
+from kvpool.spec import ModelSpec, load_model_spec
+from kvpool.trace import Trace
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "sim"
+ARXIV = str(ROOT / "benchmarks" / "data" / "traces" / "arxiv_summarization.csv")
+GiB = 2**30
+POLICIES = ("reference", "workload", "occupancy", "tuned")
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """model, GPU, KV dtype, KV GiB, B, L, N, trace, requests read, sweep range."""
+
+    model: str
+    gpu: str
+    kv_dtype: str
+    kv_gib: float
+    max_batch_size: int
+    max_seq_len: int
+    max_num_tokens: int
+    trace: str
+    requests: int  # read from the trace's start: the first half plans, the second is served
+    sweep: tuple[float, float] = (0.05, 0.95)
+
+
+DEV = {
+    "gemma3_azure_conv": CaseSpec("gemma-3-27b", "h100", "auto", 12, 256, 8192, 8192, "azure-conv", 8000),
+    "gemma3_azure_code": CaseSpec("gemma-3-27b", "h100", "auto", 16, 256, 8192, 8192, "azure-code", 8000),
+    "gptoss20b_mooncake": CaseSpec(
+        "gpt-oss-20b", "h100", "auto", 40, 256, 65536, 8192, "mooncake-conv", 6000, (0.002, 0.2)
+    ),
+    "gemma4_azure_code": CaseSpec("gemma-4-26b-a4b", "b200", "fp8", 8, 256, 8192, 8192, "azure-code", 8000),
+}
+HELD_OUT = {
+    "gemma3_arxiv": CaseSpec("gemma-3-27b", "h100", "auto", 16, 256, 8192, 8192, ARXIV, 6000),
+    "gemma2_azure_code": CaseSpec("gemma-2-9b", "l40s", "auto", 12, 256, 8192, 8192, "azure-code", 8000),
+    "gptoss120b_mooncake": CaseSpec(
+        "gpt-oss-120b", "h200", "auto", 12, 256, 32768, 8192, "mooncake-conv", 6000, (0.002, 0.2)
+    ),
+    "gemma4_azure_conv": CaseSpec("gemma-4-26b-a4b", "b200", "fp8", 6, 256, 16384, 8192, "azure-conv", 8000),
+}
+CASES = {**DEV, **HELD_OUT}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One case's fixed inputs: what every run of it shares."""
+
+    name: str
+    spec: ModelSpec
+    limits: ServingLimits
+    seen: Trace  # the first part: what a policy plans from
+    unseen: Trace  # the second part, offline: what every plan serves
+    steps: StepTimeModel
+    kv: int
+    group: str  # the swept (windowed) group
+
+
+def halves(trace: Trace) -> tuple[Trace, Trace]:
+    """The first and the second half of `trace`, in arrival order (each re-timed
+    from 0; the second keeps its prefix hashes, so a conversation that spans the cut
+    shares blocks only with its own later turns)."""
+    cut = len(trace) // 2
+    first = trace.head(cut)
+    idx = slice(cut, len(trace))
+    second = Trace(
+        f"{trace.name} (second half)",
+        trace.prompt_len[idx],
+        trace.output_len[idx],
+        None if trace.arrival_s is None else trace.arrival_s[idx] - trace.arrival_s[cut],
+        None if trace.hash_ids is None else trace.hash_ids[idx],
+        trace.hash_block_tokens,
+    )
+    return first, second
+
+
+def load_case(name: str) -> Case:
+    c = CASES[name]
+    spec = load_model_spec(c.model, kv_dtype=c.kv_dtype, max_seq_len=c.max_seq_len)
+    limits = ServingLimits(max_batch_size=c.max_batch_size, max_seq_len=c.max_seq_len, max_num_tokens=c.max_num_tokens)
+    seen, unseen = halves(load_trace(c.trace, max_requests=c.requests))
+    steps = StepTimeModel.build(spec, load_gpu(c.gpu), load_weights(c.model))
+    group = next(g.name for g in spec.groups if g.kind != "full")
+    # both offline: the policy plans for the arrivals it will serve (`kvpool plan --workload-rate`)
+    offline = (seen.with_rate(math.inf), unseen.with_rate(math.inf))
+    return Case(name, spec, limits, *offline, steps, int(c.kv_gib * GiB), group)
+
+
+def run(c: Case, policy: str) -> dict[str, Any]:
+    """Plan `policy` from the seen half (a `ratio:` split needs none), serve the unseen one."""
+    t0 = time.perf_counter()
+    pp = plan_for(c.spec, c.limits, policy, kv_memory_bytes=c.kv, trace=c.seen, model=c.steps)
+    plan_s = time.perf_counter() - t0
+    r = simulate(pp.plan, c.unseen, c.steps, policy=policy)
+    share = pp.plan.share_of(c.group)
+    print(
+        f"{c.name} {policy}: {r.output_tokens_per_s:,.1f} tok/s (share {share:.4f}, plan {plan_s:.0f} s, "
+        f"run {r.wall_s:.0f} s)",
+        flush=True,
+    )
+    return {**r.to_json(), "share": share, "notes": list(pp.notes), "plan_s": plan_s, "run_s": r.wall_s}
+
+
+def settings(name: str, c: Case) -> dict[str, Any]:
+    s = CASES[name]
+    return {
+        "case": name,
+        "set": "dev" if name in DEV else "held_out",
+        "model": s.model,
+        "gpu": s.gpu,
+        "kv_dtype": s.kv_dtype,
+        "kv_gib": s.kv_gib,
+        "B": s.max_batch_size,
+        "L": s.max_seq_len,
+        "N": s.max_num_tokens,
+        "trace": Path(s.trace).stem if "/" in s.trace else s.trace,
+        "seen_requests": len(c.seen),
+        "unseen_requests": len(c.unseen),
+        "group": c.group,
+    }
+
+
+def path_of(name: str) -> Path:
+    return OUT / f"heldout_{name}.json"
+
+
+def evaluate(name: str, only: list[str] | None = None) -> dict[str, Any]:
+    """Every policy and the grid (or only the policies `only` names, keeping the
+    case's other runs); writes the case's JSON after each run."""
+    c = load_case(name)
+    lo, hi = CASES[name].sweep
+    wanted = [*POLICIES, *(ratio_policy(c.group, s) for s in sweep_shares(10, lo, hi))]
+    out: dict[str, Any] = {"settings": settings(name, c), "runs": []}
+    if path_of(name).exists():
+        out["runs"] = json.loads(path_of(name).read_text())["runs"]
+    have = {r["policy"] for r in out["runs"]}
+    todo = [p for p in wanted if (p in only if only else p not in have)]
+    for policy in todo:
+        out["runs"] = [r for r in out["runs"] if r["policy"] != policy] + [run(c, policy)]
+        path_of(name).write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def summary(out: dict[str, Any]) -> str:
+    """One table row: the best grid split's tok/s, then each policy's share of it."""
+    runs = {r["policy"]: r for r in out["runs"]}
+    grid = [r for p, r in runs.items() if p.startswith("ratio:")]
+    best = max(grid, key=lambda r: r["output_tokens_per_s"])
+    s = out["settings"]
+    kv = f"{s['kv_dtype']} {s['kv_gib']:g} GiB" if s["kv_dtype"] != "auto" else f"{s['kv_gib']:g} GiB"
+    label = (
+        f"{s['model']}, {s['gpu']}, {kv}, {s['L'] // 1024}k, {s['trace']} "
+        f"({s['seen_requests']:,} seen / {s['unseen_requests']:,} served)"
+    )
+    cells = [
+        f"{100 * runs[p]['output_tokens_per_s'] / best['output_tokens_per_s']:.1f} %" if p in runs else "-"
+        for p in POLICIES
+    ]
+    ref = runs.get("reference", {}).get("output_tokens_per_s")
+    tuned = runs.get("tuned", {}).get("output_tokens_per_s")
+    vs_ref = f"{100 * tuned / ref:.1f} %" if ref and tuned else "-"
+    return f"| {label} | {best['output_tokens_per_s']:,.0f} ({best['share']:.3g}) | {' | '.join(cells)} | {vs_ref} |"
+
+
+def table(names: list[str]) -> str:
+    head = ["case (model, GPU, KV, L, trace)", "best grid tok/s (share)", *POLICIES, "tuned / reference"]
+    rows = [summary(json.loads(path_of(n).read_text())) for n in names if path_of(n).exists()]
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows])
+
+
+def main(argv: list[str]) -> None:
+    dev = "--dev" in argv
+    only = None
+    if "--policies" in argv:
+        only = argv[argv.index("--policies") + 1].split(",")
+    names = [a for a in argv if a in CASES] or list(DEV if dev else HELD_OUT)
+    if "--table" in argv:
+        print(table(names))
+        return
+    for name in names:
+        print(summary(evaluate(name, only)), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

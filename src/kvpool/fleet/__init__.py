@@ -1,0 +1,42 @@
+"""fleet: what a fleet of replicas adds to one replica's simulation: routers
+that pick a replica for each request, and the prefill -> decode handoff
+(bytes per group, time over a link). See docs/fleet.md."""
+
+from kvpool.fleet.handoff import (
+    GroupHandoff,
+    Handoff,
+    HandoffError,
+    bytes_per_token,
+    handoff,
+    handoff_link,
+    handoff_seconds,
+)
+from kvpool.fleet.kv_router import KvCost, KvRouter
+from kvpool.fleet.load import RouteRequest, RouterError, WorkerLoads
+from kvpool.fleet.prefix_router import ApproxTree, PrefixRouter
+from kvpool.fleet.registry import ROUTER_NAMES, ROUTERS, make_router
+from kvpool.fleet.routers import CacheAware, LeastLoad, RoundRobin, Router
+
+__all__ = [
+    "ROUTERS",
+    "ROUTER_NAMES",
+    "ApproxTree",
+    "CacheAware",
+    "GroupHandoff",
+    "Handoff",
+    "HandoffError",
+    "KvCost",
+    "KvRouter",
+    "LeastLoad",
+    "PrefixRouter",
+    "RoundRobin",
+    "RouteRequest",
+    "Router",
+    "RouterError",
+    "WorkerLoads",
+    "bytes_per_token",
+    "handoff",
+    "handoff_link",
+    "handoff_seconds",
+    "make_router",
+]
