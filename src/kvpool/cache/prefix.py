@@ -31,6 +31,7 @@ from kvpool.cache.prompt_memo import KnownPages, PromptMemo
 from kvpool.cache.request import Request
 from kvpool.cache.tables import PageTables
 from kvpool.cache.tiers import ColdTier
+from kvpool.media import COLD
 from kvpool.spec.pages import stale_pages, table_blocks
 
 
@@ -104,7 +105,7 @@ def cached_prefix(t: PageTables, hashes: Sequence[int], tier: ColdTier | None) -
     return TierHit(*hits)
 
 
-TIER_MEDIA: tuple[frozenset[str], ...] = (frozenset(), frozenset({"CPU"}), frozenset({"CPU", "DISK"}))
+TIER_MEDIA: tuple[frozenset[str], ...] = (frozenset(), frozenset(COLD[:1]), frozenset(COLD))
 
 
 def onboard_fits(t: PageTables, hashes: Sequence[int], k: int) -> bool:

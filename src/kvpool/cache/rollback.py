@@ -30,7 +30,8 @@ from kvpool.cache.pool import PagePool
 from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request
 from kvpool.cache.tables import STALE, PageTables
-from kvpool.cache.tiers import ColdTier, Medium, TierCopies
+from kvpool.cache.tiers import ColdTier, TierCopies
+from kvpool.media import Medium
 
 _POOL_LISTS = ("ref", "page_hash", "free_stack", "prev", "nxt")
 # a copy's destination: (group, None, GPU page) or (group, tier medium, slot)

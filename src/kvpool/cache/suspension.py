@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from kvpool.cache.request import Request
 from kvpool.cache.tables import PageTables
-from kvpool.cache.tiers import ColdTier, Medium
+from kvpool.cache.tiers import ColdTier
+from kvpool.media import Medium
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,10 @@ from typing import Literal, Protocol
 
 from kvpool.cache.events import CacheUsageError, EventRecord
 from kvpool.cache.pool import PagePool, check_pages
+from kvpool.media import COLD, Medium
 from kvpool.plan.result import PoolPlan
 from kvpool.plan.tiers import tier_pages
 from kvpool.units import format_bytes
-
-Medium = Literal["CPU", "DISK"]
 
 
 class TierCopies(Protocol):
@@ -61,7 +60,7 @@ class TierCopies(Protocol):
 
 @dataclass(frozen=True)
 class TierSpec:
-    """A cold tier of one rank: `medium` ("CPU" for host memory, "DISK") and
+    """A cold tier of one rank: `medium` (`Medium.CPU` for host memory, `Medium.DISK`) and
     its byte quota. The manager splits the quota between groups in the
     proportions of the GPU plan (TensorRT-LLM V2's cold tiers do the same)."""
 
@@ -69,8 +68,9 @@ class TierSpec:
     bytes: int
 
     def __post_init__(self) -> None:
-        if self.medium not in ("CPU", "DISK"):
-            raise CacheUsageError(f"tier medium must be 'CPU' or 'DISK', got {self.medium!r}")
+        if self.medium not in COLD:
+            raise CacheUsageError(f"tier medium must be Medium.CPU or Medium.DISK, got {self.medium!r}")
+        object.__setattr__(self, "medium", Medium(self.medium))  # "CPU" as given, kept as the enum
         if type(self.bytes) is not int or self.bytes < 0:
             raise CacheUsageError(f"tier bytes must be a non-negative int, got {self.bytes!r}")
 
@@ -300,7 +300,7 @@ def build_tiers(
 ) -> ColdTier | None:
     """The cold tiers of `specs` (with `pages[i]` per group for `specs[i]`),
     warm to cold (host before disk), linked; None for none."""
-    order = sorted(range(len(specs)), key=lambda i: ("CPU", "DISK").index(specs[i].medium))
+    order = sorted(range(len(specs)), key=lambda i: COLD.index(specs[i].medium))
     if len({specs[i].medium for i in order}) < len(order):
         raise CacheUsageError(f"one tier per medium, got {[s.medium for s in specs]}")
     below: ColdTier | None = None

@@ -24,6 +24,7 @@ from kvpool.engine.attention import PagedBatch, Row
 from kvpool.engine.drafter import NgramDrafter
 from kvpool.engine.kv_store import HostTier, KVStore
 from kvpool.engine.model import DecoderLM
+from kvpool.media import Medium
 from kvpool.plan import PoolPlan
 from kvpool.sched import Sequence as SchedSequence
 from kvpool.sched import Step, session
@@ -90,7 +91,7 @@ class Engine:
             padding=padding,
             warmup=warmup,
             draft_lens=(0, speculate) if speculate else (0,),
-            tiers=[TierSpec("CPU", host_memory)] if host_memory else (),
+            tiers=[TierSpec(Medium.CPU, host_memory)] if host_memory else (),
         )
         self.host: HostTier | None = None
         if host_memory:  # evicted prefix pages go to host memory and come back on a hit

@@ -18,6 +18,7 @@ from kvpool.engines.common import EngineNotModelledError, EngineReport
 from kvpool.engines.hf_ids import HF_IDS as HF_IDS
 from kvpool.engines.hf_ids import model_id_for as model_id_for
 from kvpool.engines.hicache import sglang_host_pools
+from kvpool.media import Medium
 from kvpool.models.weights import Parallel
 from kvpool.plan import PoolPlan
 from kvpool.plan.tiers import GiB, TierPlan
@@ -355,8 +356,8 @@ def add_tiers(emitted: Emitted, plan: PoolPlan, tiers: Sequence[TierPlan]) -> Em
     the KV ranks. SGLang HiCache: `--hicache-size` GB, one rank's host pool
     (`HostKVCache(host_size=...)`). TensorRT-LLM: `kv_cache_config.host_cache_size`
     bytes per rank (V2's `HostCacheTierConfig`)."""
-    host = next((t for t in tiers if t.medium == "CPU"), None)
-    disk = next((t for t in tiers if t.medium == "DISK"), None)
+    host = next((t for t in tiers if t.medium == Medium.CPU), None)
+    disk = next((t for t in tiers if t.medium == Medium.DISK), None)
     argv, config, notes = list(emitted.argv or ()), emitted.config, list(emitted.notes)
     kv_ranks = plan.spec.tp_size * (plan.spec.pp_stage[1] if plan.spec.pp_stage else 1)
     if emitted.engine == "vllm":

@@ -42,10 +42,11 @@ from kvpool.cache.hashing import ReuseScope, Salt, extend_hashes, published_scop
 from kvpool.cache.prefix import TierHit
 from kvpool.errors import KvpoolError
 from kvpool.index.events import Cleared, Removed, Stored, parse_event
+from kvpool.media import Medium
 from kvpool.spec.groups import LayerGroup
 from kvpool.spec.kinds import NEVER, KindRule, kind_rule
 
-TIERS = ("GPU", "CPU", "DISK")
+TIERS = tuple(Medium)
 GONE = 1 << 16  # engine hashes whose keys are kept after no one holds them, per worker
 MEDIUM_TIER = {None: 0, "GPU": 0, "CPU": 1, "CPU_PINNED": 1, "DISK": 2, "STORAGE": 2}
 # vLLM's KVCacheSpecKind values -> kvpool's kinds (the rule of each). A kind with no reuse rule here
