@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from kvpool.engine.arch import ARCHS, ArchConfig, EngineError
-from kvpool.engine.model import DecoderLM
 from kvpool.spec.jsonfile import read_json
+from kvpool.torch_engine.arch import ARCHS, ArchConfig, EngineError
+from kvpool.torch_engine.model import DecoderLM
 
 # Checkpoint prefixes that wrap the text decoder (multimodal Gemma 3 folders).
 _PREFIXES = ("model.language_model.", "language_model.model.", "language_model.")

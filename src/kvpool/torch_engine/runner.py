@@ -19,15 +19,15 @@ import numpy as np
 import torch
 
 from kvpool.cache import KVCacheManager, TierSpec
-from kvpool.engine.arch import EngineError
-from kvpool.engine.attention import PagedBatch, Row
-from kvpool.engine.drafter import NgramDrafter
-from kvpool.engine.kv_store import HostTier, KVStore
-from kvpool.engine.model import DecoderLM
 from kvpool.media import Medium
 from kvpool.plan import PoolPlan
 from kvpool.sched import Sequence as SchedSequence
 from kvpool.sched import Step, session
+from kvpool.torch_engine.arch import EngineError
+from kvpool.torch_engine.attention import PagedBatch, Row
+from kvpool.torch_engine.drafter import NgramDrafter
+from kvpool.torch_engine.kv_store import HostTier, KVStore
+from kvpool.torch_engine.model import DecoderLM
 
 
 @dataclass
@@ -110,7 +110,7 @@ class Engine:
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
         if cuda_graphs:
-            from kvpool.engine.graphs import DecodeGraphs
+            from kvpool.torch_engine.graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(model, self.store, self.spec, plan.limits, self._num_pages)
 

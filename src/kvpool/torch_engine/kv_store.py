@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 import torch
 
-from kvpool.engine.arch import ArchConfig, EngineError
 from kvpool.media import Medium
 from kvpool.plan import PoolPlan
+from kvpool.torch_engine.arch import ArchConfig, EngineError
 
 
 class KVStore:

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from kvpool.engine.errors import EngineError as EngineError
-from kvpool.engine.errors import StalePageError as StalePageError
-from kvpool.engine.fields import check_fields
-from kvpool.engine.names import ARCHS as ARCHS
 from kvpool.spec.families import layer_types
+from kvpool.torch_engine.errors import EngineError as EngineError
+from kvpool.torch_engine.errors import StalePageError as StalePageError
+from kvpool.torch_engine.fields import check_fields
+from kvpool.torch_engine.names import ARCHS as ARCHS
 
 # model_type (config.json) -> our architecture switch
 MODEL_TYPES = {
@@ -158,7 +158,7 @@ class ArchConfig:
     final_logit_softcap: float | None = None
     attn_logit_softcap: float | None = None
     eos_token_ids: tuple[int, ...] = ()  # every stop id (config.json, generation_config.json)
-    num_experts: int = 0  # > 0: a sparse MoE MLP in the layers `moe_layers` names (engine/moe.py)
+    num_experts: int = 0  # > 0: a sparse MoE MLP in the layers `moe_layers` names (torch_engine/moe.py)
     experts_per_token: int = 0
     moe_intermediate_size: int = 0  # each expert's MLP width (Qwen-MoE; Mixtral's is intermediate_size)
     norm_topk_prob: bool = True  # renormalise the top-k weights (Mixtral always; Qwen-MoE per config)
