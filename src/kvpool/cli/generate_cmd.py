@@ -220,9 +220,7 @@ def load(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
     from kvpool.torch_engine import weights
 
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
-    check_device(torch, args.device)
-    if args.kv_memory:
-        check_memory(torch, args.device, parse_size(args.kv_memory), args.kv_memory)
+    check_device_memory(torch, args)
     if args.tiny:
         config = weights.tiny_config(args.tiny)
         state = weights.hf_model(config, args.seed or 0).state_dict()
@@ -232,6 +230,13 @@ def load(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
     # a tokenizer to encode the text prompts, or only to decode the output
     wanted = any(kind == "text" for kind, _ in args.prompts) or any((folder / n).is_file() for n in TOKENIZER_FILES)
     return model, config, _tokenizer(str(folder)) if wanted else None
+
+
+def check_device_memory(torch: Any, args: argparse.Namespace) -> None:
+    """--device exists, and holds --kv-memory when given (before any weights load)."""
+    check_device(torch, args.device)
+    if args.kv_memory:
+        check_memory(torch, args.device, parse_size(args.kv_memory), args.kv_memory)
 
 
 def run(args: argparse.Namespace) -> int:

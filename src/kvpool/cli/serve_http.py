@@ -196,6 +196,21 @@ class LocalHandler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
+def under(models_dir: Path, name: str) -> str | None:
+    """The full path of `name` (links followed) if it exists inside `models_dir`, else None."""
+    root = models_dir.resolve()
+    candidate = (root / name).resolve()  # an absolute `name` stays itself
+    inside = candidate == root or root in candidate.parents
+    return str(candidate) if inside and candidate.exists() else None
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether `name` reads as a Hugging Face id `org/name[@revision]` and as no local path."""
+    match = HUB_ID.fullmatch(name)
+    local = name.startswith(("/", ".", "~", "\\")) or name.endswith(".json") or Path(name).exists()
+    return match is not None and "--" not in match["repo"] and ".." not in match["repo"] and not local
+
+
 def checked_model(name: str, models_dir: Path | None) -> str:
     """`name` as the MODEL a request may ask for: a preset, a Hugging Face id
     `org/name[@revision]`, or a folder (or config.json) under `models_dir`, the
@@ -206,14 +221,10 @@ def checked_model(name: str, models_dir: Path | None) -> str:
     `../` included)."""
     if name.lower() in presets.model_names():
         return name
-    if models_dir is not None:
-        root = models_dir.resolve()
-        candidate = (root / name).resolve()  # an absolute `name` stays itself
-        if (candidate == root or root in candidate.parents) and candidate.exists():
-            return str(candidate)
-    match = HUB_ID.fullmatch(name)
-    local = name.startswith(("/", ".", "~", "\\")) or name.endswith(".json") or Path(name).exists()
-    if match and "--" not in match["repo"] and ".." not in match["repo"] and not local:
+    inside = None if models_dir is None else under(models_dir, name)
+    if inside is not None:
+        return inside
+    if is_hub_id(name):
         return name
     where = (
         f"a folder under {models_dir}" if models_dir is not None else "no local folder (start with --models-dir DIR)"

@@ -82,9 +82,14 @@ class TierOptions:
                 offloading_gib=None if host is None else host / GiB * (tp * pp) / ranks,
                 hicache_gb=None if host is None else host / ranks / 1e9,
             )
-        tiers = plan_tiers(plan, host_bytes, disk, rule)
-        for t in tiers:  # a tier no machine's books hold is refused here, not after a simulation ran out of memory
-            with flagged("--host-memory" if t.medium == Medium.CPU else "--disk"):
-                for group, pages in t.pages.items():
-                    check_pages(pages, f"one rank's {t.medium} tier ({format_bytes(t.bytes)}) for group {group!r}")
-        return tiers
+        return check_tier_pages(plan_tiers(plan, host_bytes, disk, rule))
+
+
+def check_tier_pages(tiers: list[TierPlan]) -> list[TierPlan]:
+    """`tiers`, refused by the option that sized them when one holds more pages
+    than a manager keeps books for: here, not after a simulation ran out of memory."""
+    for t in tiers:
+        with flagged("--host-memory" if t.medium == Medium.CPU else "--disk"):
+            for group, pages in t.pages.items():
+                check_pages(pages, f"one rank's {t.medium} tier ({format_bytes(t.bytes)}) for group {group!r}")
+    return tiers
