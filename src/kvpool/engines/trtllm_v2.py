@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kvpool.engines.common import EnginePool, EngineReport, Sizing
@@ -118,6 +119,15 @@ def life_cycle_floors(spec: ModelSpec, sinks: int = 0, window_extra: int = 0) ->
     return {g.name: 1 if g.kind == "state" else windowed.get(g.name, full) for g in spec.groups}
 
 
+def check_pool_ratio(ratio: Sequence[float]) -> None:
+    """StorageManager's checks on `initial_pool_ratio`: every share positive,
+    summing to 1 within 1e-6."""
+    if any(not r > 0 for r in ratio):
+        raise LimitsError("pool_ratio values must be positive")
+    if not math.isfinite(sum(ratio)) or abs(sum(ratio) - 1.0) > 1e-6:
+        raise LimitsError("pool_ratio values must sum to 1.0")
+
+
 @dataclass(frozen=True)
 class V2Options:
     """What V2's sizing takes besides the quota (`KVCacheManagerConfig` / `KvCacheConfig`).
@@ -141,11 +151,7 @@ class V2Options:
 
     def __post_init__(self) -> None:
         if self.pool_ratio is not None:
-            # StorageManager's checks on initial_pool_ratio: every share positive, summing to 1 within 1e-6
-            if any(not r > 0 for r in self.pool_ratio):
-                raise LimitsError("pool_ratio values must be positive")
-            if not math.isfinite(sum(self.pool_ratio)) or abs(sum(self.pool_ratio) - 1.0) > 1e-6:
-                raise LimitsError("pool_ratio values must sum to 1.0")
+            check_pool_ratio(self.pool_ratio)
         if not 0.0 < self.max_util_for_resume <= 1.0:
             raise LimitsError(f"max_util_for_resume must be in (0, 1], got {self.max_util_for_resume}")
         if self.sink_tokens < 0 or self.window_extra < 0:
@@ -247,6 +253,18 @@ def deepseek_v4_window(role: str, compress_ratio: int, swa_window: int, max_draf
     raise LimitsError(f"unknown DeepSeek-V4 cache role {role!r}; roles: swa, compressor, compress")
 
 
+def _widened(g: LayerGroup, extra: int) -> LayerGroup:
+    """`g` at V2's own window: DeepSeek-V4 widens a sliding window by the draft length."""
+    return replace(g, window=life_cycle_window(g, extra)) if extra and g.kind == "sliding" else g
+
+
+def _row_bytes_by_window(spec: ModelSpec) -> tuple[int, list[tuple[int, int]]]:
+    """Bytes per token of the full-attention groups, and (window, bytes per token)
+    of each windowed one; state groups are neither."""
+    attention = [(life_cycle_window(g), g.row_bytes) for g in spec.groups if g.kind != "state"]
+    return sum(size for w, size in attention if w is None), [(w, size) for w, size in attention if w]
+
+
 def quota_from_max_tokens(spec: ModelSpec, options: V2Options) -> int:
     """The generic manager's `_get_quota_from_max_tokens(T)`: `T x full + B x sum_swa
     (ceil(W / tpb) x tpb x size) + min(T, N) x sum_swa(size)` (sizes in bytes per token;
@@ -256,8 +274,7 @@ def quota_from_max_tokens(spec: ModelSpec, options: V2Options) -> int:
     padding dummy; prefix-cache snapshot slots are not modelled)."""
     assert options.max_tokens is not None and options.max_num_tokens is not None
     tpb, t = spec.tokens_per_block, options.max_tokens
-    full = sum(g.row_bytes for g in spec.groups if g.kind != "state" and life_cycle_window(g) is None)
-    swa = [(w, g.row_bytes) for g in spec.groups if g.kind != "state" and (w := life_cycle_window(g))]
+    full, swa = _row_bytes_by_window(spec)
     per_request = sum(-(-w // tpb) * tpb * size for w, size in swa)
     attention = (
         t * full + options.max_batch_size * per_request + min(t, options.max_num_tokens) * sum(s for _, s in swa)
@@ -284,6 +301,19 @@ class V2Sizing:
         return self.grains * self.granularity - sum(slot * n for _, slot, _, _, n in self.pool_groups)
 
 
+def _fill_round(budget: int, gran: int, active: list[int], ratio: dict[int, float]) -> dict[int, int]:
+    """One round of `_water_fill`: the active groups by ratio, smallest first, each
+    `round(budget * its share of the ratios still to serve)` grains filled with slots."""
+    got: dict[int, int] = {}
+    order = sorted(active, key=lambda k: ratio[k])
+    for i, k in enumerate(order):
+        rest = sum(ratio[j] for j in order[i:])
+        share = ratio[k] / rest if rest else 0.0  # a batch may need no slot in a group
+        got[k] = round(budget * share) * gran // k
+        budget -= -(-got[k] * k // gran)
+    return got
+
+
 def _water_fill(
     total: int, gran: int, keys: list[int], ratio: dict[int, float], floors: dict[int, int]
 ) -> dict[int, int]:
@@ -299,14 +329,7 @@ def _water_fill(
     while active:
         if remaining <= 0:
             raise LimitsError("insufficient quota to satisfy the pool groups' min slots")
-        budget = remaining
-        got: dict[int, int] = {}
-        order = sorted(active, key=lambda k: ratio[k])
-        for i, k in enumerate(order):
-            rest = sum(ratio[j] for j in order[i:])
-            share = ratio[k] / rest if rest else 0.0  # a batch may need no slot in a group
-            got[k] = round(budget * share) * gran // k
-            budget -= -(-got[k] * k // gran)
+        got = _fill_round(remaining, gran, active, ratio)
         low = [k for k in active if got[k] <= floors[k]]
         if not low:
             out.update(got)
@@ -447,11 +470,7 @@ class V2Model:
         out = []
         extra = self.options.window_extra
         for names, slot, _, _, slots in sizing.v2.pool_groups:
-            # page arithmetic at V2's own windows (DeepSeek-V4 widens them by the draft length)
-            members = tuple(
-                replace(g, window=life_cycle_window(g, extra)) if extra and g.kind == "sliding" else g
-                for g in (by_name[n] for n in names)
-            )
+            members = tuple(_widened(by_name[n], extra) for n in names)
             paged = any(m.kind != "state" for m in members)
             tokens = slots * tpb if paged else None
             out.append(EnginePool("+".join(names), tpb if paged else 0, slot, slots, names, members, tokens))
