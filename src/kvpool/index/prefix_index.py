@@ -228,9 +228,12 @@ class PrefixIndex:
                 self.refused["orphan"] += 1
                 return
             parent = known
-        keys = chain_keys(e.token_ids, bs, parent)
+        self._hold(ws, gi, tier, e.block_hashes, chain_keys(e.token_ids, bs, parent))
+
+    def _hold(self, ws: WorkerBlocks, gi: int, tier: int, hashes: Sequence[int | bytes], keys: Sequence[int]) -> None:
+        """Worker `ws` holds the blocks of engine `hashes` (token keys `keys`) of group `gi` in `tier`."""
         bit = 1 << tier
-        for h, key in zip(e.block_hashes, keys, strict=True):
+        for h, key in zip(hashes, keys, strict=True):
             entry = ws.engine.get(h)
             if entry is None:
                 entry = ws.engine[h] = [key, 0]
