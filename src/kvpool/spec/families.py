@@ -254,6 +254,17 @@ def gated_deltanet(config: Config, ctx: Context) -> list[LayerCache]:
     return out
 
 
+def kimi_layer_types(lin: Mapping[str, Any], n: int) -> list[str]:
+    """Each layer's type from `linear_attn_config`'s 1-indexed full and KDA layer lists."""
+    types = ["full_attention"] * n
+    for key, kind in (("full_attn_layers", "full_attention"), ("kda_layers", "linear_attention")):
+        for layer in lin.get(key) or []:
+            if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= n:
+                raise SpecError(f"linear_attn_config.{key} holds {layer!r}, not a layer number 1..{n}")
+            types[layer - 1] = kind
+    return types
+
+
 def kimi_linear(config: Config, ctx: Context) -> list[LayerCache]:
     """Kimi Linear: MLA full-attention layers (one latent row per position, as in
     `mla`) and KDA (Kimi Delta Attention) layers, which keep per request a
@@ -265,15 +276,7 @@ def kimi_linear(config: Config, ctx: Context) -> list[LayerCache]:
     lin = need(config, "linear_attn_config")
     if not isinstance(lin, Mapping):
         raise SpecError("linear_attn_config must be an object")
-    types = ["full_attention"] * n
-    if config.get("layer_types"):
-        types = layer_types(config)
-    else:
-        for key, kind in (("full_attn_layers", "full_attention"), ("kda_layers", "linear_attention")):
-            for layer in lin.get(key) or []:
-                if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= n:
-                    raise SpecError(f"linear_attn_config.{key} holds {layer!r}, not a layer number 1..{n}")
-                types[layer - 1] = kind
+    types = layer_types(config) if config.get("layer_types") else kimi_layer_types(lin, n)
     values = {}
     for key in ("num_heads", "head_dim", "short_conv_kernel_size"):
         if lin.get(key) is None:
