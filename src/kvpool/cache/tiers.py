@@ -283,10 +283,10 @@ class ColdTier(ColdStore):
         return self.kept[gi]
 
     def holder(self, gi: int, media: frozenset[Medium] | None = None) -> Callable[[int], bool]:
-        if media is not None:
-            levels = [level.held[gi] for level in self.levels() if level.medium in media]
-            return lambda h: any(h in held for held in levels)
-        return lambda h: (gi, h) in self
+        levels = [level.held[gi] for level in self.levels() if media is None or level.medium in media]
+        if len(levels) == 1:  # one tier (the usual host tier alone): its map's own test
+            return levels[0].__contains__
+        return lambda h: any(h in held for held in levels)
 
     def onboard(self, gi: int, digests: Sequence[int], take: Callable[[int], list[int]]) -> list[int]:
         sources = []
