@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from kvpool.engine.runner import Engine
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.spec import load_model_spec, pages_per_group
+from kvpool.torch_engine.runner import Engine
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -79,8 +79,8 @@ def timed(fn: Callable[[], int], repeats: int) -> float:
 def bench_smollm2(repeats: int, new: int) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kvpool.engine.gguf import converted_folder, packaged_gguf
-    from kvpool.engine.weights import load_folder
+    from kvpool.torch_engine.gguf import converted_folder, packaged_gguf
+    from kvpool.torch_engine.weights import load_folder
 
     folder = converted_folder(packaged_gguf("smollm2-135m"))
     tok = AutoTokenizer.from_pretrained(str(folder))
@@ -138,7 +138,7 @@ def bench_smollm2(repeats: int, new: int) -> None:
 
 
 def bench_tiny(repeats: int, device: str) -> None:
-    from kvpool.engine.weights import tiny_model
+    from kvpool.torch_engine.weights import tiny_model
 
     batch, prompt_len, new = 8, 48, 64
     print(

@@ -16,14 +16,14 @@ if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 # The GGUF conversion runs once on the CPU (~45 s) before the timed parts.
-timeout 120 "$PY" -c 'from kvpool.engine.gguf import converted_folder, packaged_gguf; print(converted_folder(packaged_gguf("smollm2-135m")))'
+timeout 120 "$PY" -c 'from kvpool.torch_engine.gguf import converted_folder, packaged_gguf; print(converted_folder(packaged_gguf("smollm2-135m")))'
 timeout 300 "$PY" - <<'PY'
 import statistics, sys, time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from kvpool.engine.gguf import converted_folder, packaged_gguf
-from kvpool.engine.runner import Engine
-from kvpool.engine.weights import load_folder
+from kvpool.torch_engine.gguf import converted_folder, packaged_gguf
+from kvpool.torch_engine.runner import Engine
+from kvpool.torch_engine.weights import load_folder
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.spec import load_model_spec, pages_per_group
 

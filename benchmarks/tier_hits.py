@@ -15,6 +15,7 @@ import argparse
 import platform
 
 from kvpool.cache import KVCacheManager, TierSpec
+from kvpool.media import Medium
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
 from kvpool.presets.traces import load_trace
 from kvpool.sim.requests import prompt_ids
@@ -25,7 +26,7 @@ GiB = 1 << 30
 
 def replay(plan: PoolPlan, prompts: list[list[int]], host_bytes: int) -> tuple[float, int, int]:
     """(hit rate, pages offloaded to the host tier, pages copied back from it) over `prompts`."""
-    tiers = [TierSpec("CPU", host_bytes)] if host_bytes else []
+    tiers = [TierSpec(Medium.CPU, host_bytes)] if host_bytes else []
     m = KVCacheManager(plan, tiers=tiers)
     queried = hit = offloaded = onboarded = 0
     for rid, prompt in enumerate(prompts):

@@ -12,6 +12,7 @@ from cache_helpers import assert_unchanged, hybrid_spec, manager, snapshot
 from kvpool import KVCacheManager, PoolPlan, ServingLimits, load_model_spec, plan_pools
 from kvpool.cache import CacheUsageError, TierSpec
 from kvpool.errors import KvpoolError, LimitsError, SpecError
+from kvpool.media import Medium
 from kvpool.units import parse_size
 
 
@@ -102,8 +103,8 @@ LIBRARY_CASES = [
     LibraryCase("tiers dict", _tiered(tiers={"CPU": 2**20}), CacheUsageError, "list of TierSpec"),
     LibraryCase("tiers [None]", _tiered(tiers=[None]), CacheUsageError, "list of TierSpec"),
     LibraryCase("tiers tuple of tuples", _tiered(tiers=(("CPU", 2**20),)), CacheUsageError, "list of TierSpec"),
-    LibraryCase("TierSpec CPU 2**40", _tiered(tiers=[TierSpec("CPU", 2**40)]), CacheUsageError, "keeps books"),
-    LibraryCase("TierSpec DISK 2**50", _tiered(tiers=[TierSpec("DISK", 2**50)]), CacheUsageError, "DISK tier"),
+    LibraryCase("TierSpec CPU 2**40", _tiered(tiers=[TierSpec(Medium.CPU, 2**40)]), CacheUsageError, "keeps books"),
+    LibraryCase("TierSpec DISK 2**50", _tiered(tiers=[TierSpec(Medium.DISK, 2**50)]), CacheUsageError, "DISK tier"),
     LibraryCase("max_util_for_resume nan", _tiered(max_util_for_resume=float("nan")), CacheUsageError, "(0, 1]"),
     LibraryCase("max_util_for_resume inf", _tiered(max_util_for_resume=float("inf")), CacheUsageError, "(0, 1]"),
     LibraryCase("max_util_for_resume str", _tiered(max_util_for_resume="0.9"), CacheUsageError, "(0, 1]"),

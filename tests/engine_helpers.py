@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvpool.engine.model import DecoderLM
-from kvpool.engine.weights import tiny_model
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.spec import ModelSpec, load_model_spec
+from kvpool.torch_engine.model import DecoderLM
+from kvpool.torch_engine.weights import tiny_model
 
 # Float32 on CPU; batching and paging reorder the sums, so logits match to
 # ~1e-6 of magnitudes ~3. The stated tolerance leaves two orders of margin.

@@ -153,3 +153,39 @@ def test_the_fleet_sits_above_the_simulator() -> None:
             if layer == "fleet" and not name.startswith(("kvpool.fleet", "kvpool.deploy", "kvpool.cli")):
                 bad.append(f"{name}:{line} imports {module} (only deploy and the CLI sit above the fleet)")
     assert not bad, bad
+
+
+def test_the_prefix_cache_and_suspension_use_the_cold_store_interface() -> None:
+    """cache/prefix.py and cache/suspension.py see the cold tiers through
+    `cache.cold.ColdStore` alone (docs/design.md, interfaces): neither names the
+    tiers' class nor reaches into a tier's slots, LRU or pins."""
+    internals = ("ColdTier", ".held", ".free[", ".pinned", ".pin(", ".unpin(", ".levels(", ".locate(", ".copies")
+    bad = [
+        f"{name}: {word}"
+        for name in ("prefix.py", "suspension.py")
+        for word in internals
+        if word in (SRC / "cache" / name).read_text()
+    ]
+    assert not bad, bad
+
+
+def test_tier_media_are_named_by_the_enum() -> None:
+    """Where a page lives is `kvpool.media.Medium`; its names appear as string
+    literals only where they are a consumer's wire names (cache/kv_wire.py,
+    index/prefix_index.py) or the enum itself (Ray's "CPU" resource is no tier)."""
+    wire = {"media.py", "kv_wire.py", "prefix_index.py"}
+    bad = []
+    for path in SRC.rglob("*.py"):
+        if path.name in wire:
+            continue
+        tree = ast.parse(path.read_text())
+        ray = {
+            id(arg)
+            for call in ast.walk(tree)
+            if isinstance(call, ast.Call) and "cluster_resources" in ast.unparse(call.func)
+            for arg in call.args
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in ("CPU", "DISK", "GPU") and id(node) not in ray:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
+    assert not bad, bad

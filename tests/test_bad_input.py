@@ -109,7 +109,7 @@ def test_output_to_a_full_device_is_exit_2() -> None:
 def tiny_folder(tmp_path: Path) -> Path:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from kvpool.engine import weights
+    from kvpool.torch_engine import weights
 
     config = weights.tiny_config("llama")
     return weights.save_folder(weights.hf_model(config, 0), dict(config), tmp_path / "tiny")

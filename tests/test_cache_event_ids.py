@@ -18,6 +18,7 @@ from kvpool.cache import CacheEvent, KVCacheManager
 from kvpool.cache.events import as_signed
 from kvpool.cache.hashing import MASK64, ReuseScope, page_digest, salt_seed
 from kvpool.cache.tiers import TierSpec
+from kvpool.media import Medium
 from kvpool.plan import PoolPlan, ServingLimits
 
 TPB = 4
@@ -29,7 +30,7 @@ def tiered(hybrid: bool, gpu: int, host: int, disk: int) -> KVCacheManager:
     pages = {"full": gpu, "sliding": gpu, "linear_state": 6} if hybrid else {"full": gpu}
     plan = PoolPlan.from_pages(spec, pages, ServingLimits(max_batch_size=8, max_seq_len=256))
     per_page = sum(g.slot_bytes for g in spec.groups)
-    tiers = [TierSpec("CPU", host * per_page), TierSpec("DISK", disk * per_page)] if host else []
+    tiers = [TierSpec(Medium.CPU, host * per_page), TierSpec(Medium.DISK, disk * per_page)] if host else []
     return KVCacheManager(plan, tiers=tiers, state_snapshots=True)
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from cache_helpers import assert_unchanged, snapshot, twin_spec
 from kvpool.cache import CacheUsageError, KVCacheManager, TierSpec
+from kvpool.media import Medium
 from kvpool.plan import PoolPlan, ServingLimits
 
 HUGE = 10**30  # past int64: no count of positions or pages
@@ -89,7 +90,7 @@ CASES = list(cases())
 def manager() -> KVCacheManager:
     """Requests 1 and 2 prefilled (9 tokens each, 4-token pages), a host tier, reuse on."""
     plan = PoolPlan.from_pages(twin_spec(tpb=4, window=8), {"full": 64, "sliding": 64}, ServingLimits(max_seq_len=64))
-    m = KVCacheManager(plan, tiers=[TierSpec("CPU", 1 << 20)])
+    m = KVCacheManager(plan, tiers=[TierSpec(Medium.CPU, 1 << 20)])
     for rid in (1, 2):
         m.create(rid, list(range(10 * rid, 10 * rid + 9)))
         assert m.resize(rid, 10, 9)

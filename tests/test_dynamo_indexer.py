@@ -37,6 +37,7 @@ from kvpool.cache.prefix import TierHit  # noqa: E402
 from kvpool.cache.publisher import KVEventPublisher  # noqa: E402
 from kvpool.index import PrefixIndex  # noqa: E402
 from kvpool.index.subscriber import IndexSubscriber  # noqa: E402
+from kvpool.media import Medium
 from kvpool.plan import PoolPlan, ServingLimits  # noqa: E402
 from kvpool.sched import Scheduler, Sequence, session  # noqa: E402
 from kvpool.spec import load_model_spec  # noqa: E402
@@ -51,7 +52,7 @@ def workers() -> list[tuple[KVCacheManager, Scheduler]]:
     limits = ServingLimits(max_batch_size=8, max_seq_len=4096, max_num_tokens=512)
     page = spec.groups[0].page_bytes
     out = []
-    for pages, tiers in ((700, ()), (260, (TierSpec("CPU", 160 * page), TierSpec("DISK", 240 * page)))):
+    for pages, tiers in ((700, ()), (260, (TierSpec(Medium.CPU, 160 * page), TierSpec(Medium.DISK, 240 * page)))):
         manager, scheduler, _ = session(PoolPlan.from_pages(spec, {"full": pages}, limits), tiers=tiers)
         out.append((manager, scheduler))
     return out

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from engine_helpers import assert_close_logits, manual_plan, tiny, tiny_spec
-from kvpool.engine.arch import EngineError, StalePageError
-from kvpool.engine.attention import PagedBatch, Row, attention_mask
-from kvpool.engine.kv_store import KVStore
-from kvpool.engine.names import ARCHS
 from kvpool.spec import stale_pages
+from kvpool.torch_engine.arch import EngineError, StalePageError
+from kvpool.torch_engine.attention import PagedBatch, Row, attention_mask
+from kvpool.torch_engine.kv_store import KVStore
+from kvpool.torch_engine.names import ARCHS
 
 
 def test_masks_by_hand() -> None:
@@ -145,8 +145,8 @@ def test_paged_attend_matches_masked_dense(kind: str, window: int | None) -> Non
     # Raw q/k/v (no model): 22 positions fed as chunks 5, 7, 1, 9 through a
     # scrambled 4-token page table whose stale pages (chunked: pages wholly
     # before the in-flight token's chunk; sliding: behind the window) are -1.
-    from kvpool.engine.attention import scaled_attention
     from kvpool.spec import LayerGroup
+    from kvpool.torch_engine.attention import scaled_attention
 
     group = LayerGroup("g", kind, (0,), 4, row_bytes=2 * 2 * 8 * 4, window=window)  # type: ignore[arg-type]
     gen = torch.Generator().manual_seed(0)
@@ -177,9 +177,9 @@ def test_a_window_as_long_as_the_positions_keeps_its_window_past_them() -> None:
     refused; a spec built for them keeps the window and matches transformers
     (which keeps the window past its positions) token for token."""
     from engine_helpers import hf_greedy
-    from kvpool.engine.runner import Engine
-    from kvpool.engine.weights import tiny_model
     from kvpool.spec import load_model_spec
+    from kvpool.torch_engine.runner import Engine
+    from kvpool.torch_engine.weights import tiny_model
 
     torch.set_num_threads(1)
     model, hf, config = tiny_model("mistral", 0, sliding_window=16, max_position_embeddings=16)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine_helpers import assert_same_tokens, tiny
-from kvpool.engine.weights import save_folder
+from kvpool.torch_engine.weights import save_folder
 
 PROMPTS = ([5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19])
 ARGS = (

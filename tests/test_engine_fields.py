@@ -1,14 +1,14 @@
 """Every field of each supported transformers config class is classified
-(implemented / irrelevant / refused) in kvpool.engine.fields; refused fields
+(implemented / irrelevant / refused) in kvpool.torch_engine.fields; refused fields
 at another value raise EngineError naming the field."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvpool.engine.arch import EngineError
-from kvpool.engine.fields import IMPLEMENTED, IRRELEVANT, REFUSED, check_fields
-from kvpool.engine.weights import tiny_config
+from kvpool.torch_engine.arch import EngineError
+from kvpool.torch_engine.fields import IMPLEMENTED, IRRELEVANT, REFUSED, check_fields
+from kvpool.torch_engine.weights import tiny_config
 
 transformers = pytest.importorskip("transformers")
 CLASSES = {
@@ -35,7 +35,7 @@ def test_every_config_field_is_classified_once(model_type: str) -> None:
 
 
 def test_every_supported_model_type_has_lists() -> None:
-    from kvpool.engine.arch import MODEL_TYPES
+    from kvpool.torch_engine.arch import MODEL_TYPES
 
     # "gemma3" (multimodal) is read through its text_config: gemma3_text's fields.
     assert set(MODEL_TYPES) - {"gemma3"} == set(CLASSES)

@@ -24,8 +24,8 @@ from engine_helpers import (
     tiny,
     tiny_spec,
 )
-from kvpool.engine.model import DecoderLM
-from kvpool.engine.runner import Engine
+from kvpool.torch_engine.model import DecoderLM
+from kvpool.torch_engine.runner import Engine
 
 pytest.importorskip("transformers")
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from engine_helpers import assert_close_logits, prompts
-from kvpool.engine.arch import ArchConfig, EngineError
-from kvpool.engine.weights import save_folder, tiny_config, tiny_model
+from kvpool.torch_engine.arch import ArchConfig, EngineError
+from kvpool.torch_engine.weights import save_folder, tiny_config, tiny_model
 
 pytest.importorskip("transformers")
 

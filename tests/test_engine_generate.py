@@ -25,9 +25,9 @@ from engine_helpers import (
     tiny,
     tiny_spec,
 )
-from kvpool.engine.arch import StalePageError
-from kvpool.engine.names import ARCHS
-from kvpool.engine.runner import Engine
+from kvpool.torch_engine.arch import StalePageError
+from kvpool.torch_engine.names import ARCHS
+from kvpool.torch_engine.runner import Engine
 
 
 @functools.cache

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kvpool.engine import gguf
-from kvpool.engine.arch import EngineError
-from kvpool.engine.names import PACKAGED
+from kvpool.torch_engine import gguf
+from kvpool.torch_engine.arch import EngineError
+from kvpool.torch_engine.names import PACKAGED
 
 
 def test_cache_root_follows_kvpool_then_xdg_then_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -34,9 +34,9 @@ def test_cached_path_names_the_file_and_its_size(tmp_path: Path) -> None:
 
 
 def test_the_cli_lists_models_without_importing_torch() -> None:
-    # one list (kvpool.engine.names) for the CLI's help and the loader, and no torch for --help
+    # one list (kvpool.torch_engine.names) for the CLI's help and the loader, and no torch for --help
     code = (
-        "import sys, kvpool.cli.main, kvpool.engine; kvpool.cli.main.build_parser(); "
+        "import sys, kvpool.cli.main, kvpool.torch_engine; kvpool.cli.main.build_parser(); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -19,8 +19,8 @@ from engine_helpers import (
     tiny,
     tiny_spec,
 )
-from kvpool.engine.moe import SparseMoE
-from kvpool.engine.runner import Engine
+from kvpool.torch_engine.moe import SparseMoE
+from kvpool.torch_engine.runner import Engine
 
 pytest.importorskip("transformers")
 

@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine_helpers import assert_close_logits, manual_plan, tiny, tiny_spec
-from kvpool.engine.arch import ArchConfig, EngineError, Rope
-from kvpool.engine.attention import PagedBatch, Row
-from kvpool.engine.drafter import NgramDrafter
-from kvpool.engine.kv_store import KVStore
-from kvpool.engine.names import ARCHS
-from kvpool.engine.weights import from_state_dict, load_folder, save_folder, tiny_config
 from kvpool.spec import stale_pages
+from kvpool.torch_engine.arch import ArchConfig, EngineError, Rope
+from kvpool.torch_engine.attention import PagedBatch, Row
+from kvpool.torch_engine.drafter import NgramDrafter
+from kvpool.torch_engine.kv_store import KVStore
+from kvpool.torch_engine.names import ARCHS
+from kvpool.torch_engine.weights import from_state_dict, load_folder, save_folder, tiny_config
 
 # ------------------------------------------------------------------ drafter
 
@@ -163,10 +163,10 @@ def test_paged_equals_dense_for_any_chunking(arch: str, tpb: int, chunks: list[i
 def test_qwen2_qkv_biases_load_and_match_transformers() -> None:
     # Qwen2 has q/k/v biases (no attention_bias field) and no o_proj bias; they
     # used to be dropped silently and the tokens differed from transformers.
-    from kvpool.engine.runner import Engine
-    from kvpool.engine.weights import from_state_dict, hf_model, tiny_config
     from kvpool.plan import PoolPlan, ServingLimits
     from kvpool.spec import load_model_spec
+    from kvpool.torch_engine.runner import Engine
+    from kvpool.torch_engine.weights import from_state_dict, hf_model, tiny_config
 
     config = tiny_config("mistral") | {"model_type": "qwen2", "use_sliding_window": False, "sliding_window": None}
     hf = hf_model(config, seed=3)
@@ -190,8 +190,8 @@ def test_qwen2_qkv_biases_load_and_match_transformers() -> None:
 
 
 def test_unknown_decoder_tensors_are_refused_not_dropped() -> None:
-    from kvpool.engine.arch import EngineError
-    from kvpool.engine.weights import from_state_dict, hf_model, tiny_config
+    from kvpool.torch_engine.arch import EngineError
+    from kvpool.torch_engine.weights import from_state_dict, hf_model, tiny_config
 
     config = tiny_config("llama")
     state = dict(hf_model(config).state_dict())

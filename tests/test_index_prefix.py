@@ -21,6 +21,7 @@ from kvpool.cache.hashing import ReuseScope, extend_hashes, salt_seed
 from kvpool.cache.kv_wire import encode_batch, wire_events
 from kvpool.cache.tiers import TierSpec
 from kvpool.index import PrefixIndex, TierHit, parse_batch
+from kvpool.media import Medium
 from kvpool.plan import PoolPlan, ServingLimits
 
 TPB = 4
@@ -33,7 +34,7 @@ def make(hybrid: bool, tiers: bool, seed: int) -> KVCacheManager:
     pages = {"full": gpu, "sliding": gpu, "linear_state": 6} if hybrid else {"full": gpu}
     plan = PoolPlan.from_pages(spec, pages, ServingLimits(max_batch_size=8, max_seq_len=256))
     per_page = sum(g.slot_bytes for g in spec.groups)
-    cold = [TierSpec("CPU", 8 * per_page), TierSpec("DISK", 8 * per_page)] if tiers else []
+    cold = [TierSpec(Medium.CPU, 8 * per_page), TierSpec(Medium.DISK, 8 * per_page)] if tiers else []
     return KVCacheManager(plan, tiers=cold, state_snapshots=True)
 
 

@@ -21,6 +21,7 @@ import pytest
 
 from kvpool.cache import KVCacheManager, TierSpec
 from kvpool.cache.kv_wire import SPEC_KIND, wire_events
+from kvpool.media import Medium
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.sched import Scheduler, Sequence
 from kvpool.spec import load_model_spec
@@ -49,7 +50,7 @@ def test_every_attention_event_passes_llm_ds_admission_rule(preset: str, tpb: in
     spec = load_model_spec(preset, tokens_per_block=tpb)
     limits = ServingLimits(max_batch_size=6, max_seq_len=16 * tpb, max_num_tokens=4 * tpb)
     plan = PoolPlan.from_pages(spec, {g.name: 40 for g in spec.groups}, limits)
-    host = TierSpec("CPU", 30 * sum(g.slot_bytes for g in spec.groups))
+    host = TierSpec(Medium.CPU, 30 * sum(g.slot_bytes for g in spec.groups))
     manager = KVCacheManager(plan, tiers=(host,), state_snapshots=True)
     scheduler = Scheduler(manager, limits)
     rng = random.Random(7)

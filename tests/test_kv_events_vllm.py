@@ -41,6 +41,7 @@ from kvpool.cache.events import MASK64  # noqa: E402
 from kvpool.cache.hashing import ReuseScope  # noqa: E402
 from kvpool.cache.kv_wire import REMOVED_FIELDS, STORED_FIELDS, wire_events  # noqa: E402
 from kvpool.cache.publisher import END_SEQ, KVEventPublisher  # noqa: E402
+from kvpool.media import Medium  # noqa: E402
 from kvpool.plan import PoolPlan, ServingLimits  # noqa: E402
 from kvpool.spec import load_model_spec  # noqa: E402
 
@@ -92,7 +93,7 @@ def published(wire: str, lookahead: int = 0) -> tuple[list[bytes], list[list[Any
     spec = hybrid_spec(tpb=TPB, window=48)
     plan = PoolPlan.from_pages(spec, {"full": 24, "sliding": 24, "linear_state": 6}, ServingLimits(max_seq_len=2048))
     page = sum(g.slot_bytes for g in spec.groups)
-    tiers = [TierSpec("CPU", 12 * page), TierSpec("DISK", 12 * page)]
+    tiers = [TierSpec(Medium.CPU, 12 * page), TierSpec(Medium.DISK, 12 * page)]
     m = KVCacheManager(plan, tiers=tiers, state_snapshots=True, hash_lookahead=lookahead)
     rng = random.Random(11)
     meant: list[list[Any]] = []

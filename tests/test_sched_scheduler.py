@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpool.cache import KVCacheManager
+from kvpool.media import Medium
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.sched import Scheduler, SchedulerError, Sequence, Status, Step
 from kvpool.sched.padding import GraphPadding
@@ -402,7 +403,7 @@ def test_suspension_parks_a_victim_and_resumes_it_where_it_stopped() -> None:
 
     lim = ServingLimits(max_batch_size=8, max_seq_len=256, max_num_tokens=64)
     plan = PoolPlan.from_pages(full_spec(), {"full": 30}, lim)
-    mgr = KVCacheManager(plan, enable_reuse=False, tiers=[TierSpec("CPU", 64 * plan.groups[0].page_bytes)])
+    mgr = KVCacheManager(plan, enable_reuse=False, tiers=[TierSpec(Medium.CPU, 64 * plan.groups[0].page_bytes)])
     sched = Scheduler(mgr, lim, padding=False, preemption="suspend")
     a, b = seq(1, 40, 60), seq(2, 40, 60)
     sched.add(a)

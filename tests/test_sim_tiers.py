@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from kvpool import presets
 from kvpool.cache import TierSpec
+from kvpool.media import Medium
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.sim import SimResult, StepTimeModel, Weights, simulate
 from kvpool.sim.transfers import Link, Moved, PageMoves
@@ -53,7 +54,7 @@ def toy_plan(pages: int, tpb: int = 4, **limits: int) -> PoolPlan:
 
 def run(plan: PoolPlan, trace: Trace, host: int | None = None, **kw: object) -> SimResult:
     model = StepTimeModel.build(plan.spec, GPU, WEIGHTS, "roofline")
-    tiers = () if host is None else (TierSpec("CPU", host),)
+    tiers = () if host is None else (TierSpec(Medium.CPU, host),)
     link = Link.of(GPU) if tiers else None
     return simulate(plan, trace, model, check=True, tiers=tiers, link=link, **kw)  # type: ignore[arg-type]
 
@@ -76,9 +77,9 @@ def test_transfer_seconds_from_the_bandwidths() -> None:
     assert [g.slot_bytes for g in spec.groups] == [page]
     moves = PageMoves([page])
     for i in range(1000):
-        moves.to_gpu(0, "CPU", i, i)
+        moves.to_gpu(0, Medium.CPU, i, i)
     for i in range(400):
-        moves.to_tier(0, i, "CPU", i)
+        moves.to_tier(0, i, Medium.CPU, i)
     moved = moves.take()
     link = Link(PCIE5_X16)
     inbound = 1000 * page / PCIE5_X16

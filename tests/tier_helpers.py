@@ -11,6 +11,7 @@ from typing import Any
 from cache_helpers import snapshot
 from kvpool.cache import KVCacheManager
 from kvpool.cache.tiers import TierSpec
+from kvpool.media import Medium
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.spec import ModelSpec
 
@@ -25,9 +26,9 @@ def tiered(spec: ModelSpec, pages: dict[str, int], host_pages: int, disk_pages: 
     page_bytes = plan.group(top).page_bytes
     gpu_bytes = sum(plan.group(g).bytes for g in pages)
     per_page = gpu_bytes // pages[top]  # bytes of the whole plan per page of the top group
-    tiers = [TierSpec("CPU", host_pages * per_page)]
+    tiers = [TierSpec(Medium.CPU, host_pages * per_page)]
     if disk_pages:
-        tiers.append(TierSpec("DISK", disk_pages * per_page))
+        tiers.append(TierSpec(Medium.DISK, disk_pages * per_page))
     assert page_bytes > 0
     return KVCacheManager(plan, tiers=tiers, state_snapshots=True, **kw)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypeAlias
 
 from kvpool.errors import KvpoolError
+from kvpool.media import Medium
 
 
 class CacheEvent(NamedTuple):
@@ -23,9 +24,8 @@ class CacheEvent(NamedTuple):
     the first page). `num_tokens` is the tokens the page covers. For a `state`
     group a stored event is a snapshot: the engine copies the request's state
     slot `source_page` into `page`; it covers the whole prefix up to and with
-    this page (`num_tokens`). `medium` names the tier the page is in: "GPU",
-    or a cold tier's "CPU" / "DISK" (`cache/tiers.py`), where `page` is that
-    tier's slot. A stored event also carries the page's own token ids
+    this page (`num_tokens`). `medium` names the tier the page is in (`kvpool.media.Medium`): the
+    GPU, or a cold tier (`cache/tiers.py`), where `page` is that tier's slot. A stored event also carries the page's own token ids
     (`token_ids`, `tokens_per_block` of them; a snapshot's are its last page's)
     and the reuse scope they were hashed under (`salt`), so that a router can
     key on the tokens as llm-d's and Dynamo's indexers do; with lookahead
@@ -40,7 +40,7 @@ class CacheEvent(NamedTuple):
     page: int
     num_tokens: int
     source_page: int | None = None
-    medium: str = "GPU"
+    medium: str = Medium.GPU
     token_ids: tuple[int, ...] = ()
     salt: object = None
     lookahead: tuple[int, ...] = ()
@@ -127,7 +127,7 @@ def expand(records: Iterable[EventRecord], book: BlockBook | None = None) -> lis
         if rec[0] == "stored":
             group, hashes, parent, pages, num_tokens, source = rec[1:7]
             tail: tuple[Any, ...] = rec[7:]  # a cold tier's medium; the GPU's ids, salt and lookahead
-            medium, ids, salt, ahead = tail + ("GPU", None, None, 0)[len(tail) :]
+            medium, ids, salt, ahead = tail + (Medium.GPU, None, None, 0)[len(tail) :]
             up = None if parent is None else as_signed(parent)
             width = (len(ids) - ahead) // len(hashes) if ids else 0
             for i, (h, page) in enumerate(zip(hashes, pages, strict=True)):
@@ -147,7 +147,7 @@ def expand(records: Iterable[EventRecord], book: BlockBook | None = None) -> lis
                 up = signed
         else:
             group, hashes, pages = rec[1:4]
-            medium = rec[4] if len(rec) > 4 else "GPU"
+            medium = rec[4] if len(rec) > 4 else Medium.GPU
             for h, page in zip(hashes, pages, strict=True):
                 out.append(CacheEvent("removed", group, as_signed(h), None, page, 0, None, medium))
                 if book is not None and book.release(h):

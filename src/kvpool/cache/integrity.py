@@ -70,30 +70,10 @@ def _owners(
     owners = np.zeros(n, np.int64)
     holder = np.full(n, -1, np.int64)  # the group whose tables name the page
     for gi in gis:
-        group, table = t.groups[gi], t.tables[gi]
+        group = t.groups[gi]
         mine = np.zeros(n, np.int64)
         for req in reqs:
-            slot, nblk, nstale, cap, hist = req.slot, req.nblk[gi], req.nstale[gi], req.cap, req.hist
-            row = table[slot]
-            want_stale = stale_pages(group, hist)
-            if (
-                nstale != want_stale
-                or nblk != table_blocks(group, cap)
-                or req.stale_at[gi] != t.next_stale(gi, hist, want_stale)
-                or (row[:nstale] != -1).any()
-                or (row[nblk:] != -1).any()
-                or (row[nstale:nblk] < 0).any()
-            ):
-                offending.update(row[row >= 0].tolist())
-                reasons.append(
-                    f"{group.name}: slot {slot} table {row[: nblk + 1].tolist()} does not "
-                    f"match capacity {cap}, history {hist}"
-                )
-            live_pages = row[nstale:nblk]
-            out_of_range = live_pages[(live_pages >= n) | (live_pages < -1)].tolist()
-            if out_of_range:
-                reasons.append(f"{group.name}: slot {slot} names pages {out_of_range} outside the pool of {n}")
-                offending.update(out_of_range)
+            live_pages = _row_checked(t, gi, req, reasons, offending)
             np.add.at(mine, live_pages[(live_pages >= 0) & (live_pages < n)], 1)
         crossed = np.flatnonzero((mine > 0) & (holder >= 0)).tolist()
         if crossed:
@@ -165,28 +145,71 @@ def _listed_once(pool: PagePool) -> Finding:
     return None
 
 
+def _row_checked(
+    t: PageTables, gi: int, req: Request, reasons: list[str], offending: set[int]
+) -> npt.NDArray[np.int64]:
+    """`req`'s live entries in group `gi`'s table, once its row is checked
+    against its capacity and history and its pages against the pool's range."""
+    group, n = t.groups[gi], t.pools[gi].num_pages
+    slot, nblk, nstale, cap, hist = req.slot, req.nblk[gi], req.nstale[gi], req.cap, req.hist
+    row = t.tables[gi][slot]
+    if not _row_matches(t, gi, req, row):
+        offending.update(row[row >= 0].tolist())
+        reasons.append(
+            f"{group.name}: slot {slot} table {row[: nblk + 1].tolist()} does not match capacity {cap}, history {hist}"
+        )
+    live_pages: npt.NDArray[np.int64] = row[nstale:nblk]
+    out_of_range = live_pages[(live_pages >= n) | (live_pages < -1)].tolist()
+    if out_of_range:
+        reasons.append(f"{group.name}: slot {slot} names pages {out_of_range} outside the pool of {n}")
+        offending.update(out_of_range)
+    return live_pages
+
+
+def _row_matches(t: PageTables, gi: int, req: Request, row: npt.NDArray[np.int64]) -> bool:
+    """Whether `req`'s counts in group `gi` are those of its capacity and history,
+    and its row holds pages exactly between its stale and its last entry."""
+    group, nblk, nstale = t.groups[gi], req.nblk[gi], req.nstale[gi]
+    want_stale = stale_pages(group, req.hist)
+    counts = (nstale, nblk, req.stale_at[gi]) == (
+        want_stale,
+        table_blocks(group, req.cap),
+        t.next_stale(gi, req.hist, want_stale),
+    )
+    return counts and not ((row[:nstale] != -1).any() or (row[nblk:] != -1).any() or (row[nstale:nblk] < 0).any())
+
+
+def _page_state_ok(owned: bool, on_free: bool, on_lru: bool, hashed: bool) -> bool:
+    """An owned page is on no list (else it is allocatable); any other is on exactly
+    one (else it leaked, or is listed twice): the free stack unhashed, the LRU hashed."""
+    if owned:
+        return not (on_free or on_lru)
+    return on_free != on_lru and hashed == on_lru
+
+
 def _one_state_each(pool: PagePool, ref: npt.NDArray[np.int64]) -> Finding:
     """Every page exactly one of free (unhashed, on the stack), owned (on no
     list) or cached (hashed, on the LRU)."""
     free, lru, page_hash = set(pool.free_stack), set(pool.lru_order()), pool.page_hash
-    lost = []
-    for p in range(pool.num_pages):
-        owned = ref[p] > 0
-        if owned and (p in free or p in lru):
-            lost.append(p)  # owned yet allocatable
-        elif not owned and p not in free and p not in lru:
-            lost.append(p)  # leaked: nobody owns it and nothing can allocate it
-        elif (p in free and page_hash[p] is not None) or (p in lru and page_hash[p] is None):
-            lost.append(p)  # on the wrong list for its content
+    lost = [
+        p
+        for p in range(pool.num_pages)
+        if not _page_state_ok(ref[p] > 0, p in free, p in lru, page_hash[p] is not None)
+    ]
     return (f"pages {lost} are not exactly one of free/owned/cached", lost) if lost else None
 
 
 def _maps_agree(pool: PagePool, maps: list[dict[int, int]]) -> Finding:
     """Each hashed page is in exactly one group's map, under its own hash."""
     n, page_hash = pool.num_pages, pool.page_hash
-    stale = [p for p in range(n) if page_hash[p] is not None and sum(m.get(page_hash[p] or 0) == p for m in maps) != 1]
+    stale = [p for p in range(n) if page_hash[p] is not None and _maps_naming(maps, page_hash[p], p) != 1]
     stale += [p for m in maps for h, p in m.items() if not 0 <= p < n or page_hash[p] != h]
     return (f"hash map and page hashes disagree at pages {stale}", stale) if stale else None
+
+
+def _maps_naming(maps: list[dict[int, int]], block_hash: int | None, page: int) -> int:
+    """How many of the groups' maps map `block_hash` to `page`."""
+    return sum(m.get(block_hash or 0) == page for m in maps)
 
 
 def check_tiers(
@@ -198,29 +221,49 @@ def check_tiers(
     tiers; and suspended requests hold no GPU page."""
     reasons: list[str] = []
     bad: dict[str, list[int]] = {}
-    pinned: dict[str, list[list[int]]] = {}
-    for s in suspensions.values():
-        pinned.setdefault(s.medium, [[] for _ in t.groups])
-        for gi, group_slots in enumerate(s.slots):
-            pinned[s.medium][gi] += group_slots
+    pinned = _pinned_slots(suspensions, len(t.groups))
     seen: list[set[int]] = [set() for _ in t.groups]
     for level in tier.levels():
         for gi, g in enumerate(t.groups):
-            held, free = list(level.held[gi].values()), level.free[gi]
             mine = pinned.get(level.medium, [[] for _ in t.groups])[gi]
-            slots = held + free + mine
-            if sorted(slots) != list(range(level.pages[gi])) or len(mine) != level.pinned[gi]:
+            wrong = _slots_wrong(level, gi, mine)
+            if wrong is not None:
                 reasons.append(f"{level.medium} {g.name}: slots are not exactly one of free, cached or pinned")
-                bad.setdefault(f"{level.medium}:{g.name}", []).extend(sorted(set(range(level.pages[gi])) ^ set(slots)))
+                bad.setdefault(f"{level.medium}:{g.name}", []).extend(wrong)
             twice = seen[gi] & level.held[gi].keys()
             if twice:
                 reasons.append(f"{level.medium} {g.name}: digests cached in two tiers: {sorted(twice)}")
             seen[gi] |= level.held[gi].keys()
-    for req in suspended:
-        live = [req.live(gi) for gi in range(len(t.groups))]
-        if [len(x) for x in suspensions[req.rid].slots] != live:
-            reasons.append(f"request {req.rid}: pinned slots do not match its live pages {live}")
-        if any((t.tables[gi][req.slot] != -1).any() for gi in range(len(t.groups))):
-            reasons.append(f"request {req.rid}: suspended, yet its table names GPU pages")
+    reasons += [r for req in suspended for r in _suspended_wrong(t, req, suspensions[req.rid])]
     if reasons:
         raise CacheIntegrityError("cold tiers are inconsistent: " + "; ".join(reasons), bad)
+
+
+def _pinned_slots(suspensions: Mapping[int, Suspension], groups: int) -> dict[str, list[list[int]]]:
+    """Per tier medium and group, the slots suspended requests pin."""
+    pinned: dict[str, list[list[int]]] = {}
+    for s in suspensions.values():
+        pinned.setdefault(s.medium, [[] for _ in range(groups)])
+        for gi, group_slots in enumerate(s.slots):
+            pinned[s.medium][gi] += group_slots
+    return pinned
+
+
+def _slots_wrong(level: ColdTier, gi: int, mine: list[int]) -> list[int] | None:
+    """The slots of group `gi` in `level` that are not exactly one of free, cached
+    or pinned (`mine`), or None when all are and the pin count agrees."""
+    slots = list(level.held[gi].values()) + level.free[gi] + mine
+    if sorted(slots) == list(range(level.pages[gi])) and len(mine) == level.pinned[gi]:
+        return None
+    return sorted(set(range(level.pages[gi])) ^ set(slots))
+
+
+def _suspended_wrong(t: PageTables, req: Request, parked: Suspension) -> list[str]:
+    """What is wrong with suspended `req`: pins that do not match its live pages, or GPU pages."""
+    live = [req.live(gi) for gi in range(len(t.groups))]
+    out = []
+    if [len(x) for x in parked.slots] != live:
+        out.append(f"request {req.rid}: pinned slots do not match its live pages {live}")
+    if any((t.tables[gi][req.slot] != -1).any() for gi in range(len(t.groups))):
+        out.append(f"request {req.rid}: suspended, yet its table names GPU pages")
+    return out

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from kvpool.cache.events import CacheUsageError, EventRecord
+from kvpool.media import Medium
 
 # The most pages (or tier slots) one group's books hold: each costs about 70 bytes
 # of Python lists here, so 2**24 is over a GiB of bookkeeping. Past it the page
@@ -283,7 +284,7 @@ class PagePool:
                 list(run),
                 num_tokens,
                 source_page,
-                "GPU",
+                Medium.GPU,
                 None if ids is None else ids[a * width : b * width + ahead],
                 salt,
             )

@@ -27,6 +27,7 @@ from typing import NamedTuple, cast
 
 import numpy as np
 
+from kvpool.cache.cold import ColdStore
 from kvpool.cache.events import CacheUsageError
 from kvpool.cache.hashing import extend_hashes
 from kvpool.cache.pool import PagePool
@@ -34,7 +35,7 @@ from kvpool.cache.prompt_memo import KnownPages, PromptMemo
 from kvpool.cache.request import Request
 from kvpool.cache.results import CreateCheck
 from kvpool.cache.tables import PageTables
-from kvpool.cache.tiers import ColdTier
+from kvpool.media import COLD, Medium
 from kvpool.spec.pages import stale_pages, table_blocks
 
 
@@ -42,9 +43,9 @@ def longest_hit(
     t: PageTables,
     hashes: Sequence[int],
     known: dict[int, KnownPages] | None = None,
-    tier: ColdTier | None = None,
+    tier: ColdStore | None = None,
     *,
-    media: frozenset[str] | None = None,
+    media: frozenset[Medium] | None = None,
     fits: bool = True,
 ) -> int:
     """Largest k <= len(hashes) such that a request can reuse k whole pages.
@@ -74,16 +75,16 @@ def longest_hit(
     return 0
 
 
-def holds(t: PageTables, gi: int, tier: ColdTier | None, media: frozenset[str] | None = None) -> Callable[[int], bool]:
+def holds(
+    t: PageTables, gi: int, tier: ColdStore | None, media: frozenset[Medium] | None = None
+) -> Callable[[int], bool]:
     """Whether a digest is cached for group `gi`: in its GPU pool, or in a cold
     tier that keeps the group (of `media`, when given)."""
     cached = t.pools[gi].cached
-    if tier is None or not tier.keeps[gi]:
+    if tier is None or not tier.keeps(gi):
         return cached.__contains__
-    if media is not None:
-        levels = [level.held[gi] for level in tier.levels() if level.medium in media]
-        return lambda h: h in cached or any(h in held for held in levels)
-    return lambda h: h in cached or (gi, h) in tier
+    cold = tier.holder(gi, media)
+    return lambda h: h in cached or cold(h)
 
 
 class TierHit(NamedTuple):
@@ -100,7 +101,7 @@ class TierHit(NamedTuple):
         return self.disk
 
 
-def cached_prefix(t: PageTables, hashes: Sequence[int], tier: ColdTier | None) -> TierHit:
+def cached_prefix(t: PageTables, hashes: Sequence[int], tier: ColdStore | None) -> TierHit:
     """`TierHit` of the pages of `hashes`: the longest hit each set of tiers
     holds, under every group's rule, GPU room for onboarding aside."""
     tpb = t.tokens_per_block
@@ -108,7 +109,7 @@ def cached_prefix(t: PageTables, hashes: Sequence[int], tier: ColdTier | None) -
     return TierHit(*hits)
 
 
-TIER_MEDIA: tuple[frozenset[str], ...] = (frozenset(), frozenset({"CPU"}), frozenset({"CPU", "DISK"}))
+TIER_MEDIA: tuple[frozenset[Medium], ...] = (frozenset(), frozenset(COLD[:1]), frozenset(COLD))
 
 
 def onboard_fits(t: PageTables, hashes: Sequence[int], k: int) -> bool:
@@ -138,7 +139,7 @@ def create_check(
     hashes: Sequence[int],
     memo: PromptMemo,
     known: dict[int, KnownPages],
-    tier: ColdTier | None,
+    tier: ColdStore | None,
     positions: int,
 ) -> CreateCheck:
     """`KVCacheManager.can_create`: the longest hit of `hashes` (digested by
@@ -215,7 +216,7 @@ def _spare(pool: PagePool, hit: dict[int, int], tail: int) -> int:
     return n
 
 
-def claim(t: PageTables, gi: int, req: Request, first: int, k: int, tier: ColdTier | None) -> list[int]:
+def claim(t: PageTables, gi: int, req: Request, first: int, k: int, tier: ColdStore | None) -> list[int]:
     """The pages holding `req.hashes[first:k]` for a hit, each with one more
     owner: the GPU pool's own, then fresh pages (`take`) for the digests only
     a cold tier holds, stored under them (the engine copies them in; the tier
@@ -231,20 +232,8 @@ def claim(t: PageTables, gi: int, req: Request, first: int, k: int, tier: ColdTi
     missing = [i for i, p in enumerate(found) if p < 0]
     if not missing:
         return found
-    sources = []
-    for i in missing:  # held aside while the GPU pages are taken: what they evict spills into the
-        source = tier.locate(gi, hashes[first + i])  # tier, and must not overwrite a slot read below
-        assert source is not None  # `longest_hit` found it
-        source[0].held[gi].pop(hashes[first + i])
-        sources.append(source)
-    pages = pool.take(len(missing))
-    for i, (level, slot) in reversed(list(zip(missing, sources, strict=True))):
-        # back, as the most recently used: a prefix's first pages last, so that a tier that must make
-        # room moves a chain's last pages down first and its blocks stay warm to cold from the start
-        level.held[gi][hashes[first + i]] = slot
-    for i, page, (level, slot) in zip(missing, pages, sources, strict=True):
-        if tier.copies is not None:
-            tier.copies.to_gpu(gi, level.medium, slot, page)
+    pages = tier.onboard(gi, [hashes[first + i] for i in missing], pool.take)  # `longest_hit` found them
+    for i, page in zip(missing, pages, strict=True):
         found[i] = page
         ahead = lookahead(req)
         ids = page_ids(t, req, first + i, None, ahead)
@@ -272,7 +261,7 @@ def attach_prefix(
     t: PageTables,
     req: Request,
     memo: PromptMemo,
-    tier: ColdTier | None = None,
+    tier: ColdStore | None = None,
     before_copies: Callable[[], object] | None = None,
 ) -> int:
     """Attach the longest cached prefix of `req.tokens` to a fresh request;
@@ -300,7 +289,7 @@ def attach_prefix(
         memo.remember_hit(attached, t.pools)
         return 0
     n = k * tpb
-    copies = before_copies is not None and tier is not None and tier.copies is not None
+    copies = before_copies is not None and tier is not None and tier.copying
     if copies and any(h not in pool.cached for pool in t.pools for h in req.hashes[:k]):  # a page from a tier
         assert before_copies is not None
         before_copies()

@@ -99,10 +99,7 @@ class KVEventPublisher:
         hwm: int = 100_000,
         connect_wait_s: float = 0.0,
     ) -> None:
-        if wire not in ("map", "array"):
-            raise EventPublisherError(f"unknown KV-event wire format {wire!r} (map, array)")
-        if bind not in (None, True, False):
-            raise EventPublisherError(f"bind must be True, False or None (vLLM's rule), not {bind!r}")
+        _check_options(wire, bind, connect_wait_s, topic)
         self.media = media_names(media)
         for name, value, low in (
             ("buffer_steps", buffer_steps, 1),
@@ -111,10 +108,6 @@ class KVEventPublisher:
         ):
             if type(value) is not int or value < low:
                 raise EventPublisherError(f"{name} must be an integer >= {low}, not {value!r}")
-        if not isinstance(connect_wait_s, (int, float)) or not 0 <= connect_wait_s < math.inf:
-            raise EventPublisherError(f"connect_wait_s must be a finite number of seconds >= 0, not {connect_wait_s!r}")
-        if not isinstance(topic, str):
-            raise EventPublisherError(f"topic must be a str, not {type(topic).__name__}")
         self.groups = list(groups)
         self.wire: WireFormat = wire
         self.topic = topic.encode()
@@ -232,3 +225,15 @@ class KVEventPublisher:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _check_options(wire: object, bind: object, connect_wait_s: object, topic: object) -> None:
+    """EventPublisherError for a wire format, bind rule, wait or topic the publisher cannot use."""
+    if wire not in ("map", "array"):
+        raise EventPublisherError(f"unknown KV-event wire format {wire!r} (map, array)")
+    if bind not in (None, True, False):
+        raise EventPublisherError(f"bind must be True, False or None (vLLM's rule), not {bind!r}")
+    if not isinstance(connect_wait_s, (int, float)) or not 0 <= connect_wait_s < math.inf:
+        raise EventPublisherError(f"connect_wait_s must be a finite number of seconds >= 0, not {connect_wait_s!r}")
+    if not isinstance(topic, str):
+        raise EventPublisherError(f"topic must be a str, not {type(topic).__name__}")

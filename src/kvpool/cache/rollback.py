@@ -30,7 +30,8 @@ from kvpool.cache.pool import PagePool
 from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request
 from kvpool.cache.tables import STALE, PageTables
-from kvpool.cache.tiers import ColdTier, Medium, TierCopies
+from kvpool.cache.tiers import ColdTier, TierCopies
+from kvpool.media import Medium
 
 _POOL_LISTS = ("ref", "page_hash", "free_stack", "prev", "nxt")
 # a copy's destination: (group, None, GPU page) or (group, tier medium, slot)
@@ -68,26 +69,18 @@ class Books:
         """The books as saved, then every destination written since that held a
         digest then dropped (module docstring)."""
         for pool, state in zip(self.tables.pools, self.pools, strict=True):
-            lists, cached, drops, lru_len = state
-            for name, saved in zip(_POOL_LISTS, lists, strict=True):
-                getattr(pool, name)[:] = saved
-            pool.cached.clear()
-            pool.cached.update(cached)
-            pool.drops = drops
-            pool.store.lru_len = lru_len
+            _restore_pool(pool, state)
         levels = [] if self.tier is None else self.tier.levels()
-        for level, (held, free, pinned) in zip(levels, self.levels, strict=True):
-            for gi, (h, f) in enumerate(zip(held, free, strict=True)):
-                level.held[gi].clear()
-                level.held[gi].update(h)
-                level.free[gi][:] = f
-            level.pinned[:] = pinned
+        for level, saved in zip(levels, self.levels, strict=True):
+            _restore_tier(level, saved)
+
         for table, row in zip(self.tables.tables, self.rows, strict=True):  # a table may have widened since
             table[self.req.slot, : len(row)] = row
             table[self.req.slot, len(row) :] = STALE
         self.events.clear()
         self.events.extend(self.records)
         by_medium = {level.medium: level for level in levels}
+
         for gi, medium, where in dict.fromkeys(self.written):
             if medium is not None:
                 by_medium[medium].drop_slot(gi, where)
@@ -124,6 +117,27 @@ def _pool_state(pool: PagePool) -> tuple[list[list[Any]], dict[int, int], int, i
 
 def _tier_state(level: ColdTier) -> tuple[list[OrderedDict[int, int]], list[list[int]], list[int]]:
     return [OrderedDict(h) for h in level.held], [list(f) for f in level.free], list(level.pinned)
+
+
+def _restore_pool(pool: PagePool, state: tuple[list[list[Any]], dict[int, int], int, int]) -> None:
+    """Put `_pool_state`'s lists back into the same list objects the hot paths hold."""
+    lists, cached, drops, lru_len = state
+    for name, saved in zip(_POOL_LISTS, lists, strict=True):
+        getattr(pool, name)[:] = saved
+    pool.cached.clear()
+    pool.cached.update(cached)
+    pool.drops = drops
+    pool.store.lru_len = lru_len
+
+
+def _restore_tier(level: ColdTier, state: tuple[list[OrderedDict[int, int]], list[list[int]], list[int]]) -> None:
+    """Put `_tier_state`'s maps and lists back into the tier's own objects."""
+    held, free, pinned = state
+    for gi, (h, f) in enumerate(zip(held, free, strict=True)):
+        level.held[gi].clear()
+        level.held[gi].update(h)
+        level.free[gi][:] = f
+    level.pinned[:] = pinned
 
 
 def attach_prefix_or_undo(

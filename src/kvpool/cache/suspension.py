@@ -1,8 +1,9 @@
 """Suspending a request: its live pages leave the GPU for a cold tier and come
 back on resume (TensorRT-LLM V2's `suspend()` / `resume()`; docs/cache.md).
 
-The functions take the page tables, the request record and the tiers, never
-the manager; they change nothing when they refuse.
+The functions take the page tables, the request record and the cold tiers
+(through `cache/cold.py`'s interface), never the manager; they change nothing
+when they refuse.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvpool.cache.cold import ColdStore
 from kvpool.cache.request import Request
 from kvpool.cache.tables import PageTables
-from kvpool.cache.tiers import ColdTier, Medium
+from kvpool.media import Medium
 
 
 @dataclass(frozen=True)
@@ -26,33 +28,20 @@ class Suspension:
     slots: tuple[tuple[int, ...], ...]
 
 
-def suspend(t: PageTables, req: Request, tier: ColdTier) -> Suspension | dict[str, int]:
-    """Pin `req`'s live pages in the warmest of `tier` and the tiers below it
-    with room for all of them, copy them there and release its GPU pages (its
-    counts stay); else the slots missing per group in the coldest tier, nothing
-    changed. A copy that raises unpins the slots and leaves the request on the
-    GPU (the room made for them stays made: those pages moved one tier down)."""
-    counts = [req.live(gi) for gi in range(len(t.groups))]
-    for level in tier.levels():
-        slots = level.pin(counts)
-        if slots is not None:
-            pages = t.live_pages(req)
-            if level.copies is not None:  # before the pages are released: nothing can take them
-                try:
-                    for gi, (group_pages, group_slots) in enumerate(zip(pages, slots, strict=True)):
-                        for page, slot in zip(group_pages, group_slots, strict=True):
-                            level.copies.to_tier(gi, page, level.medium, slot)
-                except BaseException:
-                    level.unpin(slots)
-                    raise
-            t.drop_pages(req)
-            return Suspension(level.medium, tuple(map(tuple, pages)), tuple(map(tuple, slots)))
-    coldest = tier.levels()[-1]
-    short = {
-        g.name: n - len(coldest.free[gi]) - len(coldest.held[gi])
-        for gi, (g, n) in enumerate(zip(t.groups, counts, strict=True))
-    }
-    return {name: n for name, n in short.items() if n > 0}
+def suspend(t: PageTables, req: Request, tier: ColdStore) -> Suspension | dict[str, int]:
+    """Park `req`'s live pages in the warmest cold tier with room for all of them
+    (`ColdStore.park`: copied there) and release its GPU pages (its counts stay);
+    else the slots missing per group in the coldest tier, nothing changed. A copy
+    that raises leaves the request on the GPU (the room made for it stays made:
+    those pages moved one tier down)."""
+    pages = t.live_pages(req)
+    parked = tier.park(pages)  # before the pages are released: nothing can take them
+    if parked is not None:
+        t.drop_pages(req)
+        medium, slots = parked
+        return Suspension(medium, tuple(map(tuple, pages)), tuple(map(tuple, slots)))
+    short = tier.missing([len(group_pages) for group_pages in pages])
+    return {g.name: n for g, n in zip(t.groups, short, strict=True) if n > 0}
 
 
 def resume_shortfall(t: PageTables, req: Request, max_util: float) -> dict[str, int]:
@@ -75,25 +64,20 @@ def resume_shortfall(t: PageTables, req: Request, max_util: float) -> dict[str, 
     return short
 
 
-def resume(t: PageTables, req: Request, suspension: Suspension, tier: ColdTier) -> None:
+def resume(t: PageTables, req: Request, suspension: Suspension, tier: ColdStore) -> None:
     """Bring `req`'s pages back into fresh GPU pages (`resume_shortfall` was
     empty) and unpin its slots. A copy that raises gives the fresh pages back and
     leaves the request suspended (cached pages evicted for room stay evicted)."""
-    level = next(x for x in tier.levels() if x.medium == suspension.medium)
     pages = t.take_pages(req)
-    if level.copies is not None:
-        try:
-            for gi, (group_slots, group_pages) in enumerate(zip(suspension.slots, pages, strict=True)):
-                for slot, page in zip(group_slots, group_pages, strict=True):
-                    level.copies.to_gpu(gi, level.medium, slot, page)
-        except BaseException:
-            t.give_back(pages)
-            raise
+    try:
+        tier.fetch(suspension.medium, suspension.slots, pages)
+    except BaseException:
+        t.give_back(pages)
+        raise
     t.fill_rows(req, pages)
-    level.unpin(suspension.slots)
+    tier.unpark(suspension.medium, suspension.slots)
 
 
-def release(req_slots: Suspension, tier: ColdTier) -> None:
+def release(parked: Suspension, tier: ColdStore) -> None:
     """Unpin a suspended request's slots (it is being freed)."""
-    level = next(x for x in tier.levels() if x.medium == req_slots.medium)
-    level.unpin(req_slots.slots)
+    tier.unpark(parked.medium, parked.slots)

@@ -24,17 +24,17 @@ from __future__ import annotations
 import functools
 import numbers
 from collections import OrderedDict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from kvpool.cache.cold import ColdStore, Slots
 from kvpool.cache.events import CacheUsageError, EventRecord
 from kvpool.cache.pool import PagePool, check_pages
+from kvpool.media import COLD, Medium
 from kvpool.plan.result import PoolPlan
 from kvpool.plan.tiers import tier_pages
 from kvpool.units import format_bytes
-
-Medium = Literal["CPU", "DISK"]
 
 
 class TierCopies(Protocol):
@@ -61,7 +61,7 @@ class TierCopies(Protocol):
 
 @dataclass(frozen=True)
 class TierSpec:
-    """A cold tier of one rank: `medium` ("CPU" for host memory, "DISK") and
+    """A cold tier of one rank: `medium` (`Medium.CPU` for host memory, `Medium.DISK`) and
     its byte quota. The manager splits the quota between groups in the
     proportions of the GPU plan (TensorRT-LLM V2's cold tiers do the same)."""
 
@@ -69,8 +69,9 @@ class TierSpec:
     bytes: int
 
     def __post_init__(self) -> None:
-        if self.medium not in ("CPU", "DISK"):
-            raise CacheUsageError(f"tier medium must be 'CPU' or 'DISK', got {self.medium!r}")
+        if self.medium not in COLD:
+            raise CacheUsageError(f"tier medium must be Medium.CPU or Medium.DISK, got {self.medium!r}")
+        object.__setattr__(self, "medium", Medium(self.medium))  # "CPU" as given, kept as the enum
         if type(self.bytes) is not int or self.bytes < 0:
             raise CacheUsageError(f"tier bytes must be a non-negative int, got {self.bytes!r}")
 
@@ -128,10 +129,12 @@ def checked_slots(plan: PoolPlan, tiers: Sequence[TierSpec]) -> list[list[int]]:
     return slots
 
 
-class ColdTier:
+class ColdTier(ColdStore):
     """One cold tier: per group, `pages[g]` slots; cached digests in LRU order
     (`held[g]`: digest -> slot, oldest first); slots pinned by suspended
-    requests; the tier below (None: the last). Mutated only by the manager."""
+    requests; the tier below (None: the last). Mutated only by the manager and,
+    through `ColdStore` (for this tier and the ones below it), by the prefix
+    cache and suspension."""
 
     def __init__(
         self,
@@ -146,7 +149,7 @@ class ColdTier:
         self.medium = medium
         self.names = tuple(names)
         self.pages = list(pages)
-        self.keeps = list(keeps)
+        self.kept = list(keeps)  # per group: its evicted pages come here
         self.tokens_per_block = tokens_per_block
         self.events = events
         self.record_events = True
@@ -174,7 +177,7 @@ class ColdTier:
         or dropped, to make room), or to the tier below when no slot here can
         be freed; ignored where the group is not kept, no tier has a slot for
         it, or a tier already holds it."""
-        if not self.keeps[gi]:
+        if not self.kept[gi]:
             return
         held = self.held[gi]
         for digest, source in zip(digests, sources, strict=True):
@@ -270,6 +273,77 @@ class ColdTier:
             self.free[gi].extend(reversed(group_slots))
             self.pinned[gi] -= len(group_slots)
 
+    # ------------------------------------------------------------------ ColdStore
+
+    @property
+    def copying(self) -> bool:
+        return self.copies is not None
+
+    def keeps(self, gi: int) -> bool:
+        return self.kept[gi]
+
+    def holder(self, gi: int, media: frozenset[Medium] | None = None) -> Callable[[int], bool]:
+        levels = [level.held[gi] for level in self.levels() if media is None or level.medium in media]
+        if len(levels) == 1:  # one tier (the usual host tier alone): its map's own test
+            return levels[0].__contains__
+        return lambda h: any(h in held for held in levels)
+
+    def onboard(self, gi: int, digests: Sequence[int], take: Callable[[int], list[int]]) -> list[int]:
+        sources = []
+        for digest in digests:  # set aside while the GPU pages are taken: what they evict spills
+            source = self.locate(gi, digest)  # into the tiers, and must not overwrite a slot read below
+            assert source is not None, "onboard a digest the tiers hold"
+            source[0].held[gi].pop(digest)
+            sources.append(source)
+        pages = take(len(digests))
+        for digest, (level, slot) in reversed(list(zip(digests, sources, strict=True))):
+            level.held[gi][digest] = slot  # back, as the most recently used (the first ones last)
+        if self.copies is not None:
+            for page, (level, slot) in zip(pages, sources, strict=True):
+                self.copies.to_gpu(gi, level.medium, slot, page)
+        return pages
+
+    def park(self, pages: Sequence[Sequence[int]]) -> tuple[Medium, Slots] | None:
+        counts = [len(group_pages) for group_pages in pages]
+        for level in self.levels():
+            slots = level.pin(counts)
+            if slots is not None:
+                level.copy_out(pages, slots)
+                return level.medium, slots
+        return None
+
+    def copy_out(self, pages: Sequence[Sequence[int]], slots: Slots) -> None:
+        """Copy GPU `pages` into this tier's pinned `slots`; a copy that raises
+        unpins them first."""
+        if self.copies is None:
+            return
+        try:
+            for gi, (group_pages, group_slots) in enumerate(zip(pages, slots, strict=True)):
+                for page, slot in zip(group_pages, group_slots, strict=True):
+                    self.copies.to_tier(gi, page, self.medium, slot)
+        except BaseException:
+            self.unpin(slots)
+            raise
+
+    def missing(self, counts: Sequence[int]) -> list[int]:
+        coldest = self.levels()[-1]
+        return [max(0, n - len(coldest.free[gi]) - len(coldest.held[gi])) for gi, n in enumerate(counts)]
+
+    def fetch(self, medium: Medium, slots: Sequence[Sequence[int]], pages: Sequence[Sequence[int]]) -> None:
+        level = self.level(medium)
+        if level.copies is None:
+            return
+        for gi, (group_slots, group_pages) in enumerate(zip(slots, pages, strict=True)):
+            for slot, page in zip(group_slots, group_pages, strict=True):
+                level.copies.to_gpu(gi, medium, slot, page)
+
+    def unpark(self, medium: Medium, slots: Sequence[Sequence[int]]) -> None:
+        self.level(medium).unpin(slots)
+
+    def level(self, medium: Medium) -> ColdTier:
+        """The tier of `medium` (this one or one below)."""
+        return next(x for x in self.levels() if x.medium == medium)
+
     def record(self, kind: Literal["stored", "removed"], gi: int, digests: list[int], slots: list[int]) -> None:
         if not self.record_events:
             return
@@ -300,7 +374,7 @@ def build_tiers(
 ) -> ColdTier | None:
     """The cold tiers of `specs` (with `pages[i]` per group for `specs[i]`),
     warm to cold (host before disk), linked; None for none."""
-    order = sorted(range(len(specs)), key=lambda i: ("CPU", "DISK").index(specs[i].medium))
+    order = sorted(range(len(specs)), key=lambda i: COLD.index(specs[i].medium))
     if len({specs[i].medium for i in order}) < len(order):
         raise CacheUsageError(f"one tier per medium, got {[s.medium for s in specs]}")
     below: ColdTier | None = None

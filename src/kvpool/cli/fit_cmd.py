@@ -20,6 +20,7 @@ from kvpool.deploy.fitting import FitResult, Search, parse_engines
 from kvpool.deploy.layouts import Layout
 from kvpool.engines import registry
 from kvpool.errors import KvpoolError
+from kvpool.media import Medium
 from kvpool.plan.tiers import TierPlan
 from kvpool.units import format_bytes
 
@@ -159,7 +160,7 @@ def render_engine(fit: EngineFit) -> str:
 def tier_line(tier: TierPlan) -> str:
     """`host tier: 32.00 GiB per rank (rule), 1,234 full pages`."""
     pages = ", ".join(f"{n:,} {g}" for g, n in tier.pages.items())
-    medium = "host tier" if tier.medium == "CPU" else "disk tier"
+    medium = "host tier" if tier.medium == Medium.CPU else "disk tier"
     return f"{medium}: {format_bytes(tier.bytes)} per rank ({tier.rule}), pages {pages}"
 
 

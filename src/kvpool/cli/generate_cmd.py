@@ -15,8 +15,8 @@ from kvpool.cli.common import add_json_arg, int_at_least, int_items, positive_in
 from kvpool.cli.files import check_folder
 from kvpool.cli.generate_checks import check_device, check_memory, check_positions, check_sizes
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
-from kvpool.engine.names import ARCHS, PACKAGED
 from kvpool.errors import KvpoolError
+from kvpool.torch_engine.names import ARCHS, PACKAGED
 from kvpool.units import parse_size
 
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -172,7 +172,7 @@ def _chat_ids(tokenizer: Any, text: str) -> list[int]:
 def _folder(args: argparse.Namespace) -> Path:
     """The Hugging Face folder to load: MODEL itself, or the cached float
     conversion of a .gguf file (MODEL or --model NAME's packaged file)."""
-    from kvpool.engine import gguf
+    from kvpool.torch_engine import gguf
 
     source = Path(gguf.packaged_gguf(args.packaged) if args.packaged else args.model_dir)
     if source.is_dir():
@@ -217,7 +217,7 @@ def load(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
             f"kvpool generate needs the engine extra ({e.name} is missing): pip install 'kvpool[engine]'"
         ) from None
 
-    from kvpool.engine import weights
+    from kvpool.torch_engine import weights
 
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     check_device_memory(torch, args)
@@ -294,9 +294,9 @@ def _tokenizer(folder: str) -> Any:
 
 
 def _engine(args: argparse.Namespace, model: Any, config: dict[str, Any], prompts: list[list[int]]) -> Any:
-    from kvpool.engine.runner import Engine
     from kvpool.plan import PoolPlan, ServingLimits, Workload, plan_pools
     from kvpool.spec import load_model_spec, pages_per_group
+    from kvpool.torch_engine.runner import Engine
 
     longest = max(len(p) for p in prompts) + args.max_new_tokens
     check_positions(config, max(len(p) for p in prompts), args.max_new_tokens)

@@ -64,19 +64,27 @@ def workload_rate(text: str) -> str:
     return text
 
 
-def render(plan: PoolPlan) -> str:
-    """The plan as text: a header, one row per pool, constraints, concurrency, warnings."""
+def header(plan: PoolPlan) -> list[str]:
+    """The plan's first two lines: what it holds, and the limits it holds them for."""
     lim = plan.limits
     pools = "pool" if len(plan.groups) == 1 else "pools"
-    # a missed guarantee (the engine's warmup, a request at max_seq_len) is said first
-    first = 1 if any(not c.satisfied for c in plan.guarantees) else 0
-    lines = [
+    return [
         f"{plan.spec.name}: {format_bytes(plan.total_bytes)} of {format_bytes(plan.budget_bytes)} "
         f"in {len(plan.groups)} {pools} (policy {plan.policy}, phase {plan.phase}, "
         f"{plan.spec.tokens_per_block} tokens per page)",
         f"limits: max_batch_size {lim.max_batch_size}, max_seq_len {lim.max_seq_len}, max_num_tokens "
         f"{lim.max_num_tokens or 'none'}, draft_len {lim.max_draft_len}, extra_kv_tokens "
         f"{lim.num_extra_kv_tokens}, avg_seq_len {plan.avg_seq_len or 'not given'}",
+    ]
+
+
+def render(plan: PoolPlan) -> str:
+    """The plan as text: a header, one row per pool, constraints, concurrency, warnings."""
+    lim = plan.limits
+    # a missed guarantee (the engine's warmup, a request at max_seq_len) is said first
+    first = 1 if any(not c.satisfied for c in plan.guarantees) else 0
+    lines = [
+        *header(plan),
         *(f"warning: {w}" for w in plan.warnings[:first]),
         "",
         pools_table(plan),

@@ -10,6 +10,7 @@ from typing import Any
 
 from kvpool.cli.common import table
 from kvpool.errors import KvpoolError
+from kvpool.media import Medium
 from kvpool.sim import Progress, SimResult
 from kvpool.units import format_bytes
 
@@ -144,7 +145,7 @@ def sweep_table(rows: list[tuple[str | None, SimResult]]) -> str:
         out.append(
             [
                 host_label(size),
-                format_bytes(t.get("bytes", {}).get("CPU", 0)),
+                format_bytes(t.get("bytes", {}).get(Medium.CPU, 0)),
                 f"{r.prompt_hit_rate:.1%}",
                 "-" if ttft50 is None else f"{ttft50:,.2f}",
                 "-" if ttft99 is None else f"{ttft99:,.2f}",

@@ -16,6 +16,7 @@ from kvpool.cli.sim_output import ProgressBar, parse_rate, rebalance_lines, resu
 from kvpool.cli.simulate_args import add_simulation_args, add_tier_sim_args
 from kvpool.deploy.simulation import Simulation, SimulationResult
 from kvpool.errors import KvpoolError, flagged
+from kvpool.media import Medium
 from kvpool.units import format_bytes
 
 
@@ -117,7 +118,7 @@ def plot(args: argparse.Namespace, result: SimulationResult) -> None:
     s, fmt = result.simulation, plot_format(args.plot)
     title = f"{s.spec.name} on {s.gpu.key}, {s.trace.name}"
     if s.tiers is not None and s.tiers.sweep:
-        points = [((r.tiers or {})["bytes"].get("CPU", 0), r) for r in result.runs]
+        points = [((r.tiers or {})["bytes"].get(Medium.CPU, 0), r) for r in result.runs]
         write_output(args.plot, lambda f: plot_host_sweep(f, points, title=title, fmt=fmt), "--plot")
         return
     if s.tiers is None and args.rate:

@@ -15,6 +15,7 @@ from kvpool.deploy.options import flag
 from kvpool.deploy.tiers import TierOptions
 from kvpool.engines.host_tiers import NEEDS_HOST_MEMORY
 from kvpool.errors import KvpoolError
+from kvpool.media import Medium
 from kvpool.plan import PoolPlan
 from kvpool.presets import GpuSpec
 from kvpool.sim.transfers import Link
@@ -66,7 +67,7 @@ class TierRuns:
         options = dataclasses.replace(self.options, host_memory=None if zero else size)
         tiers = [TierSpec(t.medium, t.bytes) for t in options.per_rank(plan, tp, pp)]
         if not tiers:
-            tiers.append(TierSpec("CPU", 0))
+            tiers.append(TierSpec(Medium.CPU, 0))
         return tiers
 
 

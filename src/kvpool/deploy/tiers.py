@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from kvpool.cache.pool import check_pages
 from kvpool.engines.host_tiers import HOST_RULES, NEEDS_HOST_MEMORY, host_tier_bytes
 from kvpool.errors import KvpoolError, flagged
+from kvpool.media import Medium
 from kvpool.plan import PoolPlan
 from kvpool.plan.tiers import GiB, TierPlan, plan_tiers
 from kvpool.units import format_bytes, parse_size
@@ -88,7 +89,7 @@ def check_tier_pages(tiers: list[TierPlan]) -> list[TierPlan]:
     """`tiers`, refused by the option that sized them when one holds more pages
     than a manager keeps books for: here, not after a simulation ran out of memory."""
     for t in tiers:
-        with flagged("--host-memory" if t.medium == "CPU" else "--disk"):
+        with flagged("--host-memory" if t.medium == Medium.CPU else "--disk"):
             for group, pages in t.pages.items():
                 check_pages(pages, f"one rank's {t.medium} tier ({format_bytes(t.bytes)}) for group {group!r}")
     return tiers

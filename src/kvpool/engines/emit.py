@@ -18,8 +18,9 @@ from kvpool.engines.common import EngineNotModelledError, EngineReport
 from kvpool.engines.hf_ids import HF_IDS as HF_IDS
 from kvpool.engines.hf_ids import model_id_for as model_id_for
 from kvpool.engines.hicache import sglang_host_pools
+from kvpool.media import Medium
 from kvpool.models.weights import Parallel
-from kvpool.plan import PoolPlan
+from kvpool.plan import GroupPlan, PoolPlan
 from kvpool.plan.tiers import GiB, TierPlan
 from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.spec.dtypes import engine_auto_dtype
@@ -166,7 +167,14 @@ def emit_vllm(plan: PoolPlan, model_id: str, parallel: Parallel | None = None) -
         *(["--mamba-ssm-cache-dtype", spec.ssm_dtype] if spec.ssm_dtype != "auto" else []),
     ]
     report = vllm.allocate(at_max_positions(spec), lim, plan.budget_bytes, block_size=block)
-    if len(spec.groups) > 1:
+    notes += _vllm_notes(plan, report, block)
+    return Emitted("vllm", tuple(argv), None, tuple(notes), report)
+
+
+def _vllm_notes(plan: PoolPlan, report: EngineReport, block: int) -> list[str]:
+    """What vLLM does to the plan: one shared pool, padding layers, a larger block, refusals."""
+    notes = []
+    if len(plan.spec.groups) > 1:
         shares = ", ".join(f"{g.name} {100 * g.share:.1f}%" for g in plan.groups)
         notes.append(f"vLLM keeps one shared block pool and cannot hold the plan's split ({shares})")
     if report.reported.get("padding_layers"):
@@ -179,7 +187,7 @@ def emit_vllm(plan: PoolPlan, model_id: str, parallel: Parallel | None = None) -
     notes += [f"vLLM would refuse to start: {r}" for r in report.refusals]
     if (n := _concurrency_note("vLLM", report, plan)) is not None:
         notes.append(n)
-    return Emitted("vllm", tuple(argv), None, tuple(notes), report)
+    return notes
 
 
 def _sglang_ratio(full: int, swa: int, page: int) -> str:
@@ -210,27 +218,14 @@ def emit_sglang(plan: PoolPlan, model_id: str, parallel: Parallel | None = None)
     notes = _common_notes("SGLang", plan)
     par = layout(plan, parallel)
     tpb = spec.tokens_per_block
-    full = [g for g in plan.groups if g.kind == "full"] or [g for g in plan.groups if g.kind != "state"]
-    swa = (
-        [g for g in plan.groups if g.kind in ("sliding", "chunked")]
-        if any(g.kind == "full" for g in plan.groups)
-        else []
-    )
-    states = [g for g in plan.groups if g.kind == "state"]
+    full, swa, states = _sglang_pools(plan)
     total = min(g.pages for g in full) * tpb
     if len({g.pages for g in full}) > 1:
         notes.append(
             f"SGLang keeps one token count for {', '.join(g.name for g in full)}: "
             f"{total} tokens each (the plan differs by group)"
         )
-    dt = spec.kv_dtype
-    kv = (
-        "auto"
-        if dt == engine_auto_dtype(spec.config)
-        else {"bf16": "bfloat16", "fp8": "fp8_e4m3", "nvfp4": "nvfp4"}.get(dt, "auto")
-    )
-    if kv == "auto" and dt != engine_auto_dtype(spec.config):
-        notes.append(f"SGLang has no KV dtype {dt}: launched with auto")
+    kv = _sglang_dtype(spec, notes)
     argv = [
         "python",
         "-m",
@@ -275,12 +270,40 @@ def emit_sglang(plan: PoolPlan, model_id: str, parallel: Parallel | None = None)
         max_total_tokens=total,
         max_mamba_cache_size=slots,
     )
-    if tpb > 1:
-        notes.append(f"--page-size {tpb} needs an attention backend with paged KV (flashinfer, fa3)")
+    return Emitted("sglang", tuple(argv), None, (*notes, *_sglang_notes(plan, report)), report)
+
+
+def _sglang_notes(plan: PoolPlan, report: EngineReport) -> list[str]:
+    """What SGLang needs for the page size, and says of the launch: refusals, requests that fit."""
+    tpb = plan.spec.tokens_per_block
+    notes = [f"--page-size {tpb} needs an attention backend with paged KV (flashinfer, fa3)"] if tpb > 1 else []
     notes += [f"SGLang would refuse to start: {r}" for r in report.refusals]
     if (n := _concurrency_note("SGLang", report, plan)) is not None:
         notes.append(n)
-    return Emitted("sglang", tuple(argv), None, tuple(notes), report)
+    return notes
+
+
+def _sglang_pools(plan: PoolPlan) -> tuple[list[GroupPlan], list[GroupPlan], list[GroupPlan]]:
+    """The plan's groups as SGLang's pools: (full, SWA, Mamba state). Without a full
+    group every non-state group is SGLang's one pool, and there is no SWA pool."""
+    full, states = _of_kinds(plan, "full"), _of_kinds(plan, "state")
+    swa = _of_kinds(plan, "sliding", "chunked") if full else []
+    return full or [g for g in plan.groups if g not in states], swa, states
+
+
+def _of_kinds(plan: PoolPlan, *kinds: str) -> list[GroupPlan]:
+    return [g for g in plan.groups if g.kind in kinds]
+
+
+def _sglang_dtype(spec: ModelSpec, notes: list[str]) -> str:
+    """SGLang's --kv-cache-dtype for the spec's (auto when it has none: noted)."""
+    dt, auto = spec.kv_dtype, engine_auto_dtype(spec.config)
+    if dt == auto:
+        return "auto"
+    kv = {"bf16": "bfloat16", "fp8": "fp8_e4m3", "nvfp4": "nvfp4"}.get(dt)
+    if kv is None:
+        notes.append(f"SGLang has no KV dtype {dt}: launched with auto")
+    return kv or "auto"
 
 
 def _trtllm_parallel(par: Parallel) -> dict[str, Any]:
@@ -296,15 +319,10 @@ def _trtllm_parallel(par: Parallel) -> dict[str, Any]:
     return out
 
 
-def emit_trtllm(plan: PoolPlan, model_id: str, parallel: Parallel | None = None) -> Emitted:
-    lim, spec = plan.limits, plan.spec
-    notes = _common_notes("TensorRT-LLM", plan)
-    par = layout(plan, parallel)
-    if par.dp > 1 and par.dp != par.tp:
-        notes.append(
-            f"TensorRT-LLM's attention DP runs one attention rank per GPU (dp = tp {par.tp}), not --dp {par.dp}"
-        )
-    dt = spec.kv_dtype
+def _trtllm_kv_config(plan: PoolPlan) -> dict[str, Any]:
+    """TensorRT-LLM's `kv_cache_config`: the budget, the page size, the dtype and
+    how the plan split it (its avg_seq_len, or its shares)."""
+    spec, dt = plan.spec, plan.spec.kv_dtype
     kv: dict[str, Any] = {
         "max_gpu_total_bytes": plan.budget_bytes,
         "tokens_per_block": spec.tokens_per_block,
@@ -314,9 +332,20 @@ def emit_trtllm(plan: PoolPlan, model_id: str, parallel: Parallel | None = None)
         kv["avg_seq_len"] = plan.avg_seq_len
     elif plan.policy not in ("reference", "typical_step") and len(plan.groups) > 1:
         kv["pool_ratio"] = {g.name: round(g.share, 6) for g in plan.groups}
+    return kv
+
+
+def emit_trtllm(plan: PoolPlan, model_id: str, parallel: Parallel | None = None) -> Emitted:
+    lim, spec = plan.limits, plan.spec
+    notes = _common_notes("TensorRT-LLM", plan)
+    par = layout(plan, parallel)
+    if par.dp > 1 and par.dp != par.tp:
+        notes.append(
+            f"TensorRT-LLM's attention DP runs one attention rank per GPU (dp = tp {par.tp}), not --dp {par.dp}"
+        )
     config = {
         **_trtllm_parallel(par),
-        "kv_cache_config": kv,
+        "kv_cache_config": _trtllm_kv_config(plan),
         "max_batch_size": lim.max_batch_size,
         "max_num_tokens": lim.max_num_tokens or lim.max_seq_len,
         "max_seq_len": lim.max_seq_len,
@@ -355,39 +384,58 @@ def add_tiers(emitted: Emitted, plan: PoolPlan, tiers: Sequence[TierPlan]) -> Em
     the KV ranks. SGLang HiCache: `--hicache-size` GB, one rank's host pool
     (`HostKVCache(host_size=...)`). TensorRT-LLM: `kv_cache_config.host_cache_size`
     bytes per rank (V2's `HostCacheTierConfig`)."""
-    host = next((t for t in tiers if t.medium == "CPU"), None)
-    disk = next((t for t in tiers if t.medium == "DISK"), None)
-    argv, config, notes = list(emitted.argv or ()), emitted.config, list(emitted.notes)
-    kv_ranks = plan.spec.tp_size * (plan.spec.pp_stage[1] if plan.spec.pp_stage else 1)
+    host, disk = (next((t for t in tiers if t.medium == m), None) for m in (Medium.CPU, Medium.DISK))
+    config = emitted.config
+
     if emitted.engine == "vllm":
-        if host is not None:
-            argv += ["--kv-offloading-backend", "native", "--kv-offloading-size", f"{host.bytes * kv_ranks / GiB:g}"]
-            if len(plan.groups) > 1:
-                kinds = ", ".join(g.kind for g in plan.groups)
-                notes.append(f"vLLM's CPU offloading: check that your release offloads this model's {kinds} layers")
-        if disk is not None:
-            notes.append("vLLM's native offloading has no disk tier (LMCache's max_local_disk_size, per rank, has)")
+        more, notes = _vllm_tier_flags(plan, host, disk)
     elif emitted.engine == "sglang":
-        if host is not None:
-            size = max(1, host.bytes // 10**9)
-            argv += ["--enable-hierarchical-cache", "--hicache-size", str(size)]
-            if any(p.name == "mamba" for p in emitted.report.pools):
-                pools = sglang_host_pools(emitted.report, size_gb=size)
-                notes.append(
-                    f"SGLang's HiCache shares --hicache-size {size} between its host pools by device bytes: "
-                    f"{pools.kv_tokens:,} KV tokens and {pools.mamba_slots:,} Mamba state slots; a host hit "
-                    "needs its prefix's state checkpoint, so the state slots bound the prefixes kept on host"
-                )
-        if disk is not None:
-            notes.append(
-                "SGLang HiCache takes no disk size: its third level is a storage backend (--hicache-storage-backend)"
-            )
-    elif config is not None:
-        if host is not None:
+        more, notes = _sglang_tier_flags(emitted.report, host, disk)
+    else:
+        more, notes = [], [TRTLLM_NO_DISK] if disk is not None else []
+        if config is not None and host is not None:
             config = {**config, "kv_cache_config": {**config["kv_cache_config"], "host_cache_size": host.bytes}}
-        if disk is not None:
-            notes.append("TensorRT-LLM's disk tier (DiskCacheTierConfig) is not among the LLM API options")
-    return replace(emitted, argv=tuple(argv) if emitted.argv is not None else None, config=config, notes=tuple(notes))
+    argv = None if emitted.argv is None else (*emitted.argv, *more)
+    return replace(emitted, argv=argv, config=config, notes=(*emitted.notes, *notes))
+
+
+TRTLLM_NO_DISK = "TensorRT-LLM's disk tier (DiskCacheTierConfig) is not among the LLM API options"
+
+
+def _vllm_tier_flags(plan: PoolPlan, host: TierPlan | None, disk: TierPlan | None) -> tuple[list[str], list[str]]:
+    """vLLM's flags for the host tier (its size summed over the KV ranks) and notes."""
+    argv, notes = [], []
+    if host is not None:
+        kv_ranks = plan.spec.tp_size * (plan.spec.pp_stage[1] if plan.spec.pp_stage else 1)
+        argv += ["--kv-offloading-backend", "native", "--kv-offloading-size", f"{host.bytes * kv_ranks / GiB:g}"]
+        if len(plan.groups) > 1:
+            kinds = ", ".join(g.kind for g in plan.groups)
+            notes.append(f"vLLM's CPU offloading: check that your release offloads this model's {kinds} layers")
+    if disk is not None:
+        notes.append("vLLM's native offloading has no disk tier (LMCache's max_local_disk_size, per rank, has)")
+    return argv, notes
+
+
+def _sglang_tier_flags(
+    report: EngineReport, host: TierPlan | None, disk: TierPlan | None
+) -> tuple[list[str], list[str]]:
+    """SGLang HiCache's flags for the host tier (GB per rank) and notes."""
+    argv, notes = [], []
+    if host is not None:
+        size = max(1, host.bytes // 10**9)
+        argv += ["--enable-hierarchical-cache", "--hicache-size", str(size)]
+        if any(p.name == "mamba" for p in report.pools):
+            pools = sglang_host_pools(report, size_gb=size)
+            notes.append(
+                f"SGLang's HiCache shares --hicache-size {size} between its host pools by device bytes: "
+                f"{pools.kv_tokens:,} KV tokens and {pools.mamba_slots:,} Mamba state slots; a host hit "
+                "needs its prefix's state checkpoint, so the state slots bound the prefixes kept on host"
+            )
+    if disk is not None:
+        notes.append(
+            "SGLang HiCache takes no disk size: its third level is a storage backend (--hicache-storage-backend)"
+        )
+    return argv, notes
 
 
 def at_max_positions(spec: ModelSpec) -> ModelSpec:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvpool.engines.common import EngineReport
+from kvpool.engines.common import EnginePool, EngineReport
 from kvpool.errors import LimitsError
 
 GB = 10**9
@@ -66,6 +66,21 @@ def padded(count: int, page: int) -> int:
     return (count // page + 1) * page
 
 
+def _by_size(full: EnginePool, state: EnginePool | None, size_gb: float) -> tuple[int, int, str]:
+    """(KV tokens, Mamba slots, the rule) of `--hicache-size`: split by device bytes."""
+    device = (full.bytes, *(() if state is None else (state.bytes,)))
+    shares = split_size(size_gb, device)
+    kv = int(shares[0] * GB // (full.page_bytes // full.page_tokens))
+    slots = 0 if state is None else int(shares[1] * GB // state.page_bytes)
+    return kv, slots, f"--hicache-size {size_gb:g} GB split by device bytes" + (" (KV, Mamba)" if state else "")
+
+
+def _by_ratio(full: EnginePool, state: EnginePool | None, ratio: float) -> tuple[int, int, str]:
+    """(KV tokens, Mamba slots, the rule) of `--hicache-ratio`: each device pool times it."""
+    slots = 0 if state is None else int(state.pages * ratio)
+    return int((full.tokens or 0) * ratio), slots, f"--hicache-ratio {ratio:g} x each device pool"
+
+
 def sglang_host_pools(report: EngineReport, *, ratio: float = 2.0, size_gb: float | None = None) -> HostPools:
     """The host pools SGLang 0.5.23 builds beside the device pools of `report` (an
     SGLang report: its `full` pool and, for a Mamba hybrid, its `mamba` pool) under
@@ -78,16 +93,7 @@ def sglang_host_pools(report: EngineReport, *, ratio: float = 2.0, size_gb: floa
     page = full.page_tokens
     token_bytes = full.page_bytes // page
     state = next((p for p in report.pools if p.name == "mamba"), None)
-    if size_gb is not None:
-        device = (full.bytes, *(() if state is None else (state.bytes,)))
-        shares = split_size(size_gb, device)
-        kv = int(shares[0] * GB // token_bytes)
-        slots = 0 if state is None else int(shares[1] * GB // state.page_bytes)
-        rule = f"--hicache-size {size_gb:g} GB split by device bytes" + (" (KV, Mamba)" if state else "")
-    else:
-        kv = int((full.tokens or 0) * ratio)
-        slots = 0 if state is None else int(state.pages * ratio)
-        rule = f"--hicache-ratio {ratio:g} x each device pool"
+    kv, slots, rule = _by_size(full, state, size_gb) if size_gb is not None else _by_ratio(full, state, ratio)
     kv_tokens = padded(kv, page)
     mamba_slots = 0 if state is None else padded(slots, 1)
     return HostPools(

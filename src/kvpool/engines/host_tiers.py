@@ -48,26 +48,42 @@ def host_tier_bytes(
     if ranks_per_node < 1 or kv_ranks < 1:
         raise LimitsError(f"ranks must be >= 1, got ranks per node {ranks_per_node}, KV ranks {kv_ranks}")
     if rule == "even":
-        if host_memory is None:
-            raise LimitsError("the host tier needs --host-memory")
-        return host_memory // ranks_per_node, f"host memory / {ranks_per_node} ranks per node"
+        return _even(host_memory, ranks_per_node)
     if rule == "trtllm":
-        if host_memory is None:
-            raise LimitsError("TensorRT-LLM's host tier auto-provisioning needs the node's free host memory")
-        parts = [gpu_kv_bytes, int(host_memory / ranks_per_node * 0.5)]
-        if memlock is not None:
-            parts.append(int(memlock * 0.8))
-        return min(parts), "TensorRT-LLM V2: min(GPU quota, host memory / local ranks x 0.5, RLIMIT_MEMLOCK x 0.8)"
+        return _trtllm(gpu_kv_bytes, host_memory, ranks_per_node, memlock)
     if rule == "vllm":
-        if offloading_gib is None or offloading_gib <= 0:
-            raise LimitsError("vLLM's CPU offload needs --kv-offloading-size (GiB, summed over TP ranks)")
-        return int(
-            offloading_gib * GiB
-        ) // kv_ranks, f"vLLM --kv-offloading-size {offloading_gib:g} GiB / {kv_ranks} KV ranks"
+        return _vllm(offloading_gib, kv_ranks)
     if rule == "sglang":
-        if hicache_gb is not None:
-            return int(hicache_gb * GB), f"SGLang --hicache-size {hicache_gb:g} GB per rank"
-        if hicache_ratio <= 0:
-            raise LimitsError(f"--hicache-ratio must be positive, got {hicache_ratio}")
-        return int(gpu_kv_bytes * hicache_ratio), f"SGLang --hicache-ratio {hicache_ratio:g} x the device pool"
+        return _sglang(gpu_kv_bytes, hicache_ratio, hicache_gb)
     raise LimitsError(f"unknown host tier rule {rule!r}; one of even, trtllm, vllm, sglang")
+
+
+def _even(host_memory: int | None, ranks_per_node: int) -> tuple[int, str]:
+    if host_memory is None:
+        raise LimitsError("the host tier needs --host-memory")
+    return host_memory // ranks_per_node, f"host memory / {ranks_per_node} ranks per node"
+
+
+def _trtllm(gpu_kv_bytes: int, host_memory: int | None, ranks_per_node: int, memlock: int | None) -> tuple[int, str]:
+    if host_memory is None:
+        raise LimitsError("TensorRT-LLM's host tier auto-provisioning needs the node's free host memory")
+    parts = [gpu_kv_bytes, int(host_memory / ranks_per_node * 0.5)]
+    if memlock is not None:
+        parts.append(int(memlock * 0.8))
+    return min(parts), "TensorRT-LLM V2: min(GPU quota, host memory / local ranks x 0.5, RLIMIT_MEMLOCK x 0.8)"
+
+
+def _vllm(offloading_gib: float | None, kv_ranks: int) -> tuple[int, str]:
+    if offloading_gib is None or offloading_gib <= 0:
+        raise LimitsError("vLLM's CPU offload needs --kv-offloading-size (GiB, summed over TP ranks)")
+    return int(
+        offloading_gib * GiB
+    ) // kv_ranks, f"vLLM --kv-offloading-size {offloading_gib:g} GiB / {kv_ranks} KV ranks"
+
+
+def _sglang(gpu_kv_bytes: int, hicache_ratio: float, hicache_gb: float | None) -> tuple[int, str]:
+    if hicache_gb is not None:
+        return int(hicache_gb * GB), f"SGLang --hicache-size {hicache_gb:g} GB per rank"
+    if hicache_ratio <= 0:
+        raise LimitsError(f"--hicache-ratio must be positive, got {hicache_ratio}")
+    return int(gpu_kv_bytes * hicache_ratio), f"SGLang --hicache-ratio {hicache_ratio:g} x the device pool"

@@ -333,15 +333,7 @@ class Sglang:
                 f"Use sliding window memory pool. full_layer_tokens={sizing.full_tokens}, "
                 f"swa_layer_tokens={sizing.swa_tokens}"
             )
-        for p in pools:
-            if p.tokens is not None:
-                row = p.page_bytes // p.page_tokens
-                half = _gb((p.tokens + p.page_tokens) * row // 2)
-                lines.append(f"KV Cache is allocated. #tokens: {p.tokens}, K size: {half}, V size: {half}")
-            else:
-                lines.append(
-                    f"Mamba Cache is allocated. max_mamba_cache_size: {p.pages}, size: {_gb(p.pages * p.page_bytes)}"
-                )
+        lines += [_allocated_line(p) for p in pools]
         lines.append(
             f"max_total_num_tokens={sizing.full_tokens}, chunked_prefill_size={limits.max_num_tokens}, "
             f"max_running_requests={sizing.running}, context_len={limits.max_seq_len}"
@@ -355,11 +347,7 @@ class Sglang:
             "page_size": self.page_size,
             "swa_full_tokens_ratio": sizing.ratio if sizing.swa else None,
         }
-        tpb = sizing.spec.tokens_per_block
-        group_pages = {g.name: sizing.full_tokens // tpb for g in sizing.full}
-        group_pages.update({g.name: sizing.swa_tokens // tpb for g in sizing.swa})
-        group_pages.update({g.name: sizing.slots for g in sizing.states})
-        return replace(base, reported=reported, lines=tuple(lines), group_pages=group_pages)
+        return replace(base, reported=reported, lines=tuple(lines), group_pages=_group_pages(sizing))
 
 
 def allocate(
@@ -388,3 +376,20 @@ def allocate(
         max_mamba_cache_size,
     )
     return allocate_with(model, spec, limits, kv_memory_bytes)
+
+
+def _allocated_line(p: EnginePool) -> str:
+    """SGLang's log line for one allocated pool (a KV pool's K and V halves, or the Mamba cache)."""
+    if p.tokens is None:
+        return f"Mamba Cache is allocated. max_mamba_cache_size: {p.pages}, size: {_gb(p.pages * p.page_bytes)}"
+    half = _gb((p.tokens + p.page_tokens) * (p.page_bytes // p.page_tokens) // 2)
+    return f"KV Cache is allocated. #tokens: {p.tokens}, K size: {half}, V size: {half}"
+
+
+def _group_pages(sizing: SglangSizing) -> dict[str, int]:
+    """Pages (state slots) per group of the spec in SGLang's pools."""
+    tpb = sizing.spec.tokens_per_block
+    group_pages = {g.name: sizing.full_tokens // tpb for g in sizing.full}
+    group_pages.update({g.name: sizing.swa_tokens // tpb for g in sizing.swa})
+    group_pages.update({g.name: sizing.slots for g in sizing.states})
+    return group_pages

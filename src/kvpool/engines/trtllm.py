@@ -118,15 +118,7 @@ class V1Model:
         if memory <= 0:
             refusal = f"the recurrent state of {limits.max_batch_size} requests leaves no memory for the KV cache"
             return V1Sizing(spec, limits, kv_memory_bytes, (refusal,), notes=tuple(notes))
-        windows = by_window(spec, limits, notes)
-        total_c = np.float32(sum(w.per_token for w in windows))
-        contribution = [np.float32(np.float32(w.per_token) / total_c) * np.float32(w.size) for w in windows]
-        denominator = np.float32(sum(float(c) for c in contribution))
-        sized = []
-        for w, c in zip(windows, contribution, strict=True):
-            share = np.float32(1.0) if len(windows) == 1 else np.float32(c / denominator)
-            tokens = int(float(np.float32(np.float32(memory) * share)) / w.per_token)
-            sized.append(replace(w, blocks=-(-tokens // tpb)))
+        sized = share_windows(by_window(spec, limits, notes), memory, tpb)
         if states:
             notes.append(f"recurrent state: {limits.max_batch_size} slots taken from the budget before the KV pools")
         return V1Sizing(spec, limits, kv_memory_bytes, notes=tuple(notes), windows=tuple(sized), states=states)
@@ -189,6 +181,20 @@ class V1Model:
             notes=tuple(notes),
             group_pages=group_pages,
         )
+
+
+def share_windows(windows: list[Window], memory: int, tpb: int) -> list[Window]:
+    """Each window's blocks from its share of `memory` (`calculateWindowSizeToShare`,
+    in float32 as TensorRT-LLM computes it): per-token bytes times window size."""
+    total_c = np.float32(sum(w.per_token for w in windows))
+    contribution = [np.float32(np.float32(w.per_token) / total_c) * np.float32(w.size) for w in windows]
+    denominator = np.float32(sum(float(c) for c in contribution))
+    sized = []
+    for w, c in zip(windows, contribution, strict=True):
+        share = np.float32(1.0) if len(windows) == 1 else np.float32(c / denominator)
+        tokens = int(float(np.float32(np.float32(memory) * share)) / w.per_token)
+        sized.append(replace(w, blocks=-(-tokens // tpb)))
+    return sized
 
 
 def by_window(spec: ModelSpec, limits: ServingLimits, notes: list[str]) -> list[Window]:

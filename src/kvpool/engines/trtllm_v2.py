@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -126,6 +127,15 @@ def life_cycle_floors(spec: ModelSpec, sinks: int = 0, window_extra: int = 0) ->
     return {name: f for lc, f in zip(cycles, floors, strict=True) for name in lc.names}
 
 
+def check_pool_ratio(ratio: Sequence[float]) -> None:
+    """StorageManager's checks on `initial_pool_ratio`: every share positive,
+    summing to 1 within 1e-6."""
+    if any(not r > 0 for r in ratio):
+        raise LimitsError("pool_ratio values must be positive")
+    if not math.isfinite(sum(ratio)) or abs(sum(ratio) - 1.0) > 1e-6:
+        raise LimitsError("pool_ratio values must sum to 1.0")
+
+
 @dataclass(frozen=True)
 class V2Options:
     """What V2's sizing takes besides the quota (`KVCacheManagerConfig` / `KvCacheConfig`).
@@ -149,11 +159,7 @@ class V2Options:
 
     def __post_init__(self) -> None:
         if self.pool_ratio is not None:
-            # StorageManager's checks on initial_pool_ratio: every share positive, summing to 1 within 1e-6
-            if any(not r > 0 for r in self.pool_ratio):
-                raise LimitsError("pool_ratio values must be positive")
-            if not math.isfinite(sum(self.pool_ratio)) or abs(sum(self.pool_ratio) - 1.0) > 1e-6:
-                raise LimitsError("pool_ratio values must sum to 1.0")
+            check_pool_ratio(self.pool_ratio)
         if not 0.0 < self.max_util_for_resume <= 1.0:
             raise LimitsError(f"max_util_for_resume must be in (0, 1], got {self.max_util_for_resume}")
         if self.sink_tokens < 0 or self.window_extra < 0:
@@ -165,6 +171,18 @@ class V2Options:
 DEFAULTS = V2Options()
 
 
+def _row_bytes_by_window(spec: ModelSpec) -> tuple[int, list[tuple[int, int]]]:
+    """Bytes per token of the full-attention groups, and (window, bytes per token)
+    of each windowed one; state groups are neither."""
+    attention = [(life_cycle_window(g), g.row_bytes) for g in spec.groups if g.kind != "state"]
+    return sum(size for w, size in attention if w is None), [(w, size) for w, size in attention if w]
+
+
+def _widened(g: LayerGroup, extra: int) -> LayerGroup:
+    """`g` at V2's own window: DeepSeek-V4 widens a sliding window by the draft length."""
+    return replace(g, window=life_cycle_window(g, extra)) if extra and g.kind == "sliding" else g
+
+
 def quota_from_max_tokens(spec: ModelSpec, options: V2Options) -> int:
     """The generic manager's `_get_quota_from_max_tokens(T)`: `T x full + B x sum_swa
     (ceil(W / tpb) x tpb x size) + min(T, N) x sum_swa(size)` (sizes in bytes per token;
@@ -174,8 +192,7 @@ def quota_from_max_tokens(spec: ModelSpec, options: V2Options) -> int:
     padding dummy; prefix-cache snapshot slots are not modelled)."""
     assert options.max_tokens is not None and options.max_num_tokens is not None
     tpb, t = spec.tokens_per_block, options.max_tokens
-    full = sum(g.row_bytes for g in spec.groups if g.kind != "state" and life_cycle_window(g) is None)
-    swa = [(w, g.row_bytes) for g in spec.groups if g.kind != "state" and (w := life_cycle_window(g))]
+    full, swa = _row_bytes_by_window(spec)
     per_request = sum(-(-w // tpb) * tpb * size for w, size in swa)
     attention = (
         t * full + options.max_batch_size * per_request + min(t, options.max_num_tokens) * sum(s for _, s in swa)
@@ -411,12 +428,8 @@ class V2Model:
         out = []
         extra = self.options.window_extra
         for names, slot, _, _, slots in v2.pool_groups:
-            # one member per life cycle (a slot holds every group of it), at V2's own windows
-            # (DeepSeek-V4 widens them by the draft length)
-            members = tuple(
-                replace(g, window=life_cycle_window(g, extra)) if extra and g.kind == "sliding" else g
-                for g in (lc.group for lc in cycles if lc.names[0] in names)
-            )
+            # one member per life cycle (a slot holds every group of it)
+            members = tuple(_widened(lc.group, extra) for lc in cycles if lc.names[0] in names)
             paged = any(m.kind != "state" for m in members)
             tokens = slots * tpb if paged else None
             out.append(EnginePool("+".join(names), tpb if paged else 0, slot, slots, names, members, tokens))
@@ -432,15 +445,6 @@ class V2Model:
                 f"V2's pools take {spent:,} bytes, more than the {sizing.budget_bytes:,} budget "
                 "(the quota is rounded up to the granularity)"
             )
-        reported: dict[str, Any] = {
-            "slots_per_pool_group": {p.name: p.pages for p in pools},
-            "granularity": sizing.v2.granularity,
-            "grains": sizing.v2.grains,
-            "tokens_per_block": sizing.spec.tokens_per_block,
-        }
-        if sizing.draft is not None:
-            reported |= {"draft_granularity": sizing.draft.granularity, "draft_grains": sizing.draft.grains}
-            reported |= {"target_budget_bytes": sizing.budgets[0], "draft_budget_bytes": sizing.budgets[1]}
         return EngineReport(
             self.engine,
             self.version
@@ -450,10 +454,26 @@ class V2Model:
             sizing.limits,
             sizing.budget_bytes,
             pools,
-            reported,
+            _reported(sizing, pools),
             tuple(f"[{p.name}] {p.pages} slots of {p.page_bytes} bytes" for p in pools),
             sizing.refusals,
             tuple(degradations),
             sizing.notes,
             None if shared else {name: p.pages for p in pools for name in p.groups},
         )
+
+
+def _reported(sizing: V2EngineSizing, pools: tuple[EnginePool, ...]) -> dict[str, Any]:
+    """V2's numbers behind its pools: slots per pool group, granularity and grains
+    (the draft manager's and the budget split too, with a drafter)."""
+    assert sizing.v2 is not None
+    reported: dict[str, Any] = {
+        "slots_per_pool_group": {p.name: p.pages for p in pools},
+        "granularity": sizing.v2.granularity,
+        "grains": sizing.v2.grains,
+        "tokens_per_block": sizing.spec.tokens_per_block,
+    }
+    if sizing.draft is not None:
+        reported |= {"draft_granularity": sizing.draft.granularity, "draft_grains": sizing.draft.grains}
+        reported |= {"target_budget_bytes": sizing.budgets[0], "draft_budget_bytes": sizing.budgets[1]}
+    return reported

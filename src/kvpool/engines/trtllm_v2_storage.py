@@ -65,16 +65,21 @@ def layer_buffers(spec: ModelSpec, g: LayerGroup) -> Sizes:
     if row * n != g.row_bytes or row % 2:
         return (g.page_bytes // n,)  # not K and V of one size: one buffer
     half = row // 2
-    if spec.kv_dtype == "nvfp4":
-        values = half * 16 // 9  # ceil(v / 2) + ceil(v / 16) = half when v is a multiple of 16
-        if row_bytes(values, "nvfp4") != half or values % 16:
-            raise LimitsError(
-                f"group {g.name}: {half} NVFP4 bytes per row are not a whole number of 16-value blocks; "
-                "TensorRT-LLM V2's data and scale buffers cannot be told apart"
-            )
-        data, scale = values // 2 * tpb, values // 16 * tpb
-        return (data, data, scale, scale)
-    return (half * tpb, half * tpb)
+    return _nvfp4_buffers(g, half) if spec.kv_dtype == "nvfp4" else (half * tpb, half * tpb)
+
+
+def _nvfp4_buffers(g: LayerGroup, half: int) -> Sizes:
+    """K and V of NVFP4 rows of `half` bytes each: the values and their FP8 block scales
+    (one byte per 16 values) as four buffers, bytes per slot."""
+    tpb = g.tokens_per_block
+    values = half * 16 // 9  # ceil(v / 2) + ceil(v / 16) = half when v is a multiple of 16
+    if row_bytes(values, "nvfp4") != half or values % 16:
+        raise LimitsError(
+            f"group {g.name}: {half} NVFP4 bytes per row are not a whole number of 16-value blocks; "
+            "TensorRT-LLM V2's data and scale buffers cannot be told apart"
+        )
+    data, scale = values // 2 * tpb, values // 16 * tpb
+    return (data, data, scale, scale)
 
 
 def life_cycles(spec: ModelSpec, groups: tuple[LayerGroup, ...] | None = None) -> tuple[LifeCycle, ...]:
@@ -176,14 +181,7 @@ def water_fill(total: int, gran: int, sizes: list[Sizes], ratio: list[np.float32
     remaining = total
     active = list(range(len(sizes)))
     while active:
-        budget = remaining
-        got: dict[int, int] = {}
-        order = sorted(active, key=lambda k: ratio[k])
-        for i, k in enumerate(order):
-            rest = sum(float(ratio[j]) for j in order[i:])
-            share = float(ratio[k]) / rest if rest > 0 else 1.0
-            got[k], used = grains_to_slots(round(budget * share), sizes[k], gran)
-            budget -= used
+        got = _fill_round(remaining, gran, sizes, ratio, active)
         low = [k for k in active if got[k] <= floors[k]]
         if not low:
             for k in active:
@@ -199,3 +197,18 @@ def water_fill(total: int, gran: int, sizes: list[Sizes], ratio: list[np.float32
         while grains_for_slots(out[k] + 1, s, gran) <= grains_for_slots(out[k], s, gran):
             out[k] += 1
     return out
+
+
+def _fill_round(
+    budget: int, gran: int, sizes: list[Sizes], ratio: list[np.float32], active: list[int]
+) -> dict[int, int]:
+    """One round of `water_fill`: the active pool groups by ratio, smallest first, each
+    given `round(budget x its share of the ratios still to serve)` grains as slots."""
+    got: dict[int, int] = {}
+    order = sorted(active, key=lambda k: ratio[k])
+    for i, k in enumerate(order):
+        rest = sum(float(ratio[j]) for j in order[i:])
+        share = float(ratio[k]) / rest if rest > 0 else 1.0
+        got[k], used = grains_to_slots(round(budget * share), sizes[k], gran)
+        budget -= used
+    return got

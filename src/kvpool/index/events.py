@@ -95,6 +95,27 @@ def fields(raw: Any, order: Sequence[str]) -> tuple[str, dict[str, Any]]:
     return tag, values
 
 
+def stored_of(raw: Any) -> Stored:
+    """A `BlockStored` event (a map or vLLM's array) as a record."""
+    _, f = fields(raw, STORED_ORDER)
+    try:
+        keys = f.get("extra_keys")
+        return Stored(
+            tuple(map(block_hash, f["block_hashes"])),
+            None if f.get("parent_block_hash") is None else block_hash(f["parent_block_hash"]),
+            tuple(int(t) for t in f["token_ids"]),
+            int(f["block_size"]),
+            f.get("medium"),
+            f.get("lora_name"),
+            None if keys is None else tuple(None if k is None else tuple(k) for k in keys),
+            f.get("group_idx"),
+            f.get("kv_cache_spec_kind"),
+            f.get("kv_cache_spec_sliding_window"),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EventFormatError(f"BlockStored without a valid {exc}") from None
+
+
 def parse_event(raw: Any) -> Event:
     """One decoded event as a record; EventFormatError when it is none of
     vLLM's three (unknown fields are ignored, as vLLM's decoders do)."""
@@ -102,23 +123,7 @@ def parse_event(raw: Any) -> Event:
         return raw
     tag = raw.get("type") if isinstance(raw, dict) else raw[0] if isinstance(raw, (list, tuple)) and raw else None
     if tag == "BlockStored":
-        _, f = fields(raw, STORED_ORDER)
-        try:
-            keys = f.get("extra_keys")
-            return Stored(
-                tuple(map(block_hash, f["block_hashes"])),
-                None if f.get("parent_block_hash") is None else block_hash(f["parent_block_hash"]),
-                tuple(int(t) for t in f["token_ids"]),
-                int(f["block_size"]),
-                f.get("medium"),
-                f.get("lora_name"),
-                None if keys is None else tuple(None if k is None else tuple(k) for k in keys),
-                f.get("group_idx"),
-                f.get("kv_cache_spec_kind"),
-                f.get("kv_cache_spec_sliding_window"),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise EventFormatError(f"BlockStored without a valid {exc}") from None
+        return stored_of(raw)
     if tag == "BlockRemoved":
         _, f = fields(raw, REMOVED_ORDER)
         try:

@@ -42,10 +42,11 @@ from kvpool.cache.hashing import ReuseScope, Salt, extend_hashes, published_scop
 from kvpool.cache.prefix import TierHit
 from kvpool.errors import KvpoolError
 from kvpool.index.events import Cleared, Removed, Stored, parse_event
+from kvpool.media import Medium
 from kvpool.spec.groups import LayerGroup
 from kvpool.spec.kinds import NEVER, KindRule, kind_rule
 
-TIERS = ("GPU", "CPU", "DISK")
+TIERS = tuple(Medium)
 GONE = 1 << 16  # engine hashes whose keys are kept after no one holds them, per worker
 MEDIUM_TIER = {None: 0, "GPU": 0, "CPU": 1, "CPU_PINNED": 1, "DISK": 2, "STORAGE": 2}
 # vLLM's KVCacheSpecKind values -> kvpool's kinds (the rule of each). A kind with no reuse rule here
@@ -227,9 +228,12 @@ class PrefixIndex:
                 self.refused["orphan"] += 1
                 return
             parent = known
-        keys = chain_keys(e.token_ids, bs, parent)
+        self._hold(ws, gi, tier, e.block_hashes, chain_keys(e.token_ids, bs, parent))
+
+    def _hold(self, ws: WorkerBlocks, gi: int, tier: int, hashes: Sequence[int | bytes], keys: Sequence[int]) -> None:
+        """Worker `ws` holds the blocks of engine `hashes` (token keys `keys`) of group `gi` in `tier`."""
         bit = 1 << tier
-        for h, key in zip(e.block_hashes, keys, strict=True):
+        for h, key in zip(hashes, keys, strict=True):
             entry = ws.engine.get(h)
             if entry is None:
                 entry = ws.engine[h] = [key, 0]

@@ -112,6 +112,20 @@ def download(name: str, repo_id: str, filename: str, revision: str, cache: Path,
     when `optional` and the repo has no such file. Every failure is one
     `ModelSourceError` line saying what to do."""
     from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    try:
+        return hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache)
+    except EntryNotFoundError as e:
+        if optional and not isinstance(e, LocalEntryNotFoundError):
+            return None
+        raise ModelSourceError(f"{name} {why_not_fetched(e, repo_id, filename, revision, cache)}") from None
+    except (OSError, ValueError) as e:  # the Hub's errors are OSErrors (HTTP) or ValueErrors (offline)
+        raise ModelSourceError(f"{name} {why_not_fetched(e, repo_id, filename, revision, cache)}") from None
+
+
+def why_not_fetched(e: Exception, repo_id: str, filename: str, revision: str, cache: Path) -> str:
+    """What `hf_hub_download`'s failure `e` means for the user, and what to do."""
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
@@ -122,34 +136,25 @@ def download(name: str, repo_id: str, filename: str, revision: str, cache: Path,
         RevisionNotFoundError,
     )
 
-    try:
-        return hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache)
-    except GatedRepoError:
-        why = f"is gated: accept its terms on https://huggingface.co/{repo_id} and set HF_TOKEN to a token that may read it"
-    except RepositoryNotFoundError:
-        why = "is not a model on the Hugging Face Hub (a private one needs HF_TOKEN set to a token that may read it)"
-    except RevisionNotFoundError:
-        why = f"has no revision {revision!r} on the Hugging Face Hub"
-    except LocalEntryNotFoundError:
-        why = (
+    if isinstance(e, GatedRepoError):
+        return f"is gated: accept its terms on https://huggingface.co/{repo_id} and set HF_TOKEN to a token that may read it"
+    if isinstance(e, RepositoryNotFoundError):
+        return "is not a model on the Hugging Face Hub (a private one needs HF_TOKEN set to a token that may read it)"
+    if isinstance(e, RevisionNotFoundError):
+        return f"has no revision {revision!r} on the Hugging Face Hub"
+    if isinstance(e, LocalEntryNotFoundError):
+        return (
             f"is not in the Hugging Face cache {cache} and the Hub cannot be reached; "
             f"check the connection (or HF_ENDPOINT) and retry"
         )
-    except EntryNotFoundError:
-        if optional:
-            return None
-        why = f"has no {filename} at revision {revision}"
-    except OfflineModeIsEnabled:
-        why = f"is not in the Hugging Face cache {cache} and huggingface_hub is offline; unset HF_HUB_OFFLINE"
-    except HfHubHTTPError as e:
-        status = e.response.status_code if e.response is not None else None
-        if status in (401, 403):
-            why = f"cannot be read (HTTP {status}): set HF_TOKEN to a token that may read it"
-        else:
-            why = f"cannot be fetched: {first_line(e)}"
-    except (OSError, ValueError) as e:
-        why = f"cannot be fetched: {first_line(e)}"
-    raise ModelSourceError(f"{name} {why}")
+    if isinstance(e, EntryNotFoundError):
+        return f"has no {filename} at revision {revision}"
+    if isinstance(e, OfflineModeIsEnabled):
+        return f"is not in the Hugging Face cache {cache} and huggingface_hub is offline; unset HF_HUB_OFFLINE"
+    status = e.response.status_code if isinstance(e, HfHubHTTPError) and e.response is not None else None
+    if status in (401, 403):
+        return f"cannot be read (HTTP {status}): set HF_TOKEN to a token that may read it"
+    return f"cannot be fetched: {first_line(e)}"
 
 
 def first_line(error: BaseException) -> str:

@@ -174,13 +174,23 @@ def is_moe_layer(c: Config, family: str, i: int) -> bool:
     if family in ("mixtral", "gpt_oss"):
         return True
     if family in MLA:
-        first, freq = int(c.get("first_k_dense_replace") or 0), int(c.get("moe_layer_freq") or 1)
-        return bool(c.get("n_routed_experts")) and i >= first and i % freq == 0
+        return _mla_moe_layer(c, i)
     if family in ("qwen2_moe", "qwen3_moe"):
-        step = int(c.get("decoder_sparse_step") or 1)
-        experts = int(c.get("num_experts") or 0)
-        return experts > 0 and i not in (c.get("mlp_only_layers") or []) and (i + 1) % step == 0
+        return _qwen_moe_layer(c, i)
     return False
+
+
+def _mla_moe_layer(c: Config, i: int) -> bool:
+    """DeepSeek's rule: routed experts from `first_k_dense_replace` on, every `moe_layer_freq`-th layer."""
+    first, freq = int(c.get("first_k_dense_replace") or 0), int(c.get("moe_layer_freq") or 1)
+    return bool(c.get("n_routed_experts")) and i >= first and i % freq == 0
+
+
+def _qwen_moe_layer(c: Config, i: int) -> bool:
+    """Qwen MoE's rule: every `decoder_sparse_step`-th layer not in `mlp_only_layers`."""
+    step = int(c.get("decoder_sparse_step") or 1)
+    experts = int(c.get("num_experts") or 0)
+    return experts > 0 and i not in (c.get("mlp_only_layers") or []) and (i + 1) % step == 0
 
 
 def _mlp(c: Config, family: str, i: int, p: str) -> list[Matrix]:
@@ -253,6 +263,37 @@ def matrices(config: Config) -> list[Matrix]:
 VISION_TOWERS = ("siglip_vision_model",)
 
 
+def _siglip_layer(q: str, h: int, inter: int) -> list[Matrix]:
+    """One encoder layer of a SigLIP tower: attention with biases, an MLP, two norms."""
+    out = []
+    for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        out += [Matrix(f"{q}.self_attn.{proj}.weight", h, h), Matrix(f"{q}.self_attn.{proj}.bias", h)]
+    out += [
+        Matrix(f"{q}.mlp.fc1.weight", inter, h),
+        Matrix(f"{q}.mlp.fc1.bias", inter),
+        Matrix(f"{q}.mlp.fc2.weight", h, inter),
+        Matrix(f"{q}.mlp.fc2.bias", h),
+    ]
+    return out + [Matrix(f"{q}.{norm}.{w}", h) for norm in ("layer_norm1", "layer_norm2") for w in ("weight", "bias")]
+
+
+def _siglip_head(head: str, h: int, inter: int) -> list[Matrix]:
+    """SiglipMultiheadAttentionPoolingHead: probe, attention, norm, MLP."""
+    return [
+        Matrix(f"{head}.probe", h),
+        Matrix(f"{head}.attention.in_proj_weight", 3 * h, h),
+        Matrix(f"{head}.attention.in_proj_bias", 3 * h),
+        Matrix(f"{head}.attention.out_proj.weight", h, h),
+        Matrix(f"{head}.attention.out_proj.bias", h),
+        Matrix(f"{head}.layernorm.weight", h),
+        Matrix(f"{head}.layernorm.bias", h),
+        Matrix(f"{head}.mlp.fc1.weight", inter, h),
+        Matrix(f"{head}.mlp.fc1.bias", inter),
+        Matrix(f"{head}.mlp.fc2.weight", h, inter),
+        Matrix(f"{head}.mlp.fc2.bias", h),
+    ]
+
+
 def tower_matrices(config: Config, family: str, text_hidden: int) -> list[Matrix]:
     """The vision tower (and its projector into the text model) of a multimodal
     config; [] without one. Raises UnknownFamilyError for a tower without a formula."""
@@ -273,32 +314,10 @@ def tower_matrices(config: Config, family: str, text_hidden: int) -> list[Matrix
         Matrix(f"{p}.embeddings.position_embedding.weight", (image // patch) ** 2, h),
     ]
     for i in range(layers):
-        q = f"{p}.encoder.layers.{i}"
-        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            out += [Matrix(f"{q}.self_attn.{proj}.weight", h, h), Matrix(f"{q}.self_attn.{proj}.bias", h)]
-        out += [
-            Matrix(f"{q}.mlp.fc1.weight", inter, h),
-            Matrix(f"{q}.mlp.fc1.bias", inter),
-            Matrix(f"{q}.mlp.fc2.weight", h, inter),
-            Matrix(f"{q}.mlp.fc2.bias", h),
-        ]
-        out += [Matrix(f"{q}.{norm}.{w}", h) for norm in ("layer_norm1", "layer_norm2") for w in ("weight", "bias")]
+        out += _siglip_layer(f"{p}.encoder.layers.{i}", h, inter)
     out += [Matrix(f"{p}.post_layernorm.weight", h), Matrix(f"{p}.post_layernorm.bias", h)]
-    if vision.get("vision_use_head", True):  # SiglipMultiheadAttentionPoolingHead: probe, attention, norm, MLP
-        head = f"{p}.head"
-        out += [
-            Matrix(f"{head}.probe", h),
-            Matrix(f"{head}.attention.in_proj_weight", 3 * h, h),
-            Matrix(f"{head}.attention.in_proj_bias", 3 * h),
-            Matrix(f"{head}.attention.out_proj.weight", h, h),
-            Matrix(f"{head}.attention.out_proj.bias", h),
-            Matrix(f"{head}.layernorm.weight", h),
-            Matrix(f"{head}.layernorm.bias", h),
-            Matrix(f"{head}.mlp.fc1.weight", inter, h),
-            Matrix(f"{head}.mlp.fc1.bias", inter),
-            Matrix(f"{head}.mlp.fc2.weight", h, inter),
-            Matrix(f"{head}.mlp.fc2.bias", h),
-        ]
+    if vision.get("vision_use_head", True):
+        out += _siglip_head(f"{p}.head", h, inter)
     if family in ("gemma3", "gemma3_text"):  # Gemma3MultiModalProjector (the text config merged in says gemma3_text)
         out += [
             Matrix("multi_modal_projector.mm_input_projection_weight", h, text_hidden),

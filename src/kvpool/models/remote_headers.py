@@ -46,12 +46,9 @@ def remote_tensors(repo_id: str, commit: str) -> list[TensorHeader]:
     """Every tensor of `repo_id` at `commit` as its safetensors headers state it
     (module docstring). Raises RemoteHeadersError when they cannot be read now."""
     cached = cache_dir() / f"{repo_id.replace('/', '--')}@{commit}.json"
-    if cached.is_file():
-        try:
-            rows = jsonsafe.loads(cached.read_bytes())
-            return [TensorHeader(str(r[0]), str(r[1]), tuple(int(d) for d in r[2]), int(r[3])) for r in rows]
-        except (OSError, ValueError, TypeError, IndexError, KeyError):
-            cached.unlink(missing_ok=True)  # our own cache, damaged: read the headers again
+    known = _cached_tensors(cached)
+    if known is not None:
+        return known
     if is_offline():
         raise RemoteHeadersError(f"{repo_id}: HF_HUB_OFFLINE is set and its safetensors headers are not cached")
     try:
@@ -73,12 +70,29 @@ def remote_tensors(repo_id: str, commit: str) -> list[TensorHeader]:
         for file in meta.files_metadata.values()
         for name, info in file.tensors.items()
     ]
+    _cache_tensors(cached, tensors)
+    return tensors
+
+
+def _cached_tensors(cached: Path) -> list[TensorHeader] | None:
+    """The tensors cached in `cached`, or None (none there, or a damaged file, removed)."""
+    if not cached.is_file():
+        return None
+    try:
+        rows = jsonsafe.loads(cached.read_bytes())
+        return [TensorHeader(str(r[0]), str(r[1]), tuple(int(d) for d in r[2]), int(r[3])) for r in rows]
+    except (OSError, ValueError, TypeError, IndexError, KeyError):
+        cached.unlink(missing_ok=True)  # our own cache, damaged: read the headers again
+        return None
+
+
+def _cache_tensors(cached: Path, tensors: list[TensorHeader]) -> None:
+    """Write `tensors` to `cached` whole (a unique temporary renamed: processes share the cache)."""
     cached.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{cached.name}.", dir=cached.parent)  # unique: processes share the cache
+    fd, tmp = tempfile.mkstemp(prefix=f".{cached.name}.", dir=cached.parent)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps([[t.name, t.dtype, list(t.shape), t.nbytes] for t in tensors]))
         os.replace(tmp, cached)
     finally:
         Path(tmp).unlink(missing_ok=True)
-    return tensors

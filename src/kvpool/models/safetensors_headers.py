@@ -21,7 +21,7 @@ import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from kvpool import jsonsafe
 from kvpool.errors import KvpoolError
@@ -103,15 +103,23 @@ def read_header(path: Path) -> list[TensorHeader]:
     return [_tensor(path, name, entry, data_bytes) for name, entry in header.items() if name != "__metadata__"]
 
 
+def _is_shape(shape: Any) -> TypeGuard[list[int]]:
+    return isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
+
+
+def _is_offsets(offsets: Any) -> TypeGuard[list[int]]:
+    return isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+
+
 def _tensor(path: Path, name: str, entry: Any, data_bytes: int) -> TensorHeader:
     if not isinstance(entry, dict):
         raise _fail(path, f"tensor {name!r} is not an object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if dtype not in DTYPE_BITS:
         raise _fail(path, f"tensor {name!r} has unknown dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+    if not _is_shape(shape):
         raise _fail(path, f"tensor {name!r} has a bad shape {shape!r}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+    if not _is_offsets(offsets):
         raise _fail(path, f"tensor {name!r} has bad data_offsets {offsets!r}")
     begin, end = offsets
     bits = math.prod(shape) * DTYPE_BITS[dtype]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kvpool import presets
-from kvpool.errors import ModelSourceError, UnknownPresetError
+from kvpool.errors import KvpoolError, ModelSourceError, UnknownPresetError
 from kvpool.models.hub import CONFIG, HubUnreachableError, hub_config
 
 FORMS = (
@@ -78,6 +78,25 @@ class ModelSource:
         }
 
 
+def hub_source(model: str, repo_id: str, revision: str | None) -> ModelSource:
+    """A Hugging Face id's config in the hub cache (fetched when missing); when the Hub
+    cannot be reached, the bundled preset of the same architecture, said why (not for
+    a pinned revision: that is a commit no preset stands for)."""
+    try:
+        config = hub_config(model, repo_id, revision or DEFAULT_REVISION)
+    except HubUnreachableError as e:
+        preset = preset_for_hub_id(repo_id)
+        if preset is None or revision:
+            raise
+        why = (
+            f"{e}; using the bundled preset {preset}, which describes the same architecture "
+            f"(give MODEL {preset} to plan it directly)"
+        )
+        return ModelSource("preset", preset, presets.DATA / "models" / f"{preset}.json", fallback=why)
+    # snapshots/<commit sha>/config.json: the folder holds the commit's other files
+    return ModelSource("hub", model, config, config.parent, repo_id, revision or DEFAULT_REVISION, config.parent.name)
+
+
 def resolve_model(model: str | os.PathLike[str]) -> ModelSource:
     """Where `model` (a MODEL argument) comes from.
 
@@ -96,34 +115,32 @@ def resolve_model(model: str | os.PathLike[str]) -> ModelSource:
         raise ModelSourceError(f"MODEL is empty; {FORMS}")
     if model.lower() in presets.model_names():
         return ModelSource("preset", model, presets.DATA / "models" / f"{model.lower()}.json")
-    try:
-        path = Path(model).expanduser()
-    except RuntimeError:  # `~` with no HOME and no password entry to find the home in
-        raise ModelSourceError(f"cannot expand '~' in {model!r}: no home directory; give the full path") from None
+    path = expanded(model)
     if path.exists() or model.endswith(".json") or model.startswith(("/", ".", "~")):
         return path_source(path, model)
     match = HUB_ID.fullmatch(model)
     if match and "--" not in match["repo"] and ".." not in match["repo"]:
-        repo_id, revision = match["repo"], match["revision"] or DEFAULT_REVISION
-        try:
-            config = hub_config(model, repo_id, revision)
-        except HubUnreachableError as e:
-            preset = preset_for_hub_id(repo_id)
-            if preset is None or match["revision"]:
-                raise
-            why = (
-                f"{e}; using the bundled preset {preset}, which describes the same architecture "
-                f"(give MODEL {preset} to plan it directly)"
-            )
-            return ModelSource("preset", preset, presets.DATA / "models" / f"{preset}.json", fallback=why)
-        # snapshots/<commit sha>/config.json: the folder holds the commit's other files
-        return ModelSource("hub", model, config, config.parent, repo_id, revision, config.parent.name)
+        return hub_source(model, match["repo"], match["revision"])
+    raise not_a_model(model)
+
+
+def expanded(model: str) -> Path:
+    """MODEL as a path, `~` expanded; ModelSourceError when there is no home to expand it to."""
+    try:
+        return Path(model).expanduser()
+    except RuntimeError:  # `~` with no HOME and no password entry to find the home in
+        raise ModelSourceError(f"cannot expand '~' in {model!r}: no home directory; give the full path") from None
+
+
+def not_a_model(model: str) -> KvpoolError:
+    """The error for a MODEL that is none of the forms: a bare word is read as a
+    preset's misspelling (UnknownPresetError, with the nearest names)."""
     if "/" not in model and "\\" not in model and "@" not in model:
         try:
             presets.load_model_config(model)
         except UnknownPresetError as e:
-            raise UnknownPresetError(e.kind, e.name, e.suggestions, e.available, also=f" ({FORMS})") from None
-    raise ModelSourceError(f"{model!r} is not a preset, an existing path or a well-formed Hugging Face id; {FORMS}")
+            return UnknownPresetError(e.kind, e.name, e.suggestions, e.available, also=f" ({FORMS})")
+    return ModelSourceError(f"{model!r} is not a preset, an existing path or a well-formed Hugging Face id; {FORMS}")
 
 
 def preset_for_hub_id(repo_id: str) -> str | None:

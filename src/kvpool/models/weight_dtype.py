@@ -76,9 +76,7 @@ def _skip_list(q: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def _group_scheme(q: Mapping[str, Any]) -> WeightScheme:
-    groups = q["config_groups"]
-    weights = [g.get("weights") for g in groups.values() if isinstance(g, Mapping)]
-    kinds = {(w.get("num_bits"), w.get("type"), w.get("group_size")) for w in weights if isinstance(w, Mapping)}
+    kinds = _group_kinds(q["config_groups"])
     if len(kinds) != 1:
         raise WeightSchemeError(
             f"weights of quantization config_groups {sorted(map(str, kinds))}: kvpool sizes one scheme"
@@ -92,6 +90,12 @@ def _group_scheme(q: Mapping[str, Any]) -> WeightScheme:
     if bits in (2, 3, 4, 8) and kind == "int" and group:
         return WeightScheme("int", int(bits), int(group), skip=skip)
     raise WeightSchemeError(f"weight quantization {bits}-bit {kind} group {group}: kvpool cannot size it")
+
+
+def _group_kinds(groups: Mapping[str, Any]) -> set[tuple[Any, Any, Any]]:
+    """(num_bits, type, group_size) of each config group's weights."""
+    weights = [g.get("weights") for g in groups.values() if isinstance(g, Mapping)]
+    return {(w.get("num_bits"), w.get("type"), w.get("group_size")) for w in weights if isinstance(w, Mapping)}
 
 
 def weight_scheme(config: Mapping[str, Any]) -> WeightScheme:

@@ -93,6 +93,11 @@ def groups_by_pool(mgr: DummyPages) -> dict[str, list[LayerGroup]]:
     return out
 
 
+def pages_of(groups: list[LayerGroup], capacity: int, history: int) -> int:
+    """Pages one request of (capacity, history) needs in groups that share a pool."""
+    return sum(pages_needed(g, capacity, history) for g in groups)
+
+
 def _shared_max_generation_length(mgr: DummyPages, batch_size: int, draft_len: int) -> int:
     """`max_generation_length` when groups share a pool: their needs are summed.
     Between the longest that fits with every bounded group at its worst and the
@@ -103,8 +108,7 @@ def _shared_max_generation_length(mgr: DummyPages, batch_size: int, draft_len: i
     short_c, short_h = dummy_shape(1, draft_len, extra)
     shared = groups_by_pool(mgr)
     free = {
-        k: mgr.free_pages(gs[0].name) - (batch_size - 1) * sum(pages_needed(g, short_c, short_h) for g in gs)
-        for k, gs in shared.items()
+        k: mgr.free_pages(gs[0].name) - (batch_size - 1) * pages_of(gs, short_c, short_h) for k, gs in shared.items()
     }
     growing = {k: [g for g in gs if decode_worst_case_pages(g, headroom) is None] for k, gs in shared.items()}
     worst = {k: sum(decode_worst_case_pages(g, headroom) or 0 for g in gs) for k, gs in shared.items()}

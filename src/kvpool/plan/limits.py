@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpool.errors import LimitsError
@@ -21,6 +22,11 @@ def default_cuda_graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
     """1, 2, 4, then every multiple of 8 up to min(max_batch_size, 256)."""
     top = min(max_batch_size, 256)
     return tuple(b for b in (1, 2, 4, *range(8, top + 1, 8)) if b <= top)
+
+
+def _check_non_negative(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise LimitsError(f"{name} must be a non-negative integer, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -42,27 +48,7 @@ class ServingLimits:
     cuda_graph_batch_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        positive = {"max_batch_size": self.max_batch_size, "max_seq_len": self.max_seq_len}
-        optional = {"max_num_tokens": self.max_num_tokens, "avg_seq_len": self.avg_seq_len}
-        for name, value in {**positive, **{k: v for k, v in optional.items() if v is not None}}.items():
-            if not is_positive_int(value):
-                raise LimitsError(f"{name} must be a positive integer, got {value!r}")
-        for name, value in {
-            "max_draft_len": self.max_draft_len,
-            "num_extra_kv_tokens": self.num_extra_kv_tokens,
-        }.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise LimitsError(f"{name} must be a non-negative integer, got {value!r}")
-        if self.max_batch_size > MAX_BATCH_SIZE:
-            raise LimitsError(f"max_batch_size must be at most {MAX_BATCH_SIZE}, got {self.max_batch_size}")
-        counts: dict[str, int | None] = {
-            **optional,
-            "max_seq_len": self.max_seq_len,
-            "max_draft_len": self.max_draft_len,
-        }
-        for name, count in counts.items():
-            if count is not None and count > MAX_POSITIONS:
-                raise LimitsError(f"{name} must be at most {MAX_POSITIONS} (int32 positions), got {count}")
+        self._check_counts()
         if self.headroom + self.max_seq_len > MAX_POSITIONS:
             raise LimitsError(
                 f"max_seq_len {self.max_seq_len} plus the decode headroom {self.headroom} passes {MAX_POSITIONS}"
@@ -73,12 +59,40 @@ class ServingLimits:
                 "lower --avg-seq-len or raise --max-seq-len"
             )
         if self.cuda_graph_batch_sizes is not None:
-            sizes = tuple(self.cuda_graph_batch_sizes)
-            if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
-                raise LimitsError(f"cuda_graph_batch_sizes must be positive integers, got {sizes!r}")
-            if max(sizes) > self.max_batch_size:
-                raise LimitsError(f"cuda graph batch size {max(sizes)} exceeds max_batch_size {self.max_batch_size}")
-            object.__setattr__(self, "cuda_graph_batch_sizes", tuple(sorted(set(sizes))))
+            object.__setattr__(self, "cuda_graph_batch_sizes", self._graph_sizes(self.cuda_graph_batch_sizes))
+
+    def _check_counts(self) -> None:
+        """Each count an int of its domain: positive, or non-negative, and within
+        what a batch (`MAX_BATCH_SIZE`) or int32 positions (`MAX_POSITIONS`) hold."""
+        positive = {"max_batch_size": self.max_batch_size, "max_seq_len": self.max_seq_len}
+        optional = {"max_num_tokens": self.max_num_tokens, "avg_seq_len": self.avg_seq_len}
+        for name, value in {**positive, **{k: v for k, v in optional.items() if v is not None}}.items():
+            if not is_positive_int(value):
+                raise LimitsError(f"{name} must be a positive integer, got {value!r}")
+        for name, value in {
+            "max_draft_len": self.max_draft_len,
+            "num_extra_kv_tokens": self.num_extra_kv_tokens,
+        }.items():
+            _check_non_negative(name, value)
+        if self.max_batch_size > MAX_BATCH_SIZE:
+            raise LimitsError(f"max_batch_size must be at most {MAX_BATCH_SIZE}, got {self.max_batch_size}")
+        counts: dict[str, int | None] = {
+            **optional,
+            "max_seq_len": self.max_seq_len,
+            "max_draft_len": self.max_draft_len,
+        }
+        for name, count in counts.items():
+            if count is not None and count > MAX_POSITIONS:
+                raise LimitsError(f"{name} must be at most {MAX_POSITIONS} (int32 positions), got {count}")
+
+    def _graph_sizes(self, given: Sequence[int]) -> tuple[int, ...]:
+        """The CUDA-graph batch sizes, sorted and unique: positive ints, none past max_batch_size."""
+        sizes = tuple(given)
+        if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+            raise LimitsError(f"cuda_graph_batch_sizes must be positive integers, got {sizes!r}")
+        if max(sizes) > self.max_batch_size:
+            raise LimitsError(f"cuda graph batch size {max(sizes)} exceeds max_batch_size {self.max_batch_size}")
+        return tuple(sorted(set(sizes)))
 
     @property
     def headroom(self) -> int:

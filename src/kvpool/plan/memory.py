@@ -57,27 +57,39 @@ def _field(config: Mapping[str, Any], key: str) -> int:
     return int(value)
 
 
-def activation_per_token(config: Mapping[str, Any], par: Parallel) -> int:
-    """Bytes of one token's peak per-layer activations on one rank (module docstring)."""
+def _qkv_width(config: Mapping[str, Any], attn_tp: int) -> int:
+    """One rank's query, key and value columns per token (MLA: the latent and the rope part whole)."""
     h, n = _field(config, "hidden_size"), _field(config, "num_attention_heads")
-    attn_tp = par.tp // par.dp
     if config.get("kv_lora_rank"):
         nope, rope, v = (_field(config, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
-        qkv = -(-n * (2 * nope + rope + v) // attn_tp) + _field(config, "kv_lora_rank") + rope
-    else:
-        k = int(config.get("num_key_value_heads") or n)
-        d = int(config.get("head_dim") or h // n)
-        qkv = -(-(n + 2 * k) * d // attn_tp)
+        return -(-n * (2 * nope + rope + v) // attn_tp) + _field(config, "kv_lora_rank") + rope
+    k = int(config.get("num_key_value_heads") or n)
+    d = int(config.get("head_dim") or h // n)
+    return -(-(n + 2 * k) * d // attn_tp)
+
+
+def _routed_experts(config: Mapping[str, Any]) -> int:
+    """The routed experts, under each family's field name (0: a dense model)."""
+    return int(config.get("n_routed_experts") or config.get("num_local_experts") or config.get("num_experts") or 0)
+
+
+def _mlp_width(config: Mapping[str, Any], h: int) -> tuple[int, int]:
+    """(the MLP's widest intermediate per token, the routed experts' outputs per token):
+    a MoE layer runs top-k experts and its shared ones."""
     top_k = int(config.get("num_experts_per_tok") or config.get("experts_per_token") or 0)
-    experts = config.get("n_routed_experts") or config.get("num_local_experts") or config.get("num_experts")
     dense = int(config.get("intermediate_size") or 0)
-    mlp, routed_out = dense, 0
-    if experts and top_k:
-        moe = int(config.get("moe_intermediate_size") or dense)
-        shared = int(config.get("n_shared_experts") or 0) * moe + int(
-            config.get("shared_expert_intermediate_size") or 0
-        )
-        mlp, routed_out = max(dense, top_k * moe + shared), top_k * h
+    if not (_routed_experts(config) and top_k):
+        return dense, 0
+    moe = int(config.get("moe_intermediate_size") or dense)
+    shared = int(config.get("n_shared_experts") or 0) * moe + int(config.get("shared_expert_intermediate_size") or 0)
+    return max(dense, top_k * moe + shared), top_k * h
+
+
+def activation_per_token(config: Mapping[str, Any], par: Parallel) -> int:
+    """Bytes of one token's peak per-layer activations on one rank (module docstring)."""
+    h = _field(config, "hidden_size")
+    qkv = _qkv_width(config, par.tp // par.dp)
+    mlp, routed_out = _mlp_width(config, h)
     if not mlp:
         raise KvpoolError("config is missing field 'intermediate_size' for the activation estimate")
     return ACTIVATION_BYTES * (2 * h + qkv + -(-3 * mlp // par.tp) + routed_out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvpool.plan.batches import Constraint, decode_shape, minimal_decode
+from kvpool.plan.capture import WarmupReport
 from kvpool.plan.limits import ServingLimits
 from kvpool.plan.plan_pages import plan_warmup
 from kvpool.plan.result import PoolPlan
@@ -52,6 +53,26 @@ def window_decodes_below_graph(plan: PoolPlan) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _draft_warnings(report: WarmupReport, d: int, sizes: Sequence[int], tail: str) -> list[str]:
+    """The graph sizes of draft length `d` that cannot be captured, and its padding dummy without pages."""
+    out = []
+    safe = [b for b, dd in report.captured if dd == d]
+    skipped = [s for s in report.skipped if s.draft_len == d]
+    if skipped:
+        worst = max(skipped, key=lambda s: s.short_pages)
+        out.append(
+            f"CUDA-graph batch sizes {spans([s.batch_size for s in skipped], sizes)} (draft {d}) cannot be captured: "
+            f"group '{worst.group}' is up to {worst.short_pages} pages short, so those batches run eagerly; "
+            f"safe sizes: {spans(safe, sizes)} (raise its share or lower the graph batch sizes" + tail
+        )
+    if d in report.padding_short:
+        out.append(
+            f"no pages for the draft-{d} padding dummy (short {dict(report.padding_short[d])}): padded batches "
+            "of that draft length run eagerly"
+        )
+    return out
+
+
 def graph_warnings(plan: PoolPlan, *, unfit: bool = True) -> list[str]:
     """What the CUDA-graph warmup on this plan's pages finds (`plan_warmup`, the
     computation `kvpool warmup` runs on the manager): sizes it cannot capture,
@@ -63,22 +84,7 @@ def graph_warnings(plan: PoolPlan, *, unfit: bool = True) -> list[str]:
     limits = plan.limits
     sizes = limits.graph_batch_sizes
     tail = ", or drop avg_seq_len)" if limits.avg_seq_len is not None else ")"
-    out = []
-    for d in sorted(report.padding):
-        safe = [b for b, dd in report.captured if dd == d]
-        skipped = [s for s in report.skipped if s.draft_len == d]
-        if skipped:
-            worst = max(skipped, key=lambda s: s.short_pages)
-            out.append(
-                f"CUDA-graph batch sizes {spans([s.batch_size for s in skipped], sizes)} (draft {d}) cannot be captured: "
-                f"group '{worst.group}' is up to {worst.short_pages} pages short, so those batches run eagerly; "
-                f"safe sizes: {spans(safe, sizes)} (raise its share or lower the graph batch sizes" + tail
-            )
-        if d in report.padding_short:
-            out.append(
-                f"no pages for the draft-{d} padding dummy (short {dict(report.padding_short[d])}): padded batches "
-                "of that draft length run eagerly"
-            )
+    out = [w for d in sorted(report.padding) for w in _draft_warnings(report, d, sizes, tail)]
     for name, short in report.unfit.items() if unfit else ():
         out.append(f"warmup shape '{name}' does not fit (short {dict(short)}): the engine's warmup would fail")
     graph = limits.largest_graph_batch

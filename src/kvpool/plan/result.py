@@ -115,6 +115,20 @@ def ratio_text(ratio: Mapping[str, float]) -> str:
     return ",".join(f"{k}={v:g}" for k, v in ratio.items())
 
 
+def _check_pages(spec: ModelSpec, pages: Mapping[str, int]) -> None:
+    """A positive page count for every group of `spec`, and for nothing else."""
+    missing = set(spec.group_names) - set(pages)
+    if missing:
+        raise SpecError(f"no page count given for groups {sorted(missing)}")
+    unknown = set(pages) - set(spec.group_names)
+    if unknown:
+        raise SpecError(f"page counts given for groups {sorted(unknown)} that {spec.name} does not have")
+    for name in spec.group_names:
+        n = pages[name]
+        if not is_positive_int(int(n) if isinstance(n, np.integer) else n):
+            raise LimitsError(f"group {name!r}: pages must be a positive integer, got {n!r}")
+
+
 @dataclass(frozen=True)
 class PoolPlan:
     """How a KV budget is split into page pools. `spec` is at the plan's page size.
@@ -194,16 +208,7 @@ class PoolPlan:
         """A plan with hand-chosen pool sizes (tests, engines that size pools
         themselves). Every group of `spec` must be given."""
         limits = limits or ServingLimits()
-        missing = set(spec.group_names) - set(pages)
-        if missing:
-            raise SpecError(f"no page count given for groups {sorted(missing)}")
-        unknown = set(pages) - set(spec.group_names)
-        if unknown:
-            raise SpecError(f"page counts given for groups {sorted(unknown)} that {spec.name} does not have")
-        for name in spec.group_names:
-            n = pages[name]
-            if not is_positive_int(int(n) if isinstance(n, np.integer) else n):
-                raise LimitsError(f"group {name!r}: pages must be a positive integer, got {n!r}")
+        _check_pages(spec, pages)
         groups = tuple(
             GroupPlan(g.name, g.kind, g.window, g.ratio, g.slot_bytes, int(pages[g.name])) for g in spec.groups
         )

@@ -283,15 +283,13 @@ class Sizer:
         if plan is None or len(f.pinned) < len(f.kept):
             return None
         asked = self.pages(self.budget, self.shares, base_floors(self.spec))
-        raised = {g.name for g in plan.groups if g.pages > asked[g.name]}
+        return self.shortest_holding(plan, limits, {g.name for g in plan.groups if g.pages > asked[g.name]})
+
+    def shortest_holding(self, plan: PoolPlan, limits: ServingLimits, raised: set[str]) -> dict[str, float] | None:
+        """`plan`'s shares with as few decimals (4, 6 or 8) as re-plan to a plan
+        that holds everything (`rounded_shares`); None when none does."""
         for digits in (4, 6, 8):
-            scale = 10**digits
-            shares = {
-                g.name: round(
-                    (math.ceil if g.name in raised else math.floor)(g.bytes * scale / self.budget) / scale, digits
-                )
-                for g in plan.groups
-            }
+            shares = rounded_shares(plan, self.budget, raised, digits)
             total = sum(shares.values())
             if abs(total - 1) > 1e-3 or min(shares.values()) <= 0:
                 continue
@@ -448,3 +446,13 @@ def estimate_profile_bytes(spec: ModelSpec, limits: ServingLimits) -> int:
     for c in plan_constraints(limits, rules_for(spec), "profile", explicit_ratio=False):
         floors = merge_floors(floors, pages_per_group(spec, c.batch))
     return pages_bytes(spec, floors)
+
+
+def rounded_shares(plan: PoolPlan, budget: int, raised: set[str], digits: int) -> dict[str, float]:
+    """Each group's share of `budget` in `plan` to `digits` decimals: rounded up for
+    the groups `raised` to their floors (so they keep them), down for the others."""
+    scale = 10**digits
+    return {
+        g.name: round((math.ceil if g.name in raised else math.floor)(g.bytes * scale / budget) / scale, digits)
+        for g in plan.groups
+    }

@@ -10,9 +10,9 @@ on whose rule sizes it: each engine states its host tier its own way
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from kvpool.errors import LimitsError
+from kvpool.media import Medium
 from kvpool.plan.result import PoolPlan
 
 GiB = 1 << 30
@@ -24,7 +24,7 @@ class TierPlan:
     """One cold tier of one rank: `bytes`, `pages` per group, and how its size
     was chosen (`rule`, in words)."""
 
-    medium: Literal["CPU", "DISK"]
+    medium: Medium
     bytes: int
     pages: dict[str, int]
     rule: str
@@ -47,7 +47,7 @@ def plan_tiers(plan: PoolPlan, host_bytes: int | None, disk_bytes: int | None, r
     pages per group; a tier of None or 0 bytes is left out."""
     out = []
     if host_bytes:
-        out.append(TierPlan("CPU", host_bytes, tier_pages(plan, host_bytes), rule))
+        out.append(TierPlan(Medium.CPU, host_bytes, tier_pages(plan, host_bytes), rule))
     if disk_bytes:
-        out.append(TierPlan("DISK", disk_bytes, tier_pages(plan, disk_bytes), "disk quota per rank"))
+        out.append(TierPlan(Medium.DISK, disk_bytes, tier_pages(plan, disk_bytes), "disk quota per rank"))
     return out

@@ -61,11 +61,16 @@ def _spread_leftover(budget: int, slot_bytes: Sequence[int], weights: list[Fract
         takers = [i for i in range(n) if slot_bytes[i] <= left]
         if not takers:
             return
-        taker_w = sum(weights[i] for i in takers)
-        adds = {i: int(left * weights[i] / taker_w // slot_bytes[i]) if taker_w else 0 for i in takers}
+        adds = _shares_of(left, takers, weights, slot_bytes)
         if any(adds.values()):
             for i, k in adds.items():
                 pages[i] += k
         else:
             neediest = max(takers, key=lambda i: (target[i] - pages[i] * slot_bytes[i], -i))
             pages[neediest] += 1
+
+
+def _shares_of(left: int, takers: list[int], weights: list[Fraction], slot_bytes: Sequence[int]) -> dict[int, int]:
+    """Whole pages of `left` bytes for each taker, by its weight among the takers."""
+    taker_w = sum(weights[i] for i in takers)
+    return {i: int(left * weights[i] / taker_w // slot_bytes[i]) if taker_w else 0 for i in takers}

@@ -161,9 +161,12 @@ def load_gpu(name: str) -> GpuSpec:
         return spec
     row = _gpu_row(key) if key in gpu_names() else None
     if row is None:
-        if key in gpu_names():
-            raise SpecError(f"gpu preset {name!r} is missing from gpus.json")  # pragma: no cover
         raise _unknown("gpu", name, gpu_names())
+    return _gpu_spec(key, row)
+
+
+def _gpu_spec(key: str, row: dict[str, Any]) -> GpuSpec:
+    """A row of gpus.json as a `GpuSpec`."""
     mib = row.get("device_reported_total_mib")
     memory = int(mib) * 2**20 if mib else int(row["memory_bytes_marketed"])
     fp8 = row.get("fp8_dense_tflops")

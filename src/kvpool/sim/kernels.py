@@ -41,6 +41,12 @@ from kvpool.sim.matmuls import Gemm
 Num = Any  # a float, or a NumPy array of them (a run of steps priced at once)
 
 
+def _check_constant(name: str, v: object) -> None:
+    """A calibration constant: a finite number >= 0 (not a bool)."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        raise CalibrationError(f"calibration constant {name} must be a finite number >= 0, got {v!r}")
+
+
 class CalibrationError(KvpoolError):
     """A calibration profile is malformed (missing or non-positive constant)."""
 
@@ -79,11 +85,8 @@ class Calibration:
         and no efficiency above 1: a fit faster than the GPU's peak measured
         another GPU (or another --tp), and would price every step as impossible."""
         for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if f.name in ("name", "source"):
-                continue
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-                raise CalibrationError(f"calibration constant {f.name} must be a finite number >= 0, got {v!r}")
+            if f.name not in ("name", "source"):
+                _check_constant(f.name, getattr(self, f.name))
         if not isinstance(self.moe_tile, int):
             raise CalibrationError(
                 f"calibration constant moe_tile must be a whole number of rows, got {self.moe_tile!r}"

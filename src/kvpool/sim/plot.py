@@ -39,6 +39,32 @@ def plot_format(path: str | Path) -> str:
     return Path(path).suffix.lower().lstrip(".")
 
 
+def _sweep_curve(ax: Any, runs: Sequence[SimResult], group: str, sweep: Sequence[tuple[float, SimResult]]) -> None:
+    """tokens/s against `group`'s byte share, the named policies marked on the curve."""
+    xs = [share for share, _ in sweep]
+    ax.plot(xs, [r.output_tokens_per_s for _, r in sweep], "-o", color="0.45", ms=3.5, label=f"ratio:{group}=share")
+    markers = iter("s^Dvp*")
+    for r in runs:
+        ax.plot([r.plan.share_of(group)], [r.output_tokens_per_s], next(markers, "o"), ms=9, label=r.policy)
+    ax.set_xlabel(f"byte share of group '{group}'")
+    if max(xs) / min(xs) >= 20:  # a geometric sweep (sim.policies.sweep_shares)
+        ax.set_xscale("log")
+
+
+def _run_bars(ax: Any, runs: Sequence[SimResult]) -> None:
+    """One bar per run (tokens/s), with its CUDA-graph step share and preemptions."""
+    bars = ax.bar([r.policy for r in runs], [r.output_tokens_per_s for r in runs], color="0.6")
+    for bar, r in zip(bars, runs, strict=True):
+        ax.annotate(
+            f"graphs {r.graph_step_share:.0%}\npreempt {r.preemptions}",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    ax.tick_params(axis="x", labelrotation=15)
+
+
 def plot_runs(
     out: str | Path | BinaryIO,
     runs: Sequence[SimResult],
@@ -55,34 +81,9 @@ def plot_runs(
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     if sweep_group and sweep:
-        xs = [share for share, _ in sweep]
-        ax.plot(
-            xs,
-            [r.output_tokens_per_s for _, r in sweep],
-            "-o",
-            color="0.45",
-            ms=3.5,
-            label=f"ratio:{sweep_group}=share",
-        )
-        markers = iter("s^Dvp*")
-        for r in runs:
-            x = r.plan.share_of(sweep_group)
-            ax.plot([x], [r.output_tokens_per_s], next(markers, "o"), ms=9, label=r.policy)
-        ax.set_xlabel(f"byte share of group '{sweep_group}'")
-        if max(xs) / min(xs) >= 20:  # a geometric sweep (sim.policies.sweep_shares)
-            ax.set_xscale("log")
+        _sweep_curve(ax, runs, sweep_group, sweep)
     else:
-        names = [r.policy for r in runs]
-        bars = ax.bar(names, [r.output_tokens_per_s for r in runs], color="0.6")
-        for bar, r in zip(bars, runs, strict=True):
-            ax.annotate(
-                f"graphs {r.graph_step_share:.0%}\npreempt {r.preemptions}",
-                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                ha="center",
-                va="bottom",
-                fontsize=8,
-            )
-        ax.tick_params(axis="x", labelrotation=15)
+        _run_bars(ax, runs)
     ax.set_ylabel("output tokens / s (simulated)")
     ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.12)
     if title:

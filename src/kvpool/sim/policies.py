@@ -49,16 +49,19 @@ class PolicyPlan:
     notes: tuple[str, ...] = ()
 
 
+def _continues_ratio(last: str, part: str) -> bool:
+    """Whether `part` (`sliding=0.7`) is another share of the `ratio:` policy `last`."""
+    return last.startswith("ratio:") and "=" in part and not part.startswith("ratio:")
+
+
 def parse_policies(text: str) -> list[str]:
     """`reference,typical,ratio:full=0.3` -> names; a `ratio:` entry keeps its
     commas (`ratio:full=0.3,sliding=0.7`) until the next known policy name."""
     out: list[str] = []
     for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        if out and out[-1].startswith("ratio:") and "=" in part and not part.startswith("ratio:"):
+        if out and _continues_ratio(out[-1], part):
             out[-1] += "," + part
-        else:
+        elif part:
             out.append(part)
     for name in out:
         if name not in POLICIES and name not in ENGINE_POLICIES and not name.startswith("ratio:"):
@@ -106,6 +109,40 @@ def parse_ratio(spec: ModelSpec, text: str) -> dict[str, float]:
     return full_ratio(spec, shares)
 
 
+KVPOOL_POLICIES = ("reference", "rebalance", "typical", "workload")  # and ratio:..., planned by plan_pools alone
+
+
+def kvpool_plan(
+    spec: ModelSpec,
+    limits: ServingLimits,
+    policy: str,
+    kv_memory_bytes: int,
+    trace: Trace | None,
+    fit: bool,
+    notes: list[str],
+) -> PoolPlan:
+    """The plan of one of `KVPOOL_POLICIES` or a `ratio:` policy (`plan_pools`), its notes added to `notes`."""
+    no_avg = dataclasses.replace(limits, avg_seq_len=None)
+    if policy.startswith("ratio:"):
+        return plan_pools(spec, no_avg, kv_memory_bytes=kv_memory_bytes, pool_ratio=parse_ratio(spec, policy), fit=fit)
+    if policy == "workload":
+        if trace is None:
+            raise KvpoolError("policy workload needs a trace")
+        return plan_pools(spec, no_avg, kv_memory_bytes=kv_memory_bytes, policy=Workload(trace.lengths()), fit=fit)
+    if policy == "typical":
+        avg = limits.avg_seq_len
+        if avg is None and rules_for(spec).typical_seq_len(limits) is None:
+            avg = limits.max_seq_len
+            notes.append(f"typical: no --avg-seq-len and no family default, so S = max_seq_len = {avg}")
+        return plan_pools(spec, dataclasses.replace(limits, avg_seq_len=avg), kv_memory_bytes=kv_memory_bytes, fit=fit)
+    if policy == "rebalance":
+        from kvpool.sim.ballast import split_groups
+
+        split_groups(spec)  # RebalanceError for models it cannot move
+        notes.append("rebalance: starts at the reference split and moves it online (kvpool.sim.rebalance)")
+    return plan_pools(spec, no_avg, kv_memory_bytes=kv_memory_bytes, fit=fit)
+
+
 def plan_for(
     spec: ModelSpec,
     limits: ServingLimits,
@@ -121,26 +158,8 @@ def plan_for(
     `model` (step times) and `padding` are what `tuned` simulates with.
     Raises KvpoolError subclasses (unknown policy, bad ratio, infeasible plan)."""
     notes: list[str] = []
-    if policy in ("reference", "rebalance"):
-        if policy == "rebalance":
-            from kvpool.sim.ballast import split_groups
-
-            split_groups(spec)  # RebalanceError for models it cannot move
-            notes.append("rebalance: starts at the reference split and moves it online (kvpool.sim.rebalance)")
-        lim = dataclasses.replace(limits, avg_seq_len=None)
-        plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, fit=fit)
-    elif policy == "typical":
-        avg = limits.avg_seq_len
-        if avg is None and rules_for(spec).typical_seq_len(limits) is None:
-            avg = limits.max_seq_len
-            notes.append(f"typical: no --avg-seq-len and no family default, so S = max_seq_len = {avg}")
-        lim = dataclasses.replace(limits, avg_seq_len=avg)
-        plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, fit=fit)
-    elif policy == "workload":
-        if trace is None:
-            raise KvpoolError("policy workload needs a trace")
-        lim = dataclasses.replace(limits, avg_seq_len=None)
-        plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, policy=Workload(trace.lengths()), fit=fit)
+    if policy in KVPOOL_POLICIES or policy.startswith("ratio:"):
+        plan = kvpool_plan(spec, limits, policy, kv_memory_bytes, trace, fit, notes)
     elif policy in ENGINE_POLICIES:
         plan, engine_notes = engine_plan(spec, limits, policy, kv_memory_bytes=kv_memory_bytes, trace=trace)
         notes += engine_notes
@@ -153,9 +172,6 @@ def plan_for(
             spec, limits, policy, trace, model, kv_memory_bytes=kv_memory_bytes, fit=fit, padding=padding
         )
         notes.extend(extra)
-    elif policy.startswith("ratio:"):
-        lim = dataclasses.replace(limits, avg_seq_len=None)
-        plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, pool_ratio=parse_ratio(spec, policy), fit=fit)
     else:
         parse_policies(policy)  # raises with the list of known policies
         raise AssertionError(policy)  # pragma: no cover

@@ -87,31 +87,38 @@ def load_grid(path: str | Path) -> dict[str, Any]:
         text = p.read_text()
     except OSError as e:
         raise GridError(f"cannot read grid {p}: {e.strerror}") from None
-    if p.suffix.lower() == ".json":
-        try:
-            data = jsonsafe.loads(text)
-        except jsonsafe.JSONValueError as e:
-            raise GridError(f"grid {p}: {e}") from None
-    else:
-        try:
-            import yaml  # type: ignore[import-untyped,import-not-found]
-        except ImportError:
-            raise GridError(
-                "a YAML grid needs pyyaml: pip install 'kvpool[sweep]' (or write the grid as .json)"
-            ) from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise GridError(f"grid {p}: {e}") from None
-        except ValueError:  # an integer past Python's int-string limit
-            raise GridError(f"grid {p}: holds an integer of thousands of digits") from None
+    data = _json_grid(p, text) if p.suffix.lower() == ".json" else _yaml_grid(p, text)
     if not isinstance(data, dict):
         raise GridError(f"grid {p}: expected a mapping of fields to values or lists")
     for name, value in data.items():  # what YAML reads that JSON would refuse (jsonsafe): huge or infinite numbers
-        for v in value if isinstance(value, list) else [value]:
-            if isinstance(v, float) and not math.isfinite(v) or isinstance(v, int) and v.bit_length() > 96:
-                raise GridError(f"grid {p}: field {name!r} holds a number no grid value can be")
+        if any(not _plausible(v) for v in (value if isinstance(value, list) else [value])):
+            raise GridError(f"grid {p}: field {name!r} holds a number no grid value can be")
     return data
+
+
+def _plausible(v: Any) -> bool:
+    """Not an infinite float, nor an integer past 96 bits."""
+    return not (isinstance(v, float) and not math.isfinite(v) or isinstance(v, int) and v.bit_length() > 96)
+
+
+def _json_grid(p: Path, text: str) -> Any:
+    try:
+        return jsonsafe.loads(text)
+    except jsonsafe.JSONValueError as e:
+        raise GridError(f"grid {p}: {e}") from None
+
+
+def _yaml_grid(p: Path, text: str) -> Any:
+    try:
+        import yaml  # type: ignore[import-untyped,import-not-found]
+    except ImportError:
+        raise GridError("a YAML grid needs pyyaml: pip install 'kvpool[sweep]' (or write the grid as .json)") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise GridError(f"grid {p}: {e}") from None
+    except ValueError:  # an integer past Python's int-string limit
+        raise GridError(f"grid {p}: holds an integer of thousands of digits") from None
 
 
 def expand_grid(grid: Mapping[str, Any]) -> list[Point]:

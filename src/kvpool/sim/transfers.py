@@ -38,8 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvpool.cache.tiers import Medium
 from kvpool.errors import KvpoolError
+from kvpool.media import COLD, Medium
 from kvpool.presets import GpuSpec, host_links
 
 # One NVMe drive on a PCIe 4.0 x4 link, per direction: a quarter of the PCIe 4.0 x16 figure of data/gpus.json.
@@ -125,8 +125,8 @@ class PageMoves:
 
     slot_bytes: list[int]
     step: Moved = field(default_factory=Moved)
-    pages_in: dict[str, int] = field(default_factory=lambda: {"CPU": 0, "DISK": 0})  # pages onboarded / resumed
-    pages_out: dict[str, int] = field(default_factory=lambda: {"CPU": 0, "DISK": 0})  # pages offloaded / suspended
+    pages_in: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COLD, 0))  # pages onboarded / resumed
+    pages_out: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COLD, 0))  # pages offloaded / suspended
     pages_spilled: int = 0
 
     def to_tier(self, group: int, page: int, medium: Medium, slot: int) -> None:
@@ -134,7 +134,7 @@ class PageMoves:
         self.pages_out[medium] += 1
 
     def to_gpu(self, group: int, medium: Medium, slot: int, page: int) -> None:
-        if medium == "CPU":
+        if medium == Medium.CPU:
             self.step.host_in += self.slot_bytes[group]
         else:
             self.step.disk_in += self.slot_bytes[group]

@@ -135,8 +135,13 @@ def trace_folds(
         return [replace(trace, name=f"{trace.name} ({what})") for what in names]
     starts = [i * seg for i in range(segments)]
     take = min(seg, max(1, sample // CHUNKS))
-    check = min(seg, max(1, fold_size * folds // CHUNKS))
     out = [_blocks(trace, [(s, s + take) for s in starts[0::2]], f"{trace.name} (sample)")]
+    return out + _check_folds(trace, starts, min(seg, max(1, fold_size * folds // CHUNKS)), folds)
+
+
+def _check_folds(trace: Trace, starts: list[int], check: int, folds: int) -> list[Trace]:
+    """Check fold j: a block of `check` requests from the start of every odd segment j, j + folds, ..."""
+    out = []
     for j in range(folds):
         spans = [(s, s + check) for s in starts[1 + 2 * j :: 2 * folds]]
         out.append(_blocks(trace, spans, f"{trace.name} (fold {j + 1})"))

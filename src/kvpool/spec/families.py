@@ -124,6 +124,24 @@ def layer_types(config: Config) -> list[str]:
     return ["sliding_attention"] * n  # Mistral style: one window on every layer
 
 
+def global_kv(config: Config, ctx: Context, heads: int, dim: int) -> int:
+    """A global layer's KV bytes per token. Gemma 4's have their own heads and size
+    (2 x 512 instead of 8 x 256); with attention_k_eq_v the V projection is shared
+    with K, but K is normalised and rotated and V is not, so both are cached."""
+    if config.get("global_head_dim") or config.get("num_global_key_value_heads"):
+        heads = int(config.get("num_global_key_value_heads") or heads)
+        dim = int(config.get("global_head_dim") or dim)
+    return attention_kv(heads, dim, ctx)
+
+
+def sliding_layer(config: Config, ctx: Context, i: int, kv: int) -> LayerCache:
+    """Sliding-window layer `i`; a window no request can outgrow is full attention."""
+    w = int(need(config, "sliding_window"))
+    if ctx.max_seq_len is not None and w >= ctx.max_seq_len:
+        return LayerCache("full", "full", i, kv)
+    return LayerCache("sliding", "sliding", i, kv, window=w)
+
+
 def standard_attention(config: Config, ctx: Context, *, linear_ok: bool = False) -> list[LayerCache]:
     """Full, sliding and chunked attention layers, including Gemma 4's global
     layers that have their own KV head count and head size. Linear-attention
@@ -132,23 +150,9 @@ def standard_attention(config: Config, ctx: Context, *, linear_ok: bool = False)
     out = []
     for i, t in enumerate(layer_types(config)):
         if t in ("full_attention", "global_attention", "attention"):
-            if config.get("global_head_dim") or config.get("num_global_key_value_heads"):
-                # Gemma 4 global layers: 2 x 512 instead of 8 x 256. With
-                # attention_k_eq_v the V projection is shared with K, but K is
-                # normalised and rotated and V is not, so both are cached.
-                g_heads = int(config.get("num_global_key_value_heads") or heads)
-                g_dim = int(config.get("global_head_dim") or dim)
-                out.append(LayerCache("full", "full", i, attention_kv(g_heads, g_dim, ctx)))
-            else:
-                out.append(LayerCache("full", "full", i, attention_kv(heads, dim, ctx)))
+            out.append(LayerCache("full", "full", i, global_kv(config, ctx, heads, dim)))
         elif t == "sliding_attention":
-            w = int(need(config, "sliding_window"))
-            kv = attention_kv(heads, dim, ctx)
-            if ctx.max_seq_len is not None and w >= ctx.max_seq_len:
-                # A window no request can outgrow is full attention.
-                out.append(LayerCache("full", "full", i, kv))
-            else:
-                out.append(LayerCache("sliding", "sliding", i, kv, window=w))
+            out.append(sliding_layer(config, ctx, i, attention_kv(heads, dim, ctx)))
         elif t == "chunked_attention":
             c = int(need(config, "attention_chunk_size"))
             out.append(LayerCache("chunked", "chunked", i, attention_kv(heads, dim, ctx), window=c))
@@ -253,6 +257,17 @@ def gated_deltanet(config: Config, ctx: Context) -> list[LayerCache]:
     return out
 
 
+def kimi_layer_types(lin: Mapping[str, Any], n: int) -> list[str]:
+    """Each layer's type from `linear_attn_config`'s 1-indexed full and KDA layer lists."""
+    types = ["full_attention"] * n
+    for key, kind in (("full_attn_layers", "full_attention"), ("kda_layers", "linear_attention")):
+        for layer in lin.get(key) or []:
+            if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= n:
+                raise SpecError(f"linear_attn_config.{key} holds {layer!r}, not a layer number 1..{n}")
+            types[layer - 1] = kind
+    return types
+
+
 def kimi_linear(config: Config, ctx: Context) -> list[LayerCache]:
     """Kimi Linear: MLA full-attention layers (one latent row per position, as in
     `mla`) and KDA (Kimi Delta Attention) layers, which keep per request a
@@ -264,15 +279,7 @@ def kimi_linear(config: Config, ctx: Context) -> list[LayerCache]:
     lin = need(config, "linear_attn_config")
     if not isinstance(lin, Mapping):
         raise SpecError("linear_attn_config must be an object")
-    types = ["full_attention"] * n
-    if config.get("layer_types"):
-        types = layer_types(config)
-    else:
-        for key, kind in (("full_attn_layers", "full_attention"), ("kda_layers", "linear_attention")):
-            for layer in lin.get(key) or []:
-                if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer <= n:
-                    raise SpecError(f"linear_attn_config.{key} holds {layer!r}, not a layer number 1..{n}")
-                types[layer - 1] = kind
+    types = layer_types(config) if config.get("layer_types") else kimi_layer_types(lin, n)
     values = {}
     for key in ("num_heads", "head_dim", "short_conv_kernel_size"):
         if lin.get(key) is None:

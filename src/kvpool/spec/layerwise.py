@@ -12,6 +12,7 @@ separately, since NVFP4 rounds each row to its 16-value blocks).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from kvpool.errors import SpecError
@@ -94,14 +95,21 @@ def nemotron_nas(config: Config, ctx: Context) -> list[LayerCache]:
         block = _attention_block(config, i)
         if block.get("no_op") or block.get("replace_with_linear"):
             continue
-        for field in ("window_length", "sparsify", "num_sink_tokens"):
-            if block.get(field):
-                raise SpecError(f"block_configs[{i}].attention.{field} is set, which kvpool cannot model")
-        group = block.get("n_heads_in_group")
-        if isinstance(group, bool) or not isinstance(group, int) or group < 1 or q_heads % group:
-            raise SpecError(
-                f"block_configs[{i}].attention.n_heads_in_group must be a positive divisor of "
-                f"num_attention_heads ({q_heads}), got {group!r}"
-            )
+        group = _heads_in_group(block, i, q_heads)
         out.append(LayerCache("full", "full", i, kv_row(q_heads // group, dim, dim, ctx)))
     return out
+
+
+def _heads_in_group(block: Mapping[str, Any], i: int, q_heads: int) -> int:
+    """`n_heads_in_group` of attention block `i`, a positive divisor of the query
+    heads; a windowed or sparsified block refused by name."""
+    for field in ("window_length", "sparsify", "num_sink_tokens"):
+        if block.get(field):
+            raise SpecError(f"block_configs[{i}].attention.{field} is set, which kvpool cannot model")
+    group = block.get("n_heads_in_group")
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1 or q_heads % group:
+        raise SpecError(
+            f"block_configs[{i}].attention.n_heads_in_group must be a positive divisor of "
+            f"num_attention_heads ({q_heads}), got {group!r}"
+        )
+    return group

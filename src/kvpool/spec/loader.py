@@ -43,6 +43,21 @@ def read_config_from(source: str | Path | Mapping[str, Any]) -> tuple[str, str, 
     return name, where, config
 
 
+def _read_origin(origin: ModelSource) -> tuple[str, str, Any]:
+    """(name, where, config as read) of a resolved MODEL: a preset's bundled config
+    (a preset may stand in for a hub id: `ModelSource.fallback`), or a config file
+    with its folder's sidecar quantization config."""
+    if origin.kind == "preset":
+        return origin.name, f"preset {origin.name}", presets.load_model_config(origin.name)
+    path = origin.config_path
+    config = read_json(path)
+    if origin.repo_id:
+        name, where = origin.repo_id, f"{origin.repo_id} ({path})"
+    else:
+        name, where = path.parent.name if path.name == "config.json" else path.stem, str(path)
+    return name, where, with_sidecar_quant_config(config, origin.folder or path.parent)
+
+
 def read_model_config(
     source: str | Path | Mapping[str, Any],
 ) -> tuple[str, str, dict[str, Any], ModelSource | None]:
@@ -57,17 +72,7 @@ def read_model_config(
         where = f"config {name}"
     else:
         origin = resolve_model(source)
-        if origin.kind == "preset":  # origin.name: a preset may stand in for a hub id (ModelSource.fallback)
-            name, config = origin.name, presets.load_model_config(origin.name)
-            where = f"preset {name}"
-        else:
-            path = origin.config_path
-            config = read_json(path)
-            if origin.repo_id:
-                name, where = origin.repo_id, f"{origin.repo_id} ({path})"
-            else:
-                name, where = path.parent.name if path.name == "config.json" else path.stem, str(path)
-            config = with_sidecar_quant_config(config, origin.folder or path.parent)
+        name, where, config = _read_origin(origin)
     if not isinstance(config, dict):
         raise SpecError(f"config of {name} must be a JSON object")
     check_text_config(config, where)
@@ -79,14 +84,20 @@ def read_model_config(
     return name, where, config, origin
 
 
+def _merge_key(c: LayerCache) -> tuple[Any, ...]:
+    """Layers of one key share a pool group: same tag and life cycle, and (but for
+    state, where one slot holds every layer's) the same window, ratio and row bytes."""
+    if kind_rule(c.kind).per_request:
+        return (c.tag, c.kind)
+    return (c.tag, c.kind, c.window, c.ratio, c.row_bytes)
+
+
 def build_groups(caches: list[LayerCache], tokens_per_block: int) -> tuple[LayerGroup, ...]:
     """Merge per-layer caches into pool groups: same tag, life cycle and bytes
     per row. State groups merge by tag alone: one slot holds every layer's state."""
     merged: dict[tuple[Any, ...], list[LayerCache]] = {}
     for c in caches:
-        per_request = kind_rule(c.kind).per_request
-        key = (c.tag, c.kind) if per_request else (c.tag, c.kind, c.window, c.ratio, c.row_bytes)
-        merged.setdefault(key, []).append(c)
+        merged.setdefault(_merge_key(c), []).append(c)
     tags = [key[0] for key in merged]
     groups = []
     for members in merged.values():

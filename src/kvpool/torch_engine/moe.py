@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvpool.engine.arch import ArchConfig, EngineError
+from kvpool.torch_engine.arch import ArchConfig, EngineError
 
 
 class Experts(nn.Module):

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from kvpool.engine.errors import EngineError as EngineError
-from kvpool.engine.errors import StalePageError as StalePageError
-from kvpool.engine.fields import check_fields
-from kvpool.engine.names import ARCHS as ARCHS
 from kvpool.spec.families import layer_types
+from kvpool.torch_engine.errors import EngineError as EngineError
+from kvpool.torch_engine.errors import StalePageError as StalePageError
+from kvpool.torch_engine.fields import check_fields
+from kvpool.torch_engine.names import ARCHS as ARCHS
 
 # model_type (config.json) -> our architecture switch
 MODEL_TYPES = {
@@ -158,7 +158,7 @@ class ArchConfig:
     final_logit_softcap: float | None = None
     attn_logit_softcap: float | None = None
     eos_token_ids: tuple[int, ...] = ()  # every stop id (config.json, generation_config.json)
-    num_experts: int = 0  # > 0: a sparse MoE MLP in the layers `moe_layers` names (engine/moe.py)
+    num_experts: int = 0  # > 0: a sparse MoE MLP in the layers `moe_layers` names (torch_engine/moe.py)
     experts_per_token: int = 0
     moe_intermediate_size: int = 0  # each expert's MLP width (Qwen-MoE; Mixtral's is intermediate_size)
     norm_topk_prob: bool = True  # renormalise the top-k weights (Mixtral always; Qwen-MoE per config)
@@ -235,41 +235,14 @@ class ArchConfig:
         (transformers' Qwen3MoeDecoderLayer and Qwen3MoeTopKRouter)."""
         model_type = config.get("model_type")
         if model_type == "mixtral":
-            experts = int(config.get("num_local_experts") or 0)
-            return {
-                "num_experts": experts,
-                "experts_per_token": int(config.get("num_experts_per_tok") or 0),
-                "moe_intermediate_size": int(config["intermediate_size"]),
-                "moe_layers": (experts > 0,) * n,
-            }
-        if model_type != "qwen3_moe":
-            return {}
-        experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
-        step, dense = int(config.get("decoder_sparse_step") or 1), set(config.get("mlp_only_layers") or ())
-        return {
-            "num_experts": experts,
-            "experts_per_token": int(config.get("num_experts_per_tok") or 0),
-            "moe_intermediate_size": int(config["moe_intermediate_size"]),
-            "norm_topk_prob": bool(config.get("norm_topk_prob", False)),
-            "moe_layers": tuple(experts > 0 and i not in dense and (i + 1) % step == 0 for i in range(n)),
-        }
+            return _mixtral_moe(config, n)
+        return _qwen3_moe(config, n) if model_type == "qwen3_moe" else {}
 
     @staticmethod
     def _ropes(config: Mapping[str, Any], types: list[str], gemma: bool) -> tuple[Rope, ...]:
         params = config.get("rope_parameters")
         if gemma:
-            # Local layers rotate with base 10k, global ones with 1M (+ scaling):
-            # transformers 5 keeps one dict per layer type, older configs use
-            # rope_local_base_freq / rope_theta / rope_scaling.
-            if isinstance(params, Mapping) and "full_attention" in params:
-                local = Rope.from_params(params.get("sliding_attention") or {}, 10_000.0)
-                glob = Rope.from_params(params.get("full_attention") or {}, 1_000_000.0)
-            else:
-                local = Rope(float(config.get("rope_local_base_freq", 10_000.0)))
-                glob = Rope.from_params(
-                    {**(config.get("rope_scaling") or {}), "rope_theta": config.get("rope_theta", 1_000_000.0)},
-                    1_000_000.0,
-                )
+            local, glob = _gemma_ropes(config)
             return tuple(local if t == "sliding_attention" else glob for t in types)
         if isinstance(params, Mapping):
             rope = Rope.from_params(params, 10_000.0)
@@ -279,3 +252,41 @@ class ArchConfig:
                 10_000.0,
             )
         return tuple(rope for _ in types)
+
+
+def _gemma_ropes(config: Mapping[str, Any]) -> tuple[Rope, Rope]:
+    """Gemma's (local, global) RoPE: local layers rotate with base 10k, global ones
+    with 1M (+ scaling). transformers 5 keeps one dict per layer type; older
+    configs use rope_local_base_freq / rope_theta / rope_scaling."""
+    params = config.get("rope_parameters")
+    if isinstance(params, Mapping) and "full_attention" in params:
+        local = Rope.from_params(params.get("sliding_attention") or {}, 10_000.0)
+        return local, Rope.from_params(params.get("full_attention") or {}, 1_000_000.0)
+    local = Rope(float(config.get("rope_local_base_freq", 10_000.0)))
+    scaling = {**(config.get("rope_scaling") or {}), "rope_theta": config.get("rope_theta", 1_000_000.0)}
+    return local, Rope.from_params(scaling, 1_000_000.0)
+
+
+def _qwen3_moe(config: Mapping[str, Any], n: int) -> dict[str, Any]:
+    """Qwen3-MoE's fields: layer i routed when not in `mlp_only_layers` and (i + 1)
+    a multiple of `decoder_sparse_step`; renormalised when `norm_topk_prob`."""
+    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    step, dense = int(config.get("decoder_sparse_step") or 1), set(config.get("mlp_only_layers") or ())
+    return {
+        "num_experts": experts,
+        "experts_per_token": int(config.get("num_experts_per_tok") or 0),
+        "moe_intermediate_size": int(config["moe_intermediate_size"]),
+        "norm_topk_prob": bool(config.get("norm_topk_prob", False)),
+        "moe_layers": tuple(experts > 0 and i not in dense and (i + 1) % step == 0 for i in range(n)),
+    }
+
+
+def _mixtral_moe(config: Mapping[str, Any], n: int) -> dict[str, Any]:
+    """Mixtral's MoE fields: every layer routed, weights renormalised."""
+    experts = int(config.get("num_local_experts") or 0)
+    return {
+        "num_experts": experts,
+        "experts_per_token": int(config.get("num_experts_per_tok") or 0),
+        "moe_intermediate_size": int(config["intermediate_size"]),
+        "moe_layers": (experts > 0,) * n,
+    }

@@ -13,20 +13,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from kvpool.cache import KVCacheManager, TierSpec
-from kvpool.engine.arch import EngineError
-from kvpool.engine.attention import PagedBatch, Row
-from kvpool.engine.drafter import NgramDrafter
-from kvpool.engine.kv_store import HostTier, KVStore
-from kvpool.engine.model import DecoderLM
+from kvpool.media import Medium
 from kvpool.plan import PoolPlan
 from kvpool.sched import Sequence as SchedSequence
 from kvpool.sched import Step, session
+from kvpool.torch_engine.arch import EngineError
+from kvpool.torch_engine.attention import PagedBatch, Row
+from kvpool.torch_engine.drafter import NgramDrafter
+from kvpool.torch_engine.kv_store import HostTier, KVStore
+from kvpool.torch_engine.model import DecoderLM
+
+if TYPE_CHECKING:
+    from kvpool.torch_engine.graphs import DecodeGraphs
 
 
 @dataclass
@@ -90,7 +94,7 @@ class Engine:
             padding=padding,
             warmup=warmup,
             draft_lens=(0, speculate) if speculate else (0,),
-            tiers=[TierSpec("CPU", host_memory)] if host_memory else (),
+            tiers=[TierSpec(Medium.CPU, host_memory)] if host_memory else (),
         )
         self.host: HostTier | None = None
         if host_memory:  # evicted prefix pages go to host memory and come back on a hit
@@ -105,21 +109,21 @@ class Engine:
         self._seqs: dict[int, SchedSequence] = {}
         self._outputs: dict[int, Output] = {}
         self._next_rid = 0
-        self.graphs = None
-        if cuda_graphs is None:
-            cuda_graphs = self.device.type == "cuda"
-        if cuda_graphs:
-            from kvpool.engine.graphs import DecodeGraphs
+        self.graphs = self._decode_graphs(self.device.type == "cuda" if cuda_graphs is None else cuda_graphs)
 
-            self.graphs = DecodeGraphs(model, self.store, self.spec, plan.limits, self._num_pages)
+    def _decode_graphs(self, wanted: bool) -> DecodeGraphs | None:
+        """Decode steps on static buffers (captured as CUDA graphs on CUDA), when `wanted`."""
+        if not wanted:
+            return None
+        from kvpool.torch_engine.graphs import DecodeGraphs
+
+        return DecodeGraphs(self.model, self.store, self.spec, self.plan.limits, self._num_pages)
 
     # ------------------------------------------------------------------ requests
 
-    def add(
-        self, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: int | Sequence[int] | None = None
-    ) -> int:
-        """Queue one request (FCFS); returns its request id. `eos_token_id`: one
-        stop id or several."""
+    def _check_request(self, prompt_ids: Sequence[int], max_new_tokens: int) -> None:
+        """EngineError for an empty prompt, a token outside the vocabulary, or a
+        request longer than the plan's max_seq_len."""
         if not prompt_ids:
             raise EngineError("a prompt needs at least one token")
         if max_new_tokens < 1:
@@ -132,6 +136,13 @@ class Engine:
             raise EngineError(
                 f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) exceeds max_seq_len {limit}"
             )
+
+    def add(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: int | Sequence[int] | None = None
+    ) -> int:
+        """Queue one request (FCFS); returns its request id. `eos_token_id`: one
+        stop id or several."""
+        self._check_request(prompt_ids, max_new_tokens)
         rid = self._next_rid
         self._next_rid += 1
         seq = SchedSequence(

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvpool.engine.errors import EngineError
+from kvpool.torch_engine.errors import EngineError
 
 _BOOKKEEPING = frozenset(
     {

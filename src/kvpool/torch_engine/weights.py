@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from kvpool.engine.arch import ARCHS, ArchConfig, EngineError
-from kvpool.engine.model import DecoderLM
 from kvpool.spec.jsonfile import read_json
+from kvpool.torch_engine.arch import ARCHS, ArchConfig, EngineError
+from kvpool.torch_engine.model import DecoderLM
 
 # Checkpoint prefixes that wrap the text decoder (multimodal Gemma 3 folders).
 _PREFIXES = ("model.language_model.", "language_model.model.", "language_model.")
@@ -151,6 +151,14 @@ def hf_model(config: Mapping[str, Any], seed: int = 0) -> Any:
     return model
 
 
+def _model_key(key: str) -> str:
+    """A checkpoint's tensor name as `DecoderLM` names it (the decoder under `model.`)."""
+    for prefix in _PREFIXES:
+        if key.startswith(prefix):
+            return "model." + key[len(prefix) :]
+    return key
+
+
 def from_state_dict(
     config: Mapping[str, Any],
     state: Mapping[str, torch.Tensor],
@@ -165,10 +173,7 @@ def from_state_dict(
     clean: dict[str, torch.Tensor] = {}
     unused: list[str] = []
     for key, tensor in state.items():
-        for prefix in _PREFIXES:
-            if key.startswith(prefix):
-                key = "model." + key[len(prefix) :]
-                break
+        key = _model_key(key)
         if key in wanted:
             clean[key] = tensor
         elif key.startswith(("model.layers.", "model.norm")) and not key.endswith("inv_freq"):

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 
 import torch
 
-from kvpool.engine.arch import ArchConfig, EngineError
+from kvpool.media import Medium
 from kvpool.plan import PoolPlan
+from kvpool.torch_engine.arch import ArchConfig, EngineError
 
 
 class KVStore:
@@ -73,22 +74,22 @@ class HostTier:
         ]
         self.offloaded = self.onboarded = 0
 
-    def to_tier(self, group: int, page: int, medium: str, slot: int) -> None:
+    def to_tier(self, group: int, page: int, medium: Medium, slot: int) -> None:
         self._only_host(medium)
         self.tensors[group][slot].copy_(self.store.tensors[self.names[group]][page])
         self.offloaded += 1
 
-    def to_gpu(self, group: int, medium: str, slot: int, page: int) -> None:
+    def to_gpu(self, group: int, medium: Medium, slot: int, page: int) -> None:
         self._only_host(medium)
         self.store.tensors[self.names[group]][page].copy_(self.tensors[group][slot], non_blocking=True)
         self.onboarded += 1
 
-    def between(self, group: int, src: str, src_slot: int, dst: str, dst_slot: int) -> None:
+    def between(self, group: int, src: Medium, src_slot: int, dst: Medium, dst_slot: int) -> None:
         raise EngineError(f"the reference engine keeps a host tier only, not {dst}")
 
     @staticmethod
-    def _only_host(medium: str) -> None:
-        if medium != "CPU":
+    def _only_host(medium: Medium) -> None:
+        if medium != Medium.CPU:
             raise EngineError(f"the reference engine keeps a host tier only, not {medium}")
 
 

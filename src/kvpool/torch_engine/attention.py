@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kvpool.engine.arch import StalePageError
 from kvpool.spec import LayerGroup, kind_rule
+from kvpool.torch_engine.arch import StalePageError
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvpool.engine.arch import ArchConfig, Rope
+from kvpool.torch_engine.arch import ArchConfig, Rope
 
 # attend(layer, q [T,H,D], k [T,KVH,D], v [T,KVH,D]) -> [T,H,D]
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -86,7 +86,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.tanh_gelu = cfg.activation in ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new")
         if not self.tanh_gelu and cfg.activation != "silu":
-            from kvpool.engine.arch import EngineError
+            from kvpool.torch_engine.arch import EngineError
 
             raise EngineError(f"activation {cfg.activation!r} is not supported by the reference engine")
 
@@ -103,7 +103,7 @@ class DecoderLayer(nn.Module):
         eps, gemma = cfg.rms_norm_eps, cfg.gemma
         self.self_attn = Attention(cfg)
         if cfg.moe_layers and cfg.moe_layers[index]:
-            from kvpool.engine.moe import SparseMoE
+            from kvpool.torch_engine.moe import SparseMoE
 
             self.mlp: nn.Module = SparseMoE(cfg)
         else:
@@ -196,7 +196,7 @@ class DecoderLM(nn.Module):
     def dense_logits(self, input_ids: list[int] | torch.Tensor) -> torch.Tensor:
         """Logits [S, vocab] of one sequence run densely from position 0 (no
         pages, no cache): the baseline for parity with transformers."""
-        from kvpool.engine.attention import dense_attention
+        from kvpool.torch_engine.attention import dense_attention
 
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device)
         cfg = self.cfg

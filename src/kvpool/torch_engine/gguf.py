@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kvpool.engine.arch import EngineError
-from kvpool.engine.names import PACKAGED
+from kvpool.torch_engine.arch import EngineError
+from kvpool.torch_engine.names import PACKAGED
 
 
 def packaged_gguf(name: str) -> Path:

@@ -18,11 +18,11 @@ from collections.abc import Mapping
 
 import torch
 
-from kvpool.engine.attention import GroupIndex, PagedBatch, Row, StepIndex
-from kvpool.engine.kv_store import KVStore
-from kvpool.engine.model import DecoderLM
 from kvpool.plan.limits import ServingLimits
 from kvpool.spec import ModelSpec
+from kvpool.torch_engine.attention import GroupIndex, PagedBatch, Row, StepIndex
+from kvpool.torch_engine.kv_store import KVStore
+from kvpool.torch_engine.model import DecoderLM
 
 
 class _Static:
