@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from cache_helpers import full_spec
 from kvpool.cache import KVCacheManager
 from kvpool.cache.kv_wire import wire_events
 from kvpool.fleet import Router, RouteRequest
 from kvpool.plan import PoolPlan, ServingLimits
+from kvpool.sched import Sequence as SchedSequence
+from kvpool.sched.sequence import Status
+from kvpool.sim.metrics import SimResult
 
 TPB = 4
 
@@ -49,3 +53,90 @@ def serve_through(router: Router, replicas: list[Replica], prompts: Sequence[Seq
         router.observe(w, replicas[w].events(), float(rid))
         choices.append(w)
     return choices, reused
+
+
+class FakeReplica:
+    """A steppable replica with the interface of `kvpool.sim.Replica`, for the
+    fleet loop's tests: steps of `step_s` seconds; each step admits waiting
+    requests up to `batch` running, computes an admitted prompt in one step
+    (its cached prefix, in a real `KVCacheManager` of `pages` pages, free) and
+    gives every running request one token; a prompt longer than the pool is
+    rejected. Its cache's events go out as vLLM events. `submitted` logs
+    (time, rid), `ran_to` every `run_until` time."""
+
+    def __init__(self, step_s: float = 0.01, batch: int = 4, pages: int = 64) -> None:
+        plan = PoolPlan.from_pages(
+            full_spec(tpb=TPB), {"full": pages}, ServingLimits(max_batch_size=batch, max_seq_len=512)
+        )
+        self.plan, self.m, self.step_s, self.batch = plan, KVCacheManager(plan), step_s, batch
+        self.clock = 0.0
+        self.waiting: list[SchedSequence] = []
+        self.running: list[SchedSequence] = []
+        self.submitted: list[tuple[float, int]] = []
+        self.ran_to: list[float] = []
+        self.prompt_tokens = self.prompt_hits = self.steps = 0
+
+    def submit(self, request: SchedSequence, arrival_s: float) -> None:
+        assert not self.submitted or arrival_s >= self.submitted[-1][0]
+        self.submitted.append((arrival_s, request.rid))
+        self.clock = max(self.clock, arrival_s) if not self.running else self.clock
+        self.waiting.append(request)
+
+    def next_event_s(self) -> float | None:
+        return self.clock if self.waiting or self.running else None
+
+    def run_until(self, t_s: float) -> None:
+        assert not self.ran_to or t_s >= self.ran_to[-1]
+        self.ran_to.append(t_s)
+        while (self.waiting or self.running) and self.clock <= t_s:
+            self.step()
+
+    def step(self) -> None:
+        end = self.clock + self.step_s
+        while self.waiting and len(self.running) < self.batch:
+            seq = self.waiting.pop(0)
+            prompt = list(seq.prompt_ids)
+            if -(-len(prompt) // TPB) > self.m.free_pages("full"):
+                seq.status = Status.REJECTED
+                continue
+            hit = self.m.create(seq.rid, prompt)
+            assert self.m.resize(seq.rid, len(prompt), len(prompt))
+            self.m.commit(seq.rid, len(prompt))
+            self.prompt_tokens += len(prompt)
+            self.prompt_hits += hit
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+        for seq in list(self.running):
+            seq.output_ids.append(1)
+            if seq.first_token_s is None:
+                seq.first_token_s = end
+            if len(seq.output_ids) >= seq.max_new_tokens:
+                seq.status, seq.finish_s = Status.FINISHED, end
+                self.m.free(seq.rid)
+                self.running.remove(seq)
+        self.steps += 1
+        self.clock = end
+
+    def drain_events(self) -> list[object]:
+        return list(wire_events(self.m.take_events(), self.m.groups))
+
+    def result(self) -> SimResult:
+        return SimResult(
+            policy="fake",
+            plan=self.plan,
+            num_requests=len(self.submitted),
+            finished=0,
+            rejected=0,
+            output_tokens=0,
+            makespan_s=self.clock,
+            ttft_s=np.zeros(0),
+            tpot_s=np.zeros(0),
+            preemptions=0,
+            steps=self.steps,
+            decode_steps=0,
+            decode_only_steps=0,
+            graph_steps=0,
+            padding_failures=0,
+            pages={},
+            prompt_hit_rate=self.prompt_hits / self.prompt_tokens if self.prompt_tokens else 0.0,
+        )
