@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+
 from cache_helpers import full_spec
 from kvpool.cache import KVCacheManager
 from kvpool.cache.kv_wire import wire_events

@@ -5,21 +5,23 @@ metrics (`kvpool.fleet.metrics`)."""
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
 import numpy as np
 import pytest
-from fleet_helpers import TPB, FakeReplica
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fleet_helpers import TPB, FakeReplica
 from kvpool.fleet import make_router
 from kvpool.fleet.loop import Handoffs, Stage, Transfer, run_fleet
 from kvpool.fleet.metrics import FleetResult, RequestRecord, Slo, SloError
 from kvpool.trace import Trace
 
 
-def trace_of(prompts: list[int], outputs: list[int], times: list[float], hashes: list[tuple[int, ...]] | None = None):
+def trace_of(
+    prompts: list[int], outputs: list[int], times: list[float], hashes: list[tuple[int, ...]] | None = None
+) -> Trace:
     """A trace; without `hashes` every prompt its own blocks (nothing shared)."""
     if hashes is None:
         hashes = [tuple(range(100 * i, 100 * i + 4)) for i in range(len(prompts))]
@@ -33,7 +35,7 @@ def trace_of(prompts: list[int], outputs: list[int], times: list[float], hashes:
     )
 
 
-def run(trace: Trace, n: int, router: str = "round-robin", **kw):
+def run(trace: Trace, n: int, router: str = "round-robin", **kw: Any) -> tuple[list[FakeReplica], FleetResult]:
     reps = [FakeReplica(**kw) for _ in range(n)]
     stage = Stage("aggregated", reps, make_router(router, n, **({"block_size": TPB} if router == "kv" else {})))
     records, summaries = run_fleet(trace, [stage], max_seq_len=512)
@@ -58,7 +60,9 @@ def test_round_robin_takes_replicas_in_turn_and_every_request_finishes() -> None
     st.integers(1, 4),
     st.sampled_from(["round-robin", "least-load", "prefix", "kv"]),
 )
-def test_time_moves_forward_and_requests_arrive_in_order(rows, n, router) -> None:
+def test_time_moves_forward_and_requests_arrive_in_order(
+    rows: list[tuple[int, int, float]], n: int, router: str
+) -> None:
     rows.sort(key=lambda r: r[2])
     trace = trace_of([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
     reps, result = run(trace, n, router)
@@ -66,6 +70,7 @@ def test_time_moves_forward_and_requests_arrive_in_order(rows, n, router) -> Non
         assert [t for t, _ in r.submitted] == sorted(t for t, _ in r.submitted)
     assert result.finished == len(rows)
     for rec in result.records:
+        assert rec.first_token_s is not None and rec.finish_s is not None
         assert rec.arrival_s <= rec.first_token_s <= rec.finish_s
         assert rec.finish_s - rec.first_token_s == pytest.approx(0.01 * (rec.output_len - 1), abs=1e-9)
 
@@ -92,7 +97,9 @@ def test_a_prompt_that_never_fits_is_rejected_and_the_rest_finish() -> None:
     assert over.rejected == 1 and over.replicas[0].requests == 0
 
 
-def disaggregated(trace: Trace, p: int, d: int, seconds: float, pages: int = 3):
+def disaggregated(
+    trace: Trace, p: int, d: int, seconds: float, pages: int = 3
+) -> tuple[list[FakeReplica], list[FakeReplica], FleetResult]:
     pre, dec = [FakeReplica() for _ in range(p)], [FakeReplica() for _ in range(d)]
     handoffs = Handoffs(lambda n: Transfer(seconds, {"full": pages}))
     stages = [Stage("prefill", pre, make_router("round-robin", p)), Stage("decode", dec, make_router("least-load", d))]
@@ -121,7 +128,7 @@ def test_the_decode_side_headroom_is_the_most_pages_in_flight_at_once() -> None:
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 10), st.floats(0, 3), st.integers(0, 9)), max_size=12))
-def test_peak_pages_is_the_most_at_any_instant(spans) -> None:
+def test_peak_pages_is_the_most_at_any_instant(spans: list[tuple[float, float, int]]) -> None:
     h = Handoffs(lambda n: Transfer(0.0, {}))
     h.in_flight[0] = [(s, s + d, {"g": p}) for s, d, p in spans]
     points = [s for s, _, _ in spans]
@@ -143,4 +150,4 @@ def test_slo_parsing_and_goodput() -> None:
     assert [r.meets(result.slo) for r in result.records] == [True, False, True]  # type: ignore[arg-type]
     assert result.good() == 2 and result.goodput() == pytest.approx(2 / 2.5)
     assert result.misses() == [f"itl_p99 {0.04 + 0.99 * (0.1 - 0.04):.3g} s > 0.05 s"] and not result.meets()
-    assert math.isclose(result.latencies.at("ttft", 50), 1.0)
+    assert result.latencies.at("ttft", 50) == 1.0

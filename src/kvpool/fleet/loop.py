@@ -282,4 +282,3 @@ def summaries(fleet: Fleet) -> list[ReplicaSummary]:
             peak = fleet.handoffs.peak_pages(w) if fleet.handoffs is not None and stage.role == "decode" else {}
             out.append(ReplicaSummary(w, stage.role, stage.requests[w], stage.prompt_tokens[w], rep.result(), peak))
     return out
-

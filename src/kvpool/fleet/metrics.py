@@ -57,7 +57,7 @@ class Slo:
     def parse(cls, text: str) -> Slo:
         """`METRIC_Q=DURATION,...`: METRIC one of ttft, itl, e2e; Q one of
         p50, p90, p95, p99, max; DURATION like 2s, 50ms, 1.5."""
-        bounds = []
+        bounds: list[Bound] = []
         for item in text.split(","):
             key, eq, value = item.strip().partition("=")
             metric, _, q = key.strip().partition("_")
@@ -127,9 +127,7 @@ class RequestRecord:
             return False
         itl = self.itl
         return (
-            self.ttft <= slo.limit("ttft")
-            and self.e2e <= slo.limit("e2e")
-            and (itl is None or itl <= slo.limit("itl"))
+            self.ttft <= slo.limit("ttft") and self.e2e <= slo.limit("e2e") and (itl is None or itl <= slo.limit("itl"))
         )
 
 
@@ -216,7 +214,7 @@ class FleetResult:
 
     @property
     def makespan_s(self) -> float:
-        ends = [r.finish_s for r in self.records if r.done]
+        ends = [r.finish_s for r in self.records if r.finish_s is not None and not r.rejected]
         return max(ends) - min(r.arrival_s for r in self.records) if ends else 0.0
 
     @property
@@ -267,9 +265,7 @@ class FleetResult:
         prompt tokens any one of them computed (its prompt tokens less its
         prefix hits) over their mean; 1.0 is perfectly even."""
         work = [
-            s.prompt_tokens * (1 - s.result.prompt_hit_rate)
-            for s in self.replicas
-            if role is None or s.role == role
+            s.prompt_tokens * (1 - s.result.prompt_hit_rate) for s in self.replicas if role is None or s.role == role
         ]
         mean = sum(work) / len(work) if work else 0.0
         return max(work) / mean if mean > 0 else 1.0
