@@ -13,9 +13,7 @@ from kvpool.cache import KVCacheManager
 from kvpool.cache.kv_wire import wire_events
 from kvpool.fleet import Router, RouteRequest
 from kvpool.plan import PoolPlan, ServingLimits
-from kvpool.sched import Sequence as SchedSequence
-from kvpool.sched.sequence import Status
-from kvpool.sim.metrics import SimResult
+from kvpool.sim import RequestRecord, SimResult, TraceRequest
 
 TPB = 4
 
@@ -57,12 +55,12 @@ def serve_through(router: Router, replicas: list[Replica], prompts: Sequence[Seq
 
 
 class FakeReplica:
-    """A steppable replica with the interface of `kvpool.sim.Replica`, for the
-    fleet loop's tests: steps of `step_s` seconds; each step admits waiting
-    requests up to `batch` running, computes an admitted prompt in one step
-    (its cached prefix, in a real `KVCacheManager` of `pages` pages, free) and
-    gives every running request one token; a prompt longer than the pool is
-    rejected. Its cache's events go out as vLLM events. `submitted` logs
+    """A steppable replica with the interface of `kvpool.fleet.loop.FleetReplica`,
+    for the fleet loop's tests: steps of `step_s` seconds; each step admits
+    waiting requests up to `batch` running, computes an admitted prompt in one
+    step (its cached prefix, in a real `KVCacheManager` of `pages` pages, free)
+    and gives every running request one token; a prompt longer than the pool
+    is rejected. Its cache's events go out as vLLM events. `submitted` logs
     (time, rid), `ran_to` every `run_until` time."""
 
     def __init__(self, step_s: float = 0.01, batch: int = 4, pages: int = 64) -> None:
@@ -71,17 +69,20 @@ class FakeReplica:
         )
         self.plan, self.m, self.step_s, self.batch = plan, KVCacheManager(plan), step_s, batch
         self.clock = 0.0
-        self.waiting: list[SchedSequence] = []
-        self.running: list[SchedSequence] = []
+        self.waiting: list[tuple[TraceRequest, float]] = []
+        self.running: dict[int, tuple[TraceRequest, float, int, int, float | None]] = {}
+        self.finished: list[RequestRecord] = []
+        self.rejected: list[int] = []
         self.submitted: list[tuple[float, int]] = []
         self.ran_to: list[float] = []
         self.prompt_tokens = self.prompt_hits = self.steps = 0
 
-    def submit(self, request: SchedSequence, arrival_s: float) -> None:
+    def submit(self, request: TraceRequest, arrival_s: float) -> None:
         assert not self.submitted or arrival_s >= self.submitted[-1][0]
         self.submitted.append((arrival_s, request.rid))
-        self.clock = max(self.clock, arrival_s) if not self.running else self.clock
-        self.waiting.append(request)
+        if not self.running and not self.waiting:
+            self.clock = max(self.clock, arrival_s)
+        self.waiting.append((request, arrival_s))
 
     def next_event_s(self) -> float | None:
         return self.clock if self.waiting or self.running else None
@@ -89,37 +90,51 @@ class FakeReplica:
     def run_until(self, t_s: float) -> None:
         assert not self.ran_to or t_s >= self.ran_to[-1]
         self.ran_to.append(t_s)
-        while (self.waiting or self.running) and self.clock <= t_s:
+        while (self.waiting or self.running) and self.clock < t_s:
             self.step()
 
     def step(self) -> None:
         end = self.clock + self.step_s
         while self.waiting and len(self.running) < self.batch:
-            seq = self.waiting.pop(0)
-            prompt = list(seq.prompt_ids)
+            request, arrival = self.waiting.pop(0)
+            prompt = request.prompt_ids()
             if -(-len(prompt) // TPB) > self.m.free_pages("full"):
-                seq.status = Status.REJECTED
+                self.rejected.append(request.rid)
                 continue
-            hit = self.m.create(seq.rid, prompt)
-            assert self.m.resize(seq.rid, len(prompt), len(prompt))
-            self.m.commit(seq.rid, len(prompt))
+            hit = self.m.create(request.rid, prompt)
+            assert self.m.resize(request.rid, len(prompt), len(prompt))
+            self.m.commit(request.rid, len(prompt))
             self.prompt_tokens += len(prompt)
             self.prompt_hits += hit
-            seq.status = Status.RUNNING
-            self.running.append(seq)
-        for seq in list(self.running):
-            seq.output_ids.append(1)
-            if seq.first_token_s is None:
-                seq.first_token_s = end
-            if len(seq.output_ids) >= seq.max_new_tokens:
-                seq.status, seq.finish_s = Status.FINISHED, end
-                self.m.free(seq.rid)
-                self.running.remove(seq)
+            self.running[request.rid] = (request, arrival, hit, 0, None)
+        for rid, (request, arrival, hit, out, first) in list(self.running.items()):
+            out, first = out + 1, end if first is None else first
+            self.running[rid] = (request, arrival, hit, out, first)
+            if out >= request.output_len:
+                del self.running[rid]
+                self.m.free(rid)
+                self.finished.append(
+                    RequestRecord(rid, arrival, first, end, request.prompt_len, out, hit, 0)
+                )
         self.steps += 1
         self.clock = end
 
     def drain_events(self) -> list[object]:
         return list(wire_events(self.m.take_events(), self.m.groups))
+
+    def take_finished(self) -> list[RequestRecord]:
+        out, self.finished = self.finished, []
+        return out
+
+    def take_rejected(self) -> list[int]:
+        out, self.rejected = self.rejected, []
+        return out
+
+    def first_tokens(self, rids: set[int]) -> list[tuple[int, float]]:
+        return [(rid, r[4]) for rid, r in self.running.items() if rid in rids and r[4] is not None]
+
+    def clock_s(self) -> float:
+        return self.clock
 
     def result(self) -> SimResult:
         return SimResult(

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from fleet_helpers import TPB, FakeReplica
 from kvpool.fleet import make_router
 from kvpool.fleet.loop import Handoffs, Stage, Transfer, run_fleet
-from kvpool.fleet.metrics import FleetResult, RequestRecord, Slo, SloError
+from kvpool.fleet.metrics import FleetResult, FleetRecord, Slo, SloError
 from kvpool.trace import Trace
 
 
@@ -143,9 +143,9 @@ def test_slo_parsing_and_goodput() -> None:
     for bad in ("ttft=2s", "tft_p99=2s", "ttft_p99", "ttft_p99=fast", "ttft_p99=-1s", "ttft_p99=1s,ttft_p99=2s"):
         with pytest.raises(SloError):
             Slo.parse(bad)
-    fast = RequestRecord(0, 0.0, 10, 3, first_token_s=1.0, finish_s=1.08)
-    slow_itl = RequestRecord(1, 0.0, 10, 3, first_token_s=1.0, finish_s=1.2)
-    one = RequestRecord(2, 1.0, 10, 1, first_token_s=2.5, finish_s=2.5)
+    fast = FleetRecord(0, 0.0, 10, 3, first_token_s=1.0, finish_s=1.08)
+    slow_itl = FleetRecord(1, 0.0, 10, 3, first_token_s=1.0, finish_s=1.2)
+    one = FleetRecord(2, 1.0, 10, 1, first_token_s=2.5, finish_s=2.5)
     result = FleetResult("x", (fast, slow_itl, one), (), 1, Slo.parse("ttft_p99=2s,itl_p99=50ms"))
     assert [r.meets(result.slo) for r in result.records] == [True, False, True]  # type: ignore[arg-type]
     assert result.good() == 2 and result.goodput() == pytest.approx(2 / 2.5)

@@ -176,7 +176,19 @@ class FleetSimulation:
         events = layout.router.startswith("kv")
 
         def stage(role: str, n: int) -> Stage:
-            reps: list[FleetReplica] = [make_replica(plan, sim.model, role, f"{role}{i}", events) for i in range(n)]
+            reps: list[FleetReplica] = [
+                make_replica(
+                    plan,
+                    sim.model,
+                    role,
+                    f"{role}{i}",
+                    events=events,
+                    reuse=sim.trace.hash_ids is not None,
+                    padding=sim.padding,
+                    admission=sim.admission,
+                )
+                for i in range(n)
+            ]
             return Stage(role, reps, self.router(layout, n, plan))
 
         handoffs = None

@@ -3,51 +3,55 @@
 A fleet is one or two stages of replicas, each stage behind its own router:
 one aggregated stage, or a prefill stage whose finished prompts are handed to
 a decode stage over a link (`Handoffs`). Every replica is a steppable
-simulator replica (`FleetReplica`: `kvpool.sim.Replica` is one); the loop
-never steps a scheduler itself. It repeatedly takes the earliest of
+simulator replica (`FleetReplica`; `fleet.replicas.StageReplica` over
+`kvpool.sim.Replica`); the loop never steps a scheduler itself.
 
-- the next arrival (a trace request, or a handoff whose transfer is done):
-  the stage's router picks a replica at that time, the request is submitted;
-- the replica whose next event is the earliest (`next_event_s`): it runs
-  until then, and the loop harvests what happened: its KV events go to the
-  router (which applies them `event_lag_s` later), requests whose first token
-  came out are `prefilled`, finished ones `finished` (and, out of a prefill
-  stage, handed off).
+Replicas meet only where a router decides: at an arrival. So the loop takes
+the next arrival (a trace request; or, in the decode stage, a prompt whose
+prefill is done, and its delivery once its pages crossed the link), advances
+every replica with work to that time (`run_until(t)`: the steps that start
+before t), and collects what they did as timed news: KV events (at the
+replica's clock after the run), first tokens, finishes, rejections. The
+router then hears the news up to t, in time order (the kv router applies an
+event `event_lag_s` after it was emitted), and routes the arrival. A replica
+never sees a request before its arrival time, a router never hears of
+anything after the time it routes at. An arrival at the same time as a
+replica's next step is submitted first, as the one-replica simulator admits a
+request that arrived by the step's start.
 
-An arrival at the same time as a replica's next step is submitted first, as
-the one-replica simulator admits a request that arrived by the step's start.
-The loop is deterministic: ties between replicas go to the lower stage and
-index, between arrivals to the earlier one in trace order.
+Deterministic: news at equal times in the order collected (stage, replica
+index), arrivals at equal times in trace order.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kvpool.fleet.load import RouteRequest
-from kvpool.fleet.metrics import ReplicaSummary, RequestRecord
+from kvpool.fleet.metrics import FleetRecord, ReplicaSummary
 from kvpool.fleet.routers import Router
-from kvpool.sched import Sequence as Request
-from kvpool.sched.sequence import Status
-from kvpool.sim.metrics import SimResult
-from kvpool.sim.requests import make_sequence
+from kvpool.sim.metrics import RequestRecord, SimResult
+from kvpool.sim.requests import TraceRequest
 from kvpool.trace import Trace
-
-DONE = (Status.FINISHED, Status.REJECTED)
 
 
 class FleetReplica(Protocol):
-    """What the loop needs of a replica (`kvpool.sim.Replica` provides it).
-    `submit` hands it a request that arrived at `arrival_s` (the replica sets
-    the request's `first_token_s`, `finish_s` and `status` as it runs it);
-    `next_event_s` is the time of its next step (None when idle);
-    `run_until(t)` runs what happens up to `t`; `drain_events` returns and
-    clears the KV events since the last call; `result` is its run's metrics."""
+    """What the loop needs of a replica: `kvpool.sim.Replica`'s interface
+    (`submit` a request arriving at `arrival_s`; `next_event_s`, the time of
+    its next step, None when idle; `run_until(t)`; `drain_events`, the KV
+    events since the last call; `result`) and three questions about what it
+    did (`fleet.replicas.StageReplica` answers them from the replica's own
+    books): `take_finished`, the records of the requests finished since the
+    last call; `take_rejected`, the ids of those it rejected since;
+    `first_tokens(rids)`, which of `rids` have sampled their first token, and
+    when; `clock_s`, its clock (the end of the last step it ran)."""
 
-    def submit(self, request: Request, arrival_s: float) -> None: ...
+    def submit(self, request: TraceRequest, arrival_s: float) -> None: ...
 
     def next_event_s(self) -> float | None: ...
 
@@ -56,6 +60,14 @@ class FleetReplica(Protocol):
     def drain_events(self) -> list[Any]: ...
 
     def result(self) -> SimResult: ...
+
+    def take_finished(self) -> list[RequestRecord]: ...
+
+    def take_rejected(self) -> list[int]: ...
+
+    def first_tokens(self, rids: set[int]) -> list[tuple[int, float]]: ...
+
+    def clock_s(self) -> float: ...
 
 
 @dataclass
@@ -66,7 +78,7 @@ class Stage:
     role: str  # "aggregated", "prefill" or "decode"
     replicas: Sequence[FleetReplica]
     router: Router
-    inflight: list[dict[int, Request]] = field(init=False)
+    inflight: list[dict[int, TraceRequest]] = field(init=False)
     unprefilled: list[set[int]] = field(init=False)
     requests: list[int] = field(init=False)
     prompt_tokens: list[int] = field(init=False)
@@ -118,37 +130,51 @@ class Handoffs:
 
 @dataclass
 class Fleet:
-    """The stages and the books of one run (`run_fleet`)."""
+    """The stages and the books of one run (`run_fleet`): every request's
+    record, the timed entries still to process (`queue`: routing a decode
+    request, delivering one), the news the routers have not heard (`news`)."""
 
     stages: list[Stage]
     handoffs: Handoffs | None
-    records: dict[int, RequestRecord] = field(default_factory=dict)
-    arrivals: list[tuple[float, int, int, int, int]] = field(default_factory=list)  # (t, order, stage, worker, rid)
-    due: list[tuple[float, int, int]] = field(default_factory=list)  # (t, stage, worker): a heap, stale entries kept
-    next_due: dict[tuple[int, int], float | None] = field(default_factory=dict)
+    records: dict[int, FleetRecord] = field(default_factory=dict)
+    queue: list[tuple[float, int, str, int, int]] = field(default_factory=list)  # (t, order, what, worker, rid)
+    news: list[tuple[float, int, int, int, str, Any]] = field(default_factory=list)  # (t, order, stage, worker, ...)
     order: int = 0
-    decode_requests: dict[int, Request] = field(default_factory=dict)
+    decode_requests: dict[int, TraceRequest] = field(default_factory=dict)
 
-    def arrive(self, t: float, stage: int, worker: int, rid: int) -> None:
-        heapq.heappush(self.arrivals, (t, self.order, stage, worker, rid))
+    def push(self, t: float, what: str, worker: int, rid: int) -> None:
+        """A decode-stage entry: "route" `rid` at `t`, or "deliver" it to `worker`."""
+        heapq.heappush(self.queue, (t, self.order, what, worker, rid))
         self.order += 1
 
-    def refresh(self, s: int, w: int) -> None:
-        """Re-read replica (s, w)'s next event into the heap."""
-        t = self.stages[s].replicas[w].next_event_s()
-        if self.next_due.get((s, w)) != t:
-            self.next_due[(s, w)] = t
-            if t is not None:
-                heapq.heappush(self.due, (t, s, w))
+    def tell(self, t: float, s: int, w: int, kind: str, payload: Any) -> None:
+        """News from replica (s, w) at time `t` for its router: "events", "prefilled", "finished"."""
+        heapq.heappush(self.news, (t, self.order, s, w, kind, payload))
+        self.order += 1
 
-    def next_replica(self) -> tuple[float, int, int] | None:
-        """The earliest replica event still current (stale entries dropped)."""
-        while self.due:
-            t, s, w = self.due[0]
-            if self.next_due.get((s, w)) == t:
-                return t, s, w
-            heapq.heappop(self.due)
-        return None
+    def hear(self, until: float) -> None:
+        """The routers hear every piece of news up to `until`, in time order."""
+        news = self.news
+        while news and news[0][0] <= until:
+            t, _, s, w, kind, payload = heapq.heappop(news)
+            router = self.stages[s].router
+            if kind == "events":
+                router.observe(w, payload, t)
+            elif kind == "prefilled":
+                router.prefilled(payload, t)
+            else:
+                router.finished(payload, t)
+
+    def advance(self, s: int, until: float) -> int:
+        """Run every replica of stage `s` with work to `until`, collect what
+        each did; returns the requests the fleet finished or rejected."""
+        done = 0
+        for w, replica in enumerate(self.stages[s].replicas):
+            t = replica.next_event_s()
+            if t is not None and t < until:
+                replica.run_until(until)
+                done += harvest(self, s, w)
+        return done
 
 
 def run_fleet(
@@ -158,121 +184,128 @@ def run_fleet(
     max_seq_len: int,
     handoffs: Handoffs | None = None,
     progress: Callable[[int, int], None] | None = None,
-) -> tuple[list[RequestRecord], list[ReplicaSummary]]:
+) -> tuple[list[FleetRecord], list[ReplicaSummary]]:
     """Replay `trace` (arrival times set) on the fleet: `stages` is one
     aggregated stage, or a prefill and a decode stage with `handoffs`.
     Returns every request's record (trace order) and every replica's summary
-    (stage order). `progress(done, total)` is called as requests finish."""
+    (stage order). A prompt of `max_seq_len` tokens or more is rejected
+    unrouted (the replicas would reject it). `progress(done, total)` is
+    called as requests finish."""
     if (len(stages) == 2) != (handoffs is not None) or len(stages) not in (1, 2):
         raise ValueError("a fleet is one aggregated stage, or a prefill and a decode stage with handoffs")
     fleet = Fleet(list(stages), handoffs)
     n = len(trace)
-    arrivals = trace.arrival_s.tolist() if trace.arrival_s is not None else [0.0] * n
-    requests: dict[int, Request] = {}
+    times = trace.arrival_s.tolist() if trace.arrival_s is not None else [0.0] * n
+    arrivals: list[tuple[float, TraceRequest]] = []
     for i in range(n):
-        seq = make_sequence(trace, i, max_seq_len)
-        out = int(trace.output_len[i])
-        rec = RequestRecord(i, arrivals[i], int(trace.prompt_len[i]), out)
+        request = TraceRequest.of(trace, i)
+        rec = FleetRecord(i, times[i], request.prompt_len, min(request.output_len, max_seq_len - request.prompt_len))
         fleet.records[i] = rec
-        if seq is None:
+        if request.prompt_len >= max_seq_len:
             rec.rejected = True
-            continue
-        rec.output_len = seq.max_new_tokens
-        if handoffs is not None:
-            seq.max_new_tokens = 1  # the prefill stage samples the first token, then hands the request on
-        requests[i] = seq
-        fleet.arrive(arrivals[i], 0, -1, i)
-    done = sum(r.rejected for r in fleet.records.values())
+        else:
+            arrivals.append((times[i], dataclasses.replace(request, output_len=1) if handoffs else request))
+    done, nxt, inf = n - len(arrivals), 0, math.inf
     while True:
-        nxt = fleet.next_replica()
-        if fleet.arrivals and (nxt is None or fleet.arrivals[0][0] <= nxt[0]):
-            t, _, s, w, rid = heapq.heappop(fleet.arrivals)
-            seq = requests[rid] if s == 0 else fleet.decode_requests.pop(rid)
-            submit(fleet, s, w, seq, t)
-            continue
-        if nxt is None:
-            break
-        t, s, w = nxt
-        fleet.stages[s].replicas[w].run_until(t)
-        finished = harvest(fleet, s, w, t)
-        fleet.refresh(s, w)
+        t0 = arrivals[nxt][0] if nxt < len(arrivals) else inf
+        finished = fleet.advance(0, t0)
+        t = min(t0, fleet.queue[0][0]) if fleet.queue else t0
+        if len(stages) == 2:
+            finished += fleet.advance(1, t)
         if finished and progress is not None:
             done += finished
             progress(done, n)
+        if t == inf:
+            break
+        fleet.hear(t)
+        if fleet.queue and fleet.queue[0][0] == t:
+            _, _, what, w, rid = heapq.heappop(fleet.queue)
+            if what == "route":
+                hand_off(fleet, rid, t)
+            else:
+                submit(fleet, 1, w, fleet.decode_requests.pop(rid), t)
+        else:
+            submit(fleet, 0, -1, arrivals[nxt][1], t)
+            nxt += 1
     return [fleet.records[i] for i in range(n)], summaries(fleet)
 
 
-def submit(fleet: Fleet, s: int, w: int, seq: Request, t: float) -> None:
-    """Route `seq` in stage `s` at time `t` (unless already routed to `w`) and hand it to its replica."""
+def submit(fleet: Fleet, s: int, w: int, request: TraceRequest, t: float) -> None:
+    """Route `request` in stage `s` at time `t` (unless already routed to `w`) and hand it to its replica."""
     stage = fleet.stages[s]
     if w < 0:
-        w = stage.router.route(RouteRequest(seq.rid, seq.prompt_ids, seq.salt), t)
-    stage.replicas[w].submit(seq, t)
-    stage.inflight[w][seq.rid] = seq
-    stage.unprefilled[w].add(seq.rid)
+        w = stage.router.route(RouteRequest(request.rid, request.prompt_ids()), t)
+    stage.replicas[w].submit(request, t)
+    stage.inflight[w][request.rid] = request
+    stage.unprefilled[w].add(request.rid)
     stage.requests[w] += 1
-    stage.prompt_tokens[w] += seq.prompt_len
-    rec = fleet.records[seq.rid]
+    stage.prompt_tokens[w] += request.prompt_len
+    rec = fleet.records[request.rid]
     if stage.role == "prefill":
         rec.prefill_worker = w
     else:
         rec.worker = w
-    fleet.refresh(s, w)
 
 
-def harvest(fleet: Fleet, s: int, w: int, now: float) -> int:
-    """What replica (s, w) did up to `now`: events to the router, first tokens,
-    finishes (handed off out of a prefill stage). Returns the requests the
-    fleet finished (or rejected)."""
+def harvest(fleet: Fleet, s: int, w: int) -> int:
+    """What replica (s, w) did in its last run: its events, first tokens,
+    finishes and rejections as news for its router, the records filled in
+    (a finished prefill handed off). Returns the requests the fleet finished or rejected."""
     stage = fleet.stages[s]
-    router = stage.router
-    events = stage.replicas[w].drain_events()
+    replica, inflight, unprefilled = stage.replicas[w], stage.inflight[w], stage.unprefilled[w]
+    clock = replica.clock_s()
+    events = replica.drain_events()
     if events:
-        router.observe(w, events, now)
-    inflight = stage.inflight[w]
-    for rid in [r for r in stage.unprefilled[w] if inflight[r].first_token_s is not None or inflight[r].status in DONE]:
-        stage.unprefilled[w].discard(rid)
-        router.prefilled(rid, now)
-    ended = [seq for seq in inflight.values() if seq.status in DONE]
+        fleet.tell(clock, s, w, "events", events)
+    if unprefilled:
+        for rid, t in replica.first_tokens(unprefilled):
+            unprefilled.discard(rid)
+            fleet.tell(t, s, w, "prefilled", rid)
     finished = 0
-    for seq in ended:
-        del inflight[seq.rid]
-        stage.unprefilled[w].discard(seq.rid)
-        router.finished(seq.rid, now)
-        rec = fleet.records[seq.rid]
-        if seq.status is Status.REJECTED:
-            rec.rejected = True
-            finished += 1
-        elif stage.role == "prefill" and rec.output_len > 1:
-            hand_off(fleet, seq, now)
-        else:
-            if rec.first_token_s is None:
-                rec.first_token_s = seq.first_token_s
-            rec.finish_s = seq.finish_s
-            finished += 1
+    for rid in replica.take_rejected():
+        del inflight[rid]
+        unprefilled.discard(rid)
+        fleet.tell(clock, s, w, "finished", rid)
+        fleet.records[rid].rejected = True
+        finished += 1
+    for done in replica.take_finished():
+        request = inflight.pop(done.rid)
+        if done.rid in unprefilled:
+            unprefilled.discard(done.rid)
+            fleet.tell(done.first_token_s, s, w, "prefilled", done.rid)
+        fleet.tell(done.finish_s, s, w, "finished", done.rid)
+        rec = fleet.records[done.rid]
+        if stage.role == "prefill" and rec.output_len > 1:
+            fleet.decode_requests[done.rid] = request
+            fleet.push(done.finish_s, "route", -1, done.rid)  # the decode stage routes it when its prompt is done
+            continue
+        if rec.first_token_s is None:
+            rec.first_token_s = done.first_token_s
+        rec.finish_s = done.finish_s
+        if stage.role != "prefill":
+            rec.output_len = done.output_len
+        finished += 1
     return finished
 
 
-def hand_off(fleet: Fleet, seq: Request, now: float) -> None:
-    """`seq`'s prompt is computed (its first token sampled) on a prefill
-    replica: route it in the decode stage now, and have it arrive there once
-    its pages crossed the link. On the decode replica it continues at its
-    prompt (whose compute the decode step model does not charge:
-    `fleet.steps.DecodeSteps`), its first token being the decode replica's first."""
+def hand_off(fleet: Fleet, rid: int, now: float) -> None:
+    """`rid`'s prompt was computed (its first token sampled) on a prefill
+    replica at `now`: the decode stage's router picks its decode replica now,
+    and it is delivered there once its pages crossed the link. On the decode
+    replica it continues at its prompt (whose compute the decode step model
+    does not charge: `fleet.steps.DecodeSteps`), its first token being the
+    decode replica's first."""
     handoffs = fleet.handoffs
-    assert handoffs is not None and seq.finish_s is not None
-    start = seq.finish_s
-    transfer = handoffs.transfer(seq.prompt_len)
-    rec = fleet.records[seq.rid]
+    assert handoffs is not None
+    rec = fleet.records[rid]
+    request = dataclasses.replace(fleet.decode_requests[rid], output_len=rec.output_len)
+    transfer = handoffs.transfer(request.prompt_len)
     rec.transfer_s = transfer.seconds
-    decode = fleet.stages[1]
-    w = decode.router.route(RouteRequest(seq.rid, seq.prompt_ids, seq.salt), now)
-    end = start + transfer.seconds
-    handoffs.in_flight.setdefault(w, []).append((start, end, transfer.pages))
-    fleet.decode_requests[seq.rid] = Request(
-        rid=seq.rid, prompt_ids=seq.prompt_ids, max_new_tokens=rec.output_len, salt=seq.salt, arrival_s=end
-    )
-    fleet.arrive(max(end, now), 1, w, seq.rid)
+    w = fleet.stages[1].router.route(RouteRequest(rid, request.prompt_ids()), now)
+    end = now + transfer.seconds
+    handoffs.in_flight.setdefault(w, []).append((now, end, transfer.pages))
+    fleet.decode_requests[rid] = request
+    fleet.push(end, "deliver", w, rid)
 
 
 def summaries(fleet: Fleet) -> list[ReplicaSummary]:

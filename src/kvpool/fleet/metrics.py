@@ -84,7 +84,7 @@ class Slo:
 
 
 @dataclass
-class RequestRecord:
+class FleetRecord:
     """One request's life in the fleet (times in simulated seconds). `worker`:
     the replica that produced its tokens (the decode replica when
     disaggregated); `prefill_worker` and `transfer_s` only when disaggregated.
@@ -146,7 +146,7 @@ class Latencies:
     e2e: np.ndarray
 
     @classmethod
-    def of(cls, records: Sequence[RequestRecord]) -> Latencies:
+    def of(cls, records: Sequence[FleetRecord]) -> Latencies:
         done = [r for r in records if r.done]
         itl = [x for r in done if (x := r.itl) is not None]
         return cls(np.array([r.ttft for r in done]), np.array(itl), np.array([r.e2e for r in done]))
@@ -195,7 +195,7 @@ class FleetResult:
     router(s), and what the fleet as a whole measured (module docstring)."""
 
     layout: str  # e.g. "4 x tp1, router kv" or "2 prefill + 2 decode x tp1"
-    records: tuple[RequestRecord, ...]
+    records: tuple[FleetRecord, ...]
     replicas: tuple[ReplicaSummary, ...]
     gpus: int
     slo: Slo | None = None
