@@ -33,6 +33,7 @@ def session(
     draft_lens: Iterable[int] = (0,),
     tiers: Sequence[TierSpec] = (),
     admission: str = "optimistic",
+    events: bool = True,
 ) -> Session:
     """A fresh manager and scheduler over `plan`.
 
@@ -42,8 +43,9 @@ def session(
     that allocate the padding dummy lazily: the reserved dummies are freed and
     the scheduler asks for a fresh one in each padded step. `tiers`: cold
     tiers below the GPU pools (`cache/tiers.py`). `admission`: the scheduler's
-    admission rule (`sched/admission.py`)."""
-    manager = KVCacheManager(plan, enable_reuse=enable_reuse, tiers=tiers)
+    admission rule (`sched/admission.py`). `events=False`: the manager records
+    no KV events (nobody reads them: saves their time and memory)."""
+    manager = KVCacheManager(plan, enable_reuse=enable_reuse, tiers=tiers, events=events)
     report = None
     captured: list[tuple[int, int]] = []
     pads: dict[int, int] = {}

@@ -19,6 +19,38 @@ class GroupUsage:
     mean_used: float
 
 
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One finished request, in simulated seconds: when it arrived, sampled
+    its first token and finished; its prompt and output tokens, the prompt
+    tokens its first admission found cached, and how often it was preempted.
+    What a fleet aggregates over its replicas."""
+
+    rid: int
+    arrival_s: float
+    first_token_s: float
+    finish_s: float
+    prompt_len: int
+    output_len: int
+    cached_tokens: int
+    preemptions: int
+
+    @property
+    def ttft_s(self) -> float:
+        """Time to first token."""
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> float:
+        """Arrival to last token."""
+        return self.finish_s - self.arrival_s
+
+    @property
+    def itl_s(self) -> float | None:
+        """Mean inter-token latency (the request's TPOT); None with one output token."""
+        return (self.finish_s - self.first_token_s) / (self.output_len - 1) if self.output_len > 1 else None
+
+
 @dataclass(frozen=True)
 class SimResult:
     """One run of a trace against one plan. Times are simulated seconds.
@@ -29,7 +61,8 @@ class SimResult:
     `decode_steps`: steps replayed as CUDA graphs / steps with decode rows;
     `padding_failures`: decode-only steps that needed a padding dummy and had
     none (the Gemma 4 failure). `captured` / `skipped`: warmup shapes.
-    `end_used` equals `reserved` when no page leaked.
+    `end_used` equals `reserved` when no page leaked. `requests`: one
+    record per finished request (with a first token), in finishing order.
     """
 
     policy: str
@@ -57,6 +90,7 @@ class SimResult:
     reserved: dict[str, int] = field(default_factory=dict)  # of which padding reservations
     rebalance: dict[str, Any] | None = None  # moves and pages moved of an online rebalanced run
     tiers: dict[str, Any] | None = None  # a run with cold tiers: pages moved, suspensions, copy time
+    requests: tuple[RequestRecord, ...] = ()
 
     @property
     def output_tokens_per_s(self) -> float:

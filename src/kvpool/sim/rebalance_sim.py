@@ -1,6 +1,6 @@
 """A trace replayed with online rebalancing (`kvpool.sim.rebalance`).
 
-The loop of `kvpool.sim.simulator.simulate` itself, with a hook
+The loop of `kvpool.sim.replica.Replica` itself, with a hook
 (`StepHook`): run step by step (no decode fast path), with the rebalancer
 consulted between steps. Pool sizes are
 emulated by ballast dummies (`kvpool.sim.ballast`); usage figures leave the
@@ -23,7 +23,8 @@ from kvpool.sched import Scheduler, Sequence, Step
 from kvpool.sim.ballast import BallastPools, pages_for_share
 from kvpool.sim.metrics import SimResult
 from kvpool.sim.rebalance import Rebalancer
-from kvpool.sim.simulator import Setup, simulate
+from kvpool.sim.replica_spec import Setup
+from kvpool.sim.simulator import simulate
 from kvpool.sim.steptime import StepTimeModel
 from kvpool.trace import Trace
 

@@ -1,4 +1,5 @@
-"""Trace rows -> scheduler `Sequence`s with synthetic token ids.
+"""Trace rows -> requests a replica takes (`TraceRequest`) -> scheduler
+`Sequence`s with synthetic token ids.
 
 Token ids only matter for prefix reuse. A trace with Mooncake `hash_ids` gets
 the ids of its blocks: block id b covers tokens `b * B .. b * B + B - 1` (B =
@@ -11,32 +12,61 @@ length matters).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from kvpool.sched import Sequence
-from kvpool.trace import Trace
+from kvpool.trace import MOONCAKE_BLOCK_TOKENS, Trace
 
 OUTPUT_TOKEN = 1  # what every simulated decode step samples (no EOS: lengths come from the trace)
 
 
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One row of a trace as a replica takes it: its id (`rid`, unique in the
+    replica), prompt and output lengths, and its prompt's Mooncake block ids
+    (None: a unique prompt). Small: the token ids are built only when the
+    replica admits it (`prompt_ids`)."""
+
+    rid: int
+    prompt_len: int
+    output_len: int
+    hash_ids: tuple[int, ...] | None = None
+    hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS
+
+    @classmethod
+    def of(cls, trace: Trace, i: int) -> TraceRequest:
+        """Row `i` of `trace`, with id `i`."""
+        hashes = trace.hash_ids[i] if trace.hash_ids is not None else None
+        return cls(i, int(trace.prompt_len[i]), int(trace.output_len[i]), hashes, trace.hash_block_tokens)
+
+    def prompt_ids(self) -> list[int]:
+        """Synthetic prompt token ids (see the module docstring)."""
+        n = self.prompt_len
+        if self.hash_ids is None:
+            return [0] * n
+        block = self.hash_block_tokens
+        ids = np.asarray(self.hash_ids, dtype=np.int64)
+        tokens = (ids[:, None] * block + np.arange(block, dtype=np.int64)[None, :]).ravel()
+        return list(tokens[:n].tolist())
+
+    def sequence(self, arrival_s: float, max_seq_len: int) -> Sequence | None:
+        """The request as a Sequence, its output capped so prompt + output ≤
+        `max_seq_len` (an engine stops there too); None when its prompt alone
+        leaves no room to generate (an engine rejects it)."""
+        if self.prompt_len >= max_seq_len:
+            return None
+        out = min(self.output_len, max_seq_len - self.prompt_len)
+        return Sequence(rid=self.rid, prompt_ids=self.prompt_ids(), max_new_tokens=out, arrival_s=arrival_s)
+
+
 def prompt_ids(trace: Trace, i: int) -> list[int]:
     """Synthetic prompt token ids of request `i` (see the module docstring)."""
-    n = int(trace.prompt_len[i])
-    if trace.hash_ids is None:
-        return [0] * n
-    block = trace.hash_block_tokens
-    ids = np.asarray(trace.hash_ids[i], dtype=np.int64)
-    tokens = (ids[:, None] * block + np.arange(block, dtype=np.int64)[None, :]).ravel()
-    return list(tokens[:n].tolist())
+    return TraceRequest.of(trace, i).prompt_ids()
 
 
 def make_sequence(trace: Trace, i: int, max_seq_len: int) -> Sequence | None:
-    """Request `i` as a Sequence, its output capped so prompt + output ≤
-    `max_seq_len` (an engine stops there too); None when its prompt alone leaves
-    no room to generate (an engine rejects it)."""
-    prompt = int(trace.prompt_len[i])
-    if prompt >= max_seq_len:
-        return None
+    """Request `i` as a Sequence (`TraceRequest.sequence` at its arrival time)."""
     arrival = float(trace.arrival_s[i]) if trace.arrival_s is not None else 0.0
-    out = min(int(trace.output_len[i]), max_seq_len - prompt)
-    return Sequence(rid=i, prompt_ids=prompt_ids(trace, i), max_new_tokens=out, arrival_s=arrival)
+    return TraceRequest.of(trace, i).sequence(arrival, max_seq_len)

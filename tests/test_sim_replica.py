@@ -1,0 +1,185 @@
+"""A replica stepped by its caller: `simulate` is one replica fed the whole
+trace, and however a caller slices time (as a fleet does, submitting each
+request when its router sees it) the run is the same."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvpool.errors import KvpoolError
+from kvpool.index import PrefixIndex
+from kvpool.plan import PoolPlan, ServingLimits
+from kvpool.sim import Replica, ReplicaSpec, SimResult, StepTimeModel, TraceRequest, Weights, simulate
+from kvpool.spec import ModelSpec, load_model_spec
+from kvpool.trace import Trace
+from sim_helpers import toy_gpu
+
+GPU = toy_gpu()
+WEIGHTS = Weights(1e9, 1e9, 2.0)
+
+
+def toy_spec(window: int | None) -> ModelSpec:
+    config: dict[str, object] = {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hidden_size": 64,
+        "max_position_embeddings": 1 << 16,
+        "torch_dtype": "bfloat16",
+    }
+    if window:
+        config.update(sliding_window=window, layer_types=["sliding_attention", "full_attention"])
+    return load_model_spec(config, tokens_per_block=4)
+
+
+def toy_plan(pages: int, window: int | None = None) -> PoolPlan:
+    spec = toy_spec(window)
+    limits = ServingLimits(max_batch_size=4, max_seq_len=128, max_num_tokens=32)
+    return PoolPlan.from_pages(spec, {g.name: pages for g in spec.groups}, limits)
+
+
+def spec_of(plan: PoolPlan, **kw: object) -> ReplicaSpec:
+    return ReplicaSpec(plan, StepTimeModel.build(plan.spec, GPU, WEIGHTS, "roofline"), reuse=True, **kw)  # type: ignore[arg-type]
+
+
+@st.composite
+def traces(draw: st.DrawFn) -> Trace:
+    """Requests from a few conversations sharing leading blocks (4 tokens each),
+    arriving over a few steps' time."""
+    n = draw(st.integers(1, 12))
+    convs = draw(st.lists(st.lists(st.integers(0, 500), min_size=2, max_size=12), min_size=1, max_size=3))
+    rows = [tuple(convs[draw(st.integers(0, len(convs) - 1))][: draw(st.integers(1, 12))]) for _ in range(n)]
+    prompt = [max(1, 4 * len(b) - draw(st.integers(0, 3))) for b in rows]
+    out = [draw(st.integers(1, 60)) for _ in rows]
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.0005, 0.002, 0.01, 0.05]), min_size=n, max_size=n))
+    return Trace(
+        "t",
+        np.array(prompt, dtype=np.int64),
+        np.array(out, dtype=np.int64),
+        np.cumsum(gaps),
+        hash_ids=tuple(rows),
+        hash_block_tokens=4,
+    )
+
+
+def assert_same_run(a: SimResult, b: SimResult, *, peaks: bool) -> None:
+    """Every count and time equal; peaks too where pages only grow during a
+    run (a run cut in two measures its peak where it is cut as well)."""
+    assert np.array_equal(a.ttft_s, b.ttft_s) and np.array_equal(a.tpot_s, b.tpot_s)
+    assert a.requests == b.requests
+    fields: tuple[str, ...] = ("makespan_s", "steps", "decode_steps", "graph_steps", "preemptions", "finished")
+    fields += ("rejected", "output_tokens", "reuse_hit_rate", "prompt_hit_rate", "end_used", "num_requests")
+    assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
+    if peaks:
+        assert {g: u.peak_used for g, u in a.pages.items()} == {g: u.peak_used for g, u in b.pages.items()}
+
+
+def stepped(spec: ReplicaSpec, trace: Trace, cuts: list[float]) -> SimResult:
+    """A fleet's way: before each arrival the replica runs up to it (through
+    the extra `cuts` on the way), then gets the request."""
+    replica = Replica(spec)
+    assert trace.arrival_s is not None
+    arrivals = trace.arrival_s.tolist()
+    times = sorted([(t, 1, -1) for t in cuts] + [(t, 0, i) for i, t in enumerate(arrivals)])
+    for t, is_cut, i in times:
+        replica.run_until(t)
+        if not is_cut:
+            replica.submit(TraceRequest.of(trace, i), t)
+    replica.run_until(math.inf)
+    assert replica.next_event_s() is None
+    return replica.result()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    trace=traces(),
+    pages=st.integers(14, 60),
+    window=st.sampled_from([None, 8]),
+    cuts=st.lists(st.floats(0.0, 0.4), max_size=30),
+)
+def test_a_replica_stepped_in_any_slices_equals_one_simulate(
+    trace: Trace, pages: int, window: int | None, cuts: list[float]
+) -> None:
+    spec = spec_of(toy_plan(pages, window))
+    whole = simulate(spec.plan, trace, spec.model, reuse=True, check=True)
+    assert_same_run(stepped(spec, trace, cuts), whole, peaks=window is None)
+
+
+@settings(max_examples=30, deadline=None)
+@given(trace=traces(), pages=st.integers(14, 60), step=st.floats(0.0005, 0.05))
+def test_stepping_never_moves_an_idle_clock_past_the_horizon(trace: Trace, pages: int, step: float) -> None:
+    """`next_event_s` says when the replica acts next; `run_until(t)` runs
+    only steps that start before t."""
+    replica = Replica(spec_of(toy_plan(pages)))
+    assert replica.next_event_s() is None
+    assert trace.arrival_s is not None
+    for i, a in enumerate(trace.arrival_s.tolist()):
+        replica.submit(TraceRequest.of(trace, i), a)
+    t = 0.0
+    while (nxt := replica.next_event_s()) is not None:
+        before, clock = (replica.tally.steps, replica.rejected), replica.now
+        t += step
+        replica.run_until(t)
+        if nxt >= t:  # nothing was due: nothing ran, the clock stayed
+            assert ((replica.tally.steps, replica.rejected), replica.now) == (before, clock)
+        else:  # an idle clock jumps to an arrival before t; a step (or a rejection) happens before t
+            assert (replica.tally.steps, replica.rejected) > before
+        load = replica.load()
+        assert load.running <= 4 and 0.0 <= load.usage <= 1.0
+    assert replica.result().finished + replica.result().rejected == len(trace)
+
+
+def test_load_counts_what_waits_and_runs() -> None:
+    """Three 16-token prompts at once, 32 tokens per step: the first step
+    computes two prompts (4 pages each), the third waits."""
+    plan = toy_plan(100)
+    replica = Replica(spec_of(plan))
+    for i in range(3):
+        replica.submit(TraceRequest(i, 16, 5), 0.0)
+    load = replica.load()
+    assert (load.waiting, load.running, load.prefill_tokens) == (3, 0, 48)
+    padding = replica.result().reserved["full"]  # warmup's padding dummy
+    assert load.total_pages == {"full": 100} and load.free_pages == {"full": 100 - padding}
+    replica.run_until(1e-9)  # the first step only
+    load = replica.load()
+    assert (load.waiting, load.running, load.prefill_tokens) == (1, 2, 16)
+    assert load.total_pages["full"] - load.free_pages["full"] == padding + 2 * 16 // 4
+
+
+def test_events_only_when_asked() -> None:
+    """A replica with events hands over vLLM's BlockStored events for the
+    pages it filled, which a router's index reads; without, none are kept."""
+    plan = toy_plan(100)
+    quiet, loud = Replica(spec_of(plan)), Replica(spec_of(plan), name="1", events=True)
+    for r in (quiet, loud):
+        r.submit(TraceRequest(0, 16, 3, (7, 8, 9, 10), 4), 0.0)
+        r.run_until(math.inf)
+    assert quiet.drain_events() == [] and not quiet.manager.events
+    events = loud.drain_events()
+    assert events and loud.drain_events() == []
+    index = PrefixIndex(4)
+    index.apply(loud.name, events)
+    tokens = TraceRequest(0, 16, 3, (7, 8, 9, 10), 4).prompt_ids()
+    assert index.query(tokens)[loud.name].gpu == 16  # its 4 computed pages, stored (and freed, still cached)
+    assert quiet.result().requests == loud.result().requests
+
+
+def test_records_per_request() -> None:
+    replica = Replica(spec_of(toy_plan(100)))
+    replica.submit(TraceRequest(5, 8, 4), 0.25)
+    replica.run_until(math.inf)
+    (rec,) = replica.result().requests
+    assert rec.rid == 5 and rec.arrival_s == 0.25 and rec.output_len == 4 and rec.prompt_len == 8
+    assert rec.ttft_s > 0 and rec.e2e_s > rec.ttft_s and rec.itl_s == pytest.approx((rec.e2e_s - rec.ttft_s) / 3)
+    assert replica.result().ttft_s.tolist() == [rec.ttft_s]
+
+
+def test_cold_tiers_need_the_replicas_own_session() -> None:
+    with pytest.raises(KvpoolError, match="need a link"):
+        spec_of(toy_plan(20), preemption="suspend")
