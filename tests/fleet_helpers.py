@@ -113,9 +113,7 @@ class FakeReplica:
             if out >= request.output_len:
                 del self.running[rid]
                 self.m.free(rid)
-                self.finished.append(
-                    RequestRecord(rid, arrival, first, end, request.prompt_len, out, hit, 0)
-                )
+                self.finished.append(RequestRecord(rid, arrival, first, end, request.prompt_len, out, hit, 0))
         self.steps += 1
         self.clock = end
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from fleet_helpers import TPB, FakeReplica
 from kvpool.fleet import make_router
 from kvpool.fleet.loop import Handoffs, Stage, Transfer, run_fleet
-from kvpool.fleet.metrics import FleetResult, FleetRecord, Slo, SloError
+from kvpool.fleet.metrics import FleetRecord, FleetResult, Slo, SloError
 from kvpool.trace import Trace
 
 
@@ -92,9 +92,11 @@ def test_a_prompt_that_never_fits_is_rejected_and_the_rest_finish() -> None:
     trace = trace_of([8, 400, 8], [2, 2, 2], [0.0, 0.0, 0.0])
     _, result = run(trace, 1, pages=16)
     assert [r.rejected for r in result.records] == [False, True, False]
-    assert result.finished == 2 and result.misses(Slo.parse("ttft_p99=1s")) == ["1 requests rejected"]
-    _, over = run(trace_of([600], [2], [0.0]), 1)  # past max_seq_len: never routed
-    assert over.rejected == 1 and over.replicas[0].requests == 0
+    assert result.finished == 2
+    assert result.misses(Slo.parse("ttft_p99=1s")) == ["1 requests rejected (more pages than a replica holds)"]
+    _, over = run(trace_of([600, 8], [2, 2], [0.0, 0.0]), 1)  # past max_seq_len: never routed, not a miss
+    assert over.rejected == over.too_long == 1 and over.replicas[0].requests == 1
+    assert over.meets(Slo.parse("ttft_p99=1s"))
 
 
 def disaggregated(

@@ -202,7 +202,7 @@ def run_fleet(
         rec = FleetRecord(i, times[i], request.prompt_len, min(request.output_len, max_seq_len - request.prompt_len))
         fleet.records[i] = rec
         if request.prompt_len >= max_seq_len:
-            rec.rejected = True
+            rec.rejected = rec.too_long = True
         else:
             arrivals.append((times[i], dataclasses.replace(request, output_len=1) if handoffs else request))
     done, nxt, inf = n - len(arrivals), 0, math.inf

@@ -66,7 +66,11 @@ class StageReplica:
     def first_tokens(self, rids: set[int]) -> list[tuple[int, float]]:
         """Which of `rids` have sampled their first token, and when (running
         ones; a finished one comes back from `take_finished`)."""
-        return [(s.rid, s.first_token_s) for s in self.replica.sched.running if s.rid in rids and s.first_token_s is not None]
+        return [
+            (s.rid, s.first_token_s)
+            for s in self.replica.sched.running
+            if s.rid in rids and s.first_token_s is not None
+        ]
 
     def clock_s(self) -> float:
         return self.replica.now
