@@ -30,7 +30,9 @@ def model_of(plan: PoolPlan) -> StepTimeModel:
     return StepTimeModel.build(plan.spec, toy_gpu(), Weights(1e9, 1e9, 2.0), "roofline")
 
 
-def fleet(plan: PoolPlan, trace: Trace, n: int, router: str, *, events: bool = True, **options: object) -> FleetResult:
+def fleet(
+    plan: PoolPlan, trace: Trace, n: int, router: str, *, events: bool = True, block_size: int = 0
+) -> FleetResult:
     model = model_of(plan)
     reps = [make_replica(plan, model, "aggregated", str(i), events=events, reuse=True) for i in range(n)]
     stage = Stage("aggregated", reps, make_router(router, n, **({"block_size": block_size} if block_size else {})))
