@@ -108,7 +108,7 @@ def parse_event(raw: Any) -> Event:
             return Stored(
                 tuple(map(block_hash, f["block_hashes"])),
                 None if f.get("parent_block_hash") is None else block_hash(f["parent_block_hash"]),
-                tuple(int(t) for t in f["token_ids"]),
+                tuple(map(int, f["token_ids"])),
                 int(f["block_size"]),
                 f.get("medium"),
                 f.get("lora_name"),
