@@ -159,10 +159,10 @@ def fleet_lines(result: FleetResult) -> list[str]:
             ],
         ),
     ]
-    if result.rejected:
-        lines.append(
-            f"{result.rejected} requests rejected (longer than max_seq_len, or more pages than a replica holds)"
-        )
+    if result.too_long:
+        lines.append(f"{result.too_long} requests not routed: their prompt leaves no room under max_seq_len")
+    if result.rejected > result.too_long:
+        lines.append(f"{result.rejected - result.too_long} requests rejected: more pages than a replica holds")
     if result.slo is not None:
         verdict = "meets it" if result.meets() else "misses " + "; ".join(result.misses())
         lines.append(
