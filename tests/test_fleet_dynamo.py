@@ -30,7 +30,6 @@ from kvpool.trace import Trace
 pytestmark = pytest.mark.slow  # whole fleets on both simulators (about 2 minutes in all)
 
 MODES = {"round-robin": "round_robin", "kv": "kv_router"}
-SLO_MS = {"sla_ttft_ms": 2000.0, "sla_itl_ms": 50.0}
 
 
 def mooncake(n: int, max_seq_len: int) -> Trace:
@@ -93,10 +92,10 @@ def goodputs(trace: Trace, layout: FleetLayout) -> tuple[float, float]:
         summary = run_mocker(
             trace, engine, prefill_workers=layout.prefill, decode_workers=layout.decode,
             kv_transfer_bandwidth_gb_s=link.bytes_per_s / 1e9,
-            kv_transfer_bytes_per_token=int(bytes_per_token(s.plan.spec, 8192)), **SLO_MS,
+            kv_transfer_bytes_per_token=int(bytes_per_token(s.plan.spec, 8192)), sla_ttft_ms=2000.0, sla_itl_ms=50.0,
         ).summary  # fmt: skip
     else:
-        summary = run_mocker(trace, engine, workers=layout.replicas, **SLO_MS).summary
+        summary = run_mocker(trace, engine, workers=layout.replicas, sla_ttft_ms=2000.0, sla_itl_ms=50.0).summary
     return ours, float(summary["goodput_request_throughput_rps"])
 
 
