@@ -120,7 +120,7 @@ def fleet_lines(result: FleetResult) -> list[str]:
             [
                 f"{s.role} {s.index}",
                 s.requests,
-                f"{s.result.prompt_hit_rate:.3f}" if s.role != "decode" else "-",
+                f"{s.result.prompt_hit_rate:.3f}",  # on a decode replica: the handed-off prompts it held already
                 s.result.preemptions,
                 ", ".join(f"{g} {u.peak_used}/{u.total}" for g, u in s.result.pages.items()),
                 peak if s.role == "decode" else "-",
