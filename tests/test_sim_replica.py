@@ -183,3 +183,28 @@ def test_records_per_request() -> None:
 def test_cold_tiers_need_the_replicas_own_session() -> None:
     with pytest.raises(KvpoolError, match="need a link"):
         spec_of(toy_plan(20), preemption="suspend")
+
+
+@settings(max_examples=60, deadline=None)
+@given(trace=traces(), pages=st.integers(14, 40), batch=st.sampled_from([2, 4]))
+def test_fast_forward_equals_single_steps(trace: Trace, pages: int, batch: int) -> None:
+    """Runs of decode steps, those a waiting request waits through included
+    (its pages short, or the batch full), end where single steps end: the
+    same admissions, preemptions, hits and pages; the same times but for the
+    rounding of the vectorised step times (`decode_run_times`)."""
+    spec = toy_spec(None)
+    limits = ServingLimits(max_batch_size=batch, max_seq_len=128, max_num_tokens=32)
+    plan = PoolPlan.from_pages(spec, {"full": pages}, limits)
+    model = spec_of(plan).model
+    fast = simulate(plan, trace, model, reuse=True, check=True)
+    slow = simulate(plan, trace, model, reuse=True, check=True, fast=False)
+    counts = ("steps", "decode_steps", "graph_steps", "preemptions", "finished", "rejected", "output_tokens")
+    counts += ("reuse_hit_rate", "prompt_hit_rate", "end_used")
+    assert [getattr(fast, f) for f in counts] == [getattr(slow, f) for f in counts]
+    assert [(r.rid, r.cached_tokens, r.preemptions) for r in fast.requests] == [
+        (r.rid, r.cached_tokens, r.preemptions) for r in slow.requests
+    ]
+    assert fast.ttft_s == pytest.approx(slow.ttft_s, rel=1e-9) and fast.makespan_s == pytest.approx(slow.makespan_s)
+    for g, u in fast.pages.items():
+        assert u.peak_used == slow.pages[g].peak_used
+        assert u.mean_used == pytest.approx(slow.pages[g].mean_used, rel=1e-9)  # summed step by step, not trapezoid

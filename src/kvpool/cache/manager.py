@@ -48,7 +48,7 @@ from kvpool.cache.hashing import Salt, extend_hashes
 from kvpool.cache.prefix import TierHit
 from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request, Requests
-from kvpool.cache.results import RESIZED, Dummies, Resize
+from kvpool.cache.results import RESIZED, CreateCheck, Dummies, Resize
 from kvpool.cache.shared_pool import build_pools
 from kvpool.cache.suspension import Suspension
 from kvpool.cache.tables import STALE, PageTables
@@ -177,6 +177,29 @@ class KVCacheManager:
                 hashes, ids, self.tokens_per_block, self._seed_of(salt), len(ids) // self.tokens_per_block, self._chain
             )
         return prefix.cached_prefix(self.tables, hashes, self.tier)
+
+    def can_create(self, tokens: Sequence[int] | None = None, salt: Salt = None, num_tokens: int = 1) -> CreateCheck:
+        """What `create(rid, tokens, salt)` and then `resize(rid, hit +
+        num_tokens, hit)` would answer now, changing nothing (the LRU order
+        stays as it was): the tokens the prefix hit would reuse and, falsy,
+        the pages short per pool (`prefix.create_check`). A scheduler asks
+        this of the head of its queue before it registers it, as vLLM counts
+        the blocks before it touches a cached one. Raises `CacheUsageError`
+        for tokens that are not token ids or a bad `num_tokens`."""
+        n = as_position(num_tokens, "can_create's num_tokens")
+        hashes: list[int] = []
+        known = None
+        if self.enable_reuse and tokens is not None:
+            items = tokens if type(tokens) is array else as_list(tokens, "can_create's tokens")
+            if type(items) is not array and any(type(t) is bool for t in items):  # a scheduler passes an int64 array
+                raise CacheUsageError("can_create's tokens must be token ids, not bools")
+            ids = check_tokens(items, "can_create's tokens")
+            if ids:
+                tpb = self.tokens_per_block
+                hashes, known = self._prompts.digests(
+                    ids, tpb, self._seed_of(salt), (len(ids) - 1) // tpb, self.pools, self._chain
+                )
+        return prefix.create_check(self.tables, hashes, known, self.tier, n)
 
     def free(self, rid: int) -> None:
         """Release every page of `rid` (cached content stays reusable until

@@ -27,8 +27,10 @@ from typing import NamedTuple
 
 from kvpool.cache.events import CacheUsageError
 from kvpool.cache.hashing import extend_hashes
+from kvpool.cache.pool import PagePool
 from kvpool.cache.prompt_memo import KnownPages, PromptMemo
 from kvpool.cache.request import Request
+from kvpool.cache.results import CreateCheck
 from kvpool.cache.tables import PageTables
 from kvpool.cache.tiers import ColdTier
 from kvpool.spec.pages import stale_pages, table_blocks
@@ -124,6 +126,69 @@ def onboard_fits(t: PageTables, hashes: Sequence[int], k: int) -> bool:
         if need > pool.num_free - evictable:
             return False
     return True
+
+
+SPARE_WALK = 4096  # LRU pages `create_check` looks at for `spare`: more than a few decode runs take
+
+
+def create_check(
+    t: PageTables, hashes: Sequence[int], known: dict[int, KnownPages] | None, tier: ColdTier | None, positions: int
+) -> CreateCheck:
+    """`KVCacheManager.can_create`: the longest hit of `hashes` and whether
+    the pools hold it and `positions` more positions after it. A hit takes
+    from each group's free count its cached pages that no request owns (they
+    leave the LRU) and fresh pages for the digests only a cold tier holds
+    (`claim`), as vLLM counts a hit before it allocates
+    (`get_num_blocks_to_allocate`: evictable computed blocks count against
+    the free ones). `spare`: per store, the pages allocations can take (free
+    ones, then the LRU's oldest) and leave the request as short of pages as
+    it is (`_spare`). Changes nothing."""
+    k = longest_hit(t, hashes, known, tier) if hashes else 0
+    tpb = t.tokens_per_block
+    hit = k * tpb
+    need = [0] * len(t.pools)  # by the first group of each store
+    claimed: dict[str, int] = {}
+    evictable: dict[int, dict[int, int]] = {}  # by store: the hit's pages in the LRU -> their block index
+    for gi, pool in enumerate(t.pools):
+        taken = 0
+        if k:
+            first = k - 1 if t.is_state[gi] else stale_pages(t.groups[gi], hit)
+            pages = list(map(pool.cached.get, hashes[first:k]))
+            ref = pool.ref
+            unowned = {p: first + i for i, p in enumerate(pages) if p is not None and not ref[p]}
+            evictable.setdefault(t.store_of[gi], {}).update(unowned)
+            taken = len(unowned) + pages.count(None)
+        if taken:
+            claimed[pool.store.name] = claimed.get(pool.store.name, 0) + taken
+        g = t.groups[gi]
+        need[t.store_of[gi]] += taken + table_blocks(g, hit + positions) - table_blocks(g, hit)
+    short = {p.store.name: n - p.num_free for p, n in zip(t.pools, need, strict=True) if n > p.num_free}
+    tail = k - 1 if len(t.pools) == 1 else -1  # one group: evicting its hit's last page keeps it as short
+    spare = {  # with a cold tier the hit depends on the free pages (`onboard_fits`): none spared
+        p.store.name: 0 if tier is not None else len(p.free_stack) + _spare(p, evictable.get(si, {}), tail)
+        for si, p in enumerate(t.pools)
+        if t.store_of[si] == si
+    }
+    return CreateCheck(hit, short, claimed, spare)
+
+
+def _spare(pool: PagePool, hit: dict[int, int], tail: int) -> int:
+    """The LRU's oldest pages (at most `SPARE_WALK`) up to the first page of
+    `hit` (page -> block index) whose eviction would shrink the hit by more
+    than that page. Evicting a page outside the hit leaves a page fewer free
+    and the hit as it is; evicting the hit's last block (`tail`, -1: none
+    counts) leaves a page fewer free and one fewer for the hit to claim: the
+    request stays as short as it was either way."""
+    nxt, end = pool.nxt, pool.num_pages
+    n, page = 0, nxt[end]
+    while page != end and n < SPARE_WALK:
+        block = hit.get(page)
+        if block is not None:
+            if block != tail:
+                break
+            tail -= 1
+        n, page = n + 1, nxt[page]
+    return n
 
 
 def claim(t: PageTables, gi: int, req: Request, first: int, k: int, tier: ColdTier | None) -> list[int]:

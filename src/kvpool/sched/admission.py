@@ -30,7 +30,7 @@ in a full group, and at most `decode_worst_case_pages` in a window group.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from kvpool.sched.paged_cache import PagedCache
@@ -102,9 +102,11 @@ class Admission:
         *,
         reused: int,
         extra: int,
+        taken: Mapping[str, int] | None = None,
     ) -> bool:
         """Whether the free pages hold the reservations of `running` and of the
-        new `seq` (`reused` of its tokens found cached). No side effects."""
+        new `seq` (`reused` of its tokens found cached, its hit taking `taken`
+        pages per pool from the free ones: `CreateCheck.taken`). No side effects."""
         if self.ratio is None:
             return True
         groups = self.groups
@@ -116,7 +118,8 @@ class Admission:
         cap = seq.num_tokens + self._output(seq.max_new_tokens - len(seq.output_ids), 1.0) + extra
         for g in groups:
             need[cache.pool_of(g.name)] += max(0, _peak(g, cap, extra) - _peak(g, reused, extra))
-        return all(n <= cache.free_pages(_member(groups, cache, pool)) for pool, n in need.items())
+        taken = taken or {}
+        return all(n + taken.get(pool, 0) <= cache.free_pages(_member(groups, cache, pool)) for pool, n in need.items())
 
 
 def _peak(g: LayerGroup, capacity: int, extra: int) -> int:

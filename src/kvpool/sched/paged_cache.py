@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from kvpool.cache.hashing import Salt
-from kvpool.cache.results import Dummies, Resize
+from kvpool.cache.results import CreateCheck, Dummies, Resize
 from kvpool.cache.suspension import Suspension
 from kvpool.spec import ModelSpec
 
@@ -25,6 +25,12 @@ class PagedCache(Protocol):
     def create(self, rid: int, tokens: Sequence[int] | None = None, salt: Salt = None) -> int:
         """Register `rid` with no pages, or with the longest cached prefix of
         `tokens` attached (returns its length; capacity = history = it)."""
+        ...
+
+    def can_create(self, tokens: Sequence[int] | None = None, salt: Salt = None, num_tokens: int = 1) -> CreateCheck:
+        """What `create(rid, tokens, salt)` then `resize(rid, hit + num_tokens,
+        hit)` would answer: the hit, and the pages short per pool (falsy).
+        Changes nothing: the LRU order stays as it was."""
         ...
 
     def resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:

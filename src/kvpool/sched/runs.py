@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from kvpool.sched.scheduler import Scheduler
 from kvpool.sched.sequence import SchedulerError, Sequence, append_tokens
 from kvpool.sched.step import Step
@@ -21,13 +23,46 @@ from kvpool.spec import LayerGroup, decode_worst_case_pages, pages_needed
 def decode_run_limit(sched: Scheduler, step: Step) -> int:
     """How many times in a row `step` can run unchanged: the steps until its
     first row finishes (by length), if it is a decode-only step without drafts
-    or lazy padding, nothing was preempted or rejected and nothing waits; else 0."""
-    if step.prefills or not step.decodes or step.draft_len or sched.waiting:
+    or lazy padding, nothing was preempted or rejected, and nothing waits or
+    what waits stays waiting (`waits_through`); else 0."""
+    if step.prefills or not step.decodes or step.draft_len:
         return 0
     if sched.graphs.lazy_dummy is not None or step.preempted or step.rejected:
         return 0
     max_len = sched.limits.max_seq_len
-    return min(min(s.max_new_tokens - len(s.output_ids), max_len - s.num_tokens) for s, _ in step.decodes)
+    limit = min(min(s.max_new_tokens - len(s.output_ids), max_len - s.num_tokens) for s, _ in step.decodes)
+    return waits_through(sched, step, limit) if sched.waiting else limit
+
+
+def waits_through(sched: Scheduler, step: Step, limit: int) -> int:
+    """How many of `limit` runs of the decode-only `step` leave the head of the
+    queue waiting, so that the steps would not have admitted it: all of them
+    when the batch is full (no row finishes meanwhile); else, when the head
+    waits for pages (`sched.blocked`) and no group releases pages as rows
+    grow, the steps whose new pages the manager said it could spare
+    (`CreateCheck.spare`): they leave the head's prefix hit as it is and fewer
+    pages free, so it still does not fit. Else 1 (the step alone)."""
+    if len(sched.running) >= sched.limits.max_batch_size:
+        return limit
+    blocked, manager = sched.blocked, sched.manager
+    if blocked is None or blocked.seq is not sched.waiting[0]:
+        return min(limit, 1)
+    growing = [g for g in manager.spec.groups if not g.rule.per_request]
+    if any(decode_worst_case_pages(g, sched.limits.headroom) is not None for g in growing):
+        return min(limit, 1)
+    tpb = manager.spec.tokens_per_block
+    caps = np.array([manager.capacity(s.rid) for s, _ in step.decodes], dtype=np.int64)
+    first = -(-caps // tpb) * tpb + 1 - caps  # the extra steps after which each row takes its next page: 1..tpb
+    per_pool: dict[str, int] = {}
+    for g in growing:
+        pool = manager.pool_of(g.name)
+        per_pool[pool] = per_pool.get(pool, 0) + 1
+    steps = limit
+    for pool, groups in per_pool.items():  # every row of each group takes a page every tpb steps from `first` on
+        takes = np.sort(np.tile(first, groups))
+        rounds, j = divmod(blocked.check.spare.get(pool, 0), len(takes))
+        steps = min(steps, int(takes[j]) + rounds * tpb)  # the step that would take one page more than spared
+    return max(steps, 1)
 
 
 def release_steps(groups: list[LayerGroup], histories: list[int], last: int) -> list[int]:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
-from typing import Literal, cast
+from typing import Literal, NamedTuple, cast
 
+from kvpool.cache.results import CreateCheck
 from kvpool.plan.feasibility import largest_fitting
 from kvpool.plan.limits import ServingLimits
 from kvpool.sched.admission import Admission
@@ -19,6 +20,17 @@ from kvpool.sched.padding import GraphPadding
 from kvpool.sched.paged_cache import PagedCache, SuspendingCache
 from kvpool.sched.sequence import SchedulerError, Sequence, Status, append_tokens, check_request
 from kvpool.sched.step import Step
+
+
+class Blocked(NamedTuple):
+    """The head of the queue that the last `schedule` found no pages for
+    (optimistic admission), and the manager's answer. It waits until running
+    requests free pages; decode steps that take no more than `check.spare`
+    pages leave its hit as it is and fewer pages free, so they leave it
+    waiting (`sched.runs` runs them at once)."""
+
+    seq: Sequence
+    check: CreateCheck
 
 
 class Scheduler:
@@ -77,6 +89,7 @@ class Scheduler:
         self._rejected: list[Sequence] = []
         self._rids: set[int] = set()
         self._known: dict[int, int] = {}  # tokens of each running request the manager has seen
+        self.blocked: Blocked | None = None  # the head of the queue waits for pages (the last `schedule`)
 
     # ------------------------------------------------------------------ queue
 
@@ -177,32 +190,37 @@ class Scheduler:
         return budget
 
     def _admit(self, budget: int) -> int:
+        """FCFS admission (rule 4 of docs/sched.md). Each head is first asked
+        of the manager without registering it (`can_create`), as vLLM checks
+        the free blocks before it touches a cached one: a head that must wait
+        leaves the cache as it was. `blocked` then says that the head waits
+        for pages (None when admission stopped for another reason)."""
         preempted = {s.rid for s in self._preempted}
+        extra = self.limits.num_extra_kv_tokens
+        self.blocked = None
         while self.waiting and budget > 0 and len(self.running) < self.limits.max_batch_size:
             seq = self.waiting[0]
             if seq.rid in preempted:  # not recomputed in the step that evicted it
                 break
             tokens = seq.token_ids
-            reused = self.manager.create(seq.rid, tokens if self.enable_reuse else None, seq.salt)
-            reused = min(reused, len(tokens) - 1)  # the last token is computed for its logits
-            extra = self.limits.num_extra_kv_tokens
-            if self.admission.reserves and not self.admission.fits(
-                self.manager, self.running, seq, reused=reused, extra=extra
-            ):
-                self.manager.free(seq.rid)
-                if not self.running:  # alone and its reservation still does not fit: it never will
-                    self.waiting.popleft()
-                    self._reject(seq, "needs more pages than the pools hold")
-                    continue
-                break
-            n = self._largest_chunk(seq.rid, reused, min(len(tokens) - reused, budget))
-            if not n:
-                self.manager.free(seq.rid)
+            check = self.manager.can_create(tokens if self.enable_reuse else None, seq.salt, 1 + extra)
+            fits = bool(check)
+            if fits and self.admission.reserves:
+                fits = self.admission.fits(
+                    self.manager, self.running, seq, reused=check.hit, extra=extra, taken=check.taken
+                )
+            if not fits:
                 if not self.running:  # alone and still no room: it never fits
                     self.waiting.popleft()
                     self._reject(seq, "needs more pages than the pools hold")
                     continue
+                if not self.admission.reserves:  # what a reservation needs changes as requests decode
+                    self.blocked = Blocked(seq, check)
                 break  # head-of-line: wait until running requests free pages
+            reused = self.manager.create(seq.rid, tokens if self.enable_reuse else None, seq.salt)
+            n = self._largest_chunk(seq.rid, reused, min(len(tokens) - reused, budget))
+            if not n:  # pragma: no cover - `can_create` said that one position fits
+                raise SchedulerError(f"request {seq.rid}: admitted by can_create, but no position fits")
             self.waiting.popleft()
             self._known[seq.rid] = len(tokens)
             seq.status, seq.num_computed, seq.num_cached = Status.RUNNING, reused, reused

@@ -12,9 +12,10 @@ pages in the manager), the clock advances by the step's modelled time
 next arrival, never past `t`.
 
 Fast-forward: a decode-only step that would repeat unchanged (no arrival,
-finish, page shortage or preemption before it ends) runs with the identical
-steps after it in one computation (`sched.advance_decodes`), up to the first
-finish, the next arrival and `t`. The clock adds the step times one by one
+finish, page shortage, preemption or admission before it ends) runs with the
+identical steps after it in one computation (`sched.advance_decodes`), up to
+the first finish, the next arrival (unless the queue's head waits through
+the run) and `t`. The clock adds the step times one by one
 (`np.cumsum`), so a run cut anywhere gives the same times as one run.
 
 No randomness: a replica fed the same requests at the same times gives the
@@ -39,7 +40,7 @@ from kvpool.sim.metrics import SimResult
 from kvpool.sim.replica_spec import ReplicaSpec, Setup, build_setup
 from kvpool.sim.requests import OUTPUT_TOKEN, TraceRequest
 from kvpool.sim.tally import Tally, result_of
-from kvpool.sim.usage import PageUsage
+from kvpool.sim.usage import PageUsage, run_growth
 
 
 @dataclass(frozen=True)
@@ -265,8 +266,10 @@ class Replica:
 
     def _fast_forward(self, step: Step, used_now: list[int], horizon: float) -> bool:
         """Run `step` and the identical steps after it at once, up to the
-        first finish, while they start before the next arrival (a request
-        arriving during a step joins at the next one) and before `horizon`.
+        first finish, while they start before `horizon` and before the next
+        arrival (a request arriving during a step joins at the next one;
+        when the queue's head waits through the run, `sched.waits_through`,
+        arrivals queue behind it and join after the run).
         False (nothing changed) when fewer than two steps would run."""
         sched = self.sched
         limit = decode_run_limit(sched, step)
@@ -275,11 +278,13 @@ class Replica:
         times = self.spec.model.decode_run_times(
             [s.num_computed for s, _ in step.decodes], limit, graph=step.graph, padded_batch=step.padded_batch_size
         )
-        stop = min(self.pending[0][1], horizon) if self.pending else horizon
+        # an arrival ends the run, unless the head of the queue waits through it (an arrival then queues behind)
+        stop = min(self.pending[0][1], horizon) if self.pending and not sched.waiting else horizon
         ends = np.cumsum(np.concatenate(([self.now], times)))[1:]  # the clock after each step, added one by one
         limit = 1 + int(np.searchsorted(ends[:-1], stop, side="left"))  # steps 2.. start where the one before ends
         if limit < 2:
             return False
+        caps = np.array([self.manager.capacity(s.rid) for s, _ in step.decodes], dtype=np.int64)
         used_after: list[int] = []
         done = advance_decodes(
             sched, step, limit, OUTPUT_TOKEN, on_extended=lambda: used_after.extend(self.setup.used())
@@ -287,10 +292,15 @@ class Replica:
         if done is None:
             return False
         end = float(ends[limit - 1])
+        times = times[:limit]
         if self.copies is not None:  # the run waits for the copies made meanwhile (none: it ends as without tiers)
-            compute = float(times[:limit].sum())
+            compute = float(times.sum())
             end += self.copies.charge(compute) - compute
-        self.usage.run(used_now, used_after, end - self.now)
+        if end == ends[limit - 1]:
+            growth = run_growth(self.spec.plan, self.setup.groups, caps, limit)
+        else:  # the copies' time is the run's, not its steps'
+            growth, times = [None] * len(used_now), np.array([end - self.now])
+        self.usage.run(used_now, used_after, times, growth)
         self.now = end
         self.tally.count(sched, step, limit)
         self.tally.finish(done, end)

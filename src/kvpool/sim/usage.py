@@ -5,12 +5,16 @@ time-weighted use over a run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
 
 from kvpool.cache import KVCacheManager
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan
+from kvpool.spec import decode_worst_case_pages
 
 
 @dataclass
@@ -33,11 +37,53 @@ class PageUsage:
         for k in range(self.groups):
             self.used_time[k] += used[k] * dt
 
-    def run(self, before: list[int], after: list[int], dt: float) -> None:
-        """A run of decode steps: pages grow about linearly over it (trapezoid)."""
+    def run(
+        self,
+        before: list[int],
+        after: list[int],
+        times: npt.NDArray[np.float64],
+        growth: Sequence[npt.NDArray[np.int64] | None],
+    ) -> None:
+        """A run of decode steps of `times` seconds, `before` pages used in the
+        first and `after` in the last. A group whose pages the steps only add
+        (`growth[k]`: pages over `before` in each step) is summed step by
+        step, exactly as single steps would be; the others (pages leaving a
+        window, a shared pool: None) grow about linearly (trapezoid)."""
         for k in range(self.groups):
-            self.peak[k] = max(self.peak[k], after[k])
-            self.used_time[k] += (before[k] + after[k]) / 2 * dt
+            g = growth[k]
+            if g is None:
+                self.peak[k] = max(self.peak[k], after[k])
+                self.used_time[k] += (before[k] + after[k]) / 2 * float(times.sum())
+                continue
+            used = before[k] + g
+            self.peak[k] = max(self.peak[k], int(used[-1]))
+            # added one by one, from the total so far: the sum single steps make
+            self.used_time[k] = float(np.cumsum(np.concatenate(([self.used_time[k]], used * times)))[-1])
+
+
+def run_growth(
+    plan: PoolPlan, names: list[str], caps: npt.NDArray[np.int64], steps: int
+) -> list[npt.NDArray[np.int64] | None]:
+    """Per reported group (`names`), the pages rows of capacities `caps` in
+    the first of `steps` decode steps add in each step, for a group of its
+    own pool whose pages only grow (each row takes a page as its capacity
+    crosses a page boundary; none for a state group); None for the others."""
+    if plan.shared:
+        return [None] * len(names)
+    members = group_members(plan)
+    out: list[npt.NDArray[np.int64] | None] = []
+    for name in names:
+        (g, *more) = [plan.spec.group(m) for m in members[name]]
+        if more or decode_worst_case_pages(g, plan.limits.headroom) is not None:
+            out.append(None)
+        elif g.rule.per_request:
+            out.append(np.zeros(steps, dtype=np.int64))
+        else:
+            tpb = g.tokens_per_block
+            first = -(-caps // tpb) * tpb + 1 - caps  # the step (from 0) at which each row takes its next page
+            takes = (first[None, :] + tpb * np.arange((steps - 1) // tpb + 1)[:, None]).ravel()
+            out.append(np.searchsorted(np.sort(takes), np.arange(steps), side="right").astype(np.int64))
+    return out
 
 
 def group_members(plan: PoolPlan) -> dict[str, list[str]]:
