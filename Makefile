@@ -121,8 +121,10 @@ engines-truth: setup engines-venvs
 
 # Soak runs (not part of `make test` or CI; skipped there without KVPOOL_SOAK): 20,000 random
 # mutations of the generated CLI bad inputs (KVPOOL_SOAK_CASES, KVPOOL_SOAK_SEED size and seed
-# it), printing the counts and memory growth. Add a soak file to SOAK_TESTS.
-SOAK_TESTS := tests/test_cli_soak_bad_input.py
+# it), printing the counts and memory growth; 200,000 random tier operations with failing
+# copies (KVPOOL_SOAK_TIER_OPS); 20,000 mixed requests to `kvpool serve` from 32 clients on
+# loopback (KVPOOL_SOAK_SERVE_REQUESTS). Add a soak file to SOAK_TESTS.
+SOAK_TESTS := tests/test_cli_soak_bad_input.py tests/test_cache_soak_tier_failures.py tests/test_serve_soak.py
 .PHONY: soak
 soak: setup
 	KVPOOL_SOAK=1 $(BIN)/pytest -s $(SOAK_TESTS)

@@ -10,7 +10,7 @@ from typing import Any
 
 from cache_helpers import assert_unchanged, hybrid_spec, manager, snapshot
 from kvpool import KVCacheManager, PoolPlan, ServingLimits, load_model_spec, plan_pools
-from kvpool.cache import CacheUsageError
+from kvpool.cache import CacheUsageError, TierSpec
 from kvpool.errors import KvpoolError, LimitsError, SpecError
 from kvpool.units import parse_size
 
@@ -50,6 +50,10 @@ def _spec_call(**kwargs: Any) -> Callable[[KVCacheManager], Any]:
 
 def _from_pages(n: Any) -> Callable[[KVCacheManager], Any]:
     return lambda m: PoolPlan.from_pages(m.spec, {g.name: n for g in m.spec.groups}, m.limits)
+
+
+def _tiered(**kwargs: Any) -> Callable[[KVCacheManager], Any]:
+    return lambda m: KVCacheManager(m.plan, **kwargs)
 
 
 LIBRARY_CASES = [
@@ -93,6 +97,28 @@ LIBRARY_CASES = [
     ),
     LibraryCase("limits max_seq_len -1", lambda _m: ServingLimits(max_seq_len=-1), LimitsError, "max_seq_len"),
     LibraryCase("limits max_seq_len 1.5", lambda _m: ServingLimits(max_seq_len=1.5), LimitsError, "max_seq_len"),  # type: ignore[arg-type]
+    # tiers and their arguments, checked at the call (each failed late and untyped, or silently)
+    LibraryCase("tiers str", _tiered(tiers="CPU"), CacheUsageError, "list of TierSpec"),
+    LibraryCase("tiers dict", _tiered(tiers={"CPU": 2**20}), CacheUsageError, "list of TierSpec"),
+    LibraryCase("tiers [None]", _tiered(tiers=[None]), CacheUsageError, "list of TierSpec"),
+    LibraryCase("tiers tuple of tuples", _tiered(tiers=(("CPU", 2**20),)), CacheUsageError, "list of TierSpec"),
+    LibraryCase("TierSpec CPU 2**40", _tiered(tiers=[TierSpec("CPU", 2**40)]), CacheUsageError, "keeps books"),
+    LibraryCase("TierSpec DISK 2**50", _tiered(tiers=[TierSpec("DISK", 2**50)]), CacheUsageError, "DISK tier"),
+    LibraryCase("max_util_for_resume nan", _tiered(max_util_for_resume=float("nan")), CacheUsageError, "(0, 1]"),
+    LibraryCase("max_util_for_resume inf", _tiered(max_util_for_resume=float("inf")), CacheUsageError, "(0, 1]"),
+    LibraryCase("max_util_for_resume str", _tiered(max_util_for_resume="0.9"), CacheUsageError, "(0, 1]"),
+    LibraryCase("max_util_for_resume None", _tiered(max_util_for_resume=None), CacheUsageError, "(0, 1]"),
+    LibraryCase("max_util_for_resume -1", _tiered(max_util_for_resume=-1), CacheUsageError, "(0, 1]"),
+    LibraryCase("max_util_for_resume 0", _tiered(max_util_for_resume=0), CacheUsageError, "(0, 1]"),
+    LibraryCase("max_util_for_resume 1.5", _tiered(max_util_for_resume=1.5), CacheUsageError, "(0, 1]"),
+    LibraryCase("max_util_for_resume True", _tiered(max_util_for_resume=True), CacheUsageError, "(0, 1]"),
+    LibraryCase(
+        "a pool of 2**30 pages",
+        lambda m: KVCacheManager(PoolPlan.from_pages(m.spec, {g.name: 2**30 for g in m.spec.groups}, m.limits)),
+        CacheUsageError,
+        "keeps books",
+    ),
+    LibraryCase("parse_size 2**60 + 1 as text", lambda _m: parse_size(str(2**60 + 1)), KvpoolError, "1 EiB"),
     LibraryCase(
         "kv_memory_bytes nan",
         lambda m: plan_pools(m.spec, m.limits, kv_memory_bytes=float("nan")),  # type: ignore[arg-type]

@@ -10,7 +10,9 @@ the command must answer exit 2 with one stderr line that names the flag."""
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,8 +66,22 @@ BAD: dict[str, list[str]] = {
     "port": ["-1", "65536", "abc", "", HUGE],
     "fraction": ["0", "-0.5", "1.5", "nan", "inf", "-inf", "abc", "", "1e400"],
     "positive_float": ["0", "-1", "nan", "inf", "abc", "", "1e400"],
-    "size": ["-1GiB", "0", "lots", "12XB", "", " ", "1e400", "2000000TiB", "nan", "inf", "GiB", "1.5.5GiB", "-0"],
-    "size0": ["-1GiB", "lots", "12XB", "", "1e400", "2000000TiB", "nan", "inf", "GiB", "-5"],
+    # 1000TiB: no machine holds it (the books of its pages ran out of memory); 2**60 + 1 bytes: past 1 EiB, exactly
+    "size": [
+        "-1GiB",
+        "0",
+        "lots",
+        "12XB",
+        "",
+        " ",
+        "1e400",
+        "2000000TiB",
+        "1000TiB",
+        "1152921504606846977",
+        "1e" + "4" * 60,
+    ]
+    + ["nan", "inf", "GiB", "1.5.5GiB", "-0"],
+    "size0": ["-1GiB", "lots", "12XB", "", "1e400", "2000000TiB", "1000TiB", "nan", "inf", "GiB", "-5"],
     "choice": ["", "nope", " ", "x" * 300],
     "name": ["", "nope-not-a-thing", " ", "x" * 300],
     "ids": ["1,,2", ",", "", "a,b", "-1,2", f"1,{HUGE}", "1.5", "1;2"],
@@ -74,13 +90,24 @@ BAD: dict[str, list[str]] = {
     "shares": ["full=", "=0.5", ",", "", "full=nan", "full=2", "full", "full=0.5,,sliding=0.5", "nope=1"],
     "range": ["a:b", "0.9:0.1", "1:2", ":", "", "0.5", "nan:0.9", "-1:0.5"],
     "rate": ["abc", "-1", "0", "nan", "", "-inf"],
-    "path_in": ["{tmp}/missing.file", "{tmp}", "{tmp}/empty.file", "{tmp}/binary.file", "{tmp}/latin1.file"],
-    "path_out": ["/proc/nope/x", "{tmp}/no/such/dir/x", "{tmp}", ""],
+    "path_in": [
+        "{tmp}/missing.file",
+        "{tmp}",
+        "{tmp}/empty.file",
+        "{tmp}/binary.file",
+        "{tmp}/latin1.file",
+        "{tmp}/fifo.file",
+        "{tmp}/socket.file",
+    ],
+    # a FIFO nobody reads and a socket: written through or refused, never replaced or waited on
+    "path_out": ["/proc/nope/x", "{tmp}/no/such/dir/x", "{tmp}", "", "{tmp}/fifo.file", "{tmp}/socket.file"],
+    "path_base": ["/proc/nope/x", "{tmp}/no/such/dir/x", "{tmp}", ""],  # OUT of OUT.json / OUT.csv
     "endpoint": ["", "nope", "tcp://"],
-    "engine": ["", "nope", "vllm@0.0.1", ",", "vllm,,sglang"],
+    "engine": ["", "nope", "vllm@0.0.1", "vllm@", ",", "vllm,,sglang"],
     "gpu_count": ["", "nope", "h100x0", f"h100x{HUGE}", "h100x-1"],
     "dtype": ["", "int3", "fp9", "x" * 300],
     "device": ["", "nope", "mps", "xpu", "meta", "cuda:99"],
+    "folder": ["{tmp}/missing.file", "{tmp}/empty.file", "{tmp}/fifo.file", ""],
 }
 
 
@@ -157,8 +184,8 @@ KIND_BY_FLAG: dict[str, dict[str, str | None]] = {
     "generate": {"--kv-memory": "size"},
     "fit": {"--gpu": "gpu_count", "--emit-to": "path_out", "--engine": "engine"},
     "calibrate": {"--steps": "path_in", "--ops": "path_in", "--out": "path_out"},
-    "sweep": {"--out": "path_out", "--workers": "count"},
-    "serve": {"--port": "port"},
+    "sweep": {"--out": "path_base", "--workers": "count"},
+    "serve": {"--port": "port", "--models-dir": "folder"},
     "simulate": {"--seed": "count0", "--host-memory": "size0"},  # --host-memory: a list of sizes, 0 allowed
 }
 
@@ -251,4 +278,7 @@ def lay_out_files(folder: Path) -> Path:
         "model: llama-3.1-8b-instruct\ngpu: h100\nkv_memory: 4GiB\ntrace: azure-conv\nmax_requests: 20\n"
     )
     (folder / "steps.csv").write_text("")
+    os.mkfifo(folder / "fifo.file")
+    with socket.socket(socket.AF_UNIX) as s:  # the socket file stays after the socket closes
+        s.bind(str(folder / "socket.file"))
     return folder

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from hypothesis import strategies as st
 
 from cache_helpers import full_spec
 from kvpool.cache import KVCacheManager
@@ -14,6 +15,7 @@ from kvpool.cache.kv_wire import wire_events
 from kvpool.fleet import Router, RouteRequest
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.sim import RequestRecord, SimResult, TraceRequest
+from kvpool.trace import Trace
 
 TPB = 4
 
@@ -154,3 +156,28 @@ class FakeReplica:
             pages={},
             prompt_hit_rate=self.prompt_hits / self.prompt_tokens if self.prompt_tokens else 0.0,
         )
+
+
+def small_plan(pages: int) -> PoolPlan:
+    """A full-attention replica of `pages` pages of 4 tokens, 4 requests and 32 tokens a step, L = 128."""
+    return PoolPlan.from_pages(
+        full_spec(tpb=TPB), {"full": pages}, ServingLimits(max_batch_size=4, max_seq_len=128, max_num_tokens=32)
+    )
+
+
+@st.composite
+def shared_traces(draw: st.DrawFn) -> Trace:
+    """1-14 requests whose prompts (4-token blocks) start with a prefix of one
+    of 1-3 conversations, outputs of 1-40 tokens, a few steps apart."""
+    convs = draw(st.lists(st.lists(st.integers(0, 300), min_size=2, max_size=10), min_size=1, max_size=3))
+    n = draw(st.integers(1, 14))
+    rows = [tuple(draw(st.sampled_from(convs))[: draw(st.integers(1, 10))]) for _ in range(n)]
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.001, 0.004, 0.02]), min_size=n, max_size=n))
+    return Trace(
+        "shared",
+        np.array([max(1, TPB * len(r) - draw(st.integers(0, TPB - 1))) for r in rows], dtype=np.int64),
+        np.array([draw(st.integers(1, 40)) for _ in rows], dtype=np.int64),
+        np.cumsum(gaps),
+        hash_ids=tuple(rows),
+        hash_block_tokens=TPB,
+    )

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bad_input_helpers import LIBRARY_CASES, LibraryCase
 
@@ -143,3 +145,36 @@ def test_generate_past_the_models_positions(cli: Any, tiny_folder: Path) -> None
 @pytest.mark.parametrize("case", LIBRARY_CASES, ids=[c.name for c in LIBRARY_CASES])
 def test_library_bad_input_is_a_typed_error_and_changes_nothing(case: LibraryCase) -> None:
     case.check()
+
+
+@given(n=st.integers(-(2**70), 2**70), unit=st.sampled_from([("", 1), ("KiB", 2**10), ("GiB", 2**30), ("TB", 10**12)]))
+def test_a_size_is_read_exactly_and_bounded_at_1_eib(n: int, unit: tuple[str, int]) -> None:
+    """Read as a float, 2**60 + 1 bytes rounded to 2**60 and passed; every size is
+    now exact, and refused exactly when it is not in [1, 2**60] bytes."""
+    from kvpool.errors import KvpoolError
+    from kvpool.units import MAX_SIZE, parse_size
+
+    name, scale = unit
+    if 1 <= n * scale <= MAX_SIZE:
+        assert parse_size(f"{n}{name}") == n * scale
+    else:
+        with pytest.raises(KvpoolError):
+            parse_size(f"{n}{name}")
+
+
+@given(text=st.from_regex(r"[-+]?[0-9]{0,60}(\.[0-9]{0,6})?(e[-+]?[0-9]{1,20})?\s*(GiB|KB|t|B|)", fullmatch=True))
+def test_any_size_text_is_read_or_refused_at_once(text: str) -> None:
+    """A 20-digit exponent overflowed Decimal, and a negative one built a
+    billion-digit integer: every size text is a number of bytes in [1, 2**60] or
+    a KvpoolError, in well under a second."""
+    from kvpool.errors import KvpoolError
+    from kvpool.units import MAX_SIZE, parse_size, size_or_zero
+
+    start = time.perf_counter()
+    for read in (parse_size, size_or_zero):
+        try:
+            value = read(text)
+        except KvpoolError:
+            continue
+        assert (0 if read is size_or_zero else 1) <= value <= MAX_SIZE
+    assert time.perf_counter() - start < 1

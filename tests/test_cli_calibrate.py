@@ -44,12 +44,12 @@ def test_ops_profile_from_vidurs_h100_timings(cli: Cli, tmp_path: Path) -> None:
     assert json.loads(stdout)["calibration"] == "h100-mine"
 
 
-def write_steps(path: Path, speed: float) -> None:
-    """Steps "measured" on a machine `speed` x as fast as the shipped H100 profile
-    (llama-3.1-8b-instruct at tp 1), with a 2 ms step floor and 20 us per request."""
+def measured_steps(path: Path, speed: float = 0.9, encoding: str = "utf-8") -> Path:
+    """Steps "measured" on a machine `speed` x as fast as the shipped H100 profile,
+    with a 2 ms step floor and 20 us per request, written to `path`."""
     spec = load_model_spec("llama-3.1-8b-instruct", max_seq_len=8192)
     model = StepTimeModel.build(spec, load_gpu("h100"), load_weights("llama-3.1-8b-instruct"))
-    with path.open("w", newline="") as f:
+    with path.open("w", newline="", encoding=encoding) as f:
         w = csv.writer(f)
         w.writerow(["decode_rows", "context", "prefill_tokens", "ms"])
         for rows, ctx, pre in [(1, 100, 0), (8, 2000, 0), (64, 1000, 0), (256, 500, 0), (0, 0, 2048), (16, 800, 512)]:
@@ -57,12 +57,13 @@ def write_steps(path: Path, speed: float) -> None:
             gpu = c.total - c.overhead
             requests = rows + (1 if pre else 0)
             w.writerow([rows, ctx, pre, (gpu / speed + 2e-3 + 20e-6 * requests) * 1e3])
+    return path
 
 
-def test_steps_profile_recovers_the_machine_that_made_the_timings(cli: Cli, tmp_path: Path) -> None:
-    # 0.9x as fast as the shipped profile: the fit must find the three numbers back.
-    path = tmp_path / "steps.csv"
-    write_steps(path, 0.9)
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig"])  # -sig: the byte-order mark spreadsheets write
+def test_steps_profile_recovers_the_machine_that_made_the_timings(cli: Cli, tmp_path: Path, encoding: str) -> None:
+    # the fit must find the machine's three numbers back
+    path = measured_steps(tmp_path / "steps.csv", encoding=encoding)
     out = tmp_path / "steps.json"
     code, stdout, err = cli("calibrate", "llama-3.1-8b-instruct", "--gpu", "h100", "--steps", str(path), "-o", str(out))
     assert code == 0, err
@@ -82,6 +83,12 @@ def test_steps_profile_recovers_the_machine_that_made_the_timings(cli: Cli, tmp_
         ("decode_rows,context,prefill_tokens,ms\n1,x,0,3\n", "context must be a number"),
         ("decode_rows,context,prefill_tokens,ms\n0,2,0,3\n", "needs decode rows or prefill tokens"),
         ("decode_rows,context,prefill_tokens,ms\n", "has no rows"),
+        # 10**9 rows built a billion-row batch (MemoryError); 1.5 rows is no count
+        ("decode_rows,context,prefill_tokens,ms\n1000000000,2,0,3\n", "decode_rows must be a whole number <= 65,536"),
+        ("decode_rows,context,prefill_tokens,ms\n1.5,2,0,3\n", "decode_rows must be a whole number"),
+        ("decode_rows,context,prefill_tokens,ms\n1,%s,0,3\n" % ("9" * 5000), "context must be a number"),
+        ("decode_rows,context,prefill_tokens,ms\n1,2,0,Infinity\n", "ms must be a number"),
+        ("decode_rows,context,prefill_tokens,ms\n1,2,0,NaN\n", "ms must be a number"),
     ],
 )
 def test_bad_step_files_get_one_line(cli: Cli, tmp_path: Path, content: str, message: str) -> None:
@@ -113,22 +120,24 @@ def test_calibrate_needs_measurements_and_readable_files(cli: Cli, tmp_path: Pat
     assert code == 2 and "not JSON" in err
 
 
-def test_steps_faster_than_the_gpus_peak_are_refused(cli: Cli, tmp_path: Path) -> None:
-    """Steps 3x faster than the shipped H100 profile put its matmuls' bandwidth share
-    (above 1/3 of peak) past 100 %: no GPU runs that, so no profile is written."""
+@pytest.mark.parametrize("speed", [1.7, 3.0, 1e6])
+def test_steps_faster_than_the_gpus_peak_are_refused(cli: Cli, tmp_path: Path, speed: float) -> None:
+    """Steps `speed` x faster than the shipped H100 profile put its matmuls' bandwidth
+    share past 100 % (the issue's fits reached 10**294x the peak): no GPU runs that,
+    so no profile is written."""
     base = shipped()["h100"]
-    assert base.linear_bw_eff * 3 > 1
+    assert base.linear_bw_eff * speed > 1
     path, out = tmp_path / "steps.csv", tmp_path / "p.json"
-    write_steps(path, 3.0)
+    measured_steps(path, speed=speed)
     code, stdout, err = cli("calibrate", "llama-3.1-8b-instruct", "--gpu", "h100", "--steps", str(path), "-o", str(out))
-    assert code == 2 and "faster than the GPU's peak allows" in err and "linear_bw_eff" in err, err
-    assert len(err.strip().splitlines()) == 1 and not out.exists()
+    assert code == 2 and "--steps" in err and "faster than the GPU's peak allows" in err, err
+    assert "linear_bw_eff" in err and len(err.strip().splitlines()) == 1 and not out.exists()
 
 
 def test_a_gpu_count_is_the_tensor_parallel_size(cli: Cli, tmp_path: Path) -> None:
     """`--gpu h100x2` times the steps of one rank of tp 2, as `--gpu h100 --tp 2` does."""
     path = tmp_path / "steps.csv"
-    write_steps(path, 0.9)
+    measured_steps(path)
     two, tp2 = tmp_path / "two.json", tmp_path / "tp2.json"
     code, _, err = cli("calibrate", "llama-3.1-8b-instruct", "--gpu", "h100x2", "--steps", str(path), "-o", str(two))
     assert code == 0, err

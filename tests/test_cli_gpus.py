@@ -53,8 +53,13 @@ def test_gpus_command_lists_them(cli: Any) -> None:
     assert all(key in listed for key in NEW)
 
 
-def fake_nvml(name: str | bytes, count: int, total: int, *, fail: bool = False) -> types.ModuleType:
-    """A stand-in for nvidia-ml-py's `pynvml` with the calls detect() makes."""
+class NVMLError(Exception):
+    """What nvidia-ml-py raises (pynvml.NVMLError)."""
+
+
+def fake_nvml(name: str | bytes, count: int, total: int, *, fail: bool = False, failing: str = "") -> types.ModuleType:
+    """A stand-in for nvidia-ml-py's `pynvml` with the calls detect() makes;
+    `failing` names one that raises NVMLError after init."""
     nvml = types.ModuleType("pynvml")
     calls: list[str] = []
 
@@ -63,12 +68,23 @@ def fake_nvml(name: str | bytes, count: int, total: int, *, fail: bool = False) 
         if fail:
             raise RuntimeError("NVML Shared Library Not Found")
 
+    def shutdown() -> None:
+        calls.append("shutdown")
+        if failing == "nvmlShutdown":
+            raise NVMLError("Uninitialized")
+
     nvml.nvmlInit = init  # type: ignore[attr-defined]
-    nvml.nvmlShutdown = lambda: calls.append("shutdown")  # type: ignore[attr-defined]
+    nvml.nvmlShutdown = shutdown  # type: ignore[attr-defined]
     nvml.nvmlDeviceGetCount = lambda: count  # type: ignore[attr-defined]
     nvml.nvmlDeviceGetHandleByIndex = lambda i: ("handle", i)  # type: ignore[attr-defined]
     nvml.nvmlDeviceGetName = lambda h: name  # type: ignore[attr-defined]
     nvml.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=total, free=total, used=0)  # type: ignore[attr-defined]
+    if failing and failing != "nvmlShutdown":
+
+        def lost(*_: Any) -> None:
+            raise NVMLError("GPU is lost")
+
+        setattr(nvml, failing, lost)
     nvml.calls = calls  # type: ignore[attr-defined]
     return nvml
 
@@ -98,6 +114,13 @@ def test_fit_auto_uses_every_gpu(monkeypatch: pytest.MonkeyPatch, cli: Any) -> N
         (fake_nvml("NVIDIA H100", 1, 1, fail=True), "NVML cannot start"),
         (fake_nvml("NVIDIA H100", 0, 1), "sees no GPU"),
         (fake_nvml("NVIDIA Quadro P400", 1, 2 << 30), "no preset describes 'NVIDIA Quadro P400'"),
+        # NVML errors after init, and a name that is not UTF-8, were internal errors
+        (fake_nvml("NVIDIA H100", 1, 1, failing="nvmlDeviceGetCount"), "GPU is lost"),
+        (fake_nvml("NVIDIA H100", 1, 1, failing="nvmlDeviceGetHandleByIndex"), "GPU is lost"),
+        (fake_nvml("NVIDIA H100", 1, 1, failing="nvmlDeviceGetName"), "GPU is lost"),
+        (fake_nvml("NVIDIA H100", 1, 1, failing="nvmlDeviceGetMemoryInfo"), "GPU is lost"),
+        (fake_nvml(b"NVIDIA \xff\xfe X", 1, 2 << 30), "no preset describes 'NVIDIA \ufffd\ufffd X'"),
+        (fake_nvml("NVIDIA H100 80GB HBM3", 1, 0), "reports 0 bytes"),
     ],
 )
 def test_auto_failures_are_one_line_exit_2(
@@ -106,6 +129,13 @@ def test_auto_failures_are_one_line_exit_2(
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     code, out, err = cli("plan", "qwen3-8b", "--gpu", "auto")
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_failing_shutdown_hides_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(
+        sys.modules, "pynvml", fake_nvml("NVIDIA H100 80GB HBM3", 8, 85_520_809_984, failing="nvmlShutdown")
+    )
+    assert detect()[0].key == "h100"
 
 
 def test_auto_without_nvidia_ml_py(monkeypatch: pytest.MonkeyPatch) -> None:

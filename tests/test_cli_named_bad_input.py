@@ -43,7 +43,7 @@ def test_tp_that_does_not_divide_the_attention_heads_is_refused_as_vllm_does(cli
     err = refused(cli("plan", str(QWEN25), "--kv-memory", "5GiB", "--tp", str(bad)), "--tp", f"{heads} attention")
     assert f"size {bad} " in err
     refused(cli("plan", str(QWEN25), "--kv-memory", "5GiB", "--tp", "8"), "size 8 ", "--tp")
-    refused(cli("fit", str(QWEN25), "--gpu", "h100x8"), "size 8 ", f"{heads} attention")
+    refused(cli("fit", str(QWEN25), "--gpu", "h100x8"), "--gpu h100x8", "8 GPUs", f"{heads} attention")
     refused(cli("inspect", str(QWEN25), "--tp", "8"), "size 8 ", "--tp")
     refused(cli("plan", "llama-3.1-8b-instruct", "--kv-memory", "5GiB", "--tp", "1000000"), "--tp")
     code, _, err = cli("plan", str(QWEN25), "--kv-memory", "5GiB", "--tp", str(good))
@@ -231,42 +231,6 @@ def test_bad_sweep_grids_are_one_line_and_write_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
 
 
-def test_sweep_output_is_written_whole_or_not_at_all(cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A disk that fills while the results are written leaves no OUT.json, no OUT.csv
-    and no temporary file (the issue's full disk left 0-byte files)."""
-    from kvpool.cli import sweep_cmd
-
-    def full_disk(rows: Any, out: Any) -> list[Path]:
-        Path(out).write_text('{"points": [')  # half written
-        raise OSError(28, "No space left on device", str(out))
-
-    monkeypatch.setattr(sweep_cmd, "write_rows", full_disk)
-    grid = tmp_path / "grid.yaml"
-    grid.write_text(GRID)
-    code, _, err = cli("sweep", str(grid), "--out", str(tmp_path / "res"), "--serial", "--quiet")
-    assert code == 2 and err.count("\n") == 1 and "no space left" in err.lower(), err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.yaml"]
-
-
-def test_sweep_plot_is_written_whole_or_not_at_all(cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("matplotlib")
-    import kvpool.sim.sweep_plot as sweep_plot
-
-    def broken_plot(path: Any, rows: Any, group: Any) -> None:
-        Path(path).write_bytes(b"\x89PNG half")
-        raise OSError(28, "No space left on device", str(path))
-
-    monkeypatch.setattr(sweep_plot, "plot_sweep", broken_plot)
-    grid = tmp_path / "grid.yaml"
-    grid.write_text(GRID)
-    code, _, err = cli(
-        "sweep", str(grid), "--out", str(tmp_path / "res"), "--plot", str(tmp_path / "p.png"), "--serial", "--quiet"
-    )
-    assert code == 2 and err.count("\n") == 1, err
-    assert not (tmp_path / "p.png").exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], list(tmp_path.iterdir())
-
-
 def _kvpool(*argv: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "kvpool", *argv], stderr=subprocess.PIPE, text=True, timeout=120, **kwargs
@@ -316,25 +280,73 @@ def test_a_preset_name_is_not_a_path() -> None:
         presets.load_model_config("../gpus")
 
 
-def test_atomic_path_leaves_the_whole_file_or_nothing(tmp_path: Path) -> None:
-    """What --plot, sweep --out and fit --emit-to write through (cli/files.py)."""
-    from kvpool.cli.files import atomic_path
-
-    target = tmp_path / "launch.sh"
-    with pytest.raises(OSError), atomic_path(target) as tmp:
-        tmp.write_text("half")
-        raise OSError(28, "No space left on device")
-    assert list(tmp_path.iterdir()) == []
-    target.write_text("old")
-    with atomic_path(target) as tmp:
-        tmp.write_text("new")
-        assert target.read_text() == "old"  # the old file stays whole until the new one is
-    assert target.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["launch.sh"]
-
-
 def test_fit_emit_to_a_missing_folder_is_refused_before_the_work(cli: Any, tmp_path: Path) -> None:
     argv = ["fit", "llama-3.1-8b-instruct", "--gpu", "h100", "--engine", "vllm"]
     refused(cli(*argv, "--emit-to", str(tmp_path / "no" / "x.sh")), "--emit-to", "no folder")
     code, _, err = cli(*argv, "--emit-to", str(tmp_path / "x.sh"))
     assert code == 0 and (tmp_path / "x.sh").read_text().startswith("vllm serve"), err
     assert [p.name for p in tmp_path.iterdir()] == ["x.sh"]
+
+
+SIM_4G = "simulate llama-3.1-8b-instruct --gpu h100 --kv-memory 4GiB --trace azure-conv --max-requests 20 --quiet"
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "word"),
+    [
+        ("plan llama-3.1-8b-instruct --kv-memory 1000TiB", "--kv-memory", "any GPU"),
+        ("warmup llama-3.1-8b-instruct --kv-memory 1000TiB", "--kv-memory", "any GPU"),
+        (SIM_4G.replace("4GiB", "1000TiB"), "--kv-memory", "h100 holds"),
+        (SIM_4G + " --host-memory 1000TiB", "--host-memory", "keeps books"),
+        (SIM_4G + " --disk 1000TiB", "--disk", "keeps books"),
+        (SIM_4G + " --host-memory 0,1000TiB", "--host-memory", "keeps books"),  # before the first size's run
+        ("plan llama-3.1-8b-instruct --kv-memory 4GiB --host-memory 1000TiB", "--host-memory", "keeps books"),
+        (" ".join(TINY) + " --kv-memory 1000TiB", "--kv-memory", "this machine"),
+        ("plan llama-3.1-8b-instruct --kv-memory 1152921504606846977", "--kv-memory", "1 EiB"),
+    ],
+)
+def test_sizes_no_machine_holds_are_refused_before_allocating(cli: Any, argv: str, flag: str, word: str) -> None:
+    """1000 TiB ran out of memory after seconds (the pools' books, or the engine's
+    tensors); 2**60 + 1 bytes, read as a float, passed as 1 EiB."""
+    start = time.perf_counter()
+    refused(cli(*argv.split()), flag, word)
+    assert time.perf_counter() - start < 10
+
+
+def test_a_zero_host_tier_is_zero_in_any_unit(cli: Any) -> None:
+    """`--host-memory 0B` was a run without a host tier and `0GiB` an error."""
+    runs = []
+    for zero in ("0", "0B", "0GiB", "0.0MiB"):
+        code, out, err = cli(*SIM_4G.split(), "--host-memory", f"{zero},1GiB", "--json")
+        assert code == 0, err
+        run = json.loads(out)["runs"][0]
+        assert run["tiers"]["bytes"] == {"CPU": 0}
+        runs.append({k: v for k, v in run.items() if k not in ("policy", "host_memory")})
+    assert all(r == runs[0] for r in runs)
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        # the GPU count set the tensor-parallel size: the error spoke of a --tp never given
+        ("fit llama-3.1-8b-instruct --gpu h100x64", ["--gpu h100x64", "64 GPUs", "32 attention heads"]),
+        # --users/--len rank their own layouts: a --tp/--pp/--dp beside them was silently dropped
+        ("fit llama-3.1-8b-instruct --gpu h100 --users 4 --len 4096 --tp 2", ["--tp", "ranks the layouts"]),
+        ("fit llama-3.1-8b-instruct --gpu h100 --users 4 --len 4096 --pp 2 --dp 1", ["--pp"]),
+        ("fit llama-3.1-8b-instruct --gpu h100 --users 4 --len 4096 --tp 2 --dp 2", ["--tp / --dp"]),
+        # `vllm@` named no release and was read as the newest
+        ("plan llama-3.1-8b-instruct --kv-memory 4GiB --engine vllm@", ["--engine", "names no release"]),
+        ("fit llama-3.1-8b-instruct --gpu h100 --engine sglang@", ["--engine"]),
+    ],
+)
+def test_the_issues_wording_cases(cli: Any, argv: str, words: list[str]) -> None:
+    refused(cli(*argv.split()), *words)
+
+
+def test_a_full_stdout_names_it_not_an_output_file() -> None:
+    """The error read "(writing the output)" for any OSError without a file."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    with open("/dev/full", "w") as full:
+        done = _kvpool(*PLAN, stdout=full)
+    assert done.returncode == 2 and "standard output" in done.stderr and done.stderr.count("\n") == 1, done.stderr

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from conftest import attention_config
+from family_configs import falcon_h1_small, granite_small, jamba_v01, nemotron_small
 from kvpool import SpecError, load_model_spec
 from kvpool.spec.defaults import DEFAULTS, applied_defaults
 
@@ -104,24 +105,6 @@ def test_unmodelled_hybrid_families_are_refused_by_name(model_type: str) -> None
         load_model_spec(attention_config(model_type=model_type))
 
 
-def jamba_v01() -> dict[str, Any]:
-    """The fields of ai21labs/Jamba-v0.1's published config.json that shape its cache."""
-    return {
-        "model_type": "jamba",
-        "hidden_size": 4096,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "attn_layer_period": 8,
-        "attn_layer_offset": 4,
-        "mamba_d_state": 16,
-        "mamba_d_conv": 4,
-        "mamba_expand": 2,
-        "max_position_embeddings": 262144,
-        "torch_dtype": "bfloat16",
-    }
-
-
 @pytest.mark.parametrize("tp", [1, 2])
 def test_jamba_attention_every_8th_layer_and_mamba_state(tp: int) -> None:
     spec = load_model_spec(jamba_v01(), tp_size=tp)
@@ -150,27 +133,6 @@ def test_jamba_defaults_fill_omitted_period() -> None:
     assert {g.name: g for g in load_model_spec(cfg).groups}["full"].layers == (4, 12, 20, 28)
 
 
-def granite_small(layers: int = 8) -> dict[str, Any]:
-    """A Granite-4.0-H-shaped config: attention at layers 3 and 7, Mamba-2 elsewhere."""
-    types = ["attention" if i % 4 == 3 else "mamba" for i in range(layers)]
-    return {
-        "model_type": "granitemoehybrid",
-        "hidden_size": 1536,
-        "num_hidden_layers": layers,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 4,
-        "layer_types": types,
-        "mamba_n_heads": 48,
-        "mamba_d_head": 64,
-        "mamba_n_groups": 1,
-        "mamba_d_state": 128,
-        "mamba_d_conv": 4,
-        "mamba_expand": 2,
-        "torch_dtype": "bfloat16",
-        "max_position_embeddings": 131072,
-    }
-
-
 @pytest.mark.parametrize("tp", [1, 4])
 def test_granite_hybrid_mamba2_state(tp: int) -> None:
     spec = load_model_spec(granite_small(), tp_size=tp)
@@ -189,26 +151,6 @@ def test_granite_layers_agree_with_transformers() -> None:
     kind = {i: g.kind for g in load_model_spec(granite_small()).groups for i in g.layers}
     want = {"full_attention": "full", "linear_attention": "state"}
     assert [kind[i] for i in range(8)] == [want[t] for t in hf.layer_types]
-
-
-def nemotron_small() -> dict[str, Any]:
-    """A Nemotron-H-shaped config: M = Mamba-2, * = attention, - = MLP."""
-    return {
-        "model_type": "nemotron_h",
-        "hidden_size": 1024,
-        "num_hidden_layers": 7,
-        "hybrid_override_pattern": "M-M*-M*",
-        "num_attention_heads": 8,
-        "num_key_value_heads": 2,
-        "head_dim": 128,
-        "mamba_num_heads": 32,
-        "mamba_head_dim": 64,
-        "n_groups": 8,
-        "ssm_state_size": 128,
-        "conv_kernel": 4,
-        "torch_dtype": "bfloat16",
-        "max_position_embeddings": 8192,
-    }
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -231,21 +173,7 @@ def test_nemotron_h_layers_agree_with_transformers() -> None:
 
 
 def test_falcon_h1_every_layer_has_kv_and_mamba2_state() -> None:
-    cfg = {
-        "model_type": "falcon_h1",
-        "hidden_size": 1024,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 2,
-        "head_dim": 64,
-        "mamba_n_heads": 24,
-        "mamba_d_head": 64,
-        "mamba_n_groups": 1,
-        "mamba_d_state": 128,
-        "mamba_d_conv": 4,
-        "torch_dtype": "bfloat16",
-        "max_position_embeddings": 8192,
-    }
+    cfg = falcon_h1_small()
     groups = {g.name: g for g in load_model_spec(cfg).groups}
     assert groups["full"].layers == groups["mamba_state"].layers == (0, 1, 2, 3)
     assert groups["full"].row_bytes == 4 * 2 * 2 * 64 * 2

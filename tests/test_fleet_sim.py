@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fleet_helpers import shared_traces, small_plan
 from kvpool.fleet import make_router
 from kvpool.fleet.loop import Handoffs, Stage, Transfer, run_fleet
 from kvpool.fleet.metrics import FleetResult
@@ -23,7 +24,6 @@ from kvpool.sim import StepTimeModel, Weights, simulate
 from kvpool.sim.executor import ray_available
 from kvpool.trace import Trace
 from sim_helpers import toy_gpu
-from test_sim_replica import toy_plan, traces
 
 
 def model_of(plan: PoolPlan) -> StepTimeModel:
@@ -53,9 +53,13 @@ def share(trace: Trace, take: list[int]) -> Trace:
 
 
 @settings(max_examples=25, deadline=None)
-@given(trace=traces(), pages=st.integers(14, 60), router=st.sampled_from(["round-robin", "least-load", "prefix", "kv"]))
+@given(
+    trace=shared_traces(),
+    pages=st.integers(14, 60),
+    router=st.sampled_from(["round-robin", "least-load", "prefix", "kv"]),
+)
 def test_a_fleet_of_one_is_simulate(trace: Trace, pages: int, router: str) -> None:
-    plan = toy_plan(pages)
+    plan = small_plan(pages)
     result = fleet(plan, trace, 1, router, block_size=4 if router in ("kv", "prefix") else 0)
     whole = simulate(plan, trace, model_of(plan), reuse=True)
     served = sorted(r.ttft for r in result.records if r.done)
@@ -66,11 +70,11 @@ def test_a_fleet_of_one_is_simulate(trace: Trace, pages: int, router: str) -> No
 
 
 @settings(max_examples=20, deadline=None)
-@given(trace=traces(), pages=st.integers(14, 60), n=st.integers(2, 3))
+@given(trace=shared_traces(), pages=st.integers(14, 60), n=st.integers(2, 3))
 def test_round_robin_replicas_are_simulations_of_their_shares(trace: Trace, pages: int, n: int) -> None:
     """Round-robin routes without looking: replica k serves requests k, k+n,
     ... exactly as a simulation of those alone would."""
-    plan = toy_plan(pages)
+    plan = small_plan(pages)
     result = fleet(plan, trace, n, "round-robin", events=False)
     for k in range(n):
         take = list(range(k, len(trace), n))
@@ -93,7 +97,7 @@ def conversations(n_conv: int, turns: int, gap: float) -> Trace:
 
 
 def test_the_kv_router_keeps_conversations_on_their_replica() -> None:
-    plan = toy_plan(200)
+    plan = small_plan(200)
     trace = conversations(4, 5, 0.05)
     kv = fleet(plan, trace, 3, "kv", block_size=4)
     rr = fleet(plan, trace, 3, "round-robin")
@@ -105,7 +109,7 @@ def test_the_kv_router_keeps_conversations_on_their_replica() -> None:
 
 
 def test_a_handoff_costs_the_prefill_the_transfer_and_one_decode_step() -> None:
-    plan = toy_plan(60)
+    plan = small_plan(60)
     model = model_of(plan)
     trace = Trace("one", np.array([30]), np.array([5]), np.array([0.0]), ((1, 2, 3, 4, 5, 6, 7, 8),), 4)
     stages = [

@@ -92,7 +92,7 @@ def test_text_output_shows_the_breakdown_and_the_convention(capsys: pytest.Captu
     [
         (["plan", "llama-3.1-70b", "--gpu", "h100"], ("by", "more --tp (now 1)")),
         (
-            ["plan", "llama-3.1-8b-instruct", "--gpu", "h100", "--activation-memory", "80GiB"],
+            ["plan", "llama-3.1-8b-instruct", "--gpu", "h100", "--activation-memory", "70GiB"],
             ("smaller --max-num-tokens",),
         ),
     ],

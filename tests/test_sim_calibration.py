@@ -22,7 +22,7 @@ from kvpool.sim.calibration import (
     fit_steps,
     for_gpu,
     load_profile,
-    save_profile,
+    profile_json,
     shipped,
 )
 from kvpool.sim.kernels import Calibration, CalibrationError
@@ -263,7 +263,7 @@ def test_gpus_without_a_profile_borrow_the_nearest() -> None:
 def test_profiles_round_trip_and_bad_ones_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "mine.json"
     cal = dataclasses.replace(shipped()["h100"], name="mine")
-    save_profile(cal, path, report={"samples": 3})
+    path.write_text(profile_json(cal, report={"samples": 3}))
     assert load_profile(path) == dataclasses.replace(cal)
     body = json.loads(path.read_text())
     body["calibration"]["linear_bw_eff"] = -1
@@ -301,8 +301,10 @@ def test_unknown_family_falls_back_to_attention_fields_and_parameter_counts() ->
     assert (moe.experts, moe.top_k, moe.moe_layers) == (8, 1, 2)
 
 
-def test_a_profile_that_cannot_be_written_leaves_nothing(tmp_path: Path) -> None:
-    target = tmp_path / "missing-dir" / "p.json"
-    with pytest.raises(CalibrationError, match="cannot write"):
-        save_profile(shipped()["h100"], target, report={})
-    assert not target.exists() and not target.with_name("p.json.tmp").exists()
+def test_a_profile_is_never_written_with_infinity_or_nan() -> None:
+    """A fit whose report holds NaN (or a constant past the GPU's peak) is
+    refused, not written as a profile `--calibration` would price steps with."""
+    with pytest.raises(CalibrationError, match="non-finite"):
+        profile_json(shipped()["h100"], report={"median_error": math.nan})
+    with pytest.raises(CalibrationError, match="above 1"):
+        dataclasses.replace(shipped()["h100"], linear_bw_eff=1.7)

@@ -198,8 +198,8 @@ def test_fast_forward_equals_single_steps(trace: Trace, pages: int, batch: int) 
     model = spec_of(plan).model
     fast = simulate(plan, trace, model, reuse=True, check=True)
     slow = simulate(plan, trace, model, reuse=True, check=True, fast=False)
-    counts = ("steps", "decode_steps", "graph_steps", "preemptions", "finished", "rejected", "output_tokens")
-    counts += ("reuse_hit_rate", "prompt_hit_rate", "end_used")
+    counts: tuple[str, ...] = ("steps", "decode_steps", "graph_steps", "preemptions", "finished", "rejected")
+    counts += ("output_tokens", "reuse_hit_rate", "prompt_hit_rate", "end_used")
     assert [getattr(fast, f) for f in counts] == [getattr(slow, f) for f in counts]
     assert [(r.rid, r.cached_tokens, r.preemptions) for r in fast.requests] == [
         (r.rid, r.cached_tokens, r.preemptions) for r in slow.requests

@@ -3,6 +3,7 @@ durations (`2s`, `50ms`), and the one test of a count (`is_positive_int`) every 
 
 from __future__ import annotations
 
+import decimal
 import numbers
 import re
 from typing import TypeGuard
@@ -37,26 +38,41 @@ def parse_size(text: str | int) -> int:
         # True would be 1 byte, and a float or None an untyped TypeError from the regex
         raise KvpoolError(f"a size is a string such as '40GiB' or a whole number of bytes, got {text!r}")
     if isinstance(text, numbers.Integral):
-        number: float = int(text)
+        number = decimal.Decimal(int(text))
     else:
         match = _SIZE.match(text)
         unit = match.group(2).lower() if match else None
         if match is None or unit not in _UNITS:
             raise KvpoolError(f"cannot read size {text!r}; write e.g. 40GiB, 512MiB or 1073741824")
-        number = float(match.group(1)) * _UNITS[unit]
-    if number > MAX_SIZE:  # checked before int(): '1e400' is an infinite float
+        # exact decimal arithmetic: as a float, 2**60 + 1 bytes rounded down to 1 EiB and passed
+        number = _decimal(match.group(1), text)
+        if 0 < number <= MAX_SIZE:  # a multiplication that cannot overflow Decimal's exponent
+            number *= _UNITS[unit]
+    if number > MAX_SIZE:
         raise KvpoolError(f"size {text!r} is larger than 1 EiB; write the budget of one GPU, e.g. 40GiB")
-    value = int(number)
-    if value <= 0:
+    if number < 1:  # before int(): -1e9606846977 as an int has billions of digits
         raise KvpoolError(f"size {text!r} must be positive")
-    return value
+    return int(number)
+
+
+def _decimal(number: str, text: str | int) -> decimal.Decimal:
+    """The number part of a size, exactly; an exponent past what Decimal holds
+    (`1e4011...` with 50 digits) is a size no budget is."""
+    try:
+        return decimal.Decimal(number)
+    except decimal.InvalidOperation:
+        raise KvpoolError(f"size {text!r} has an exponent no size has; write e.g. 40GiB") from None
 
 
 def size_or_zero(text: str | int) -> int:
-    """Bytes in `text` (`parse_size`), or 0 for `0`/`0B`: a part of the GPU, or a
-    cold tier, that is not there."""
-    zero = text.strip() in ("0", "0B", "0b") if isinstance(text, str) else text == 0 and not isinstance(text, bool)
-    return 0 if zero else parse_size(text)
+    """Bytes in `text` (`parse_size`), or 0 for a size of zero in any unit (`0`,
+    `0B`, `0GiB`, `0.0MiB`): a part of the GPU, or a cold tier, that is not there."""
+    match = _SIZE.match(text) if isinstance(text, str) else None
+    if match is not None and match.group(2).lower() in _UNITS and _decimal(match.group(1), text) == 0:
+        return 0
+    if isinstance(text, int) and not isinstance(text, bool) and text == 0:
+        return 0
+    return parse_size(text)
 
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*(ms|s|us|min)?\s*$", re.IGNORECASE)

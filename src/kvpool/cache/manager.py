@@ -49,15 +49,15 @@ from kvpool.cache.prefix import TierHit
 from kvpool.cache.prompt_memo import PromptMemo
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, CreateCheck, Dummies, Resize
+from kvpool.cache.rollback import attach_prefix_or_undo
 from kvpool.cache.shared_pool import build_pools
 from kvpool.cache.suspension import Suspension
 from kvpool.cache.tables import STALE, PageTables
-from kvpool.cache.tiers import TierCopies, TierSpec, tiers_below
+from kvpool.cache.tiers import TierCopies, TierSpec, checked_copies, checked_tiers, tiers_below
 from kvpool.cache.vllm_hashes import block_hasher
 from kvpool.plan import capture
 from kvpool.plan.capture import WarmupReport
 from kvpool.plan.result import PoolPlan
-from kvpool.plan.tiers import tier_pages
 from kvpool.spec.kinds import NEVER
 
 __all__ = ["STALE", "KVCacheManager"]
@@ -79,6 +79,10 @@ class KVCacheManager:
     bookkeeping, public for the integrity checker, tools and tests: read them,
     never write them. `events=False` records no events at all.
 
+    The constructor raises `CacheUsageError` for `tiers` that are not a list of
+    `TierSpec`, a `max_util_for_resume` outside (0, 1], or a pool or tier of more
+    pages than `cache.pool.MAX_PAGES`.
+
     `state_snapshots=True` lets `commit` snapshot state groups (recurrent
     state) so that models with a state group can reuse prefixes at all; the
     engine must then copy each snapshot (see `CacheEvent.source_page`). Off by
@@ -96,6 +100,7 @@ class KVCacheManager:
         max_util_for_resume: float = 0.95,
         hash: str = "kvpool",  # noqa: A002 (the engines' own word for it)
     ) -> None:
+        tiers, tier_slots, max_util_for_resume = checked_tiers(plan, tiers, max_util_for_resume)
         self.hash = hash
         self._seed_of, self._chain = block_hasher(hash)  # kvpool's digest, or vLLM's (`cache/vllm_hashes.py`)
         self.plan = plan
@@ -125,12 +130,16 @@ class KVCacheManager:
         self.reuse_hit_tokens = 0
         self._prompts = PromptMemo()  # the last prompt's digests, for the next that shares its start
         self._padding: dict[int, int] = {}  # draft length -> persistent padding dummy id
-        if tiers and self.tables.shared:
-            raise CacheUsageError("cold tiers with a shared pool are not supported")
-        # the warmest cold tier (None: the GPU alone), each split between groups in the GPU plan's proportions
-        pages = [list(tier_pages(plan, s.bytes).values()) for s in tiers]
+        # the warmest cold tier (None: the GPU alone)
         self.tier = tiers_below(
-            self.pools, tiers, pages, self.tables.never_stale, enable_reuse, self.tokens_per_block, self.events, events
+            self.pools,
+            tiers,
+            tier_slots,
+            self.tables.never_stale,
+            enable_reuse,
+            self.tokens_per_block,
+            self.events,
+            events,
         )
         self.max_util_for_resume = max_util_for_resume
         self._suspended: dict[int, Suspension] = {}
@@ -154,7 +163,12 @@ class KVCacheManager:
         if ids is None:
             return 0
         req.tokens = ids
-        hit = prefix.attach_prefix(self.tables, req, self._prompts, self.tier)
+        try:
+            hit = attach_prefix_or_undo(self.tables, req, self._prompts, self.tier, self.events)
+        except BaseException:
+            if req.slot in self.tables.free_slots:  # undone: a copy from a cold tier raised
+                self.requests.remove(rid)
+            raise
         req.lookup = (len(ids), hit)
         self.requests.pending_lookups += 1
         return hit
@@ -248,7 +262,7 @@ class KVCacheManager:
         req = self.requests.get(rid)
         if self.tier is None or req.dummy:
             raise CacheUsageError(f"request {rid}: suspend needs a cold tier (tiers=...) and a real request")
-        done = suspension.suspend(self.tables, req, self.tier)
+        done = suspension.suspend(self.tables, req, self.tier)  # a copy that raises leaves it on the GPU
         if not isinstance(done, Suspension):
             return Resize(done)
         self._suspended[rid] = done
@@ -268,7 +282,7 @@ class KVCacheManager:
         short = suspension.resume_shortfall(self.tables, req, self.max_util_for_resume)
         if short:
             return Resize(short)
-        suspension.resume(self.tables, req, parked, self.tier)
+        suspension.resume(self.tables, req, parked, self.tier)  # a copy that raises leaves it suspended
         del self._suspended[rid]
         self.requests.resume(rid)
         return RESIZED
@@ -282,6 +296,7 @@ class KVCacheManager:
         between the GPU and the cold tiers."""
         if self.tier is None:
             raise CacheUsageError("set_tier_copies needs a cold tier (tiers=...)")
+        copies = checked_copies(copies)
         for level in self.tier.levels():
             level.copies = copies
 
@@ -687,6 +702,9 @@ class KVCacheManager:
                 reserved=sum(self.requests.get(r).live(gi) for r in padding),
             )
         dummy_count = sum(1 for r in self.requests if r.dummy)
-        return CacheStats(
+        stats = CacheStats(
             groups, self.reuse_queried_tokens, self.reuse_hit_tokens, len(self.requests) - dummy_count, dummy_count
         )
+        if self.tier is not None:  # offloads whose copy failed (`TierCopies`)
+            stats.extra["failed_tier_copies"] = sum(t.failed_copies for t in self.tier.levels())
+        return stats

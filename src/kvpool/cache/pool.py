@@ -25,7 +25,21 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
-from kvpool.cache.events import EventRecord
+from kvpool.cache.events import CacheUsageError, EventRecord
+
+# The most pages (or tier slots) one group's books hold: each costs about 70 bytes
+# of Python lists here, so 2**24 is over a GiB of bookkeeping. Past it the page
+# size is too small for the memory (a larger tokens_per_block), or the memory a typo.
+MAX_PAGES = 2**24
+
+
+def check_pages(count: int, what: str) -> None:
+    """CacheUsageError, before anything is allocated, for more than `MAX_PAGES` pages in `what`."""
+    if count > MAX_PAGES:
+        raise CacheUsageError(
+            f"{what} would hold {count:,} pages, more than the {MAX_PAGES:,} a manager keeps books for; "
+            "give less memory or a larger tokens_per_block"
+        )
 
 
 class PageStore:
@@ -271,6 +285,17 @@ class PagePool:
                     salt,
                 )
             )
+
+    def drop_cached(self, page: int) -> None:
+        """Free cached (unowned) `page`: its content can no longer be trusted (a
+        copy into it was cut short). One `removed` record."""
+        p, n = self.prev[page], self.nxt[page]  # out of the LRU (a rare path: one page, no splice)
+        self.nxt[p], self.prev[n] = n, p
+        self.store.lru_len -= 1
+        block_hash = self._drop_hash(page)
+        self.free_stack.append(page)
+        if self.record_events:
+            self.events.append(("removed", self.name, [block_hash], [page]))
 
     def forget(self, page: int) -> None:
         """Drop a page's hash (its content is about to change); it stays owned."""

@@ -236,12 +236,20 @@ def page_ids(t: PageTables, req: Request, block: int, end: int | None = None) ->
     return req.tokens[block * tpb - base : (block + 1 if end is None else end) * tpb - base]
 
 
-def attach_prefix(t: PageTables, req: Request, memo: PromptMemo, tier: ColdTier | None = None) -> int:
+def attach_prefix(
+    t: PageTables,
+    req: Request,
+    memo: PromptMemo,
+    tier: ColdTier | None = None,
+    before_copies: Callable[[], object] | None = None,
+) -> int:
     """Attach the longest cached prefix of `req.tokens` to a fresh request;
     returns the reused tokens. The last prompt token is never reused. The
     prompt's digests come from `memo` (the pages it shares with the previous
     prompt are not digested again). With a cold `tier`, digests only it holds
-    are copied into fresh GPU pages (`claim`), within what the pools hold."""
+    are copied into fresh GPU pages (`claim`), within what the pools hold;
+    `before_copies` is called before anything changes when the engine's copies
+    may run (the manager saves its books then, to undo a copy that raises)."""
     tokens = req.tokens
     tpb = t.tokens_per_block
     if not tokens:
@@ -260,6 +268,10 @@ def attach_prefix(t: PageTables, req: Request, memo: PromptMemo, tier: ColdTier 
         memo.remember_hit(attached, t.pools)
         return 0
     n = k * tpb
+    copies = before_copies is not None and tier is not None and tier.copies is not None
+    if copies and any(h not in pool.cached for pool in t.pools for h in req.hashes[:k]):  # a page from a tier
+        assert before_copies is not None
+        before_copies()
     for gi, (group, pool) in enumerate(zip(t.groups, t.pools, strict=True)):
         nblk, stale = table_blocks(group, n), stale_pages(group, n)
         row = t.fresh_row(req, gi, nblk)

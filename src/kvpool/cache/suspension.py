@@ -28,17 +28,24 @@ class Suspension:
 
 def suspend(t: PageTables, req: Request, tier: ColdTier) -> Suspension | dict[str, int]:
     """Pin `req`'s live pages in the warmest of `tier` and the tiers below it
-    with room for all of them, and release its GPU pages (its counts stay);
-    else the slots missing per group in the coldest tier, nothing changed."""
+    with room for all of them, copy them there and release its GPU pages (its
+    counts stay); else the slots missing per group in the coldest tier, nothing
+    changed. A copy that raises unpins the slots and leaves the request on the
+    GPU (the room made for them stays made: those pages moved one tier down)."""
     counts = [req.live(gi) for gi in range(len(t.groups))]
     for level in tier.levels():
         slots = level.pin(counts)
         if slots is not None:
-            pages = t.drop_pages(req)
-            if level.copies is not None:  # before anything can take the released pages
-                for gi, (group_pages, group_slots) in enumerate(zip(pages, slots, strict=True)):
-                    for page, slot in zip(group_pages, group_slots, strict=True):
-                        level.copies.to_tier(gi, page, level.medium, slot)
+            pages = t.live_pages(req)
+            if level.copies is not None:  # before the pages are released: nothing can take them
+                try:
+                    for gi, (group_pages, group_slots) in enumerate(zip(pages, slots, strict=True)):
+                        for page, slot in zip(group_pages, group_slots, strict=True):
+                            level.copies.to_tier(gi, page, level.medium, slot)
+                except BaseException:
+                    level.unpin(slots)
+                    raise
+            t.drop_pages(req)
             return Suspension(level.medium, tuple(map(tuple, pages)), tuple(map(tuple, slots)))
     coldest = tier.levels()[-1]
     short = {
@@ -70,13 +77,19 @@ def resume_shortfall(t: PageTables, req: Request, max_util: float) -> dict[str, 
 
 def resume(t: PageTables, req: Request, suspension: Suspension, tier: ColdTier) -> None:
     """Bring `req`'s pages back into fresh GPU pages (`resume_shortfall` was
-    empty) and unpin its slots."""
-    pages = t.restore_pages(req)
+    empty) and unpin its slots. A copy that raises gives the fresh pages back and
+    leaves the request suspended (cached pages evicted for room stay evicted)."""
     level = next(x for x in tier.levels() if x.medium == suspension.medium)
+    pages = t.take_pages(req)
     if level.copies is not None:
-        for gi, (group_slots, group_pages) in enumerate(zip(suspension.slots, pages, strict=True)):
-            for slot, page in zip(group_slots, group_pages, strict=True):
-                level.copies.to_gpu(gi, level.medium, slot, page)
+        try:
+            for gi, (group_slots, group_pages) in enumerate(zip(suspension.slots, pages, strict=True)):
+                for slot, page in zip(group_slots, group_pages, strict=True):
+                    level.copies.to_gpu(gi, level.medium, slot, page)
+        except BaseException:
+            t.give_back(pages)
+            raise
+    t.fill_rows(req, pages)
     level.unpin(suspension.slots)
 
 

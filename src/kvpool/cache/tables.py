@@ -91,29 +91,36 @@ class PageTables:
         self.drop_pages(req)
         self.free_slots.append(req.slot)
 
+    def live_pages(self, req: Request) -> list[list[int]]:
+        """The live pages `req` holds, per group (its rows, read)."""
+        return [self.tables[gi][req.slot, req.nstale[gi] : nblk].tolist() for gi, nblk in enumerate(req.nblk)]
+
     def drop_pages(self, req: Request) -> list[list[int]]:
         """Release `req`'s pages in every group (walking each table backwards,
         so that the tail is evicted before a shared prefix), leaving its counts
         as they are and its row `STALE`; returns the live pages it held per group."""
-        held = []
-        for gi, nblk in enumerate(req.nblk):
-            row = self.tables[gi][req.slot]
-            pages = row[req.nstale[gi] : nblk].tolist()
-            held.append(pages)
+        held = self.live_pages(req)
+        for gi, pages in enumerate(held):
             if pages:
                 self.pools[gi].release(reversed(pages))
-                row[:nblk] = STALE
+                self.tables[gi][req.slot, : req.nblk[gi]] = STALE
         return held
 
-    def restore_pages(self, req: Request) -> list[list[int]]:
-        """Fresh pages for the live entries of `req`'s rows (a suspended
-        request coming back; the caller checked `num_free`); returns them per group."""
-        taken = []
-        for gi, pool in enumerate(self.pools):
-            pages = pool.take(req.live(gi)) if req.live(gi) else []
-            self.tables[gi][req.slot, req.nstale[gi] : req.nblk[gi]] = pages
-            taken.append(pages)
-        return taken
+    def take_pages(self, req: Request) -> list[list[int]]:
+        """Fresh pages for the live entries of `req`'s rows, per group (a suspended
+        request coming back; the caller checked `num_free`), not yet in its rows:
+        `fill_rows` puts them there, `give_back` returns them to the free lists."""
+        return [pool.take(req.live(gi)) if req.live(gi) else [] for gi, pool in enumerate(self.pools)]
+
+    def fill_rows(self, req: Request, pages: Sequence[Sequence[int]]) -> None:
+        for gi, group_pages in enumerate(pages):
+            self.tables[gi][req.slot, req.nstale[gi] : req.nblk[gi]] = group_pages
+
+    def give_back(self, pages: Sequence[Sequence[int]]) -> None:
+        """Undo `take_pages`: its pages free again, on top of the free lists in the
+        order they were taken from them (a cached page it evicted stays evicted)."""
+        for pool, group_pages in zip(self.pools, pages, strict=True):
+            pool.release(reversed(group_pages))
 
     def rebound(self, req: Request) -> None:
         """`req.lo`, `req.hi`, `req.next_stale` from its counts: the capacities

@@ -22,13 +22,17 @@ Events carry the tier as `medium` ("CPU", "DISK"), as vLLM's KV events do.
 from __future__ import annotations
 
 import functools
+import numbers
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from kvpool.cache.events import CacheUsageError, EventRecord
-from kvpool.cache.pool import PagePool
+from kvpool.cache.pool import PagePool, check_pages
+from kvpool.plan.result import PoolPlan
+from kvpool.plan.tiers import tier_pages
+from kvpool.units import format_bytes
 
 Medium = Literal["CPU", "DISK"]
 
@@ -36,7 +40,14 @@ Medium = Literal["CPU", "DISK"]
 class TierCopies(Protocol):
     """What an engine does when pages move between the GPU pools and the cold
     tiers; the manager only keeps the books and calls these (`group` is the
-    group's index) before anything can overwrite the source."""
+    group's index) before anything can overwrite the source.
+
+    A copy may fail (raise). One that offloads cached content (an evicted page
+    into a tier, a tier's page one tier down) only costs that page: the tier
+    does not keep it, as if it had no room, and `ColdTier.failed_copies` counts
+    it. One that moves a request's own pages (`suspend`, `resume`, a prefix hit
+    copied in by `create`) undoes the call: the books are as they were before it
+    (`cache/rollback.py`), and the exception reaches the caller."""
 
     def to_tier(self, group: int, page: int, medium: Medium, slot: int) -> None:
         """Copy GPU page `page` into the tier's `slot`."""
@@ -62,6 +73,59 @@ class TierSpec:
             raise CacheUsageError(f"tier medium must be 'CPU' or 'DISK', got {self.medium!r}")
         if type(self.bytes) is not int or self.bytes < 0:
             raise CacheUsageError(f"tier bytes must be a non-negative int, got {self.bytes!r}")
+
+
+def checked_specs(tiers: object) -> tuple[TierSpec, ...]:
+    """`tiers` (a list or tuple of `TierSpec`) as a tuple, or CacheUsageError:
+    a string, a mapping or a `None` entry is refused at the call, not deep inside
+    the first offload."""
+    if isinstance(tiers, str | bytes | Mapping) or not isinstance(tiers, Sequence):
+        raise CacheUsageError(f"tiers must be a list of TierSpec, got {type(tiers).__name__} {tiers!r:.60}")
+    bad = [t for t in tiers if not isinstance(t, TierSpec)]
+    if bad:
+        raise CacheUsageError(f"tiers must be a list of TierSpec, got {bad[0]!r:.60} in it")
+    return tuple(tiers)
+
+
+def checked_max_util(value: object) -> float:
+    """`max_util_for_resume` as a float in (0, 1], or CacheUsageError: 0 or -1
+    forbade every resume without a word, nan and strings failed at the first resume."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) <= 1:
+        raise CacheUsageError(f"max_util_for_resume must be a share of the pool in (0, 1], got {value!r}")
+    return float(value)
+
+
+def checked_copies(copies: object) -> TierCopies:
+    """`copies` if it has the three `TierCopies` methods, or CacheUsageError (before
+    any page moves: a suspend would otherwise crash half-way through its copies)."""
+    missing = [name for name in ("to_tier", "to_gpu", "between") if not callable(getattr(copies, name, None))]
+    if missing:
+        raise CacheUsageError(f"tier copies need methods to_tier, to_gpu and between; {copies!r:.60} lacks {missing}")
+    return copies  # type: ignore[return-value]  # checked structurally above
+
+
+def checked_tiers(
+    plan: PoolPlan, tiers: object, max_util: object
+) -> tuple[tuple[TierSpec, ...], list[list[int]], float]:
+    """The manager's tier arguments checked (`checked_specs`, `checked_max_util`),
+    with the slots per group of each cold tier (the GPU plan's proportions), once
+    no pool or tier holds more pages than the books can keep (`pool.check_pages`):
+    CacheUsageError naming what, before anything is allocated."""
+    specs = checked_specs(tiers)
+    return specs, checked_slots(plan, specs), checked_max_util(max_util)
+
+
+def checked_slots(plan: PoolPlan, tiers: Sequence[TierSpec]) -> list[list[int]]:
+    """The slots per group of each cold tier, each pool and tier checked (`checked_tiers`)."""
+    for g in plan.groups:
+        check_pages(g.pages, f"pool {g.name!r}")
+    if tiers and plan.shared:
+        raise CacheUsageError("cold tiers with a shared pool are not supported")
+    slots = [list(tier_pages(plan, t.bytes).values()) for t in tiers]
+    for t, counts in zip(tiers, slots, strict=True):
+        for g, n in zip(plan.groups, counts, strict=True):
+            check_pages(n, f"the {t.medium} tier ({format_bytes(t.bytes)}) for group {g.name!r}")
+    return slots
 
 
 class ColdTier:
@@ -91,6 +155,7 @@ class ColdTier:
         self.free: list[list[int]] = [list(range(n - 1, -1, -1)) for n in pages]
         self.pinned = [0] * len(pages)
         self.copies: TierCopies | None = below.copies if below is not None else None  # the engine's, if any
+        self.failed_copies = 0  # offloads into this tier whose copy raised (not kept)
 
     def __contains__(self, item: tuple[int, int]) -> bool:
         """(group, digest) cached in this tier or one below."""
@@ -123,13 +188,26 @@ class ColdTier:
                 if self.below is not None:
                     self.below.put(gi, [digest], [source], src)
                 continue
-            held[digest] = slot = self.free[gi].pop()
-            if self.copies is not None:
-                if src is None:
-                    self.copies.to_tier(gi, source, self.medium, slot)
-                else:
-                    self.copies.between(gi, src, source, self.medium, slot)
+            slot = self.free[gi].pop()
+            if self.copies is not None and not self.copied(gi, source, src, slot):
+                self.free[gi].append(slot)  # the copy failed: the page is not kept here
+                continue
+            held[digest] = slot
             self.record("stored", gi, [digest], [slot])
+
+    def copied(self, gi: int, source: int, src: Medium | None, slot: int) -> bool:
+        """Copy an offloaded page (GPU page `source`, or slot `source` of tier
+        `src`) into `slot`; False, counted, when the engine's copy raised."""
+        assert self.copies is not None
+        try:
+            if src is None:
+                self.copies.to_tier(gi, source, self.medium, slot)
+            else:
+                self.copies.between(gi, src, source, self.medium, slot)
+        except Exception:  # a failed offload loses one cached page, never the books (TierCopies)
+            self.failed_copies += 1
+            return False
+        return True
 
     def locate(self, gi: int, digest: int) -> tuple[ColdTier, int] | None:
         """The tier (this or one below) and slot holding `digest` of group `gi`."""
@@ -176,6 +254,15 @@ class ColdTier:
             out.append([self.free[gi].pop() for _ in range(n)])
             self.pinned[gi] += n
         return out
+
+    def drop_slot(self, gi: int, slot: int) -> None:
+        """Forget the digest `slot` of group `gi` holds, if any: its content can
+        no longer be trusted (a copy into it was cut short)."""
+        digest = next((d for d, s in self.held[gi].items() if s == slot), None)
+        if digest is not None:
+            del self.held[gi][digest]
+            self.free[gi].append(slot)
+            self.record("removed", gi, [digest], [slot])
 
     def unpin(self, slots: Sequence[Sequence[int]]) -> None:
         """Give back the slots `pin` returned."""

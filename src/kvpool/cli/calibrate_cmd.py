@@ -48,10 +48,9 @@ import dataclasses
 from typing import Any
 
 from kvpool.cli.common import add_json_arg, add_model_args, checked, print_json, table
-from kvpool.cli.files import input_file, output_file
+from kvpool.cli.files import input_file, output_file, write_output
 from kvpool.deploy.calibrating import CalibrationResult, calibrate
 from kvpool.deploy.gpus import gpu_and_count
-from kvpool.sim.calibration import save_profile
 
 
 def register(sub: Any) -> None:
@@ -85,7 +84,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     keywords = {k: getattr(args, k) for k in ("kv_dtype", "tp", "pp", "ep", "dp", "tokens_per_block")}
     found = calibrate(args.model, gpu=args.gpu, steps=args.steps, ops=args.ops, name=args.out.stem, **keywords)
-    save_profile(found.calibration, args.out, report=found.report)
+    write_output(args.out, found.profile, "--out")
     if args.json:
         print_json({"profile": str(args.out), "calibration": found.calibration.to_json(), "fit": found.report})
         return 0

@@ -11,7 +11,7 @@ from typing import Any
 
 from kvpool import deploy
 from kvpool.cli.common import add_json_arg, checked, positive_int, print_json, say_fallback, table
-from kvpool.cli.files import atomic_path, check_input, output_file
+from kvpool.cli.files import check_input, check_output, output_file, write_output
 from kvpool.cli.fleet_output import add_search_args, render_fit
 from kvpool.cli.plan_args import add_plan_args, plan_keywords
 from kvpool.cli.plan_cmd import render_memory
@@ -21,7 +21,7 @@ from kvpool.deploy.fitting import FitResult, Search, parse_engines
 from kvpool.deploy.fleet_fit import fit_fleet
 from kvpool.deploy.layouts import Layout
 from kvpool.engines import registry
-from kvpool.errors import KvpoolError
+from kvpool.errors import KvpoolError, flagged
 from kvpool.plan.tiers import TierPlan
 from kvpool.units import format_bytes
 
@@ -111,9 +111,11 @@ def run_search(args: argparse.Namespace) -> int:
     given = [f"--{k.replace('_', '-')}" for k in SEARCH_ONLY if getattr(args, k) not in (None, False)]
     if given:
         raise KvpoolError(f"{', '.join(given)} answer the one-engine fit; drop them with --slo")
-    if args.plot:
+    if args.plot is not None:
         from kvpool.sim.plot import check_target
 
+        with flagged("--plot"):
+            check_output(args.plot)
         check_target(args.plot)
     calibration = args.calibration
     if calibration not in (None, "roofline"):
@@ -138,8 +140,10 @@ def run_search(args: argparse.Namespace) -> int:
     )
     if args.plot:
         from kvpool.fleet.plot import plot_goodput
+        from kvpool.sim.plot import plot_format
 
-        plot_goodput(args.plot, found.goodput_by_gpus(), slo=str(found.slo), title=f"{args.model} on {args.gpu}")
+        points, fmt, title = found.goodput_by_gpus(), plot_format(args.plot), f"{args.model} on {args.gpu}"
+        write_output(args.plot, lambda f: plot_goodput(f, points, slo=str(found.slo), title=title, fmt=fmt), "--plot")
     if args.json:
         print_json(found.to_dict())
     else:
@@ -156,8 +160,7 @@ def emit_to(path: Path, fits: tuple[EngineFit, ...]) -> Path:
         raise KvpoolError("nothing to emit: no layout holds the requests")
     if fits[0].emitted is None:
         raise KvpoolError(f"nothing to emit: {fits[0].reasons[0]}")
-    with atomic_path(path) as tmp:  # a failed write leaves neither FILE nor a temporary beside it
-        tmp.write_text(fits[0].emitted.text() + "\n")
+    path = write_output(path, fits[0].emitted.text() + "\n", "--emit-to")
     print(f"kvpool fit: wrote the {fits[0].engine} launch to {path}", file=sys.stderr)
     return path
 

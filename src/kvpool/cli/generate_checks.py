@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from kvpool.errors import KvpoolError
+from kvpool.units import format_bytes
 
 
 def check_device(torch: Any, name: str) -> None:
@@ -58,4 +60,22 @@ def check_sizes(config: dict[str, Any], longest: int, speculate: int, tokens_per
         raise KvpoolError(
             f"--tokens-per-block {tokens_per_block} is more than the model's {limit} positions; use a page "
             "size such as 16 or 32"
+        )
+
+
+def check_memory(torch: Any, device: str, kv_bytes: int, text: str) -> None:
+    """Refuse a --kv-memory this machine cannot hold: more than the device's memory
+    (the host's RAM for cpu). The engine allocates the pools whole, so 1000 TiB ran
+    out of memory after seconds instead of being refused."""
+    where = torch.device(device)
+    if where.type == "cuda":
+        held = int(torch.cuda.get_device_properties(where.index or 0).total_memory)
+    elif where.type == "cpu":
+        held = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    else:
+        return
+    if kv_bytes > held:
+        raise KvpoolError(
+            f"--kv-memory {text} is more than this machine's {where.type} memory ({format_bytes(held)}); "
+            "give a budget that fits"
         )

@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from kvpool.cli.common import add_json_arg, int_at_least, int_items, positive_int, print_json, size_arg, table
-from kvpool.cli.generate_checks import check_device, check_positions, check_sizes
+from kvpool.cli.files import check_folder
+from kvpool.cli.generate_checks import check_device, check_memory, check_positions, check_sizes
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.engine.names import ARCHS, PACKAGED
 from kvpool.errors import KvpoolError
+from kvpool.units import parse_size
 
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
@@ -174,11 +176,11 @@ def _folder(args: argparse.Namespace) -> Path:
 
     source = Path(gguf.packaged_gguf(args.packaged) if args.packaged else args.model_dir)
     if source.is_dir():
-        return source
+        return check_folder(source)
     if args.model_dir and not source.exists():
         from kvpool.models import weights_folder
 
-        return weights_folder(args.model_dir)
+        return check_folder(weights_folder(args.model_dir))
     if source.suffix != ".gguf" or not source.is_file():
         raise KvpoolError(f"{source}: expected a model folder or a .gguf file")
     if not (gguf.cached_path(source) / "config.json").is_file():
@@ -218,7 +220,7 @@ def load(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
     from kvpool.engine import weights
 
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
-    check_device(torch, args.device)
+    check_device_memory(torch, args)
     if args.tiny:
         config = weights.tiny_config(args.tiny)
         state = weights.hf_model(config, args.seed or 0).state_dict()
@@ -228,6 +230,13 @@ def load(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
     # a tokenizer to encode the text prompts, or only to decode the output
     wanted = any(kind == "text" for kind, _ in args.prompts) or any((folder / n).is_file() for n in TOKENIZER_FILES)
     return model, config, _tokenizer(str(folder)) if wanted else None
+
+
+def check_device_memory(torch: Any, args: argparse.Namespace) -> None:
+    """--device exists, and holds --kv-memory when given (before any weights load)."""
+    check_device(torch, args.device)
+    if args.kv_memory:
+        check_memory(torch, args.device, parse_size(args.kv_memory), args.kv_memory)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -288,7 +297,6 @@ def _engine(args: argparse.Namespace, model: Any, config: dict[str, Any], prompt
     from kvpool.engine.runner import Engine
     from kvpool.plan import PoolPlan, ServingLimits, Workload, plan_pools
     from kvpool.spec import load_model_spec, pages_per_group
-    from kvpool.units import parse_size
 
     longest = max(len(p) for p in prompts) + args.max_new_tokens
     check_positions(config, max(len(p) for p in prompts), args.max_new_tokens)

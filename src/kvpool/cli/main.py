@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import os
 import re
@@ -120,8 +121,8 @@ def failed(command: str, e: Exception) -> int:
         _silence_stdout()
         return 0
     if isinstance(e, OSError):  # the machine's, not kvpool's: a full disk, a device gone
+        where = f" ({e.filename})" if e.filename else " (writing standard output)" if e.errno in WRITE_ERRORS else ""
         _silence_stdout()
-        where = f" ({e.filename})" if e.filename else " (writing the output)"
         print(f"kvpool {command}: error: {one_line(f'{e.strerror or e}{where}')}", file=sys.stderr)
         return 2
     if os.environ.get("KVPOOL_DEBUG"):  # an internal failure: say so, keep the traceback opt-in
@@ -132,6 +133,10 @@ def failed(command: str, e: Exception) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+# What a write without a file name fails with: stdout's (files kvpool writes name their flag, cli/files.py).
+WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 
 
 def one_line(message: str) -> str:

@@ -6,27 +6,33 @@ and one JSON endpoint, `/api/fit?model=...&gpu=...`, whose body is exactly what
 page computes nothing itself, so its numbers are the CLI's by construction. Why not Pyodide: the page would have to ship (or
 fetch from a CDN) a ~10 MB Python runtime and kvpool's wheel for the same answer,
 and CI has no network; why not ASGI: it would add a server dependency for one
-endpoint. The server binds 127.0.0.1 only.
+endpoint. The server binds 127.0.0.1 only, and is hardened as a local tool
+should be (cli/serve_http.py): its own Host and Origin only, bounded connections
+and requests, each request's errors its own, a MODEL limited to presets, Hugging
+Face ids and folders under `--models-dir`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+import os
+import tempfile
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from kvpool import deploy, presets
+from kvpool.cli import serve_http
 from kvpool.cli.common import checked, fraction, int_at_least, kv_dtype_name, positive_int
 from kvpool.cli.plan_args import optional_tokens
+from kvpool.cli.serve_http import LocalHandler, LocalServer, checked_model, script_hashes
 from kvpool.deploy.gpus import gpu_and_count
 from kvpool.errors import KvpoolError
 
-HOST = "127.0.0.1"
+HOST = serve_http.HOST
+PAGE = resources.files("kvpool.cli").joinpath("web/fit.html").read_bytes()
 # query field -> (reader of its text, `deploy.fit` keyword); MODEL is `model`
 FIELDS: dict[str, tuple[Callable[[str], Any], str]] = {
     "gpu": (checked(gpu_and_count), "gpu"),
@@ -50,7 +56,23 @@ def register(sub: Any) -> None:
         "/api/fit?model=M&gpu=G answers what `kvpool fit M --gpu G --json` prints.",
     )
     p.add_argument("--port", type=int_at_least(0, 65535), default=8000, help="port (default 8000; 0: any free one)")
+    p.add_argument(
+        "--models-dir",
+        type=models_folder,
+        default=None,
+        metavar="DIR",
+        help="the one folder whose model folders (and config.json files) a request may name; without it, "
+        "only presets and Hugging Face ids",
+    )
     p.set_defaults(func=run)
+
+
+def models_folder(text: str) -> Path:
+    """An argparse type: an existing folder (`~` expanded), in full."""
+    path = Path(text).expanduser()
+    if not text.strip() or not path.is_dir():
+        raise argparse.ArgumentTypeError(f"expected a folder of model folders, got {text!r}")
+    return path.resolve()
 
 
 def fit_keywords(query: dict[str, str]) -> dict[str, Any]:
@@ -89,52 +111,62 @@ def options_json() -> dict[str, Any]:
     return {"models": presets.model_names(), "gpus": presets.gpu_names(), "engines": list(ENGINES)}
 
 
-class Handler(BaseHTTPRequestHandler):
+class FitServer(LocalServer):
+    """The server, with the one folder of local models a request may name."""
+
+    models_dir: Path | None = None
+
+
+class Handler(LocalHandler):
     """GET / (the page), /api/options, /api/fit?...; nothing else."""
 
-    server_version = "kvpool-serve"
+    server: FitServer
+    script_sources = script_hashes(PAGE)
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
         if url.path in ("/", "/index.html"):
-            page = resources.files("kvpool.cli").joinpath("web/fit.html").read_bytes()
-            self.reply(200, page, "text/html; charset=utf-8")
+            self.reply(200, PAGE, "text/html; charset=utf-8")
         elif url.path == "/api/options":
             self.reply_json(200, options_json())
         elif url.path == "/api/fit":
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             try:
+                if query.get("model"):
+                    query["model"] = checked_model(query["model"], self.server.models_dir)
                 self.reply_json(200, fit_json(query))
             except KvpoolError as e:
                 self.reply_json(400, {"error": str(e)})
+            except Exception as e:  # this request's failure alone: said, logged, the server goes on
+                self.log_message("internal error: %s: %s", type(e).__name__, str(e)[:200])
+                self.reply_json(500, {"error": f"internal error: {type(e).__name__}"})
         else:
-            self.reply_json(404, {"error": f"no page {url.path}"})
+            self.reply_json(404, {"error": f"no page {url.path[:200]}"})
 
-    def reply_json(self, status: int, obj: Any) -> None:
-        self.reply(status, json.dumps(obj).encode(), "application/json")
-
-    def reply(self, status: int, body: bytes, kind: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:  # one line per request, on stderr
-        sys.stderr.write(f"kvpool serve: {self.command} {self.path} {args[1] if len(args) > 1 else ''}\n")
+    def do_HEAD(self) -> None:
+        self.do_GET()
 
 
-def make_server(port: int) -> ThreadingHTTPServer:
-    """The server on 127.0.0.1:`port` (0: a free port, `server_address[1]` says which)."""
-    return ThreadingHTTPServer((HOST, port), Handler)
+def make_server(port: int, *, models_dir: Path | None = None, **limits: Any) -> FitServer:
+    """The server on 127.0.0.1:`port` (0: a free port, `server_address[1]` says
+    which); `limits`: `max_connections`, `timeout` (cli/serve_http.py)."""
+    server = FitServer(port, Handler, **limits)
+    server.models_dir = None if models_dir is None else models_dir.expanduser().resolve()
+    return server
 
 
 def run(args: argparse.Namespace) -> int:
-    server = make_server(args.port)
-    print(f"kvpool serve: http://{HOST}:{server.server_address[1]}/ (Ctrl-C to stop)", flush=True)
     try:
-        server.serve_forever()
-    finally:
-        server.server_close()
+        server = make_server(args.port, models_dir=args.models_dir)
+    except OSError as e:
+        raise KvpoolError(
+            f"--port {args.port}: cannot listen on {HOST}:{args.port} ({e.strerror}); give another --port, or 0 for a free one"
+        ) from None
+    print(f"kvpool serve: http://{HOST}:{server.server_address[1]}/ (Ctrl-C to stop)", flush=True)
+    with tempfile.TemporaryDirectory(prefix="kvpool-serve-") as empty:
+        os.chdir(empty)  # relative names find no file here: a Hugging Face id is never read as a local path
+        try:
+            server.serve_forever()
+        finally:
+            server.server_close()
     return 0

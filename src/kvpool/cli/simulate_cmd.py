@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from kvpool.cli.common import add_json_arg, print_json, say_fallback
-from kvpool.cli.files import check_input
+from kvpool.cli.files import check_input, check_output, write_output
 from kvpool.cli.fleet_output import RequestBar, add_fleet_args, render_run
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.cli.plan_args import add_plan_args, plan_keywords
@@ -105,6 +105,9 @@ def fleet_layout(args: argparse.Namespace) -> FleetLayout | None:
 def run(args: argparse.Namespace) -> int:
     if args.plot is not None and not args.plot.strip():
         raise KvpoolError("--plot is empty; give a value or leave the flag out")
+    if args.plot is not None:
+        with flagged("--plot"):
+            check_output(args.plot)
     layout = fleet_layout(args)
     if layout is not None:
         return run_fleet(args, layout)
@@ -131,18 +134,22 @@ def run(args: argparse.Namespace) -> int:
 
 def plot(args: argparse.Namespace, result: SimulationResult) -> None:
     """--plot: the runs (and the sweep's curve), or with a list of host sizes the
-    prompt hits and TTFT against the host tier."""
-    from kvpool.sim.plot import plot_host_sweep, plot_runs
+    prompt hits and TTFT against the host tier; written whole or not at all."""
+    from kvpool.sim.plot import plot_format, plot_host_sweep, plot_runs
 
-    s = result.simulation
+    s, fmt = result.simulation, plot_format(args.plot)
     title = f"{s.spec.name} on {s.gpu.key}, {s.trace.name}"
     if s.tiers is not None and s.tiers.sweep:
-        plot_host_sweep(args.plot, [((r.tiers or {})["bytes"].get("CPU", 0), r) for r in result.runs], title=title)
+        points = [((r.tiers or {})["bytes"].get("CPU", 0), r) for r in result.runs]
+        write_output(args.plot, lambda f: plot_host_sweep(f, points, title=title, fmt=fmt), "--plot")
         return
     if s.tiers is None and args.rate:
         title += f" @ {args.rate}/s"
     group = s.sweep.group if s.sweep is not None else None
-    plot_runs(args.plot, list(result.runs), title=title, sweep_group=group, sweep=list(result.sweep))
+    runs, sweep = list(result.runs), list(result.sweep)
+    write_output(
+        args.plot, lambda f: plot_runs(f, runs, title=title, sweep_group=group, sweep=sweep, fmt=fmt), "--plot"
+    )
 
 
 def render(args: argparse.Namespace, result: SimulationResult) -> str:
@@ -216,9 +223,13 @@ def run_fleet(args: argparse.Namespace, layout: FleetLayout) -> int:
         bar.close()
     if args.plot:
         from kvpool.fleet.plot import plot_fleet
+        from kvpool.sim.plot import plot_format
 
-        s = setup.simulation
-        plot_fleet(args.plot, result.result, result.aggregated, title=f"{s.spec.name} on {s.gpu.key}, {s.trace.name}")
+        s, fmt = setup.simulation, plot_format(args.plot)
+        title = f"{s.spec.name} on {s.gpu.key}, {s.trace.name}"
+        write_output(
+            args.plot, lambda f: plot_fleet(f, result.result, result.aggregated, title=title, fmt=fmt), "--plot"
+        )
     if args.json:
         print_json(result.to_dict())
         return 0

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kvpool.cli.common import positive_int, table
-from kvpool.cli.files import atomic_path, check_output, grid_file
+from kvpool.cli.files import Content, check_output, grid_file, write_outputs
 from kvpool.errors import KvpoolError
 from kvpool.sim.executor import Bar, ray_available, run_all
-from kvpool.sim.sweep import GridError, Point, best_shares, expand_grid, load_grid, run_point, write_rows
+from kvpool.sim.sweep import GridError, Point, best_shares, expand_grid, load_grid, rows_paths, rows_texts, run_point
 
 # A grid past this is a typo (each point is a whole simulation); refused before it is expanded.
 MAX_POINTS = 10_000
@@ -137,15 +135,13 @@ def run(args: argparse.Namespace) -> int:
         check_target(args.plot)
     rows, how = run_points(args, points)
     rows = best_shares(rows)
-    paths = write_atomically(rows, args.out)
+    paths = rows_paths(args.out)
+    outputs: list[tuple[str | Path, Content, str]] = [
+        (path, text, "--out") for path, text in zip(paths, rows_texts(rows), strict=True)
+    ]
     if args.plot:
-        from kvpool.sim.sweep_plot import plot_sweep
-
-        group = next(
-            (p.policy.removeprefix("ratio:").split("=")[0] for p in points if p.policy.startswith("ratio:")), None
-        )
-        with atomic_path(args.plot) as tmp:
-            plot_sweep(tmp, rows, group)
+        outputs.append((args.plot, plot_content(args.plot, rows, points), "--plot"))
+    write_outputs(outputs)  # all whole, or none: a full disk leaves the old files as they were
     print(
         table(
             ["model", "gpu", "kv", "trace", "policy", "tok/s", "of best", "preempt / error"], [shown(r) for r in rows]
@@ -156,13 +152,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def plot(path: str, rows: list[dict[str, Any]], points: list[Point]) -> None:
-    """tok/s against the swept group's share (the group of the first ratio policy), written whole."""
+def plot_content(path: str, rows: list[dict[str, Any]], points: list[Point]) -> Content:
+    """tok/s against the swept group's share (the group of the first ratio policy),
+    as the writer of `path`'s bytes."""
+    from kvpool.sim.plot import plot_format
     from kvpool.sim.sweep_plot import plot_sweep
 
     group = next((p.policy.removeprefix("ratio:").split("=")[0] for p in points if p.policy.startswith("ratio:")), None)
-    with atomic_path(path) as tmp:
-        plot_sweep(tmp, rows, group)
+    fmt = plot_format(path)
+    return lambda f: plot_sweep(f, rows, group, fmt)
 
 
 def run_points(args: argparse.Namespace, points: list[Point]) -> tuple[list[dict[str, Any]], str]:
@@ -193,18 +191,3 @@ def shown(r: dict[str, Any]) -> list[Any]:
         best,
         r["preemptions"] if ok else r["error"][:60],
     ]
-
-
-def write_atomically(rows: list[dict[str, Any]], out: str) -> list[Path]:
-    """`write_rows(rows, out)`, written in a temporary folder beside `out` and each
-    file renamed into place once all are written whole: a failure leaves none."""
-    target = Path(out)
-    folder = Path(tempfile.mkdtemp(prefix=".kvpool-sweep-", dir=target.parent))
-    try:
-        written = write_rows(rows, folder / target.name)
-        paths = [target.parent / p.name for p in written]
-        for done, path in zip(written, paths, strict=True):
-            os.replace(done, path)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    return paths

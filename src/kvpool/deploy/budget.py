@@ -78,6 +78,7 @@ def kv_budget(
         raise KvpoolError("no KV budget: give --kv-memory SIZE, or --gpu NAME (with --tp N for the weights per rank)")
     gpu = presets.load_gpu(options.gpu)
     fraction = memory_fraction(options)
+    check_parts(options, gpu)
     if options.non_kv_memory is not None:
         return rest_of_gpu(options.non_kv_memory, given, gpu, fraction)
     memory = whole_gpu(options, model, spec, limits, gpu.memory_bytes, fraction, weights_bytes)
@@ -91,7 +92,9 @@ def given_kv(options: BudgetOptions, given: list[str], gpu_only_for_budget: bool
     beside = options.non_kv_memory is not None or options.memory_fraction is not None or given
     if beside or (gpu_only_for_budget and options.gpu is not None):
         raise KvpoolError("give either --kv-memory or --gpu [--non-kv-memory | the memory estimates], not both")
-    return Budget(parse_size(options.kv_memory), f"--kv-memory {options.kv_memory}")
+    kv = parse_size(options.kv_memory)
+    check_kv_memory(kv, options.kv_memory, options.gpu)
+    return Budget(kv, f"--kv-memory {options.kv_memory}")
 
 
 def rest_of_gpu(non_kv_memory: str, given: list[str], gpu: GpuSpec, fraction: float) -> Budget:
@@ -103,6 +106,32 @@ def rest_of_gpu(non_kv_memory: str, given: list[str], gpu: GpuSpec, fraction: fl
     if rest <= 0:
         raise KvpoolError(f"{how} leaves no memory on {gpu.name} ({format_bytes(gpu.memory_bytes)})")
     return Budget(int(rest * fraction), f"({gpu.key} - {how}) x {fraction:g}")
+
+
+def check_parts(options: BudgetOptions, gpu: GpuSpec) -> None:
+    """Refuse a part of one GPU's memory (weights, activations, ...) larger than the
+    GPU: that is the flag's typo, not a short budget."""
+    for part, text in options.parts:
+        if size_or_zero(text) > gpu.memory_bytes:
+            raise KvpoolError(
+                f"{flag(part)} {text} is more than {gpu.key} holds ({format_bytes(gpu.memory_bytes)}); "
+                "give one rank's share"
+            )
+
+
+def check_kv_memory(kv_bytes: int, text: str, gpu: str | None) -> None:
+    """Refuse a --kv-memory no GPU holds: more than `gpu`'s memory, or without one
+    more than the largest GPU kvpool knows (`kvpool gpus`). A budget per rank past
+    the device is a typo, and a simulation would try to keep books for its pages."""
+    device = presets.load_gpu(gpu) if gpu is not None else max(map(presets.load_gpu, presets.gpu_names()), key=_memory)
+    if kv_bytes > device.memory_bytes:
+        held = f"{device.key} holds {format_bytes(device.memory_bytes)}"
+        what = held if gpu is not None else f"any GPU kvpool knows holds (the largest: {held})"
+        raise KvpoolError(f"--kv-memory {text} is more than {what}; give one rank's KV budget")
+
+
+def _memory(gpu: GpuSpec) -> int:
+    return gpu.memory_bytes
 
 
 def weights_source(spec: ModelSpec, model: str) -> str | Path:

@@ -11,7 +11,7 @@
   (`sim.calibration.VIDUR_COLUMNS`), as benchmarks/fit_calibration.py reads them.
 
 A fit that puts a kernel above 100 % of the GPU's peak is refused
-(`sim.calibration.check_efficiencies`).
+(`sim.kernels.Calibration` holds no efficiency above 1).
 """
 
 from __future__ import annotations
@@ -30,7 +30,17 @@ from kvpool import presets
 from kvpool.deploy.options import PlanKeywords, PlanRequest
 from kvpool.deploy.simulation import rank_step_model
 from kvpool.errors import KvpoolError, flagged
-from kvpool.sim.calibration import VIDUR_COLUMNS, OpSamples, StepSample, fit_ops, fit_steps, for_gpu, vidur_samples
+from kvpool.plan.limits import MAX_BATCH_SIZE, MAX_POSITIONS
+from kvpool.sim.calibration import (
+    VIDUR_COLUMNS,
+    OpSamples,
+    StepSample,
+    fit_ops,
+    fit_steps,
+    for_gpu,
+    profile_json,
+    vidur_samples,
+)
 from kvpool.sim.kernels import Calibration, CalibrationError
 from kvpool.sim.steptime import StepTimeModel
 
@@ -43,6 +53,11 @@ class CalibrationResult:
     calibration: Calibration
     base: Calibration
     report: dict[str, Any]
+
+    @property
+    def profile(self) -> str:
+        """The profile file's text (`simulate --calibration` reads it)."""
+        return profile_json(self.calibration, report=self.report)
 
 
 def calibrate(
@@ -74,21 +89,25 @@ def calibrate(
     if steps is not None:
         with flagged("--steps"):
             samples = step_samples(Path(steps), rank_step_model(request, spec, cal))
-        cal, fit = fit_steps(cal, samples)
+            cal, fit = fit_steps(cal, samples)
         report["steps"] = {
             **fit.values,
             "median_error": fit.median_error,
             "p90_error": fit.p90_error,
             "samples": fit.samples,
         }
-    cal = dataclasses.replace(cal, name=name, source=f"kvpool calibrate on {spec.key}")
-    return CalibrationResult(cal, base, report)
+    found = CalibrationResult(
+        dataclasses.replace(cal, name=name, source=f"kvpool calibrate on {spec.key}"), base, report
+    )
+    with flagged("--steps" if steps is not None else "--ops"):
+        found.profile  # noqa: B018 -- a fit with a non-finite number in it is refused here, not when written
+    return found
 
 
 def csv_rows(path: Path, need: tuple[str, ...]) -> list[dict[str, str]]:
     """The CSV's rows (lines starting with # skipped); KvpoolError naming what is missing."""
     try:
-        with path.expanduser().open(newline="") as f:
+        with path.expanduser().open(newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's BOM
             rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
     except OSError as e:
         raise KvpoolError(f"cannot read {path}: {e.strerror or e}") from None
@@ -108,8 +127,22 @@ def number(row: dict[str, str], key: str, path: Path, line: int, *, minimum: flo
     except (TypeError, ValueError):
         value = math.nan
     if not math.isfinite(value) or value < minimum:
-        raise KvpoolError(f"{path} row {line}: {key} must be a number >= {minimum:g}, got {row[key]!r}")
+        raise KvpoolError(f"{path} row {line}: {key} must be a number >= {minimum:g}, got {shown(row[key])}")
     return value
+
+
+def count(row: dict[str, str], key: str, path: Path, line: int, high: int) -> int:
+    """A whole number in [0, high] (a step of 10**9 decode rows is no measurement,
+    and pricing it would build a billion-row batch)."""
+    value = number(row, key, path, line)
+    if not value.is_integer() or value > high:
+        raise KvpoolError(f"{path} row {line}: {key} must be a whole number <= {high:,}, got {shown(row[key])}")
+    return int(value)
+
+
+def shown(text: str | None) -> str:
+    """A cell as an error shows it: quoted, cut at 40 characters."""
+    return repr(text if text is None or len(text) <= 40 else text[:37] + "...")
 
 
 def ops_samples(paths: list[Path]) -> OpSamples:
@@ -134,8 +167,9 @@ def step_samples(path: Path, model: StepTimeModel) -> list[StepSample]:
 
 def step_sample(r: dict[str, str], path: Path, line: int, model: StepTimeModel) -> StepSample:
     """One row of measured steps (module docstring), priced by `model`."""
-    decodes, ctx, pre = (int(number(r, k, path, line)) for k in ("decode_rows", "context", "prefill_tokens"))
-    start = int(number(r, "prefill_start", path, line)) if r.get("prefill_start") not in (None, "") else 0
+    decodes = count(r, "decode_rows", path, line, MAX_BATCH_SIZE)
+    ctx, pre = (count(r, k, path, line, MAX_POSITIONS) for k in ("context", "prefill_tokens"))
+    start = count(r, "prefill_start", path, line, MAX_POSITIONS) if r.get("prefill_start") not in (None, "") else 0
     seconds = number(r, "ms", path, line) * 1e-3 if "ms" in r else number(r, "seconds", path, line)
     if decodes + pre == 0 or seconds <= 0:
         raise KvpoolError(f"{path} row {line}: a step needs decode rows or prefill tokens, and a time > 0")

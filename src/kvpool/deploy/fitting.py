@@ -24,9 +24,11 @@ from kvpool.deploy.options import ModelOptions, PlanKeywords, PlanRequest
 from kvpool.deploy.resolution import Resolved, resolve
 from kvpool.deploy.tiers import TierOptions
 from kvpool.engines import registry
-from kvpool.errors import KvpoolError
+from kvpool.errors import KvpoolError, SpecError
 from kvpool.plan import PoolPlan
 from kvpool.plan.tiers import TierPlan
+from kvpool.spec import loader as spec_loader
+from kvpool.spec.loader import read_model_config
 
 GPUS_PER_NODE = 8  # tensor parallelism stays inside one node (layouts.py); its GPUs share its host memory
 ENGINE_RULES: dict[str, str] = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm"}
@@ -198,15 +200,46 @@ def fit(
     cold = FitTiers(**size, host_rule=host_rule, ranks_per_node=ranks_per_node)
     if (users is None) != (length is None):
         raise KvpoolError("give --users N and --len L together")
+    check_users_layout(users, options)
     request = PlanRequest.of(model, gpu, whole_gpus=True, **options)
     gpu_name = presets.load_gpu(str(request.budget.gpu)).name
     if users is not None and length is not None:
         cap = split_gpu(gpu)[1] or MAX_GPUS  # NAMExN searches up to N GPUs (h100x1: one), NAME up to 64
         return fit_users(request, gpu_name, Engines(names, model_id, cold), Wanted(users, length, cap))
+    check_implied_tp(gpu, request, options)
     resolved = resolve(request, gpu_only_for_budget=False)  # --gpu also counts the GPUs
     plan = resolved.plan()
     fits = Engines(names, model_id, cold).answer(resolved, plan, None, request.count)
     return FitResult(resolved.spec.name, gpu_name, request.count, resolved, plan, fits)
+
+
+def check_users_layout(users: int | None, options: PlanKeywords) -> None:
+    """`users` ranks the layouts (tp, pp, replicas) itself: a layout given beside it
+    would be silently replaced by each ranked layout's own, so it is refused."""
+    layout = [f"--{k}" for k in ("tp", "pp", "dp") if options.get(k, 1) != 1]
+    if users is not None and layout:
+        raise KvpoolError(
+            f"--users N --len L ranks the layouts (tp, pp, replicas) itself: drop {' / '.join(layout)}, "
+            "or give --max-seq-len instead to size that one layout"
+        )
+
+
+def check_implied_tp(gpu: str, request: PlanRequest, options: PlanKeywords) -> None:
+    """N GPUs without tp / pp are one engine of tensor-parallel size N: refused in
+    terms of `gpu` (no --tp was given) when N does not split the model's attention
+    heads, as vLLM and SGLang refuse it."""
+    tp = request.model.tp
+    if tp == 1 or options.get("tp", 1) != 1 or options.get("pp", 1) != 1:
+        return  # no GPU count, or a layout given: resolve checks it as --tp
+    config = read_model_config(request.model.model)[2]
+    try:
+        spec_loader.check_tp_divides_heads(config, tp)
+    except SpecError:
+        raise KvpoolError(
+            f"--gpu {gpu}: one engine over {tp} GPUs splits the model's {config.get('num_attention_heads')} "
+            f"attention heads {tp} ways (vLLM and SGLang refuse it); give a GPU count that divides them, "
+            "--tp/--pp for the layout, or --users N --len L to rank the layouts"
+        ) from None
 
 
 @dataclass(frozen=True)

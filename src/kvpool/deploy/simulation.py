@@ -43,7 +43,7 @@ from kvpool.sim.policies import (
 )
 from kvpool.spec import ModelSpec
 from kvpool.trace import Trace
-from kvpool.units import parse_size
+from kvpool.units import format_bytes, parse_size
 
 if TYPE_CHECKING:
     from kvpool.cache import KVCacheManager
@@ -262,9 +262,9 @@ class Simulation:
             raise KvpoolError(f"unknown option(s) {', '.join(unknown)}")
         weights: Weights | None = values.get("weights")
         total = weights_total(weights, values.get("weights_bytes"), values.get("active_params"))
-        given = None if total is None else -(-total // request.model.tp)
-        resolved = resolve(request, weights_bytes=given, gpu_only_for_budget=False)
         gpu_spec = presets.load_gpu(str(request.budget.gpu))
+        given = rank_weights(total, values.get("weights_bytes"), request.model.tp, gpu_spec)
+        resolved = resolve(request, weights_bytes=given, gpu_only_for_budget=False)
         one_rank = step_weights(model, resolved, weights, total, values.get("active_params"))
         loaded = trace_of(trace, values)
         steps = StepTimeModel.build(resolved.spec, gpu_spec, one_rank, calibration_of(values.get("calibration")))
@@ -409,10 +409,14 @@ class Simulation:
         tiers = self.tiers
         assert tiers is not None
         m = self.resolved.request.model
+        # every size's tiers first: a bad one fails before the runs, not after some
+        specs = {
+            (i, size): tiers.specs(pp.plan, size, m.tp, m.pp) for i, pp in enumerate(plans) for size in tiers.sizes
+        }
         runs, sizes = [], []
-        for pp in plans:
+        for i, pp in enumerate(plans):
             for size in tiers.sizes:
-                result = self.run_noted(pp, notes, tiers.specs(pp.plan, size, m.tp, m.pp), progress, on_step)
+                result = self.run_noted(pp, notes, specs[i, size], progress, on_step)
                 if tiers.sweep:
                     result = dataclasses.replace(result, policy=f"{pp.name} host {size}")
                 runs.append(result)
@@ -430,6 +434,20 @@ def weights_total(weights: Weights | None, weights_bytes: int | str | None, acti
         return int(weights.total_params * weights.bytes_per_param)
     with flagged("--weights-bytes"):
         return None if weights_bytes is None else parse_size(weights_bytes)
+
+
+def rank_weights(total: int | None, text: int | str | None, tp: int, gpu: GpuSpec) -> int | None:
+    """One rank's share of the `total` weight bytes over `tp`, refused when one
+    `gpu` cannot hold it (a typo, and the budget would be negative)."""
+    if total is None:
+        return None
+    given = -(-total // tp)
+    if given > gpu.memory_bytes:
+        raise KvpoolError(
+            f"--weights-bytes {text if text is not None else total} over --tp {tp} is more than one {gpu.key} holds "
+            f"({format_bytes(gpu.memory_bytes)}); give the checkpoint's size, or more --tp"
+        )
+    return given
 
 
 def one_replica(model: str, gpu: str, plan_options: dict[str, Any]) -> PlanRequest:

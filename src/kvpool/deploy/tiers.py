@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvpool.cache.pool import check_pages
 from kvpool.engines.host_tiers import HOST_RULES, NEEDS_HOST_MEMORY, host_tier_bytes
-from kvpool.errors import KvpoolError
+from kvpool.errors import KvpoolError, flagged
 from kvpool.plan import PoolPlan
 from kvpool.plan.tiers import GiB, TierPlan, plan_tiers
-from kvpool.units import parse_size
+from kvpool.units import format_bytes, parse_size
 
 RULES = HOST_RULES
 
@@ -80,4 +81,14 @@ class TierOptions:
                 offloading_gib=None if host is None else host / GiB * (tp * pp) / ranks,
                 hicache_gb=None if host is None else host / ranks / 1e9,
             )
-        return plan_tiers(plan, host_bytes, disk, rule)
+        return check_tier_pages(plan_tiers(plan, host_bytes, disk, rule))
+
+
+def check_tier_pages(tiers: list[TierPlan]) -> list[TierPlan]:
+    """`tiers`, refused by the option that sized them when one holds more pages
+    than a manager keeps books for: here, not after a simulation ran out of memory."""
+    for t in tiers:
+        with flagged("--host-memory" if t.medium == "CPU" else "--disk"):
+            for group, pages in t.pages.items():
+                check_pages(pages, f"one rank's {t.medium} tier ({format_bytes(t.bytes)}) for group {group!r}")
+    return tiers

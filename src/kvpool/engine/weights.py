@@ -14,6 +14,7 @@ import torch
 
 from kvpool.engine.arch import ARCHS, ArchConfig, EngineError
 from kvpool.engine.model import DecoderLM
+from kvpool.spec.jsonfile import read_json
 
 # Checkpoint prefixes that wrap the text decoder (multimodal Gemma 3 folders).
 _PREFIXES = ("model.language_model.", "language_model.model.", "language_model.")
@@ -208,21 +209,20 @@ def load_folder(
     *.safetensors. `dtype` defaults to the config's (float32 on CPU for bf16/fp16
     checkpoints would change numerics, so it is kept as written)."""
     folder = Path(path)
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except FileNotFoundError:
-        raise EngineError(f"{folder} has no config.json") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise EngineError(f"cannot read {folder / 'config.json'}: {e}") from None
+    if not (folder / "config.json").exists():
+        raise EngineError(f"{folder} has no config.json")
+    config = read_json(folder / "config.json")  # bounded: bytes, numbers, nesting; a FIFO refused
+    if not isinstance(config, dict):
+        raise EngineError(f"{folder / 'config.json'} is not a JSON object")
     generation = folder / "generation_config.json"
-    if generation.is_file():  # stop ids often live here (Llama 3 instruct lists three)
-        try:
-            eos = json.loads(generation.read_text()).get("eos_token_id")
-        except (OSError, json.JSONDecodeError) as e:
-            raise EngineError(f"cannot read {generation}: {e}") from None
+    if generation.exists():  # stop ids often live here (Llama 3 instruct lists three)
+        settings = read_json(generation, "generation config")
+        eos = settings.get("eos_token_id") if isinstance(settings, dict) else None
         if eos is not None:
             ids = [config.get("eos_token_id")] + (eos if isinstance(eos, list) else [eos])
             flat = [t for x in ids if x is not None for t in (x if isinstance(x, list) else [x])]
+            if not all(type(t) is int and 0 <= t < 2**31 for t in flat):
+                raise EngineError(f"{generation}: eos_token_id must be token ids (integers >= 0), got {eos!r:.60}")
             config["eos_token_id"] = sorted(set(flat))
     files = sorted(folder.glob("*.safetensors"))
     if not files:

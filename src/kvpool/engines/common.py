@@ -232,10 +232,14 @@ def split_engine_name(name: str, releases: Mapping[str, tuple[str, ...]]) -> tup
 
     `releases` maps each engine to its modelled releases, newest first.
     """
-    engine, _, release = ENGINE_ALIASES.get(name, name).partition("@")
+    engine, at, release = ENGINE_ALIASES.get(name, name).partition("@")
     if engine not in releases:
         raise EngineNotModelledError(f"unknown engine {engine!r}; choose one of {', '.join(releases)}")
     known = releases[engine]
+    if at and not release:  # `vllm@` is a release left out, not the newest one asked for
+        raise EngineNotModelledError(
+            f"{name!r} names no release; give {engine} or {engine}@RELEASE ({', '.join(known)})"
+        )
     if not release:
         return engine, known[0]
     if release not in known:

@@ -5,19 +5,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from kvpool.fleet.metrics import FleetResult
 from kvpool.sim.plot import pyplot
 
+Out = str | Path | BinaryIO
+
+
+def save(plt: Any, fig: Any, out: Out, fmt: str | None) -> None:
+    """Lay out, write `out` (a path, or a binary file in `fmt`, default png) and close the figure."""
+    fig.tight_layout()
+    try:
+        fig.savefig(out, format=fmt)
+    finally:
+        plt.close(fig)
+
 
 def plot_fleet(
-    path: str | Path, result: FleetResult, aggregated: FleetResult | None = None, *, title: str = ""
-) -> Path:
-    """Write a PNG to `path` (side effect): left, each replica's requests and
+    out: Out, result: FleetResult, aggregated: FleetResult | None = None, *, title: str = "", fmt: str | None = None
+) -> None:
+    """Write a plot to `out` (side effect): left, each replica's requests and
     prompt hit rate; right, the fleet's TTFT, ITL and E2E percentiles (beside
-    the aggregated fleet's, for a disaggregated run). Returns the path."""
+    the aggregated fleet's, for a disaggregated run)."""
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
     names = [f"{s.role[0]}{s.index}" for s in result.replicas]
@@ -43,16 +55,14 @@ def plot_fleet(
     right.legend(fontsize=8)
     right.set_title("latency percentiles")
     fig.suptitle(title)
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    save(plt, fig, out, fmt)
 
 
-def plot_goodput(path: str | Path, points: Sequence[tuple[int, float, bool]], *, slo: str, title: str = "") -> Path:
-    """Write a PNG to `path` (side effect): the best goodput found at each GPU
-    count, filled where a layout met the SLO. Returns the path."""
+def plot_goodput(
+    out: Out, points: Sequence[tuple[int, float, bool]], *, slo: str, title: str = "", fmt: str | None = None
+) -> None:
+    """Write a plot to `out` (side effect): the best goodput found at each GPU
+    count, filled where a layout met the SLO."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     gpus = [g for g, _, _ in points]
@@ -63,8 +73,5 @@ def plot_goodput(path: str | Path, points: Sequence[tuple[int, float, bool]], *,
     ax.set_ylabel(f"goodput (requests/s within {slo})")
     ax.set_title(title + " (filled: meets the SLO)")
     ax.set_xticks(gpus)
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    ax.grid(alpha=0.3)
+    save(plt, fig, out, fmt)

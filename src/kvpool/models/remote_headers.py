@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
+from kvpool import jsonsafe
 from kvpool.errors import KvpoolError
 from kvpool.models.hub import check_reachable, hub_cache_dir, is_offline
 from kvpool.models.safetensors_headers import TensorHeader
@@ -45,8 +47,11 @@ def remote_tensors(repo_id: str, commit: str) -> list[TensorHeader]:
     (module docstring). Raises RemoteHeadersError when they cannot be read now."""
     cached = cache_dir() / f"{repo_id.replace('/', '--')}@{commit}.json"
     if cached.is_file():
-        rows = json.loads(cached.read_text())
-        return [TensorHeader(r[0], r[1], tuple(r[2]), r[3]) for r in rows]
+        try:
+            rows = jsonsafe.loads(cached.read_bytes())
+            return [TensorHeader(str(r[0]), str(r[1]), tuple(int(d) for d in r[2]), int(r[3])) for r in rows]
+        except (OSError, ValueError, TypeError, IndexError, KeyError):
+            cached.unlink(missing_ok=True)  # our own cache, damaged: read the headers again
     if is_offline():
         raise RemoteHeadersError(f"{repo_id}: HF_HUB_OFFLINE is set and its safetensors headers are not cached")
     try:
@@ -69,7 +74,11 @@ def remote_tensors(repo_id: str, commit: str) -> list[TensorHeader]:
         for name, info in file.tensors.items()
     ]
     cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_name(cached.name + ".tmp")
-    tmp.write_text(json.dumps([[t.name, t.dtype, list(t.shape), t.nbytes] for t in tensors]))
-    tmp.replace(cached)
+    fd, tmp = tempfile.mkstemp(prefix=f".{cached.name}.", dir=cached.parent)  # unique: processes share the cache
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps([[t.name, t.dtype, list(t.shape), t.nbytes] for t in tensors]))
+        os.replace(tmp, cached)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
     return tensors

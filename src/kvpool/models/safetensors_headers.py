@@ -16,13 +16,14 @@ index every `*.safetensors` file in the folder is read.
 
 from __future__ import annotations
 
-import json
 import math
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvpool import jsonsafe
 from kvpool.errors import KvpoolError
 
 MAX_HEADER_BYTES = 100_000_000
@@ -76,7 +77,10 @@ def read_header(path: Path) -> list[TensorHeader]:
     or MAX_HEADER_BYTES, a header that is not a JSON object, or a tensor whose
     dtype, shape or offsets do not add up."""
     try:
-        size = path.stat().st_size
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):  # a FIFO would block the read below until a writer came
+            raise _fail(path, "not a regular file (a pipe or a device?)")
+        size = info.st_size
         with path.open("rb") as f:
             head = f.read(8)
             if len(head) < 8:
@@ -90,9 +94,9 @@ def read_header(path: Path) -> list[TensorHeader]:
     except OSError as e:
         raise _fail(path, f"cannot read: {e}") from None
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _fail(path, f"header is not JSON ({e})") from None
+        header = jsonsafe.loads(raw)
+    except jsonsafe.JSONValueError as e:
+        raise _fail(path, f"header is not JSON kvpool reads ({e})") from None
     if not isinstance(header, dict):
         raise _fail(path, "header is not a JSON object")
     data_bytes = size - 8 - n
@@ -128,11 +132,14 @@ def checkpoint_files(folder: Path) -> list[Path]:
     index = folder / INDEX_NAME
     if not index.exists():
         return sorted(folder.glob("*.safetensors"))
+    if not index.is_file():  # through links; a FIFO would block the read
+        raise WeightsError(f"cannot read {index}: not a regular file (a pipe or a device?)")
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
+        with index.open("rb") as f:
+            weight_map = jsonsafe.loads(f.read(MAX_HEADER_BYTES + 1))["weight_map"]
         shards = sorted({str(v) for v in weight_map.values()})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise WeightsError(f"cannot read {index}: {e!r}") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # jsonsafe's JSONValueError included
+        raise WeightsError(f"cannot read {index}: {str(e)[:200]}") from None
     missing = [s for s in shards if not (folder / s).is_file()]
     if missing:
         raise WeightsError(f"{index} names shards that are missing: {', '.join(missing)}")

@@ -7,6 +7,7 @@ since it is what an engine on this machine sees (`nvmlDeviceGetMemoryInfo`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from typing import Any
@@ -47,7 +48,8 @@ def preset_for(nvml_name: str) -> str | None:
 
 
 def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A device name as NVML gives it (bytes in older bindings), undecodable bytes shown as \ufffd."""
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def detect() -> tuple[Any, int]:
@@ -71,8 +73,15 @@ def detect() -> tuple[Any, int]:
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         name = _text(pynvml.nvmlDeviceGetName(handle))
         total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    except GpuDetectionError:
+        raise
+    except Exception as e:  # NVMLError after init: a lost device, a driver that went away, a bad reply
+        raise GpuDetectionError(f"--gpu auto: NVML cannot read GPU 0 ({e}); give --gpu NAME (kvpool gpus)") from None
     finally:
-        pynvml.nvmlShutdown()
+        with contextlib.suppress(Exception):  # a failing shutdown must not hide the answer or the error
+            pynvml.nvmlShutdown()
+    if total <= 0:
+        raise GpuDetectionError(f"--gpu auto: NVML reports {total} bytes on {name!r}; give --gpu NAME (kvpool gpus)")
     key = preset_for(name)
     if key is None:
         raise GpuDetectionError(f"--gpu auto: no preset describes {name!r}; give --gpu NAME (kvpool gpus)")

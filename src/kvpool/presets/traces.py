@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvpool import jsonsafe
 from kvpool.trace import MOONCAKE_BLOCK_TOKENS, Trace, TraceError, concat_traces
 
 __all__ = ["MOONCAKE_BLOCK_TOKENS", "Trace", "TraceError", "load_trace", "write_mooncake_jsonl"]
@@ -164,16 +165,21 @@ def _int(value: object, path: Path, line: int, column: str) -> int:
         if isinstance(value, bool):
             raise ValueError
         number = float(value) if isinstance(value, str) else value
-        if not isinstance(number, int | float) or not float(number).is_integer():
+        if not isinstance(number, int | float) or not math.isfinite(number) or not float(number).is_integer():
             raise ValueError
-        result = int(number)
-    except (TypeError, ValueError):
-        raise TraceError(f"{path}:{line}: {column} must be a whole number, got {value!r}") from None
-    if result < 1:
-        raise TraceError(f"{path}:{line}: {column} must be at least 1, got {result}")
-    if result > MAX_REQUEST_TOKENS:
-        raise TraceError(f"{path}:{line}: {column} {result} is implausibly long (more than 2**31 - 1 tokens)")
-    return result
+    except (TypeError, ValueError, OverflowError):
+        raise TraceError(f"{path}:{line}: {column} must be a whole number, got {_shown(value)}") from None
+    if number < 1:
+        raise TraceError(f"{path}:{line}: {column} must be at least 1, got {_shown(value)}")
+    if number > MAX_REQUEST_TOKENS:  # compared before int(): 1e300 would print 300 digits
+        raise TraceError(f"{path}:{line}: {column} {_shown(value)} is implausibly long (more than 2**31 - 1 tokens)")
+    return int(number)
+
+
+def _shown(value: object) -> str:
+    """A cell as an error shows it: its repr, cut at 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _seconds(value: str, unit: str, path: Path, line: int) -> float:
@@ -186,10 +192,10 @@ def _seconds(value: str, unit: str, path: Path, line: int) -> float:
                 warnings.simplefilter("ignore")
                 stamp = np.datetime64(value.strip().replace(" ", "T"), "ns")
         except ValueError:
-            raise TraceError(f"{path}:{line}: cannot read time {value!r}") from None
+            raise TraceError(f"{path}:{line}: cannot read time {_shown(value)}") from None
         seconds = float(stamp.astype(np.int64)) / 1e9
     if not math.isfinite(seconds):
-        raise TraceError(f"{path}:{line}: time {value!r} is not finite")
+        raise TraceError(f"{path}:{line}: time {_shown(value)} is not finite")
     return seconds
 
 
@@ -287,9 +293,9 @@ def _read_jsonl(lines: Sequence[str], name: str, path: Path) -> Trace:
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{path}:{line}: not valid JSON: {e.msg}") from None
+            obj = jsonsafe.loads(text, caller_bounds_ints=True)  # _int and the hash_ids check bound each
+        except jsonsafe.JSONValueError as e:
+            raise TraceError(f"{path}:{line}: {e}") from None
         if not isinstance(obj, dict):
             raise TraceError(f"{path}:{line}: expected a JSON object")
         keys = {_key(key): value for key, value in obj.items()}
@@ -310,8 +316,8 @@ def _read_jsonl(lines: Sequence[str], name: str, path: Path) -> Trace:
             times.append(_seconds(str(keys[t_key]), unit, path, line))
         if "hash_ids" in keys:
             ids = keys["hash_ids"]
-            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-                raise TraceError(f"{path}:{line}: hash_ids must be a list of integers")
+            if not isinstance(ids, list) or not all(type(i) is int and 0 <= i < 2**63 for i in ids):
+                raise TraceError(f"{path}:{line}: hash_ids must be a list of integers in [0, 2**63)")
             if len(ids) != -(-prompt[-1] // MOONCAKE_BLOCK_TOKENS):
                 raise TraceError(
                     f"{path}:{line}: {len(ids)} hash_ids for {prompt[-1]} prompt tokens; expected "

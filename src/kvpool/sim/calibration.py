@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvpool import jsonsafe
 from kvpool.presets import DATA, GpuSpec
 from kvpool.sim.kernels import Calibration, CalibrationError, soft_max
 
@@ -67,26 +68,27 @@ def load_profile(path: str | Path) -> Calibration:
     """A profile `kvpool calibrate` wrote. CalibrationError on anything else."""
     p = Path(path).expanduser()
     try:
-        data = json.loads(p.read_text())
+        data = jsonsafe.loads(p.read_bytes(), constants=True)  # a NaN constant is refused by name (Calibration)
     except OSError as e:
         raise CalibrationError(f"cannot read calibration {p}: {e.strerror or e}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CalibrationError(f"calibration {p} is not JSON ({e}); write one with `kvpool calibrate`") from None
+    except jsonsafe.JSONValueError as e:
+        raise CalibrationError(
+            f"calibration {p} is not JSON kvpool reads ({e}); write one with `kvpool calibrate`"
+        ) from None
     if not isinstance(data, dict) or not isinstance(data.get("calibration"), dict):
         raise CalibrationError(f"calibration {p} has no 'calibration' object; write one with `kvpool calibrate`")
     return Calibration.from_json(data["calibration"], str(data["calibration"].get("name") or p.stem))
 
 
-def save_profile(cal: Calibration, path: str | Path, *, report: dict[str, Any]) -> None:
-    """Write `cal` and its fit report as JSON, atomically (temp file, rename)."""
-    p = Path(path).expanduser()
-    tmp = p.with_name(p.name + ".tmp")
+def profile_json(cal: Calibration, *, report: dict[str, Any]) -> str:
+    """The profile file `load_profile` reads: `cal` and its fit report as JSON,
+    never with Infinity or NaN in it (CalibrationError)."""
     try:
-        tmp.write_text(json.dumps({"calibration": cal.to_json(), "fit": report}, indent=2) + "\n")
-        tmp.replace(p)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise CalibrationError(f"cannot write calibration {p}: {e.strerror or e}") from None
+        return json.dumps({"calibration": cal.to_json(), "fit": report}, indent=2, allow_nan=False) + "\n"
+    except ValueError:  # Calibration refuses non-finite constants; this is the report's
+        raise CalibrationError(
+            "the fit's report holds a non-finite number: the measurements cannot be fitted"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -174,25 +176,7 @@ def fit_ops(samples: OpSamples, base: Calibration, *, flops: float, hbm: float) 
             "p90_error": fit.p90_error,
             "samples": fit.samples,
         }
-    check_efficiencies(cal, "the kernel timings")
     return cal, report
-
-
-# The constants that are shares of a peak (FLOPS or HBM bandwidth): none can pass 1.
-EFFICIENCIES = ("linear_flops_eff", "linear_bw_eff", "decode_attn_bw_eff", "prefill_attn_flops_eff")
-
-
-def check_efficiencies(cal: Calibration, what: str) -> None:
-    """CalibrationError when a fit puts a kernel above 100 % of the GPU's peak:
-    the timings cannot be of this model on this GPU (wrong GPU, tp or model, or
-    times in the wrong unit), and a profile built on them would be wrong everywhere."""
-    over = {k: getattr(cal, k) for k in EFFICIENCIES if getattr(cal, k) > 1.0}
-    if over:
-        shares = ", ".join(f"{k} {v:.0%}" for k, v in over.items())
-        raise CalibrationError(
-            f"{what} are faster than the GPU's peak allows ({shares} of peak): check --gpu, --tp and MODEL, "
-            "and that the times are milliseconds under 'ms' (seconds under 'seconds')"
-        )
 
 
 @dataclass(frozen=True)
@@ -298,7 +282,6 @@ def fit_steps(base: Calibration, samples: Sequence[StepSample]) -> tuple[Calibra
         row_s=float(row),
         source=f"kvpool calibrate: {len(samples)} measured steps, efficiencies x {scale:.3f} of {base.name}",
     )
-    check_efficiencies(cal, "the measured steps")
     pred = a @ coef * t
     med, p90 = _errors(pred, t)
     return cal, Fit({"efficiency_scale": scale, "step_floor_s": float(coef[1]), "row_s": float(row)}, med, p90, len(t))

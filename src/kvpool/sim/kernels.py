@@ -45,6 +45,10 @@ class CalibrationError(KvpoolError):
     """A calibration profile is malformed (missing or non-positive constant)."""
 
 
+# The shares of a GPU's peak the kernels reach: none can be above 1.
+EFFICIENCIES = ("linear_flops_eff", "linear_bw_eff", "decode_attn_bw_eff", "prefill_attn_flops_eff")
+
+
 @dataclass(frozen=True)
 class Calibration:
     """The step-time model's constants for one GPU (seconds, shares of peak)."""
@@ -70,6 +74,31 @@ class Calibration:
     launch_s: float  # one eager kernel launch (CPU)
     source: str = ""
 
+    def __post_init__(self) -> None:
+        """Every constant a finite number >= 0, the efficiencies and the blend > 0,
+        and no efficiency above 1: a fit faster than the GPU's peak measured
+        another GPU (or another --tp), and would price every step as impossible."""
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name in ("name", "source"):
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise CalibrationError(f"calibration constant {f.name} must be a finite number >= 0, got {v!r}")
+        if not isinstance(self.moe_tile, int):
+            raise CalibrationError(
+                f"calibration constant moe_tile must be a whole number of rows, got {self.moe_tile!r}"
+            )
+        for key in ("linear_flops_eff", "linear_bw_eff", "linear_blend", "moe_tile"):
+            if getattr(self, key) <= 0:
+                raise CalibrationError(f"calibration constant {key} must be > 0, got {getattr(self, key)!r}")
+        over = {k: getattr(self, k) for k in EFFICIENCIES if getattr(self, k) > 1}
+        if over:
+            shares = ", ".join(f"{k} {v:.3g}" for k, v in over.items())
+            raise CalibrationError(
+                f"calibration constant(s) {shares}, above 1: faster than the GPU's peak allows; check --gpu, --tp "
+                "and MODEL, and that the times are milliseconds under 'ms' (seconds under 'seconds')"
+            )
+
     @classmethod
     def from_json(cls, data: dict[str, Any], name: str | None = None) -> Calibration:
         """A profile from its JSON object; CalibrationError names what is wrong."""
@@ -77,16 +106,10 @@ class Calibration:
         missing = sorted(fields - set(data))
         if missing:
             raise CalibrationError(f"calibration profile lacks {', '.join(missing)}")
-        values: dict[str, Any] = {}
-        for key in fields:
-            v = data[key]
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-                raise CalibrationError(f"calibration constant {key} must be a finite number >= 0, got {v!r}")
-            values[key] = v
-        for key in ("linear_flops_eff", "linear_bw_eff", "linear_blend", "moe_tile"):
-            if values[key] <= 0:
-                raise CalibrationError(f"calibration constant {key} must be > 0, got {values[key]!r}")
-        values["moe_tile"] = int(values["moe_tile"])
+        values = {key: data[key] for key in fields}
+        tile = values["moe_tile"]
+        if isinstance(tile, float) and tile.is_integer():  # JSON may spell the count 8.0
+            values["moe_tile"] = int(tile)
         return cls(name=str(name or data.get("name") or "custom"), source=str(data.get("source", "")), **values)
 
     def to_json(self) -> dict[str, Any]:

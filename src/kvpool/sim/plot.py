@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from kvpool.errors import KvpoolError
 from kvpool.sim.metrics import SimResult
@@ -29,39 +29,35 @@ def pyplot() -> Any:
 
 def check_target(path: str | Path) -> None:
     """Raise KvpoolError now, before any run, if `path` cannot be written as a
-    plot (matplotlib missing, or a file type it does not write)."""
+    plot (matplotlib missing, or a file type it does not write). Whether the file
+    itself can be written is the writer's to check (the CLI's `cli/files.py`)."""
     kinds = _pyplot().gcf().canvas.get_supported_filetypes()
-    suffix = Path(path).suffix.lower().lstrip(".")
+    suffix = plot_format(path)
     if suffix not in kinds:
         raise KvpoolError(
             f"--plot {path}: cannot write a .{suffix or '(no suffix)'} file; use one of .{', .'.join(sorted(kinds))}"
         )
-    target = Path(path)
-    if not target.resolve().parent.is_dir():
-        raise KvpoolError(f"--plot {path}: folder {target.parent} does not exist")
-    existed = target.exists()
-    try:  # the only sure test of "can be written" (/proc is a folder, root passes access())
-        with target.open("ab"):
-            pass
-    except OSError as e:
-        raise KvpoolError(f"--plot {path}: cannot write there ({e.strerror or e})") from None
-    if not existed:
-        target.unlink()  # leave nothing behind if the runs fail
+
+
+def plot_format(path: str | Path) -> str:
+    """The image format a plot path asks for: its suffix (`png` for `out.png`)."""
+    return Path(path).suffix.lower().lstrip(".")
 
 
 def plot_runs(
-    path: str | Path,
+    out: str | Path | BinaryIO,
     runs: Sequence[SimResult],
     *,
     title: str = "",
     sweep_group: str | None = None,
     sweep: Sequence[tuple[float, SimResult]] = (),
-) -> Path:
-    """Write a PNG to `path` (side effect). With a sweep: output tokens/s against
-    the swept group's byte share, the named policies marked on the curve; else
-    one bar per run (tokens/s) with its CUDA-graph step share. Returns the path."""
+    fmt: str | None = None,
+) -> None:
+    """Write a plot to `out`, a path (its folder made; the format from its suffix)
+    or a binary file (`fmt`, default png) (side effect). With a sweep: output
+    tokens/s against the swept group's byte share, the named policies marked on
+    the curve; else one bar per run (tokens/s) with its CUDA-graph step share."""
     plt = _pyplot()
-    out = Path(path)
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     if sweep_group and sweep:
         xs = [share for share, _ in sweep]
@@ -98,14 +94,16 @@ def plot_runs(
         ax.set_title(title, fontsize=10)
     if sweep_group and sweep:
         ax.legend(fontsize=8)
-    return _save(plt, fig, ax, out)
+    _save(plt, fig, ax, out, fmt)
 
 
-def plot_host_sweep(path: str | Path, points: Sequence[tuple[int, SimResult]], *, title: str = "") -> Path:
-    """Write a PNG to `path` (side effect): the prompt hit rate (left axis) and
-    TTFT p50 / p99 (right axis) against one rank's host tier bytes. Returns the path."""
+def plot_host_sweep(
+    out: str | Path | BinaryIO, points: Sequence[tuple[int, SimResult]], *, title: str = "", fmt: str | None = None
+) -> None:
+    """Write a plot to `out` (a path or a binary file, as `plot_runs`) (side
+    effect): the prompt hit rate (left axis) and TTFT p50 / p99 (right axis)
+    against one rank's host tier bytes."""
     plt = _pyplot()
-    out = Path(path)
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     xs = [b / 2**30 for b, _ in points]
     ax.plot(xs, [100 * r.prompt_hit_rate for _, r in points], "-o", color="tab:blue", label="prompt hit rate")
@@ -123,14 +121,16 @@ def plot_host_sweep(path: str | Path, points: Sequence[tuple[int, SimResult]], *
     ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="center right")
     if title:
         ax.set_title(title, fontsize=10)
-    return _save(plt, fig, ax, out)
+    _save(plt, fig, ax, out, fmt)
 
 
-def _save(plt: Any, fig: Any, ax: Any, out: Path) -> Path:
-    """Grid, layout, write `out` (making its folder) and close the figure."""
+def _save(plt: Any, fig: Any, ax: Any, out: str | Path | BinaryIO, fmt: str | None) -> None:
+    """Grid, layout, write `out` (a path: making its folder) and close the figure."""
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    if isinstance(out, str | Path):
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(out, format=fmt)  # None: a path's suffix, a file's png
+    finally:
+        plt.close(fig)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import itertools
 import json
 import math
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvpool import jsonsafe
 from kvpool.errors import KvpoolError
 
 ROW_METRICS = (
@@ -87,8 +89,8 @@ def load_grid(path: str | Path) -> dict[str, Any]:
         raise GridError(f"cannot read grid {p}: {e.strerror}") from None
     if p.suffix.lower() == ".json":
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
+            data = jsonsafe.loads(text)
+        except jsonsafe.JSONValueError as e:
             raise GridError(f"grid {p}: {e}") from None
     else:
         try:
@@ -101,8 +103,14 @@ def load_grid(path: str | Path) -> dict[str, Any]:
             data = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise GridError(f"grid {p}: {e}") from None
+        except ValueError:  # an integer past Python's int-string limit
+            raise GridError(f"grid {p}: holds an integer of thousands of digits") from None
     if not isinstance(data, dict):
         raise GridError(f"grid {p}: expected a mapping of fields to values or lists")
+    for name, value in data.items():  # what YAML reads that JSON would refuse (jsonsafe): huge or infinite numbers
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, float) and not math.isfinite(v) or isinstance(v, int) and v.bit_length() > 96:
+                raise GridError(f"grid {p}: field {name!r} holds a number no grid value can be")
     return data
 
 
@@ -218,17 +226,29 @@ def best_shares(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def write_rows(rows: Sequence[Mapping[str, Any]], out: str | Path) -> list[Path]:
     """`OUT.json` (`{"points": rows}`) and `OUT.csv` (one column per key seen);
     `out` may name either, or neither suffix. Returns the paths written."""
+    paths = rows_paths(out)
+    for path, text in zip(paths, rows_texts(rows), strict=True):
+        path.write_text(text)
+    return paths
+
+
+def rows_paths(out: str | Path) -> list[Path]:
+    """`OUT.json` and `OUT.csv` for `out` (which may name either, or neither suffix)."""
     base = Path(out)
     if base.suffix.lower() in (".json", ".csv"):
         base = base.with_suffix("")
-    paths = [base.with_suffix(".json"), base.with_suffix(".csv")]
+    return [base.with_suffix(".json"), base.with_suffix(".csv")]
+
+
+def rows_texts(rows: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    """The JSON (`{"points": rows}`, non-finite numbers as null) and the CSV (one
+    column per key seen) of `rows`."""
     clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()} for r in rows]
-    paths[0].write_text(json.dumps({"points": clean}, indent=1) + "\n")
     columns: list[str] = []
     for r in clean:
         columns += [k for k in r if k not in columns]
-    with paths[1].open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        w.writerows(clean)
-    return paths
+    table = io.StringIO(newline="")
+    w = csv.DictWriter(table, fieldnames=columns)
+    w.writeheader()
+    w.writerows(clean)
+    return json.dumps({"points": clean}, indent=1) + "\n", table.getvalue()

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from kvpool.errors import KvpoolError
 
 
-def plot_sweep(path: str | Path, rows: Sequence[Mapping[str, Any]], group: str | None) -> Path:
-    """Write the sweep plot to `path` (side effect). Without a swept group,
-    one bar per point. Returns the path."""
+def plot_sweep(
+    out: str | Path | BinaryIO, rows: Sequence[Mapping[str, Any]], group: str | None, fmt: str | None = None
+) -> None:
+    """Write the sweep plot to `out`, a path (the format from its suffix) or a
+    binary file (`fmt`, default png) (side effect). Without a swept group, one
+    bar per point."""
     try:
         import matplotlib
 
@@ -56,7 +59,7 @@ def plot_sweep(path: str | Path, rows: Sequence[Mapping[str, Any]], group: str |
     ax.set_ylabel("output tokens / s (simulated)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    try:
+        fig.savefig(out, format=fmt)  # None: a path's suffix, a file's png
+    finally:
+        plt.close(fig)

@@ -219,7 +219,7 @@ def gated_deltanet(config: Config, ctx: Context) -> list[LayerCache]:
     convolution window of (kernel - 1) steps over 2*k_heads*k_dim + v_heads*v_dim
     channels. Heads split across tensor-parallel ranks. States stay in the dtype
     the model is served in: engines do not quantise recurrent state with the KV dtype."""
-    lin = dict(config.get("linear_attention") or {})
+    lin: Config = config.get("linear_attention") or {}
 
     def get(key: str) -> Any:  # nested (`linear_attention: {...}`) or top-level HF keys
         return lin.get(key, lin.get(key.removeprefix("linear_"), config.get(key)))

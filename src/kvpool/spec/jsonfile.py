@@ -1,13 +1,13 @@
 """Reading a small JSON file (a model config, a quantization sidecar) without
 trusting it: the bytes read are capped, so `/dev/zero` or a multi-GB file fails
-fast, and nesting deep enough to exhaust the parser is an error, not a crash."""
+fast, and numbers and nesting are bounded (`kvpool.jsonsafe`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from kvpool import jsonsafe
 from kvpool.errors import SpecError
 
 # The largest config.json published on the hub is a few hundred KB (per-layer NAS
@@ -31,20 +31,6 @@ def read_json(path: Path, what: str = "config file", limit: int = MAX_JSON_BYTES
     if len(data) > limit:
         raise SpecError(f"{what} {path} is larger than {limit // 2**20} MiB: not a model config")
     try:
-        return json.loads(data.decode("utf-8-sig"), parse_int=_bounded_int)
-    except UnicodeDecodeError as e:
-        raise SpecError(f"{what} {path} is not UTF-8 text: {e}") from None
-    except json.JSONDecodeError as e:
-        raise SpecError(f"{what} {path} is not valid JSON: {e}") from None
-    except SpecError as e:  # an integer too long to be a count (_bounded_int)
-        raise SpecError(f"{what} {path}: {e}") from None
-    except RecursionError:
-        raise SpecError(f"{what} {path} is nested too deeply to be a model config") from None
-
-
-def _bounded_int(text: str) -> int:
-    """A JSON integer of at most 30 digits: past that no count in a config is real,
-    and thousands of digits pass Python's int-string limit (an untyped ValueError)."""
-    if len(text.lstrip("-")) > 30:
-        raise SpecError(f"an integer of {len(text.lstrip('-'))} digits ({text[:12]}...) is not a config value")
-    return int(text)
+        return jsonsafe.loads(data, constants=True)  # transformers writes Infinity (Nemotron-H's time_step_limit)
+    except jsonsafe.JSONValueError as e:
+        raise SpecError(f"{what} {path} is {e}" if str(e).startswith("not ") else f"{what} {path}: {e}") from None

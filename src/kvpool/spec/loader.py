@@ -13,6 +13,7 @@ from kvpool.spec.defaults import with_defaults
 from kvpool.spec.dispatch import family_of
 from kvpool.spec.dtypes import resolve_kv_dtype_noted
 from kvpool.spec.families import Context, LayerCache
+from kvpool.spec.fields import check_family_fields
 from kvpool.spec.groups import LayerGroup, ModelSpec
 from kvpool.spec.jsonfile import read_json
 from kvpool.spec.kinds import kind_rule
@@ -196,6 +197,7 @@ def spec_from_read(
     check_tp_divides_heads(config, tp_size)
     config = with_defaults(config)
     family, rule = family_of(config)
+    check_family_fields(family, config, where)
     tpb = tokens_per_block or FAMILY_TOKENS_PER_BLOCK.get(family, DEFAULT_TOKENS_PER_BLOCK)
     dtype, dtype_note = resolve_kv_dtype_noted(kv_dtype, config)
     max_pos = config.get("max_position_embeddings")
@@ -206,8 +208,8 @@ def spec_from_read(
         caches = rule(config, ctx)
         num_layers = int(config.get("num_hidden_layers") or 0)
     except (TypeError, ValueError, KeyError, IndexError) as e:
-        if isinstance(e, SpecError):
-            raise
+        if isinstance(e, SpecError):  # the rule's own check, naming the field: and the file
+            raise SpecError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
         raise SpecError(f"config of {name} has a malformed field: {e}") from None
     stage = None
     if pp_size > 1:

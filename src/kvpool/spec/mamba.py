@@ -36,6 +36,8 @@ def jamba_layer_types(config: Config) -> list[str]:
     (transformers JambaConfig.layers_block_type), Mamba otherwise."""
     n = int(need(config, "num_hidden_layers"))
     period, offset = int(config["attn_layer_period"]), int(config["attn_layer_offset"])
+    if offset >= period:  # no layer would be attention (JambaConfig refuses it too)
+        raise SpecError(f"attn_layer_offset ({offset}) must be smaller than attn_layer_period ({period})")
     return ["attention" if i % period == offset else "mamba" for i in range(n)]
 
 
@@ -105,8 +107,13 @@ def nemotron_h(config: Config, ctx: Context) -> list[LayerCache]:
     the conv window in the model dtype."""
     pattern = str(need(config, "hybrid_override_pattern"))
     n = int(config.get("num_hidden_layers") or len(pattern))
-    if len(pattern) < n or any(c not in _NEMOTRON_BLOCKS for c in pattern):
-        raise SpecError(f"hybrid_override_pattern {pattern!r} does not describe {n} layers of M*-E")
+    if len(pattern) != n or any(c not in _NEMOTRON_BLOCKS for c in pattern):
+        # transformers' NemotronHConfig takes the pattern's length and only warns that
+        # num_hidden_layers disagrees: a guess either way could plan the wrong layers
+        raise SpecError(
+            f"hybrid_override_pattern has {len(pattern)} letters for {n} layers (num_hidden_layers); "
+            "it needs one of M*-E per layer"
+        )
     heads = split_heads(int(need(config, "mamba_num_heads")), ctx.tp_size)
     groups = split_heads(int(need(config, "n_groups")), ctx.tp_size)
     p, s = int(need(config, "mamba_head_dim")), int(need(config, "ssm_state_size"))
