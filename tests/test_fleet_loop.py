@@ -5,6 +5,7 @@ metrics (`kvpool.fleet.metrics`)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -142,6 +143,8 @@ def test_slo_parsing_and_goodput() -> None:
     slo = Slo.parse("ttft_p99=2s, itl_p99=50ms,e2e_max=1min")
     assert slo.limit("ttft") == 2 and slo.limit("itl") == 0.05 and slo.limit("e2e") == 60
     assert str(Slo.parse(str(slo))) == str(slo)
+    assert Slo.parse("e2e_p50=250us").limit("e2e") == 250e-6 and Slo.parse("ttft_p90=1.5").limit("ttft") == 1.5
+    assert Slo.parse("itl_p99=50ms").limit("ttft") == math.inf
     for bad in ("ttft=2s", "tft_p99=2s", "ttft_p99", "ttft_p99=fast", "ttft_p99=-1s", "ttft_p99=1s,ttft_p99=2s"):
         with pytest.raises(SloError):
             Slo.parse(bad)
