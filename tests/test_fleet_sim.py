@@ -108,6 +108,24 @@ def test_the_kv_router_keeps_conversations_on_their_replica() -> None:
         assert len({r.worker for r in kv.records if r.rid % 4 == c}) == 1
 
 
+def test_events_that_arrive_too_late_cost_the_kv_router_its_hits() -> None:
+    """Six conversations whose turns overlap on three busy replicas: with
+    events 10 s late the router has never heard where a conversation's pages
+    are when its next turn comes, and balances load instead (an idle fleet
+    would tie every worker at the same cost and send all to worker 0)."""
+    plan = small_plan(200)
+    trace = conversations(6, 5, 0.002)
+    model = model_of(plan)
+
+    def hits(lag_s: float) -> float:
+        reps = [make_replica(plan, model, "aggregated", str(i), events=True, reuse=True) for i in range(3)]
+        stage = Stage("aggregated", reps, make_router("kv", 3, block_size=4, event_lag_s=lag_s))
+        records, summaries = run_fleet(trace, [stage], max_seq_len=plan.limits.max_seq_len)
+        return FleetResult("kv", tuple(records), tuple(summaries), 3).prompt_hit_rate
+
+    assert hits(10.0) < hits(0.0)
+
+
 def test_a_handoff_costs_the_prefill_the_transfer_and_one_decode_step() -> None:
     plan = small_plan(60)
     model = model_of(plan)
