@@ -155,6 +155,7 @@ def test_a_handoff_costs_the_prefill_the_transfer_and_one_decode_step() -> None:
     assert rec.finish_s - rec.first_token_s == pytest.approx(rest, rel=1e-9)
 
 
+@pytest.mark.slow  # starts a local Ray cluster and runs the search twice
 @pytest.mark.skipif(not ray_available(), reason="Ray is not installed (kvpool[sweep])")
 def test_an_slo_search_on_two_ray_workers_equals_the_serial_search() -> None:
     from kvpool.deploy.fleet_fit import fit_fleet
