@@ -82,22 +82,24 @@ class FakeReplica:
     def submit(self, request: TraceRequest, arrival_s: float) -> None:
         assert not self.submitted or arrival_s >= self.submitted[-1][0]
         self.submitted.append((arrival_s, request.rid))
-        if not self.running and not self.waiting:
-            self.clock = max(self.clock, arrival_s)
         self.waiting.append((request, arrival_s))
 
     def next_event_s(self) -> float | None:
-        return self.clock if self.waiting or self.running else None
+        """The clock while busy; an idle replica's next arrival (it waits for it)."""
+        if self.running or (self.waiting and self.waiting[0][1] <= self.clock):
+            return self.clock
+        return self.waiting[0][1] if self.waiting else None
 
     def run_until(self, t_s: float) -> None:
         assert not self.ran_to or t_s >= self.ran_to[-1]
         self.ran_to.append(t_s)
-        while (self.waiting or self.running) and self.clock < t_s:
+        while (nxt := self.next_event_s()) is not None and nxt < t_s:
+            self.clock = nxt
             self.step()
 
     def step(self) -> None:
         end = self.clock + self.step_s
-        while self.waiting and len(self.running) < self.batch:
+        while self.waiting and self.waiting[0][1] <= self.clock and len(self.running) < self.batch:
             request, arrival = self.waiting.pop(0)
             prompt = request.prompt_ids()
             if -(-len(prompt) // TPB) > self.m.free_pages("full"):

@@ -206,6 +206,12 @@ def run_fleet(
         else:
             arrivals.append((times[i], dataclasses.replace(request, output_len=1) if handoffs else request))
     done, nxt, inf = n - len(arrivals), 0, math.inf
+    if len(stages) == 1 and not stages[0].router.reads_workers:
+        # a router that reads nothing of the replicas (round-robin) routes every
+        # request up front; each replica then runs alone, its fast-forward uncut
+        for t, request in arrivals:
+            submit(fleet, 0, -1, request, t)
+        nxt = len(arrivals)
     while True:
         t0 = arrivals[nxt][0] if nxt < len(arrivals) else inf
         finished = fleet.advance(0, t0)
