@@ -156,3 +156,12 @@ def test_slo_parsing_and_goodput() -> None:
     assert result.good() == 2 and result.goodput() == pytest.approx(2 / 2.5)
     assert result.misses() == [f"itl_p99 {0.04 + 0.99 * (0.1 - 0.04):.3g} s > 0.05 s"] and not result.meets()
     assert result.latencies.at("ttft", 50) == 1.0
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-load"])
+def test_progress_counts_every_request_once(router: str) -> None:
+    trace = trace_of([8, 8, 600, 8], [2, 3, 2, 4], [0.0, 0.1, 0.2, 0.3])
+    seen: list[tuple[int, int]] = []
+    stage = Stage("aggregated", [FakeReplica(), FakeReplica()], make_router(router, 2))
+    run_fleet(trace, [stage], max_seq_len=512, progress=lambda done, total: seen.append((done, total)))
+    assert seen and seen[-1] == (4, 4) and [d for d, _ in seen] == sorted({d for d, _ in seen})

@@ -141,6 +141,8 @@ class Fleet:
     news: list[tuple[float, int, int, int, str, Any]] = field(default_factory=list)  # (t, order, stage, worker, ...)
     order: int = 0
     decode_requests: dict[int, TraceRequest] = field(default_factory=dict)
+    progress: Callable[[int, int], None] | None = None  # (requests done, all), as they finish
+    done: int = 0
 
     def push(self, t: float, what: str, worker: int, rid: int) -> None:
         """A decode-stage entry: "route" `rid` at `t`, or "deliver" it to `worker`."""
@@ -165,16 +167,16 @@ class Fleet:
             else:
                 router.finished(payload, t)
 
-    def advance(self, s: int, until: float) -> int:
-        """Run every replica of stage `s` with work to `until`, collect what
-        each did; returns the requests the fleet finished or rejected."""
-        done = 0
+    def advance(self, s: int, until: float) -> None:
+        """Run every replica of stage `s` with work to `until`, collect what each did."""
         for w, replica in enumerate(self.stages[s].replicas):
             t = replica.next_event_s()
             if t is not None and t < until:
                 replica.run_until(until)
-                done += harvest(self, s, w)
-        return done
+                finished = harvest(self, s, w)
+                if finished and self.progress is not None:
+                    self.done += finished
+                    self.progress(self.done, len(self.records))
 
 
 def run_fleet(
@@ -193,7 +195,7 @@ def run_fleet(
     called as requests finish."""
     if (len(stages) == 2) != (handoffs is not None) or len(stages) not in (1, 2):
         raise ValueError("a fleet is one aggregated stage, or a prefill and a decode stage with handoffs")
-    fleet = Fleet(list(stages), handoffs)
+    fleet = Fleet(list(stages), handoffs, progress=progress)
     n = len(trace)
     times = trace.arrival_s.tolist() if trace.arrival_s is not None else [0.0] * n
     arrivals: list[tuple[float, TraceRequest]] = []
@@ -205,7 +207,7 @@ def run_fleet(
             rec.rejected = rec.too_long = True
         else:
             arrivals.append((times[i], dataclasses.replace(request, output_len=1) if handoffs else request))
-    done, nxt, inf = n - len(arrivals), 0, math.inf
+    fleet.done, nxt, inf = n - len(arrivals), 0, math.inf
     if len(stages) == 1 and not stages[0].router.reads_workers:
         # a router that reads nothing of the replicas (round-robin) routes every
         # request up front; each replica then runs alone, its fast-forward uncut
@@ -214,13 +216,10 @@ def run_fleet(
         nxt = len(arrivals)
     while True:
         t0 = arrivals[nxt][0] if nxt < len(arrivals) else inf
-        finished = fleet.advance(0, t0)
+        fleet.advance(0, t0)
         t = min(t0, fleet.queue[0][0]) if fleet.queue else t0
         if len(stages) == 2:
-            finished += fleet.advance(1, t)
-        if finished and progress is not None:
-            done += finished
-            progress(done, n)
+            fleet.advance(1, t)
         if t == inf:
             break
         fleet.hear(t)
