@@ -25,7 +25,11 @@ requests, prefix reuse, output tokens/s: their step-time models differ, so only
 the work is alike), the growth from 2K to 4K requests, and the machine.
 
     python benchmarks/bench_vs_mocker.py [--sizes 1000,2000,4000,16000] [--repeat 3]
-        [--dynamo-venv ~/.cache/kvpool-engines/dynamo-1.6.1]
+        [--dynamo-venv ~/.cache/kvpool-engines/dynamo-1.6.1] [--baseline DIR]
+
+`--baseline DIR` also runs the kvpool of another source tree (DIR/src first
+on PYTHONPATH; e.g. `git archive main | tar -x -C DIR`) in the same rounds,
+so that a change is measured against what it changes, in one run.
 """
 
 from __future__ import annotations
@@ -77,11 +81,13 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, str
     return cpu, done.stdout
 
 
-def kvpool(path: Path, args: argparse.Namespace) -> tuple[float, dict[str, Any]]:
+def kvpool(path: Path, args: argparse.Namespace, src: Path | None = None) -> tuple[float, dict[str, Any]]:
+    """kvpool's run (the installed one, or the source tree `src`)."""
     cmd = [sys.executable, "-m", "kvpool", "simulate", args.model, "--gpu", args.gpu, "--kv-memory", args.kv_memory]
     cmd += ["--max-seq-len", str(args.max_seq_len), "--tokens-per-block", str(BLOCK)]
     cmd += ["--max-batch-size", str(BATCH), "--max-num-tokens", str(TOKENS), "--trace", str(path), "--json", "--quiet"]
-    cpu, out = timed(cmd)
+    env = None if src is None else {**os.environ, "PYTHONPATH": str(src / "src")}
+    cpu, out = timed(cmd, env)
     run: dict[str, Any] = json.loads(out)["runs"][0]
     return cpu, run
 
@@ -103,6 +109,7 @@ def main() -> None:
     ap.add_argument("--kv-memory", default="16GiB")
     ap.add_argument("--max-seq-len", type=int, default=40960)
     ap.add_argument("--dynamo-venv", type=Path, default=CACHE / "dynamo-1.6.1", help="made by `make dynamo-venv`")
+    ap.add_argument("--baseline", type=Path, help="a kvpool source tree to run as well (its src/ on PYTHONPATH)")
     args = ap.parse_args()
     python = args.dynamo_venv / "bin" / "python"
     if not python.exists():
@@ -116,27 +123,36 @@ def main() -> None:
         f"kvpool simulate {args.model} --gpu {args.gpu} --kv-memory {args.kv_memory} --max-seq-len {args.max_seq_len} "
         f"--tokens-per-block {BLOCK} --max-batch-size {BATCH} --max-num-tokens {TOKENS} --trace <N Mooncake requests>"
     )
-    header = f"{'requests':>8} {'kvpool cpu s':>12} {'mocker cpu s':>12} {'ratio':>6} {'paired':>6}   simulated"
+    base = f" {'baseline s':>10} {'ratio':>6}" if args.baseline else ""
+    header = f"{'requests':>8}{base} {'kvpool cpu s':>12} {'mocker cpu s':>12} {'ratio':>6} {'paired':>6}   simulated"
     print(header)
     medians: dict[int, tuple[float, float]] = {}
+    baselines: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
             path = Path(tmp) / f"mooncake-{n}.jsonl"
             write_mooncake_jsonl(trace_of(n), path)
             ours: list[float] = []
             theirs: list[float] = []
+            before: list[float] = []
             for i in range(args.repeat):
+                if args.baseline:
+                    before.append(kvpool(path, args, args.baseline)[0])
                 cpu, run = kvpool(path, args)
                 pages = sum(g["total"] for g in run["pages"].values())
                 ours.append(cpu)
                 cpu, summary = mocker(path, pages, python)
                 theirs.append(cpu)
-                print(f"  {n} requests, run {i + 1}: kvpool {ours[-1]:.2f} s, mocker {cpu:.2f} s", file=sys.stderr)
+                was = f"baseline {before[-1]:.2f} s, " if before else ""
+                print(f"  {n} requests, run {i + 1}: {was}kvpool {ours[-1]:.2f} s, mocker {cpu:.2f} s", file=sys.stderr)
             a, b = statistics.median(ours), statistics.median(theirs)
             paired = statistics.median(x / y for x, y in zip(ours, theirs, strict=True))
             medians[n] = (a, b)
+            if before:
+                baselines[n] = statistics.median(before)
+            was = f" {baselines[n]:>10.2f} {baselines[n] / b:>6.1f}" if before else ""
             print(
-                f"{n:>8} {a:>12.2f} {b:>12.2f} {a / b:>6.1f} {paired:>6.1f}   "
+                f"{n:>8}{was} {a:>12.2f} {b:>12.2f} {a / b:>6.1f} {paired:>6.1f}   "
                 f"kvpool {run['finished']} done, reuse {run['reuse_hit_rate']:.2f}, "
                 f"{run['output_tokens_per_s']:,.0f} tok/s; mocker {summary['completed_requests']} done, "
                 f"reuse {summary['prefix_cache_reused_ratio']:.2f}, {summary['output_throughput_tok_s']:,.0f} tok/s "
@@ -145,6 +161,8 @@ def main() -> None:
     if 2000 in medians and 4000 in medians:
         (a2, b2), (a4, b4) = medians[2000], medians[4000]
         print(f"4,000 / 2,000 requests: kvpool {a4 / a2:.2f}x, mocker {b4 / b2:.2f}x the CPU seconds")
+        if 2000 in baselines and 4000 in baselines:
+            print(f"4,000 / 2,000 requests, baseline: {baselines[4000] / baselines[2000]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -141,3 +141,30 @@ def test_pages_evicted_since_the_last_hit_are_looked_up_again() -> None:
     assert memo.create(3, a) == scratch.create(3, a) == TPB
     assert observed(memo) == observed(scratch)
     memo.check_integrity()
+
+
+def test_a_prompt_that_comes_back_is_not_digested_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preempted request admitted again after others: its pages' digests
+    are the ones it had (the memo keeps recent prompts whole), none computed."""
+    m = manager(full_spec(tpb=16), {"full": 400})
+    calls: list[int] = []
+    real = hashing.page_chain
+
+    def counted(parent: int, data: bytes, width: int) -> list[int]:
+        calls.append(len(data) // width)
+        return real(parent, data, width)
+
+    monkeypatch.setattr(hashing, "page_chain", counted)
+    prompts = [list(range(1000 * (i + 1), 1000 * (i + 1) + 16 * 30 + 5)) for i in range(3)]
+    for rid, prompt in enumerate(prompts):
+        assert not m.can_create(prompt).hit
+        m.create(rid, prompt)
+    assert calls == [30, 30, 30]
+    for rid, prompt in enumerate(prompts):  # they come back (preempted): asked, then created again
+        m.free(rid)
+        assert m.can_create(prompt).hit == 0  # (freed before they were computed: nothing cached)
+        assert m.create(10 + rid, prompt) == 0
+    assert calls == [30, 30, 30]
+    scratch: list[int] = []
+    extend_hashes(scratch, check_tokens(prompts[0]), 16, salt_seed(None), 30)
+    assert m.requests.get(10).hashes == scratch

@@ -21,7 +21,7 @@ from kvpool.fleet.metrics import FleetResult
 from kvpool.fleet.replicas import make_replica
 from kvpool.plan import PoolPlan
 from kvpool.sim import StepTimeModel, Weights, simulate
-from kvpool.sim.executor import ray_available
+from kvpool.sim.serial_or_ray import ray_available
 from kvpool.trace import Trace
 from sim_helpers import toy_gpu
 

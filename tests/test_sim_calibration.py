@@ -26,7 +26,7 @@ from kvpool.sim.calibration import (
     shipped,
 )
 from kvpool.sim.kernels import Calibration, CalibrationError
-from kvpool.sim.shapes import Gemm, model_shapes
+from kvpool.sim.matmuls import Gemm, model_shapes
 from kvpool.sim.steptime import StepTimeModel, Weights
 from kvpool.spec import load_model_spec
 from sim_helpers import toy_gpu

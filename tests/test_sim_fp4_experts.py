@@ -13,7 +13,7 @@ from kvpool.presets import load_gpu
 from kvpool.sim.calibration import for_gpu
 from kvpool.sim.fp4_experts import HOPPER_MMA_SYNC_SHARE, fp4_experts
 from kvpool.sim.kernels import Kernels
-from kvpool.sim.shapes import Gemm
+from kvpool.sim.matmuls import Gemm
 from kvpool.sim.steptime import StepTimeModel, expert_storage, load_weights
 from kvpool.spec import load_model_spec
 

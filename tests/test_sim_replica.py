@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from kvpool.errors import KvpoolError
@@ -191,15 +191,28 @@ def test_fast_forward_equals_single_steps(trace: Trace, pages: int, batch: int) 
     """Runs of decode steps, those a waiting request waits through included
     (its pages short, or the batch full), end where single steps end: the
     same admissions, preemptions, hits and pages; the same times but for the
-    rounding of the vectorised step times (`decode_run_times`)."""
+    rounding of the vectorised step times (`decode_run_times`). Prompts
+    repeated verbatim are left out: their decode pages (every output is the
+    same token) have the digests of a finished twin's, which a run can evict
+    before it offers its own (docs/sim.md, limits)."""
+    assert trace.hash_ids is not None
+    assume(len(set(trace.hash_ids)) == len(trace.hash_ids))
     spec = toy_spec(None)
     limits = ServingLimits(max_batch_size=batch, max_seq_len=128, max_num_tokens=32)
     plan = PoolPlan.from_pages(spec, {"full": pages}, limits)
     model = spec_of(plan).model
     fast = simulate(plan, trace, model, reuse=True, check=True)
     slow = simulate(plan, trace, model, reuse=True, check=True, fast=False)
-    counts: tuple[str, ...] = ("steps", "decode_steps", "graph_steps", "preemptions", "finished", "rejected")
-    counts += ("output_tokens", "reuse_hit_rate", "prompt_hit_rate", "end_used")
+    counts: tuple[str, ...] = (
+        "steps",
+        "decode_steps",
+        "graph_steps",
+        "preemptions",
+        "finished",
+        "rejected",
+        "output_tokens",
+    )
+    counts += ("reuse_hit_rate", "prompt_hit_rate", "end_used")
     assert [getattr(fast, f) for f in counts] == [getattr(slow, f) for f in counts]
     assert [(r.rid, r.cached_tokens, r.preemptions) for r in fast.requests] == [
         (r.rid, r.cached_tokens, r.preemptions) for r in slow.requests

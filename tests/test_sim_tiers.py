@@ -169,6 +169,24 @@ def test_more_host_memory_never_lowers_the_hit_rate(data: st.DataObject) -> None
     assert run(plan, trace, host=small * page).prompt_hit_rate <= run(plan, trace, host=big * page).prompt_hit_rate
 
 
+def test_the_hit_rate_is_that_of_the_prompts_served() -> None:
+    """The case that made the property above flaky: 12 pages, one held by the
+    padding dummy; a 48-token prompt (12 pages) can never run. Without a tier
+    its 10 cached pages and one chunk fit, it is admitted and rejected a step
+    later; with a host tier holding its 11th page its hit is 11 pages, which
+    leave no room for one more token: rejected at once. Its prompt is served
+    in neither run, so it counts in neither hit rate: 4 of the other 68 tokens."""
+    plan = toy_plan(12)
+    prompts = [4, 4, 4, 4, 4, 44, 4, 48]
+    rows = tuple((0,) * (p // 4) for p in prompts)
+    trace = Trace("t", np.array(prompts), np.ones(8, dtype=np.int64), np.zeros(8), hash_ids=rows, hash_block_tokens=4)
+    bare, tiered = run(plan, trace), run(plan, trace, host=plan.spec.groups[0].slot_bytes)
+    for r in (bare, tiered):
+        assert (r.finished, r.rejected) == (7, 1) and 7 not in {x.rid for x in r.requests}
+        served = r.requests
+        assert r.prompt_hit_rate == sum(x.cached_tokens for x in served) / sum(x.prompt_len for x in served) == 4 / 68
+
+
 def test_a_host_tier_brings_back_what_the_gpu_evicted() -> None:
     """Two conversations of 16 pages, alternating, on a GPU pool of 20 pages:
     each evicts the other. Without a host tier every prompt after the first

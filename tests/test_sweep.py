@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvpool.errors import KvpoolError
-from kvpool.sim.executor import ray_available, run_all
+from kvpool.sim.serial_or_ray import ray_available, run_all
 from kvpool.sim.sweep import (
     GridError,
     Point,
@@ -95,7 +95,7 @@ def test_rows_shares_of_best_and_files(tmp_path: Path, trace_file: str) -> None:
 
 
 def test_serial_fallback_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvpool.sim.executor as ex
+    import kvpool.sim.serial_or_ray as ex
 
     monkeypatch.setattr(ex, "ray_available", lambda: False)
     out, how = ex.run_all(abs, [-1, -2], workers=4)

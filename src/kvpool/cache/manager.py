@@ -46,7 +46,7 @@ from kvpool.cache.events import (
 )
 from kvpool.cache.hashing import Salt, extend_hashes
 from kvpool.cache.prefix import TierHit
-from kvpool.cache.prompt_memo import PromptMemo
+from kvpool.cache.prompt_memo import KnownPages, PromptMemo
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, CreateCheck, Dummies, Resize
 from kvpool.cache.rollback import attach_prefix_or_undo
@@ -202,7 +202,7 @@ class KVCacheManager:
         for tokens that are not token ids or a bad `num_tokens`."""
         n = as_position(num_tokens, "can_create's num_tokens")
         hashes: list[int] = []
-        known = None
+        known: dict[int, KnownPages] = {}
         if self.enable_reuse and tokens is not None:
             items = tokens if type(tokens) is array else as_list(tokens, "can_create's tokens")
             if type(items) is not array and any(type(t) is bool for t in items):  # a scheduler passes an int64 array
@@ -213,7 +213,7 @@ class KVCacheManager:
                 hashes, known = self._prompts.digests(
                     ids, tpb, self._seed_of(salt), (len(ids) - 1) // tpb, self.pools, self._chain
                 )
-        return prefix.create_check(self.tables, hashes, known, self.tier, n)
+        return prefix.create_check(self.tables, hashes, self._prompts, known, self.tier, n)
 
     def free(self, rid: int) -> None:
         """Release every page of `rid` (cached content stays reusable until

@@ -23,7 +23,9 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Sequence
 from itertools import islice, takewhile
-from typing import NamedTuple
+from typing import NamedTuple, cast
+
+import numpy as np
 
 from kvpool.cache.events import CacheUsageError
 from kvpool.cache.hashing import extend_hashes
@@ -128,44 +130,66 @@ def onboard_fits(t: PageTables, hashes: Sequence[int], k: int) -> bool:
     return True
 
 
-SPARE_WALK = 4096  # LRU pages `create_check` looks at for `spare`: more than a few decode runs take
+SPARE_WALK = 1024  # LRU pages `create_check` looks at for `spare`: more than a few decode runs take
 
 
 def create_check(
-    t: PageTables, hashes: Sequence[int], known: dict[int, KnownPages] | None, tier: ColdTier | None, positions: int
+    t: PageTables,
+    hashes: Sequence[int],
+    memo: PromptMemo,
+    known: dict[int, KnownPages],
+    tier: ColdTier | None,
+    positions: int,
 ) -> CreateCheck:
-    """`KVCacheManager.can_create`: the longest hit of `hashes` and whether
-    the pools hold it and `positions` more positions after it. A hit takes
-    from each group's free count its cached pages that no request owns (they
-    leave the LRU) and fresh pages for the digests only a cold tier holds
-    (`claim`), as vLLM counts a hit before it allocates
-    (`get_num_blocks_to_allocate`: evictable computed blocks count against
-    the free ones). `spare`: per store, the pages allocations can take (free
-    ones, then the LRU's oldest) and leave the request as short of pages as
-    it is (`_spare`). Changes nothing."""
+    """`KVCacheManager.can_create`: the longest hit of `hashes` (digested by
+    `memo`, which gave `known`) and whether the pools hold it and
+    `positions` more positions after it. A hit takes from each group's free
+    count its cached pages that no request owns (they leave the LRU) and
+    fresh pages for the digests only a cold tier holds (`claim`), as vLLM
+    counts a hit before it allocates (`get_num_blocks_to_allocate`: evictable
+    computed blocks count against the free ones). `spare` (when it does not
+    fit): per store, the pages allocations can take (free ones, then the
+    LRU's oldest) and leave the request as short of pages as it is
+    (`_spare`). Changes no page; the memo remembers the hit's pages, so that
+    `create` of the same prompt looks none up again."""
     k = longest_hit(t, hashes, known, tier) if hashes else 0
     tpb = t.tokens_per_block
     hit = k * tpb
     need = [0] * len(t.pools)  # by the first group of each store
     claimed: dict[str, int] = {}
-    evictable: dict[int, dict[int, int]] = {}  # by store: the hit's pages in the LRU -> their block index
+    found: dict[int, KnownPages] = {}  # never-stale groups: the hit's pages, for `create`
+    unowned: dict[int, list[tuple[int, int]]] = {}  # by store: (block, page) of the hit's pages in the LRU
     for gi, pool in enumerate(t.pools):
         taken = 0
         if k:
             first = k - 1 if t.is_state[gi] else stale_pages(t.groups[gi], hit)
-            pages = list(map(pool.cached.get, hashes[first:k]))
+            head = known.get(gi)  # (never-stale groups only: first is 0)
+            h = 0 if head is None else min(k, len(head.pages))
+            pages: list[int | None] = [
+                *(head.pages[:h] if head is not None else ()),
+                *map(pool.cached.get, hashes[first + h : k]),
+            ]
             ref = pool.ref
-            unowned = {p: first + i for i, p in enumerate(pages) if p is not None and not ref[p]}
-            evictable.setdefault(t.store_of[gi], {}).update(unowned)
-            taken = len(unowned) + pages.count(None)
+            free = [(first + i, p) for i, p in enumerate(pages) if p is not None and not ref[p]]
+            unowned.setdefault(t.store_of[gi], []).extend(free)
+            missing = pages.count(None)
+            taken = len(free) + missing
+            if t.never_stale[gi] and not t.is_state[gi] and not missing:
+                held = cast("list[int]", pages)
+                found[gi] = KnownPages(held, np.array(held, dtype=np.int32))
         if taken:
             claimed[pool.store.name] = claimed.get(pool.store.name, 0) + taken
         g = t.groups[gi]
         need[t.store_of[gi]] += taken + table_blocks(g, hit + positions) - table_blocks(g, hit)
+    memo.remember_hit(found, t.pools)
     short = {p.store.name: n - p.num_free for p, n in zip(t.pools, need, strict=True) if n > p.num_free}
+    if not short:
+        return CreateCheck(hit, short, claimed)
     tail = k - 1 if len(t.pools) == 1 else -1  # one group: evicting its hit's last page keeps it as short
     spare = {  # with a cold tier the hit depends on the free pages (`onboard_fits`): none spared
-        p.store.name: 0 if tier is not None else len(p.free_stack) + _spare(p, evictable.get(si, {}), tail)
+        p.store.name: 0
+        if tier is not None
+        else len(p.free_stack) + _spare(p, {page: b for b, page in unowned.get(si, ())}, tail)
         for si, p in enumerate(t.pools)
         if t.store_of[si] == si
     }

@@ -10,6 +10,11 @@ taken as they are, and only the rest is digested: the result is exactly
 `extend_hashes` from scratch. The digest objects are shared as well, which
 keeps the pools' hash-map hits cheap (a key found by identity is not compared).
 
+Prompts come back too: a preempted request is admitted again, a waiting
+one is asked about more than once. The digests of the last `RECENT` prompts
+are kept by one XXH3 (or BLAKE2b) digest of the prompt's bytes and its seed,
+so each prompt's pages are digested once while it is recent.
+
 The memo also keeps the pages the previous prompt's hit attached in each
 group whose pages never go stale. A pool's map sends a hash to one page until
 the pair is dropped (`PagePool.drops` counts drops; `store` never remaps a
@@ -20,12 +25,13 @@ and the shared part of the next hit needs no lookup at all.
 from __future__ import annotations
 
 from array import array
+from collections import OrderedDict
 from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from kvpool.cache.hashing import Chain, extend_hashes
+from kvpool.cache.hashing import MASK64, Chain, extend_hashes, page_digest
 from kvpool.cache.pool import PagePool
 
 __all__ = ["KnownPages", "PromptMemo"]
@@ -40,9 +46,13 @@ class KnownPages(NamedTuple):
     row: npt.NDArray[np.int32]
 
 
+RECENT = 256  # prompts whose digests are kept whole (about 3 KiB each for a 12k-token prompt)
+
+
 class PromptMemo:
     """Digests of the last prompt given to `digests`, and the pages its hit
-    found (`remember_hit`): one prompt, a bounded memory cost."""
+    found (`remember_hit`); the digests of the `RECENT` last prompts: a
+    bounded memory cost."""
 
     def __init__(self) -> None:
         self.seed = 0
@@ -50,6 +60,7 @@ class PromptMemo:
         self.hashes: list[int] = []
         self.pages: dict[int, KnownPages] = {}  # group index -> the pages the last hit attached
         self.drops: dict[int, int] = {}  # group index -> its pool's `drops` when they were remembered
+        self.recent: OrderedDict[tuple[int, int, int], list[int]] = OrderedDict()  # (seed, pages, bytes' digest)
 
     def digests(
         self,
@@ -77,7 +88,17 @@ class PromptMemo:
                 for gi, held in self.pages.items()
                 if pools[gi].drops == self.drops[gi]
             }
-        extend_hashes(out, ids, tokens_per_block, seed, num_blocks, chain)
+        if len(out) < num_blocks:
+            key = (seed, num_blocks, page_digest(ids[: num_blocks * tokens_per_block].tobytes(), seed & MASK64))
+            whole = self.recent.get(key)
+            if whole is None:
+                extend_hashes(out, ids, tokens_per_block, seed, num_blocks, chain)
+                self.recent[key] = out[:]
+                if len(self.recent) > RECENT:
+                    self.recent.popitem(last=False)
+            else:
+                out = whole[:]
+                self.recent.move_to_end(key)
         if num_blocks:
             self.seed, self.ids, self.hashes = seed, ids, out[:]
         self.pages = {}

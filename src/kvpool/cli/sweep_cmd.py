@@ -13,7 +13,7 @@ from typing import Any
 from kvpool.cli.common import positive_int, table
 from kvpool.cli.files import Content, check_output, grid_file, write_outputs
 from kvpool.errors import KvpoolError
-from kvpool.sim.executor import Bar, ray_available, run_all
+from kvpool.sim.serial_or_ray import Bar, ray_available, run_all
 from kvpool.sim.sweep import GridError, Point, best_shares, expand_grid, load_grid, rows_paths, rows_texts, run_point
 
 # A grid past this is a typo (each point is a whole simulation); refused before it is expanded.

@@ -28,7 +28,7 @@ from kvpool.deploy.simulation import SimulateKeywords
 from kvpool.errors import KvpoolError
 from kvpool.fleet import handoff_link
 from kvpool.fleet.metrics import Slo
-from kvpool.sim.executor import Bar, run_all
+from kvpool.sim.serial_or_ray import Bar, run_all
 
 DEFAULT_ROUTERS = ("kv", "round-robin")
 DEFAULT_TPS = (1, 2, 4, 8)

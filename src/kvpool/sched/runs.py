@@ -152,13 +152,17 @@ def advance_decodes(
         return None
     if on_extended is not None:
         on_extended()
-    finished = []
+    # the pages the run filled are offered in the order single steps fill them (pages of equal digests
+    # in two rows: the first to fill is stored, the other not): the row ahead first (it fills a shared
+    # page first), rows level in row order; finished rows too, before `finish` frees them
+    ended: set[int] = set()
     run = [token] * steps
-    for seq, _ in step.decodes:
+    rows_ = [seq for seq, _ in step.decodes]
+    for seq in sorted(rows_, key=lambda s: -s.num_computed):  # (stable)
         seq.num_computed += steps
         if append_tokens(seq, run, sched.limits.max_seq_len):
-            finished.append(seq)  # `finish` commits its pages
-        else:
-            sched.commit_filled(seq)  # the pages the run filled, as step-by-step updates would
+            ended.add(seq.rid)
+        sched.commit_filled(seq)
+    finished = [seq for seq in rows_ if seq.rid in ended]  # freed in row order, as `update` frees them
     sched.finish(finished)
     return finished

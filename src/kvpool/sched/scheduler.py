@@ -235,10 +235,22 @@ class Scheduler:
         even one token; nothing changed). Packing chunks this way fills the
         pools the way engines that admit until the pages run out do."""
         extra = self.limits.num_extra_kv_tokens
-        if self.manager.resize(rid, history + tokens + extra, history):
+        whole = self.manager.resize(rid, history + tokens + extra, history)
+        if whole:
             return tokens
-        # pages needed grow with the chunk: bisect on the manager's own answer
-        n = largest_fitting(1, tokens - 1, lambda m: bool(self.manager.resize(rid, history + m + extra, history)))
+
+        # pages needed grow with the chunk: bisect on the manager's own answer. A group's live pages
+        # at a fixed history grow by one per tpb positions, so the chunk shorter by the most pages a
+        # group lacked fits, and one tpb longer does not: the answer is within tpb of it
+        def fits(m: int) -> bool:
+            return bool(self.manager.resize(rid, history + m + extra, history))
+
+        tpb = self.manager.spec.tokens_per_block
+        lo = tokens - max(whole.short.values()) * tpb
+        if lo > 0 and fits(lo):
+            n = largest_fitting(lo, min(lo + tpb - 1, tokens - 1), fits)
+        else:  # (a state slot, a shared pool: the manager's answer decides)
+            n = largest_fitting(1, (lo if lo > 0 else tokens) - 1, fits)
         if n > 0 and not self.manager.resize(rid, history + n + extra, history):  # pragma: no cover
             return 0
         return max(n, 0)

@@ -34,7 +34,7 @@ class Sequence:
     """
 
     rid: int
-    prompt_ids: list[int]
+    prompt_ids: list[int] | array[int]  # a list, or int64 ids the caller packed (`array("q")`, not changed after)
     max_new_tokens: int
     eos_token_id: int | tuple[int, ...] | None = None  # one stop id or several (Llama 3 lists 3)
     arrival_s: float = 0.0
@@ -67,7 +67,7 @@ class Sequence:
     def all_ids(self) -> list[int]:
         """Prompt then output token ids, a new list (`token_ids` is the same
         ids kept packed)."""
-        return self.prompt_ids + self.output_ids
+        return [*self.prompt_ids, *self.output_ids]
 
     @property
     def token_ids(self) -> array[int]:

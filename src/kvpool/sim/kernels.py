@@ -36,7 +36,7 @@ import numpy as np
 
 from kvpool.errors import KvpoolError
 from kvpool.sim.fp4_experts import Fp4Experts
-from kvpool.sim.shapes import Gemm
+from kvpool.sim.matmuls import Gemm
 
 Num = Any  # a float, or a NumPy array of them (a run of steps priced at once)
 

@@ -84,7 +84,7 @@ class SimResult:
     captured: int = 0
     skipped: int = 0
     reuse_hit_rate: float = 0.0  # the manager's: reused / looked-up tokens over every lookup
-    prompt_hit_rate: float = 0.0  # prompt tokens a prefix hit covered at each request's first admission
+    prompt_hit_rate: float = 0.0  # of finished requests' prompt tokens, those a hit covered at their first admission
     wall_s: float = 0.0
     end_used: dict[str, int] = field(default_factory=dict)  # pages used after the last request
     reserved: dict[str, int] = field(default_factory=dict)  # of which padding reservations

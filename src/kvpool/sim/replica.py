@@ -233,6 +233,7 @@ class Replica:
         if step is None:  # pragma: no cover - has_work() was checked
             return
         self.rejected += len(step.rejected)
+        self.tally.reject(step.rejected)
         if step.is_empty:
             self._idle_steps += 1
             if self._idle_steps > 2:

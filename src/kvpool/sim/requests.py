@@ -12,6 +12,7 @@ length matters).
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,13 +44,19 @@ class TraceRequest:
 
     def prompt_ids(self) -> list[int]:
         """Synthetic prompt token ids (see the module docstring)."""
-        n = self.prompt_len
+        return self.prompt_array().tolist()
+
+    def prompt_array(self) -> array[int]:
+        """`prompt_ids` packed as int64 (`array("q")`), what a `Sequence` keeps."""
+        out = array("q")
         if self.hash_ids is None:
-            return [0] * n
+            out.frombytes(bytes(8 * self.prompt_len))
+            return out
         block = self.hash_block_tokens
         ids = np.asarray(self.hash_ids, dtype=np.int64)
         tokens = (ids[:, None] * block + np.arange(block, dtype=np.int64)[None, :]).ravel()
-        return list(tokens[:n].tolist())
+        out.frombytes(tokens[: self.prompt_len].tobytes())
+        return out
 
     def sequence(self, arrival_s: float, max_seq_len: int) -> Sequence | None:
         """The request as a Sequence, its output capped so prompt + output ≤
@@ -58,7 +65,7 @@ class TraceRequest:
         if self.prompt_len >= max_seq_len:
             return None
         out = min(self.output_len, max_seq_len - self.prompt_len)
-        return Sequence(rid=self.rid, prompt_ids=self.prompt_ids(), max_new_tokens=out, arrival_s=arrival_s)
+        return Sequence(rid=self.rid, prompt_ids=self.prompt_array(), max_new_tokens=out, arrival_s=arrival_s)
 
 
 def prompt_ids(trace: Trace, i: int) -> list[int]:

@@ -12,7 +12,7 @@ other, so its GPU time is the **sum** of its parts:
            launching kernels one by one is the bound when the GPU is faster)
 
 - **matmuls**: every token passes every dense multiply of its rank
-  (`sim/shapes.py`, from the checkpoint's own tensor list); the rows that
+  (`sim/matmuls.py`, from the checkpoint's own tensor list); the rows that
   sample (decode rows and drafts, one per prefill chunk) pass the lm_head.
 - **routed experts**: per MoE layer, the experts the step's T tokens touch,
   E (1 - (1 - k/E)^T) of them, each streaming its weights and computing whole
@@ -54,7 +54,7 @@ from kvpool.sched import Step
 from kvpool.sim.calibration import for_gpu
 from kvpool.sim.fp4_experts import fp4_experts
 from kvpool.sim.kernels import Calibration, Kernels
-from kvpool.sim.shapes import Shapes, model_shapes
+from kvpool.sim.matmuls import Shapes, model_shapes
 from kvpool.spec import LayerGroup, ModelSpec
 from kvpool.spec.families import head_dim, split_heads
 
@@ -384,10 +384,10 @@ class StepTimeModel:
             if g.group.rule.per_request:
                 attention = attention + k.decode_attention(2.0 * g.state_bytes * requests, 0.0, layers)
                 continue
-            if np.any(pairs):
+            if _some(pairs):
                 written = g.row_bytes * (read + self.written(g, tokens))
                 attention = attention + k.decode_attention(written, g.flops_per_pair * pairs, layers)
-            if np.any(chunk):
+            if _some(chunk):
                 attention = attention + k.prefill_attention(g.flops_per_pair * chunk, layers)
         elementwise = k.elementwise(tokens, sh.hidden, self.num_layers)
         allreduce = k.allreduce(tokens, sh.hidden, self.tp, 2 * self.num_layers)
@@ -396,6 +396,11 @@ class StepTimeModel:
         floor = cal.step_floor_s + cal.row_s * requests
         busy = gpu if graph else np.maximum(gpu, cal.launch_s * self.eager_launches)
         return StepCost(matmul, experts, attention, elementwise, allreduce, busy - gpu + floor, busy + floor)
+
+
+def _some(x: Any) -> bool:
+    """Whether a figure (a float, or an array over a run of steps) is not all zero."""
+    return bool(x) if type(x) is float else bool(np.any(x))
 
 
 def expert_storage(config: Any, shapes: Shapes) -> tuple[float, float] | None:

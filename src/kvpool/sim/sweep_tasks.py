@@ -1,5 +1,5 @@
 """`simulate --sweep-ratio ... --workers N`: the sweep's splits as tasks for
-`kvpool.sim.executor` (Ray when installed, else serial). Each task carries
+`kvpool.sim.serial_or_ray` (Ray when installed, else serial). Each task carries
 its plan, trace and step model, and returns the run or the reason it could
 not run, so that results come back in share order, as a serial loop's would."""
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan, ServingLimits
-from kvpool.sim.executor import Bar, run_all
 from kvpool.sim.metrics import SimResult
 from kvpool.sim.policies import plan_for, ratio_policy
+from kvpool.sim.serial_or_ray import Bar, run_all
 from kvpool.sim.simulator import simulate
 from kvpool.sim.steptime import StepTimeModel
 from kvpool.spec import ModelSpec

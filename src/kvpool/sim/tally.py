@@ -32,17 +32,22 @@ class Tally:
     tpot: list[float] = field(default_factory=list)
     records: list[RequestRecord] = field(default_factory=list)
     hits: dict[int, int] = field(default_factory=dict)  # requests seen in a prefill: their first prefix hit
-    prompt_tokens: int = 0  # their prompts' tokens, and those a prefix hit covered at their first admission
+    prompt_tokens: int = 0  # the finished requests' prompt tokens, and those a hit covered at their first admission
     prompt_hits: int = 0
 
     def admit(self, step: Step) -> None:
         """Each request's first prefill chunk starts where its prefix hit ended
-        (a recomputed request's later lookups, which find its own pages, do not count)."""
+        (a recomputed request's later lookups, which find its own pages, do
+        not count); it counts when the request finishes (`finish`)."""
         for s, start, _ in step.prefills:
             if s.rid not in self.hits:
                 self.hits[s.rid] = start
-                self.prompt_tokens += s.prompt_len
-                self.prompt_hits += start
+
+    def reject(self, rejected: list[Sequence]) -> None:
+        """Requests rejected after their admission (alone, they still did not
+        fit) drop out: the hit rate is that of the prompts served."""
+        for s in rejected:
+            self.hits.pop(s.rid, None)
 
     def count(self, sched: Scheduler, step: Step, n: int = 1) -> None:
         """`n` steps shaped like `step` ran."""
@@ -63,6 +68,9 @@ class Tally:
             s.finish_s = self.last_finish = now
             self.finished += 1
             self.out_tokens += len(s.output_ids)
+            hit = self.hits.pop(s.rid, 0)
+            self.prompt_tokens += s.prompt_len
+            self.prompt_hits += hit
             if s.first_token_s is None:  # pragma: no cover - a finished request sampled a token
                 continue
             self.ttft.append(s.first_token_s - s.arrival_s)
@@ -71,7 +79,7 @@ class Tally:
             self.records.append(
                 RequestRecord(
                     s.rid, s.arrival_s, s.first_token_s, now, s.prompt_len, len(s.output_ids),
-                    self.hits.pop(s.rid, 0), s.num_preemptions,
+                    hit, s.num_preemptions,
                 )
             )  # fmt: skip
 
