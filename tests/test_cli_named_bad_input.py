@@ -1,4 +1,4 @@
-"""The bad inputs of issue 31 that no flag's type describes, one test per class:
+"""The bad inputs that no flag's type describes, one test per class:
 values that only fail against the model (--tp, --max-seq-len), absurd sizes,
 devices, flags that mean nothing without another, broken configs and grids,
 closed stdout, `~` without a home, and outputs that must never be left half

@@ -1,5 +1,5 @@
 """Every `$ kvpool ...` line of a ```console example in README.md and docs/*.md
-runs and exits 0 (issue 12, defect 7); each output line shown without an
+runs and exits 0; each output line shown without an
 elision (`...` or `…`) appears in the real output, spaces collapsed.
 
 `generate` examples need torch (and a downloaded model for `--model`): they

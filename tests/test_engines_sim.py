@@ -47,7 +47,7 @@ def test_sglang_and_trtllm_pools_become_pages() -> None:
 
 
 def test_trtllm_policy_sizes_pools_as_v2_gemma4() -> None:
-    # issue 26: V2 gives gemma-4-26b-a4b fp8 at 60 GiB sliding 15,728 / full 39,321 slots (V1 splits by window)
+    # TensorRT-LLM V2 gives gemma-4-26b-a4b fp8 at 60 GiB sliding 15,728 / full 39,321 slots (V1 splits by window)
     spec = load_model_spec("gemma-4-26b-a4b", kv_dtype="fp8", max_seq_len=32768)
     lim = ServingLimits(max_seq_len=32768, max_batch_size=256)
     plan = plan_for(spec, lim, "engine:trtllm", kv_memory_bytes=60 * GiB, trace=TRACE).plan

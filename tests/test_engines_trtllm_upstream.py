@@ -13,14 +13,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpool.engines import trtllm, trtllm_v2
+from kvpool.engines import trtllm, trtllm_v2, trtllm_v2_executor
+from kvpool.engines import trtllm_v2_storage as storage
 from kvpool.engines.trtllm_v2 import V2Options
 from kvpool.errors import LimitsError
 from kvpool.plan import ServingLimits
+from kvpool.spec import LayerGroup
 from plan_helpers import group, hybrid, model
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -33,7 +36,7 @@ def _batch(rows: list[list[int]]) -> tuple[tuple[int, int], ...]:
 
 @pytest.mark.parametrize("case", DATA["executor_batches"], ids=lambda c: c["source"].rsplit("::", 1)[1])
 def test_executor_typical_step_and_constraints(case: dict[str, Any]) -> None:
-    typical, constraints = trtllm_v2.executor_batches(**case["inputs"])
+    typical, constraints = trtllm_v2_executor.executor_batches(**case["inputs"])
     expected = case["typical_step"]
     assert typical == (None if expected is None else _batch(expected))
     if case.get("constraints") is not None:
@@ -45,7 +48,7 @@ def test_executor_typical_step_and_constraints(case: dict[str, Any]) -> None:
 def test_executor_refuses_avg_seq_len_past_max_seq_len() -> None:
     case = DATA["avg_seq_len_too_long"]
     with pytest.raises(LimitsError, match=case["raises_mentioning"]):
-        trtllm_v2.executor_batches(**case["inputs"])
+        trtllm_v2_executor.executor_batches(**case["inputs"])
 
 
 def test_ssm_only_pool_holds_quota_over_slot() -> None:
@@ -95,7 +98,7 @@ def test_executor_test_manager_floors_and_slots() -> None:
     # block, GPU quota 1 GiB, B 3, L 1024, N 2048, d 2, S 1024. Constraint A holds 1024 / 128 = 8 + 1 + 1 = 10
     # slots, B 2048 / 128 = 16; scaled by 1 / 0.95f: 11 and 17, so the floor is 17. One pool group takes the
     # whole quota: 1 GiB at 2 MiB grains / (128 x 128 B) = 65,536 slots.
-    typical, constraints = trtllm_v2.executor_batches(
+    typical, constraints = trtllm_v2_executor.executor_batches(
         max_batch_size=3, max_seq_len=1024, max_num_tokens=2048, max_draft_len=2, avg_seq_len=1024
     )
     spec = model(group("full", row_bytes=128, tpb=128))
@@ -124,7 +127,7 @@ def test_typical_step_at_max_seq_len_starves_the_sliding_pool() -> None:
     # at S = L: [(8192, 0)] + 255 x [(8192, 8191)]: full 256 x 256 x 5 = 327,680; sliding
     # (256 + 255 x (256 - (8192 - 1024) // 32)) x 25 = (256 + 255 x 32) x 25 = 210,400 -> full 60.9 %.
     spec = hybrid(full_row=5 * 256 * 1024, sliding_row=25 * 256 * 1024, window=1024)
-    typical, constraints = trtllm_v2.executor_batches(
+    typical, constraints = trtllm_v2_executor.executor_batches(
         max_batch_size=256, max_seq_len=8192, max_num_tokens=8192, avg_seq_len=8192
     )
 
@@ -166,22 +169,24 @@ def test_max_tokens_caps_the_quota() -> None:
 def test_deepseek_v4_windows_widened_by_the_draft_length() -> None:
     # deepseek_v4/cache_manager.py _get_window_size: SWA W + d; compressor state factor x ratio + d with
     # factor 2 for the overlapping ratio-4 compressor; the compressed cache has no window
-    assert trtllm_v2.deepseek_v4_window("swa", 1, 128, 3) == 131
-    assert trtllm_v2.deepseek_v4_window("compressor", 4, 128, 3) == 11
-    assert trtllm_v2.deepseek_v4_window("compressor", 128, 128, 0) == 128
-    assert trtllm_v2.deepseek_v4_window("compress", 4, 128, 3) is None
+    assert trtllm_v2_executor.deepseek_v4_window("swa", 1, 128, 3) == 131
+    assert trtllm_v2_executor.deepseek_v4_window("compressor", 4, 128, 3) == 11
+    assert trtllm_v2_executor.deepseek_v4_window("compressor", 128, 128, 0) == 128
+    assert trtllm_v2_executor.deepseek_v4_window("compress", 4, 128, 3) is None
     with pytest.raises(LimitsError):
-        trtllm_v2.deepseek_v4_window("indexer", 4, 128, 3)
+        trtllm_v2_executor.deepseek_v4_window("indexer", 4, 128, 3)
 
 
 def test_deepseek_v4_batches_default_to_max_seq_len() -> None:
     # test_typical_seq_len_preserves_deepseek_v4_fallback: no avg_seq_len -> max_seq_len, 256 -> 256
-    typical, constraints = trtllm_v2.deepseek_v4_batches(
+    typical, constraints = trtllm_v2_executor.deepseek_v4_batches(
         max_batch_size=3, max_seq_len=1024, max_num_tokens=2048, max_draft_len=2
     )
     assert typical == ((2048, 0), (1024, 1021), (1024, 1021))
     assert constraints == (((1024, 1023),), ((2048, 0),))
-    typical, _ = trtllm_v2.deepseek_v4_batches(max_batch_size=2, max_seq_len=1024, max_draft_len=2, avg_seq_len=256)
+    typical, _ = trtllm_v2_executor.deepseek_v4_batches(
+        max_batch_size=2, max_seq_len=1024, max_draft_len=2, avg_seq_len=256
+    )
     assert typical == ((256, 0), (256, 253))
 
 
@@ -201,7 +206,7 @@ def test_window_extra_widens_sliding_slots() -> None:
     quota=st.integers(64 * MiB, 64 * GiB),
 )
 def test_constraint_floors_hold_every_constraint(b: int, length: int, util: float, quota: int) -> None:
-    typical, constraints = trtllm_v2.executor_batches(
+    typical, constraints = trtllm_v2_executor.executor_batches(
         max_batch_size=b, max_seq_len=length, max_num_tokens=2048, avg_seq_len=length // 2
     )
     spec = hybrid(full_row=1024, sliding_row=4096, window=512)
@@ -225,7 +230,7 @@ def test_v2_typical_manager_uses_the_executor_batches() -> None:
     lim = ServingLimits(max_seq_len=1024, max_batch_size=3, max_num_tokens=2048, max_draft_len=2, avg_seq_len=1024)
     report = trtllm.allocate(spec, lim, GiB, manager="v2-typical")
     assert "typical step" in report.version_modelled and report.group_pages == {"full": 65_536}
-    assert trtllm_v2.options_for(lim, avg_seq_len=1024).constraints[0][1:] == ((3, 0), (3, 0))
+    assert trtllm_v2_executor.options_for(lim, avg_seq_len=1024).constraints[0][1:] == ((3, 0), (3, 0))
     with pytest.raises(LimitsError, match="avg_seq_len"):
         trtllm.allocate(spec, ServingLimits(max_seq_len=1024), GiB, manager="v2-typical")
 
@@ -244,3 +249,67 @@ def test_pool_ratio_replaces_the_ratio_and_is_checked() -> None:
             V2Options(pool_ratio=bad)
     with pytest.raises(LimitsError, match="life cycles"):
         trtllm_v2.size(spec, GiB, V2Options(pool_ratio=(1.0,)))
+
+
+def test_block_quant_buffers_are_two_pools_of_one_pool_group() -> None:
+    # test_storage_manager.py: 2 layers of K = V = 8192 B and two 512 B block-quant buffers per block coalesce
+    # into one life cycle, one pool group, pools [2 x 2 x 8192, 2 x 2 x 512] (largest first)
+    case = DATA["block_quant_two_pools"]
+    inputs, tpb = case["inputs"], case["inputs"]["tokens_per_block"]
+    kv, bq = inputs["kv_buf_size"] // tpb, inputs["block_quant_buf_size"] // tpb
+    layers = tuple(range(inputs["layers"]))
+    g = LayerGroup("full", "full", layers, tpb, row_bytes=(2 * kv + 2 * bq) * len(layers), buffers=(kv, kv, bq, bq))
+    spec = model(g)
+    cycles = storage.life_cycles(spec)
+    assert len(cycles) == case["life_cycles"]
+    assert list(storage.pool_groups(cycles)) == [tuple(case["slot_sizes"])]
+
+
+@pytest.mark.parametrize("case", DATA["cold_codec_hot_slots"], ids=lambda c: c["source"].rsplit("::", 1)[1])
+def test_hot_pool_groups_of_the_cold_codec_tests(case: dict[str, Any]) -> None:
+    # one KEY buffer per layer of key_bytes per block; initial_pool_ratio, one constraint, max_util_for_resume 1.0:
+    # the hot tier's slot count of each layer's pool group is the test's `total`
+    inputs = case["inputs"]
+    tpb = inputs["tokens_per_block"]
+    groups = tuple(
+        LayerGroup(
+            f"l{i}",
+            "full" if w is None else "sliding",
+            (i,),
+            tpb,
+            row_bytes=key // tpb,
+            window=w,
+            buffers=(key // tpb,),
+        )
+        for i, (key, w) in enumerate(zip(inputs["key_bytes"], inputs["windows"], strict=True))
+    )
+    options = V2Options(
+        constraints=(_batch(inputs["constraint"]),),
+        pool_ratio=tuple(inputs["initial_pool_ratio"]),
+        max_util_for_resume=inputs["max_util_for_resume"],
+    )
+    sizing = trtllm_v2.size(model(*groups), inputs["gpu_quota"], options)
+    slots = {name: n for names, _, _, _, n in sizing.pool_groups for name in names}
+    assert [slots[g.name] for g in groups] == case["hot_totals_by_layer"]
+
+
+def test_water_filling_keeps_every_floor_at_the_floors_quota() -> None:
+    # ratio_to_slot_count_list at exactly the grains the floors take: every pool group keeps its floor
+    case = DATA["ratio_to_slot_count_list_preserves_min_slots"]["inputs"]
+    gran, floors = case["granularity"], case["min_slots"]
+    sizes = [tuple(s) for s in case["slot_size_lists"]]
+    total = sum(storage.grains_for_slots(f, s, gran) for f, s in zip(floors, sizes, strict=True))
+    ratio = [np.float32(r) for r in case["ratio_list"]]
+    slots = storage.water_fill(total, gran, sizes, ratio, floors)
+    assert all(n >= f for n, f in zip(slots, floors, strict=True))
+    assert sum(storage.grains_for_slots(n, s, gran) for n, s in zip(slots, sizes, strict=True)) <= total
+
+
+def test_grains_to_slots_refines_the_proportional_split() -> None:
+    # the grains of 157 slots split over two pools by size alone hold fewer than 157; the refinement restores them
+    case = DATA["grains_to_slots_refines_proportional_lower_bound"]["inputs"]
+    gran, sizes, floor = case["granularity"], tuple(case["slot_size_list"]), case["min_slots"]
+    grains = storage.grains_for_slots(floor, sizes, gran)
+    slots, used = storage.grains_to_slots(grains, sizes, gran)
+    assert slots >= floor and used <= grains
+    assert storage.grains_for_slots(slots + 1, sizes, gran) > grains

@@ -9,7 +9,11 @@ tests/engines_truth/vllm_kv_runner.py):
 - `hash="vllm:sha256_cbor"` (default seed, and PYTHONHASHSEED) and
   `"vllm:xxhash_cbor"` (PYTHONHASHSEED) give vLLM's request block hasher's
   hashes on 1,200 random (prompt, page size, salt) cases, and the events carry
-  them as vLLM's external hashes.
+  them as vLLM's external hashes;
+- with lookahead digests (`hash_lookahead=L`, vLLM 0.33's
+  `num_hash_lookahead_tokens`) the batches decode with vLLM 0.33's classes,
+  `lookahead_token_ids` naming the ids after each block, and the hashes equal
+  vLLM 0.33's hasher of that lookahead.
 
 Skipped without the side venv, required with KVPOOL_ENGINES_REQUIRED=1.
 """
@@ -81,13 +85,15 @@ def run_vllm(version: str, job: dict[str, Any], tmp: Path) -> dict[str, Any]:
 SALTS: list[Any] = [None, "tenant-a", ReuseScope("tenant-a", "adapter-1"), ReuseScope(lora="adapter-2"), 5]
 
 
-def published(wire: str) -> tuple[list[bytes], list[list[Any]]]:
+def published(wire: str, lookahead: int = 0) -> tuple[list[bytes], list[list[Any]]]:
     """Every payload a kvpool publisher sends on a hybrid, tiered, salted
-    workload (from its replay socket), and the events it meant (wire_events)."""
+    workload (from its replay socket), and the events it meant (wire_events);
+    `lookahead`: the manager's `hash_lookahead`."""
     spec = hybrid_spec(tpb=TPB, window=48)
     plan = PoolPlan.from_pages(spec, {"full": 24, "sliding": 24, "linear_state": 6}, ServingLimits(max_seq_len=2048))
     page = sum(g.slot_bytes for g in spec.groups)
-    m = KVCacheManager(plan, tiers=[TierSpec("CPU", 12 * page), TierSpec("DISK", 12 * page)], state_snapshots=True)
+    tiers = [TierSpec("CPU", 12 * page), TierSpec("DISK", 12 * page)]
+    m = KVCacheManager(plan, tiers=tiers, state_snapshots=True, hash_lookahead=lookahead)
     rng = random.Random(11)
     meant: list[list[Any]] = []
     ctx = zmq.Context.instance()
@@ -156,7 +162,12 @@ def vllm(request: pytest.FixtureRequest, job: dict[str, Any], tmp_path_factory: 
 
 def test_every_batch_kvpool_publishes_decodes_with_vllms_classes(vllm: Any) -> None:
     job, answer = vllm
-    for (wire, (_, meant)), decoded in zip(job["payloads"].items(), answer["decode"], strict=True):
+    assert_decoded_as_meant(job["payloads"], answer["decode"])
+
+
+def assert_decoded_as_meant(payloads: dict[str, Any], decoded_jobs: list[Any]) -> None:
+    """Every batch vLLM decoded holds the events kvpool meant, field by field (vLLM's defaults elsewhere)."""
+    for (wire, (_, meant)), decoded in zip(payloads.items(), decoded_jobs, strict=True):
         assert len(decoded) == len(meant) > 10
         kinds = set()
         for batch, events in zip(decoded, meant, strict=True):
@@ -192,6 +203,7 @@ def hash_cases(count: int, seed: int) -> list[dict[str, Any]]:
                 "block_size": rng.choice([16, 32, 64]),
                 "prompt": prompt,
                 "salt": salt,
+                "lookahead": 0,
             }
         )
     return out
@@ -213,7 +225,7 @@ def kvpool_hashes(case: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> tupl
         monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     else:
         monkeypatch.setenv("PYTHONHASHSEED", case["seed"])
-    m = KVCacheManager(plan_of(case["block_size"]), hash=f"vllm:{case['algorithm']}")
+    m = KVCacheManager(plan_of(case["block_size"]), hash=f"vllm:{case['algorithm']}", hash_lookahead=case["lookahead"])
     prompt = case["prompt"]
     m.create(0, prompt, salt=case["salt"])
     assert m.resize(0, len(prompt), len(prompt))
@@ -248,3 +260,35 @@ def test_xxhash_cbor_without_a_shared_seed_is_refused(monkeypatch: pytest.Monkey
         m.create(0, [1, 2, 3], salt=7)
     with pytest.raises(CacheUsageError, match="LoRA"):
         m.create(1, [1, 2, 3], salt=ReuseScope("t", "adapter"))
+
+
+# ----------------------------------------------------------------------------- lookahead hashes (vLLM 0.33)
+
+
+def test_lookahead_events_and_hashes_are_vllm_0_33s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`hash_lookahead=L`: every batch decodes with vLLM 0.33's classes with `lookahead_token_ids` as meant,
+    each block's L ids are the ids after it, and `hash="vllm:..."` equals vLLM 0.33's block hasher of
+    `num_hash_lookahead_tokens=L` (EAGLE: 1, MTP: the draft length)."""
+    side_python("vllm-0.33")
+    payloads = {wire: published(wire, lookahead=2) for wire in ("map", "array")}
+    cases = [dict(case, lookahead=1 + i % 3) for i, case in enumerate(hash_cases(240, seed=39))]
+    job = {"decode": [{"wire": w, "payloads": [p.hex() for p in payloads[w][0]]} for w in payloads], "hash": cases}
+    answer = run_vllm("vllm-0.33", job, tmp_path)
+    assert_decoded_as_meant(payloads, answer["decode"])
+    stored = [e for batch in answer["decode"][0] for e in batch["events"] if e["type"] == "BlockStored"]
+    assert stored and all(len(e["lookahead_token_ids"]) == len(e["block_hashes"]) for e in stored)
+    follows = 0
+    for e in stored:
+        size, ids, ahead = e["block_size"], e["token_ids"], e["lookahead_token_ids"]
+        assert all(len(a) == 2 for a in ahead)
+        for i in range(len(e["block_hashes"]) - 1):  # within a run, block i's lookahead opens block i + 1
+            assert ahead[i] == ids[(i + 1) * size : (i + 1) * size + 2]
+            follows += 1
+    assert follows > 10
+    blocks = 0
+    for case, theirs in zip(cases, answer["hash"], strict=True):
+        digests, external = kvpool_hashes(case, monkeypatch)
+        assert [d.to_bytes(len(theirs[0]) // 2, "big").hex() for d in digests] == theirs, case
+        assert external == [int(h, 16) & MASK64 for h in theirs]
+        blocks += len(theirs)
+    assert blocks > 400

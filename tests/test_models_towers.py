@@ -1,4 +1,4 @@
-"""Vision towers are counted (issue 30: Gemma 3's SigLIP tower was missing from the
+"""Vision towers are counted (Gemma 3's SigLIP tower was once missing from the
 weights, ~0.8 GiB of KV promised that is not there), and a tower kvpool has no
 formula for is refused by name. Expected totals are the published parameter counts."""
 

@@ -1,5 +1,5 @@
-"""What an infeasible or ratio-forced plan says it is short of (issue 12,
-defects 4 and 5): the true pages missing, derived here by hand."""
+"""What an infeasible or ratio-forced plan says it is short of: the true pages
+missing, derived here by hand."""
 
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ Reads one JSON object on stdin and writes one on stdout:
 - `hash`: [{"algorithm", "block_size", "prompt", "salt", "seed"}]: the block
   hashes vLLM's request block hasher (`get_request_block_hasher` after
   `init_none_hash`, PYTHONHASHSEED set to `seed` when given) gives a
-  `vllm.v1.request.Request` with that prompt and `cache_salt`, as hex bytes.
+  `vllm.v1.request.Request` with that prompt and `cache_salt`, as hex bytes
+  (with `"lookahead": L`, vLLM 0.33's hasher of `num_hash_lookahead_tokens=L`).
 
 Only the inputs are ours; every decoded value and every hash is vLLM's.
 """
@@ -97,7 +98,11 @@ def hashes(cases: list[dict[str, Any]]) -> list[list[str]]:
             sampling_params=SamplingParams(max_tokens=1),
             pooling_params=None,
             cache_salt=case["salt"],
-            block_hasher=ku.get_request_block_hasher(case["block_size"], fn),
+            block_hasher=(
+                ku.get_request_block_hasher(case["block_size"], fn, case["lookahead"])
+                if case.get("lookahead")  # vLLM 0.33's num_hash_lookahead_tokens
+                else ku.get_request_block_hasher(case["block_size"], fn)
+            ),
         )
         out.append([bytes(h).hex() for h in request.block_hashes])
     return out

@@ -28,7 +28,9 @@ class CacheEvent(NamedTuple):
     tier's slot. A stored event also carries the page's own token ids
     (`token_ids`, `tokens_per_block` of them; a snapshot's are its last page's)
     and the reuse scope they were hashed under (`salt`), so that a router can
-    key on the tokens as llm-d's and Dynamo's indexers do.
+    key on the tokens as llm-d's and Dynamo's indexers do; with lookahead
+    digests (`KVCacheManager(hash_lookahead=L)`) `lookahead` holds the L ids
+    after the page that its digest covers (vLLM 0.33's `lookahead_token_ids`).
     """
 
     kind: Literal["stored", "removed"]
@@ -41,13 +43,15 @@ class CacheEvent(NamedTuple):
     medium: str = "GPU"
     token_ids: tuple[int, ...] = ()
     salt: object = None
+    lookahead: tuple[int, ...] = ()
 
 
 # ("stored", group, hashes, parent of hashes[0], pages, num_tokens, source_page, medium, ids, salt):
 # page i holds hashes[i], its parent is hashes[i - 1], `ids` are the pages' token ids one page after
 # the other (or None where the store carries none: a cold tier moves digests, not pages), `salt` the
-# scope they were hashed under; a cold tier's record ends after `medium`, the GPU's older form after
-# `source_page`. ("removed", group, hashes, pages[, medium]).
+# scope they were hashed under, then (lookahead digests only) how many ids after the last page `ids`
+# also holds; a cold tier's record ends after `medium`, the GPU's older form after `source_page`.
+# ("removed", group, hashes, pages[, medium]).
 StoredRun: TypeAlias = tuple[Literal["stored"], str, list[int], int | None, list[int], int, int | None]
 RemovedRun: TypeAlias = tuple[Literal["removed"], str, list[int], list[int]]
 StoredRunIn: TypeAlias = tuple[Literal["stored"], str, list[int], int | None, list[int], int, int | None, str]
@@ -73,13 +77,16 @@ class BlockBook:
     def __len__(self) -> int:
         return len(self.blocks)
 
-    def hold(self, digest: int, ids: Sequence[int], parent: int | None, salt: object) -> list[Any]:
-        """One more holder of `digest`; its entry (ids and parent known before win)."""
+    def hold(
+        self, digest: int, ids: Sequence[int], parent: int | None, salt: object, ahead: Sequence[int] = ()
+    ) -> list[Any]:
+        """One more holder of `digest`; its entry [ids, parent, salt, holders,
+        lookahead ids] (ids and parent known before win)."""
         entry = self.blocks.get(digest)
         if entry is None:
-            entry = self.blocks[digest] = [ids, parent, salt, 0]
+            entry = self.blocks[digest] = [ids, parent, salt, 0, ahead]
         elif not entry[0] and ids:
-            entry[0], entry[1], entry[2] = ids, parent, salt
+            entry[0], entry[1], entry[2], entry[4] = ids, parent, salt, ahead
         entry[3] += 1
         return entry
 
@@ -119,20 +126,23 @@ def expand(records: Iterable[EventRecord], book: BlockBook | None = None) -> lis
     for rec in records:
         if rec[0] == "stored":
             group, hashes, parent, pages, num_tokens, source = rec[1:7]
-            tail: tuple[Any, ...] = rec[7:]  # a cold tier's medium; the GPU's ids and salt
-            medium, ids, salt = tail + ("GPU", None, None)[len(tail) :]
+            tail: tuple[Any, ...] = rec[7:]  # a cold tier's medium; the GPU's ids, salt and lookahead
+            medium, ids, salt, ahead = tail + ("GPU", None, None, 0)[len(tail) :]
             up = None if parent is None else as_signed(parent)
-            width = len(ids) // len(hashes) if ids else 0
+            width = (len(ids) - ahead) // len(hashes) if ids else 0
             for i, (h, page) in enumerate(zip(hashes, pages, strict=True)):
                 signed = as_signed(h)
                 block = ids[i * width : (i + 1) * width] if ids else ()
+                after = ids[(i + 1) * width : (i + 1) * width + ahead] if ahead else ()
                 if book is not None:
-                    entry = book.hold(h, block, up, salt)
+                    entry = book.hold(h, block, up, salt, after)
                     if not block:
-                        block, salt = entry[0], entry[2]
+                        block, salt, after = entry[0], entry[2], entry[4]
                         up = entry[1] if up is None else up
                 out.append(
-                    CacheEvent("stored", group, signed, up, page, num_tokens, source, medium, tuple(block), salt)
+                    CacheEvent(
+                        "stored", group, signed, up, page, num_tokens, source, medium, tuple(block), salt, tuple(after)
+                    )
                 )
                 up = signed
         else:

@@ -177,14 +177,48 @@ def extend_hashes(
     """Append page digests to `hashes` until it covers `num_blocks` whole pages
     of `tokens` (int64 token ids of positions `base`..., up to at least
     `num_blocks * tokens_per_block`; `base` at most the first new page's start).
-    `chain` defaults to `page_chain`."""
+    `chain` defaults to `page_chain`; a `LookaheadChain` digests only the pages
+    whose `ahead` following ids are known, so `hashes` may stop short."""
     first = len(hashes)
     if first >= num_blocks:
         return
     ids = tokens if type(tokens) is array else array("q", tokens)
+    ahead = 0 if chain is None else getattr(chain, "ahead", 0)
+    if ahead:  # a page is digested once the `ahead` ids after it are known
+        num_blocks = min(num_blocks, (base + len(ids) - ahead) // tokens_per_block)
+        if first < num_blocks:
+            data = ids[first * tokens_per_block - base : num_blocks * tokens_per_block + ahead - base].tobytes()
+            hashes += chain(hashes[-1] if hashes else seed, data, 8 * tokens_per_block)  # type: ignore[misc]
+        return
     if first + 1 == num_blocks and chain is None:  # one page (a decode step's): one digest call
         page = ids[first * tokens_per_block - base : num_blocks * tokens_per_block - base].tobytes()
         hashes.append(page_digest(page, hashes[-1] if hashes else seed & MASK64))
         return
     data = ids[first * tokens_per_block - base : num_blocks * tokens_per_block - base].tobytes()  # only the new pages
     hashes += (page_chain if chain is None else chain)(hashes[-1] if hashes else seed, data, 8 * tokens_per_block)
+
+
+class LookaheadChain:
+    """A chain whose page digests also cover the `ahead` token ids after each
+    page: vLLM 0.33's lookahead block hashes (`num_hash_lookahead_tokens`, on
+    when an EAGLE-family drafter runs with prefix caching), since the drafter's
+    KV at a page's last position depends on the token after it. Called with the
+    pages' bytes followed by `ahead` more ids; `base` is vLLM's chain (its own
+    lookahead keys, `VllmHasher.chain`) or None for kvpool's digest of a page's
+    bytes followed by its lookahead's."""
+
+    def __init__(self, base: Callable[..., list[int]] | None, ahead: int) -> None:
+        if type(ahead) is not int or ahead < 1:
+            raise CacheUsageError(f"hash_lookahead must be a positive int, got {ahead!r}")
+        self.base, self.ahead = base, ahead
+
+    def __call__(self, parent: int, data: bytes, width: int) -> list[int]:
+        if self.base is not None:
+            return self.base(parent, data, width, self.ahead)
+        tail = 8 * self.ahead
+        out: list[int] = []
+        parent &= MASK64
+        for off in range(0, len(data) - tail, width):
+            parent = page_digest(data[off : off + width + tail], parent)
+            out.append(parent)
+        return out

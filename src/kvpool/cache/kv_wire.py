@@ -14,7 +14,8 @@ Follows `vllm/distributed/kv_events.py` of the vLLM 0.32.0 and 0.33.0 wheels
   lora_id, medium, lora_name, extra_keys=None, group_idx=None,
   kv_cache_spec_kind=None, kv_cache_spec_sliding_window=None, locality=None,
   ownership=None, session_id=None, lookahead_token_ids=None)` (the last one
-  new in 0.33), `BlockRemoved(block_hashes, medium, group_idx=None,
+  new in 0.33: sent with lookahead digests, `KVCacheManager(hash_lookahead=L)`),
+  `BlockRemoved(block_hashes, medium, group_idx=None,
   locality=None, ownership=None)`, `AllBlocksCleared()`.
 """
 
@@ -158,6 +159,7 @@ def wire_events(
                 and events[j].parent_hash == hashes[-1]
                 and events[j].medium == e.medium
                 and events[j].salt == e.salt
+                and bool(events[j].lookahead) == bool(e.lookahead)
             ):
                 hashes.append(events[j].block_hash)
                 j += 1
@@ -198,5 +200,10 @@ def stored_event(
         gi,
         SPEC_KIND.get(group.kind, group.kind),
         group.window if group.kind == "sliding" else None,
+        None,  # locality
+        None,  # ownership
+        None,  # session_id
+        # vLLM 0.33 (`BlockPool._lookahead_token_ids`): the ids after each block its hash covers
+        [list(e.lookahead) for e in run] if first.lookahead else None,
     ]
     return encode_struct("BlockStored", STORED_FIELDS, values, wire)

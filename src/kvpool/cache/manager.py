@@ -44,7 +44,7 @@ from kvpool.cache.events import (
     GroupStats,
     expand,
 )
-from kvpool.cache.hashing import Salt, extend_hashes
+from kvpool.cache.hashing import LookaheadChain, Salt, extend_hashes
 from kvpool.cache.prefix import TierHit
 from kvpool.cache.prompt_memo import KnownPages, PromptMemo
 from kvpool.cache.request import Request, Requests
@@ -77,7 +77,12 @@ class KVCacheManager:
     before anything changes. `tables`, `pools`, `requests` and `events` (records
     of runs of pages; `take_events` builds the `CacheEvent`s) are the
     bookkeeping, public for the integrity checker, tools and tests: read them,
-    never write them. `events=False` records no events at all.
+    never write them. `events=False` records no events at all. `hash` names the
+    page digest (kvpool's, or vLLM's `vllm:sha256_cbor` / `vllm:xxhash_cbor`);
+    `hash_lookahead` L > 0 makes each page's digest also cover the L token ids
+    after it, as vLLM 0.33 hashes when an EAGLE-family drafter reads ahead: a
+    page is then stored (and its event, with `lookahead` ids, published) only
+    once those ids are committed.
 
     The constructor raises `CacheUsageError` for `tiers` that are not a list of
     `TierSpec`, a `max_util_for_resume` outside (0, 1], or a pool or tier of more
@@ -99,10 +104,14 @@ class KVCacheManager:
         tiers: Sequence[TierSpec] = (),
         max_util_for_resume: float = 0.95,
         hash: str = "kvpool",  # noqa: A002 (the engines' own word for it)
+        hash_lookahead: int = 0,
     ) -> None:
         tiers, tier_slots, max_util_for_resume = checked_tiers(plan, tiers, max_util_for_resume)
         self.hash = hash
         self._seed_of, self._chain = block_hasher(hash)  # kvpool's digest, or vLLM's (`cache/vllm_hashes.py`)
+        self.hash_lookahead = hash_lookahead
+        if hash_lookahead:  # vLLM 0.33's lookahead hashes: a page's digest also covers the ids after it
+            self._chain = LookaheadChain(self._chain, hash_lookahead)
         self.plan = plan
         self.spec = plan.spec
         self.limits = plan.limits

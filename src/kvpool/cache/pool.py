@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from kvpool.cache.events import CacheUsageError, EventRecord
 
@@ -227,14 +228,16 @@ class PagePool:
         source_page: int | None = None,
         ids: Sequence[int] | None = None,
         salt: object = None,
+        ahead: int = 0,
     ) -> None:
         """Mark owned pages reusable: `pages[i]` is block `first + i`, under
         `hashes[first + i]` with parent `hashes[first + i - 1]` (None for block
         0). A page that already has a hash, a hash another page holds and an
         entry < 0 (no page) are skipped. One `stored` record per unbroken run;
         `source_page` (a state snapshot's source), the pages' token ids `ids`
-        (one page's after the other) and the `salt` they were hashed under go
-        into the record."""
+        (one page's after the other, then the `ahead` ids after the last that
+        lookahead digests cover) and the `salt` they were hashed under go into
+        the record."""
         page_hash, cached, record = self.page_hash, self.cached, self.record_events
         if len(pages) == 1 and not record:  # a decode step's page, no event: one store, no run to track
             page, h = pages[0], hashes[first]
@@ -247,13 +250,13 @@ class PagePool:
             h = hashes[first + i]
             if page < 0 or page_hash[page] is not None or h in cached:
                 if record:
-                    self._stored(pages, hashes, first, start, i, num_tokens, source_page, ids, salt)
+                    self._stored(pages, hashes, first, start, i, num_tokens, source_page, ids, salt, ahead)
                 start = i + 1
                 continue
             page_hash[page] = h
             cached[h] = page
         if record:
-            self._stored(pages, hashes, first, start, len(pages), num_tokens, source_page, ids, salt)
+            self._stored(pages, hashes, first, start, len(pages), num_tokens, source_page, ids, salt, ahead)
 
     def _stored(
         self,
@@ -266,25 +269,25 @@ class PagePool:
         source_page: int | None,
         ids: Sequence[int] | None,
         salt: object,
+        ahead: int = 0,
     ) -> None:
         if b > a:
             parent = hashes[first + a - 1] if first + a else None
             run = pages if a == 0 and b == len(pages) else pages[a:b]
-            width = len(ids) // len(pages) if ids is not None else 0
-            self.events.append(
-                (
-                    "stored",
-                    self.name,
-                    list(hashes[first + a : first + b]),
-                    parent,
-                    list(run),
-                    num_tokens,
-                    source_page,
-                    "GPU",
-                    None if ids is None else ids[a * width : b * width],
-                    salt,
-                )
+            width = (len(ids) - ahead) // len(pages) if ids is not None else 0
+            record: tuple[Any, ...] = (
+                "stored",
+                self.name,
+                list(hashes[first + a : first + b]),
+                parent,
+                list(run),
+                num_tokens,
+                source_page,
+                "GPU",
+                None if ids is None else ids[a * width : b * width + ahead],
+                salt,
             )
+            self.events.append(record + (ahead,) if ahead and ids is not None else record)  # type: ignore[arg-type]
 
     def drop_cached(self, page: int) -> None:
         """Free cached (unowned) `page`: its content can no longer be trusted (a

@@ -246,18 +246,26 @@ def claim(t: PageTables, gi: int, req: Request, first: int, k: int, tier: ColdTi
         if tier.copies is not None:
             tier.copies.to_gpu(gi, level.medium, slot, page)
         found[i] = page
-        pool.store_run((page,), hashes, first + i, t.tokens_per_block, None, page_ids(t, req, first + i), req.salt)
+        ahead = lookahead(req)
+        ids = page_ids(t, req, first + i, None, ahead)
+        pool.store_run((page,), hashes, first + i, t.tokens_per_block, None, ids, req.salt, ahead)
     return found
 
 
-def page_ids(t: PageTables, req: Request, block: int, end: int | None = None) -> array[int] | None:
+def lookahead(req: Request) -> int:
+    """The token ids after each page that `req`'s page digests cover (`LookaheadChain`), 0 for none."""
+    return 0 if req.chain is None else getattr(req.chain, "ahead", 0)
+
+
+def page_ids(t: PageTables, req: Request, block: int, end: int | None = None, ahead: int = 0) -> array[int] | None:
     """The token ids of blocks `block`..`end` (default: that one block) of
-    `req`, for the events; None when no event is recorded (the ids below
-    `req.base` are not kept then)."""
+    `req` and the `ahead` ids after them (a lookahead digest's), for the
+    events; None when no event is recorded (the ids below `req.base` are not
+    kept then)."""
     tpb, base = t.tokens_per_block, req.base
     if not t.pools[0].record_events or req.tokens is None or block * tpb < base:
         return None
-    return req.tokens[block * tpb - base : (block + 1 if end is None else end) * tpb - base]
+    return req.tokens[block * tpb - base : (block + 1 if end is None else end) * tpb + ahead - base]
 
 
 def attach_prefix(
@@ -374,6 +382,10 @@ def commit(
         assert ids is not None
         hashes, slot = req.hashes, req.slot
         extend_hashes(hashes, ids, tpb, req.seed, k, req.chain, req.base)
+        ahead = lookahead(req)
+        if ahead:  # lookahead digests: only the pages whose following ids are known
+            k = min(k, len(hashes))
+    if k > done:
         for gi, pool in enumerate(t.pools):
             nblk = req.nblk[gi]
             if nblk > done and not t.is_state[gi]:  # one page (a decode step's): no slice
@@ -381,7 +393,8 @@ def commit(
                 if done and t.never_stale[gi] and hashes[done - 1] not in pool.cached:
                     adopt(t, req, gi, done)
                 if pool.record_events:
-                    pool.store_run(pages, hashes, done, tpb, None, page_ids(t, req, done, done + len(pages)), req.salt)
+                    ids_of = page_ids(t, req, done, done + len(pages), ahead)
+                    pool.store_run(pages, hashes, done, tpb, None, ids_of, req.salt, ahead)
                 else:
                     pool.store_run(pages, hashes, done, tpb)
         req.committed = done = k
@@ -408,7 +421,9 @@ def adopt(t: PageTables, req: Request, gi: int, done: int) -> None:
         first -= 1
     if first < done:
         pages = [row[j] for j in range(first, done)]
-        pool.store_run(pages, req.hashes, first, t.tokens_per_block, None, page_ids(t, req, first, done), req.salt)
+        ahead = lookahead(req)
+        ids = page_ids(t, req, first, done, ahead)
+        pool.store_run(pages, req.hashes, first, t.tokens_per_block, None, ids, req.salt, ahead)
 
 
 def snapshot_states(t: PageTables, req: Request, k: int) -> None:
@@ -421,5 +436,7 @@ def snapshot_states(t: PageTables, req: Request, k: int) -> None:
         if t.is_state[gi] and req.nblk[gi] == 1 and block_hash not in pool.cached and pool.num_free:
             page = pool.take(1)[0]
             source = t.tables[gi].item(req.slot, 0)
-            pool.store_run([page], req.hashes, k - 1, k * t.tokens_per_block, source, page_ids(t, req, k - 1), req.salt)
+            ahead = lookahead(req)
+            ids = page_ids(t, req, k - 1, None, ahead)
+            pool.store_run([page], req.hashes, k - 1, k * t.tokens_per_block, source, ids, req.salt, ahead)
             pool.release([page])

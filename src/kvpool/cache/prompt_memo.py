@@ -80,7 +80,7 @@ class PromptMemo:
         forgets the hit (`remember_hit` gives the new one)."""
         out: list[int] = []
         known: dict[int, KnownPages] = {}
-        if seed == self.seed and self.hashes:
+        if seed == self.seed and self.hashes and not getattr(chain, "ahead", 0):  # (lookahead: ids past pages)
             same = self.common_pages(ids, tokens_per_block, num_blocks)
             out = self.hashes[:same]
             known = {

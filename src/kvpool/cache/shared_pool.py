@@ -50,9 +50,10 @@ class SharedPool(PagePool):
         source_page: int | None = None,
         ids: Sequence[int] | None = None,
         salt: object = None,
+        ahead: int = 0,
     ) -> None:
         """`PagePool.store_run`, remembering that this pool's map holds each hash it stored."""
-        super().store_run(pages, hashes, first, num_tokens, source_page, ids, salt)
+        super().store_run(pages, hashes, first, num_tokens, source_page, ids, salt, ahead)
         holder, cached = self.store.holder, self.cached
         for i, page in enumerate(pages):
             if page >= 0 and cached.get(hashes[first + i]) == page:

@@ -138,18 +138,23 @@ class VllmHasher:
         self.roots[key] = (("cache_salt", salt),)
         return key
 
-    def chain(self, parent: int, data: bytes, width: int) -> list[int]:
+    def chain(self, parent: int, data: bytes, width: int, ahead: int = 0) -> list[int]:
         """vLLM's hashes of the pages in `data` (int64 little-endian ids,
-        `width` bytes a page) after `parent` (a hash, or a seed)."""
+        `width` bytes a page) after `parent` (a hash, or a seed). With `ahead`
+        (vLLM 0.33's `num_hash_lookahead_tokens`), `data` ends with that many
+        more ids and each page's extra keys become `(keys, *the ids after it)`
+        (`get_request_block_hasher`)."""
         ids = array("q")
         ids.frombytes(data)
         per_page = width // 8
         out: list[int] = []
-        for first in range(0, len(ids), per_page):
+        for first in range(0, len(ids) - ahead, per_page):
             if parent < 0:
                 head, extra = self.none_hash, self.roots[parent]
             else:
                 head, extra = parent.to_bytes(self.size, "big"), None
+            if ahead:
+                extra = (extra, *ids[first + per_page : first + per_page + ahead])
             encoded = b"\x83" + cbor(head) + cbor_ids(ids[first : first + per_page]) + cbor(extra)
             parent = int.from_bytes(self.digest(encoded), "big")
             out.append(parent)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvpool.engines import trtllm_v2
+from kvpool.engines import trtllm_v2, trtllm_v2_executor
 from kvpool.engines.common import (
     EngineNotModelledError,
     EnginePool,
@@ -70,7 +70,7 @@ def allocate(spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int, *, ma
     if manager == "v2-typical":
         if limits.avg_seq_len is None:
             raise LimitsError("TensorRT-LLM V2's typical step needs avg_seq_len")
-        options = trtllm_v2.options_for(limits, avg_seq_len=limits.avg_seq_len)
+        options = trtllm_v2_executor.options_for(limits, avg_seq_len=limits.avg_seq_len)
         return _v2_default(spec, limits, kv_memory_bytes, options)
     return allocate_with(V1Model(), spec, limits, kv_memory_bytes)
 

@@ -6,17 +6,18 @@ Rules re-expressed from the core package `tensorrt_llm/runtime/kv_cache_manager_
 C++ StorageManager (`cpp/tensorrt_llm/batch_manager/kv_cache_manager_v2/storageManager.cpp`),
 as listed in tests/data/trtllm/README.md; no TensorRT-LLM code is used:
 
-- Life cycles: layers with equal (window, sink tokens) share one; life cycles whose
-  slot sizes are equal share one pool group (their slots are interchangeable).
+- Life cycles: layers with equal (window, sink tokens) share one; within one, buffers of
+  one size share a pool; life cycles whose pools are equal share one pool group (their
+  slots are interchangeable): `trtllm_v2_storage`.
 - GPU tier granularity: `2 MiB << min(4, max(0, floor(log2(quota / 1 GiB))))`.
-- Ratio per life cycle, each rounded *up to the granularity*: the typical step's slots,
-  else the constraints' floors, else one request of capacity 2049, history 2048.
+- Ratio per life cycle, each pool rounded *up to the granularity*, in float32: the typical
+  step's slots, else the constraints' floors, else one request of capacity 2049, history 2048.
 - Floors: `sink_blocks + (W + tpb - 2) // tpb + 1` per sliding life cycle, the largest of
   those for full attention, 1 for state; constraints raise them, scaled by
   `1 / max_util_for_resume`; floors that do not fit grow the quota past its budget.
 - Slots: the quota (capped by `max_tokens`, rounded up to the granularity) is counted in
-  grains and water-filled by `_water_fill` (`ratio_to_slot_count_list`); what a group's
-  grains do not fill with whole slots is left unspent.
+  grains and water-filled (`trtllm_v2_storage.water_fill`, `ratioToSlotCountList`); what
+  a group's grains do not fill with whole slots is left unspent.
 """
 
 from __future__ import annotations
@@ -24,8 +25,13 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, replace
+from typing import Any
 
+import numpy as np
+
+from kvpool.engines import trtllm_v2_storage as storage
 from kvpool.engines.common import EnginePool, EngineReport, Sizing
+from kvpool.engines.trtllm_v2_storage import round_up
 from kvpool.errors import LimitsError
 from kvpool.plan.limits import ServingLimits
 from kvpool.spec import LayerGroup, ModelSpec
@@ -50,14 +56,10 @@ def granularity(quota_bytes: int) -> int:
     return (2 * MiB) << level
 
 
-def round_up(value: int, step: int) -> int:
-    """`value` rounded up to a multiple of `step`."""
-    return -(-value // step) * step
-
-
 Request = tuple[int, int]  # V2's KVCacheDesc: (capacity, history_length)
 Batch = tuple[Request, ...]  # V2's BatchDesc (no shared system prompt)
 FALLBACK_BATCH: Batch = ((FALLBACK_CAPACITY, FALLBACK_HISTORY),)
+INFLATED = "the pool groups' floors do not fit: V2 grows the quota past the budget"
 MAX_UTIL_FOR_RESUME = 0.95  # KvCacheConfig's default (the core package's own default is 0.97)
 RESERVED_DUMMY_SLOTS = 1  # num_reserved_index_slots: one CUDA-graph padding dummy
 
@@ -104,18 +106,24 @@ def sliding_floor(window: int, tpb: int, sinks: int = 0) -> int:
     return -(-sinks // tpb) + (window + tpb - 2) // tpb + 1
 
 
-def life_cycle_floors(spec: ModelSpec, sinks: int = 0, window_extra: int = 0) -> dict[str, int]:
+def cycle_floors(cycles: tuple[storage.LifeCycle, ...], tpb: int, sinks: int = 0, window_extra: int = 0) -> list[int]:
     """Structural floors per life cycle (`computeSlotsFromConstraints` with no constraint):
     1 for a state cycle, `sliding_floor` for a windowed one, and for full attention the
     largest windowed floor (every life cycle sees the same sequence), at least 1."""
-    tpb = spec.tokens_per_block
-    windowed = {
-        g.name: sliding_floor(w, tpb, sinks)
-        for g in spec.groups
-        if g.kind != "state" and (w := life_cycle_window(g, window_extra)) is not None
-    }
-    full = max([1, *windowed.values()])
-    return {g.name: 1 if g.kind == "state" else windowed.get(g.name, full) for g in spec.groups}
+    windows = [None if lc.group.kind == "state" else life_cycle_window(lc.group, window_extra) for lc in cycles]
+    windowed = [sliding_floor(w, tpb, sinks) for w in windows if w is not None]
+    full = max([1, *windowed])
+    return [
+        1 if lc.group.kind == "state" else full if w is None else sliding_floor(w, tpb, sinks)
+        for lc, w in zip(cycles, windows, strict=True)
+    ]
+
+
+def life_cycle_floors(spec: ModelSpec, sinks: int = 0, window_extra: int = 0) -> dict[str, int]:
+    """`cycle_floors` by the name of each of the spec's groups (its life cycle's floor)."""
+    cycles = storage.life_cycles(spec)
+    floors = cycle_floors(cycles, spec.tokens_per_block, sinks, window_extra)
+    return {name: f for lc, f in zip(cycles, floors, strict=True) for name in lc.names}
 
 
 @dataclass(frozen=True)
@@ -123,7 +131,7 @@ class V2Options:
     """What V2's sizing takes besides the quota (`KVCacheManagerConfig` / `KvCacheConfig`).
 
     `typical_step` and `constraints` are the batches the executor builds (see
-    `executor_batches`); none of them gives the allocator fallback. `sink_tokens` is each
+    `trtllm_v2_executor.executor_batches`); none of them gives the allocator fallback. `sink_tokens` is each
     layer's `num_sink_tokens`, `window_extra` what DeepSeek-V4 adds to every window (its
     draft length), `max_tokens` the KvCacheConfig cap with `max_num_tokens` (N) and
     `max_batch_size` (B) its quota model needs.
@@ -157,96 +165,6 @@ class V2Options:
 DEFAULTS = V2Options()
 
 
-def executor_batches(
-    *,
-    max_batch_size: int,
-    max_seq_len: int,
-    max_num_tokens: int | None = None,
-    max_draft_len: int = 0,
-    num_extra_kv_tokens: int = 0,
-    avg_seq_len: int | None = None,
-    pool_ratio: bool = False,
-) -> tuple[Batch | None, tuple[Batch, ...]]:
-    """The typical step and constraints the generic `KVCacheManagerV2._build_base_config`
-    gives the core manager (B, L, N, d, E, S as TensorRT-LLM names them):
-
-    - no `avg_seq_len` (the default) or a `pool_ratio`: none (the allocator fallback);
-    - typical step `[(N or S) + E, 0]` then `(B - 1) x [S, max(0, S - d - 1)]`;
-    - constraints `[L, L - 1] + (B - 1) x [1 + d + E, 0]` (CUDA-graph warmup) and
-      `[N + E, 0]` when N is set (one chunk of context).
-    """
-    if pool_ratio or avg_seq_len is None:
-        return None, ()
-    s, n, e = avg_seq_len, max_num_tokens, num_extra_kv_tokens
-    if s > max_seq_len:
-        raise LimitsError(f"avg_seq_len ({s}) must be less than or equal to max_seq_len ({max_seq_len})")
-    decode = (s, max(0, s - max_draft_len - 1))
-    typical = ((n if n is not None else s) + e, 0), *[decode] * (max_batch_size - 1)
-    warmup = ((max_seq_len, max_seq_len - 1), *[(1 + max_draft_len + e, 0)] * (max_batch_size - 1))
-    constraints = (warmup,) if n is None else (warmup, ((n + e, 0),))
-    return typical, constraints
-
-
-def deepseek_v4_batches(
-    *,
-    max_batch_size: int,
-    max_seq_len: int,
-    max_num_tokens: int | None = None,
-    max_draft_len: int = 0,
-    avg_seq_len: int | None = None,
-) -> tuple[Batch, tuple[Batch, ...]]:
-    """DeepSeek-V4's cache manager always builds them (S = avg_seq_len or L): typical step
-    `[N or S, 0]` then `(B - 1) x [S, max(0, S - d - 1)]`; constraints `[L, L - 1]` and
-    `[N, 0]` when N is set."""
-    s = max_seq_len if avg_seq_len is None else avg_seq_len
-    if s > max_seq_len:
-        raise LimitsError(f"avg_seq_len ({s}) must be less than or equal to max_seq_len ({max_seq_len})")
-    n = max_num_tokens
-    typical = ((n if n is not None else s, 0), *[(s, max(0, s - max_draft_len - 1))] * (max_batch_size - 1))
-    longest: Batch = ((max_seq_len, max_seq_len - 1),)
-    return typical, ((longest,) if n is None else (longest, ((n, 0),)))
-
-
-def options_for(
-    limits: ServingLimits, *, avg_seq_len: int | None = None, max_tokens: int | None = None, sink_tokens: int = 0
-) -> V2Options:
-    """V2's options for a deployment whose `KvCacheConfig` sets `avg_seq_len` (and
-    `max_tokens`, `sink_token_length`): the executor's typical step and constraints
-    from B, L, N, d and E of `limits`."""
-    typical, constraints = executor_batches(
-        max_batch_size=limits.max_batch_size,
-        max_seq_len=limits.max_seq_len,
-        max_num_tokens=limits.max_num_tokens,
-        max_draft_len=limits.max_draft_len,
-        num_extra_kv_tokens=limits.num_extra_kv_tokens,
-        avg_seq_len=avg_seq_len,
-    )
-    return V2Options(
-        typical_step=typical,
-        constraints=constraints,
-        sink_tokens=sink_tokens,
-        max_tokens=max_tokens,
-        max_num_tokens=limits.max_num_tokens if max_tokens is not None else None,
-        max_batch_size=limits.max_batch_size,
-    )
-
-
-DSV4_SPARSE_RATIO = 4  # the overlapping compressor keeps 2 x ratio tokens of state
-
-
-def deepseek_v4_window(role: str, compress_ratio: int, swa_window: int, max_draft_len: int) -> int | None:
-    """The window DeepSeek-V4's cache manager gives a role (`_get_window_size`): the SWA
-    cache `W + d`, a compressor's state `state_factor x ratio + d` (state_factor 2 for the
-    overlapping ratio-4 compressor, else 1), the compressed cache itself none (full)."""
-    if role == "swa":
-        return swa_window + max_draft_len
-    if role == "compressor":
-        return (2 if compress_ratio == DSV4_SPARSE_RATIO else 1) * compress_ratio + max_draft_len
-    if role == "compress":
-        return None
-    raise LimitsError(f"unknown DeepSeek-V4 cache role {role!r}; roles: swa, compressor, compress")
-
-
 def quota_from_max_tokens(spec: ModelSpec, options: V2Options) -> int:
     """The generic manager's `_get_quota_from_max_tokens(T)`: `T x full + B x sum_swa
     (ceil(W / tpb) x tpb x size) + min(T, N) x sum_swa(size)` (sizes in bytes per token;
@@ -266,9 +184,42 @@ def quota_from_max_tokens(spec: ModelSpec, options: V2Options) -> int:
     return attention + (options.max_batch_size + RESERVED_DUMMY_SLOTS) * state
 
 
+def cache_cost(spec: ModelSpec, max_batch_size: int) -> tuple[int, int]:
+    """What one V2 manager costs, as `KVCacheManagerV2.get_cache_size_per_token` states
+    it to the executor: (bytes per token, fixed bytes) = (the full-attention rows, `B x
+    sum_swa(ceil(W / tpb) x tpb x size)` plus, with state layers, `(B + reserved dummy
+    slots) x` the state bytes)."""
+    tpb = spec.tokens_per_block
+    full = sum(g.row_bytes for g in spec.groups if g.kind != "state" and life_cycle_window(g) is None)
+    swa = sum(
+        -(-w // tpb) * tpb * g.row_bytes for g in spec.groups if g.kind != "state" and (w := life_cycle_window(g))
+    )
+    state = sum(g.state_bytes for g in spec.groups if g.kind == "state")
+    return full, max_batch_size * swa + (max_batch_size + RESERVED_DUMMY_SLOTS) * state
+
+
+def split_draft_budget(total: int, target: tuple[int, int], draft: tuple[int, int]) -> tuple[int, int]:
+    """(target, draft) bytes of a budget shared with a one-model drafter's separate KV cache
+    manager (`KvCacheCreator._compute_draft_budget_shares`): each keeps its fixed bytes and
+    the rest is split by bytes per token, the drafter's share truncated to whole bytes. A
+    side with no bytes per token is not split (`_get_target_and_draft_cache_costs` gives
+    none): each manager then takes the whole budget."""
+    if target[0] <= 0 or draft[0] <= 0:
+        return total, total
+    rest = total - target[1] - draft[1]
+    if rest <= 0:
+        raise LimitsError(
+            f"the KV budget ({total:,} bytes) does not hold the target's and drafter's fixed bytes "
+            f"({target[1] + draft[1]:,}); TensorRT-LLM V2 refuses the split: give more KV memory or a smaller batch"
+        )
+    share = draft[1] + int(rest * draft[0] / (target[0] + draft[0]))
+    return total - share, share
+
+
 @dataclass(frozen=True)
 class V2Sizing:
-    """V2's sizing of one quota: granularity, grains and the pool groups."""
+    """V2's sizing of one quota: granularity, grains and the pool groups, each
+    `(groups, slot bytes, floor, grains, slots)`, with its pools' bytes per slot in `pools`."""
 
     quota_bytes: int
     granularity: int
@@ -277,6 +228,7 @@ class V2Sizing:
     inflated: bool  # the floors did not fit and V2 grew the quota past it
     ratio_from: str = "fallback"  # typical step, constraints or the allocator fallback
     capped_by_max_tokens: bool = False
+    pools: tuple[tuple[int, ...], ...] = ()  # per pool group: one pool per buffer size, largest first
 
     @property
     def leftover_bytes(self) -> int:
@@ -284,55 +236,22 @@ class V2Sizing:
         return self.grains * self.granularity - sum(slot * n for _, slot, _, _, n in self.pool_groups)
 
 
-def _water_fill(
-    total: int, gran: int, keys: list[int], ratio: dict[int, float], floors: dict[int, int]
-) -> dict[int, int]:
-    """Slots per pool group (keyed by slot bytes), as `_storage/_core.py`
-    `CacheLevelStorage.ratio_to_slot_count_list` and its C++ twin (`storage/core.cpp`
-    `ratioToSlotCountList`) do, for pool groups of one pool each: each round walks the active groups by ratio, smallest first, giving each
-    `round(budget * its share of the ratios still to serve)` grains, filling them with slots
-    and passing the grains those slots do not use on; groups at or below their floor are
-    pinned to the floor's grains and the rest go round again."""
-    out: dict[int, int] = {}
-    remaining = total
-    active = list(keys)
-    while active:
-        if remaining <= 0:
-            raise LimitsError("insufficient quota to satisfy the pool groups' min slots")
-        budget = remaining
-        got: dict[int, int] = {}
-        order = sorted(active, key=lambda k: ratio[k])
-        for i, k in enumerate(order):
-            rest = sum(ratio[j] for j in order[i:])
-            share = ratio[k] / rest if rest else 0.0  # a batch may need no slot in a group
-            got[k] = round(budget * share) * gran // k
-            budget -= -(-got[k] * k // gran)
-        low = [k for k in active if got[k] <= floors[k]]
-        if not low:
-            out.update(got)
-            break
-        for k in low:
-            out[k] = -(-floors[k] * k // gran) * gran // k
-            remaining -= -(-out[k] * k // gran)
-        active = [k for k in active if k not in low]
-    return out
-
-
 def size(spec: ModelSpec, quota_bytes: int, options: V2Options = DEFAULTS) -> V2Sizing:
     """V2's pool groups and slot counts for `quota_bytes` of GPU memory, as the newest
-    C++ `StorageManager` sizes them (`cpp/.../kv_cache_manager_v2/storageManager.cpp`):
+    C++ `StorageManager` sizes them (`cpp/.../kv_cache_manager_v2/storageManager.cpp`;
+    life cycles, pools and float32 ratios in `trtllm_v2_storage`):
 
     - floors per pool group: its life cycles' structural floors summed, raised to every
       constraint's slots divided by `max_util_for_resume` (a float; only for pool groups
       that can grow, i.e. hold a non-state life cycle: resume refuses above it);
-    - ratio per life cycle, each life cycle's bytes rounded up to the granularity: from the
+    - ratio per life cycle, each pool's bytes rounded up to the granularity: from the
       typical step, else from the constraints' floors, else from the fallback request;
-      a pool group's ratio is the sum of its life cycles';
+      float32 shares summed per pool group in float32 and normalised again;
     - quota: `max_tokens` caps it at `ceil(quota_from_max_tokens / max_util_for_resume)`;
       it is rounded up to the granularity and grown to the floors' bytes when they do not fit.
 
-    A `pool_ratio` (`initial_pool_ratio`) replaces the ratio; the executor then passes
-    no typical step and no constraints (`executor_batches(pool_ratio=True)`).
+    A `pool_ratio` (`initial_pool_ratio`, one share per life cycle) replaces the ratio; the
+    executor then passes no typical step and no constraints (`trtllm_v2_executor.executor_batches(pool_ratio=True)`).
     """
     tpb = spec.tokens_per_block
     o = options
@@ -342,67 +261,101 @@ def size(spec: ModelSpec, quota_bytes: int, options: V2Options = DEFAULTS) -> V2
         capped = cap < quota_bytes
         quota_bytes = min(quota_bytes, cap)
     gran = granularity(quota_bytes)
-    merged: dict[int, list[LayerGroup]] = {}
-    for g in spec.groups:
-        merged.setdefault(g.slot_bytes, []).append(g)
-    keys = list(merged)
-    lc_floor = life_cycle_floors(spec, o.sink_tokens, o.window_extra)
+    cycles = storage.life_cycles(spec)
+    merged = storage.pool_groups(cycles)
+    sizes = list(merged)
+    pg_of = [sizes.index(lc.pools) for lc in cycles]
+    lc_floor = cycle_floors(cycles, tpb, o.sink_tokens, o.window_extra)
     util = float32(o.max_util_for_resume)
 
-    def need(g: LayerGroup, batch: Batch) -> int:
-        return batch_slots(g, batch, tpb, o.sink_tokens, o.window_extra)
+    def need(lc: storage.LifeCycle, batch: Batch) -> int:
+        return batch_slots(lc.group, batch, tpb, o.sink_tokens, o.window_extra)
 
-    def limit(k: int) -> float:  # `poolGroupNeedsHeadroomForGrowth`: any life cycle that grows
-        return util if any(g.kind != "state" for g in merged[k]) else 1.0
+    def limit(pg: int) -> float:  # `poolGroupNeedsHeadroomForGrowth`: any life cycle that grows
+        return util if any(lc.group.kind != "state" for lc in merged[sizes[pg]]) else 1.0
 
-    floors = {k: sum(lc_floor[g.name] for g in merged[k]) for k in keys}
+    floors = [0] * len(sizes)
+    for i in range(len(cycles)):
+        floors[pg_of[i]] += lc_floor[i]
     for batch in o.constraints:
-        for k in keys:
-            floors[k] = max(floors[k], math.ceil(sum(need(g, batch) for g in merged[k]) / limit(k)))
-    lc_weight: dict[str, float] | None = None
+        for pg, s in enumerate(sizes):
+            floors[pg] = max(floors[pg], math.ceil(sum(need(lc, batch) for lc in merged[s]) / limit(pg)))
     if o.pool_ratio is not None:
-        if len(o.pool_ratio) != len(spec.groups):
-            raise LimitsError(f"pool_ratio has {len(o.pool_ratio)} shares for {len(spec.groups)} life cycles")
-        ratio_from, lc_weight = "pool_ratio", {g.name: r for g, r in zip(spec.groups, o.pool_ratio, strict=True)}
-        lc_slots = {}
-    elif o.typical_step is not None:
-        ratio_from, lc_slots = "typical step", {g.name: need(g, o.typical_step) for g in spec.groups}
-    elif o.constraints:
-        ratio_from, lc_slots = "constraints", dict(lc_floor)
-        for batch in o.constraints:
-            for k in keys:
-                for g in merged[k]:
-                    lc_slots[g.name] = max(lc_slots[g.name], math.ceil(need(g, batch) / limit(k)))
+        if len(o.pool_ratio) != len(cycles):
+            names = ", ".join("+".join(lc.names) for lc in cycles)
+            raise LimitsError(f"pool_ratio has {len(o.pool_ratio)} shares for {len(cycles)} life cycles ({names})")
+        ratio_from, lc_ratio = "pool_ratio", [np.float32(r) for r in o.pool_ratio]
     else:
-        ratio_from, lc_slots = "fallback", {g.name: need(g, FALLBACK_BATCH) for g in spec.groups}
-    if lc_weight is None:
-        lc_weight = {g.name: round_up(lc_slots[g.name] * g.slot_bytes, gran) for g in spec.groups}
-    total_weight = sum(lc_weight.values())
-    if total_weight == 0:
-        raise LimitsError("V2's ratio batch needs no slot in any life cycle")
-    # the C++ StorageManager holds ratios as floats (float32)
-    ratio = {k: float32(sum(lc_weight[g.name] for g in merged[k]) / total_weight) for k in keys}
-    floor_grains = {k: -(-floors[k] * k // gran) for k in keys}
+        if o.typical_step is not None:
+            ratio_from, lc_slots = "typical step", [need(lc, o.typical_step) for lc in cycles]
+        elif o.constraints:
+            ratio_from, lc_slots = "constraints", list(lc_floor)
+            for batch in o.constraints:
+                for i, lc in enumerate(cycles):
+                    lc_slots[i] = max(lc_slots[i], math.ceil(need(lc, batch) / limit(pg_of[i])))
+        else:
+            ratio_from, lc_slots = "fallback", [need(lc, FALLBACK_BATCH) for lc in cycles]
+        lc_ratio = storage.normalize(
+            [storage.slot_bytes(n, lc.pools, gran) for n, lc in zip(lc_slots, cycles, strict=True)]
+        )
+    ratio = storage.pool_group_ratio(lc_ratio, pg_of, len(sizes))
+    floor_grains = sum(storage.grains_for_slots(f, s, gran) for f, s in zip(floors, sizes, strict=True))
     total = round_up(quota_bytes, gran) // gran
-    inflated = sum(floor_grains.values()) > total
-    total = max(total, sum(floor_grains.values()))
-    slots = _water_fill(total, gran, keys, ratio, floors)
-    grains = {k: -(-slots[k] * k // gran) for k in keys}
-    rows = tuple((tuple(g.name for g in merged[k]), k, floors[k], grains[k], grains[k] * gran // k) for k in keys)
-    return V2Sizing(quota_bytes, gran, total, rows, inflated, ratio_from, capped)
+    inflated = floor_grains > total
+    total = max(total, floor_grains)
+    slots = storage.water_fill(total, gran, sizes, ratio, floors)
+    rows = tuple(
+        (
+            tuple(n for lc in merged[s] for n in lc.names),
+            sum(s),
+            floors[pg],
+            storage.grains_for_slots(slots[pg], s, gran),
+            slots[pg],
+        )
+        for pg, s in enumerate(sizes)
+    )
+    return V2Sizing(quota_bytes, gran, total, rows, inflated, ratio_from, capped, tuple(sizes))
 
 
 @dataclass(frozen=True)
 class V2EngineSizing(Sizing):
-    """`Sizing` of the EngineModel protocol carrying V2's own numbers."""
+    """`Sizing` of the EngineModel protocol carrying V2's own numbers: the target's
+    manager (`v2`) and, with a drafter, the separate draft manager's (`draft`) with the
+    byte budgets the two were given."""
 
     v2: V2Sizing | None = None
+    draft: V2Sizing | None = None
+    budgets: tuple[int, ...] = ()  # (target, draft) bytes when a drafter splits the budget
+
+
+def _sizing_notes(spec: ModelSpec, v2: V2Sizing, who: str = "V2") -> tuple[str, ...]:
+    source = (
+        f"one request of capacity {FALLBACK_CAPACITY}, history {FALLBACK_HISTORY} (allocator fallback)"
+        if v2.ratio_from == "fallback"
+        else f"the {v2.ratio_from}"
+    )
+    return (
+        f"{who}: ratio from {source}, each pool rounded up to the {v2.granularity // MiB} MiB "
+        f"granularity; {v2.grains} grains; {v2.leftover_bytes:,} bytes hold no slot",
+        *((f"max_tokens caps the quota at {v2.quota_bytes:,} bytes",) if v2.capped_by_max_tokens else ()),
+        *(
+            (
+                "TensorRT-LLM's hybrid Mamba manager gives V2 its own typical step (avg_seq_len, else "
+                "max_seq_len / 2 per resident sequence) and a state floor: not modelled, so these state "
+                "slots are the core manager's",
+            )
+            if any(g.kind == "state" for g in spec.groups) and v2.ratio_from == "fallback"
+            else ()
+        ),
+    )
 
 
 @dataclass(frozen=True)
 class V2Model:
     """TensorRT-LLM KV cache manager V2 (by its defaults unless `options` say
-    otherwise), as an `EngineModel`."""
+    otherwise), as an `EngineModel`. A spec with a drafter's groups gets the one-model
+    separate draft manager: the budget split by `split_draft_budget`, each manager sized
+    on its share."""
 
     version: str
     base_sources: tuple[str, ...]
@@ -415,42 +368,54 @@ class V2Model:
         return (*self.base_sources, SOURCE)
 
     def size(self, spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int) -> V2EngineSizing:
-        v2 = size(spec, kv_memory_bytes, self.options)
-        degradations = (
-            ("the pool groups' floors do not fit: V2 grows the quota past the budget",) if v2.inflated else ()
+        if not spec.draft_groups:
+            v2 = size(spec, kv_memory_bytes, self.options)
+            degradations = (INFLATED,) if v2.inflated else ()
+            return V2EngineSizing(spec, limits, kv_memory_bytes, (), degradations, _sizing_notes(spec, v2), v2)
+        target = replace(spec, groups=spec.target_groups, drafter=None)
+        drafter = replace(spec, groups=spec.draft_groups, drafter=None)
+        windows = {life_cycle_window(g) for g in drafter.groups if g.kind != "state"}
+        if len(windows) > 1 or any(g.kind == "state" for g in drafter.groups):
+            refusal = (
+                "a drafter with several attention life cycles (windows "
+                f"{sorted(str(w) for w in windows)}) or state layers: TensorRT-LLM's separate draft KV cache "
+                "manager refuses a VSWA draft (_create_one_model_draft_kv_cache_manager)"
+            )
+            v2 = size(target, kv_memory_bytes, self.options)
+            return V2EngineSizing(spec, limits, kv_memory_bytes, (refusal,), (), _sizing_notes(target, v2), v2)
+        b = limits.max_batch_size
+        budgets = split_draft_budget(kv_memory_bytes, cache_cost(target, b), cache_cost(drafter, b))
+        # the draft manager's config is a copy of the target's; a pool_ratio becomes [1.0] (one life cycle)
+        draft_options = replace(self.options, pool_ratio=(1.0,)) if self.options.pool_ratio else self.options
+        v2 = size(target, budgets[0], self.options)
+        vd = size(drafter, budgets[1], draft_options)
+        degradations = (INFLATED,) if v2.inflated or vd.inflated else ()
+        split = (
+            f"V2's separate draft manager: the {kv_memory_bytes:,} bytes split by bytes per token (target "
+            f"{budgets[0]:,}, drafter {budgets[1]:,}; _compute_draft_budget_shares)"
+            if budgets[0] + budgets[1] == kv_memory_bytes
+            else "V2's separate draft manager: a drafter or target with no full-attention bytes per token is not "
+            "split (_get_target_and_draft_cache_costs): each manager takes the whole budget"
         )
-        source = (
-            f"one request of capacity {FALLBACK_CAPACITY}, history {FALLBACK_HISTORY} (allocator fallback)"
-            if v2.ratio_from == "fallback"
-            else f"the {v2.ratio_from}"
-        )
-        notes = (
-            f"V2: ratio from {source}, each life cycle rounded up to the {v2.granularity // MiB} MiB "
-            f"granularity; {v2.grains} grains; {v2.leftover_bytes:,} bytes hold no slot",
-            *((f"max_tokens caps the quota at {v2.quota_bytes:,} bytes",) if v2.capped_by_max_tokens else ()),
-            *(
-                (
-                    "TensorRT-LLM's hybrid Mamba manager gives V2 its own typical step (avg_seq_len, else "
-                    "max_seq_len / 2 per resident sequence) and a state floor: not modelled, so these state "
-                    "slots are the core manager's",
-                )
-                if any(g.kind == "state" for g in spec.groups) and v2.ratio_from == "fallback"
-                else ()
-            ),
-        )
-        return V2EngineSizing(spec, limits, kv_memory_bytes, (), degradations, notes, v2)
+        notes = (split, *_sizing_notes(target, v2), *_sizing_notes(drafter, vd, "V2 drafter"))
+        return V2EngineSizing(spec, limits, kv_memory_bytes, (), degradations, notes, v2, vd, budgets)
 
     def pools(self, sizing: V2EngineSizing) -> tuple[EnginePool, ...]:
         assert sizing.v2 is not None
-        tpb = sizing.spec.tokens_per_block
-        by_name = {g.name: g for g in sizing.spec.groups}
+        return self._pools(sizing.spec, sizing.v2) + (self._pools(sizing.spec, sizing.draft) if sizing.draft else ())
+
+    def _pools(self, spec: ModelSpec, v2: V2Sizing) -> tuple[EnginePool, ...]:
+        tpb = spec.tokens_per_block
+        by_name = {g.name: g for g in spec.groups}
+        cycles = storage.life_cycles(spec, tuple(by_name[n] for names, *_ in v2.pool_groups for n in names))
         out = []
         extra = self.options.window_extra
-        for names, slot, _, _, slots in sizing.v2.pool_groups:
-            # page arithmetic at V2's own windows (DeepSeek-V4 widens them by the draft length)
+        for names, slot, _, _, slots in v2.pool_groups:
+            # one member per life cycle (a slot holds every group of it), at V2's own windows
+            # (DeepSeek-V4 widens them by the draft length)
             members = tuple(
                 replace(g, window=life_cycle_window(g, extra)) if extra and g.kind == "sliding" else g
-                for g in (by_name[n] for n in names)
+                for g in (lc.group for lc in cycles if lc.names[0] in names)
             )
             paged = any(m.kind != "state" for m in members)
             tokens = slots * tpb if paged else None
@@ -459,7 +424,7 @@ class V2Model:
 
     def report(self, sizing: V2EngineSizing, pools: tuple[EnginePool, ...]) -> EngineReport:
         assert sizing.v2 is not None
-        merged = any(len(p.groups) > 1 for p in pools)
+        shared = any(len(p.members) > 1 for p in pools)  # life cycles sharing slots
         degradations = list(sizing.degradations)
         spent = sum(p.bytes for p in pools)
         if spent > sizing.budget_bytes:
@@ -467,12 +432,15 @@ class V2Model:
                 f"V2's pools take {spent:,} bytes, more than the {sizing.budget_bytes:,} budget "
                 "(the quota is rounded up to the granularity)"
             )
-        reported = {
+        reported: dict[str, Any] = {
             "slots_per_pool_group": {p.name: p.pages for p in pools},
             "granularity": sizing.v2.granularity,
             "grains": sizing.v2.grains,
             "tokens_per_block": sizing.spec.tokens_per_block,
         }
+        if sizing.draft is not None:
+            reported |= {"draft_granularity": sizing.draft.granularity, "draft_grains": sizing.draft.grains}
+            reported |= {"target_budget_bytes": sizing.budgets[0], "draft_budget_bytes": sizing.budgets[1]}
         return EngineReport(
             self.engine,
             self.version
@@ -487,5 +455,5 @@ class V2Model:
             sizing.refusals,
             tuple(degradations),
             sizing.notes,
-            None if merged else {p.groups[0]: p.pages for p in pools},
+            None if shared else {name: p.pages for p in pools for name in p.groups},
         )

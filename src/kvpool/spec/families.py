@@ -21,7 +21,9 @@ Config = Mapping[str, Any]
 @dataclass(frozen=True)
 class LayerCache:
     """One layer's share of one pool group: `row_bytes` per stored row (or
-    `state_bytes` per request); `tag` names the group it belongs to."""
+    `state_bytes` per request); `tag` names the group it belongs to. `buffers`
+    splits the layer's bytes into the tensors an engine keeps apart (a Mamba
+    layer's conv and SSM state), empty when the layer is one buffer or K and V."""
 
     tag: str
     kind: Kind
@@ -30,6 +32,7 @@ class LayerCache:
     state_bytes: int = 0
     window: int | None = None
     ratio: int | None = None
+    buffers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,9 @@ class LayerGroup:
     window: int | None = None
     ratio: int | None = None
     draft: bool = False
+    # one layer's bytes split into the tensors an engine keeps apart (a Mamba layer's
+    # conv and SSM state, each its own pool in TensorRT-LLM V2); empty: one buffer, or K and V
+    buffers: tuple[int, ...] = field(default=(), compare=False)
     # the kind's rule, looked up once: the page arithmetic asks it on every resize
     rule: KindRule = field(init=False, repr=False, compare=False)
 

@@ -104,6 +104,7 @@ def build_groups(caches: list[LayerCache], tokens_per_block: int) -> tuple[Layer
                 state_bytes=sum(c.state_bytes for c in members),
                 window=first.window,
                 ratio=first.ratio,
+                buffers=first.buffers if all(c.buffers == first.buffers for c in members) else (),
             )
         )
     return tuple(groups)

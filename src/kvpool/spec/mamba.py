@@ -41,31 +41,34 @@ def jamba_layer_types(config: Config) -> list[str]:
     return ["attention" if i % period == offset else "mamba" for i in range(n)]
 
 
-def mamba1_state_bytes(config: Config, ctx: Context) -> int:
-    """One Mamba-1 layer's state per request (conv + SSM), bytes, one rank's share."""
+def mamba1_state_parts(config: Config, ctx: Context) -> tuple[int, int]:
+    """One Mamba-1 layer's state per request as its two buffers (conv, SSM), bytes,
+    one rank's share: engines keep them as separate tensors (TensorRT-LLM V2 as two
+    buffers of one SSM layer, each its own pool)."""
     d_inner = int(config["mamba_expand"]) * int(need(config, "hidden_size"))
     per_rank = -(-d_inner // ctx.tp_size)
     conv = per_rank * (int(config["mamba_d_conv"]) - 1)
     ssm = per_rank * int(config["mamba_d_state"])
-    return row_bytes(conv, served_dtype(config)) + row_bytes(ssm, ctx.ssm_dtype or served_dtype(config))
+    return row_bytes(conv, served_dtype(config)), row_bytes(ssm, ctx.ssm_dtype or served_dtype(config))
 
 
 def jamba(config: Config, ctx: Context) -> list[LayerCache]:
     """Jamba: full-attention layers (GQA KV) and Mamba-1 layers (one state slot)."""
     kv = attention_kv(kv_heads(config), head_dim(config), ctx)
-    state = mamba1_state_bytes(config, ctx)
+    parts = mamba1_state_parts(config, ctx)
     out = []
     for i, t in enumerate(jamba_layer_types(config)):
         if t == "attention":
             out.append(LayerCache("full", "full", i, kv))
         else:
-            out.append(LayerCache("mamba_state", "state", i, state_bytes=state))
+            out.append(LayerCache("mamba_state", "state", i, state_bytes=sum(parts), buffers=parts))
     return out
 
 
-def mamba2_state_bytes(config: Config, ctx: Context, prefix: str = "mamba_") -> int:
-    """One Mamba-2 layer's state per request, bytes, one rank's share (vLLM's
-    Mamba-2 state shapes): with H heads of P channels, G groups, N states, K taps,
+def mamba2_state_parts(config: Config, ctx: Context, prefix: str = "mamba_") -> tuple[int, int]:
+    """One Mamba-2 layer's state per request as its (conv, SSM) buffers, bytes, one
+    rank's share (vLLM's Mamba-2 state shapes): with H heads of P channels, G groups,
+    N states, K taps,
 
         conv = (H*P + 2*G*N) / tp x (K - 1)     ssm = H/tp x P x N
 
@@ -74,7 +77,7 @@ def mamba2_state_bytes(config: Config, ctx: Context, prefix: str = "mamba_") -> 
     groups = split_heads(int(need(config, f"{prefix}n_groups")), ctx.tp_size)
     p, n = int(need(config, f"{prefix}d_head")), int(need(config, f"{prefix}d_state"))
     conv = (heads * p + 2 * groups * n) * (int(need(config, f"{prefix}d_conv")) - 1)
-    return row_bytes(conv, served_dtype(config)) + row_bytes(heads * p * n, ctx.ssm_dtype or served_dtype(config))
+    return row_bytes(conv, served_dtype(config)), row_bytes(heads * p * n, ctx.ssm_dtype or served_dtype(config))
 
 
 def granite_hybrid(config: Config, ctx: Context) -> list[LayerCache]:
@@ -85,13 +88,13 @@ def granite_hybrid(config: Config, ctx: Context) -> list[LayerCache]:
     if len(types) < n:
         raise SpecError(f"layer_types has {len(types)} entries for {n} layers")
     kv = attention_kv(kv_heads(config), head_dim(config), ctx)
-    state = mamba2_state_bytes(config, ctx)
+    parts = mamba2_state_parts(config, ctx)
     out = []
     for i, t in enumerate(types):
         if t in ("attention", "full_attention"):
             out.append(LayerCache("full", "full", i, kv))
         elif t in ("mamba", "linear_attention"):
-            out.append(LayerCache("mamba_state", "state", i, state_bytes=state))
+            out.append(LayerCache("mamba_state", "state", i, state_bytes=sum(parts), buffers=parts))
         else:
             raise SpecError(f"layer {i}: unsupported layer type {t!r}")
     return out
@@ -119,14 +122,14 @@ def nemotron_h(config: Config, ctx: Context) -> list[LayerCache]:
     p, s = int(need(config, "mamba_head_dim")), int(need(config, "ssm_state_size"))
     conv = row_bytes((heads * p + 2 * groups * s) * (int(need(config, "conv_kernel")) - 1), served_dtype(config))
     ssm_dtype = ctx.ssm_dtype or model_dtype({"torch_dtype": config.get("mamba_ssm_cache_dtype", "float32")})
-    state = conv + row_bytes(heads * p * s, ssm_dtype)
+    parts = (conv, row_bytes(heads * p * s, ssm_dtype))
     kv = attention_kv(kv_heads(config), head_dim(config), ctx)
     out = []
     for i, c in enumerate(pattern[:n]):
         if c == "*":
             out.append(LayerCache("full", "full", i, kv))
         elif c == "M":
-            out.append(LayerCache("mamba_state", "state", i, state_bytes=state))
+            out.append(LayerCache("mamba_state", "state", i, state_bytes=sum(parts), buffers=parts))
     return out
 
 
@@ -135,7 +138,7 @@ def falcon_h1(config: Config, ctx: Context) -> list[LayerCache]:
     every layer has KV rows and a Mamba-2 state (same formula as Granite-4.0-H)."""
     n = int(need(config, "num_hidden_layers"))
     kv = attention_kv(kv_heads(config), head_dim(config), ctx)
-    state = mamba2_state_bytes(config, ctx)
+    parts = mamba2_state_parts(config, ctx)
     out = [LayerCache("full", "full", i, kv) for i in range(n)]
-    out += [LayerCache("mamba_state", "state", i, state_bytes=state) for i in range(n)]
+    out += [LayerCache("mamba_state", "state", i, state_bytes=sum(parts), buffers=parts) for i in range(n)]
     return out
