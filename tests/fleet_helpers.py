@@ -74,6 +74,7 @@ class FakeReplica:
         self.waiting: list[tuple[TraceRequest, float]] = []
         self.running: dict[int, tuple[TraceRequest, float, int, int, float | None]] = {}
         self.finished: list[RequestRecord] = []
+        self.records: list[RequestRecord] = []  # every finished request's, kept for `result`
         self.rejected: list[int] = []
         self.submitted: list[tuple[float, int]] = []
         self.ran_to: list[float] = []
@@ -118,6 +119,7 @@ class FakeReplica:
                 del self.running[rid]
                 self.m.free(rid)
                 self.finished.append(RequestRecord(rid, arrival, first, end, request.prompt_len, out, hit, 0))
+                self.records.append(self.finished[-1])
         self.steps += 1
         self.clock = end
 
@@ -157,6 +159,7 @@ class FakeReplica:
             padding_failures=0,
             pages={},
             prompt_hit_rate=self.prompt_hits / self.prompt_tokens if self.prompt_tokens else 0.0,
+            requests=tuple(self.records),
         )
 
 

@@ -232,12 +232,13 @@ class FleetResult:
 
     @property
     def prompt_hit_rate(self) -> float:
-        """Prompt tokens served from cache over all prompt tokens, at each
-        request's first admission on the replica that computed its prompt (the
-        prefill replicas when disaggregated), weighted by the prompt tokens each replica admitted."""
-        computing = [s for s in self.replicas if s.role != "decode"]
-        tokens = sum(s.prompt_tokens for s in computing)
-        return sum(s.result.prompt_hit_rate * s.prompt_tokens for s in computing) / tokens if tokens else 0.0
+        """Prompt tokens served from cache over all prompt tokens of the
+        requests served, at each request's first admission on the replica that
+        computed its prompt (the prefill replicas when disaggregated): the
+        replicas' own records summed, so a fleet of one is its replica."""
+        computing = [r for s in self.replicas if s.role != "decode" for r in s.result.requests]
+        tokens = sum(r.prompt_len for r in computing)
+        return sum(r.cached_tokens for r in computing) / tokens if tokens else 0.0
 
     def good(self, slo: Slo | None = None) -> int:
         """Requests that met `slo` (the run's own when None; every finished one without an SLO)."""
@@ -273,10 +274,13 @@ class FleetResult:
 
     def imbalance(self, role: str | None = None) -> float:
         """Load imbalance of the replicas of `role` (all when None): the most
-        prompt tokens any one of them computed (its prompt tokens less its
-        prefix hits) over their mean; 1.0 is perfectly even."""
+        prompt tokens any one of them computed (its served requests' prompt
+        tokens less their prefix hits; on a decode replica, the handed-off
+        tokens it did not hold already) over their mean; 1.0 is perfectly even."""
         work = [
-            s.prompt_tokens * (1 - s.result.prompt_hit_rate) for s in self.replicas if role is None or s.role == role
+            sum(r.prompt_len - r.cached_tokens for r in s.result.requests)
+            for s in self.replicas
+            if role is None or s.role == role
         ]
         mean = sum(work) / len(work) if work else 0.0
         return max(work) / mean if mean > 0 else 1.0
