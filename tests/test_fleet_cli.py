@@ -17,7 +17,7 @@ FIT = ("fit", "qwen3-8b", "--gpu", "h100")
         ((*SIM, "--replicas", "2", "--router", "best"), "invalid choice"),
         ((*SIM, "--replicas", "0"), "--replicas"),
         ((*SIM, "--replicas", "2", "--event-lag-ms", "5"), "reads none"),
-        ((*SIM, "--router", "kv", "--event-lag-ms", "-1"), "must not be negative"),
+        ((*SIM, "--router", "kv", "--event-lag-ms", "-1"), "--event-lag-ms: expected a finite number >= 0"),
         ((*SIM, "--prefill-replicas", "1"), "both --prefill-replicas and --decode-replicas"),
         ((*SIM, "--replicas", "3", "--prefill-replicas", "1", "--decode-replicas", "1"), "not both"),
         ((*SIM, "--replicas", "2", "--link", "ib-ndr"), "handoff"),
@@ -31,6 +31,8 @@ FIT = ("fit", "qwen3-8b", "--gpu", "h100")
         (("fit", "qwen3-8b", "--gpu", "h100x2", "--trace", "azure-conv", "--slo", "ttft_p99=2s"), "without a count"),
         ((*FIT, "--trace", "azure-conv", "--slo", "ttft_p99=2s", "--routers", "kv,nope"), "--router"),
         ((*FIT, "--trace", "nope.csv", "--slo", "ttft_p99=2s"), "nope.csv"),
+        ((*FIT, "--max-gpus", "4"), "--max-gpus is the fleet search's"),
+        ((*FIT, "--routers", "kv"), "--routers is the fleet search's"),
     ],
 )
 def test_bad_fleet_options_are_one_line_and_exit_2(cli, args: tuple[str, ...], message: str) -> None:  # type: ignore[no-untyped-def]

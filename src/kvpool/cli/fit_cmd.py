@@ -12,7 +12,7 @@ from typing import Any
 from kvpool import deploy
 from kvpool.cli.common import add_json_arg, checked, positive_int, print_json, say_fallback, table
 from kvpool.cli.files import check_input, check_output, output_file, write_output
-from kvpool.cli.fleet_output import add_search_args, render_fit
+from kvpool.cli.fleet_output import SEARCH_DEFAULTS, add_search_args, render_fit
 from kvpool.cli.plan_args import add_plan_args, plan_keywords
 from kvpool.cli.plan_cmd import render_memory
 from kvpool.cli.tiers_args import add_tier_args
@@ -79,6 +79,10 @@ def fit_keywords(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     if args.slo is not None or args.trace is not None:
         return run_search(args)
+    for key, default in SEARCH_DEFAULTS.items():
+        if getattr(args, key) != default:
+            flag = "--" + key.replace("_", "-")
+            raise KvpoolError(f"{flag} is the fleet search's: add --trace T --slo S (or drop {flag})")
     if args.emit_to is not None and len(parse_engines(args.engine)) != 1:
         raise KvpoolError("--emit-to writes one engine's launch: give one --engine")
     found = deploy.fit(args.model, **fit_keywords(args))

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from kvpool.cli.common import int_at_least, positive_int, table
+from kvpool.cli.common import int_at_least, non_negative_float, positive_int, table
 from kvpool.deploy.fleet_fit import FleetFit
 from kvpool.deploy.fleets import FleetRun
 from kvpool.fleet import ROUTER_NAMES
@@ -29,7 +29,7 @@ def add_fleet_args(p: argparse.ArgumentParser) -> None:
     )
     f.add_argument(
         "--event-lag-ms",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         metavar="L",
         help="the kv router sees each KV event L ms after the replica emitted it (default 0)",
@@ -57,6 +57,22 @@ def add_slo_arg(group: Any, *, required: bool) -> None:
         metavar="M_Q=T,...",
         help="latency bounds, e.g. ttft_p99=2s,itl_p99=50ms (metrics ttft, itl, e2e; p50, p90, p95, p99, max)",
     )
+
+
+# fit's options that only the fleet search reads, and their defaults (given without
+# --trace and --slo they would be silently ignored: refused instead)
+SEARCH_DEFAULTS = {
+    "max_gpus": 8,
+    "routers": "kv,round-robin",
+    "no_disaggregated": False,
+    "link": None,
+    "rate": None,
+    "max_requests": None,
+    "workers": None,
+    "ray_address": None,
+    "plot": None,
+    "calibration": None,
+}
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:

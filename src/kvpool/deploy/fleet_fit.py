@@ -25,7 +25,7 @@ from kvpool import presets
 from kvpool.deploy.fleets import FleetLayout, FleetSimulation
 from kvpool.deploy.gpus import split_gpu
 from kvpool.deploy.simulation import SimulateKeywords
-from kvpool.errors import KvpoolError
+from kvpool.errors import KvpoolError, flagged
 from kvpool.fleet import handoff_link
 from kvpool.fleet.metrics import Slo
 from kvpool.sim.serial_or_ray import Bar, run_all
@@ -180,7 +180,8 @@ def fit_fleet(
     Raises KvpoolError on bad input, before any run."""
     values: dict[str, Any] = dict(options)
     workers, ray_address = values.pop("workers", None), values.pop("ray_address", None)
-    slo = Slo.parse(slo) if isinstance(slo, str) else slo
+    with flagged("--slo"):
+        slo = Slo.parse(slo) if isinstance(slo, str) else slo
     if not slo.bounds:
         raise KvpoolError("--slo names no bound")
     if not 1 <= max_gpus <= 64:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Unpack
 
 from kvpool.deploy.simulation import SimulateKeywords, Simulation
-from kvpool.errors import KvpoolError
+from kvpool.errors import KvpoolError, flagged
 from kvpool.fleet import ROUTER_NAMES, handoff, handoff_link, make_router
 from kvpool.fleet.handoff import handoff_seconds
 from kvpool.fleet.loop import FleetReplica, Handoffs, Stage, Transfer, run_fleet
@@ -147,7 +147,9 @@ class FleetSimulation:
         layout = dataclasses.replace(layout, tp=one.resolved.request.model.tp)
         if layout.disaggregated:
             handoff_link(one.gpu, layout.link)  # an unknown link fails before any run
-        return cls(one, layout, Slo.parse(slo) if isinstance(slo, str) else slo)
+        with flagged("--slo"):
+            parsed = Slo.parse(slo) if isinstance(slo, str) else slo
+        return cls(one, layout, parsed)
 
     @property
     def plan(self) -> PoolPlan:
