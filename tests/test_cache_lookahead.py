@@ -80,3 +80,18 @@ def test_stored_pages_are_the_whole_pages_whose_lookahead_is_known(ahead: int, p
     for i, e in enumerate(stored):
         assert e.token_ids == tuple(known[i * TPB : (i + 1) * TPB])
         assert e.lookahead == tuple(known[(i + 1) * TPB : (i + 1) * TPB + ahead])
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 3])
+def test_can_create_answers_what_create_reuses(ahead: int) -> None:
+    """Asked before `create`, the manager names the hit `create` then attaches,
+    with and without lookahead digests (which the prompt memo never reuses)."""
+    m = lookahead_manager(ahead)
+    first = list(range(100, 100 + 4 * 6))
+    m.create(1, first)
+    assert m.resize(1, len(first), len(first))
+    m.commit(1, len(first), [])
+    for rid, prompt in enumerate([first + [7, 8, 9], first[:13], list(range(500, 520)), first + [7]], start=2):
+        asked = m.can_create(prompt)
+        assert asked and asked.hit == m.create(rid, prompt)
+        m.free(rid)

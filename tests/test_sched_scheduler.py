@@ -413,3 +413,42 @@ def test_suspension_parks_a_victim_and_resumes_it_where_it_stopped() -> None:
     assert sched.suspended_pages == sched.resumed_pages > 0
     assert not sched.suspended and mgr.num_requests == 0
     mgr.check_integrity()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    pages=st.integers(6, 40),
+    shared=st.booleans(),
+    first=st.integers(1, 60),
+    second=st.integers(20, 200),
+    budget=st.integers(8, 256),
+)
+def test_a_prefill_chunk_is_the_longest_the_pages_hold(
+    pages: int, shared: bool, first: int, second: int, budget: int
+) -> None:
+    """Every prefill chunk is the longest that fits: one token more does not
+    (in a pool shared by a full and a sliding group too, where a page short
+    takes more than a page of tokens to make up)."""
+    from cache_helpers import twin_spec
+    from shared_pool_helpers import shared_manager
+
+    spec = twin_spec(tpb=4, window=8)
+    limits = ServingLimits(max_batch_size=4, max_seq_len=512, max_num_tokens=budget)
+    if shared:
+        manager = shared_manager(spec, 2 * pages, reuse=False, max_batch_size=4, max_seq_len=512, max_num_tokens=budget)
+    else:
+        manager = KVCacheManager(
+            PoolPlan.from_pages(spec, {"full": pages, "sliding": pages}, limits), enable_reuse=False
+        )
+    sched = Scheduler(manager, limits, enable_reuse=False)
+    sched.add(seq(0, first, 50))
+    sched.add(seq(1, second, 5))
+    for _ in range(20):
+        step = sched.schedule()
+        if step is None:
+            break
+        used = sum(1 + k for _, k in step.decodes) + sum(n for _, _, n in step.prefills)
+        for s, start, n in step.prefills:
+            if start + n < s.num_tokens and used < budget:  # cut short by pages, not by the budget
+                assert not manager.can_resize(s.rid, start + n + 1, start)
+        run_step(sched, step)

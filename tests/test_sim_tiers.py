@@ -161,12 +161,37 @@ def test_a_zero_byte_host_tier_equals_no_tier(data: st.DataObject) -> None:
 @given(st.data())
 def test_more_host_memory_never_lowers_the_hit_rate(data: st.DataObject) -> None:
     """Conversations sharing prefixes through a GPU pool smaller than their
-    pages: a bigger host tier keeps what a smaller one keeps, and more."""
+    pages, served one after another: a bigger host tier keeps what a smaller
+    one keeps, and more (the GPU ends each request with its pages, computed
+    or copied in, either way). Not for requests served together: a tier's hit
+    leaves a step's token budget to a later request, admitted before the
+    pages it would have hit are computed (`test_a_tier_can_move_a_hit`)."""
     trace = prefix_trace(data)
+    trace = dataclasses.replace(trace, arrival_s=np.arange(len(trace), dtype=np.float64) * 10)  # each done first
     plan = toy_plan(data.draw(st.integers(12, 40)))
     page = plan.spec.groups[0].slot_bytes
     small, big = sorted(data.draw(st.lists(st.integers(0, 80), min_size=2, max_size=2)))
     assert run(plan, trace, host=small * page).prompt_hit_rate <= run(plan, trace, host=big * page).prompt_hit_rate
+
+
+def test_a_tier_can_move_a_hit() -> None:
+    """Served together, a bigger tier can lower the prompt hit rate without
+    anything going wrong: with a 1-page host tier, request 4 (preempted)
+    comes back onto its first page from the tier and computes 4 tokens fewer,
+    so request 6 fits in the same step, before request 5 has computed the
+    page request 6 would have reused; without the tier request 6 waits a step
+    and hits it. Request 4's hit is a re-admission's, which the prompt hit
+    rate does not count (docs/tiers.md)."""
+    plan = toy_plan(12)
+    rows = ((0,), (0,), (0,), (0,) * 5, (1, 0, 0, 0, 0), (0,) * 3, (0, 0)) + ((0,),) * 7
+    outs = [1, 1, 1, 22, 2] + [1] * 9
+    trace = Trace(
+        "t", np.array([4 * len(r) for r in rows]), np.array(outs), np.zeros(14), hash_ids=rows, hash_block_tokens=4
+    )
+    bare, tiered = run(plan, trace, host=0), run(plan, trace, host=plan.spec.groups[0].slot_bytes)
+    hits = [{x.rid: x.cached_tokens for x in r.requests if x.cached_tokens} for r in (bare, tiered)]
+    assert hits == [{6: 4}, {}] and tiered.tiers is not None and tiered.tiers["pages_onboarded"] == 1
+    assert bare.prompt_hit_rate > tiered.prompt_hit_rate == 0.0
 
 
 def test_the_hit_rate_is_that_of_the_prompts_served() -> None:

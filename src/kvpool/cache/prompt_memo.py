@@ -80,7 +80,8 @@ class PromptMemo:
         forgets the hit (`remember_hit` gives the new one)."""
         out: list[int] = []
         known: dict[int, KnownPages] = {}
-        if seed == self.seed and self.hashes and not getattr(chain, "ahead", 0):  # (lookahead: ids past pages)
+        ahead: int = getattr(chain, "ahead", 0)  # lookahead digests read ids past their pages
+        if seed == self.seed and self.hashes and not ahead:
             same = self.common_pages(ids, tokens_per_block, num_blocks)
             out = self.hashes[:same]
             known = {
@@ -88,7 +89,9 @@ class PromptMemo:
                 for gi, held in self.pages.items()
                 if pools[gi].drops == self.drops[gi]
             }
-        if len(out) < num_blocks:
+        if len(out) < num_blocks and ahead:
+            extend_hashes(out, ids, tokens_per_block, seed, num_blocks, chain)
+        elif len(out) < num_blocks:
             key = (seed, num_blocks, page_digest(ids[: num_blocks * tokens_per_block].tobytes(), seed & MASK64))
             whole = self.recent.get(key)
             if whole is None:

@@ -154,15 +154,20 @@ def advance_decodes(
         on_extended()
     # the pages the run filled are offered in the order single steps fill them (pages of equal digests
     # in two rows: the first to fill is stored, the other not): the row ahead first (it fills a shared
-    # page first), rows level in row order; finished rows too, before `finish` frees them
+    # page first), rows level in row order; finished rows too, before `finish` frees them. A row that
+    # filled no page is left as `update` leaves it (its next page offers its ids)
     ended: set[int] = set()
     run = [token] * steps
+    tpb = manager.spec.tokens_per_block
     rows_ = [seq for seq, _ in step.decodes]
     for seq in sorted(rows_, key=lambda s: -s.num_computed):  # (stable)
+        before = seq.num_computed
         seq.num_computed += steps
         if append_tokens(seq, run, sched.limits.max_seq_len):
             ended.add(seq.rid)
-        sched.commit_filled(seq)
+            sched.commit_filled(seq)
+        elif seq.num_computed // tpb > before // tpb:
+            sched.commit_filled(seq)
     finished = [seq for seq in rows_ if seq.rid in ended]  # freed in row order, as `update` frees them
     sched.finish(finished)
     return finished

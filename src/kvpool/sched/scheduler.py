@@ -239,17 +239,16 @@ class Scheduler:
         if whole:
             return tokens
 
-        # pages needed grow with the chunk: bisect on the manager's own answer. A group's live pages
-        # at a fixed history grow by one per tpb positions, so the chunk shorter by the most pages a
-        # group lacked fits, and one tpb longer does not: the answer is within tpb of it
+        # pages needed grow with the chunk: bisect on the manager's own answer, from below by the chunk
+        # shorter by the most pages a pool lacked (each group's live pages at a fixed history grow by one
+        # per tpb positions, so that one usually fits; where not, a state slot, from 1)
         def fits(m: int) -> bool:
             return bool(self.manager.resize(rid, history + m + extra, history))
 
-        tpb = self.manager.spec.tokens_per_block
-        lo = tokens - max(whole.short.values()) * tpb
+        lo = tokens - max(whole.short.values()) * self.manager.spec.tokens_per_block
         if lo > 0 and fits(lo):
-            n = largest_fitting(lo, min(lo + tpb - 1, tokens - 1), fits)
-        else:  # (a state slot, a shared pool: the manager's answer decides)
+            n = largest_fitting(lo, tokens - 1, fits)
+        else:
             n = largest_fitting(1, (lo if lo > 0 else tokens) - 1, fits)
         if n > 0 and not self.manager.resize(rid, history + n + extra, history):  # pragma: no cover
             return 0
