@@ -90,6 +90,9 @@ BAD: dict[str, list[str]] = {
     "shares": ["full=", "=0.5", ",", "", "full=nan", "full=2", "full", "full=0.5,,sliding=0.5", "nope=1"],
     "range": ["a:b", "0.9:0.1", "1:2", ":", "", "0.5", "nan:0.9", "-1:0.5"],
     "rate": ["abc", "-1", "0", "nan", "", "-inf"],
+    "non_negative_float": ["-1", "nan", "inf", "abc", "", "1e400"],
+    "slo": ["", "ttft=2s", "ttft_p99", "ttft_p99=fast", "ttft_p99=-1s", "nope_p99=1s", "ttft_p99=1s,ttft_p99=2s"],
+    "routers": ["", "nope", "kv,,round-robin", "kv:nope"],
     "path_in": [
         "{tmp}/missing.file",
         "{tmp}",
@@ -132,6 +135,8 @@ def kind(command: str, action: argparse.Action) -> str | None:
         return "tokens"
     if qual == "positive_float":
         return "positive_float"
+    if qual == "non_negative_float":
+        return "non_negative_float"
     if qual.startswith("size_arg"):
         return "size0" if name in ZERO_SIZES else "size"
     if metavar == "SIZE":
@@ -165,6 +170,8 @@ KIND_BY_FLAG: dict[str, dict[str, str | None]] = {
         "--kv-events-replay": "endpoint",
         "--workload-rate": "rate",
         "--rate": "rate",
+        "--slo": "slo",
+        "--link": "name",
         "--ranks-per-node": "count",
         "--engine": "engine",
         "--compare": "policies",
@@ -182,7 +189,7 @@ KIND_BY_FLAG: dict[str, dict[str, str | None]] = {
         "grid": "path_in",
     },
     "generate": {"--kv-memory": "size"},
-    "fit": {"--gpu": "gpu_count", "--emit-to": "path_out", "--engine": "engine"},
+    "fit": {"--gpu": "gpu_count", "--emit-to": "path_out", "--engine": "engine", "--routers": "routers"},
     "calibrate": {"--steps": "path_in", "--ops": "path_in", "--out": "path_out"},
     "sweep": {"--out": "path_base", "--workers": "count"},
     "serve": {"--port": "port", "--models-dir": "folder"},

@@ -1,5 +1,5 @@
-"""Byte sizes as people write them (`40GiB`, `512MiB`, `1.5e9`) and back, and the
-one test of a count (`is_positive_int`) every layer checks its arguments with."""
+"""Byte sizes as people write them (`40GiB`, `512MiB`, `1.5e9`) and back,
+durations (`2s`, `50ms`), and the one test of a count (`is_positive_int`) every layer checks its arguments with."""
 
 from __future__ import annotations
 
@@ -73,6 +73,22 @@ def size_or_zero(text: str | int) -> int:
     if isinstance(text, int) and not isinstance(text, bool) and text == 0:
         return 0
     return parse_size(text)
+
+
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*(ms|s|us|min)?\s*$", re.IGNORECASE)
+_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `text`: a number with a unit (`50ms`, `2s`, `250us`, `1min`),
+    a bare number being seconds. Positive and finite, else KvpoolError."""
+    match = _DURATION.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise KvpoolError(f"cannot read duration {text!r}; write e.g. 2s, 50ms or 0.5")
+    value = float(match.group(1)) * _SECONDS[(match.group(2) or "s").lower()]
+    if not 0 < value < float("inf"):
+        raise KvpoolError(f"duration {text!r} must be positive and finite")
+    return value
 
 
 def is_positive_int(value: object) -> TypeGuard[int]:

@@ -51,6 +51,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number >= 0 (nan, inf and negatives are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
 def fraction(text: str) -> float:
     """An argparse type: a share in (0, 1] (nan, inf, 0 and above 1 are refused)."""
     try:

@@ -11,15 +11,17 @@ from typing import Any
 
 from kvpool import deploy
 from kvpool.cli.common import add_json_arg, checked, positive_int, print_json, say_fallback, table
-from kvpool.cli.files import output_file, write_output
+from kvpool.cli.files import check_input, check_output, output_file, write_output
+from kvpool.cli.fleet_output import SEARCH_DEFAULTS, add_search_args, render_fit
 from kvpool.cli.plan_args import add_plan_args, plan_keywords
 from kvpool.cli.plan_cmd import render_memory
 from kvpool.cli.tiers_args import add_tier_args
 from kvpool.deploy.engine_fit import EngineFit
 from kvpool.deploy.fitting import FitResult, Search, parse_engines
+from kvpool.deploy.fleet_fit import fit_fleet
 from kvpool.deploy.layouts import Layout
 from kvpool.engines import registry
-from kvpool.errors import KvpoolError
+from kvpool.errors import KvpoolError, flagged
 from kvpool.media import Medium
 from kvpool.plan.tiers import TierPlan
 from kvpool.units import format_bytes
@@ -55,6 +57,7 @@ def register(sub: Any) -> None:
         help="write the launch of the one --engine to FILE (a shell line, or TensorRT-LLM's YAML)",
     )
     add_tier_args(p, title="cold tiers below each engine's pools (docs/tiers.md)", engine_rules=True)
+    add_search_args(p)
     add_json_arg(p)
     p.set_defaults(func=run)
 
@@ -75,6 +78,12 @@ def fit_keywords(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.slo is not None or args.trace is not None:
+        return run_search(args)
+    for key, default in SEARCH_DEFAULTS.items():
+        if getattr(args, key) != default:
+            flag = "--" + key.replace("_", "-")
+            raise KvpoolError(f"{flag} is the fleet search's: add --trace T --slo S (or drop {flag})")
     if args.emit_to is not None and len(parse_engines(args.engine)) != 1:
         raise KvpoolError("--emit-to writes one engine's launch: give one --engine")
     found = deploy.fit(args.model, **fit_keywords(args))
@@ -89,6 +98,63 @@ def run(args: argparse.Namespace) -> int:
         print(render(found))
     if found.error is not None:
         print(f"kvpool fit: {found.error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+SEARCH_ONLY = ("users", "len", "emit_to", "model_id", "host_memory", "disk")
+
+
+def run_search(args: argparse.Namespace) -> int:
+    """--trace T --slo S: the smallest fleet that meets S on T (`deploy.fit_fleet`)."""
+    from kvpool.cli.sim_output import parse_rate
+
+    if args.slo is None or args.trace is None:
+        raise KvpoolError("the fleet search needs both --trace and --slo (e.g. --slo ttft_p99=2s,itl_p99=50ms)")
+    if args.gpu is None:
+        raise KvpoolError("fit --slo needs --gpu NAME (the search picks how many)")
+    given = [f"--{k.replace('_', '-')}" for k in SEARCH_ONLY if getattr(args, k) not in (None, False)]
+    if given:
+        raise KvpoolError(f"{', '.join(given)} answer the one-engine fit; drop them with --slo")
+    if args.plot is not None:
+        from kvpool.sim.plot import check_target
+
+        with flagged("--plot"):
+            check_output(args.plot)
+        check_target(args.plot)
+    calibration = args.calibration
+    if calibration not in (None, "roofline"):
+        calibration = check_input(calibration, "calibration ")
+    routers = tuple(r.strip() for r in args.routers.split(",") if r.strip())
+    found = fit_fleet(
+        args.model,
+        **plan_keywords(args),
+        gpu=args.gpu,
+        trace=args.trace,
+        slo=args.slo,
+        max_gpus=args.max_gpus,
+        routers=routers,
+        disaggregated=not args.no_disaggregated,
+        link=args.link,
+        workers=args.workers,
+        ray_address=args.ray_address,
+        progress=not args.quiet and not args.json,
+        rate=parse_rate(args.rate),
+        max_requests=args.max_requests,
+        calibration=calibration,
+    )
+    if args.plot:
+        from kvpool.fleet.plot import plot_goodput
+        from kvpool.sim.plot import plot_format
+
+        points, fmt, title = found.goodput_by_gpus(), plot_format(args.plot), f"{args.model} on {args.gpu}"
+        write_output(args.plot, lambda f: plot_goodput(f, points, slo=str(found.slo), title=title, fmt=fmt), "--plot")
+    if args.json:
+        print_json(found.to_dict())
+    else:
+        print(render_fit(found))
+    if found.best is None:
+        print(f"kvpool fit: no fleet of at most {args.max_gpus} GPUs meets {found.slo}", file=sys.stderr)
         return 2
     return 0
 

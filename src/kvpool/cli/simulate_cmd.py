@@ -10,10 +10,12 @@ from typing import Any
 
 from kvpool.cli.common import add_json_arg, print_json, say_fallback
 from kvpool.cli.files import check_input, check_output, write_output
+from kvpool.cli.fleet_output import RequestBar, add_fleet_args, render_run
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.cli.plan_args import add_plan_args, plan_keywords
 from kvpool.cli.sim_output import ProgressBar, parse_rate, rebalance_lines, results_table, sweep_table
 from kvpool.cli.simulate_args import add_simulation_args, add_tier_sim_args
+from kvpool.deploy.fleets import FleetLayout, FleetSimulation
 from kvpool.deploy.simulation import Simulation, SimulationResult
 from kvpool.errors import KvpoolError, flagged
 from kvpool.media import Medium
@@ -35,6 +37,7 @@ def register(sub: Any) -> None:
     s = add_simulation_args(p)
     add_kv_events_args(s)
     add_tier_sim_args(p)
+    add_fleet_args(p)
     add_json_arg(p)
     p.set_defaults(func=run)
 
@@ -83,12 +86,32 @@ def simulate_keywords(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+FLEET_OPTIONS = ("replicas", "router", "prefill_replicas", "decode_replicas", "link", "slo")
+
+
+def fleet_layout(args: argparse.Namespace) -> FleetLayout | None:
+    """The fleet the options ask for, or None (one replica, no fleet option)."""
+    if all(getattr(args, k) is None for k in FLEET_OPTIONS) and not args.event_lag_ms:
+        return None
+    return FleetLayout(
+        args.replicas or 1,
+        args.router or "round-robin",
+        args.event_lag_ms,
+        args.prefill_replicas or 0,
+        args.decode_replicas or 0,
+        link=args.link,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     if args.plot is not None and not args.plot.strip():
         raise KvpoolError("--plot is empty; give a value or leave the flag out")
     if args.plot is not None:
         with flagged("--plot"):
             check_output(args.plot)
+    layout = fleet_layout(args)
+    if layout is not None:
+        return run_fleet(args, layout)
     setup = Simulation.of(args.model, **simulate_keywords(args))
     say_fallback(setup.spec)
     publisher = open_publisher(args, setup.spec.groups)
@@ -182,3 +205,43 @@ def header(args: argparse.Namespace, result: SimulationResult) -> str:
         f"{len(s.trace)} requests, rate {args.rate or 'trace times'}; padding dummies "
         f"{'reserved' if s.padding else 'lazy'}"
     )
+
+
+def run_fleet(args: argparse.Namespace, layout: FleetLayout) -> int:
+    """`simulate` with fleet options: the fleet's run (`deploy.fleets`), its table or --json, its plot."""
+    if args.kv_events is not None:
+        raise KvpoolError("--kv-events publishes one replica's events; a fleet's go to its router: drop it")
+    setup = FleetSimulation.of(args.model, layout=layout, slo=args.slo, **simulate_keywords(args))
+    say_fallback(setup.simulation.spec)
+    if args.plot:
+        from kvpool.sim.plot import check_target
+
+        check_target(args.plot)
+    bar = RequestBar(not args.quiet)
+    try:
+        result = setup.run(progress=bar)
+    finally:
+        bar.close()
+    if args.plot:
+        from kvpool.fleet.plot import plot_fleet
+        from kvpool.sim.plot import plot_format
+
+        s, fmt = setup.simulation, plot_format(args.plot)
+        title = f"{s.spec.name} on {s.gpu.key}, {s.trace.name}"
+        write_output(
+            args.plot, lambda f: plot_fleet(f, result.result, result.aggregated, title=title, fmt=fmt), "--plot"
+        )
+    if args.json:
+        print_json(result.to_dict())
+        return 0
+    s = setup.simulation
+    lim = s.resolved.limits
+    print(
+        render_run(
+            result,
+            f"{s.spec.name} on {s.gpu.name}, per replica KV {format_bytes(s.resolved.budget.kv_bytes)} "
+            f"B={lim.max_batch_size} L={lim.max_seq_len} N={lim.max_num_tokens}; trace {s.trace.name}: "
+            f"{len(s.trace)} requests, rate {args.rate or 'trace times'}",
+        )
+    )
+    return 0

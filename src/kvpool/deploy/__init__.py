@@ -11,8 +11,10 @@ and run a simulation. The CLI, `kvpool serve` and a notebook call the same three
 
 One namespace rather than `kvpool.fit`/`kvpool.plan`: `kvpool.plan` is the sizing
 package (pure functions, NumPy only), which a function of that name would shadow,
-and `import kvpool` stays the NumPy-only core. `deploy.calibrate` fits the
-simulator's step times to measurements of your own (`kvpool calibrate`). Each function takes typed keywords
+and `import kvpool` stays the NumPy-only core. `deploy.simulate_fleet` runs replicas behind a router (or prefill and decode
+replicas), `deploy.fit_fleet` finds the smallest fleet for an SLO
+(docs/fleet.md). `deploy.calibrate` fits the simulator's step times to
+measurements of your own (`kvpool calibrate`). Each function takes typed keywords
 (`PlanKeywords`: limits, budget, parallel layout, policy) and returns a frozen
 result whose `to_dict()` is the matching command's `--json`. Bad input raises a
 `KvpoolError` naming the option as the command line spells it.
@@ -22,6 +24,8 @@ from kvpool.deploy.budget import Budget, kv_budget
 from kvpool.deploy.calibrating import CalibrationResult, calibrate
 from kvpool.deploy.engine_fit import EngineFit
 from kvpool.deploy.fitting import FitResult, Search, fit
+from kvpool.deploy.fleet_fit import FleetFit, fit_fleet
+from kvpool.deploy.fleets import FleetLayout, FleetRun, FleetSimulation, simulate_fleet
 from kvpool.deploy.options import PlanKeywords, PlanRequest
 from kvpool.deploy.planning import PlanResult, plan
 from kvpool.deploy.resolution import Resolved, resolve
@@ -32,6 +36,10 @@ __all__ = [
     "CalibrationResult",
     "EngineFit",
     "FitResult",
+    "FleetFit",
+    "FleetLayout",
+    "FleetRun",
+    "FleetSimulation",
     "PlanKeywords",
     "PlanRequest",
     "PlanResult",
@@ -42,8 +50,10 @@ __all__ = [
     "SimulationResult",
     "calibrate",
     "fit",
+    "fit_fleet",
     "kv_budget",
     "plan",
     "resolve",
     "simulate",
+    "simulate_fleet",
 ]

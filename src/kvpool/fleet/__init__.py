@@ -1,6 +1,7 @@
 """fleet: what a fleet of replicas adds to one replica's simulation: routers
-that pick a replica for each request, and the prefill -> decode handoff
-(bytes per group, time over a link). See docs/fleet.md."""
+that pick a replica for each request, the prefill -> decode handoff (bytes
+per group, time over a link), the loop that runs replicas behind routers, and
+what a fleet's run measured. See docs/fleet.md."""
 
 from kvpool.fleet.handoff import (
     GroupHandoff,
@@ -13,6 +14,8 @@ from kvpool.fleet.handoff import (
 )
 from kvpool.fleet.kv_router import KvCost, KvRouter
 from kvpool.fleet.load import RouteRequest, RouterError, WorkerLoads
+from kvpool.fleet.loop import FleetReplica, Handoffs, Stage, Transfer, run_fleet
+from kvpool.fleet.metrics import FleetRecord, FleetResult, ReplicaSummary, Slo, SloError
 from kvpool.fleet.prefix_router import ApproxTree, PrefixRouter
 from kvpool.fleet.registry import ROUTER_NAMES, ROUTERS, make_router
 from kvpool.fleet.routers import CacheAware, LeastLoad, RoundRobin, Router
@@ -22,21 +25,31 @@ __all__ = [
     "ROUTER_NAMES",
     "ApproxTree",
     "CacheAware",
+    "FleetRecord",
+    "FleetReplica",
+    "FleetResult",
     "GroupHandoff",
     "Handoff",
     "HandoffError",
+    "Handoffs",
     "KvCost",
     "KvRouter",
     "LeastLoad",
     "PrefixRouter",
+    "ReplicaSummary",
     "RoundRobin",
     "RouteRequest",
     "Router",
     "RouterError",
+    "Slo",
+    "SloError",
+    "Stage",
+    "Transfer",
     "WorkerLoads",
     "bytes_per_token",
     "handoff",
     "handoff_link",
     "handoff_seconds",
     "make_router",
+    "run_fleet",
 ]

@@ -82,6 +82,9 @@ class Router(ABC):
     may extend `record` (the side effects of a decision)."""
 
     name: ClassVar[str]
+    # whether a choice depends on what the workers did (finishes, events); a fleet
+    # need not advance its replicas to route for a router that reads nothing
+    reads_workers: ClassVar[bool] = True
 
     def __init__(self, workers: int) -> None:
         self.loads = WorkerLoads(workers)
@@ -132,6 +135,7 @@ class RoundRobin(Router):
     """Workers in turn, 0, 1, ..., n-1, 0, ... (one counter; finished requests do not matter)."""
 
     name = "round-robin"
+    reads_workers = False
 
     def __init__(self, workers: int) -> None:
         super().__init__(workers)

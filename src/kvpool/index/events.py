@@ -103,7 +103,7 @@ def stored_of(raw: Any) -> Stored:
         return Stored(
             tuple(map(block_hash, f["block_hashes"])),
             None if f.get("parent_block_hash") is None else block_hash(f["parent_block_hash"]),
-            tuple(int(t) for t in f["token_ids"]),
+            tuple(map(int, f["token_ids"])),
             int(f["block_size"]),
             f.get("medium"),
             f.get("lora_name"),

@@ -22,6 +22,11 @@ def _pyplot() -> Any:
     return plt
 
 
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend; KvpoolError when matplotlib is missing."""
+    return _pyplot()
+
+
 def check_target(path: str | Path) -> None:
     """Raise KvpoolError now, before any run, if `path` cannot be written as a
     plot (matplotlib missing, or a file type it does not write). Whether the file
