@@ -18,7 +18,7 @@ from kvpool.cli.plan_cmd import render_memory
 from kvpool.cli.tiers_args import add_tier_args
 from kvpool.deploy.engine_fit import EngineFit
 from kvpool.deploy.fitting import FitResult, Search, parse_engines
-from kvpool.deploy.fleet_fit import fit_fleet
+from kvpool.deploy.fleet_fit import FleetFit, fit_fleet
 from kvpool.deploy.layouts import Layout
 from kvpool.engines import registry
 from kvpool.errors import KvpoolError, flagged
@@ -80,12 +80,7 @@ def fit_keywords(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     if args.slo is not None or args.trace is not None:
         return run_search(args)
-    for key, default in SEARCH_DEFAULTS.items():
-        if getattr(args, key) != default:
-            flag = "--" + key.replace("_", "-")
-            raise KvpoolError(f"{flag} is the fleet search's: add --trace T --slo S (or drop {flag})")
-    if args.emit_to is not None and len(parse_engines(args.engine)) != 1:
-        raise KvpoolError("--emit-to writes one engine's launch: give one --engine")
+    check_fit_flags(args)
     found = deploy.fit(args.model, **fit_keywords(args))
     if found.resolved is not None:
         say_fallback(found.resolved.spec)
@@ -102,6 +97,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_fit_flags(args: argparse.Namespace) -> None:
+    """The one-engine fit's flags checked before it runs: no fleet-search
+    flag, one --engine for --emit-to."""
+    for key, default in SEARCH_DEFAULTS.items():
+        if getattr(args, key) != default:
+            flag = "--" + key.replace("_", "-")
+            raise KvpoolError(f"{flag} is the fleet search's: add --trace T --slo S (or drop {flag})")
+    if args.emit_to is not None and len(parse_engines(args.engine)) != 1:
+        raise KvpoolError("--emit-to writes one engine's launch: give one --engine")
+
+
 SEARCH_ONLY = ("users", "len", "emit_to", "model_id", "host_memory", "disk")
 
 
@@ -109,19 +115,7 @@ def run_search(args: argparse.Namespace) -> int:
     """--trace T --slo S: the smallest fleet that meets S on T (`deploy.fit_fleet`)."""
     from kvpool.cli.sim_output import parse_rate
 
-    if args.slo is None or args.trace is None:
-        raise KvpoolError("the fleet search needs both --trace and --slo (e.g. --slo ttft_p99=2s,itl_p99=50ms)")
-    if args.gpu is None:
-        raise KvpoolError("fit --slo needs --gpu NAME (the search picks how many)")
-    given = [f"--{k.replace('_', '-')}" for k in SEARCH_ONLY if getattr(args, k) not in (None, False)]
-    if given:
-        raise KvpoolError(f"{', '.join(given)} answer the one-engine fit; drop them with --slo")
-    if args.plot is not None:
-        from kvpool.sim.plot import check_target
-
-        with flagged("--plot"):
-            check_output(args.plot)
-        check_target(args.plot)
+    check_search_flags(args)
     calibration = args.calibration
     if calibration not in (None, "roofline"):
         calibration = check_input(calibration, "calibration ")
@@ -144,11 +138,7 @@ def run_search(args: argparse.Namespace) -> int:
         calibration=calibration,
     )
     if args.plot:
-        from kvpool.fleet.plot import plot_goodput
-        from kvpool.sim.plot import plot_format
-
-        points, fmt, title = found.goodput_by_gpus(), plot_format(args.plot), f"{args.model} on {args.gpu}"
-        write_output(args.plot, lambda f: plot_goodput(f, points, slo=str(found.slo), title=title, fmt=fmt), "--plot")
+        write_goodput_plot(args, found)
     if args.json:
         print_json(found.to_dict())
     else:
@@ -157,6 +147,33 @@ def run_search(args: argparse.Namespace) -> int:
         print(f"kvpool fit: no fleet of at most {args.max_gpus} GPUs meets {found.slo}", file=sys.stderr)
         return 2
     return 0
+
+
+def check_search_flags(args: argparse.Namespace) -> None:
+    """The fleet search's flags checked before any run: --trace and --slo
+    both, --gpu, no one-engine flag, a --plot file that can be written."""
+    if args.slo is None or args.trace is None:
+        raise KvpoolError("the fleet search needs both --trace and --slo (e.g. --slo ttft_p99=2s,itl_p99=50ms)")
+    if args.gpu is None:
+        raise KvpoolError("fit --slo needs --gpu NAME (the search picks how many)")
+    given = [f"--{k.replace('_', '-')}" for k in SEARCH_ONLY if getattr(args, k) not in (None, False)]
+    if given:
+        raise KvpoolError(f"{', '.join(given)} answer the one-engine fit; drop them with --slo")
+    if args.plot is not None:
+        from kvpool.sim.plot import check_target
+
+        with flagged("--plot"):
+            check_output(args.plot)
+        check_target(args.plot)
+
+
+def write_goodput_plot(args: argparse.Namespace, found: FleetFit) -> None:
+    """--plot FILE: the best goodput found at each GPU count."""
+    from kvpool.fleet.plot import plot_goodput
+    from kvpool.sim.plot import plot_format
+
+    points, fmt, title = found.goodput_by_gpus(), plot_format(args.plot), f"{args.model} on {args.gpu}"
+    write_output(args.plot, lambda f: plot_goodput(f, points, slo=str(found.slo), title=title, fmt=fmt), "--plot")
 
 
 def emit_to(path: Path, fits: tuple[EngineFit, ...]) -> Path:

@@ -129,6 +129,11 @@ def ms(x: float | None) -> str:
 
 def fleet_lines(result: FleetResult) -> list[str]:
     """The per-replica table, then the fleet's line."""
+    return [replica_table(result), "", fleet_table(result), *fleet_notes(result)]
+
+
+def replica_table(result: FleetResult) -> str:
+    """Each replica's requests, prompt hits, preemptions and peak pages."""
     rows = []
     for s in result.replicas:
         peak = ", ".join(f"{g} {p}" for g, p in s.transfer_peak_pages.items()) or "-"
@@ -142,39 +147,45 @@ def fleet_lines(result: FleetResult) -> list[str]:
                 peak if s.role == "decode" else "-",
             ]
         )
+    return table(
+        ["replica", "requests", "prompt hits", "preemptions", "peak pages used", "pages in transfer (peak)"], rows
+    )
+
+
+def fleet_table(result: FleetResult) -> str:
+    """The fleet's throughput, prompt hits, latency percentiles and imbalance."""
     lat = result.latencies
-    lines = [
-        table(
-            ["replica", "requests", "prompt hits", "preemptions", "peak pages used", "pages in transfer (peak)"], rows
-        ),
-        "",
-        table(
+    return table(
+        [
+            "fleet",
+            "GPUs",
+            "req/s",
+            "tok/s",
+            "prompt hits",
+            "TTFT p50/p99 ms",
+            "ITL p50/p99 ms",
+            "E2E p50/p99 ms",
+            "imbalance",
+        ],
+        [
             [
-                "fleet",
-                "GPUs",
-                "req/s",
-                "tok/s",
-                "prompt hits",
-                "TTFT p50/p99 ms",
-                "ITL p50/p99 ms",
-                "E2E p50/p99 ms",
-                "imbalance",
-            ],
-            [
-                [
-                    result.layout,
-                    result.gpus,
-                    f"{result.finished / result.makespan_s:.2f}" if result.makespan_s else "-",
-                    f"{result.output_tokens_per_s:,.0f}",
-                    f"{result.prompt_hit_rate:.3f}",
-                    f"{ms(lat.at('ttft', 50))} / {ms(lat.at('ttft', 99))}",
-                    f"{ms(lat.at('itl', 50))} / {ms(lat.at('itl', 99))}",
-                    f"{ms(lat.at('e2e', 50))} / {ms(lat.at('e2e', 99))}",
-                    " ".join(f"{result.imbalance(r):.2f}" for r in sorted({s.role for s in result.replicas})),
-                ]
-            ],
-        ),
-    ]
+                result.layout,
+                result.gpus,
+                f"{result.finished / result.makespan_s:.2f}" if result.makespan_s else "-",
+                f"{result.output_tokens_per_s:,.0f}",
+                f"{result.prompt_hit_rate:.3f}",
+                f"{ms(lat.at('ttft', 50))} / {ms(lat.at('ttft', 99))}",
+                f"{ms(lat.at('itl', 50))} / {ms(lat.at('itl', 99))}",
+                f"{ms(lat.at('e2e', 50))} / {ms(lat.at('e2e', 99))}",
+                " ".join(f"{result.imbalance(r):.2f}" for r in sorted({s.role for s in result.replicas})),
+            ]
+        ],
+    )
+
+
+def fleet_notes(result: FleetResult) -> list[str]:
+    """The requests not routed or rejected, and the SLO's verdict."""
+    lines = []
     if result.too_long:
         lines.append(f"{result.too_long} requests not routed: their prompt leaves no room under max_seq_len")
     if result.rejected > result.too_long:

@@ -138,23 +138,28 @@ def choose(evaluations: Sequence[Evaluation]) -> tuple[Evaluation | None, Evalua
         return None, near, why
     gpus = min(e.gpus for e in met)
     at = sorted((e for e in met if e.gpus == gpus), key=lambda e: -e.goodput_rps)  # stable: ties keep the order tried
-    best = at[0]
+    return (at[0], *runner_up(at, evaluations))
+
+
+def runner_up(at: Sequence[Evaluation], evaluations: Sequence[Evaluation]) -> tuple[Evaluation | None, str]:
+    """The runner-up to `at[0]` and why it lost: another that meets the SLO on
+    as few GPUs (`at`, best first), else the largest on fewer GPUs, else the
+    best of the rest."""
+    best, gpus = at[0], at[0].gpus
     if len(at) > 1:
         r = at[1]
-        return (
-            best,
-            r,
-            f"also meets the SLO on {gpus} GPUs, with less goodput ({r.goodput_rps:.3g} vs {best.goodput_rps:.3g} requests/s)",
+        return r, (
+            f"also meets the SLO on {gpus} GPUs, with less goodput ({r.goodput_rps:.3g} vs {best.goodput_rps:.3g} requests/s)"
         )
     below = [e for e in evaluations if e.gpus < gpus]
     if below:
         r = max(below, key=lambda e: (e.gpus, e.goodput_rps))
-        return best, r, f"{r.gpus} GPUs: misses {'; '.join(r.misses)}"
+        return r, f"{r.gpus} GPUs: misses {'; '.join(r.misses)}"
     others = [e for e in evaluations if e is not best]
     if others:
         r = max(others, key=lambda e: e.goodput_rps)
-        return best, r, f"misses {'; '.join(r.misses)}"
-    return best, None, ""
+        return r, f"misses {'; '.join(r.misses)}"
+    return None, ""
 
 
 def fit_fleet(
@@ -180,6 +185,28 @@ def fit_fleet(
     Raises KvpoolError on bad input, before any run."""
     values: dict[str, Any] = dict(options)
     workers, ray_address = values.pop("workers", None), values.pop("ray_address", None)
+    slo = check_search(slo, gpu=gpu, max_gpus=max_gpus, disaggregated=disaggregated, link=link)
+    notes: list[str] = []
+    setups = engine_setups(model, gpu, trace, slo, max_gpus, tps, notes, values)
+    layouts = [
+        dataclasses.replace(c, link=link if c.disaggregated else None)
+        for c in candidates(sorted(setups), max_gpus, routers, disaggregated)
+    ]
+    evaluations: list[Evaluation] = []
+    how = ""
+    for gpus in sorted({c.gpus for c in layouts}):
+        tasks = [FleetTask(setups[c.tp], c) for c in layouts if c.gpus == gpus]
+        results, how = evaluate_on(gpus, tasks, evaluate, workers=workers, ray_address=ray_address, progress=progress)
+        evaluations += results
+        if any(e.meets for e in results):
+            break
+    notes.append(how.replace("points", "candidates"))
+    best, second, why = choose(evaluations)
+    return FleetFit(slo, best, second, why, tuple(evaluations), tuple(notes))
+
+
+def check_search(slo: Slo | str, *, gpu: str, max_gpus: int, disaggregated: bool, link: str | None) -> Slo:
+    """`fit_fleet`'s arguments checked before any run; the SLO parsed."""
     with flagged("--slo"):
         slo = Slo.parse(slo) if isinstance(slo, str) else slo
     if not slo.bounds:
@@ -191,8 +218,23 @@ def fit_fleet(
         raise KvpoolError(f"--gpu {gpu}: give the GPU without a count (the search picks how many, up to --max-gpus)")
     if disaggregated:
         handoff_link(presets.load_gpu(name), link)  # an unknown link fails before any run
+    return slo
+
+
+def engine_setups(
+    model: str,
+    gpu: str,
+    trace: Any,
+    slo: Slo,
+    max_gpus: int,
+    tps: Sequence[int] | None,
+    notes: list[str],
+    values: dict[str, Any],
+) -> dict[int, FleetSimulation]:
+    """One engine's simulation per TP size the model fits at (planned now);
+    a default TP it does not fit at is noted in `notes` and skipped, a TP
+    given in `tps` raises."""
     setups: dict[int, FleetSimulation] = {}
-    notes: list[str] = []
     for tp in tps or DEFAULT_TPS:
         if tp > max_gpus:
             continue
@@ -207,24 +249,24 @@ def fit_fleet(
             notes.append(f"tp {tp} skipped: {e}")
     if not setups:
         raise KvpoolError(f"{model} fits no engine of at most {max_gpus} {gpu} GPUs: {'; '.join(notes)}")
-    layouts = [
-        dataclasses.replace(c, link=link if c.disaggregated else None)
-        for c in candidates(sorted(setups), max_gpus, routers, disaggregated)
-    ]
-    evaluations: list[Evaluation] = []
-    how = ""
-    for gpus in sorted({c.gpus for c in layouts}):
-        tasks = [FleetTask(setups[c.tp], c) for c in layouts if c.gpus == gpus]
-        bar = Bar(len(tasks), f"{gpus} GPUs", enabled=progress)
-        try:
-            results, how = run_all(
-                evaluate, tasks, workers=workers, ray_address=ray_address, bar=bar, describe=lambda t: t.layout.label
-            )
-        finally:
-            bar.close()
-        evaluations += results
-        if any(e.meets for e in results):
-            break
-    notes.append(how.replace("points", "candidates"))
-    best, runner_up, why = choose(evaluations)
-    return FleetFit(slo, best, runner_up, why, tuple(evaluations), tuple(notes))
+    return setups
+
+
+def evaluate_on(
+    gpus: int,
+    tasks: list[FleetTask],
+    evaluate: Callable[[FleetTask], Evaluation],
+    *,
+    workers: int | None,
+    ray_address: str | None,
+    progress: bool,
+) -> tuple[list[Evaluation], str]:
+    """Every candidate of `gpus` GPUs run (on Ray with `workers` /
+    `ray_address`), under a progress bar; the results and how they ran."""
+    bar = Bar(len(tasks), f"{gpus} GPUs", enabled=progress)
+    try:
+        return run_all(
+            evaluate, tasks, workers=workers, ray_address=ray_address, bar=bar, describe=lambda t: t.layout.label
+        )
+    finally:
+        bar.close()

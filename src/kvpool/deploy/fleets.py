@@ -48,20 +48,28 @@ class FleetLayout:
     def __post_init__(self) -> None:
         if self.router not in ROUTER_NAMES:
             raise KvpoolError(f"--router {self.router!r}: one of {', '.join(ROUTER_NAMES)}")
+        self._check_replicas()
+        self._check_event_lag()
+        if self.link is not None and not self.disaggregated:
+            raise KvpoolError("--link is the prefill -> decode handoff's; add --prefill-replicas/--decode-replicas")
+
+    def _check_replicas(self) -> None:
+        """The replica counts: aggregated (--replicas) or prefill and decode, not both."""
         if not is_positive_int(self.replicas):
             raise KvpoolError(f"--replicas must be a positive integer, got {self.replicas!r}")
         if (self.prefill > 0) != (self.decode > 0):
             raise KvpoolError("a disaggregated fleet needs both --prefill-replicas and --decode-replicas")
         if self.disaggregated and self.replicas != 1:
             raise KvpoolError("give --replicas or --prefill-replicas/--decode-replicas, not both")
+
+    def _check_event_lag(self) -> None:
+        """The event lag: not negative, and only for the kv router that reads events."""
         if not self.event_lag_ms >= 0:
             raise KvpoolError(f"--event-lag-ms must not be negative, got {self.event_lag_ms}")
         if self.event_lag_ms and not self.router.startswith("kv"):
             raise KvpoolError(
                 f"--event-lag-ms delays the KV events the kv router reads; router {self.router} reads none"
             )
-        if self.link is not None and not self.disaggregated:
-            raise KvpoolError("--link is the prefill -> decode handoff's; add --prefill-replicas/--decode-replicas")
 
     @property
     def disaggregated(self) -> bool:

@@ -197,6 +197,24 @@ def run_fleet(
         raise ValueError("a fleet is one aggregated stage, or a prefill and a decode stage with handoffs")
     fleet = Fleet(list(stages), handoffs, progress=progress)
     n = len(trace)
+    arrivals = admit(fleet, trace, max_seq_len)
+    fleet.done, nxt = n - len(arrivals), 0
+    if len(stages) == 1 and not stages[0].router.reads_workers:
+        # a router that reads nothing of the replicas (round-robin) routes every
+        # request up front; each replica then runs alone, its fast-forward uncut
+        for t, request in arrivals:
+            submit(fleet, 0, -1, request, t)
+        nxt = len(arrivals)
+    replay(fleet, arrivals, nxt)
+    return [fleet.records[i] for i in range(n)], summaries(fleet)
+
+
+def admit(fleet: Fleet, trace: Trace, max_seq_len: int) -> list[tuple[float, TraceRequest]]:
+    """Every request's record in `fleet.records`; a prompt of `max_seq_len`
+    tokens or more rejected there. Returns the others' (arrival, request), in
+    trace order, each cut to its prompt (one output token) when the fleet is
+    disaggregated."""
+    n = len(trace)
     times = trace.arrival_s.tolist() if trace.arrival_s is not None else [0.0] * n
     arrivals: list[tuple[float, TraceRequest]] = []
     for i in range(n):
@@ -206,19 +224,20 @@ def run_fleet(
         if request.prompt_len >= max_seq_len:
             rec.rejected = rec.too_long = True
         else:
-            arrivals.append((times[i], dataclasses.replace(request, output_len=1) if handoffs else request))
-    fleet.done, nxt, inf = n - len(arrivals), 0, math.inf
-    if len(stages) == 1 and not stages[0].router.reads_workers:
-        # a router that reads nothing of the replicas (round-robin) routes every
-        # request up front; each replica then runs alone, its fast-forward uncut
-        for t, request in arrivals:
-            submit(fleet, 0, -1, request, t)
-        nxt = len(arrivals)
+            arrivals.append((times[i], dataclasses.replace(request, output_len=1) if fleet.handoffs else request))
+    return arrivals
+
+
+def replay(fleet: Fleet, arrivals: list[tuple[float, TraceRequest]], nxt: int) -> None:
+    """Run the fleet from `arrivals[nxt]` on: each replica up to the next
+    arrival or queued handoff, the news heard, then that event applied, until
+    nothing is left."""
+    inf = math.inf
     while True:
         t0 = arrivals[nxt][0] if nxt < len(arrivals) else inf
         fleet.advance(0, t0)
         t = min(t0, fleet.queue[0][0]) if fleet.queue else t0
-        if len(stages) == 2:
+        if len(fleet.stages) == 2:
             fleet.advance(1, t)
         if t == inf:
             break
@@ -232,7 +251,6 @@ def run_fleet(
         else:
             submit(fleet, 0, -1, arrivals[nxt][1], t)
             nxt += 1
-    return [fleet.records[i] for i in range(n)], summaries(fleet)
 
 
 def submit(fleet: Fleet, s: int, w: int, request: TraceRequest, t: float) -> None:
@@ -257,7 +275,7 @@ def harvest(fleet: Fleet, s: int, w: int) -> int:
     finishes and rejections as news for its router, the records filled in
     (a finished prefill handed off). Returns the requests the fleet finished or rejected."""
     stage = fleet.stages[s]
-    replica, inflight, unprefilled = stage.replicas[w], stage.inflight[w], stage.unprefilled[w]
+    replica, unprefilled = stage.replicas[w], stage.unprefilled[w]
     clock = replica.clock_s()
     events = replica.drain_events()
     if events:
@@ -266,14 +284,30 @@ def harvest(fleet: Fleet, s: int, w: int) -> int:
         for rid, t in replica.first_tokens(unprefilled):
             unprefilled.discard(rid)
             fleet.tell(t, s, w, "prefilled", rid)
-    finished = 0
-    for rid in replica.take_rejected():
+    return record_rejections(fleet, s, w, clock) + record_finishes(fleet, s, w)
+
+
+def record_rejections(fleet: Fleet, s: int, w: int, clock: float) -> int:
+    """Replica (s, w)'s rejections told its router as finished and recorded; returns how many."""
+    stage = fleet.stages[s]
+    inflight, unprefilled = stage.inflight[w], stage.unprefilled[w]
+    rejected = 0
+    for rid in stage.replicas[w].take_rejected():
         del inflight[rid]
         unprefilled.discard(rid)
         fleet.tell(clock, s, w, "finished", rid)
         fleet.records[rid].rejected = True
-        finished += 1
-    for done in replica.take_finished():
+        rejected += 1
+    return rejected
+
+
+def record_finishes(fleet: Fleet, s: int, w: int) -> int:
+    """Replica (s, w)'s finishes told its router and recorded, a finished
+    prefill queued for the decode stage. Returns the requests the fleet finished."""
+    stage = fleet.stages[s]
+    inflight, unprefilled = stage.inflight[w], stage.unprefilled[w]
+    finished = 0
+    for done in stage.replicas[w].take_finished():
         request = inflight.pop(done.rid)
         if done.rid in unprefilled:
             unprefilled.discard(done.rid)

@@ -32,6 +32,14 @@ def plot_fleet(
     the aggregated fleet's, for a disaggregated run)."""
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
+    plot_replicas(left, result)
+    plot_latencies(right, [result] if aggregated is None else [result, aggregated])
+    fig.suptitle(title)
+    save(plt, fig, out, fmt)
+
+
+def plot_replicas(left: Any, result: FleetResult) -> None:
+    """On axes `left`: each replica's requests (bars) and prompt hit rate (line)."""
     names = [f"{s.role[0]}{s.index}" for s in result.replicas]
     x = np.arange(len(names))
     left.bar(x, [s.requests for s in result.replicas], color="#4c78a8")
@@ -42,7 +50,10 @@ def plot_fleet(
     hits.set_ylabel("prompt hit rate")
     hits.set_ylim(0, 1)
     left.set_title(f"{result.layout}: per replica")
-    fleets = [result] if aggregated is None else [result, aggregated]
+
+
+def plot_latencies(right: Any, fleets: list[FleetResult]) -> None:
+    """On axes `right`: the TTFT, ITL and E2E p50 and p99 of each of `fleets`, side by side."""
     labels = [f"{m} p{q}" for m in ("ttft", "itl", "e2e") for q in (50, 99)]
     width = 0.8 / len(fleets)
     for k, f in enumerate(fleets):
@@ -54,8 +65,6 @@ def plot_fleet(
     right.set_ylabel("seconds")
     right.legend(fontsize=8)
     right.set_title("latency percentiles")
-    fig.suptitle(title)
-    save(plt, fig, out, fmt)
 
 
 def plot_goodput(

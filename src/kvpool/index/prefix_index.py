@@ -150,6 +150,32 @@ def chain_keys(token_ids: Sequence[int], block_size: int, root: int) -> list[int
     return keys
 
 
+def drop_tier(ws: WorkerBlocks, key: int, gi: int, bit: int) -> bool:
+    """Clear tier `bit` of block `key` in group `gi` of `ws` (the block's slot
+    gone with its last tier); False when it was not held there."""
+    slot = ws.where.get(key)
+    old = slot.get(gi, 0) if slot is not None else 0
+    if not old & bit:
+        return False
+    assert slot is not None
+    if old == bit:
+        del slot[gi]
+        if not slot:
+            del ws.where[key]
+    else:
+        slot[gi] = old & ~bit
+    return True
+
+
+def leading_run(ws: WorkerBlocks, gi: int, keys: Sequence[int], k: int, mask: int) -> int:
+    """How many of the first `k` keys group `gi` of `ws` holds in a row from
+    the start, in the tiers of `mask`."""
+    run = 0
+    while run < k and ws.holds(gi, keys[run], mask):
+        run += 1
+    return run
+
+
 class PrefixIndex:
     """Blocks held per worker, group and tier, from KV events (see the module
     docstring). `block_size`: the tokens per block of the events it follows
@@ -259,17 +285,8 @@ class PrefixIndex:
             if entry is None:
                 continue  # a block this index never saw stored (it joined late): nothing to drop
             key = entry[0]
-            slot = ws.where.get(key)
-            old = slot.get(gi, 0) if slot is not None else 0
-            if not old & bit:
+            if not drop_tier(ws, key, gi, bit):
                 continue
-            assert slot is not None
-            if old == bit:
-                del slot[gi]
-                if not slot:
-                    del ws.where[key]
-            else:
-                slot[gi] = old & ~bit
             entry[1] -= 1
             self._count_gpu(ws, tier, -1)
             if entry[1] <= 0:
@@ -313,18 +330,20 @@ class PrefixIndex:
                 continue
             rule = g.rule
             if not rule.per_request and rule.stale_pages(g, NEVER) == 0:  # the leading run
-                run = 0
-                while run < k and ws.holds(gi, keys[run], mask):
-                    run += 1
-                k = run
+                k = leading_run(ws, gi, keys, k, mask)
             else:
                 checks.append((gi, g, rule))
-        while k > 0:
-            for gi, g, rule in checks:
-                first = k - 1 if rule.per_request else rule.stale_pages(g, k * self.block_size)
-                if not all(ws.holds(gi, key, mask) for key in keys[first:k]):
-                    break
-            else:
-                return k
+        while k > 0 and not self.window_held(ws, keys, k, mask, checks):
             k -= 1
-        return 0
+        return k
+
+    def window_held(
+        self, ws: WorkerBlocks, keys: Sequence[int], k: int, mask: int, checks: list[tuple[int, GroupMeta, KindRule]]
+    ) -> bool:
+        """Whether each group of `checks` holds, in the tiers of `mask`, the
+        blocks its rule keeps for a hit of `k` blocks (the last one, or its window)."""
+        for gi, g, rule in checks:
+            first = k - 1 if rule.per_request else rule.stale_pages(g, k * self.block_size)
+            if not all(ws.holds(gi, key, mask) for key in keys[first:k]):
+                return False
+        return True

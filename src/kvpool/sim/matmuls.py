@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool.models.params import ParameterCountError, matrices
+from kvpool.models.params import Matrix, ParameterCountError, matrices
 
 _ROW_PARALLEL = re.compile(r"\.(o_proj|down_proj|w2|out_proj)(\.weight)?$|experts\.down_proj$")
 _REPLICATED = re.compile(r"\.(q_a_proj|kv_a_proj_with_mqa|indexer\.[a-z_]+|gate|router)\.weight$")
@@ -80,6 +80,33 @@ def _per_rank(name: str, rows: int, cols: int, tp: int) -> tuple[int, int]:
     return cols, -(-rows // tp)
 
 
+def per_rank_counts(
+    mats: Sequence[Matrix], tp: int
+) -> tuple[Counter[tuple[int, int]], Counter[tuple[int, int]], int, set[str]]:
+    """How many multiplies of each per-rank (k, n) the layers' weight matrices
+    make, dense and one routed expert's per MoE layer apart (norms, vectors,
+    embeddings skipped); the experts per MoE layer, and the MoE layers' names."""
+    dense: Counter[tuple[int, int]] = Counter()
+    expert: Counter[tuple[int, int]] = Counter()
+    experts = 0
+    moe_layers: set[str] = set()
+    for m in mats:
+        if m.cols <= 1 or not _LAYER.search(m.name) or "norm" in m.name:
+            continue
+        k, n = _per_rank(m.name, m.rows, m.cols, tp)
+        if m.count > 1:
+            expert[(k, n)] += 1
+            experts = m.count
+            moe_layers.add(m.name.split(".experts")[0])
+        else:
+            dense[(k, n)] += 1
+    if expert:
+        # one routed expert's multiplies per MoE layer
+        layers = len(moe_layers)
+        expert = Counter({s: c // max(layers, 1) for s, c in expert.items()})
+    return dense, expert, experts, moe_layers
+
+
 def model_shapes(
     config: Mapping[str, Any],
     tp: int,
@@ -99,24 +126,7 @@ def model_shapes(
         mats = matrices(config)
     except (ParameterCountError, KeyError, TypeError, ValueError):
         return _fallback(config, tp, lm_head, total_params, active_params, experts, top_k)
-    dense: Counter[tuple[int, int]] = Counter()
-    expert: Counter[tuple[int, int]] = Counter()
-    experts = 0
-    moe_layers: set[str] = set()
-    for m in mats:
-        if m.cols <= 1 or not _LAYER.search(m.name) or "norm" in m.name:
-            continue
-        k, n = _per_rank(m.name, m.rows, m.cols, tp)
-        if m.count > 1:
-            expert[(k, n)] += 1
-            experts = m.count
-            moe_layers.add(m.name.split(".experts")[0])
-        else:
-            dense[(k, n)] += 1
-    if expert:
-        # one routed expert's multiplies per MoE layer
-        layers = len(moe_layers)
-        expert = Counter({s: c // max(layers, 1) for s, c in expert.items()})
+    dense, expert, experts, moe_layers = per_rank_counts(mats, tp)
     k_top = top_k or int(config.get("num_experts_per_tok") or config.get("experts_per_token") or 0)
     return Shapes(
         hidden,
@@ -127,6 +137,25 @@ def model_shapes(
         len(moe_layers),
         lm_head,
     )
+
+
+def attention_gemms(config: Mapping[str, Any], h: int, tp: int, layers: int) -> list[Gemm]:
+    """q, k and v, and o of `layers` layers on one of `tp` ranks, from the config's head counts."""
+    heads = int(config.get("num_attention_heads") or 1)
+    kv = int(config.get("num_key_value_heads") or heads)
+    d = int(config.get("head_dim") or h // heads)
+    q_out, kv_out = -(-heads * d // tp), -(-kv * d // tp)
+    return [Gemm(h, q_out, layers), Gemm(h, kv_out, 2 * layers), Gemm(q_out, h, layers)]
+
+
+def routed_expert(h: int, layers: int, total: float, active: float, e: int, k: int) -> tuple[tuple[Gemm, ...], float]:
+    """One routed expert's gate, up and down (each (total - active) / (e - k)
+    parameters per layer, split in three) and the parameters of the `k` routed
+    per token; none where the counts show no routed experts."""
+    if e > k > 0 and total > active:
+        per_expert = (total - active) / (e - k) / layers
+        return (Gemm(h, max(int(per_expert / 3 / h), 1), 3),), k * per_expert * layers
+    return (), 0.0
 
 
 def _fallback(
@@ -144,20 +173,11 @@ def _fallback(
     of the active parameters (less embeddings and lm_head) as a dense MLP."""
     h = lm_head.k
     layers = max(int(config.get("num_hidden_layers") or 1), 1)
-    heads = int(config.get("num_attention_heads") or 1)
-    kv = int(config.get("num_key_value_heads") or heads)
-    d = int(config.get("head_dim") or h // heads)
-    q_out, kv_out = -(-heads * d // tp), -(-kv * d // tp)
-    attention = [Gemm(h, q_out, layers), Gemm(h, kv_out, 2 * layers), Gemm(q_out, h, layers)]
+    attention = attention_gemms(config, h, tp, layers)
     attn_params = sum(g.params for g in attention)
     embed = 2 * lm_head.params
-    expert: tuple[Gemm, ...] = ()
-    routed = 0.0
     e, k = experts or 0, top_k or 0
-    if e > k > 0 and total > active:
-        per_expert = (total - active) / (e - k) / layers
-        expert = (Gemm(h, max(int(per_expert / 3 / h), 1), 3),)
-        routed = k * per_expert * layers
+    expert, routed = routed_expert(h, layers, total, active, e, k)
     rest = (active - routed - embed - attn_params) / layers
     mlp = [Gemm(h, int(rest / 3 / h), 3 * layers)] if rest > 3 * h else []
     return Shapes(

@@ -109,30 +109,44 @@ def _on_ray(
     ray: Any = ray_module  # partly untyped
     started = not ray.is_initialized()
     if started:
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
-        if address is None:
-            kwargs["num_cpus"] = workers
-        else:
-            kwargs["address"] = address
-        try:
-            ray.init(**kwargs)
-        except (ConnectionError, ValueError, RuntimeError) as e:
-            raise KvpoolError(f"cannot start or reach Ray ({address or 'local'}): {e}") from None
+        _start_ray(ray, workers, address)
     try:
         cpus = int(ray.cluster_resources().get("CPU", 0))
-        remote = ray.remote(num_cpus=1)(fn)
-        refs = [remote.remote(x) for x in items]
-        where = {ref: i for i, ref in enumerate(refs)}
-        results: list[Any] = [None] * len(items)
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                i = where[ref]
-                results[i] = ray.get(ref)
-                if bar is not None:
-                    bar.step(describe(items[i]))
+        results = _gather(ray, fn, items, bar, describe)
         return results, (f"ran {len(items)} points as Ray tasks on {address or 'a local Ray'} ({cpus} CPUs)")
     finally:
         if started:
             ray.shutdown()
+
+
+def _start_ray(ray: Any, workers: int | None, address: str | None) -> None:
+    """Start a local Ray of `workers` CPUs, or join the cluster at `address`."""
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    if address is None:
+        kwargs["num_cpus"] = workers
+    else:
+        kwargs["address"] = address
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, ValueError, RuntimeError) as e:
+        raise KvpoolError(f"cannot start or reach Ray ({address or 'local'}): {e}") from None
+
+
+def _gather(
+    ray: Any, fn: Callable[[T], R], items: Sequence[T], bar: Bar | None, describe: Callable[[T], str]
+) -> list[R]:
+    """`fn` over `items` as Ray tasks, the results in `items`' order; the bar
+    steps as each task finishes, in whatever order."""
+    remote = ray.remote(num_cpus=1)(fn)
+    refs = [remote.remote(x) for x in items]
+    where = {ref: i for i, ref in enumerate(refs)}
+    results: list[Any] = [None] * len(items)
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        for ref in done:
+            i = where[ref]
+            results[i] = ray.get(ref)
+            if bar is not None:
+                bar.step(describe(items[i]))
+    return results

@@ -123,28 +123,43 @@ def _yaml_grid(p: Path, text: str) -> Any:
 
 def expand_grid(grid: Mapping[str, Any]) -> list[Point]:
     """The points of `grid` (module docstring), in the grid's field order."""
-    from kvpool.sim.policies import ratio_policy, sweep_shares
-
     grid = dict(grid)
     if "policies" in grid:
         grid["policy"] = grid.pop("policies")
     sweep = grid.pop("sweep", None)
+    check_fields(grid)
+    axes = {k: (v if isinstance(v, list) else [v]) for k, v in grid.items()}
+    if any(not v for v in axes.values()):
+        raise GridError("a grid field has an empty list")
+    policies = [str(p) for p in axes.pop("policy", ["reference"])] + swept_policies(sweep)
+    return grid_points(axes, policies)
+
+
+def check_fields(grid: Mapping[str, Any]) -> None:
+    """Raise GridError on a field `Point` does not have, or a required one missing."""
     unknown = sorted(set(grid) - set(FIELDS))
     if unknown:
         raise GridError(f"unknown grid fields {', '.join(unknown)}; known: {', '.join(FIELDS)}, sweep")
     missing = [k for k in ("model", "gpu", "trace", "kv_memory") if k not in grid]
     if missing:
         raise GridError(f"the grid needs {', '.join(missing)}")
-    axes = {k: (v if isinstance(v, list) else [v]) for k, v in grid.items()}
-    if any(not v for v in axes.values()):
-        raise GridError("a grid field has an empty list")
-    policies = [str(p) for p in axes.pop("policy", ["reference"])]
-    if sweep is not None:
-        if not isinstance(sweep, dict) or "group" not in sweep:
-            raise GridError("sweep needs a mapping with group (and points, range)")
-        low, high = sweep.get("range", [0.05, 0.95])
-        shares = sweep_shares(int(sweep.get("points", 10)), float(low), float(high))
-        policies += [ratio_policy(str(sweep["group"]), s) for s in shares]
+
+
+def swept_policies(sweep: Any) -> list[str]:
+    """The ratio policies of the grid's `sweep` (none without one)."""
+    from kvpool.sim.policies import ratio_policy, sweep_shares
+
+    if sweep is None:
+        return []
+    if not isinstance(sweep, dict) or "group" not in sweep:
+        raise GridError("sweep needs a mapping with group (and points, range)")
+    low, high = sweep.get("range", [0.05, 0.95])
+    shares = sweep_shares(int(sweep.get("points", 10)), float(low), float(high))
+    return [ratio_policy(str(sweep["group"]), s) for s in shares]
+
+
+def grid_points(axes: Mapping[str, list[Any]], policies: list[str]) -> list[Point]:
+    """Every combination of the `axes`' values, each under every policy."""
     names = list(axes)
     points = []
     for values in itertools.product(*axes.values()):
