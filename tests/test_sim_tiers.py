@@ -175,6 +175,25 @@ def test_more_host_memory_never_lowers_the_hit_rate(data: st.DataObject) -> None
     assert run(plan, trace, host=small * page).prompt_hit_rate <= run(plan, trace, host=big * page).prompt_hit_rate
 
 
+def test_requests_that_never_fit_are_each_rejected_one_after_another() -> None:
+    """A step that only rejects is progress: three 48-token prompts in a row on
+    a 12-page pool (one page held by the padding dummy) were taken for a stuck
+    run ("no request can be scheduled") instead of three rejections."""
+    rows = [(0,)] * 7 + [(0,) * 12] * 3
+    trace = Trace(
+        "t",
+        np.array([4 * len(r) for r in rows], dtype=np.int64),
+        np.ones(len(rows), dtype=np.int64),
+        np.arange(len(rows), dtype=np.float64) * 10,
+        hash_ids=tuple(rows),
+        hash_block_tokens=4,
+    )
+    plan = toy_plan(12)
+    for host in (None, 0, plan.spec.groups[0].slot_bytes):
+        result = run(plan, trace, host=host)
+        assert (result.rejected, result.finished) == (3, 7)
+
+
 def test_a_tier_can_move_a_hit() -> None:
     """Served together, a bigger tier can lower the prompt hit rate without
     anything going wrong: with a 1-page host tier, request 4 (preempted)

@@ -235,7 +235,7 @@ class Replica:
         self.rejected += len(step.rejected)
         self.tally.reject(step.rejected)
         if step.is_empty:
-            self._idle_steps += 1
+            self._idle_steps = 0 if step.rejected else self._idle_steps + 1  # a rejection is progress
             if self._idle_steps > 2:
                 raise KvpoolError("simulation made no progress: no request can be scheduled")
             return
