@@ -15,31 +15,15 @@ from kvpool.errors import KvpoolError
 from kvpool.index import PrefixIndex
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.sim import Replica, ReplicaSpec, SimResult, StepTimeModel, TraceRequest, Weights, simulate
-from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.trace import Trace
-from sim_helpers import toy_gpu
+from sim_helpers import toy_gpu, toy_spec
 
 GPU = toy_gpu()
 WEIGHTS = Weights(1e9, 1e9, 2.0)
 
 
-def toy_spec(window: int | None) -> ModelSpec:
-    config: dict[str, object] = {
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "hidden_size": 64,
-        "max_position_embeddings": 1 << 16,
-        "torch_dtype": "bfloat16",
-    }
-    if window:
-        config.update(sliding_window=window, layer_types=["sliding_attention", "full_attention"])
-    return load_model_spec(config, tokens_per_block=4)
-
-
 def toy_plan(pages: int, window: int | None = None) -> PoolPlan:
-    spec = toy_spec(window)
+    spec = toy_spec(window=window)
     limits = ServingLimits(max_batch_size=4, max_seq_len=128, max_num_tokens=32)
     return PoolPlan.from_pages(spec, {g.name: pages for g in spec.groups}, limits)
 
@@ -205,7 +189,7 @@ def test_fast_forward_equals_single_steps(trace: Trace, pages: int, batch: int) 
     repeated verbatim are left out: their decode pages (every output is the
     same token) have the digests of a finished twin's, which a run can evict
     before it offers its own (docs/sim.md, limits)."""
-    spec = toy_spec(None)
+    spec = toy_spec()
     limits = ServingLimits(max_batch_size=batch, max_seq_len=128, max_num_tokens=32)
     plan = PoolPlan.from_pages(spec, {"full": pages}, limits)
     model = spec_of(plan).model

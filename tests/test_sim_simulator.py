@@ -15,27 +15,12 @@ from kvpool.presets.traces import Trace, load_trace
 from kvpool.sched import Sequence, Step
 from kvpool.sim import Progress, SimResult, StepTimeModel, Weights, simulate
 from kvpool.sim.steptime import KERNELS_PER_LAYER, KERNELS_PER_STEP, LAUNCH_S, REPLAY_S
-from kvpool.spec import ModelSpec, load_model_spec
-from sim_helpers import toy_gpu
+from kvpool.spec import ModelSpec
+from sim_helpers import toy_gpu, toy_spec
 
 GPU = toy_gpu()
 WEIGHTS = Weights(1e9, 1e9, 2.0)  # 2 GB of weights: every small step is memory bound
 EAGER = LAUNCH_S * (KERNELS_PER_LAYER * 2 + KERNELS_PER_STEP)
-
-
-def toy_spec(tpb: int = 4, window: int | None = None) -> ModelSpec:
-    config: dict[str, object] = {
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "hidden_size": 64,
-        "max_position_embeddings": 1 << 16,
-        "torch_dtype": "bfloat16",
-    }
-    if window:
-        config.update(sliding_window=window, layer_types=["sliding_attention", "full_attention"])
-    return load_model_spec(config, tokens_per_block=tpb)
 
 
 def plan(pages: dict[str, int], spec: ModelSpec | None = None, **limits: object) -> PoolPlan:

@@ -13,23 +13,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvpool.cache.kv_wire import REMOVED_FIELDS, STORED_FIELDS
 from kvpool.errors import KvpoolError
 
 MASK64 = (1 << 64) - 1
-STORED_ORDER = (
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-    "lora_name",
-    "extra_keys",
-    "group_idx",
-    "kv_cache_spec_kind",
-    "kv_cache_spec_sliding_window",
-)
-REMOVED_ORDER = ("block_hashes", "medium", "group_idx")
+# the field order of vLLM's array wire, as kvpool publishes it (read by name; trailing fields optional)
+STORED_ORDER = STORED_FIELDS[0]
+REMOVED_ORDER = REMOVED_FIELDS[0]
 
 BlockHash = int | bytes  # vLLM sends unsigned 64-bit ints (or the digest bytes with int hashes off)
 
