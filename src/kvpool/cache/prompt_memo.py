@@ -92,7 +92,8 @@ class PromptMemo:
         if len(out) < num_blocks and ahead:
             extend_hashes(out, ids, tokens_per_block, seed, num_blocks, chain)
         elif len(out) < num_blocks:
-            key = (seed, num_blocks, page_digest(ids[: num_blocks * tokens_per_block].tobytes(), seed & MASK64))
+            with memoryview(ids) as view:  # the prompt's bytes digested in place, not copied twice
+                key = (seed, num_blocks, page_digest(view[: num_blocks * tokens_per_block], seed & MASK64))
             whole = self.recent.get(key)
             if whole is None:
                 extend_hashes(out, ids, tokens_per_block, seed, num_blocks, chain)
