@@ -47,6 +47,9 @@ def test_gpt_oss_on_a100_is_fed_16_flops_per_l2_byte() -> None:
     assert bound.flops_per_s == pytest.approx(16 * 7219e9)
     fp8 = triton_prefill(A100, dataclasses.replace(OSS, kv_dtype="fp8"))
     assert fp8 is not None and fp8.flops_per_byte == 32.0  # half the bytes per tile
+    # TP 16: 4 query heads per rank over 1 replicated KV head -- still 16 rows
+    tp16 = triton_prefill(A100, dataclasses.replace(OSS, tp_size=16))
+    assert tp16 is not None and tp16.block_m == 16
 
 
 def test_the_a100_l2_figure_agrees_with_the_whitepaper() -> None:

@@ -25,6 +25,10 @@ code and a published L2 bandwidth, not fitted:
   NVIDIA's A100 whitepaper, "2.3x the L2 cache read bandwidth of V100", 2.3 x
   V100's 3,133 GB/s in the same table). A GPU without a published figure keeps
   the calibrated cost.
+
+The step-time model is not told the engine: like `sim/fp4_experts.py`, this
+prices gpt-oss on Ampere as vLLM runs it. vLLM also sends an FP8 KV cache on
+SM 8.x to Triton; that case is not modelled (no published run to check it on).
 """
 
 from __future__ import annotations
@@ -77,6 +81,8 @@ def triton_prefill(gpu: GpuSpec, spec: ModelSpec) -> TritonPrefill | None:
     l2 = L2_BYTES_PER_S.get(gpu.key)
     if l2 is None or not picks_triton(gpu, spec):
         return None
+    tp = max(spec.tp_size, 1)
     heads = int(spec.config.get("num_attention_heads") or 1)
     kv_heads = int(spec.config.get("num_key_value_heads") or heads)
-    return TritonPrefill(block_m(max(heads // max(kv_heads, 1), 1)), row_bytes(1, spec.kv_dtype), l2)
+    per_kv = max(heads // tp, 1) // max(kv_heads // tp, 1)  # on one rank (KV heads replicated below tp)
+    return TritonPrefill(block_m(max(per_kv, 1)), row_bytes(1, spec.kv_dtype), l2)
