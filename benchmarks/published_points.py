@@ -49,7 +49,8 @@ METRICS = ("output_tok_s", "batch_latency_ms", "duration_s")
 # Parameter counts of models that are configs here, not presets (the table has no row):
 # Mixtral 8x7B: "46.7B total parameters but only uses 12.9B parameters per token"
 # (Mistral AI, "Mixtral of experts", mistral.ai/news/mixtral-of-experts).
-CONFIG_PARAMS = {"Mixtral-8x7B-v0.1.json": (46.7e9, 12.9e9)}
+# Qwen3-235B-A22B: "Number of Parameters: 235B in total and 22B activated" (its model card, Qwen/Qwen3-235B-A22B).
+CONFIG_PARAMS = {"Mixtral-8x7B-v0.1.json": (46.7e9, 12.9e9), "Qwen3-235B-A22B.json": (235e9, 22e9)}
 
 
 class PointError(ValueError):

@@ -13,7 +13,9 @@ was chosen because it fits those timings (docs/sim.md, "The step-time model"):
 - **decode attention**: per layer a floor, plus the KV bytes read over
   eta x HBM (FlashInfer/FlashAttention decode is bandwidth bound).
 - **prefill attention**: per layer a floor, plus the (query, key) pair FLOPs
-  over eta x the BF16 peak (attention math runs in BF16 whatever the weights).
+  over eta x the BF16 peak (attention math runs in BF16 whatever the weights);
+  where vLLM runs the prefill on its Triton backend (`sim/triton_prefill.py`),
+  no faster than the L2 feeds that kernel's small tiles their keys.
 - **elementwise** (norms, RoPE, activation, residual adds): per layer a floor
   plus `elementwise_bytes` x tokens x hidden over HBM (the bytes and the
   bandwidth share cannot be told apart from timings: one fitted constant).
@@ -37,6 +39,7 @@ import numpy as np
 from kvpool.errors import KvpoolError
 from kvpool.sim.fp4_experts import Fp4Experts
 from kvpool.sim.matmuls import Gemm
+from kvpool.sim.triton_prefill import TritonPrefill
 
 Num = Any  # a float, or a NumPy array of them (a run of steps priced at once)
 
@@ -136,6 +139,7 @@ class Kernels:
     matmul_flops: float  # the peak the weights' matmuls run at (BF16, or FP8 for 1-byte weights)
     attention_flops: float  # BF16 peak
     fp4: Fp4Experts | None = None  # the kernel of 4-bit experts on this GPU (sim/fp4_experts.py); None: generic
+    triton: TritonPrefill | None = None  # vLLM's Triton prefill attention (sim/triton_prefill.py); None: calibrated
 
     def matmul(self, tokens: Num, g: Gemm, bytes_per_param: float) -> Num:
         """`g.count` multiplies of `tokens` rows."""
@@ -184,7 +188,10 @@ class Kernels:
 
     def prefill_attention(self, flops: Num, layers: int) -> Num:
         c = self.cal
-        return layers * c.prefill_attn_floor_s + flops / (c.prefill_attn_flops_eff * self.attention_flops)
+        work = flops / (c.prefill_attn_flops_eff * self.attention_flops)
+        if self.triton is not None:
+            work = np.maximum(work, flops / self.triton.flops_per_s)
+        return layers * c.prefill_attn_floor_s + work
 
     def elementwise(self, tokens: Num, hidden: int, layers: int) -> Num:
         c = self.cal

@@ -27,7 +27,9 @@ other, so its GPU time is the **sum** of its parts:
   weights (MXFP4, ~0.53 bytes/param) run as W4A16 (BF16 math), on Hopper and
   Ampere with the kernel vLLM picks (`sim/fp4_experts.py`: Marlin's blocks at
   mma.sync's rate); a checkpoint that converts only its experts keeps the
-  rest at 2 bytes (`expert_storage`). Attention math at the BF16 peak.
+  rest at 2 bytes (`expert_storage`). Attention math at the BF16 peak; a
+  prefill vLLM runs on its Triton backend (attention sinks on Ampere/Ada)
+  no faster than the L2 feeds its tiles (`sim/triton_prefill.py`).
 
 `calibration="roofline"` keeps the idealised model this simulator had before
 calibration, for comparison: max(all FLOPs / peak, all bytes / bandwidth) +
@@ -55,6 +57,7 @@ from kvpool.sim.calibration import for_gpu
 from kvpool.sim.fp4_experts import fp4_experts
 from kvpool.sim.kernels import Calibration, Kernels
 from kvpool.sim.matmuls import Shapes, model_shapes
+from kvpool.sim.triton_prefill import triton_prefill
 from kvpool.spec import LayerGroup, ModelSpec
 from kvpool.spec.families import head_dim, split_heads
 
@@ -217,7 +220,14 @@ class StepTimeModel:
             else:
                 raise KvpoolError(f"calibration must be a Calibration, None or 'roofline', not {calibration!r}")
             matmul_peak = gpu.fp8_flops if weights.bytes_per_param == 1 and gpu.fp8_flops else gpu.bf16_flops
-            kernels = Kernels(cal, gpu.hbm_bandwidth_bytes_per_s, matmul_peak, gpu.bf16_flops, fp4_experts(gpu))
+            kernels = Kernels(
+                cal,
+                gpu.hbm_bandwidth_bytes_per_s,
+                matmul_peak,
+                gpu.bf16_flops,
+                fp4_experts(gpu),
+                triton_prefill(gpu, spec),
+            )
         storage = expert_storage(spec.config, shapes) if kernels is not None else None
         return cls(gpu, weights, tuple(groups), spec.num_layers, shapes, kernels, tp, storage=storage)
 
