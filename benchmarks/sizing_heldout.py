@@ -75,7 +75,7 @@ SIZING_PAIRS = {
     ),
     "gemma4_azure_code": CaseSpec("gemma-4-26b-a4b", "b200", "fp8", 8, 256, 8192, 8192, "azure-code", 8000),
 }
-# Held out until the every-check rule's run (issue 40's first closing); looked at since.
+# Held out until the every-check rule's run (docs/sim.md, "On traffic held out from tuning"); looked at since.
 LOOKED_AT = {
     "gemma3_arxiv": CaseSpec("gemma-3-27b", "h100", "auto", 16, 256, 8192, 8192, ARXIV, 6000),
     "gemma2_azure_code": CaseSpec("gemma-2-9b", "l40s", "auto", 12, 256, 8192, 8192, "azure-code", 8000),
