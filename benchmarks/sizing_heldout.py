@@ -10,16 +10,19 @@ oracle, and each policy is given as a share of it.
     PYTHONPATH=src python benchmarks/sizing_heldout.py CASE ... [--policies tuned,...]
     PYTHONPATH=src python benchmarks/sizing_heldout.py --table [--dev]
 
-Two sets of cases. DEV are the pairs of docs/sim.md's sizing table, cut the same way:
-the `tuned` policy's constants (folds, their size, the search, the fallback rule) were set
-on them. HELD_OUT were fixed before any of that work and run only to report: other models
-(gemma-2-9b, gpt-oss-120b), other budgets and lengths, and a trace no policy was ever
-developed on (Vidur's arXiv summarisation lengths, benchmarks/data/traces). Keep them out
-of any tuning: a constant changed after looking at them makes them dev cases.
+Two sets of cases. DEV are where the `tuned` policy's constants (folds, their size, the
+search, the rule that picks the split) were set: the pairs of docs/sim.md's sizing table, cut
+the same way, and the four cases that were held out from that work, run once with the
+every-check rule and then looked at (LOOKED_AT; gemma-2-9b on code missed 98 %), so they are
+development cases now. HELD_OUT were fixed before the rule was changed on that evidence and
+are run only to report: a model no case had (llama-4-scout's chunked attention), other GPUs
+(a100, mi300x, b300), budgets and lengths, and parts of the traces no case ever read (`start`:
+requests from further into each trace). Keep them out of any tuning: a constant changed after
+looking at them makes them dev cases.
 
 Each case writes docs/sim/heldout_<case>.json (settings and runs; `--policies` reruns
 only the named policies and keeps the rest) and prints one table row. A run takes 5 to 60 s
-on 2 busy CPUs; a case (10 grid points, 4 policies) 5 to 20 minutes.
+on 2 busy CPUs; a case (10 grid points, 4 policies) 5 to 30 minutes.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ POLICIES = ("reference", "workload", "occupancy", "tuned")
 
 @dataclass(frozen=True)
 class CaseSpec:
-    """model, GPU, KV dtype, KV GiB, B, L, N, trace, requests read, sweep range."""
+    """model, GPU, KV dtype, KV GiB, B, L, N, trace, requests read, sweep range, first request read."""
 
     model: str
     gpu: str
@@ -61,9 +64,10 @@ class CaseSpec:
     trace: str
     requests: int  # read from the trace's start: the first half plans, the second is served
     sweep: tuple[float, float] = (0.05, 0.95)
+    start: int = 0  # requests skipped at the trace's start (parts no other case read)
 
 
-DEV = {
+SIZING_PAIRS = {
     "gemma3_azure_conv": CaseSpec("gemma-3-27b", "h100", "auto", 12, 256, 8192, 8192, "azure-conv", 8000),
     "gemma3_azure_code": CaseSpec("gemma-3-27b", "h100", "auto", 16, 256, 8192, 8192, "azure-code", 8000),
     "gptoss20b_mooncake": CaseSpec(
@@ -71,13 +75,28 @@ DEV = {
     ),
     "gemma4_azure_code": CaseSpec("gemma-4-26b-a4b", "b200", "fp8", 8, 256, 8192, 8192, "azure-code", 8000),
 }
-HELD_OUT = {
+# Held out until the every-check rule's run (docs/sim.md, "On traffic held out from tuning"); looked at since.
+LOOKED_AT = {
     "gemma3_arxiv": CaseSpec("gemma-3-27b", "h100", "auto", 16, 256, 8192, 8192, ARXIV, 6000),
     "gemma2_azure_code": CaseSpec("gemma-2-9b", "l40s", "auto", 12, 256, 8192, 8192, "azure-code", 8000),
     "gptoss120b_mooncake": CaseSpec(
         "gpt-oss-120b", "h200", "auto", 12, 256, 32768, 8192, "mooncake-conv", 6000, (0.002, 0.2)
     ),
     "gemma4_azure_conv": CaseSpec("gemma-4-26b-a4b", "b200", "fp8", 6, 256, 16384, 8192, "azure-conv", 8000),
+}
+DEV = {**SIZING_PAIRS, **LOOKED_AT}
+# Fixed before the rule that picks the split was changed on DEV; never run before that change.
+HELD_OUT = {
+    "scout_mooncake_b300": CaseSpec(
+        "llama-4-scout-17b-16e", "b300", "auto", 32, 256, 32768, 8192, "mooncake-conv", 2400, start=8000
+    ),
+    "gptoss20b_azure_conv_a100": CaseSpec(
+        "gpt-oss-20b", "a100", "auto", 6, 256, 16384, 8192, "azure-conv", 6000, (0.002, 0.2), start=12000
+    ),
+    "gemma3_arxiv_mi300x": CaseSpec("gemma-3-27b", "mi300x", "auto", 24, 256, 32768, 8192, ARXIV, 6000, start=20000),
+    "gemma4_mooncake_gb200": CaseSpec(
+        "gemma-4-26b-a4b", "gb200", "auto", 10, 256, 32768, 8192, "mooncake-conv", 2000, start=6000
+    ),
 }
 CASES = {**DEV, **HELD_OUT}
 
@@ -101,24 +120,30 @@ def halves(trace: Trace) -> tuple[Trace, Trace]:
     from 0; the second keeps its prefix hashes, so a conversation that spans the cut
     shares blocks only with its own later turns)."""
     cut = len(trace) // 2
-    first = trace.head(cut)
-    idx = slice(cut, len(trace))
-    second = Trace(
-        f"{trace.name} (second half)",
+    return trace.head(cut), rest(trace, cut, f"{trace.name} (second half)")
+
+
+def rest(trace: Trace, first: int, name: str) -> Trace:
+    """`trace` from request `first` on, re-timed from 0 and named `name`."""
+    idx = slice(first, len(trace))
+    return Trace(
+        name,
         trace.prompt_len[idx],
         trace.output_len[idx],
-        None if trace.arrival_s is None else trace.arrival_s[idx] - trace.arrival_s[cut],
+        None if trace.arrival_s is None else trace.arrival_s[idx] - trace.arrival_s[first],
         None if trace.hash_ids is None else trace.hash_ids[idx],
         trace.hash_block_tokens,
     )
-    return first, second
 
 
 def load_case(name: str) -> Case:
     c = CASES[name]
     spec = load_model_spec(c.model, kv_dtype=c.kv_dtype, max_seq_len=c.max_seq_len)
     limits = ServingLimits(max_batch_size=c.max_batch_size, max_seq_len=c.max_seq_len, max_num_tokens=c.max_num_tokens)
-    seen, unseen = halves(load_trace(c.trace, max_requests=c.requests))
+    trace = load_trace(c.trace, max_requests=c.start + c.requests)
+    if c.start:
+        trace = rest(trace, c.start, f"{trace.name} [{c.start}:{c.start + c.requests}]")
+    seen, unseen = halves(trace)
     steps = StepTimeModel.build(spec, load_gpu(c.gpu), load_weights(c.model))
     group = next(g.name for g in spec.groups if g.kind != "full")
     # both offline: the policy plans for the arrivals it will serve (`kvpool plan --workload-rate`)
@@ -145,7 +170,7 @@ def settings(name: str, c: Case) -> dict[str, Any]:
     s = CASES[name]
     return {
         "case": name,
-        "set": "dev" if name in DEV else "held_out",
+        "set": "held_out" if name in HELD_OUT else "dev (held out, looked at)" if name in LOOKED_AT else "dev",
         "model": s.model,
         "gpu": s.gpu,
         "kv_dtype": s.kv_dtype,
@@ -154,6 +179,7 @@ def settings(name: str, c: Case) -> dict[str, Any]:
         "L": s.max_seq_len,
         "N": s.max_num_tokens,
         "trace": Path(s.trace).stem if "/" in s.trace else s.trace,
+        "trace_requests": [s.start, s.start + s.requests],
         "seen_requests": len(c.seen),
         "unseen_requests": len(c.unseen),
         "group": c.group,
@@ -188,8 +214,10 @@ def summary(out: dict[str, Any]) -> str:
     best = max(grid, key=lambda r: r["output_tokens_per_s"])
     s = out["settings"]
     kv = f"{s['kv_dtype']} {s['kv_gib']:g} GiB" if s["kv_dtype"] != "auto" else f"{s['kv_gib']:g} GiB"
+    first, end = s.get("trace_requests", (0, 0))
+    rows = f" [{first:,}:{end:,}]" if first else ""
     label = (
-        f"{s['model']}, {s['gpu']}, {kv}, {s['L'] // 1024}k, {s['trace']} "
+        f"{s['model']}, {s['gpu']}, {kv}, {s['L'] // 1024}k, {s['trace']}{rows} "
         f"({s['seen_requests']:,} seen / {s['unseen_requests']:,} served)"
     )
     cells = [

@@ -15,7 +15,7 @@ from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.presets import load_gpu
 from kvpool.sim import StepTimeModel, load_weights, simulate
 from kvpool.sim.policies import plan_for
-from kvpool.sim.tuned import sample_trace, trace_folds, tune, tuned_group
+from kvpool.sim.tuned import pick, sample_trace, trace_folds, tune, tuned_group
 from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.trace import Trace
 
@@ -75,27 +75,116 @@ def test_search_finds_a_known_optimum_within_its_budget() -> None:
     assert f"{len(calls)} simulator runs" in note and "faster than the reference split" in note
 
 
-def test_the_reference_split_is_kept_unless_a_candidate_wins_on_every_fold() -> None:
-    ref_share = plan_for(gemma(), ServingLimits(max_seq_len=8192), "reference", kv_memory_bytes=20 * GiB).plan
-    ref = ref_share.group("sliding").share
+def reference_share() -> float:
+    return (
+        plan_for(gemma(), ServingLimits(max_seq_len=8192), "reference", kv_memory_bytes=20 * GiB)
+        .plan.group("sliding")
+        .share
+    )
+
+
+def at(plan: PoolPlan, share: float) -> bool:
+    return abs(plan.group("sliding").share - share) < 0.02
+
+
+def test_the_reference_split_is_kept_unless_a_candidate_wins_the_sample_and_the_checks_mean() -> None:
+    ref_plan = plan_for(gemma(), ServingLimits(max_seq_len=8192), "reference", kv_memory_bytes=20 * GiB).plan
+    ref = reference_share()
 
     def flat(plan: PoolPlan, _: Trace) -> float:
         return 1.0
 
-    def loses_one_check(plan: PoolPlan, part: Trace) -> float:
-        # 0.3 beats the reference by 10 % on the sample and the first check, loses 1 % on the second
-        if abs(plan.group("sliding").share - ref) < 1e-3:
+    def loses_the_checks_mean(plan: PoolPlan, part: Trace) -> float:
+        # 0.3 beats the reference by 10 % on the sample, 1 % on the first check, loses 5 % on the second
+        if at(plan, ref):
             return 100.0
-        if abs(plan.group("sliding").share - 0.3) < 0.02:
-            return 99.0 if part.name.endswith("(fold 2)") else 110.0
+        if at(plan, 0.3):
+            return {"sample": 110.0, "fold 1": 101.0, "fold 2": 95.0}[part.name.split("(")[-1][:-1]]
         return 50.0
 
-    for run in (flat, loses_one_check):
+    for run in (flat, loses_the_checks_mean):
         out = tune_gemma(run, extra_shares=(0.3,))
         assert out.fallback and out.share == pytest.approx(ref, abs=1e-3)
-        assert out.plan.pages("sliding") == ref_share.pages("sliding"), "the reference split itself"
+        assert out.plan.pages("sliding") == ref_plan.pages("sliding"), "the reference split itself"
         assert "kept the reference split" in out.notes()[0]
 
+
+def test_one_check_lost_by_a_little_does_not_pass_over_the_best_split() -> None:
+    """gemma-2-9b on code (docs/sim.md): the sample's best lost 2.6 % on one check
+    and won the other by 4.1 %; the every-check rule took a split 1.6 % slower on
+    the served traffic. The checks' mean keeps it, as the mean over all parts ranks it."""
+    ref = reference_share()
+    gains = {0.3: (1.040, 1.041, 0.974), 0.45: (1.008, 1.034, 1.027)}  # gemma-2-9b's two candidates
+
+    def run(plan: PoolPlan, part: Trace) -> float:
+        j = ["sample", "fold 1", "fold 2"].index(part.name.split("(")[-1][:-1])
+        share = next((s for s in gains if at(plan, s)), None)
+        return 100.0 if at(plan, ref) or share is None else 100.0 * gains[share][j]
+
+    out = tune_gemma(run, extra_shares=tuple(gains), max_evals=7)
+    # the sample has twice the requests of a check: 0.3 gains 2.2 % over the three parts, 0.45 1.9 %
+    assert out.fold_sizes == (20, 10, 10)
+    assert not out.fallback and out.share == pytest.approx(0.3, abs=1e-3)
+    assert "+4.0 %, +4.1 %, -2.6 %" in out.notes()[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.floats(0.05, 0.4))
+def test_the_tuned_split_is_never_slower_than_reference_on_the_traffic_it_was_tuned_on(
+    seed: int, spread: float
+) -> None:
+    """Any throughput landscape (random per split and part, some splits infeasible):
+    the tuned split is at least as fast as the reference split on the sample and
+    on the checks' request-weighted geometric mean, measured here by running both."""
+    ref = reference_share()
+
+    def run(plan: PoolPlan, part: Trace) -> float:
+        share = round(plan.group("sliding").share, 3)
+        rng = np.random.default_rng([seed, int(share * 1000), sum(map(ord, part.name))])
+        if rng.random() < 0.1 and not at(plan, ref):
+            raise KvpoolError("does not fit")
+        return float(100.0 * np.exp(rng.normal(0.0, spread)))
+
+    out = tune_gemma(run)
+    ref_plan = plan_for(gemma(), ServingLimits(max_seq_len=8192), "reference", kv_memory_bytes=20 * GiB).plan
+    parts = trace_folds(trace(), 1000, 2, 500)
+    gain = [run(out.plan, p) / run(ref_plan, p) for p in parts]
+    assert gain[0] >= 1
+    assert np.average(np.log(gain[1:]), weights=[len(p) for p in parts[1:]]) >= -1e-12
+    if out.fallback:
+        assert out.plan.pages("sliding") == ref_plan.pages("sliding")
+    else:
+        assert gain[0] > 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.floats(0.01, 0.99),
+        st.lists(st.floats(0.0, 3.0) | st.just(math.inf), min_size=3, max_size=3),
+        max_size=4,
+    ),
+    st.lists(st.integers(1, 1000), min_size=3, max_size=3),
+)
+def test_pick_takes_the_best_mean_among_those_that_win_the_sample_and_the_checks_mean(
+    ratios: dict[float, list[float]], sizes: list[int]
+) -> None:
+    def log_mean(r: list[float], n: list[int]) -> float:
+        ok = all(0 < x < math.inf for x in r)
+        return float(np.average(np.log(r), weights=n)) if ok else -math.inf
+
+    eligible = {s: r for s, r in ratios.items() if 1 < r[0] < math.inf and log_mean(r[1:], sizes[1:]) >= 0}
+    chosen = pick(ratios, tuple(sizes))
+    if not eligible:
+        assert chosen is None
+        return
+    assert chosen in eligible
+    assert log_mean(ratios[chosen], sizes) > 0  # faster than reference over the tuning traffic
+    best = max(log_mean(r, sizes) for r in eligible.values())
+    assert log_mean(ratios[chosen], sizes) == pytest.approx(best, abs=1e-12)
+
+
+def test_reference_errors() -> None:
     def never(plan: PoolPlan, _: Trace) -> float:
         raise KvpoolError("does not fit")
 

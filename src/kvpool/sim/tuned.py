@@ -1,6 +1,7 @@
 """The `tuned` policy: a bounded search over the split, each candidate run
 through the simulator on a sample of the trace, then checked on other parts of
-it; it keeps the reference split unless a candidate beats it everywhere.
+it; it keeps the reference split unless a candidate beats it on the sample and
+on the checks' mean.
 
 - Parts (`trace_folds`): the trace is cut into 8 equal segments. The search
   sample is a block of `sample / 4` requests (1,000 in all by default) from the
@@ -15,14 +16,17 @@ it; it keeps the reference split unless a candidate beats it everywhere.
   (share x about 1/5 .. 5 near 0), the `workload` share, then 2 rounds of
   halving the step around the best; at most `max_evals` candidates, and the
   reference split.
-- Check: the `keep` (3) fastest candidates that beat the reference split on
-  the sample run on every check part beside the reference split. The tuned
-  split is, among those at least as fast as the reference on the sample and
-  on **every** check, the one with the highest geometric mean of its
-  throughput over the reference's; when none is, the tuned plan is the
-  reference split itself. So by construction it is never slower than
-  `reference` on the traffic it was tuned on, and it leaves it only for a gain
-  that held on parts of that traffic the search did not see.
+- Check (`pick`): the `keep` (3) fastest candidates that beat the reference
+  split on the sample run on every check part beside the reference split.
+  Eligible are those whose throughput over the reference's, averaged over the
+  checks (geometric mean weighted by requests), is at least 1; the tuned split
+  is the eligible one with the highest such mean over the sample and the checks
+  together; when none is eligible, the tuned plan is the reference split
+  itself. So by construction it is never slower than `reference` on the
+  traffic it was tuned on (the sample, and the checks taken together), and it
+  leaves it only for a gain that held on parts of that traffic the search did
+  not see. (An earlier rule asked for a win on every check; one check lost by
+  a few percent then passed over the best split, docs/sim.md.)
 - Each candidate is a plan with the same floors as any policy, so the tuned
   plan is always one `plan_pools` would give for that ratio. The objective is
   output tokens/s.
@@ -38,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -79,8 +83,8 @@ class Tuned:
     candidate (share, tok/s on the sample) in the order run; `checks`, each
     candidate run on the check parts (share, its tok/s over the reference's on
     the sample, then on each check); `reference`, the reference split's share;
-    `fallback`, whether the reference split was kept because no candidate beat
-    it everywhere; `fold_sizes`, the requests of the sample and of each check."""
+    `fallback`, whether the reference split was kept because no candidate was
+    eligible (`pick`); `fold_sizes`, the requests of the sample and of each check."""
 
     plan: PoolPlan
     group: str
@@ -108,12 +112,12 @@ class Tuned:
         if self.fallback:
             return (
                 head + f"kept the reference split ({self.group} share {self.reference:.4g}): no candidate was "
-                "faster on the sample and on every check",
+                "faster on the sample and on the checks' mean",
             )
         gains = ", ".join(f"{100 * (r - 1):+.1f} %" for r in dict(self.checks)[self.share])
         return (
             head + f"{self.group} share {self.share:.4g} (reference {self.reference:.4g}) is faster than the "
-            f"reference split on the sample and every check ({gains}); start: occupancy ratio",
+            f"reference split on the sample and on the checks' mean ({gains}); start: occupancy ratio",
         )
 
 
@@ -274,8 +278,7 @@ def tune(
         ref_speed.append(base)
         for s in ahead:
             ratios[s].append(speed(s, fold) / base if base > 0 else 0.0)
-    eligible = [s for s in ahead if min(ratios[s]) >= 1]
-    chosen = max(eligible, key=lambda s: sum(math.log(r) for r in ratios[s])) if eligible else None
+    chosen = pick(ratios, tuple(len(p) for p in parts))
     return Tuned(
         plan_at(chosen),
         group,
@@ -287,6 +290,31 @@ def tune(
         tuple(len(p) for p in parts),
         time.perf_counter() - t0,
     )
+
+
+def mean_gain(ratios: Sequence[float], sizes: Sequence[int]) -> float:
+    """The geometric mean of `ratios` (a candidate's tok/s over the reference
+    split's, one per part) weighted by the parts' requests `sizes`; 0 when the
+    candidate did not run on a part (an infeasible split)."""
+    if not ratios or any(not 0 < r < math.inf for r in ratios):
+        return 0.0
+    return math.exp(sum(n * math.log(r) for r, n in zip(ratios, sizes, strict=True)) / sum(sizes))
+
+
+def pick(ratios: dict[float, list[float]], sizes: tuple[int, ...]) -> float | None:
+    """The share to adopt, or None to keep the reference split. `ratios[share]`:
+    the candidate's tok/s over the reference's on the sample, then on each check;
+    `sizes`: the requests of the sample and of each check. Eligible: faster than
+    the reference on the sample and at least as fast on the checks' mean
+    (`mean_gain`); chosen: the eligible one with the highest mean over the
+    sample and the checks together. So the tuned split is never slower than the
+    reference split on the traffic it was tuned on, taken as a whole."""
+    eligible = [
+        s
+        for s, r in ratios.items()
+        if len(r) == len(sizes) and 1 < r[0] < math.inf and mean_gain(r[1:], sizes[1:]) >= 1
+    ]
+    return max(eligible, key=lambda s: mean_gain(ratios[s], sizes)) if eligible else None
 
 
 def _share_of(x: float) -> float:
