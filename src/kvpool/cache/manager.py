@@ -165,7 +165,12 @@ class KVCacheManager:
         Raises `CacheUsageError` for a duplicate or non-int id, tokens that
         are not token ids, or a salt of another type (nothing registered then)."""
         check_rid(rid)
-        ids = check_tokens(tokens, f"request {rid}: tokens") if self.enable_reuse and tokens is not None else None
+        ids = None
+        if self.enable_reuse and tokens is not None:
+            # the ids `can_create` just checked are taken as they are, unless events are recorded: the
+            # request then keeps its ids (and appends to them), which must be its own
+            same = None if self.pools[0].record_events else self._prompts.same_ids(tokens)
+            ids = check_tokens(tokens, f"request {rid}: tokens") if same is None else same
         seed = self._seed_of(salt) if self.enable_reuse else 0  # also for ids that come later, with `commit`
         req = self._new_request(rid, dummy=False)
         req.seed, req.salt, req.chain = seed, salt, self._chain
@@ -216,7 +221,8 @@ class KVCacheManager:
             items = tokens if type(tokens) is array else as_list(tokens, "can_create's tokens")
             if type(items) is not array and any(type(t) is bool for t in items):  # a scheduler passes an int64 array
                 raise CacheUsageError("can_create's tokens must be token ids, not bools")
-            ids = check_tokens(items, "can_create's tokens")
+            same = self._prompts.same_ids(items)  # the head of a queue, asked again: checked when first asked
+            ids = check_tokens(items, "can_create's tokens") if same is None else same
             if ids:
                 tpb = self.tokens_per_block
                 hashes, known = self._prompts.digests(

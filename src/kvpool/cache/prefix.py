@@ -159,10 +159,10 @@ def create_check(
     need = [0] * len(t.pools)  # by the first group of each store
     claimed: dict[str, int] = {}
     found: dict[int, KnownPages] = {}  # never-stale groups: the hit's pages, for `create`
-    unowned: dict[int, list[tuple[int, int]]] = {}  # by store: (block, page) of the hit's pages in the LRU
+    hits: list[tuple[int, int, list[int | None], list[int]]] = []  # (store, first block, pages, refs) by group
     for gi, pool in enumerate(t.pools):
         taken = 0
-        if k:
+        if k and (tier is not None or pool.store.lru_len):  # (no LRU: every cached page has an owner, none taken)
             first = k - 1 if t.is_state[gi] else stale_pages(t.groups[gi], hit)
             head = known.get(gi)  # (never-stale groups only: first is 0)
             h = 0 if head is None else min(k, len(head.pages))
@@ -170,11 +170,11 @@ def create_check(
                 *(head.pages[:h] if head is not None else ()),
                 *map(pool.cached.get, hashes[first + h : k]),
             ]
-            ref = pool.ref
-            free = [(first + i, p) for i, p in enumerate(pages) if p is not None and not ref[p]]
-            unowned.setdefault(t.store_of[gi], []).extend(free)
             missing = pages.count(None)
-            taken = len(free) + missing
+            held_pages = [p for p in pages if p is not None] if missing else cast("list[int]", pages)
+            refs = list(map(pool.ref.__getitem__, held_pages))
+            hits.append((t.store_of[gi], first, pages, refs))
+            taken = refs.count(0) + missing  # the hit's pages in the LRU, and those only a tier holds
             if t.never_stale[gi] and not t.is_state[gi] and not missing:
                 held = cast("list[int]", pages)
                 found[gi] = KnownPages(held, np.array(held, dtype=np.int32))
@@ -187,10 +187,15 @@ def create_check(
     if not short:
         return CreateCheck(hit, short, claimed)
     tail = k - 1 if len(t.pools) == 1 else -1  # one group: evicting its hit's last page keeps it as short
+    unowned: dict[int, dict[int, int]] = {}  # by store: page -> block of the hit's pages in the LRU
+    for si, first, pages, refs in hits if tier is None else ():
+        owners = iter(refs)
+        lru = unowned.setdefault(si, {})
+        for b, page in enumerate(pages, first):
+            if page is not None and not next(owners):
+                lru[page] = b
     spare = {  # with a cold tier the hit depends on the free pages (`onboard_fits`): none spared
-        p.store.name: 0
-        if tier is not None
-        else len(p.free_stack) + _spare(p, {page: b for b, page in unowned.get(si, ())}, tail)
+        p.store.name: 0 if tier is not None else len(p.free_stack) + _spare(p, unowned.get(si, {}), tail)
         for si, p in enumerate(t.pools)
         if t.store_of[si] == si
     }

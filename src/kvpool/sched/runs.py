@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from kvpool.sched.scheduler import Scheduler
 from kvpool.sched.sequence import SchedulerError, Sequence, append_tokens
 from kvpool.sched.step import Step
@@ -51,17 +49,17 @@ def waits_through(sched: Scheduler, step: Step, limit: int) -> int:
     if any(decode_worst_case_pages(g, sched.limits.headroom) is not None for g in growing):
         return min(limit, 1)
     tpb = manager.spec.tokens_per_block
-    caps = np.array([manager.capacity(s.rid) for s, _ in step.decodes], dtype=np.int64)
-    first = -(-caps // tpb) * tpb + 1 - caps  # the extra steps after which each row takes its next page: 1..tpb
+    caps = [manager.capacity(s.rid) for s, _ in step.decodes]
+    first = [-(-c // tpb) * tpb + 1 - c for c in caps]  # the extra steps after which each row takes its next page
     per_pool: dict[str, int] = {}
     for g in growing:
         pool = manager.pool_of(g.name)
         per_pool[pool] = per_pool.get(pool, 0) + 1
     steps = limit
     for pool, groups in per_pool.items():  # every row of each group takes a page every tpb steps from `first` on
-        takes = np.sort(np.tile(first, groups))
+        takes = sorted(first * groups)  # (a batch's few rows: plain lists beat NumPy's calls here)
         rounds, j = divmod(blocked.check.spare.get(pool, 0), len(takes))
-        steps = min(steps, int(takes[j]) + rounds * tpb)  # the step that would take one page more than spared
+        steps = min(steps, takes[j] + rounds * tpb)  # the step that would take one page more than spared
     return max(steps, 1)
 
 

@@ -245,9 +245,18 @@ class Scheduler:
         def fits(m: int) -> bool:
             return bool(self.manager.resize(rid, history + m + extra, history))
 
-        lo = tokens - max(whole.short.values()) * self.manager.spec.tokens_per_block
+        tpb = self.manager.spec.tokens_per_block
+        lo = tokens - max(whole.short.values()) * tpb
         if lo > 0 and fits(lo):
-            n = largest_fitting(lo, tokens - 1, fits)
+            # the chunk that ends where lo's last page does takes no page more in a group of whole pages: try
+            # it and the position after it first, which settles the usual case (one pool of such groups)
+            end = min(tokens - 1, lo + (-(history + lo + extra)) % tpb)
+            if end > lo and not fits(end):
+                n = largest_fitting(lo + 1, end - 1, fits)
+            elif end == tokens - 1 or not fits(end + 1):
+                n = end
+            else:
+                n = largest_fitting(end + 1, tokens - 1, fits)
         else:
             n = largest_fitting(1, (lo if lo > 0 else tokens) - 1, fits)
         if n > 0 and not self.manager.resize(rid, history + n + extra, history):  # pragma: no cover
