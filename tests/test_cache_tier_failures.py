@@ -3,8 +3,8 @@ never leaves the books inconsistent (cache/rollback.py). A failed suspend,
 resume or prefix hit copied in from a tier undoes the call: the requests, their
 pages, the pins and the free pages are as before it, and the books equal the
 snapshot taken before it except the cached pages the cut-short copies wrote over,
-which are dropped, and (a suspend) the digests a tier moved one tier down to make
-room. A failed offload only loses that cached page. Checked against
+which are dropped, and the digests moved one level down to make room (a cached
+GPU page a resume or hit evicted, a tier's LRU digest a suspend pushed down). A failed offload only loses that cached page. Checked against
 what each page and slot really holds: the copies move labels, and a failing copy
 first scribbles on its destination, as a half-done DMA would."""
 
@@ -154,6 +154,15 @@ ops = st.lists(st.tuples(st.sampled_from("cccfsR"), st.integers(0, 5), st.intege
 @given(ops=ops, host=st.integers(1, 24), disk=st.integers(0, 12), hybrid=st.booleans(), seed=st.integers(0, 2**16))
 # a suspend whose copy fails after the host tier moved a digest to disk to make room for it
 @example(ops=[("c", 0, 0), ("c", 1, 3), ("f", 0, 0), ("c", 0, 2), ("s", 0, 0)], host=6, disk=2, hybrid=True, seed=2)
+# a resume whose copy fails after it evicted a cached GPU page to the disk tier (the host tier
+# has no slot for that group), which dropped its LRU digest to make room
+@example(
+    ops=[("c", 4, 0), ("c", 0, 0), ("s", 0, 0), ("s", 4, 0), ("c", 1, 5), ("f", 1, 0), ("R", 4, 0)],
+    host=1,
+    disk=5,
+    hybrid=True,
+    seed=167,
+)
 def test_random_operations_with_failing_copies_keep_the_books(
     ops: list[tuple[str, int, int]], host: int, disk: int, hybrid: bool, seed: int
 ) -> None:
@@ -182,9 +191,10 @@ def test_random_operations_with_failing_copies_keep_the_books(
             assert requests_and_pins(m) == kept  # the call is undone
             for pool in m.pools:  # the cache only lost entries a copy wrote over
                 assert set(after["observed"][pool.name][1]) - {None} <= set(before["observed"][pool.name][1])
-            # a tier only lost digests, or holds one a warmer tier held before: room made for
-            # a suspension stays made (ColdStore: those digests moved one tier down, copied)
-            warmer: list[set[int]] = [set() for _ in m.pools]
+            # a tier only lost digests, or holds one a warmer level (the GPU pool first) held
+            # before: room made stays made, a cached GPU page a resume or hit evicted for its
+            # pages and a tier's LRU digest a suspend pushed down (ColdStore: moved down, copied)
+            warmer = [set(before["observed"][pool.name][1]) - {None} for pool in m.pools]
             for (held_a, _, _), (held_b, _, _) in zip(after["tiers"], before["tiers"], strict=True):
                 for gi, (a, b) in enumerate(zip(held_a, held_b, strict=True)):
                     warmer[gi] |= {digest for digest, _ in b}
