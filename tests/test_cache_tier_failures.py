@@ -86,6 +86,41 @@ def test_a_failed_resume_that_evicted_loses_no_content() -> None:
     assert m.resume(0)
 
 
+def test_a_failed_resume_that_evicted_past_a_pinned_host_tier_keeps_them_on_disk() -> None:
+    """As above, but the suspended request's pins fill the host tier: the three
+    cached GPU pages the resume evicts go one tier further down, to disk, and stay
+    there when the copy fails (a tier then holds digests no tier held before the
+    call; only the GPU pool did)."""
+    m = tiered(full_spec(tpb=TPB), {"full": 8}, host_pages=4, disk_pages=8)
+    labels = Flaky()
+    m.set_tier_copies(labels)
+    m.create(0, list(range(100, 113)))
+    assert m.resize(0, 14, 13)
+    m.commit(0, 13)
+    computed(m, labels, 0, 0)
+    assert m.suspend(0)
+    hit = m.create(1, list(range(500, 532)))
+    assert m.resize(1, 32, 31)
+    m.commit(1, 31)
+    computed(m, labels, 1, hit)
+    m.free(1)  # seven cached pages and one free: resuming 4 pages evicts 3
+    labels.fail = {("to_gpu", 2)}
+    before = books(m)
+    assert before["tiers"][0][1] == [[]]  # the host tier: no free slot, every one pinned
+    with pytest.raises(DmaFailed):
+        m.resume(0)
+    after = books(m)
+    assert m.suspension(0) is not None and after["tiers"][0] == before["tiers"][0]
+    lost = set(before["observed"]["full"][1]) - set(after["observed"]["full"][1])
+    assert m.tier is not None and len(lost) == 3
+    disk_before = {digest for digest, _ in before["tiers"][1][0][0]}
+    disk_after = {digest for digest, _ in after["tiers"][1][0][0]}
+    assert disk_after - disk_before == lost
+    m.check_integrity()
+    assert_every_label_true(m, labels)
+    assert m.resume(0)
+
+
 def test_a_failed_hit_from_the_host_tier_leaves_the_books_exactly_as_before() -> None:
     """The hit's fresh pages come off the free list (nothing evicted for them):
     the books after the failed copy equal the snapshot before the call."""
