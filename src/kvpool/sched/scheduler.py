@@ -297,6 +297,19 @@ class Scheduler:
         self._advance_history(seq)
         self.manager.commit(seq.rid, seq.num_computed)
 
+    def shared_fill_step(self, seq: Sequence, steps: int, token: int) -> int | None:
+        """The first of `steps` decode steps of running `seq` (each computes
+        one position and samples `token`) after which `seq` commits a page
+        whose commit depends on the evictions made before it
+        (`KVCacheManager.first_shared_fill`: a page another page holds the
+        digest of, a verbatim repeat's); None when none does (or reuse is off)."""
+        if not self.enable_reuse:
+            return None
+        ids = seq.token_ids[self._known.get(seq.rid, 0) :]  # the ids the manager has not seen, then the run's
+        ids.extend((token,) * (steps - 1))
+        at = self.manager.first_shared_fill(seq.rid, ids, seq.num_computed + steps)
+        return None if at is None else at - seq.num_computed
+
     def _advance_history(self, seq: Sequence) -> None:
         """Tell the manager the positions `seq` has computed (commit may not run
         ahead of history); keeps the capacity, so no page is allocated."""
