@@ -434,9 +434,11 @@ def first_shared_fill(t: PageTables, req: Request, ids: Sequence[int], upto: int
     data.extend(ids)
     digests = req.hashes[first - 1 : first] if first else []  # the parent, then the pages' own
     extend_hashes(digests, data, tpb, req.seed, len(digests) + last - first, req.chain, len(digests) * tpb)
+    maps = [cached for _, cached in pools]
     for j, h in enumerate(digests[1 if first else 0 :]):
-        if any(h in cached for _, cached in pools):
-            return max((first + j + 1) * tpb, at)
+        for cached in maps:
+            if h in cached:
+                return max((first + j + 1) * tpb, at)
     return None
 
 

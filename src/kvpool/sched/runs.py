@@ -112,9 +112,10 @@ def shared_fill_limit(sched: Scheduler, step: Step, steps: int, token: int) -> i
         takes[pool] = takes.get(pool, 0) + rows * -(-(steps - 1) // g.tokens_per_block)
     if all(takes[manager.pool_of(g.name)] <= manager.unused_pages(g.name) for g in groups):
         return steps
-    for seq, _ in step.decodes:  # each row hashes only the pages before the cut the rows before it found
-        at = sched.shared_fill_step(seq, steps, token)
-        if at is not None:
+    tpb = manager.spec.tokens_per_block
+    for seq, _ in step.decodes:  # a row that fills a page; only those before the cut the rows before it found
+        n = seq.num_computed
+        if (n + steps) // tpb > n // tpb and (at := sched.shared_fill_step(seq, steps, token)) is not None:
             steps = at
     return steps
 

@@ -8,6 +8,7 @@ many positions. See docs/sched.md.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Literal, NamedTuple, cast
@@ -305,10 +306,12 @@ class Scheduler:
         digest of, a verbatim repeat's); None when none does (or reuse is off)."""
         if not self.enable_reuse:
             return None
-        ids = seq.token_ids[self._known.get(seq.rid, 0) :]  # the ids the manager has not seen, then the run's
-        ids.extend((token,) * (steps - 1))
-        at = self.manager.first_shared_fill(seq.rid, ids, seq.num_computed + steps)
-        return None if at is None else at - seq.num_computed
+        n, tpb = seq.num_computed, self.manager.spec.tokens_per_block
+        upto = (n + steps) // tpb * tpb  # where the last page the steps fill ends
+        ids = seq.token_ids[self._known.get(seq.rid, 0) :]  # the ids the manager has not seen (through n)
+        ids += array("q", (token,)) * (upto - n - 1)  # then the steps' up to there
+        at = self.manager.first_shared_fill(seq.rid, ids, upto)
+        return None if at is None else at - n
 
     def _advance_history(self, seq: Sequence) -> None:
         """Tell the manager the positions `seq` has computed (commit may not run
