@@ -375,6 +375,8 @@ def commit(
     if k > done:
         assert ids is not None
         hashes, slot = req.hashes, req.slot
+        if req.ahead is not None:
+            take_ahead(req, ids, tpb, k)
         extend_hashes(hashes, ids, tpb, req.seed, k, req.chain, req.base)
         ahead = lookahead(req)
         if ahead:  # lookahead digests: only the pages whose following ids are known
@@ -407,7 +409,8 @@ def first_shared_fill(t: PageTables, req: Request, ids: Sequence[int], upto: int
     first, or for the pages before it that `adopt` walks back over). Such a
     commit depends on the evictions made before it; the other
     pages `req` fills are stored whatever the pools evict meanwhile. None when
-    no page up to `upto` is such; changes nothing."""
+    no page up to `upto` is such. Changes no page; the digests it computed are
+    kept for `commit` (`take_ahead`), which takes those whose ids came."""
     tpb, first = t.tokens_per_block, req.committed  # pages below `first` are committed
     if req.tokens is None:
         return None
@@ -434,12 +437,32 @@ def first_shared_fill(t: PageTables, req: Request, ids: Sequence[int], upto: int
     data.extend(ids)
     digests = req.hashes[first - 1 : first] if first else []  # the parent, then the pages' own
     extend_hashes(digests, data, tpb, req.seed, len(digests) + last - first, req.chain, len(digests) * tpb)
+    own = digests[1:] if first else digests
+    req.ahead = (first, digests[0] if first else 0, data[: len(own) * tpb], own)  # `commit` takes them
     maps = [cached for _, cached in pools]
-    for j, h in enumerate(digests[1 if first else 0 :]):
+    for j, h in enumerate(own):
         for cached in maps:
             if h in cached:
                 return max((first + j + 1) * tpb, at)
     return None
+
+
+def take_ahead(req: Request, ids: array[int], tpb: int, k: int) -> None:
+    """Append to `req.hashes` the digests `first_shared_fill` computed ahead
+    for its next pages (up to page k) whose ids `ids` (positions `req.base`...)
+    now hold, rather than hashing them again; keeps the rest for a later commit."""
+    assert req.ahead is not None
+    first, parent, data, digests = req.ahead
+    hashes = req.hashes
+    req.ahead = None
+    if first != len(hashes) or (first and hashes[-1] != parent):
+        return
+    m, start = min(k - first, len(digests)), first * tpb - req.base
+    if m <= 0 or ids[start : start + m * tpb] != data[: m * tpb]:
+        return
+    hashes += digests[:m]
+    if m < len(digests):
+        req.ahead = (first + m, digests[m - 1], data[m * tpb :], digests[m:])
 
 
 def adopt(t: PageTables, req: Request, gi: int, done: int) -> None:
