@@ -561,6 +561,25 @@ class KVCacheManager:
         count = as_position(num_tokens, "commit's num_tokens")
         return prefix.commit(self.tables, req, count, ids, state_snapshots=self.state_snapshots)
 
+    def first_shared_fill(self, rid: int, tokens: Sequence[int], upto: int) -> int | None:
+        """The first history up to `upto` at which `rid`, its history growing
+        with the token ids `tokens` after those the manager has, fills a page
+        whose commit depends on the evictions before it: a page whose digest
+        another page holds (cached: the commit stores no copy unless that page
+        was evicted first), or the first page, when another page holds its
+        parent's. A caller that raises history several positions before it
+        commits (a run of decode steps) must commit such a page no later than
+        the step that fills it, or it may store what single steps do not.
+        None when no such page fills (or reuse is off); changes nothing."""
+        req = self.requests.get(rid)
+        if not self.enable_reuse or req.dummy:
+            return None
+        return prefix.first_shared_fill(self.tables, req, tokens, upto)
+
+    def unused_pages(self, group: str) -> int:
+        """Pages of `group` an allocation can take without evicting a cached one."""
+        return len(self.pools[self._group(group)].free_stack)
+
     def _new_request(self, rid: int, *, dummy: bool) -> Request:
         if rid in self.requests:  # checked before a row is taken
             raise CacheUsageError(f"request id {rid!r} already exists")

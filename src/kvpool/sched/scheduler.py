@@ -8,6 +8,7 @@ many positions. See docs/sched.md.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Literal, NamedTuple, cast
@@ -296,6 +297,21 @@ class Scheduler:
             self._known[seq.rid] = upto
         self._advance_history(seq)
         self.manager.commit(seq.rid, seq.num_computed)
+
+    def shared_fill_step(self, seq: Sequence, steps: int, token: int) -> int | None:
+        """The first of `steps` decode steps of running `seq` (each computes
+        one position and samples `token`) after which `seq` commits a page
+        whose commit depends on the evictions made before it
+        (`KVCacheManager.first_shared_fill`: a page another page holds the
+        digest of, a verbatim repeat's); None when none does (or reuse is off)."""
+        if not self.enable_reuse:
+            return None
+        n, tpb = seq.num_computed, self.manager.spec.tokens_per_block
+        upto = (n + steps) // tpb * tpb  # where the last page the steps fill ends
+        ids = seq.token_ids[self._known.get(seq.rid, 0) :]  # the ids the manager has not seen (through n)
+        ids += array("q", (token,)) * (upto - n - 1)  # then the steps' up to there
+        at = self.manager.first_shared_fill(seq.rid, ids, upto)
+        return None if at is None else at - n
 
     def _advance_history(self, seq: Sequence) -> None:
         """Tell the manager the positions `seq` has computed (commit may not run
