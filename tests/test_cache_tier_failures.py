@@ -3,8 +3,8 @@ never leaves the books inconsistent (cache/rollback.py). A failed suspend,
 resume or prefix hit copied in from a tier undoes the call: the requests, their
 pages, the pins and the free pages are as before it, and the books equal the
 snapshot taken before it except the cached pages the cut-short copies wrote over,
-which are dropped, and (a suspend) the digests a tier moved one tier down to make
-room. A failed offload only loses that cached page. Checked against
+which are dropped, and the digests moved one level down to make room (a cached
+GPU page a resume or hit evicted, a tier's LRU digest a suspend pushed down). A failed offload only loses that cached page. Checked against
 what each page and slot really holds: the copies move labels, and a failing copy
 first scribbles on its destination, as a half-done DMA would."""
 
@@ -86,6 +86,41 @@ def test_a_failed_resume_that_evicted_loses_no_content() -> None:
     assert m.resume(0)
 
 
+def test_a_failed_resume_that_evicted_past_a_pinned_host_tier_keeps_them_on_disk() -> None:
+    """As above, but the suspended request's pins fill the host tier: the three
+    cached GPU pages the resume evicts go one tier further down, to disk, and stay
+    there when the copy fails (a tier then holds digests no tier held before the
+    call; only the GPU pool did)."""
+    m = tiered(full_spec(tpb=TPB), {"full": 8}, host_pages=4, disk_pages=8)
+    labels = Flaky()
+    m.set_tier_copies(labels)
+    m.create(0, list(range(100, 113)))
+    assert m.resize(0, 14, 13)
+    m.commit(0, 13)
+    computed(m, labels, 0, 0)
+    assert m.suspend(0)
+    hit = m.create(1, list(range(500, 532)))
+    assert m.resize(1, 32, 31)
+    m.commit(1, 31)
+    computed(m, labels, 1, hit)
+    m.free(1)  # seven cached pages and one free: resuming 4 pages evicts 3
+    labels.fail = {("to_gpu", 2)}
+    before = books(m)
+    assert before["tiers"][0][1] == [[]]  # the host tier: no free slot, every one pinned
+    with pytest.raises(DmaFailed):
+        m.resume(0)
+    after = books(m)
+    assert m.suspension(0) is not None and after["tiers"][0] == before["tiers"][0]
+    lost = set(before["observed"]["full"][1]) - set(after["observed"]["full"][1])
+    assert m.tier is not None and len(lost) == 3
+    disk_before = {digest for digest, _ in before["tiers"][1][0][0]}
+    disk_after = {digest for digest, _ in after["tiers"][1][0][0]}
+    assert disk_after - disk_before == lost
+    m.check_integrity()
+    assert_every_label_true(m, labels)
+    assert m.resume(0)
+
+
 def test_a_failed_hit_from_the_host_tier_leaves_the_books_exactly_as_before() -> None:
     """The hit's fresh pages come off the free list (nothing evicted for them):
     the books after the failed copy equal the snapshot before the call."""
@@ -154,6 +189,15 @@ ops = st.lists(st.tuples(st.sampled_from("cccfsR"), st.integers(0, 5), st.intege
 @given(ops=ops, host=st.integers(1, 24), disk=st.integers(0, 12), hybrid=st.booleans(), seed=st.integers(0, 2**16))
 # a suspend whose copy fails after the host tier moved a digest to disk to make room for it
 @example(ops=[("c", 0, 0), ("c", 1, 3), ("f", 0, 0), ("c", 0, 2), ("s", 0, 0)], host=6, disk=2, hybrid=True, seed=2)
+# a resume whose copy fails after it evicted a cached GPU page to the disk tier (the host tier
+# has no slot for that group), which dropped its LRU digest to make room
+@example(
+    ops=[("c", 4, 0), ("c", 0, 0), ("s", 0, 0), ("s", 4, 0), ("c", 1, 5), ("f", 1, 0), ("R", 4, 0)],
+    host=1,
+    disk=5,
+    hybrid=True,
+    seed=167,
+)
 def test_random_operations_with_failing_copies_keep_the_books(
     ops: list[tuple[str, int, int]], host: int, disk: int, hybrid: bool, seed: int
 ) -> None:
@@ -182,9 +226,10 @@ def test_random_operations_with_failing_copies_keep_the_books(
             assert requests_and_pins(m) == kept  # the call is undone
             for pool in m.pools:  # the cache only lost entries a copy wrote over
                 assert set(after["observed"][pool.name][1]) - {None} <= set(before["observed"][pool.name][1])
-            # a tier only lost digests, or holds one a warmer tier held before: room made for
-            # a suspension stays made (ColdStore: those digests moved one tier down, copied)
-            warmer: list[set[int]] = [set() for _ in m.pools]
+            # a tier only lost digests, or holds one a warmer level (the GPU pool first) held
+            # before: room made stays made, a cached GPU page a resume or hit evicted for its
+            # pages and a tier's LRU digest a suspend pushed down (ColdStore: moved down, copied)
+            warmer = [set(before["observed"][pool.name][1]) - {None} for pool in m.pools]
             for (held_a, _, _), (held_b, _, _) in zip(after["tiers"], before["tiers"], strict=True):
                 for gi, (a, b) in enumerate(zip(held_a, held_b, strict=True)):
                     warmer[gi] |= {digest for digest, _ in b}
