@@ -38,6 +38,7 @@ VALID: dict[str, Any] = {
     "token": 7,
     "tokens": [1, 2],
     "num_tokens": 1,
+    "upto": 16,
     "group": "full",
     "rids": [1, 2],
     "capacities": [12, 12],
@@ -53,7 +54,7 @@ VALID: dict[str, Any] = {
 }
 # parameters whose ints are request ids, and those whose ints may not be negative or huge
 RID_PARAMS = {"rid"}
-COUNT_PARAMS = {"capacity", "history", "num_tokens", "batch_size", "token_num", "draft_len"}
+COUNT_PARAMS = {"capacity", "history", "num_tokens", "upto", "batch_size", "token_num", "draft_len"}
 SKIP = {"is_gen", "salt", "copies"}  # a bool, any hashable salt, an engine object: nothing generic to get wrong
 
 

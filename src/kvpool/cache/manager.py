@@ -572,9 +572,11 @@ class KVCacheManager:
         the step that fills it, or it may store what single steps do not.
         None when no such page fills (or reuse is off); changes nothing."""
         req = self.requests.get(rid)
+        ids = check_tokens(tokens, f"request {rid}: first_shared_fill's tokens")  # an int64 array: copied in C
+        count = as_position(upto, "first_shared_fill's upto")
         if not self.enable_reuse or req.dummy:
             return None
-        return prefix.first_shared_fill(self.tables, req, tokens, upto)
+        return prefix.first_shared_fill(self.tables, req, ids, count)
 
     def unused_pages(self, group: str) -> int:
         """Pages of `group` an allocation can take without evicting a cached one."""
