@@ -30,6 +30,7 @@ on 2 busy CPUs; a case (10 grid points, 4 policies) 5 to 30 minutes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -42,6 +43,7 @@ from kvpool.plan import ServingLimits
 from kvpool.presets import load_gpu
 from kvpool.presets.traces import load_trace
 from kvpool.sim import StepTimeModel, load_weights, simulate
+from kvpool.sim.online import serve_online
 from kvpool.sim.policies import plan_for, ratio_policy, sweep_shares
 from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.trace import Trace
@@ -50,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "sim"
 ARXIV = str(ROOT / "benchmarks" / "data" / "traces" / "arxiv_summarization.csv")
 GiB = 2**30
-POLICIES = ("reference", "workload", "occupancy", "tuned")
+POLICIES = ("reference", "workload", "occupancy", "tuned", "online")
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,8 @@ def load_case(name: str) -> Case:
 
 def run(c: Case, policy: str) -> dict[str, Any]:
     """Plan `policy` from the seen half (a `ratio:` split needs none), serve the unseen one."""
+    if policy == "online":
+        return run_online(c)
     t0 = time.perf_counter()
     pp = plan_for(c.spec, c.limits, policy, kv_memory_bytes=c.kv, trace=c.seen, model=c.steps)
     plan_s = time.perf_counter() - t0
@@ -179,6 +183,22 @@ def run(c: Case, policy: str) -> dict[str, Any]:
         flush=True,
     )
     return {**r.to_json(), "share": share, "notes": list(pp.notes), "plan_s": plan_s, "run_s": r.wall_s}
+
+
+def run_online(c: Case) -> dict[str, Any]:
+    """`online`: the tuned split of the seen half, then tuned again between segments of the unseen one."""
+    o = serve_online(c.spec, c.limits, c.seen, c.unseen, c.steps, kv_memory_bytes=c.kv)
+    print(f"{c.name} online: {o.output_tokens_per_s:,.1f} tok/s ({o.notes()[0]}, {o.wall_s:.0f} s)", flush=True)
+    return {
+        "policy": "online",
+        "output_tokens_per_s": o.output_tokens_per_s,
+        "share": o.shares[0],
+        "shares": list(o.shares),
+        "restarts": o.restarts,
+        "decisions": [dataclasses.asdict(d) for d in o.decisions],
+        "notes": list(o.notes()),
+        "run_s": o.wall_s,
+    }
 
 
 def settings(name: str, c: Case) -> dict[str, Any]:
@@ -244,13 +264,21 @@ def summary(out: dict[str, Any]) -> str:
         for p in POLICIES
     ]
     ref = runs.get("reference", {}).get("output_tokens_per_s")
-    tuned = runs.get("tuned", {}).get("output_tokens_per_s")
-    vs_ref = f"{100 * tuned / ref:.1f} %" if ref and tuned else "-"
-    return f"| {label} | {best['output_tokens_per_s']:,.0f} ({best['share']:.3g}) | {' | '.join(cells)} | {vs_ref} |"
+    vs_ref = []
+    for p in ("tuned", "online"):
+        tps = runs.get(p, {}).get("output_tokens_per_s")
+        vs_ref.append(f"{100 * tps / ref:.1f} %" if ref and tps else "-")
+    return f"| {label} | {best['output_tokens_per_s']:,.0f} ({best['share']:.3g}) | {' | '.join([*cells, *vs_ref])} |"
 
 
 def table(names: list[str]) -> str:
-    head = ["case (model, GPU, KV, L, trace)", "best grid tok/s (share)", *POLICIES, "tuned / reference"]
+    head = [
+        "case (model, GPU, KV, L, trace)",
+        "best grid tok/s (share)",
+        *POLICIES,
+        "tuned / reference",
+        "online / reference",
+    ]
     rows = [summary(json.loads(path_of(n).read_text())) for n in names if path_of(n).exists()]
     return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows])
 
