@@ -5,7 +5,9 @@ An engine fixes its pool split at start-up, so a deployment that follows its
 traffic restarts between parts of it. `serve_online` serves a trace in
 `segments` equal parts, in arrival order:
 
-- Segment 1 runs the `tuned` split of the planning traffic (`kvpool.sim.tuned.tune`).
+- Segment 1 runs the `tuned` policy's split of the planning traffic
+  (`kvpool.sim.tuned.tune`, the workload share among its candidates; every
+  later tuning the same way).
 - Before each later segment, `tune` runs again on the `window` most recent
   requests seen: the end of the planning traffic, then the segments served
   (default: as many requests as the planning traffic). Its split (the
@@ -42,7 +44,7 @@ from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
 from kvpool.sim.simulator import simulate
 from kvpool.sim.steptime import StepTimeModel
-from kvpool.sim.tuned import Tuned, tune, tuned_group
+from kvpool.sim.tuned import Tuned, tune, tuned_group, workload_shares
 from kvpool.spec import ModelSpec
 from kvpool.trace import Trace, concat_traces
 
@@ -190,7 +192,18 @@ def serve_online(
         if retune is not None:
             return retune(trace)
         steps = cast(StepTimeModel, model)  # tune reads it only through `run`
-        return tune(spec, limits, trace, steps, kv_memory_bytes=kv_memory_bytes, fit=fit, padding=padding, run=speed)
+        extra = workload_shares(spec, limits, trace, kv_memory_bytes=kv_memory_bytes, fit=fit)
+        return tune(
+            spec,
+            limits,
+            trace,
+            steps,
+            kv_memory_bytes=kv_memory_bytes,
+            fit=fit,
+            padding=padding,
+            run=speed,
+            extra_shares=extra,
+        )
 
     lim = dataclasses.replace(limits, avg_seq_len=None)
     reference = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, fit=fit)
