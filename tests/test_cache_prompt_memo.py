@@ -168,3 +168,34 @@ def test_a_prompt_that_comes_back_is_not_digested_again(monkeypatch: pytest.Monk
     scratch: list[int] = []
     extend_hashes(scratch, check_tokens(prompts[0]), 16, salt_seed(None), 30)
     assert m.requests.get(10).hashes == scratch
+
+
+@pytest.mark.parametrize("events", [True, False])
+def test_requests_of_one_prompt_asked_first_keep_their_own_ids(events: bool) -> None:
+    """A scheduler asks about its packed prompt (`can_create`), then creates
+    it: the ids checked when asked are taken as they are (`same_ids`), yet
+    two requests of one prompt each append their own outputs (with events
+    recorded a request keeps its ids whole), so each stores a page of its own."""
+    m = manager(full_spec(tpb=TPB), {"full": 40}, events=events)
+    prompt = check_tokens(list(range(100, 110)))  # 2 whole pages and 2 ids
+    for rid in (0, 1):
+        assert m.can_create(prompt).hit == 0
+        assert m.create(rid, prompt) == 0
+    for rid, out in ((0, [7, 7]), (1, [8, 8])):
+        assert m.resize(rid, 12, 12)
+        assert m.commit(rid, 12, out) == 12
+    for out in ([7, 7], [8, 8]):
+        assert m.cached_prefix([*range(100, 110), *out]).gpu == 12
+    assert list(prompt) == list(range(100, 110))  # the caller's ids as they were
+    m.check_integrity()
+
+
+def test_same_ids_are_only_the_remembered_int64_ids() -> None:
+    memo = PromptMemo()
+    ids = check_tokens(list(range(40)))
+    memo.digests(ids, TPB, salt_seed(None), 10, [])
+    assert memo.same_ids(ids[:]) is memo.ids
+    assert memo.same_ids(list(range(40))) is None  # not packed: checked as any other
+    assert memo.same_ids(array("i", range(40))) is None  # another type code
+    assert memo.same_ids(ids[:-1]) is None and memo.same_ids(check_tokens([*range(39), 0])) is None
+    assert PromptMemo().same_ids(array("q")) is None

@@ -198,3 +198,36 @@ def test_a_refused_commit_appends_no_tokens() -> None:
         m.commit(1, 33, tokens=PROMPT[20:33])  # beyond history 32
     assert m.commit(1, 32, tokens=PROMPT[20:32]) == 32  # the ids of the refused call were not kept
     assert m.create(2, PROMPT[:33]) == 32
+
+
+def decoded(m: KVCacheManager, rid: int, prompt: list[int], out: list[int]) -> None:
+    """`prefilled`, then `out` computed and committed at once."""
+    prefilled(m, rid, prompt)
+    n = len(prompt) + len(out)
+    assert m.resize(rid, n + 1, n)
+    m.commit(rid, n, out)
+
+
+def stored_hashes(m: KVCacheManager) -> list[int]:
+    return [e.block_hash for e in m.take_events() if e.kind == "stored"]
+
+
+@pytest.mark.parametrize("ahead", [[7] * 40, [8] * 40, [7] * 20 + [8] * 20, [7] * 20 + [9] * 20])
+def test_first_shared_fill_finds_a_twins_page_and_its_digests_are_those_commit_makes(ahead: list[int]) -> None:
+    # a finished twin (prompt + 40 sevens) leaves its pages cached: a repeat asked about the ids it will
+    # append finds its first decode page (positions 96..111, history 112) cached where they are sevens.
+    # Whatever it was asked about, its commit (20 sevens, 20 nines) stores what a manager never asked stores
+    asked, plain = (manager(full_spec(tpb=16), {"full": 40}) for _ in range(2))
+    for m in (asked, plain):
+        decoded(m, 1, PROMPT, [7] * 40)
+        m.free(1)
+        prefilled(m, 2, PROMPT)
+        stored_hashes(m)
+    expected = 112 if ahead[:12] == [7] * 12 else None
+    assert asked.first_shared_fill(2, ahead, 140) == expected
+    for m in (asked, plain):
+        assert m.resize(2, 141, 140)
+        m.commit(2, 140, [7] * 20 + [9] * 20)
+    assert stored_hashes(asked) == stored_hashes(plain) != []
+    assert asked.first_shared_fill(2, [7], 141) is None  # no page fills
+    asked.check_integrity()

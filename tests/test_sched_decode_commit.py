@@ -2,7 +2,8 @@
 the step it completes): the stored event comes in that step's batch, a request
 arriving mid-generation reuses the tokens generated so far, pages that leave a
 sliding window are stored as they leave, and a simulator's run of decode steps
-leaves the cache exactly as the same steps one by one."""
+leaves the cache exactly as the same steps one by one, a verbatim repeat of a
+finished request's included."""
 
 from __future__ import annotations
 
@@ -75,6 +76,21 @@ def test_decode_pages_leaving_a_sliding_window_are_stored_as_they_leave() -> Non
     mgr.check_integrity()
 
 
+def drive(sched: Scheduler, fast: bool) -> int:
+    """Step `sched` to the end, a run of decode steps wherever one applies
+    (`fast`); returns the runs made."""
+    runs = 0
+    while sched.has_work():
+        step = sched.schedule()
+        assert step is not None
+        limit = decode_run_limit(sched, step) if fast else 0
+        if limit >= 2 and advance_decodes(sched, step, limit, GEN) is not None:
+            runs += 1
+            continue
+        run_step(sched, step, GEN)
+    return runs
+
+
 def cached(mgr: KVCacheManager) -> list[set[int]]:
     return [set(pool.cached) for pool in mgr.pools]
 
@@ -93,17 +109,32 @@ def test_a_run_of_decode_steps_leaves_the_cache_as_single_steps_do(window: int |
         mgr, sched = make(pages, spec)
         for rid, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
             sched.add(Sequence(rid=rid, prompt_ids=prompt, max_new_tokens=out))
-        runs = 0
-        while sched.has_work():
-            step = sched.schedule()
-            assert step is not None
-            limit = decode_run_limit(sched, step) if fast else 0
-            if limit >= 2 and advance_decodes(sched, step, limit, GEN) is not None:
-                runs += 1
-                continue
-            run_step(sched, step, GEN)
+        runs = drive(sched, fast)
         mgr.check_integrity()
         results.append((cached(mgr), mgr.stats().reuse_hit_tokens, runs))
     (slow_cached, slow_hits, _), (fast_cached, fast_hits, runs) = results
     assert runs > 0  # the fast path ran
     assert fast_cached == slow_cached and fast_hits == slow_hits
+
+
+def test_a_run_of_a_verbatim_repeat_stores_what_single_steps_store() -> None:
+    # a finished twin leaves its pages cached; its repeat (same prompt, every output GEN) fills pages
+    # of the same digests while a stranger's growth evicts the twin's pages. Single steps find each
+    # twin page still cached the step the repeat fills it (so the repeat's copy is not stored); a run
+    # that allocated all its pages first would have evicted them and stored the repeat's own
+    twin = list(range(100, 106))
+    results = []
+    for fast in (False, True):
+        mgr, sched = make({"full": 24})
+        sched.add(Sequence(rid=0, prompt_ids=twin, max_new_tokens=30))
+        drive(sched, fast)
+        assert mgr.pools[0].num_cached == (6 + 30 - 1) // TPB  # the twin's pages, all evictable
+        sched.add(Sequence(rid=1, prompt_ids=twin, max_new_tokens=30))
+        sched.add(Sequence(rid=2, prompt_ids=list(range(200, 204)), max_new_tokens=60))
+        runs = drive(sched, fast)
+        mgr.check_integrity()
+        pool = mgr.pools[0]
+        results.append((cached(mgr), pool.lru_order(), [pool.page_hash[p] for p in pool.lru_order()], runs))
+    (slow_cached, slow_lru, slow_hashes, _), (fast_cached, fast_lru, fast_hashes, runs) = results
+    assert runs > 0  # the fast path ran
+    assert (fast_cached, fast_lru, fast_hashes) == (slow_cached, slow_lru, slow_hashes)

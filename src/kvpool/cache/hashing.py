@@ -35,7 +35,7 @@ MASK64 = (1 << 64) - 1
 Chain = Callable[[int, bytes, int], list[int]]
 # (one page's bytes, parent digest as an unsigned 64-bit int) -> that page's unsigned digest: a chain of
 # one page, one call (XXH3's own function, no Python frame: a decode step's page is digested here)
-Digest = Callable[[bytes, int], int]
+Digest = Callable[[bytes | memoryview, int], int]
 
 
 def blake2b_chain(parent: int, data: bytes, width: int) -> list[int]:
@@ -49,7 +49,7 @@ def blake2b_chain(parent: int, data: bytes, width: int) -> list[int]:
     return out
 
 
-def blake2b_digest(page: bytes, parent: int) -> int:
+def blake2b_digest(page: bytes | memoryview, parent: int) -> int:
     """`blake2b_chain` of one page (`parent` unsigned)."""
     prev = parent.to_bytes(8, "little")
     return int.from_bytes(hashlib.blake2b(prev + page, digest_size=8, person=b"kvpool-page").digest(), "little")

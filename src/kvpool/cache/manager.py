@@ -165,7 +165,12 @@ class KVCacheManager:
         Raises `CacheUsageError` for a duplicate or non-int id, tokens that
         are not token ids, or a salt of another type (nothing registered then)."""
         check_rid(rid)
-        ids = check_tokens(tokens, f"request {rid}: tokens") if self.enable_reuse and tokens is not None else None
+        ids = None
+        if self.enable_reuse and tokens is not None:
+            # the ids `can_create` just checked are taken as they are, unless events are recorded: the
+            # request then keeps its ids (and appends to them), which must be its own
+            same = None if self.pools[0].record_events else self._prompts.same_ids(tokens)
+            ids = check_tokens(tokens, f"request {rid}: tokens") if same is None else same
         seed = self._seed_of(salt) if self.enable_reuse else 0  # also for ids that come later, with `commit`
         req = self._new_request(rid, dummy=False)
         req.seed, req.salt, req.chain = seed, salt, self._chain
@@ -216,7 +221,8 @@ class KVCacheManager:
             items = tokens if type(tokens) is array else as_list(tokens, "can_create's tokens")
             if type(items) is not array and any(type(t) is bool for t in items):  # a scheduler passes an int64 array
                 raise CacheUsageError("can_create's tokens must be token ids, not bools")
-            ids = check_tokens(items, "can_create's tokens")
+            same = self._prompts.same_ids(items)  # the head of a queue, asked again: checked when first asked
+            ids = check_tokens(items, "can_create's tokens") if same is None else same
             if ids:
                 tpb = self.tokens_per_block
                 hashes, known = self._prompts.digests(
@@ -554,6 +560,25 @@ class KVCacheManager:
         ids = None if tokens is None else check_few_tokens(tokens, f"request {rid}: commit's tokens")
         count = as_position(num_tokens, "commit's num_tokens")
         return prefix.commit(self.tables, req, count, ids, state_snapshots=self.state_snapshots)
+
+    def first_shared_fill(self, rid: int, tokens: Sequence[int], upto: int) -> int | None:
+        """The first history up to `upto` at which `rid`, its history growing
+        with the token ids `tokens` after those the manager has, fills a page
+        whose commit depends on the evictions before it: a page whose digest
+        another page holds (cached: the commit stores no copy unless that page
+        was evicted first), or the first page, when another page holds its
+        parent's. A caller that raises history several positions before it
+        commits (a run of decode steps) must commit such a page no later than
+        the step that fills it, or it may store what single steps do not.
+        None when no such page fills (or reuse is off); changes nothing."""
+        req = self.requests.get(rid)
+        if not self.enable_reuse or req.dummy:
+            return None
+        return prefix.first_shared_fill(self.tables, req, tokens, upto)
+
+    def unused_pages(self, group: str) -> int:
+        """Pages of `group` an allocation can take without evicting a cached one."""
+        return len(self.pools[self._group(group)].free_stack)
 
     def _new_request(self, rid: int, *, dummy: bool) -> Request:
         if rid in self.requests:  # checked before a row is taken

@@ -159,10 +159,10 @@ def create_check(
     need = [0] * len(t.pools)  # by the first group of each store
     claimed: dict[str, int] = {}
     found: dict[int, KnownPages] = {}  # never-stale groups: the hit's pages, for `create`
-    unowned: dict[int, list[tuple[int, int]]] = {}  # by store: (block, page) of the hit's pages in the LRU
+    hits: list[tuple[int, int, list[int | None], list[int]]] = []  # (store, first block, pages, refs) by group
     for gi, pool in enumerate(t.pools):
         taken = 0
-        if k:
+        if k and (tier is not None or pool.store.lru_len):  # (no LRU: every cached page has an owner, none taken)
             first = k - 1 if t.is_state[gi] else stale_pages(t.groups[gi], hit)
             head = known.get(gi)  # (never-stale groups only: first is 0)
             h = 0 if head is None else min(k, len(head.pages))
@@ -170,11 +170,11 @@ def create_check(
                 *(head.pages[:h] if head is not None else ()),
                 *map(pool.cached.get, hashes[first + h : k]),
             ]
-            ref = pool.ref
-            free = [(first + i, p) for i, p in enumerate(pages) if p is not None and not ref[p]]
-            unowned.setdefault(t.store_of[gi], []).extend(free)
             missing = pages.count(None)
-            taken = len(free) + missing
+            held_pages = [p for p in pages if p is not None] if missing else cast("list[int]", pages)
+            refs = list(map(pool.ref.__getitem__, held_pages))
+            hits.append((t.store_of[gi], first, pages, refs))
+            taken = refs.count(0) + missing  # the hit's pages in the LRU, and those only a tier holds
             if t.never_stale[gi] and not t.is_state[gi] and not missing:
                 held = cast("list[int]", pages)
                 found[gi] = KnownPages(held, np.array(held, dtype=np.int32))
@@ -187,10 +187,15 @@ def create_check(
     if not short:
         return CreateCheck(hit, short, claimed)
     tail = k - 1 if len(t.pools) == 1 else -1  # one group: evicting its hit's last page keeps it as short
+    unowned: dict[int, dict[int, int]] = {}  # by store: page -> block of the hit's pages in the LRU
+    for si, first, pages, refs in hits if tier is None else ():
+        owners = iter(refs)
+        lru = unowned.setdefault(si, {})
+        for b, page in enumerate(pages, first):
+            if page is not None and not next(owners):
+                lru[page] = b
     spare = {  # with a cold tier the hit depends on the free pages (`onboard_fits`): none spared
-        p.store.name: 0
-        if tier is not None
-        else len(p.free_stack) + _spare(p, {page: b for b, page in unowned.get(si, ())}, tail)
+        p.store.name: 0 if tier is not None else len(p.free_stack) + _spare(p, unowned.get(si, {}), tail)
         for si, p in enumerate(t.pools)
         if t.store_of[si] == si
     }
@@ -370,6 +375,8 @@ def commit(
     if k > done:
         assert ids is not None
         hashes, slot = req.hashes, req.slot
+        if req.ahead is not None:
+            take_ahead(req, ids, tpb, k)
         extend_hashes(hashes, ids, tpb, req.seed, k, req.chain, req.base)
         ahead = lookahead(req)
         if ahead:  # lookahead digests: only the pages whose following ids are known
@@ -390,6 +397,72 @@ def commit(
     if state_snapshots and computed is None and k and k * tpb == req.hist:
         snapshot_states(t, req, k)
     return done * tpb
+
+
+def first_shared_fill(t: PageTables, req: Request, ids: Sequence[int], upto: int) -> int | None:
+    """The first history at which `req`, its history growing to `upto` with
+    token ids `ids` after the `num_known` it has, fills a page whose commit
+    would meet a digest that a page other than its own holds: the page's own
+    digest cached in a pool (`commit` then stores no copy), or, for the first
+    page, its parent's digest held by another page of a never-stale group
+    (`commit` stores `req`'s copy, `adopt`, should that page be evicted
+    first, or for the pages before it that `adopt` walks back over). Such a
+    commit depends on the evictions made before it; the other
+    pages `req` fills are stored whatever the pools evict meanwhile. None when
+    no page up to `upto` is such. Changes no page; the digests it computed are
+    kept for `commit` (`take_ahead`), which takes those whose ids came."""
+    tpb, first = t.tokens_per_block, req.committed  # pages below `first` are committed
+    if req.tokens is None:
+        return None
+    last = min(upto, req.base + len(req.tokens) + len(ids)) // tpb  # pages first..last-1 fill on the way
+    if last <= first:
+        return None
+    at = max((first + 1) * tpb, req.hist + 1)  # the history at which the first page's commit comes
+    start = first * tpb - req.base
+    if lookahead(req) or start < 0 or len(req.hashes) < first:  # (not met by runs of decode steps): be safe
+        return at
+    pools = [(gi, pool.cached) for gi, pool in enumerate(t.pools) if not t.is_state[gi]]
+    for gi, cached in pools if first else ():  # `adopt`'s walk back from the parent, as the first commit makes it
+        if not t.never_stale[gi]:
+            continue
+        row, page_hash, j = t.rows[gi][req.slot], t.pools[gi].page_hash, first - 1
+        while j >= 0:
+            page, holder = row[j], cached.get(req.hashes[j])
+            if holder is not None and holder != page:  # another page's: where it is evicted first, the walk goes on
+                return at
+            if holder is not None or page < 0 or page_hash[page] is not None:  # the walk stops here
+                break
+            j -= 1
+    data = array("q", req.tokens[start:])
+    data.extend(ids)
+    digests = req.hashes[first - 1 : first] if first else []  # the parent, then the pages' own
+    extend_hashes(digests, data, tpb, req.seed, len(digests) + last - first, req.chain, len(digests) * tpb)
+    own = digests[1:] if first else digests
+    req.ahead = (first, digests[0] if first else 0, data[: len(own) * tpb], own)  # `commit` takes them
+    maps = [cached for _, cached in pools]
+    for j, h in enumerate(own):
+        for cached in maps:
+            if h in cached:
+                return max((first + j + 1) * tpb, at)
+    return None
+
+
+def take_ahead(req: Request, ids: array[int], tpb: int, k: int) -> None:
+    """Append to `req.hashes` the digests `first_shared_fill` computed ahead
+    for its next pages (up to page k) whose ids `ids` (positions `req.base`...)
+    now hold, rather than hashing them again; keeps the rest for a later commit."""
+    assert req.ahead is not None
+    first, parent, data, digests = req.ahead
+    hashes = req.hashes
+    req.ahead = None
+    if first != len(hashes) or (first and hashes[-1] != parent):
+        return
+    m, start = min(k - first, len(digests)), first * tpb - req.base
+    if m <= 0 or ids[start : start + m * tpb] != data[: m * tpb]:
+        return
+    hashes += digests[:m]
+    if m < len(digests):
+        req.ahead = (first + m, digests[m - 1], data[m * tpb :], digests[m:])
 
 
 def adopt(t: PageTables, req: Request, gi: int, done: int) -> None:

@@ -92,7 +92,8 @@ class PromptMemo:
         if len(out) < num_blocks and ahead:
             extend_hashes(out, ids, tokens_per_block, seed, num_blocks, chain)
         elif len(out) < num_blocks:
-            key = (seed, num_blocks, page_digest(ids[: num_blocks * tokens_per_block].tobytes(), seed & MASK64))
+            with memoryview(ids) as view:  # the prompt's bytes digested in place, not copied twice
+                key = (seed, num_blocks, page_digest(view[: num_blocks * tokens_per_block], seed & MASK64))
             whole = self.recent.get(key)
             if whole is None:
                 extend_hashes(out, ids, tokens_per_block, seed, num_blocks, chain)
@@ -107,6 +108,16 @@ class PromptMemo:
         self.pages = {}
         return out, known
 
+    def same_ids(self, tokens: object) -> array[int] | None:
+        """The remembered prompt's checked ids when `tokens` is an int64 array
+        that holds exactly them (a scheduler asking about the head of its queue
+        again, then creating it), else None: equal ids need no second copy
+        and check, and `digests` of them compares no page."""
+        ids = self.ids
+        if type(tokens) is array and tokens.typecode == "q" and len(tokens) == len(ids) and ids and tokens == ids:
+            return ids
+        return None
+
     def remember_hit(self, pages: dict[int, KnownPages], pools: list[PagePool]) -> None:
         """The pages that the hit of the prompt last given to `digests`
         attached, by group (block i holds digest i; never-stale groups only)."""
@@ -118,6 +129,8 @@ class PromptMemo:
         n = min(num_blocks, len(self.hashes), len(self.ids) // tokens_per_block) * tokens_per_block
         if n == 0 or ids[:tokens_per_block] != self.ids[:tokens_per_block]:  # unrelated prompts: no NumPy
             return 0
+        if ids is self.ids:  # the remembered prompt itself (`same_ids`)
+            return n // tokens_per_block
         new = np.frombuffer(ids, np.int64, count=n)  # a view: gone (and `ids` resizable again) on return
         differ = new != np.frombuffer(self.ids, np.int64, count=n)
         first = int(differ.argmax())  # stops at the first difference (`flatnonzero` walks them all)

@@ -60,6 +60,9 @@ class Request:
     salt: object = None  # the scope `seed` digests, as the caller gave it (events publish it)
     chain: Chain | None = None  # the page digest (None: kvpool's own; `cache/vllm_hashes.py`)
     hashes: list[int] = field(default_factory=list)
+    # digests of pages past `hashes` computed ahead from ids to come (`prefix.first_shared_fill`):
+    # (their first page, its parent's digest, the pages' ids, the digests), for the commit that follows
+    ahead: tuple[int, int, array[int], list[int]] | None = None
 
     @property
     def num_known(self) -> int:

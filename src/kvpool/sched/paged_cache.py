@@ -74,6 +74,18 @@ class PagedCache(Protocol):
         other groups (which then report the same free pages); no side effects."""
         ...
 
+    def unused_pages(self, group: str) -> int:
+        """Pages an allocation in `group` could take without evicting a
+        cached page (no side effects)."""
+        ...
+
+    def first_shared_fill(self, rid: int, tokens: Sequence[int], upto: int) -> int | None:
+        """The first history up to `upto` at which `rid`, its history growing
+        with `tokens` after the ids the manager has, fills a page whose commit
+        depends on the evictions made before it (a page another page holds
+        the digest of); None for none. No side effects."""
+        ...
+
     def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0, is_gen: bool = True) -> Dummies:
         """Register `batch_size` dummies, all or none (each freed with `free`)."""
         ...

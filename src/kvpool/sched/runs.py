@@ -11,13 +11,20 @@ scheduler are used (`finish`), so the two modules import one way.
 from __future__ import annotations
 
 from collections.abc import Callable
-
-import numpy as np
+from typing import NamedTuple
 
 from kvpool.sched.scheduler import Scheduler
 from kvpool.sched.sequence import SchedulerError, Sequence, append_tokens
 from kvpool.sched.step import Step
 from kvpool.spec import LayerGroup, decode_worst_case_pages, pages_needed
+
+
+class DecodeRun(NamedTuple):
+    """What `advance_decodes` ran: `steps` decode steps, after which the
+    requests `finished` (their pages freed, in row order)."""
+
+    steps: int
+    finished: list[Sequence]
 
 
 def decode_run_limit(sched: Scheduler, step: Step) -> int:
@@ -51,17 +58,17 @@ def waits_through(sched: Scheduler, step: Step, limit: int) -> int:
     if any(decode_worst_case_pages(g, sched.limits.headroom) is not None for g in growing):
         return min(limit, 1)
     tpb = manager.spec.tokens_per_block
-    caps = np.array([manager.capacity(s.rid) for s, _ in step.decodes], dtype=np.int64)
-    first = -(-caps // tpb) * tpb + 1 - caps  # the extra steps after which each row takes its next page: 1..tpb
+    caps = [manager.capacity(s.rid) for s, _ in step.decodes]
+    first = [-(-c // tpb) * tpb + 1 - c for c in caps]  # the extra steps after which each row takes its next page
     per_pool: dict[str, int] = {}
     for g in growing:
         pool = manager.pool_of(g.name)
         per_pool[pool] = per_pool.get(pool, 0) + 1
     steps = limit
     for pool, groups in per_pool.items():  # every row of each group takes a page every tpb steps from `first` on
-        takes = np.sort(np.tile(first, groups))
+        takes = sorted(first * groups)  # (a batch's few rows: plain lists beat NumPy's calls here)
         rounds, j = divmod(blocked.check.spare.get(pool, 0), len(takes))
-        steps = min(steps, int(takes[j]) + rounds * tpb)  # the step that would take one page more than spared
+        steps = min(steps, takes[j] + rounds * tpb)  # the step that would take one page more than spared
     return max(steps, 1)
 
 
@@ -86,11 +93,41 @@ def release_steps(groups: list[LayerGroup], histories: list[int], last: int) -> 
     return sorted(out)
 
 
+def shared_fill_limit(sched: Scheduler, step: Step, steps: int, token: int) -> int:
+    """How many of `steps` runs of the decode-only `step` (every row sampling
+    `token`) one run may take so that each commit whose outcome depends on the
+    evictions made before it comes at the run's last step, after all of them,
+    as it does with single steps: a page whose digest another page holds (a
+    prompt repeated verbatim fills its twin's decode pages, every output
+    being `token`), `Scheduler.shared_fill_step`. All of them (nothing hashed)
+    when the run cannot evict a cached page: its rows' new pages, at most one
+    per row and page of positions, fit the pages nobody caches."""
+    if not sched.enable_reuse:
+        return steps
+    manager, rows = sched.manager, len(step.decodes)
+    groups = [g for g in manager.spec.groups if not g.rule.per_request]
+    takes: dict[str, int] = {}  # the most pages the run can allocate, per pool
+    for g in groups:
+        pool = manager.pool_of(g.name)
+        takes[pool] = takes.get(pool, 0) + rows * -(-(steps - 1) // g.tokens_per_block)
+    if all(takes[manager.pool_of(g.name)] <= manager.unused_pages(g.name) for g in groups):
+        return steps
+    tpb = manager.spec.tokens_per_block
+    for seq, _ in step.decodes:  # a row that fills a page; only those before the cut the rows before it found
+        n = seq.num_computed
+        if (n + steps) // tpb > n // tpb and (at := sched.shared_fill_step(seq, steps, token)) is not None:
+            steps = at
+    return steps
+
+
 def advance_decodes(
     sched: Scheduler, step: Step, steps: int, token: int, *, on_extended: Callable[[], None] | None = None
-) -> list[Sequence] | None:
-    """Run the decode-only `step` `steps` times in a row, every row sampling
-    `token` each time: one `manager.extend` call covers steps 2..`steps` (the
+) -> DecodeRun | None:
+    """Run the decode-only `step` up to `steps` times in a row, every row
+    sampling `token` each time: as many as `shared_fill_limit` allows (a run
+    ends at the step a verbatim repeat fills a page its twin's digest holds,
+    so that the run leaves the cache as single steps do on any traffic).
+    One `manager.extend` call covers steps 2..the last (the
     first was resized by `schedule`); with reuse on and a group whose pages
     leave a window, one call per stretch that ends where some row releases
     pages, so that the cache ends as single steps leave it (every decode page
@@ -101,13 +138,16 @@ def advance_decodes(
     at its worst-case decode pages (`spec.decode_worst_case_pages`); full and
     compressed groups only grow, so the final state is the largest. In a pool
     shared by several groups the free pages must cover those worst cases plus
-    the growing groups' growth over the run. Returns the
+    the growing groups' growth over the run. Returns the steps run and the
     finished requests (their pages freed), or None (nothing changed).
     `on_extended` is called once the last step's pages are allocated, before
     finished requests free theirs (to measure peak usage)."""
     if steps < 2 or steps > decode_run_limit(sched, step):
         return None
     if any(token in s.stop_ids for s, _ in step.decodes):
+        return None
+    steps = shared_fill_limit(sched, step, steps, token)
+    if steps < 2:
         return None
     rows = len(step.decodes)
     manager = sched.manager
@@ -153,21 +193,25 @@ def advance_decodes(
     if on_extended is not None:
         on_extended()
     # the pages the run filled are offered in the order single steps fill them (pages of equal digests
-    # in two rows: the first to fill is stored, the other not): the row ahead first (it fills a shared
-    # page first), rows level in row order; finished rows too, before `finish` frees them. A row that
-    # filled no page is left as `update` leaves it (its next page offers its ids)
+    # in two rows: the first to fill is stored, the other not): those of steps 1..steps-1 the row ahead
+    # first (it fills a shared page first), rows level in row order, finished rows too; then the last
+    # step's as `update` offers them: the rows that go on in row order, then `finish` the finished ones.
+    # A row that filled no page is left as `update` leaves it (its next page offers its ids)
     ended: set[int] = set()
     run = [token] * steps
     tpb = manager.spec.tokens_per_block
     rows_ = [seq for seq, _ in step.decodes]
     for seq in sorted(rows_, key=lambda s: -s.num_computed):  # (stable)
         before = seq.num_computed
-        seq.num_computed += steps
+        seq.num_computed += steps - 1
         if append_tokens(seq, run, sched.limits.max_seq_len):
             ended.add(seq.rid)
+        if seq.num_computed // tpb > before // tpb:
             sched.commit_filled(seq)
-        elif seq.num_computed // tpb > before // tpb:
+    for seq in rows_:
+        seq.num_computed += 1
+        if seq.num_computed % tpb == 0 and seq.rid not in ended:
             sched.commit_filled(seq)
     finished = [seq for seq in rows_ if seq.rid in ended]  # freed in row order, as `update` frees them
     sched.finish(finished)
-    return finished
+    return DecodeRun(steps, finished)

@@ -8,6 +8,7 @@ many positions. See docs/sched.md.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Literal, NamedTuple, cast
@@ -245,9 +246,18 @@ class Scheduler:
         def fits(m: int) -> bool:
             return bool(self.manager.resize(rid, history + m + extra, history))
 
-        lo = tokens - max(whole.short.values()) * self.manager.spec.tokens_per_block
+        tpb = self.manager.spec.tokens_per_block
+        lo = tokens - max(whole.short.values()) * tpb
         if lo > 0 and fits(lo):
-            n = largest_fitting(lo, tokens - 1, fits)
+            # the chunk that ends where lo's last page does takes no page more in a group of whole pages: try
+            # it and the position after it first, which settles the usual case (one pool of such groups)
+            end = min(tokens - 1, lo + (-(history + lo + extra)) % tpb)
+            if end > lo and not fits(end):
+                n = largest_fitting(lo + 1, end - 1, fits)
+            elif end == tokens - 1 or not fits(end + 1):
+                n = end
+            else:
+                n = largest_fitting(end + 1, tokens - 1, fits)
         else:
             n = largest_fitting(1, (lo if lo > 0 else tokens) - 1, fits)
         if n > 0 and not self.manager.resize(rid, history + n + extra, history):  # pragma: no cover
@@ -287,6 +297,21 @@ class Scheduler:
             self._known[seq.rid] = upto
         self._advance_history(seq)
         self.manager.commit(seq.rid, seq.num_computed)
+
+    def shared_fill_step(self, seq: Sequence, steps: int, token: int) -> int | None:
+        """The first of `steps` decode steps of running `seq` (each computes
+        one position and samples `token`) after which `seq` commits a page
+        whose commit depends on the evictions made before it
+        (`KVCacheManager.first_shared_fill`: a page another page holds the
+        digest of, a verbatim repeat's); None when none does (or reuse is off)."""
+        if not self.enable_reuse:
+            return None
+        n, tpb = seq.num_computed, self.manager.spec.tokens_per_block
+        upto = (n + steps) // tpb * tpb  # where the last page the steps fill ends
+        ids = seq.token_ids[self._known.get(seq.rid, 0) :]  # the ids the manager has not seen (through n)
+        ids += array("q", (token,)) * (upto - n - 1)  # then the steps' up to there
+        at = self.manager.first_shared_fill(seq.rid, ids, upto)
+        return None if at is None else at - n
 
     def _advance_history(self, seq: Sequence) -> None:
         """Tell the manager the positions `seq` has computed (commit may not run

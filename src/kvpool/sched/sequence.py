@@ -109,11 +109,15 @@ def append_tokens(seq: Sequence, tokens: list[int], max_seq_len: int) -> bool:
         out.pop()
     room = min(seq.max_new_tokens - len(out), max_seq_len - seq.num_tokens)
     reason = None
-    for t in tokens[:room]:
-        out.append(t)
-        if t in seq.stop_ids:
-            reason = "stop"
-            break
+    taken = tokens[:room]
+    if seq.stop_ids.isdisjoint(taken):  # a run of decode steps' tokens: appended at once
+        out += taken
+    else:
+        for t in taken:
+            out.append(t)
+            if t in seq.stop_ids:
+                reason = "stop"
+                break
     if reason is None:
         if len(out) >= seq.max_new_tokens:
             reason = "length"

@@ -287,11 +287,12 @@ class Replica:
             return False
         caps = np.array([self.manager.capacity(s.rid) for s, _ in step.decodes], dtype=np.int64)
         used_after: list[int] = []
-        done = advance_decodes(
+        run = advance_decodes(
             sched, step, limit, OUTPUT_TOKEN, on_extended=lambda: used_after.extend(self.setup.used())
         )
-        if done is None:
+        if run is None:
             return False
+        limit, done = run  # (a run ends early where a verbatim repeat fills its twin's page: `shared_fill_limit`)
         end = float(ends[limit - 1])
         times = times[:limit]
         if self.copies is not None:  # the run waits for the copies made meanwhile (none: it ends as without tiers)
