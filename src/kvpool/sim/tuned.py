@@ -321,6 +321,18 @@ def _share_of(x: float) -> float:
     return 1 / (1 + math.exp(-x))
 
 
+def workload_shares(
+    spec: ModelSpec, limits: ServingLimits, trace: Trace, *, kv_memory_bytes: int, fit: bool = False
+) -> tuple[float, ...]:
+    """The `workload` plan's share of the tuned group, the extra candidate the
+    `tuned` policy tries (none for a one-group model)."""
+    if len(spec.groups) < 2:
+        return ()
+    lim = dataclasses.replace(limits, avg_seq_len=None)
+    plan = plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, fit=fit, policy=Workload(trace.lengths()))
+    return (plan.share_of(tuned_group(spec)),)
+
+
 def plan_adaptive(
     spec: ModelSpec,
     limits: ServingLimits,
@@ -341,14 +353,7 @@ def plan_adaptive(
         return plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, policy=occ, fit=fit), notes
     if model is None:
         raise KvpoolError("policy tuned needs a step-time model (a GPU: --gpu NAME)")
-    extra: tuple[float, ...] = ()
-    if len(spec.groups) > 1:
-        workload = Workload(trace.lengths())
-        extra = (
-            plan_pools(spec, lim, kv_memory_bytes=kv_memory_bytes, fit=fit, policy=workload).share_of(
-                tuned_group(spec)
-            ),
-        )
+    extra = workload_shares(spec, limits, trace, kv_memory_bytes=kv_memory_bytes, fit=fit)
     result = tune(
         spec, limits, trace, model, kv_memory_bytes=kv_memory_bytes, fit=fit, padding=padding, extra_shares=extra
     )
