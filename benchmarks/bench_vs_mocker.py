@@ -173,9 +173,9 @@ def main() -> None:
             was = f" {baselines[n]:>10.2f} {baselines[n] / b:>6.1f}" if before else ""
             print(
                 f"{n:>8}{was} {a:>12.2f} {b:>12.2f} {a / b:>6.1f} {paired:>6.1f}   "
-                f"kvpool {run['finished']} done, reuse {run['reuse_hit_rate']:.2f}, "
+                f"kvpool {run['finished']} done, prompt reuse {run['prompt_hit_rate']:.2f}, "
                 f"{run['output_tokens_per_s']:,.0f} tok/s; mocker {summary['completed_requests']} done, "
-                f"reuse {summary['prefix_cache_reused_ratio']:.2f}, {summary['output_throughput_tok_s']:,.0f} tok/s "
+                f"prompt reuse {summary['prefix_cache_reused_ratio']:.2f}, {summary['output_throughput_tok_s']:,.0f} tok/s "
                 f"({pages} pages of {BLOCK})"
             )
     if 2000 in medians and 4000 in medians:

@@ -17,10 +17,11 @@ RUN_KEYS = {
     "preemptions",
     "graph_step_share",
     "pages",
-    # issue 30: every number the table shows
+    # every number the table shows
     "tpot_p99_s",
     "padding_failures",
     "reuse_hit_rate",
+    "prompt_hit_rate",  # what routers and Dynamo's mocker report, beside the manager's own
     "finished",
     "num_requests",
     "rejected",

@@ -126,6 +126,7 @@ def run_json(r: SimResult) -> dict[str, Any]:
         tpot_p99_s=r.percentile(r.tpot_s, 99),
         padding_failures=r.padding_failures,
         reuse_hit_rate=r.reuse_hit_rate,
+        prompt_hit_rate=r.prompt_hit_rate,  # the share a router or Dynamo's mocker reports
         finished=r.finished,
         num_requests=r.num_requests,
         rejected=r.rejected,
