@@ -137,20 +137,7 @@ def halves(trace: Trace) -> tuple[Trace, Trace]:
     from 0; the second keeps its prefix hashes, so a conversation that spans the cut
     shares blocks only with its own later turns)."""
     cut = len(trace) // 2
-    return trace.head(cut), rest(trace, cut, f"{trace.name} (second half)")
-
-
-def rest(trace: Trace, first: int, name: str) -> Trace:
-    """`trace` from request `first` on, re-timed from 0 and named `name`."""
-    idx = slice(first, len(trace))
-    return Trace(
-        name,
-        trace.prompt_len[idx],
-        trace.output_len[idx],
-        None if trace.arrival_s is None else trace.arrival_s[idx] - trace.arrival_s[first],
-        None if trace.hash_ids is None else trace.hash_ids[idx],
-        trace.hash_block_tokens,
-    )
+    return trace.head(cut), trace.span(cut, len(trace), f"{trace.name} (second half)")
 
 
 def load_case(name: str) -> Case:
@@ -159,7 +146,7 @@ def load_case(name: str) -> Case:
     limits = ServingLimits(max_batch_size=c.max_batch_size, max_seq_len=c.max_seq_len, max_num_tokens=c.max_num_tokens)
     trace = load_trace(c.trace, max_requests=c.start + c.requests)
     if c.start:
-        trace = rest(trace, c.start, f"{trace.name} [{c.start}:{c.start + c.requests}]")
+        trace = trace.span(c.start, len(trace), f"{trace.name} [{c.start}:{c.start + c.requests}]")
     seen, unseen = halves(trace)
     steps = StepTimeModel.build(spec, load_gpu(c.gpu), load_weights(c.model))
     group = next(g.name for g in spec.groups if g.kind != "full")

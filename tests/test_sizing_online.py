@@ -14,7 +14,7 @@ from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
 from kvpool.presets import load_gpu
 from kvpool.sim import StepTimeModel, load_weights
-from kvpool.sim.online import recent, serve_online, span
+from kvpool.sim.online import recent, serve_online
 from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.trace import Trace
 
@@ -108,7 +108,7 @@ def test_it_never_switches_to_a_split_slower_than_reference_on_the_traffic_it_tu
         before, after = out.shares[d.segment - 1], out.shares[d.segment]
         assert d.switched == (after != before)
         if d.switched:
-            last = span(served, out.bounds[d.segment - 1], out.bounds[d.segment])
+            last = served.span(out.bounds[d.segment - 1], out.bounds[d.segment])
             new, now = speed_at(after, last), speed_at(before, last)
             assert new >= speed(ref, last) and new > (1 + margin) * now
             assert d.gain > 1 + margin and d.share == after

@@ -184,6 +184,15 @@ def test_head_keeps_first_requests() -> None:
     assert_arrays(trace.arrival_s, [0.0, 1.0])
 
 
+def test_span_is_a_range_retimed_from_its_first_arrival() -> None:
+    trace = make(5, [0, 1, 3, 6, 10])
+    part = trace.span(2, 4)
+    assert len(part) == 2 and part.name == f"{trace.name} [2:4]"
+    assert_arrays(part.arrival_s, [0.0, 3.0])  # 3 and 6, less 3
+    assert_arrays(part.prompt_len, trace.prompt_len[2:4])
+    assert trace.span(0, 5, "all").name == "all"
+
+
 # ----------------------------------------------------------------------------- bad input
 
 

@@ -67,6 +67,19 @@ class Trace:
             hash_ids=None if self.hash_ids is None else self.hash_ids[:n],
         )
 
+    def span(self, first: int, end: int, name: str | None = None) -> Trace:
+        """Requests `first:end`, re-timed from 0 (prefix hashes kept), named
+        `name` (default: this trace's name and the range)."""
+        idx = slice(first, end)
+        return replace(
+            self,
+            name=f"{self.name} [{first}:{end}]" if name is None else name,
+            prompt_len=self.prompt_len[idx],
+            output_len=self.output_len[idx],
+            arrival_s=None if self.arrival_s is None else self.arrival_s[idx] - self.arrival_s[first],
+            hash_ids=None if self.hash_ids is None else self.hash_ids[idx],
+        )
+
     def with_rate(self, rate: float | None, seed: int = 0) -> Trace:
         """Arrivals at `rate` requests/s on average. None: the trace's own times
         (all at 0 when it has none); inf: all at 0 (offline throughput); a finite

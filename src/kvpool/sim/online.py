@@ -114,29 +114,15 @@ def split(plan: PoolPlan) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(plan.ratio.items()))
 
 
-def span(trace: Trace, first: int, end: int) -> Trace:
-    """Requests `first:end` of `trace`, re-timed from 0 (prefix hashes kept)."""
-    idx = slice(first, end)
-    arrivals = None if trace.arrival_s is None else trace.arrival_s[idx] - trace.arrival_s[first]
-    return dataclasses.replace(
-        trace,
-        name=f"{trace.name} [{first}:{end}]",
-        prompt_len=trace.prompt_len[idx],
-        output_len=trace.output_len[idx],
-        arrival_s=arrivals,
-        hash_ids=None if trace.hash_ids is None else trace.hash_ids[idx],
-    )
-
-
 def recent(seen: Trace, served: Trace, upto: int, window: int) -> Trace:
     """The `window` most recent requests before request `upto` of `served`:
     the end of `seen`, then `served[:upto]`."""
     from_served = min(upto, window)
     parts = []
     if window > from_served:
-        parts.append(span(seen, max(0, len(seen) - (window - from_served)), len(seen)))
+        parts.append(seen.span(max(0, len(seen) - (window - from_served)), len(seen)))
     if from_served:
-        parts.append(span(served, upto - from_served, upto))
+        parts.append(served.span(upto - from_served, upto))
     return parts[0] if len(parts) == 1 else concat_traces(parts, f"{served.name} (window)")
 
 
@@ -212,7 +198,7 @@ def serve_online(
     first = tuned(seen)
     plans, decisions = [first.plan], []
     for k in range(1, segments):
-        current, last = plans[-1], span(served, bounds[k - 1], bounds[k])
+        current, last = plans[-1], served.span(bounds[k - 1], bounds[k])
         tuned_on = recent(seen, served, bounds[k], window)
         cand = tuned(tuned_on)
         gain = vs_ref = 1.0
@@ -236,7 +222,7 @@ def serve_online(
         end = k + 1
         while end < segments and plans[end] is plans[k]:
             end += 1
-        out, secs = run(plans[k], span(served, bounds[k], bounds[end]))
+        out, secs = run(plans[k], served.span(bounds[k], bounds[end]))
         tokens, makespan, k = tokens + out, makespan + secs, end
     return Online(
         group,
