@@ -8,8 +8,12 @@ keeps its ids (one int64 copy)."""
 from __future__ import annotations
 
 import tracemalloc
+from array import array
+
+import pytest
 
 from cache_helpers import full_spec, manager
+from kvpool.cache import CacheUsageError
 from kvpool.cache.checks import check_tokens
 from kvpool.cache.hashing import extend_hashes, salt_seed
 
@@ -84,3 +88,11 @@ def test_commits_after_the_prompt_hash_every_token() -> None:
     m.free(0)
     again = prompt + generated + [1]  # its whole pages are all cached: a hit of every one
     assert m.create(1, again) == len(want) * TPB
+
+
+def test_check_tokens_copies_an_int64_array_unless_told_the_caller_only_reads_it() -> None:
+    ids = array("q", [3, 1, 2])
+    copied, read = check_tokens(ids), check_tokens(ids, copy=False)
+    assert copied == ids and copied is not ids and read is ids
+    with pytest.raises(CacheUsageError, match="negative"):
+        check_tokens(array("q", [3, -1]), copy=False)

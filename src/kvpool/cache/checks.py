@@ -49,16 +49,17 @@ def as_list(values: object, what: str) -> list[Any]:
     return values if type(values) is list else list(values)
 
 
-def check_tokens(tokens: Iterable[object], what: str = "tokens") -> array[int]:
+def check_tokens(tokens: Iterable[object], what: str = "tokens", *, copy: bool = True) -> array[int]:
     """`tokens` as a new int64 array of token ids (ints in [0, 2**63));
     refuses strings, floats and ids past int64, which would hash but match no
     real prompt. An int64 array (a scheduler's `Sequence.token_ids`, packed once)
     is copied and its sign checked, both in C; anything else is packed by
     `struct` in C (prompts are long; it is about twice as fast as building the
     array from the list). The array's bytes are what the page digests hash
-    (`cache/hashing.py`)."""
+    (`cache/hashing.py`). `copy=False` returns such an array itself, checked,
+    for a caller that only reads it."""
     if type(tokens) is array and tokens.typecode == "q":  # already int64: copied, not packed again
-        ids = tokens[:]
+        ids = tokens[:] if copy else tokens
     else:  # a list or tuple goes straight in; anything else is listed first (`array("q", b"..")` reads bytes)
         items = tokens if type(tokens) is list or type(tokens) is tuple else as_list(tokens, what)
         try:

@@ -572,7 +572,7 @@ class KVCacheManager:
         the step that fills it, or it may store what single steps do not.
         None when no such page fills (or reuse is off); changes nothing."""
         req = self.requests.get(rid)
-        ids = check_tokens(tokens, f"request {rid}: first_shared_fill's tokens")  # an int64 array: copied in C
+        ids = check_tokens(tokens, f"request {rid}: first_shared_fill's tokens", copy=False)  # only read
         count = as_position(upto, "first_shared_fill's upto")
         if not self.enable_reuse or req.dummy:
             return None
