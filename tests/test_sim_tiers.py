@@ -17,9 +17,9 @@ from kvpool.media import Medium
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.sim import SimResult, StepTimeModel, Weights, simulate
 from kvpool.sim.transfers import Link, Moved, PageMoves
-from kvpool.spec import ModelSpec, load_model_spec
+from kvpool.spec import load_model_spec
 from kvpool.trace import Trace
-from sim_helpers import toy_gpu
+from sim_helpers import toy_gpu, toy_spec
 
 GB = 1e9
 # PCI-SIG: PCIe 5.0 runs 32 GT/s per lane, PCIe 4.0 16 GT/s, both with 128b/130b encoding.
@@ -28,20 +28,6 @@ PCIE4_X4 = 16e9 * 4 * 128 / 130 / 8
 
 GPU = toy_gpu(host_link="pcie5_x16", host_link_bytes_per_s=PCIE5_X16)
 WEIGHTS = Weights(1e9, 1e9, 2.0)
-
-
-def toy_spec(tpb: int = 4) -> ModelSpec:
-    """2 layers x 2 KV heads x head_dim 16 x (K, V) x 2 bytes = 256 bytes per position."""
-    config: dict[str, object] = {
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "hidden_size": 64,
-        "max_position_embeddings": 1 << 16,
-        "torch_dtype": "bfloat16",
-    }
-    return load_model_spec(config, tokens_per_block=tpb)
 
 
 def toy_plan(pages: int, tpb: int = 4, **limits: int) -> PoolPlan:
