@@ -53,13 +53,10 @@ def test_a_failed_resume_with_free_pages_leaves_the_books_exactly_as_before() ->
     assert m.resume(0)
 
 
-def test_a_failed_resume_that_evicted_loses_no_content() -> None:
-    """Resuming takes the free page, then three cached GPU pages (their content
-    offloaded to the host tier first); the copy into the third taken page fails
-    after scribbling on it: the request stays suspended, its pins kept, the four
-    pages go back to the free list, and the three evicted digests live on in the
-    host tier, where every label is still true."""
-    m = tiered(full_spec(tpb=TPB), {"full": 8}, host_pages=8)
+def suspended_beside_seven_cached_pages(m: KVCacheManager) -> Flaky:
+    """Request 0 (4 pages) suspended, then request 1's 8 pages computed and
+    freed: seven cached pages and one free, so resuming 0 evicts 3. Returns
+    the labels the tiers copy with."""
     labels = Flaky()
     m.set_tier_copies(labels)
     m.create(0, list(range(100, 113)))
@@ -71,7 +68,18 @@ def test_a_failed_resume_that_evicted_loses_no_content() -> None:
     assert m.resize(1, 32, 31)
     m.commit(1, 31)
     computed(m, labels, 1, hit)
-    m.free(1)  # seven cached pages and one free: resuming 4 pages evicts 3
+    m.free(1)
+    return labels
+
+
+def test_a_failed_resume_that_evicted_loses_no_content() -> None:
+    """Resuming takes the free page, then three cached GPU pages (their content
+    offloaded to the host tier first); the copy into the third taken page fails
+    after scribbling on it: the request stays suspended, its pins kept, the four
+    pages go back to the free list, and the three evicted digests live on in the
+    host tier, where every label is still true."""
+    m = tiered(full_spec(tpb=TPB), {"full": 8}, host_pages=8)
+    labels = suspended_beside_seven_cached_pages(m)
     labels.fail = {("to_gpu", 2)}
     before = books(m)
     with pytest.raises(DmaFailed):
@@ -92,18 +100,7 @@ def test_a_failed_resume_that_evicted_past_a_pinned_host_tier_keeps_them_on_disk
     there when the copy fails (a tier then holds digests no tier held before the
     call; only the GPU pool did)."""
     m = tiered(full_spec(tpb=TPB), {"full": 8}, host_pages=4, disk_pages=8)
-    labels = Flaky()
-    m.set_tier_copies(labels)
-    m.create(0, list(range(100, 113)))
-    assert m.resize(0, 14, 13)
-    m.commit(0, 13)
-    computed(m, labels, 0, 0)
-    assert m.suspend(0)
-    hit = m.create(1, list(range(500, 532)))
-    assert m.resize(1, 32, 31)
-    m.commit(1, 31)
-    computed(m, labels, 1, hit)
-    m.free(1)  # seven cached pages and one free: resuming 4 pages evicts 3
+    labels = suspended_beside_seven_cached_pages(m)
     labels.fail = {("to_gpu", 2)}
     before = books(m)
     assert before["tiers"][0][1] == [[]]  # the host tier: no free slot, every one pinned
