@@ -149,7 +149,7 @@ def test_bad_settings_raise() -> None:
         serve_online(gemma(), LIMITS, t, t, None, kv_memory_bytes=20 * GiB)
 
 
-def test_on_the_simulator_it_serves_every_request_and_matches_tuned_when_it_never_switches() -> None:
+def test_on_the_simulator_it_serves_every_request_and_switches_only_past_the_margin() -> None:
     spec = gemma()
     steps = StepTimeModel.build(spec, load_gpu("h100"), load_weights("gemma-3-27b"))
     rng = np.random.default_rng(3)
