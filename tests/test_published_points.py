@@ -213,7 +213,8 @@ STARTUPS = {s["id"]: s for s in json.loads((DATA / "vllm_startups.json").read_te
 
 def _kv_bytes_per_token(config: dict[str, Any]) -> int:
     """K and V of every layer, bf16: the model's own config, not kvpool's spec."""
-    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * 2
+    layers, kv_heads, head = (int(config[k]) for k in ("num_hidden_layers", "num_key_value_heads", "head_dim"))
+    return 2 * layers * kv_heads * head * 2
 
 
 def test_vllm_at_0_90_cannot_hold_qwen3_32bs_default_limit_on_one_h100() -> None:
