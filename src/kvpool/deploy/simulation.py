@@ -80,6 +80,7 @@ class SimulateKeywords(PlanKeywords, total=False):
     host_bandwidth: float | None
     disk_bandwidth: float | None
     transfer_overlap: bool
+    hash_lookahead: int
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,7 @@ class Simulation:
     sweep: Sweep | None = None
     dry_run: bool = False
     named_by: str | None = None  # the option that named the policies (--compare, --policy), if one did
+    hash_lookahead: int = 0  # each page's digest covers the L ids after it (vLLM 0.33 with an EAGLE drafter)
 
     @classmethod
     def of(cls, model: str, *, gpu: str, trace: str | Trace, **options: Unpack[SimulateKeywords]) -> Simulation:
@@ -273,6 +275,7 @@ class Simulation:
         sweep = sweep_of(values, resolved.spec)
         tiers = tier_runs(values, gpu_spec)
         check_tiers(tiers, sweep, policies)
+        lookahead = check_lookahead(values.get("hash_lookahead", 0), policies, sweep, loaded)
         return cls(
             resolved,
             gpu_spec,
@@ -285,6 +288,7 @@ class Simulation:
             sweep,
             values.get("dry_run", False),
             named_by,
+            lookahead,
         )
 
     @property
@@ -333,6 +337,7 @@ class Simulation:
             tiers=list(tiers),
             link=moves.link if moves else None,
             preemption=moves.preemption if moves else "recompute",
+            hash_lookahead=self.hash_lookahead,
         )
 
     def run(
@@ -483,6 +488,26 @@ def check_tiers(tiers: TierRuns | None, sweep: Sweep | None, policies: tuple[str
         raise KvpoolError("a list of --host-memory sizes sweeps one policy: give one, not several")
 
 
+def check_lookahead(ahead: object, policies: tuple[str, ...], sweep: Sweep | None, trace: Trace) -> int:
+    """`hash_lookahead`: an int >= 0; above 0 it needs prefix reuse (a trace
+    with hash ids) and runs on the static splits here (not in rebalance runs
+    or a sweep's Ray tasks, which build their own managers)."""
+    if type(ahead) is not int or ahead < 0:
+        raise KvpoolError(f"hash_lookahead (--hash-lookahead) must be an int >= 0 (0: off), got {ahead!r}")
+    if not ahead:
+        return 0
+    if trace.hash_ids is None:
+        raise KvpoolError(
+            f"hash_lookahead (--hash-lookahead) hashes pages for prefix reuse, "
+            f"which trace {trace.name!r} has no ids for: give a trace with hash ids"
+        )
+    if "rebalance" in policies or (sweep is not None and (sweep.workers or sweep.ray_address)):
+        raise KvpoolError(
+            "hash_lookahead (--hash-lookahead) runs on static splits here: drop rebalance / the sweep's --workers"
+        )
+    return ahead
+
+
 def simulate(
     model: str,
     *,
@@ -507,7 +532,9 @@ def simulate(
     and `active_params`, `admission`, `padding_reservation`. Cold tiers:
     `host_memory` (one size or a list, one run per size), `disk`, `host_rule`,
     `ranks_per_node`, `preemption` (recompute, suspend), `host_bandwidth` /
-    `disk_bandwidth` (GB/s), `transfer_overlap`. `progress` is called with each
+    `disk_bandwidth` (GB/s), `transfer_overlap`. `hash_lookahead` L: each page's
+    digest also covers the L ids after it, as vLLM 0.33 hashes blocks with an
+    EAGLE-family drafter (a hit needs them equal too). `progress` is called with each
     run's `Progress`; `on_step` with the manager after each step (to publish its
     events). `options` also take the `PlanKeywords`. Raises KvpoolError on bad
     input, before any run."""
