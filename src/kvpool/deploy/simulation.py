@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, Any, Unpack
 from kvpool import presets
 from kvpool.cache import TierSpec
 from kvpool.deploy.options import KEYWORDS, PlanKeywords, PlanRequest
-from kvpool.deploy.resolution import Resolved, load_spec, resolve
+from kvpool.deploy.rank_steps import calibration_of, rank_weights, step_weights, weights_total
+from kvpool.deploy.resolution import Resolved, resolve
 from kvpool.deploy.sim_tiers import TierRuns, tier_runs
 from kvpool.errors import KvpoolError, flagged
 from kvpool.plan.sizing import check_pool_ratio
 from kvpool.presets import GpuSpec
 from kvpool.presets.traces import load_trace
-from kvpool.sim import Progress, SimResult, StepTimeModel, Weights, load_weights
+from kvpool.sim import Progress, SimResult, StepTimeModel, Weights
 from kvpool.sim import simulate as simulate_plan
-from kvpool.sim.calibration import load_profile
 from kvpool.sim.kernels import Calibration
 from kvpool.sim.policies import (
     PolicyPlan,
@@ -43,7 +43,6 @@ from kvpool.sim.policies import (
 )
 from kvpool.spec import ModelSpec
 from kvpool.trace import Trace
-from kvpool.units import format_bytes, parse_size
 
 if TYPE_CHECKING:
     from kvpool.cache import KVCacheManager
@@ -136,44 +135,6 @@ def run_json(r: SimResult) -> dict[str, Any]:
     for name, u in r.pages.items():
         out["pages"][name].update(mean_used=u.mean_used)
     return out
-
-
-def per_rank(weights: Weights, share: float) -> Weights:
-    """`weights` scaled to one rank's `share` of the bytes (total and active alike)."""
-    return dataclasses.replace(
-        weights, total_params=weights.total_params * share, active_params=weights.active_params * share
-    )
-
-
-def calibration_of(value: Calibration | str | Path | None) -> Calibration | str | None:
-    """None (the GPU's shipped profile), 'roofline', a profile, or the file of one."""
-    if value is None or isinstance(value, Calibration) or value == "roofline":
-        return value
-    with flagged("--calibration"):
-        return load_profile(value)
-
-
-def step_weights(
-    model: str, resolved: Resolved, weights: Weights | None, total: int | None, active: float | None
-) -> Weights:
-    """One rank's weights for the step times: `weights` or the model's (`total`
-    bytes, `active` parameters when given), at the budget's share when it has one."""
-    if weights is None:
-        weights = load_weights(model, weights_bytes=total, active_params=active)
-    memory = resolved.budget.memory
-    if memory is not None:
-        return per_rank(weights, memory.weights_bytes / (weights.total_params * weights.bytes_per_param))
-    tp = resolved.request.model.tp
-    return per_rank(weights, 1 / tp) if tp > 1 else weights
-
-
-def rank_step_model(request: PlanRequest, gpu: GpuSpec, calibration: Calibration | str | None) -> StepTimeModel:
-    """The step-time model of one rank of the request's model at its tp (the
-    bundled weights split evenly, no budget), at the constants `calibration`."""
-    spec, _ = load_spec(request.model, request.limits.max_seq_len)
-    return StepTimeModel.build(
-        spec, gpu, per_rank(load_weights(request.model.model), 1 / request.model.tp), calibration
-    )
 
 
 def policy_list(values: dict[str, Any], spec: ModelSpec, pool_ratio: Any) -> tuple[tuple[str, ...], str | None]:
@@ -430,30 +391,6 @@ class Simulation:
         if max(r.rejected for r in runs):
             notes.append(f"requests not done were rejected (max_seq_len {self.resolved.limits.max_seq_len}, or pages)")
         return SimulationResult(self, tuple(runs), (), tuple(sizes), tuple(notes))
-
-
-def weights_total(weights: Weights | None, weights_bytes: int | str | None, active: float | None) -> int | None:
-    """The model's weight bytes on all ranks, when given (`weights` or `weights_bytes`)."""
-    if weights is not None and (weights_bytes is not None or active is not None):
-        raise KvpoolError("weights says the bytes and active parameters: drop --weights-bytes / --active-params")
-    if weights is not None:
-        return int(weights.total_params * weights.bytes_per_param)
-    with flagged("--weights-bytes"):
-        return None if weights_bytes is None else parse_size(weights_bytes)
-
-
-def rank_weights(total: int | None, text: int | str | None, tp: int, gpu: GpuSpec) -> int | None:
-    """One rank's share of the `total` weight bytes over `tp`, refused when one
-    `gpu` cannot hold it (a typo, and the budget would be negative)."""
-    if total is None:
-        return None
-    given = -(-total // tp)
-    if given > gpu.memory_bytes:
-        raise KvpoolError(
-            f"--weights-bytes {text if text is not None else total} over --tp {tp} is more than one {gpu.key} holds "
-            f"({format_bytes(gpu.memory_bytes)}); give the checkpoint's size, or more --tp"
-        )
-    return given
 
 
 def one_replica(model: str, gpu: str, plan_options: dict[str, Any]) -> PlanRequest:
