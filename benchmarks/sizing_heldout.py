@@ -9,6 +9,7 @@ oracle, and each policy is given as a share of it.
     PYTHONPATH=src python benchmarks/sizing_heldout.py --dev           # the development cases
     PYTHONPATH=src python benchmarks/sizing_heldout.py CASE ... [--policies tuned,...]
     PYTHONPATH=src python benchmarks/sizing_heldout.py --table [--dev]
+    PYTHONPATH=src python benchmarks/sizing_heldout.py --noise CASE ...  # gains of splits beside the reference
 
 Two sets of cases. DEV are where the `tuned` and `online` policies' constants (folds,
 their size, the search, the rule that picks the split and its margin, segments, the switch
@@ -46,6 +47,7 @@ from kvpool.presets.traces import load_trace
 from kvpool.sim import StepTimeModel, load_weights, simulate
 from kvpool.sim.online import serve_online
 from kvpool.sim.policies import plan_for, ratio_policy, sweep_shares
+from kvpool.sim.tuned import mean_gain, trace_folds
 from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.trace import Trace
 
@@ -278,6 +280,40 @@ def table(names: list[str]) -> str:
     return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows])
 
 
+NEIGHBOURS = (-0.05, -0.025, 0.025, 0.05)  # log-odds offsets: a half and a quarter of the search's finest step
+
+
+def noise(names: list[str]) -> dict[str, Any]:
+    """The simulator's noise between neighbouring splits, on which `tuned`'s margin was set:
+    splits a hair from the reference's (NEIGHBOURS) run on `tune`'s sample and checks of the
+    seen half beside the reference split; their gains over it, per part and averaged as
+    `pick` does (`mean_gain`), where a smooth landscape would give gains near 0."""
+    out: dict[str, Any] = {}
+    for name in names:
+        c = load_case(name)
+        parts = trace_folds(c.seen)
+        sizes = [len(p) for p in parts]
+        ref = plan_for(c.spec, c.limits, "reference", kv_memory_bytes=c.kv).plan
+        r0 = ref.share_of(c.group)
+        base = [simulate(ref, p, c.steps).output_tokens_per_s for p in parts]
+        rows = []
+        for dx in NEIGHBOURS:
+            share = float(f"{1 / (1 + math.exp(-(math.log(r0 / (1 - r0)) + dx))):.4g}")
+            plan = plan_for(c.spec, c.limits, ratio_policy(c.group, share), kv_memory_bytes=c.kv).plan
+            gains = [simulate(plan, p, c.steps).output_tokens_per_s / b for p, b in zip(parts, base, strict=True)]
+            rows.append(
+                {"offset": dx, "share": plan.share_of(c.group), "gains": gains, "mean": mean_gain(gains, sizes)}
+            )
+            print(
+                f"{name}: share {rows[-1]['share']:.4f} (reference {r0:.4f}): "
+                f"{', '.join(f'{100 * (g - 1):+.2f} %' for g in gains)}, mean {100 * (rows[-1]['mean'] - 1):+.2f} %",
+                flush=True,
+            )
+        out[name] = {"reference": r0, "sizes": sizes, "neighbours": rows}
+        (OUT / "heldout_noise.json").write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
 def main(argv: list[str]) -> None:
     dev = "--dev" in argv
     only = None
@@ -286,6 +322,9 @@ def main(argv: list[str]) -> None:
     names = [a for a in argv if a in CASES] or list(DEV if dev else HELD_OUT)
     if "--table" in argv:
         print(table(names))
+        return
+    if "--noise" in argv:
+        noise(names)
         return
     for name in names:
         print(summary(evaluate(name, only)), flush=True)
