@@ -301,12 +301,11 @@ def noise(names: list[str]) -> dict[str, Any]:
             share = float(f"{1 / (1 + math.exp(-(math.log(r0 / (1 - r0)) + dx))):.4g}")
             plan = plan_for(c.spec, c.limits, ratio_policy(c.group, share), kv_memory_bytes=c.kv).plan
             gains = [simulate(plan, p, c.steps).output_tokens_per_s / b for p, b in zip(parts, base, strict=True)]
-            rows.append(
-                {"offset": dx, "share": plan.share_of(c.group), "gains": gains, "mean": mean_gain(gains, sizes)}
-            )
+            mean = mean_gain(gains, sizes)
+            rows.append({"offset": dx, "share": plan.share_of(c.group), "gains": gains, "mean": mean})
             print(
-                f"{name}: share {rows[-1]['share']:.4f} (reference {r0:.4f}): "
-                f"{', '.join(f'{100 * (g - 1):+.2f} %' for g in gains)}, mean {100 * (rows[-1]['mean'] - 1):+.2f} %",
+                f"{name}: share {plan.share_of(c.group):.4f} (reference {r0:.4f}): "
+                f"{', '.join(f'{100 * (g - 1):+.2f} %' for g in gains)}, mean {100 * (mean - 1):+.2f} %",
                 flush=True,
             )
         out[name] = {"reference": r0, "sizes": sizes, "neighbours": rows}
