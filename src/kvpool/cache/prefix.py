@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Sequence
-from itertools import islice, takewhile
+from itertools import compress, count, islice, takewhile
+from operator import not_
 from typing import NamedTuple, cast
 
 import numpy as np
@@ -158,7 +159,7 @@ def create_check(
     hit = k * tpb
     need = [0] * len(t.pools)  # by the first group of each store
     claimed: dict[str, int] = {}
-    found: dict[int, KnownPages] = {}  # never-stale groups: the hit's pages, for `create`
+    found: dict[int, list[int]] = {}  # never-stale groups: the hit's pages, for `create`
     hits: list[tuple[int, int, list[int | None], list[int]]] = []  # (store, first block, pages, refs) by group
     for gi, pool in enumerate(t.pools):
         taken = 0
@@ -176,24 +177,21 @@ def create_check(
             hits.append((t.store_of[gi], first, pages, refs))
             taken = refs.count(0) + missing  # the hit's pages in the LRU, and those only a tier holds
             if t.never_stale[gi] and not t.is_state[gi] and not missing:
-                held = cast("list[int]", pages)
-                found[gi] = KnownPages(held, np.array(held, dtype=np.int32))
+                found[gi] = cast("list[int]", pages)
         if taken:
             claimed[pool.store.name] = claimed.get(pool.store.name, 0) + taken
         g = t.groups[gi]
         need[t.store_of[gi]] += taken + table_blocks(g, hit + positions) - table_blocks(g, hit)
-    memo.remember_hit(found, t.pools)
     short = {p.store.name: n - p.num_free for p, n in zip(t.pools, need, strict=True) if n > p.num_free}
-    if not short:
+    if not short:  # (a request that does not fit is not created next: its pages are not remembered)
+        memo.remember_hit({gi: KnownPages(p, np.array(p, dtype=np.int32)) for gi, p in found.items()}, t.pools)
         return CreateCheck(hit, short, claimed)
+    memo.remember_hit({}, t.pools)
     tail = k - 1 if len(t.pools) == 1 else -1  # one group: evicting its hit's last page keeps it as short
     unowned: dict[int, dict[int, int]] = {}  # by store: page -> block of the hit's pages in the LRU
-    for si, first, pages, refs in hits if tier is None else ():
-        owners = iter(refs)
-        lru = unowned.setdefault(si, {})
-        for b, page in enumerate(pages, first):
-            if page is not None and not next(owners):
-                lru[page] = b
+    for si, first, pages, refs in hits if tier is None else ():  # (no tier: the pools hold every page of the hit)
+        lru = list(map(not_, refs))  # its pages no request owns
+        unowned.setdefault(si, {}).update(zip(compress(pages, lru), compress(count(first), lru)))
     spare = {  # with a cold tier the hit depends on the free pages (`onboard_fits`): none spared
         p.store.name: 0 if tier is not None else len(p.free_stack) + _spare(p, unowned.get(si, {}), tail)
         for si, p in enumerate(t.pools)
@@ -209,6 +207,8 @@ def _spare(pool: PagePool, hit: dict[int, int], tail: int) -> int:
     and the hit as it is; evicting the hit's last block (`tail`, -1: none
     counts) leaves a page fewer free and one fewer for the hit to claim: the
     request stays as short as it was either way."""
+    if not hit:  # the walk ends at the LRU's end
+        return min(pool.store.lru_len, SPARE_WALK)
     nxt, end = pool.nxt, pool.num_pages
     n, page = 0, nxt[end]
     while page != end and n < SPARE_WALK:
