@@ -37,7 +37,9 @@ class Blocked(NamedTuple):
     @property
     def spare(self) -> Mapping[str, int]:
         """`check.spare`: pages per pool that allocations may take and leave
-        the head as short as it is; none when a pool had no page at all."""
+        the head as short as it is. Empty when not asked: a pool of a group
+        whose pages grow had no page at all (it spares none, so the first page
+        a decode step takes there is one more than spared, whatever the others spare)."""
         return {} if self.check is None else self.check.spare
 
 
