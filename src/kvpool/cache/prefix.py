@@ -191,7 +191,8 @@ def create_check(
     unowned: dict[int, dict[int, int]] = {}  # by store: page -> block of the hit's pages in the LRU
     for si, first, pages, refs in hits if tier is None else ():  # (no tier: the pools hold every page of the hit)
         lru = list(map(not_, refs))  # its pages no request owns
-        unowned.setdefault(si, {}).update(zip(compress(pages, lru), compress(count(first), lru)))
+        held = cast("list[int]", pages)
+        unowned.setdefault(si, {}).update(zip(compress(held, lru), compress(count(first), lru), strict=True))
     spare = {  # with a cold tier the hit depends on the free pages (`onboard_fits`): none spared
         p.store.name: 0 if tier is not None else len(p.free_stack) + _spare(p, unowned.get(si, {}), tail)
         for si, p in enumerate(t.pools)

@@ -218,11 +218,13 @@ class Scheduler:
             if seq.rid in preempted:  # not recomputed in the step that evicted it
                 break
             tokens = seq.token_ids
-            check = None
-            if not self.no_room():
-                check = self.manager.can_create(tokens if self.enable_reuse else None, seq.salt, 1 + extra)
-            fits = bool(check)
-            if fits and self.admission.reserves:
+            check = (
+                None
+                if self.no_room()
+                else self.manager.can_create(tokens if self.enable_reuse else None, seq.salt, 1 + extra)
+            )
+            fits = check is not None and bool(check)
+            if fits and check is not None and self.admission.reserves:
                 fits = self.admission.fits(
                     self.manager, self.running, seq, reused=check.hit, extra=extra, taken=check.taken
                 )
