@@ -6,6 +6,7 @@ circle. A file past about 500 lines is a hint to look for a second concept in it
 from __future__ import annotations
 
 import ast
+import re
 import warnings
 from pathlib import Path
 
@@ -189,3 +190,28 @@ def test_tier_media_are_named_by_the_enum() -> None:
             if isinstance(node, ast.Constant) and node.value in ("CPU", "DISK", "GPU") and id(node) not in ray:
                 bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
     assert not bad, bad
+
+
+ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? #?\d+")
+
+
+def test_text_cites_docs_not_issue_numbers() -> None:
+    """docs/design.md, rule 9: comments, docstrings and docs cite the docs in the
+    repository, never this project's issue numbers, which mean nothing to a reader of a clone."""
+    paths = [ROOT / "README.md", ROOT / "CHANGELOG.md"]
+    for folder, pattern in (("src", "*.py"), ("tests", "*.py"), ("benchmarks", "*.py"), ("docs", "*.md")):
+        paths += (ROOT / folder).rglob(pattern)
+    paths += (ROOT / "tests" / "data").rglob("*.md")
+    bad = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in paths
+        if p != Path(__file__).resolve()
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if ISSUE_NUMBER.search(line)
+    ]
+    assert not bad, bad
+
+
+def test_the_issue_number_pattern_finds_what_it_names() -> None:
+    assert ISSUE_NUMBER.search("fixed (issue 30)") and ISSUE_NUMBER.search("Issues #41")
+    assert not ISSUE_NUMBER.search("an issue with 30 pages")

@@ -1,5 +1,5 @@
 """Salts scope prefix reuse: requests under different salts never share a page,
-whatever the salts' types or Python's `hash()` of them (issue 12, defect 3)."""
+whatever the salts' types or Python's `hash()` of them."""
 
 from __future__ import annotations
 

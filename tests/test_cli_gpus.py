@@ -1,4 +1,4 @@
-"""GPU presets (issue 30: H20, L4, L40, RTX 4090/5090, B300, GB300, MI325X, MI355X),
+"""GPU presets (H20, L4, L40, RTX 4090/5090, B300, GB300, MI325X, MI355X),
 host links, and `--gpu auto` through NVML, tested with a stand-in `pynvml`."""
 
 from __future__ import annotations

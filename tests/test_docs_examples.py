@@ -1,4 +1,4 @@
-"""Every ```python example in README.md and docs/*.md runs (issue 12, defect 7).
+"""Every ```python example in README.md and docs/*.md runs.
 
 The blocks of one file run in order in one namespace, as a reader would type
 them, so a later block may use what an earlier one defined. A block whose

@@ -142,8 +142,8 @@ def gemma3_27b_tower_bytes() -> int:
 
 def test_plan_with_an_id_and_the_whole_gpu(hub: Path, cli: Any) -> None:
     """`kvpool plan google/gemma-3-27b-it --gpu h100`: offline, from the cache,
-    no --non-kv-memory; the weights are the decoder's and the vision tower's (issue 30:
-    the tower takes memory the KV cache cannot have) and the KV budget is what the
+    no --non-kv-memory; the weights are the decoder's and the vision tower's (the
+    tower takes memory the KV cache cannot have) and the KV budget is what the
     breakdown leaves."""
     code, out, err = cli("plan", GEMMA3_ID, "--gpu", "h100", "--max-seq-len", "8192", "--json")
     assert code == 0, err

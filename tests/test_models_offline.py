@@ -1,5 +1,5 @@
 """A Hugging Face id on a machine that cannot reach the Hub: one connect probe, one
-line, no retry loop (issue 30: ~25 s of huggingface_hub's backoff before), and a
+line, no retry loop (huggingface_hub's backoff once took ~25 s), and a
 bundled preset stands in when one describes the same model, saying so."""
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ def test_infeasible_plan_exits_2_with_one_line_naming_group_b_and_l(
 
 
 def test_fit_plans_at_the_length_the_error_names_and_says_so(cli: Any) -> None:
-    """--fit used to exit 0 with a plan that holds no request of max_seq_len (issue 30),
+    """--fit used to exit 0 with a plan that holds no request of max_seq_len,
     then exit 2 naming a length; now it takes that length: the plan is the one
     `--max-seq-len` that length gives, and a warning says what was lowered."""
     args = ["plan", "deepseek-v4-flash", "--kv-memory", "4GiB", "--max-batch-size", "8"]
@@ -198,7 +198,7 @@ def test_a_default_length_below_the_models_positions_says_so(cli) -> None:  # ty
 
 
 def test_plan_text_says_what_each_number_is(cli: Any) -> None:
-    """No "S=None", no "in 1 pools", and each count of requests beside its length (issue 30)."""
+    """No "S=None", no "in 1 pools", and each count of requests beside its length."""
     code, out, err = cli("plan", "qwen3-8b", "--kv-memory", "4GiB", "--max-seq-len", "4096", "--json")
     counts = json.loads(out)["max_concurrency"]
     code, out, err = cli("plan", "qwen3-8b", "--kv-memory", "4GiB", "--max-seq-len", "4096")
@@ -213,7 +213,7 @@ def test_plan_text_says_what_each_number_is(cli: Any) -> None:
 
 
 def test_emit_trtllm_is_valid_yaml_alone_on_stdout(cli: Any) -> None:
-    """`--emit trtllm > kvpool.yaml` gives the file the note names (issue 30): the
+    """`--emit trtllm > kvpool.yaml` gives the file the note names: the
     plan's tables go to stderr."""
     yaml = pytest.importorskip("yaml")
     code, out, err = cli("plan", "gpt-oss-20b", "--kv-memory", "20GiB", "--engine", "trtllm", "--emit", "trtllm")
@@ -244,7 +244,7 @@ def test_emit_sglang_states_the_fraction_from_the_whole_gpu(cli: Any) -> None:
     [("gemma-4-26b-a4b", 25.2e9), ("qwen3-next-80b-a3b", 80e9), ("mistral-7b-v0.1", 7.24e9)],
 )
 def test_a_preset_without_a_formula_plans_on_its_published_count(cli: Any, model: str, params: float) -> None:
-    """Issue 30: these presets asked for --weights-memory; their published count, split
+    """These presets once asked for --weights-memory; their published count, split
     evenly over the ranks, now gives the whole-GPU budget, and says so."""
     code, out, err = cli("plan", model, "--gpu", "h200", "--tp", "4", "--json")
     assert code == 0, err
@@ -256,7 +256,7 @@ def test_a_preset_without_a_formula_plans_on_its_published_count(cli: Any, model
 
 def test_tuned_sizing_takes_kv_memory_with_the_gpu_it_times(cli: Any, tmp_path: Any) -> None:
     """--sizing tuned times steps on --gpu, so --kv-memory beside it is no contradiction
-    (issue 30: plan refused the pair simulate needs); other sizings still refuse it."""
+    (plan once refused the pair simulate needs); other sizings still refuse it."""
     trace = tmp_path / "t.csv"
     trace.write_text("prompt_len,output_len\n" + "".join(f"{300 + 50 * i},{20 + i}\n" for i in range(24)))
     args = ["plan", "gpt-oss-20b", "--kv-memory", "2GiB", "--gpu", "h100", "--workload", str(trace)]
