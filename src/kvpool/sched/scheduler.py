@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Literal, NamedTuple, cast
 
+from kvpool.cache.checks import check_few_tokens
 from kvpool.cache.results import CreateCheck
 from kvpool.plan.feasibility import largest_fitting
 from kvpool.plan.limits import ServingLimits
@@ -27,7 +28,7 @@ class Blocked(NamedTuple):
     """The head of the queue that the last `schedule` found no pages for
     (optimistic admission), and the manager's answer (None where a pool had
     no page to give, so that the manager was not asked). It waits until running
-    requests free pages; decode steps that take no more than `check.spare`
+    requests free pages; decode steps that take no more than its `spare`
     pages leave its hit as it is and fewer pages free, so they leave it
     waiting (`sched.runs` runs them at once)."""
 
@@ -319,7 +320,10 @@ class Scheduler:
         known = self._known.get(seq.rid, 0)
         upto = seq.num_computed + (len(ahead) + 1 if ahead else 0)  # the history the caller reaches
         if upto > known:
-            fresh = [*seq.token_ids[known:], *ahead][: upto - known]  # the unseen tail only, not the whole history
+            fresh = seq.token_ids[known:]  # the unseen tail only (packed: the manager takes it as it is)
+            if ahead:
+                fresh.extend(check_few_tokens(ahead, f"request {seq.rid}: sampled ids"))
+            del fresh[upto - known :]
             self.manager.commit(seq.rid, 0, fresh)  # ids only: a total of 0 offers no page
             self._known[seq.rid] = upto
         self._advance_history(seq)
