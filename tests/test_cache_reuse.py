@@ -3,9 +3,11 @@ per-group rules (sliding needs only the window, state needs a snapshot)."""
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
-from cache_helpers import assert_table, full_spec, hybrid_spec, manager, twin_spec
+from cache_helpers import assert_table, full_spec, hybrid_spec, manager, snapshot, twin_spec
 from kvpool.cache import STALE, CacheUsageError, KVCacheManager
 
 PROMPT = list(range(1000, 1100))  # 100 tokens = 6 whole pages of 16 + 4
@@ -116,6 +118,26 @@ def test_commit_checks_history_and_takes_generated_tokens() -> None:
     assert m.resize(3, 16, 16)
     with pytest.raises(CacheUsageError):
         m.commit(3, 16)  # no token ids known
+
+
+def test_packed_ids_commit_as_a_list_of_them_does() -> None:
+    """Ids handed over packed (an int64 array, as the scheduler does) take
+    `commit`'s early return when no page completes: the manager ends as the
+    list's slow path leaves it; a negative packed id is refused, nothing kept."""
+    ends = []
+    for ids in (PROMPT[20:30], array("q", PROMPT[20:30])):
+        m = manager(full_spec(tpb=16), {"full": 20})
+        m.create(1, PROMPT[:20])
+        assert m.resize(1, 33, 30)
+        assert m.commit(1, 0, ids) == 0  # ids only: page 1 (positions 16..31) is not complete
+        with pytest.raises(CacheUsageError, match="negative"):
+            m.commit(1, 0, array("q", [5, -1]))
+        assert m.commit(1, 30, (PROMPT[30],)) == 16
+        assert m.resize(1, 33, 32)
+        assert m.commit(1, 32, [PROMPT[31]]) == 32
+        ends.append(snapshot(m))
+    assert ends[0] == ends[1]
+    assert ends[1]["observed"]["full"][1][1] is not None  # the second page was stored from the packed ids
 
 
 def test_sliding_group_needs_only_the_last_window_of_a_hit() -> None:

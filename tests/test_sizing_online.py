@@ -15,6 +15,7 @@ from kvpool.plan import PoolPlan, ServingLimits, plan_pools
 from kvpool.presets import load_gpu
 from kvpool.sim import StepTimeModel, load_weights
 from kvpool.sim.online import recent, serve_online
+from kvpool.sim.tuned import DEFAULT_MARGIN
 from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.trace import Trace
 
@@ -138,6 +139,29 @@ def test_the_window_is_the_most_recent_requests(n_seen: int, n_served: int, upto
     history = [*range(1, n_seen + 1), *range(1001, 1001 + upto)]
     assert w.prompt_len.tolist() == history[-window:]
     assert w.arrival_s is not None and (np.diff(w.arrival_s) >= 0).all()
+
+
+@pytest.mark.parametrize(("gain", "adopted"), [(0.005, False), (0.03, True)])
+def test_it_tunes_with_tuneds_margin_so_a_gain_within_the_noise_keeps_the_reference_split(
+    gain: float, adopted: bool
+) -> None:
+    """Every split but the reference's is `gain` faster on every part: within the
+    tuned margin (1 %) online starts on the reference split and never leaves it,
+    as `tune` keeps it; past it, it starts on a tuned split as `tune` does."""
+    ref = reference_plan().group("sliding").share
+
+    def flat(plan: PoolPlan, trace: Trace) -> tuple[int, float]:
+        tokens = int(trace.output_len.sum())
+        faster = abs(plan.group("sliding").share - ref) > 1e-3
+        return tokens, tokens / (100.0 * (1 + gain * faster))
+
+    t = traffic(np.random.default_rng(5).integers(300, 2500, 60))
+    out = serve_online(gemma(), LIMITS, t, t, None, kv_memory_bytes=20 * GiB, serve=flat, segments=3)
+    assert 0.005 < DEFAULT_MARGIN < 0.03  # the two gains lie on either side of it
+    assert (out.shares[0] != pytest.approx(ref, abs=1e-3)) == adopted
+    if not adopted:
+        assert out.restarts == 0 and all(s == pytest.approx(ref, abs=1e-3) for s in out.shares)
+        assert all(d.candidate == pytest.approx(ref, abs=1e-3) for d in out.decisions)
 
 
 def test_bad_settings_raise() -> None:

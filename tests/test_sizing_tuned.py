@@ -15,7 +15,7 @@ from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.presets import load_gpu
 from kvpool.sim import StepTimeModel, load_weights, simulate
 from kvpool.sim.policies import plan_for
-from kvpool.sim.tuned import pick, sample_trace, trace_folds, tune, tuned_group
+from kvpool.sim.tuned import DEFAULT_MARGIN, mean_gain, pick, sample_trace, trace_folds, tune, tuned_group
 from kvpool.spec import ModelSpec, load_model_spec
 from kvpool.trace import Trace
 
@@ -128,14 +128,39 @@ def test_one_check_lost_by_a_little_does_not_pass_over_the_best_split() -> None:
     assert "+4.0 %, +4.1 %, -2.6 %" in out.notes()[0]
 
 
+def test_a_gain_within_the_noise_between_neighbouring_splits_keeps_the_reference_split() -> None:
+    """gemma-2-9b on an RTX 5090 (docs/sim.md): share 0.498 beside the reference's
+    0.500 gained +0.9 % on the sample and +0.6, -0.5 % on the checks, +0.5 % over
+    them all, and served 1.1 % below the reference split. Under the margin it is
+    not adopted; without one it would be."""
+    ref = reference_share()
+    near, gains = ref - 0.05, (1.009, 1.006, 0.995)  # the sample, then the two checks
+
+    def near_reference(plan: PoolPlan, part: Trace) -> float:
+        j = ["sample", "fold 1", "fold 2"].index(part.name.split("(")[-1][:-1])
+        return 100.0 if at(plan, ref) else 100.0 * gains[j] if at(plan, near) else 99.0
+
+    sizes = (1000, 500, 500)  # the default sample and checks
+    assert 1 < mean_gain(gains, sizes) < 1 + DEFAULT_MARGIN
+    assert pick({0.498: list(gains)}, sizes) is None
+    assert pick({0.498: list(gains)}, sizes, margin=0.0) == 0.498
+    out = tune_gemma(near_reference, extra_shares=(near,))
+    assert out.fallback and out.margin == DEFAULT_MARGIN and "by more than 1 % over them all" in out.notes()[0]
+    assert tune_gemma(near_reference, extra_shares=(near,), margin=0.0).share == pytest.approx(near, abs=1e-3)
+    with pytest.raises(KvpoolError, match="margin"):
+        tune_gemma(margin=1.0)
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.floats(0.05, 0.4))
+@given(st.integers(0, 2**32 - 1), st.floats(0.002, 0.4), st.sampled_from([0.0, DEFAULT_MARGIN, 0.05]))
 def test_the_tuned_split_is_never_slower_than_reference_on_the_traffic_it_was_tuned_on(
-    seed: int, spread: float
+    seed: int, spread: float, margin: float
 ) -> None:
-    """Any throughput landscape (random per split and part, some splits infeasible):
-    the tuned split is at least as fast as the reference split on the sample and
-    on the checks' request-weighted geometric mean, measured here by running both."""
+    """Any throughput landscape (random per split and part, some splits infeasible;
+    spreads from below the margin to far above it): the tuned split is at least as
+    fast as the reference split on the sample and on the checks' request-weighted
+    geometric mean, and faster by more than the margin over them all, measured here
+    by running both."""
     ref = reference_share()
 
     def run(plan: PoolPlan, part: Trace) -> float:
@@ -145,16 +170,17 @@ def test_the_tuned_split_is_never_slower_than_reference_on_the_traffic_it_was_tu
             raise KvpoolError("does not fit")
         return float(100.0 * np.exp(rng.normal(0.0, spread)))
 
-    out = tune_gemma(run)
+    out = tune_gemma(run, margin=margin)
     ref_plan = plan_for(gemma(), ServingLimits(max_seq_len=8192), "reference", kv_memory_bytes=20 * GiB).plan
     parts = trace_folds(trace(), 1000, 2, 500)
     gain = [run(out.plan, p) / run(ref_plan, p) for p in parts]
+    weights = [len(p) for p in parts]
     assert gain[0] >= 1
-    assert np.average(np.log(gain[1:]), weights=[len(p) for p in parts[1:]]) >= -1e-12
+    assert np.average(np.log(gain[1:]), weights=weights[1:]) >= -1e-12
     if out.fallback:
         assert out.plan.pages("sliding") == ref_plan.pages("sliding")
     else:
-        assert gain[0] > 1
+        assert gain[0] > 1 and np.average(np.log(gain), weights=weights) > math.log1p(margin)
 
 
 @settings(max_examples=200, deadline=None)
@@ -165,21 +191,27 @@ def test_the_tuned_split_is_never_slower_than_reference_on_the_traffic_it_was_tu
         max_size=4,
     ),
     st.lists(st.integers(1, 1000), min_size=3, max_size=3),
+    st.sampled_from([0.0, 0.005, DEFAULT_MARGIN, 0.03]),
 )
-def test_pick_takes_the_best_mean_among_those_that_win_the_sample_and_the_checks_mean(
-    ratios: dict[float, list[float]], sizes: list[int]
+def test_pick_takes_the_best_mean_among_those_that_win_the_sample_the_checks_mean_and_the_margin(
+    ratios: dict[float, list[float]], sizes: list[int], margin: float
 ) -> None:
     def log_mean(r: list[float], n: list[int]) -> float:
         ok = all(0 < x < math.inf for x in r)
         return float(np.average(np.log(r), weights=n)) if ok else -math.inf
 
-    eligible = {s: r for s, r in ratios.items() if 1 < r[0] < math.inf and log_mean(r[1:], sizes[1:]) >= 0}
-    chosen = pick(ratios, tuple(sizes))
+    eligible = {
+        s: r
+        for s, r in ratios.items()
+        if 1 < r[0] < math.inf and log_mean(r[1:], sizes[1:]) >= 0 and log_mean(r, sizes) > math.log1p(margin)
+    }
+    chosen = pick(ratios, tuple(sizes), margin)
     if not eligible:
         assert chosen is None
         return
     assert chosen in eligible
-    assert log_mean(ratios[chosen], sizes) > 0  # faster than reference over the tuning traffic
+    # faster than reference by more than the margin over the tuning traffic
+    assert log_mean(ratios[chosen], sizes) > math.log1p(margin)
     best = max(log_mean(r, sizes) for r in eligible.values())
     assert log_mean(ratios[chosen], sizes) == pytest.approx(best, abs=1e-12)
 

@@ -537,7 +537,7 @@ class KVCacheManager:
         verified tokens, never drafts: `num_tokens` may not exceed history.
         Returns the tokens now reusable; a no-op (0) with reuse off or for dummies."""
         req = self._by_id.get(rid) if type(rid) is int else None  # True and 1.0 would find request 1
-        if (  # early return: no page completes, no state to snapshot; at most one new plain token id
+        if (  # early return: no page completes, no state to snapshot; one new plain token id or packed ones
             req is not None
             and (known := req.tokens) is not None  # so reuse is on and it is no dummy
             and not self._snapshots
@@ -553,6 +553,9 @@ class KVCacheManager:
                 if type(x) is int and 0 <= x <= INT64_MAX:
                     known.append(x)
                     return req.committed * self.tokens_per_block
+            elif type(tokens) is array and num_tokens <= req.base + len(known) + len(tokens):
+                known.extend(check_tokens(tokens, f"request {rid}: commit's tokens", copy=False))
+                return req.committed * self.tokens_per_block
         if req is None:
             req = self.requests.get(rid)  # raises
         if not self.enable_reuse or req.dummy:

@@ -67,7 +67,7 @@ def waits_through(sched: Scheduler, step: Step, limit: int) -> int:
     steps = limit
     for pool, groups in per_pool.items():  # every row of each group takes a page every tpb steps from `first` on
         takes = sorted(first * groups)  # (a batch's few rows: plain lists beat NumPy's calls here)
-        rounds, j = divmod(blocked.check.spare.get(pool, 0), len(takes))
+        rounds, j = divmod(blocked.spare.get(pool, 0), len(takes))
         steps = min(steps, takes[j] + rounds * tpb)  # the step that would take one page more than spared
     return max(steps, 1)
 
@@ -121,7 +121,13 @@ def shared_fill_limit(sched: Scheduler, step: Step, steps: int, token: int) -> i
 
 
 def advance_decodes(
-    sched: Scheduler, step: Step, steps: int, token: int, *, on_extended: Callable[[], None] | None = None
+    sched: Scheduler,
+    step: Step,
+    steps: int,
+    token: int,
+    *,
+    limit: int | None = None,
+    on_extended: Callable[[], None] | None = None,
 ) -> DecodeRun | None:
     """Run the decode-only `step` up to `steps` times in a row, every row
     sampling `token` each time: as many as `shared_fill_limit` allows (a run
@@ -140,9 +146,11 @@ def advance_decodes(
     shared by several groups the free pages must cover those worst cases plus
     the growing groups' growth over the run. Returns the steps run and the
     finished requests (their pages freed), or None (nothing changed).
+    `limit`: `decode_run_limit(sched, step)` when the caller has just asked
+    it (nothing changed since), so that it is not worked out twice.
     `on_extended` is called once the last step's pages are allocated, before
     finished requests free theirs (to measure peak usage)."""
-    if steps < 2 or steps > decode_run_limit(sched, step):
+    if steps < 2 or steps > (decode_run_limit(sched, step) if limit is None else limit):
         return None
     if any(token in s.stop_ids for s, _ in step.decodes):
         return None

@@ -6,8 +6,10 @@ traffic restarts between parts of it. `serve_online` serves a trace in
 `segments` equal parts, in arrival order:
 
 - Segment 1 runs the `tuned` policy's split of the planning traffic
-  (`kvpool.sim.tuned.tune`, the workload share among its candidates; every
-  later tuning the same way).
+  (`kvpool.sim.tuned.tune`, the workload share among its candidates, and its
+  rule: the reference split unless a candidate gains more than
+  `tuned.DEFAULT_MARGIN`, 1 %, over the traffic tuned on; every later tuning
+  the same way).
 - Before each later segment, `tune` runs again on the `window` most recent
   requests seen: the end of the planning traffic, then the segments served
   (default: as many requests as the planning traffic). Its split (the
@@ -18,8 +20,11 @@ traffic restarts between parts of it. `serve_online` serves a trace in
   traffic (and the candidate was no slower than it on the traffic it was
   tuned on, `tune`'s rule); a split that has fallen behind the reference
   split by more than the margin is left; and a gain within the noise of a
-  sample does not pay for a restart. When the candidate is the current split
-  and the current split is the reference split, nothing is run.
+  sample does not pay for a restart. The switch margin is the larger of the
+  two: it is measured on one segment (a quarter of the served traffic, so
+  noisier than `tune`'s sample and checks together) and must pay for the
+  restart as well. When the candidate is the current split and the current
+  split is the reference split, nothing is run.
 - A switch is a restart: the requests of the segments before it finish (the
   engine drains) before the new split serves the next segment, and its prefix
   cache starts cold. Consecutive segments on one split are one run, with no

@@ -13,8 +13,9 @@
   time in flight, prefill chunks included (Little's law per length).
 - `tuned`: a bounded search over the split, each candidate simulated on a
   sample of the trace and the fastest checked on other parts of it; the
-  reference split unless one beats it on the sample and is at least as fast
-  on the checks' mean (`kvpool.sim.tuned`); needs the trace and a step model.
+  reference split unless one beats it on the sample, is at least as fast on
+  the checks' mean and gains more than a margin (1 %) over them all
+  (`kvpool.sim.tuned`); needs the trace and a step model.
 - `rebalance`: starts at the `reference` split and moves it online while the
   trace runs (`kvpool.sim.rebalance`; one sliding and one full group only).
 - `ratio:GROUP=SHARE,...`: an explicit byte share per group (no constraints).

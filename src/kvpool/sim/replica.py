@@ -273,7 +273,7 @@ class Replica:
         arrivals queue behind it and join after the run).
         False (nothing changed) when fewer than two steps would run."""
         sched = self.sched
-        limit = decode_run_limit(sched, step)
+        limit = most = decode_run_limit(sched, step)
         if limit < 2:
             return False
         times = self.spec.model.decode_run_times(
@@ -288,7 +288,7 @@ class Replica:
         caps = np.array([self.manager.capacity(s.rid) for s, _ in step.decodes], dtype=np.int64)
         used_after: list[int] = []
         run = advance_decodes(
-            sched, step, limit, OUTPUT_TOKEN, on_extended=lambda: used_after.extend(self.setup.used())
+            sched, step, limit, OUTPUT_TOKEN, limit=most, on_extended=lambda: used_after.extend(self.setup.used())
         )
         if run is None:
             return False
