@@ -157,13 +157,13 @@ def test_the_fleet_sits_above_the_simulator() -> None:
 
 
 def test_the_prefix_cache_and_suspension_use_the_cold_store_interface() -> None:
-    """cache/prefix.py and cache/suspension.py see the cold tiers through
-    `cache.cold.ColdStore` alone (docs/design.md, interfaces): neither names the
-    tiers' class nor reaches into a tier's slots, LRU or pins."""
+    """cache/prefix_hit.py, cache/prefix.py and cache/suspension.py see the
+    cold tiers through `cache.cold.ColdStore` alone (docs/design.md,
+    interfaces): none names the tiers' class nor reaches into a tier's slots, LRU or pins."""
     internals = ("ColdTier", ".held", ".free[", ".pinned", ".pin(", ".unpin(", ".levels(", ".locate(", ".copies")
     bad = [
         f"{name}: {word}"
-        for name in ("prefix.py", "suspension.py")
+        for name in ("prefix.py", "prefix_hit.py", "suspension.py")
         for word in internals
         if word in (SRC / "cache" / name).read_text()
     ]

@@ -216,7 +216,7 @@ def test_a_short_hit_spares_the_pages_that_leave_it_as_short(
     definition describes (free pages, then the LRU's oldest up to the first
     page of the hit but its last ones), and taking that many pages leaves the
     prompt exactly as short: checked against a plain walk of `lru_order`."""
-    from kvpool.cache.prefix import SPARE_WALK
+    from kvpool.cache.prefix_hit import SPARE_WALK
 
     def built() -> KVCacheManager:  # admissions, frees and growth, as above
         m = manager(full_spec(tpb=TPB), {"full": pages})

@@ -33,7 +33,7 @@ from dynamo_helpers import (  # noqa: E402
     staged,
 )
 from kvpool.cache import CacheEvent, KVCacheManager, TierSpec  # noqa: E402
-from kvpool.cache.prefix import TierHit  # noqa: E402
+from kvpool.cache.prefix_hit import TierHit  # noqa: E402
 from kvpool.cache.publisher import KVEventPublisher  # noqa: E402
 from kvpool.index import PrefixIndex  # noqa: E402
 from kvpool.index.subscriber import IndexSubscriber  # noqa: E402

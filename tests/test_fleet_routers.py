@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet_helpers import TPB, Replica, serve_through
-from kvpool.cache.prefix import TierHit
+from kvpool.cache.prefix_hit import TierHit
 from kvpool.fleet import (
     ROUTER_NAMES,
     KvCost,

@@ -1,6 +1,6 @@
-"""What the prefix cache (`cache/prefix.py`) and suspension
-(`cache/suspension.py`) ask of the cold tiers below the GPU pools: one small
-interface, so that neither reaches into a tier's slots, LRU or pins.
+"""What the prefix cache (`cache/prefix_hit.py`, `cache/prefix.py`) and
+suspension (`cache/suspension.py`) ask of the cold tiers below the GPU pools:
+one small interface, so that neither reaches into a tier's slots, LRU or pins.
 `cache/tiers.py` keeps the tiers and implements it."""
 
 from __future__ import annotations

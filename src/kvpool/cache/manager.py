@@ -2,8 +2,9 @@
 
 One pool per group (`cache/pool.py`, `cache/shared_pool.py`), a record per
 request (`cache/request.py`), block tables and the one move of a request's
-pages (`cache/tables.py`) and the prefix cache (`cache/prefix.py`); dummy
-requests and the CUDA-graph warmup dry run are page arithmetic in `plan.capture`.
+pages (`cache/tables.py`) and the prefix cache (which hit a prompt has,
+`cache/prefix_hit.py`; its pages, `cache/prefix.py`); dummy requests and the
+CUDA-graph warmup dry run are page arithmetic in `plan.capture`.
 
 Every move, single or batched, is the same: requests whose pages stay as they
 are only take the new shape (the early return, the common decode step); the
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from kvpool.cache import integrity, prefix, suspension
+from kvpool.cache import integrity, prefix, prefix_hit, suspension
 from kvpool.cache.checks import (
     INT64_MAX,
     as_list,
@@ -45,7 +46,7 @@ from kvpool.cache.events import (
     expand,
 )
 from kvpool.cache.hashing import LookaheadChain, Salt, extend_hashes
-from kvpool.cache.prefix import TierHit
+from kvpool.cache.prefix_hit import TierHit
 from kvpool.cache.prompt_memo import KnownPages, PromptMemo
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, CreateCheck, Dummies, Resize
@@ -204,7 +205,7 @@ class KVCacheManager:
             extend_hashes(
                 hashes, ids, self.tokens_per_block, self._seed_of(salt), len(ids) // self.tokens_per_block, self._chain
             )
-        return prefix.cached_prefix(self.tables, hashes, self.tier)
+        return prefix_hit.cached_prefix(self.tables, hashes, self.tier)
 
     def can_create(self, tokens: Sequence[int] | None = None, salt: Salt = None, num_tokens: int = 1) -> CreateCheck:
         """What `create(rid, tokens, salt)` and then `resize(rid, hit +
@@ -228,7 +229,7 @@ class KVCacheManager:
                 hashes, known = self._prompts.digests(
                     ids, tpb, self._seed_of(salt), (len(ids) - 1) // tpb, self.pools, self._chain
                 )
-        return prefix.create_check(self.tables, hashes, self._prompts, known, self.tier, n)
+        return prefix_hit.create_check(self.tables, hashes, self._prompts, known, self.tier, n)
 
     def free(self, rid: int) -> None:
         """Release every page of `rid` (cached content stays reusable until

@@ -30,7 +30,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvpool.cache.prefix import TierHit
+from kvpool.cache.prefix_hit import TierHit
 from kvpool.fleet.load import RouteRequest, RouterError
 from kvpool.fleet.routers import CacheAware, Router, lowest
 from kvpool.index import PrefixIndex

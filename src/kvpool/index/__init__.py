@@ -8,7 +8,7 @@ tokens each worker can reuse, per tier. `kvpool.index.subscriber` feeds it
 from ZMQ streams (extra `events`). See docs/cache.md, "A router's index".
 """
 
-from kvpool.cache.prefix import TierHit
+from kvpool.cache.prefix_hit import TierHit
 from kvpool.index.events import Cleared, EventFormatError, Removed, Stored, parse_batch, parse_event
 from kvpool.index.prefix_index import GroupMeta, PrefixIndex
 

@@ -20,7 +20,7 @@ next id in the same way). Each worker's L is learned from its stores.
 Unlike them it knows each worker's groups and their kinds (given with
 `add_worker`, or learned from `group_idx`, `kv_cache_spec_kind` and
 `kv_cache_spec_sliding_window` of the stores), and answers with the reuse rule
-of each kind, as kvpool's own manager does (`cache/prefix.py`): a hit of k
+of each kind, as kvpool's own manager does (`cache/prefix_hit.py`): a hit of k
 blocks needs blocks 0..k-1 in full (and MLA, compressed) groups, only the
 blocks live at k in a sliding or chunked group, and a state snapshot at k - 1
 in a state group. A hybrid model's answer is then its real reuse, not the
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool.cache.hashing import LookaheadChain, ReuseScope, Salt, extend_hashes, published_scope, salt_seed
-from kvpool.cache.prefix import TierHit
+from kvpool.cache.prefix_hit import TierHit
 from kvpool.errors import KvpoolError
 from kvpool.index.events import Cleared, Removed, Stored, parse_event
 from kvpool.media import Medium
@@ -379,7 +379,7 @@ class PrefixIndex:
 
     def longest(self, ws: WorkerBlocks, keys: Sequence[int], mask: int) -> int:
         """Largest k <= len(keys) such that every group of `ws` holds what a
-        hit of k blocks needs, in the tiers of `mask` (`cache/prefix.py`'s
+        hit of k blocks needs, in the tiers of `mask` (`cache/prefix_hit.py`'s
         rule, per kind)."""
         groups = ws.groups or {0: GroupMeta("group0", "full", self.block_size)}
         k = len(keys)
