@@ -320,6 +320,20 @@ class Simulation:
 
             result, _ = simulate_rebalanced(pp.plan, self.trace, self.model, dry_run=self.dry_run, padding=self.padding)
             return result
+        if pp.name == "online":
+            from kvpool.sim.online import simulate_online
+
+            r = self.resolved
+            result, _ = simulate_online(
+                r.spec,
+                r.limits,
+                self.trace,
+                self.model,
+                kv_memory_bytes=r.budget.kv_bytes,
+                fit=r.request.shrink_to_fit,
+                padding=self.padding,
+            )
+            return result
         moves = self.tiers if tiers and self.tiers else None
         return simulate_plan(
             pp.plan,
@@ -477,8 +491,8 @@ def check_tiers(tiers: TierRuns | None, sweep: Sweep | None, policies: tuple[str
     """Cold tiers run static splits, and a list of host sizes one policy."""
     if tiers is None:
         return
-    if sweep is not None or "rebalance" in policies:
-        raise KvpoolError("cold tiers are simulated with static splits: drop --sweep-ratio / rebalance")
+    if sweep is not None or {"rebalance", "online"} & set(policies):
+        raise KvpoolError("cold tiers are simulated with static splits: drop --sweep-ratio / rebalance / online")
     if tiers.sweep and len(policies) > 1:
         raise KvpoolError("a list of --host-memory sizes sweeps one policy: give one, not several")
 
@@ -498,7 +512,7 @@ def simulate(
     for each sizing policy asked for, and compare the throughput they buy.
 
     Policies: `policy` (one) or `compare` (several: reference, typical, workload,
-    occupancy, tuned, rebalance, engine:vllm|sglang|trtllm, ratio:GROUP=SHARE),
+    occupancy, tuned, rebalance, online, engine:vllm|sglang|trtllm, ratio:GROUP=SHARE),
     or `pool_ratio`; `sweep_ratio=GROUP` scans that group's share over
     `sweep_range` at `sweep_points` shares (on Ray with `workers` / `ray_address`).
     Trace: `rate` requests/s (inf: all at once; None: the trace's own times),

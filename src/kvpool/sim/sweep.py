@@ -132,6 +132,8 @@ def expand_grid(grid: Mapping[str, Any]) -> list[Point]:
     if any(not v for v in axes.values()):
         raise GridError("a grid field has an empty list")
     policies = [str(p) for p in axes.pop("policy", ["reference"])] + swept_policies(sweep)
+    if "online" in policies:  # its served split changes between segments: no one plan for a row
+        raise GridError("a grid point runs one split: drop policy online (run it with kvpool simulate --policy online)")
     return grid_points(axes, policies)
 
 
