@@ -115,7 +115,8 @@ def test_simulate_online_is_its_segments_run_by_hand() -> None:
         second.requests[0], arrival_s=0.0, first_token_s=0.0, finish_s=0.0
     )
     for name, u in result.pages.items():
-        assert u.peak_used == max(r.pages[name].peak_used for r in by_hand)
+        assert u.peak_used == max(r.pages[name].peak_used for r in by_hand) <= u.total
+        assert u.total == max(r.pages[name].total for r in by_hand)
 
 
 def test_simulate_online_needs_a_request_per_segment() -> None:

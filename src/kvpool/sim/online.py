@@ -305,8 +305,9 @@ def simulate_online(
 def merged_run(runs: list[SimResult]) -> SimResult:
     """Runs served one after the other (an engine restarted between them) as one:
     counts, tokens, makespans and latencies added up, request times shifted by
-    the makespans before them; the plan, page totals and warmup of the first
-    run; peak pages the highest, mean pages weighted by makespan; hit rates
+    the makespans before them; the plan and warmup of the first run; page
+    totals and peaks the highest of any run (so a peak is never above its
+    total), mean pages weighted by makespan; hit rates
     weighted by finished requests; the pages left used those of the last run."""
     first, last = runs[0], runs[-1]
     span = sum(r.makespan_s for r in runs)
@@ -314,11 +315,11 @@ def merged_run(runs: list[SimResult]) -> SimResult:
     offsets = np.cumsum([0.0] + [r.makespan_s for r in runs[:-1]])
     pages = {
         g: GroupUsage(
-            u.total,
+            max(r.pages[g].total for r in runs if g in r.pages),
             max(r.pages[g].peak_used for r in runs if g in r.pages),
             sum(r.pages[g].mean_used * r.makespan_s for r in runs if g in r.pages) / span if span > 0 else 0.0,
         )
-        for g, u in first.pages.items()
+        for g in first.pages
     }
 
     def added(name: str) -> int:
