@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cache_helpers import full_spec, manager, observed, twin_spec
-from kvpool.cache import hashing
+from kvpool.cache import KVCacheManager, hashing
 from kvpool.cache.checks import check_tokens
 from kvpool.cache.hashing import Chain, extend_hashes, salt_seed
 from kvpool.cache.pool import PagePool
@@ -199,3 +199,79 @@ def test_same_ids_are_only_the_remembered_int64_ids() -> None:
     assert memo.same_ids(array("i", range(40))) is None  # another type code
     assert memo.same_ids(ids[:-1]) is None and memo.same_ids(check_tokens([*range(39), 0])) is None
     assert PromptMemo().same_ids(array("q")) is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ops=st.lists(st.tuples(st.sampled_from("aafg"), st.integers(0, 3), prompts, st.integers(1, 16)), max_size=30),
+    asked=prompts,
+    pages=st.integers(12, 30),
+)
+def test_a_short_hit_spares_the_pages_that_leave_it_as_short(
+    ops: list[tuple[str, int, tuple[int, int, list[int], str | None], int]],
+    asked: tuple[int, int, list[int], str | None],
+    pages: int,
+) -> None:
+    """`CreateCheck.spare` of a prompt that does not fit is the walk its
+    definition describes (free pages, then the LRU's oldest up to the first
+    page of the hit but its last ones), and taking that many pages leaves the
+    prompt exactly as short: checked against a plain walk of `lru_order`."""
+    from kvpool.cache.prefix import SPARE_WALK
+
+    def built() -> KVCacheManager:  # admissions, frees and growth, as above
+        m = manager(full_spec(tpb=TPB), {"full": pages})
+        for kind, rid, (base, cut, tail, salt), n in ops:
+            if kind == "g":
+                if rid in m and m.capacity(rid) + n <= m.max_capacity:
+                    m.resize(rid, m.capacity(rid) + n)
+            elif rid in m:
+                m.free(rid)
+            if kind == "a":
+                prompt = prompt_of(base, cut, tail) or [5]
+                m.create(rid, prompt, salt=salt)
+                if m.resize(rid, len(prompt), len(prompt)):
+                    m.commit(rid, len(prompt))
+        return m
+
+    m = built()
+    base, cut, tail, salt = asked
+    prompt = prompt_of(base, cut, tail) or [5]
+    check = m.can_create(prompt, salt, TPB)  # a page of positions after the hit
+    if check:
+        return
+    pool = m.pools[0]
+    hashes: list[int] = []
+    extend_hashes(hashes, check_tokens(prompt), TPB, salt_seed(salt), check.hit // TPB)
+    held = {pool.cached[h]: b for b, h in enumerate(hashes) if pool.ref[pool.cached[h]] == 0}
+    walked, last = 0, len(hashes) - 1
+    for page in pool.lru_order()[:SPARE_WALK]:
+        block = held.get(page)
+        if block is not None:
+            if block != last:
+                break
+            last -= 1
+        walked += 1
+    spare = len(pool.free_stack) + walked
+    assert check.spare == {"full": spare}
+    after = built()  # the same pages, then `spare` of them taken
+    after.create(999)
+    assert after.resize(999, spare * TPB)  # takes `spare` pages: the free ones, then the LRU's oldest
+    again = after.can_create(prompt, salt, TPB)
+    assert dict(again.short) == dict(check.short)
+
+
+def test_a_freed_prompt_asked_again_spares_its_whole_run_in_the_lru() -> None:
+    # 8 pages: a prompt of 3 pages and a token computed and freed (3 pages cached, the last block
+    # the oldest), the other 5 then held by another request; asked again with one position after
+    # its hit, it is a page short, and taking its pages from the last block down leaves it as
+    # short: all 3 are spare
+    m = manager(full_spec(tpb=TPB), {"full": 8})
+    prompt = list(range(100, 100 + 3 * TPB)) + [7]
+    m.create(1, prompt)
+    assert m.resize(1, len(prompt), len(prompt)) and m.commit(1, len(prompt)) == 3 * TPB
+    m.create(2)
+    assert m.resize(2, 4 * TPB)
+    m.free(1)
+    assert m.resize(2, 5 * TPB) and m.pools[0].num_free == m.pools[0].num_cached == 3
+    check = m.can_create(prompt, None, 1)
+    assert check.hit == 3 * TPB and dict(check.short) == {"full": 1} and dict(check.spare) == {"full": 3}

@@ -6,6 +6,7 @@ the manager holds; the replay socket returns the same batches."""
 
 # No `from __future__ import annotations`: msgspec must resolve the locally
 # defined struct types in `vllm_types` when the classes are created.
+import json
 import random
 import threading
 import time
@@ -394,6 +395,58 @@ def test_generate_publishes_kv_events(cli) -> None:  # type: ignore[no-untyped-d
 
     # decode pages are published the step they fill: 2 x 40 generated tokens fill pages while running
     check_stream(frames_during(command), {(0, "full_attention")}, least=10, array_like=True)
+
+
+def stored_of(frames: list[list[bytes]]) -> list[Any]:
+    """The `BlockStored` events of `frames` (map encoding), decoded with vLLM's structs."""
+    batch, stored, _, _ = vllm_types(array_like=False)
+    decoder = msgspec.msgpack.Decoder(batch)
+    return [e for _, _, payload in frames for e in decoder.decode(payload).events if isinstance(e, stored)]
+
+
+def test_generate_with_hash_lookahead_names_the_ids_after_each_page(cli) -> None:  # type: ignore[no-untyped-def]
+    """`--hash-lookahead 2`: every stored page's event names, as vLLM 0.33 does, the 2 ids that follow
+    it in its request (prompt then output, from `--json`), and no page is stored before they exist."""
+    pytest.importorskip("torch")
+    result: list[tuple[int, str, str]] = []
+    prompts = ["5,6,7,8,9,10,11,12,13", "5,6,7,8,9,10,11,12,14"]
+
+    def command(endpoint: str) -> None:
+        argv = ["generate", "--tiny", "llama", "--max-new-tokens", "30", "--tokens-per-block", "4", "--json"]
+        for p in prompts:
+            argv += ["--prompt-ids", p]
+        result.append(cli(*argv, "--hash-lookahead", "2", "--kv-events", endpoint))
+
+    stored = stored_of(frames_during(command))
+    code, out, err = result[0]
+    assert code == 0, err
+    seqs = [r["prompt_ids"] + r["output_ids"] for r in json.loads(out)["requests"]]
+    blocks = 0
+    for e in stored:
+        assert e.lookahead_token_ids is not None and len(e.lookahead_token_ids) == len(e.block_hashes)
+        for i, after in enumerate(e.lookahead_token_ids):
+            page = e.token_ids[i * 4 : (i + 1) * 4]
+            assert any(
+                s[b : b + 4] == page and s[b + 4 : b + 6] == after and len(after) == 2
+                for s in seqs
+                for b in range(0, len(s) - 5, 4)
+            ), (page, after)
+            blocks += 1
+    assert blocks >= 10
+
+
+def test_simulate_with_hash_lookahead_publishes_lookahead_ids(cli) -> None:  # type: ignore[no-untyped-def]
+    def command(endpoint: str) -> None:
+        argv = ["simulate", "qwen3-0.6b", "--gpu", "h100", "--kv-memory", "1GiB", "--quiet", "--rate", "inf"]
+        code, _, err = cli(*argv, "--trace", "mooncake-conv", "--max-requests", "10", "--hash-lookahead", "1",
+                           "--kv-events", endpoint)  # fmt: skip
+        assert code == 0, err
+
+    stored = stored_of(frames_during(command))
+    assert stored and all(
+        e.lookahead_token_ids is not None and [len(a) for a in e.lookahead_token_ids] == [1] * len(e.block_hashes)
+        for e in stored
+    )
 
 
 def test_kv_events_replay_needs_an_endpoint(cli) -> None:  # type: ignore[no-untyped-def]

@@ -99,6 +99,12 @@ def test_the_largest_batch_size_still_plans(cli: Any) -> None:
         ([*PLAN, "--ranks-per-node", "4"], ["--ranks-per-node", "--host-memory"]),
         (["generate", "some/folder", "--prompt-ids", "1", "--chat"], ["--chat", "--prompt-ids"]),
         (["generate", "some/folder", "--prompt-ids", "1", "--seed", "3"], ["--seed", "--tiny"]),
+        ([*TINY, "--hash-lookahead", "1", "--no-reuse"], ["--hash-lookahead", "--no-reuse"]),
+        (
+            ["simulate", "qwen3-0.6b", "--gpu", "h100", "--trace", "azure-conv", "--hash-lookahead", "1"],
+            ["--hash-lookahead", "hash ids"],
+        ),
+        ([*TINY, "--hash-lookahead", "-1"], ["--hash-lookahead", "non-negative"]),
     ],
     ids=[
         "workload-rate",
@@ -115,6 +121,9 @@ def test_the_largest_batch_size_still_plans(cli: Any) -> None:
         "ranks-per-node",
         "chat-ids",
         "seed",
+        "lookahead-reuse",
+        "lookahead-trace",
+        "lookahead-negative",
     ],
 )
 def test_a_flag_without_the_one_it_depends_on_is_refused(cli: Any, argv: list[str], words: list[str]) -> None:

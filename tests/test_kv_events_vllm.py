@@ -293,3 +293,83 @@ def test_lookahead_events_and_hashes_are_vllm_0_33s(tmp_path: Path, monkeypatch:
         assert external == [int(h, 16) & MASK64 for h in theirs]
         blocks += len(theirs)
     assert blocks > 400
+
+
+# ----------------------------------------------------------------------------- a router's index of lookahead stores
+
+
+def index_cases(count: int, seed: int) -> list[dict[str, Any]]:
+    """Traffic for vLLM 0.33's own cache (the runner's `cache` job): prompts on
+    a few shared prefixes that part at random places (block boundaries among
+    them, where only the lookahead ids tell two prompts apart), salted or not,
+    decoded a few ids, freed a few requests later, in a pool small enough to
+    evict; queries on the same prefixes."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        bs, vocab = rng.choice([2, 4, 8]), rng.choice([3, 40])  # a tiny vocabulary: prompts agree on long runs
+
+        def ids(lo: int, hi: int, vocab: int = vocab) -> list[int]:
+            return [rng.randrange(1, vocab + 1) for _ in range(rng.randrange(lo, hi))]
+
+        prefixes = [ids(bs, 6 * bs) for _ in range(3)]
+        salts = [None, "tenant-a"]
+        requests = [
+            {
+                "prompt": rng.choice(prefixes) + ids(0, 2 * bs),
+                "salt": rng.choice(salts),
+                "decode": ids(0, 2 * bs),
+                "stay": rng.randrange(0, 3),
+            }
+            for _ in range(rng.randrange(5, 25))
+        ]
+        requests = [r for r in requests if r["prompt"]]
+        queries = [{"prompt": rng.choice(prefixes) + ids(0, 2 * bs), "salt": rng.choice(salts)} for _ in range(20)]
+        num_blocks = rng.choice([12, 40, 200])
+        out.append(
+            {
+                "block_size": bs,
+                "lookahead": i % 4,
+                "num_blocks": num_blocks,
+                "requests": requests,
+                "queries": queries,
+            }
+        )
+    return out
+
+
+def test_the_index_of_vllm_0_33s_stores_answers_its_prefix_cache(tmp_path: Path) -> None:
+    """vLLM 0.33's own `KVCacheManager` with `num_hash_lookahead_tokens=L` (0 to 3) serves random traffic;
+    its events, read as a router reads them, make `PrefixIndex` answer each query with the tokens vLLM's
+    own prefix cache holds for that prompt (its `find_longest_cache_hit`):
+
+    - though a block's hash there covers the L ids after it: the index keys a block on its ids and its
+      `lookahead_token_ids`, and a prompt's block counts only when the prompt goes on with those ids;
+    - though vLLM caches a second copy of a block that fills again with a hash it holds, and removes
+      each copy with its own `BlockRemoved`: the index counts the copies."""
+    from kvpool.index import PrefixIndex
+
+    side_python("vllm-0.33")
+    cases = index_cases(60, seed=43)
+    answer = run_vllm("vllm-0.33", {"cache": cases}, tmp_path)
+    parted = copies = 0
+    for case, served in zip(cases, answer["cache"], strict=True):
+        index = PrefixIndex(case["block_size"])
+        held: set[int] = set()
+        for events in served["events"]:
+            index.apply("vllm", events)
+            for e in events:
+                if e["type"] == "BlockStored":
+                    copies += len(held & set(e["block_hashes"]))
+                    held |= set(e["block_hashes"])
+                else:
+                    held -= set(e["block_hashes"])
+        assert not index.refused, case
+        for query, hit in zip(case["queries"], served["hits"], strict=True):
+            assert index.query(query["prompt"], query["salt"])["vllm"].gpu == hit, (case, query)
+            without = PrefixIndex(case["block_size"])  # what a router that ignores the lookahead ids answers
+            for events in served["events"]:
+                without.apply("vllm", [{k: v for k, v in e.items() if k != "lookahead_token_ids"} for e in events])
+            parted += without.query(query["prompt"], query["salt"])["vllm"].gpu != hit
+    assert parted > 20, parted  # the queries that a router ignoring the lookahead ids answers wrongly
+    assert copies > 5  # stores of a hash vLLM already held (13 in these cases)

@@ -14,6 +14,7 @@ from kvpool.media import Medium
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.sched import Scheduler, SchedulerError, Sequence, Status, Step
 from kvpool.sched.padding import GraphPadding
+from kvpool.sched.runs import decode_run_limit
 from kvpool.spec import ModelSpec
 from sched_helpers import chunks, drain, full_spec, hybrid_spec, run_step, seq
 
@@ -119,6 +120,62 @@ def test_decode_must_accept_between_one_and_k_plus_one_tokens() -> None:
     assert step is not None
     with pytest.raises(SchedulerError, match="must accept 1..3 tokens, got 4"):
         sched.update(step, {1: [1, 2, 3, 4]})
+
+
+def trace_of_steps(sched: Scheduler, mgr: KVCacheManager, asked: list[bool] | None = None) -> list[tuple[Any, ...]]:
+    """Drive `sched` to its end, one step at a time; each step as plain values
+    with the decode steps it could run at once (and, where `asked` is given,
+    whether each blocked head was asked of the manager)."""
+    out: list[tuple[Any, ...]] = []
+    for _ in range(2_000):
+        step = sched.schedule()
+        if step is None:
+            return out
+        if asked is not None and sched.blocked is not None:
+            asked.append(sched.blocked.check is not None)
+        run = decode_run_limit(sched, step)  # the steps a blocked head waits through (`Blocked.spare`)
+        out.append((chunks(step), rows(step), [s.rid for s in step.preempted], [s.rid for s in step.rejected], run))
+        run_step(sched, step)
+    raise AssertionError("scheduler did not drain")
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 30)), min_size=2, max_size=9),
+    pages=st.integers(6, 30),
+    hybrid=st.booleans(),
+    reuse=st.booleans(),
+)
+def test_a_head_no_pool_has_a_page_for_is_not_asked_and_nothing_changes(
+    lengths: list[tuple[int, int]], pages: int, hybrid: bool, reuse: bool
+) -> None:
+    """`no_room` only skips the manager where `can_create` answers short: the
+    steps, and the decode steps a blocked head waits through, are those of a
+    scheduler that asks the manager every time (prompts share a prefix, so
+    hits count)."""
+    spec = hybrid_spec() if hybrid else full_spec()
+    runs = []
+    for skip in (True, False):
+        mgr, sched = make({g.name: pages for g in spec.groups}, spec, reuse=reuse, max_num_tokens=24, max_seq_len=96)
+        if not skip:
+            sched.no_room = lambda: False  # type: ignore[method-assign]
+        for r, (p, o) in enumerate(lengths):
+            sched.add(Sequence(rid=r, prompt_ids=[5] * 8 + [r] * p, max_new_tokens=o))
+        asked: list[bool] = []
+        runs.append(trace_of_steps(sched, mgr, asked))
+        if not skip:
+            assert all(asked)
+    assert runs[0] == runs[1]
+
+
+def test_no_room_is_a_pool_without_a_free_or_cached_page() -> None:
+    mgr, sched = make({"full": 4}, max_num_tokens=64)
+    sched.add(seq(0, 16, 4))  # 16 tokens: the 4 pages
+    sched.add(seq(1, 4, 4))
+    step = sched.schedule()
+    assert step is not None and chunks(step) == [(0, 0, 16)]
+    assert sched.no_room() and not mgr.can_create(list(range(4)), None, 1)
+    assert sched.blocked is not None and sched.blocked.check is None and sched.blocked.spare == {}
 
 
 # ----------------------------------------------------------------------------- bad requests

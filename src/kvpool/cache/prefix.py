@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Sequence
-from itertools import islice, takewhile
+from itertools import compress, count, islice, takewhile
+from operator import eq, not_, truth
 from typing import NamedTuple, cast
 
 import numpy as np
@@ -158,7 +159,7 @@ def create_check(
     hit = k * tpb
     need = [0] * len(t.pools)  # by the first group of each store
     claimed: dict[str, int] = {}
-    found: dict[int, KnownPages] = {}  # never-stale groups: the hit's pages, for `create`
+    found: dict[int, list[int]] = {}  # never-stale groups: the hit's pages, for `create`
     hits: list[tuple[int, int, list[int | None], list[int]]] = []  # (store, first block, pages, refs) by group
     for gi, pool in enumerate(t.pools):
         taken = 0
@@ -176,41 +177,54 @@ def create_check(
             hits.append((t.store_of[gi], first, pages, refs))
             taken = refs.count(0) + missing  # the hit's pages in the LRU, and those only a tier holds
             if t.never_stale[gi] and not t.is_state[gi] and not missing:
-                held = cast("list[int]", pages)
-                found[gi] = KnownPages(held, np.array(held, dtype=np.int32))
+                found[gi] = cast("list[int]", pages)
         if taken:
             claimed[pool.store.name] = claimed.get(pool.store.name, 0) + taken
         g = t.groups[gi]
         need[t.store_of[gi]] += taken + table_blocks(g, hit + positions) - table_blocks(g, hit)
-    memo.remember_hit(found, t.pools)
     short = {p.store.name: n - p.num_free for p, n in zip(t.pools, need, strict=True) if n > p.num_free}
-    if not short:
+    if not short:  # (a request that does not fit is not created next: its pages are not remembered)
+        memo.remember_hit({gi: KnownPages(p, np.array(p, dtype=np.int32)) for gi, p in found.items()}, t.pools)
         return CreateCheck(hit, short, claimed)
+    memo.remember_hit({}, t.pools)
     tail = k - 1 if len(t.pools) == 1 else -1  # one group: evicting its hit's last page keeps it as short
-    unowned: dict[int, dict[int, int]] = {}  # by store: page -> block of the hit's pages in the LRU
-    for si, first, pages, refs in hits if tier is None else ():
-        owners = iter(refs)
-        lru = unowned.setdefault(si, {})
-        for b, page in enumerate(pages, first):
-            if page is not None and not next(owners):
-                lru[page] = b
+    by_store: dict[int, list[tuple[int, list[int], list[int]]]] = {}  # (first block, pages, refs) by group
+    for si, first, pages, refs in hits if tier is None else ():  # (no tier: the pools hold every page of the hit)
+        by_store.setdefault(si, []).append((first, cast("list[int]", pages), refs))
     spare = {  # with a cold tier the hit depends on the free pages (`onboard_fits`): none spared
-        p.store.name: 0 if tier is not None else len(p.free_stack) + _spare(p, unowned.get(si, {}), tail)
+        p.store.name: 0 if tier is not None else len(p.free_stack) + _spare(p, by_store.get(si, []), tail)
         for si, p in enumerate(t.pools)
         if t.store_of[si] == si
     }
     return CreateCheck(hit, short, claimed, spare)
 
 
-def _spare(pool: PagePool, hit: dict[int, int], tail: int) -> int:
+def _spare(pool: PagePool, hits: list[tuple[int, list[int], list[int]]], tail: int) -> int:
     """The LRU's oldest pages (at most `SPARE_WALK`) up to the first page of
-    `hit` (page -> block index) whose eviction would shrink the hit by more
-    than that page. Evicting a page outside the hit leaves a page fewer free
-    and the hit as it is; evicting the hit's last block (`tail`, -1: none
-    counts) leaves a page fewer free and one fewer for the hit to claim: the
-    request stays as short as it was either way."""
+    the hit (`hits`: first block, pages and their owner counts, by group)
+    whose eviction would shrink the hit by more than that page. Evicting a
+    page outside the hit leaves a page fewer free and the hit as it is;
+    evicting the hit's last block (`tail`, -1: none counts) leaves a page
+    fewer free and one fewer for the hit to claim: the request stays as short
+    as it was either way."""
     nxt, end = pool.nxt, pool.num_pages
     n, page = 0, nxt[end]
+    if tail >= 0 and hits:  # one group, whose hit's pages a release lists from the last block down: that run in C
+        first, pages, _ = hits[0]
+        run = pages[tail - first :: -1] if tail >= first else []
+        if run and page == run[0]:  # each page of the run follows the one before it in the LRU
+            n = min(
+                1 + len(list(takewhile(truth, map(eq, map(nxt.__getitem__, run), islice(run, 1, None))))), SPARE_WALK
+            )
+            page, tail = nxt[run[n - 1]], tail - n
+    if page == end or n == SPARE_WALK:
+        return n
+    hit: dict[int, int] = {}  # page -> block of the hit's pages in the LRU
+    for first, pages, refs in hits:
+        lru = list(map(not_, refs))  # its pages no request owns
+        hit.update(zip(compress(pages, lru), compress(count(first), lru), strict=True))
+    if not hit:  # (so no run was found either) the walk ends at the LRU's end
+        return min(pool.store.lru_len, SPARE_WALK)
     while page != end and n < SPARE_WALK:
         block = hit.get(page)
         if block is not None:

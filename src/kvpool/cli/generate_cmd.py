@@ -205,6 +205,8 @@ def check_options(args: argparse.Namespace) -> None:
         raise KvpoolError("--seed seeds the random weights of --tiny; a real model's weights are its own")
     if args.chat and not any(kind == "text" for kind, _ in args.prompts):
         raise KvpoolError("--chat wraps each --prompt TEXT in the chat template; --prompt-ids are used as given")
+    if args.hash_lookahead and args.no_reuse:
+        raise KvpoolError("--hash-lookahead hashes pages for prefix reuse, which --no-reuse turns off: drop one")
 
 
 def load(args: argparse.Namespace) -> tuple[Any, dict[str, Any], Any]:
@@ -319,4 +321,6 @@ def _engine(args: argparse.Namespace, model: Any, config: dict[str, Any], prompt
         shapes = [(len(p) + args.max_new_tokens + args.speculate, 0) for p in prompts]
         shapes += [(longest + args.speculate, 0)] * 2
         plan = PoolPlan.from_pages(spec, pages_per_group(spec, shapes), limits)
-    return Engine(model, plan, speculate=args.speculate, enable_reuse=not args.no_reuse)
+    return Engine(
+        model, plan, speculate=args.speculate, enable_reuse=not args.no_reuse, hash_lookahead=args.hash_lookahead
+    )

@@ -1,7 +1,10 @@
 """`--kv-events ENDPOINT` (and `--kv-events-replay`, `--kv-events-topic`,
 `--kv-events-wire`, `--kv-events-media`):
 publish the manager's page events in vLLM's wire format while a command runs
-(`kvpool.cache.publisher`; needs the extra `kvpool[events]`)."""
+(`kvpool.cache.publisher`; needs the extra `kvpool[events]`). `--hash-lookahead
+L`: the manager hashes each page with the L ids after it, as vLLM 0.33 does
+with an EAGLE-family drafter, so its reuse and its events (with
+`lookahead_token_ids`) are that engine's; with or without `--kv-events`."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import atexit
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from kvpool.cli.common import int_at_least
 from kvpool.errors import KvpoolError
 
 if TYPE_CHECKING:
@@ -47,6 +51,15 @@ def add_kv_events_args(group: Any) -> None:
         default=None,
         choices=("vllm", "kvpool"),
         help="tier names in `medium`: vllm (GPU, CPU, STORAGE; default) or kvpool (GPU, CPU, DISK)",
+    )
+    group.add_argument(
+        "--hash-lookahead",
+        type=int_at_least(0),
+        default=0,
+        metavar="L",
+        help="hash each page with the L token ids after it, as vLLM 0.33 does with an EAGLE-family drafter "
+        "(1 for EAGLE / EAGLE-3, the draft length for multi-module MTP): a page is cached once they exist, "
+        "a prefix hit needs them equal, stored events carry lookahead_token_ids (default 0: off)",
     )
 
 

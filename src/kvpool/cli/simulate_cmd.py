@@ -83,6 +83,7 @@ def simulate_keywords(args: argparse.Namespace) -> dict[str, Any]:
         "rate": parse_rate(args.rate),
         "padding_reservation": not args.no_padding_reservation,
         "calibration": calibration,
+        "hash_lookahead": args.hash_lookahead,
     }
 
 

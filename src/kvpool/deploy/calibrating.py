@@ -28,7 +28,7 @@ import numpy as np
 
 from kvpool import presets
 from kvpool.deploy.options import PlanKeywords, PlanRequest
-from kvpool.deploy.simulation import rank_step_model
+from kvpool.deploy.rank_steps import rank_step_model
 from kvpool.errors import KvpoolError, flagged
 from kvpool.plan.limits import MAX_BATCH_SIZE, MAX_POSITIONS
 from kvpool.sim.calibration import (

@@ -196,6 +196,7 @@ class FleetSimulation:
                     reuse=sim.trace.hash_ids is not None,
                     padding=sim.padding,
                     admission=sim.admission,
+                    hash_lookahead=sim.hash_lookahead,
                 )
                 for i in range(n)
             ]

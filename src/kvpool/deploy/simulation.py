@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, Any, Unpack
 from kvpool import presets
 from kvpool.cache import TierSpec
 from kvpool.deploy.options import KEYWORDS, PlanKeywords, PlanRequest
-from kvpool.deploy.resolution import Resolved, load_spec, resolve
+from kvpool.deploy.rank_steps import calibration_of, rank_weights, step_weights, weights_total
+from kvpool.deploy.resolution import Resolved, resolve
 from kvpool.deploy.sim_tiers import TierRuns, tier_runs
 from kvpool.errors import KvpoolError, flagged
 from kvpool.plan.sizing import check_pool_ratio
 from kvpool.presets import GpuSpec
 from kvpool.presets.traces import load_trace
-from kvpool.sim import Progress, SimResult, StepTimeModel, Weights, load_weights
+from kvpool.sim import Progress, SimResult, StepTimeModel, Weights
 from kvpool.sim import simulate as simulate_plan
-from kvpool.sim.calibration import load_profile
 from kvpool.sim.kernels import Calibration
 from kvpool.sim.policies import (
     PolicyPlan,
@@ -43,7 +43,6 @@ from kvpool.sim.policies import (
 )
 from kvpool.spec import ModelSpec
 from kvpool.trace import Trace
-from kvpool.units import format_bytes, parse_size
 
 if TYPE_CHECKING:
     from kvpool.cache import KVCacheManager
@@ -80,6 +79,7 @@ class SimulateKeywords(PlanKeywords, total=False):
     host_bandwidth: float | None
     disk_bandwidth: float | None
     transfer_overlap: bool
+    hash_lookahead: int
 
 
 @dataclass(frozen=True)
@@ -135,44 +135,6 @@ def run_json(r: SimResult) -> dict[str, Any]:
     for name, u in r.pages.items():
         out["pages"][name].update(mean_used=u.mean_used)
     return out
-
-
-def per_rank(weights: Weights, share: float) -> Weights:
-    """`weights` scaled to one rank's `share` of the bytes (total and active alike)."""
-    return dataclasses.replace(
-        weights, total_params=weights.total_params * share, active_params=weights.active_params * share
-    )
-
-
-def calibration_of(value: Calibration | str | Path | None) -> Calibration | str | None:
-    """None (the GPU's shipped profile), 'roofline', a profile, or the file of one."""
-    if value is None or isinstance(value, Calibration) or value == "roofline":
-        return value
-    with flagged("--calibration"):
-        return load_profile(value)
-
-
-def step_weights(
-    model: str, resolved: Resolved, weights: Weights | None, total: int | None, active: float | None
-) -> Weights:
-    """One rank's weights for the step times: `weights` or the model's (`total`
-    bytes, `active` parameters when given), at the budget's share when it has one."""
-    if weights is None:
-        weights = load_weights(model, weights_bytes=total, active_params=active)
-    memory = resolved.budget.memory
-    if memory is not None:
-        return per_rank(weights, memory.weights_bytes / (weights.total_params * weights.bytes_per_param))
-    tp = resolved.request.model.tp
-    return per_rank(weights, 1 / tp) if tp > 1 else weights
-
-
-def rank_step_model(request: PlanRequest, gpu: GpuSpec, calibration: Calibration | str | None) -> StepTimeModel:
-    """The step-time model of one rank of the request's model at its tp (the
-    bundled weights split evenly, no budget), at the constants `calibration`."""
-    spec, _ = load_spec(request.model, request.limits.max_seq_len)
-    return StepTimeModel.build(
-        spec, gpu, per_rank(load_weights(request.model.model), 1 / request.model.tp), calibration
-    )
 
 
 def policy_list(values: dict[str, Any], spec: ModelSpec, pool_ratio: Any) -> tuple[tuple[str, ...], str | None]:
@@ -251,6 +213,7 @@ class Simulation:
     sweep: Sweep | None = None
     dry_run: bool = False
     named_by: str | None = None  # the option that named the policies (--compare, --policy), if one did
+    hash_lookahead: int = 0  # each page's digest covers the L ids after it (vLLM 0.33 with an EAGLE drafter)
 
     @classmethod
     def of(cls, model: str, *, gpu: str, trace: str | Trace, **options: Unpack[SimulateKeywords]) -> Simulation:
@@ -273,6 +236,7 @@ class Simulation:
         sweep = sweep_of(values, resolved.spec)
         tiers = tier_runs(values, gpu_spec)
         check_tiers(tiers, sweep, policies)
+        lookahead = check_lookahead(values.get("hash_lookahead", 0), policies, sweep, loaded)
         return cls(
             resolved,
             gpu_spec,
@@ -285,6 +249,7 @@ class Simulation:
             sweep,
             values.get("dry_run", False),
             named_by,
+            lookahead,
         )
 
     @property
@@ -347,6 +312,7 @@ class Simulation:
             tiers=list(tiers),
             link=moves.link if moves else None,
             preemption=moves.preemption if moves else "recompute",
+            hash_lookahead=self.hash_lookahead,
         )
 
     def run(
@@ -441,30 +407,6 @@ class Simulation:
         return SimulationResult(self, tuple(runs), (), tuple(sizes), tuple(notes))
 
 
-def weights_total(weights: Weights | None, weights_bytes: int | str | None, active: float | None) -> int | None:
-    """The model's weight bytes on all ranks, when given (`weights` or `weights_bytes`)."""
-    if weights is not None and (weights_bytes is not None or active is not None):
-        raise KvpoolError("weights says the bytes and active parameters: drop --weights-bytes / --active-params")
-    if weights is not None:
-        return int(weights.total_params * weights.bytes_per_param)
-    with flagged("--weights-bytes"):
-        return None if weights_bytes is None else parse_size(weights_bytes)
-
-
-def rank_weights(total: int | None, text: int | str | None, tp: int, gpu: GpuSpec) -> int | None:
-    """One rank's share of the `total` weight bytes over `tp`, refused when one
-    `gpu` cannot hold it (a typo, and the budget would be negative)."""
-    if total is None:
-        return None
-    given = -(-total // tp)
-    if given > gpu.memory_bytes:
-        raise KvpoolError(
-            f"--weights-bytes {text if text is not None else total} over --tp {tp} is more than one {gpu.key} holds "
-            f"({format_bytes(gpu.memory_bytes)}); give the checkpoint's size, or more --tp"
-        )
-    return given
-
-
 def one_replica(model: str, gpu: str, plan_options: dict[str, Any]) -> PlanRequest:
     """The plan request of a simulation: one replica (its step times are one rank's), final plans."""
     if plan_options.get("phase", "final") != "final":
@@ -497,6 +439,26 @@ def check_tiers(tiers: TierRuns | None, sweep: Sweep | None, policies: tuple[str
         raise KvpoolError("a list of --host-memory sizes sweeps one policy: give one, not several")
 
 
+def check_lookahead(ahead: object, policies: tuple[str, ...], sweep: Sweep | None, trace: Trace) -> int:
+    """`hash_lookahead`: an int >= 0; above 0 it needs prefix reuse (a trace
+    with hash ids) and runs on the static splits here (not in rebalance runs
+    or a sweep's Ray tasks, which build their own managers)."""
+    if type(ahead) is not int or ahead < 0:
+        raise KvpoolError(f"hash_lookahead (--hash-lookahead) must be an int >= 0 (0: off), got {ahead!r}")
+    if not ahead:
+        return 0
+    if trace.hash_ids is None:
+        raise KvpoolError(
+            f"hash_lookahead (--hash-lookahead) hashes pages for prefix reuse, "
+            f"which trace {trace.name!r} has no ids for: give a trace with hash ids"
+        )
+    if "rebalance" in policies or (sweep is not None and (sweep.workers or sweep.ray_address)):
+        raise KvpoolError(
+            "hash_lookahead (--hash-lookahead) runs on static splits here: drop rebalance / the sweep's --workers"
+        )
+    return ahead
+
+
 def simulate(
     model: str,
     *,
@@ -521,7 +483,9 @@ def simulate(
     and `active_params`, `admission`, `padding_reservation`. Cold tiers:
     `host_memory` (one size or a list, one run per size), `disk`, `host_rule`,
     `ranks_per_node`, `preemption` (recompute, suspend), `host_bandwidth` /
-    `disk_bandwidth` (GB/s), `transfer_overlap`. `progress` is called with each
+    `disk_bandwidth` (GB/s), `transfer_overlap`. `hash_lookahead` L: each page's
+    digest also covers the L ids after it, as vLLM 0.33 hashes blocks with an
+    EAGLE-family drafter (a hit needs them equal too). `progress` is called with each
     run's `Progress`; `on_step` with the manager after each step (to publish its
     events). `options` also take the `PlanKeywords`. Raises KvpoolError on bad
     input, before any run."""

@@ -42,6 +42,7 @@ tests/test_engines_truth.py checks every printed number against vLLM's own code)
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from kvpool.engines.common import (
     EngineNotModelledError,
@@ -226,8 +227,8 @@ class Vllm:
         pp = spec.pp_stage[1] if spec.pp_stage else 1
         return pp + 1 if self.async_scheduling else pp
 
-    def size(self, spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int) -> VllmSizing:
-        """Groups, page and `num_gpu_blocks`; refusals of the start-up checks."""
+    def check_modelled(self, spec: ModelSpec) -> None:
+        """The options and the model's kinds are ones kvpool models (EngineNotModelledError)."""
         if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
             raise EngineNotModelledError(
                 f"mamba_cache_mode {self.mamba_cache_mode!r} is not modelled; use one of {', '.join(MAMBA_CACHE_MODES)}"
@@ -235,97 +236,51 @@ class Vllm:
         if self.release not in VERSIONS:
             raise EngineNotModelledError(f"vllm@{self.release} is not modelled; releases: {', '.join(RELEASES)}")
         refuse_kinds(spec, KINDS, "vLLM")
+
+    def state_blocks(self, spec: ModelSpec, limits: ServingLimits) -> int:
+        """Blocks a state (Mamba) group holds per request: in `align` mode the
+        running state, the cached one and (Mamba-2 checkpoints) one more, else
+        one; plus one per draft token."""
+        checkpoint = int(spec.config.get("model_type") in MAMBA2_MODEL_TYPES)
+        return (2 + checkpoint if self.mamba_cache_mode == "align" else 1) + limits.max_draft_len
+
+    def size(self, spec: ModelSpec, limits: ServingLimits, kv_memory_bytes: int) -> VllmSizing:
+        """Groups, page and `num_gpu_blocks`; refusals of the start-up checks."""
+        self.check_modelled(spec)
         notes: list[str] = []
         degradations: list[str] = []
-        refusals: list[str] = []
         retained = max(0, lookahead(spec, limits) - 1)
         types = _types(spec, self.block_size or DEFAULT_BLOCK_SIZE, self.hybrid_manager, notes, degradations, retained)
-        L = limits.max_seq_len
-        N = (limits.max_num_tokens or limits.max_seq_len) * self.concurrent_batches(spec)
-        checkpoint = int(spec.config.get("model_type") in MAMBA2_MODEL_TYPES)
-        state_blocks = (2 + checkpoint if self.mamba_cache_mode == "align" else 1) + limits.max_draft_len
+        state_blocks = self.state_blocks(spec, limits)
         has_state = any(t.kind == "state" for t in types)
         notes.append(_setup_note(spec, limits))
         base = VllmSizing(spec, limits, kv_memory_bytes, notes=tuple(notes), state_blocks=state_blocks)
-
-        kinds = {(t.kind, t.window) for t in types}
-        drafted: list[bool] = []  # per group: holds a drafter's layer
-        if len(kinds) == 1 and not has_state:
-            # One type (maybe different page sizes per layer): one group, all layers.
-            page, group_size = sum(t.page_bytes * t.layers for t in types), 1
-            drafted = [any(t.drafts for t in types)]
-            types = [replace(types[0], layers=1, page_bytes=page)]
-            groups = list(types)
+        if len({(t.kind, t.window) for t in types}) == 1 and not has_state:
+            grouping = _one_group(types)
+        elif not self.hybrid_manager and has_state:
+            return replace(
+                base,
+                refusals=(
+                    "Hybrid KV cache manager is disabled but failed to convert the KV cache specs to one unified type.",
+                ),
+            )
         else:
-            if not self.hybrid_manager and has_state:
-                return replace(
-                    base,
-                    refusals=(
-                        "Hybrid KV cache manager is disabled but failed to convert the KV cache specs "
-                        "to one unified type.",
-                    ),
-                )
-            top = max(t.page_bytes for t in types)
-            # A smaller page that divides the largest takes a larger block size;
-            # one that does not keeps its block size and is padded to the largest.
-            types = [replace(t, page_bytes=top) if top % t.page_bytes else t for t in types]
-            types = [
-                replace(t, block_size=t.block_size * (top // t.page_bytes), page_bytes=top)
-                if t.kind != "state"
-                else replace(t, page_bytes=top)
-                for t in types
-            ]
-            low, high = min(t.layers for t in types), max(t.layers for t in types)
-            group_size = high if high < low * 1.5 else low
-            groups = []
-            for t in types:
-                count = -(-t.layers // group_size)
-                padding = count * group_size - t.layers
-                if padding:
-                    degradations.append(
-                        f"Add {padding} padding layers, may waste at most "
-                        f"{100 * padding / t.layers:.2f}% KV cache memory ({t.group})"
-                    )
-                groups += [replace(t, layers=group_size)] * count
-                # vLLM deals a type's layers round-robin (layers[i::count]); the drafter's come last
-                held = {p % count for p in range(t.layers - t.drafts, t.layers)}
-                drafted += [i in held for i in range(count)]
-            page = top
+            grouping = _hybrid_groups(types, degradations)
+        groups, group_size, page = grouping.groups, grouping.group_size, grouping.page
+        L = limits.max_seq_len
+        N = (limits.max_num_tokens or limits.max_seq_len) * self.concurrent_batches(spec)
         num_blocks = kv_memory_bytes // page // group_size
         per_request = sum(_blocks_per_request(g, L, N, state_blocks) for g in groups)
-        needed = group_size * page * per_request
-        # The null block the block pool holds back is not usable by requests.
-        usable = kv_memory_bytes - group_size * page
-        estimate = None
-        if usable <= 0:
-            refusals.append(
-                "No available memory for the cache blocks. Try increasing "
-                "`gpu_memory_utilization` when initializing the engine."
-            )
-        elif needed > usable:
-            estimate = _longest_fitting(groups, N, state_blocks, group_size * page, usable, L)
-            refusals.append(
-                f"To serve at least one request with the model's max seq len ({L}), "
-                f"({_gib(needed)} GiB KV cache is needed, which is larger than the available "
-                f"KV cache memory ({_gib(usable)} GiB). "
-                + (
-                    f"Based on the available memory, the estimated maximum model length is {estimate}."
-                    if estimate
-                    else ""
-                )
-            )
+        refusals, estimate = _memory_refusals(
+            groups, group_size * page, per_request, kv_memory_bytes, L, N, state_blocks
+        )
         if has_state and self.full_cuda_graphs and limits.max_batch_size > num_blocks:
-            refusals.append(
-                f"max_num_seqs ({limits.max_batch_size}) exceeds available Mamba cache blocks "
-                f"({num_blocks}). Each decode sequence requires one Mamba cache block, so CUDA "
-                f"graph capture cannot proceed. Please lower max_num_seqs to at most {num_blocks} "
-                "or increase gpu_memory_utilization."
-            )
+            refusals.append(_mamba_graph_refusal(limits.max_batch_size, num_blocks))
         return replace(
             base,
             groups=tuple(groups),
-            types=tuple(types),
-            eagle_groups=self.eagle_groups(spec, drafted, hybrid=group_size > 1 or len(groups) > 1),
+            types=tuple(grouping.types),
+            eagle_groups=self.eagle_groups(spec, grouping.drafted, hybrid=group_size > 1 or len(groups) > 1),
             group_size=group_size,
             page=page,
             num_blocks=num_blocks,
@@ -439,6 +394,89 @@ def _gib(n: int) -> str:
 
 def _min_block_size(sizing: VllmSizing) -> int:
     return min(g.block_size for g in sizing.groups if g.kind != "state")
+
+
+class _Grouping(NamedTuple):
+    """vLLM's KV cache groups: `group_size` layers each, pages of `page` bytes;
+    `types` the layer types after page unification, `drafted` per group whether
+    it holds a drafter's layer."""
+
+    groups: list[_Type]
+    types: list[_Type]
+    group_size: int
+    page: int
+    drafted: list[bool]
+
+
+def _one_group(types: list[_Type]) -> _Grouping:
+    """One type (maybe different page sizes per layer): one group, all layers."""
+    page = sum(t.page_bytes * t.layers for t in types)
+    one = [replace(types[0], layers=1, page_bytes=page)]
+    return _Grouping(list(one), one, 1, page, [any(t.drafts for t in types)])
+
+
+def _hybrid_groups(types: list[_Type], degradations: list[str]) -> _Grouping:
+    """Several types (the hybrid manager): pages unified to the largest, layers
+    dealt into groups of one size (padding layers noted in `degradations`)."""
+    top = max(t.page_bytes for t in types)
+    # A smaller page that divides the largest takes a larger block size;
+    # one that does not keeps its block size and is padded to the largest.
+    types = [replace(t, page_bytes=top) if top % t.page_bytes else t for t in types]
+    types = [
+        replace(t, block_size=t.block_size * (top // t.page_bytes), page_bytes=top)
+        if t.kind != "state"
+        else replace(t, page_bytes=top)
+        for t in types
+    ]
+    low, high = min(t.layers for t in types), max(t.layers for t in types)
+    group_size = high if high < low * 1.5 else low
+    groups: list[_Type] = []
+    drafted: list[bool] = []
+    for t in types:
+        count = -(-t.layers // group_size)
+        padding = count * group_size - t.layers
+        if padding:
+            degradations.append(
+                f"Add {padding} padding layers, may waste at most "
+                f"{100 * padding / t.layers:.2f}% KV cache memory ({t.group})"
+            )
+        groups += [replace(t, layers=group_size)] * count
+        # vLLM deals a type's layers round-robin (layers[i::count]); the drafter's come last
+        held = {p % count for p in range(t.layers - t.drafts, t.layers)}
+        drafted += [i in held for i in range(count)]
+    return _Grouping(groups, types, group_size, top, drafted)
+
+
+def _mamba_graph_refusal(max_num_seqs: int, num_blocks: int) -> str:
+    """vLLM's refusal when full CUDA graphs need one state block per decode row."""
+    return (
+        f"max_num_seqs ({max_num_seqs}) exceeds available Mamba cache blocks "
+        f"({num_blocks}). Each decode sequence requires one Mamba cache block, so CUDA "
+        f"graph capture cannot proceed. Please lower max_num_seqs to at most {num_blocks} "
+        "or increase gpu_memory_utilization."
+    )
+
+
+def _memory_refusals(
+    groups: list[_Type], block: int, per_request: int, kv_memory_bytes: int, L: int, N: int, state_blocks: int
+) -> tuple[list[str], int | None]:
+    """vLLM's start-up refusals of the memory (`block` bytes per block of every
+    group, `per_request` blocks for one request of `L` tokens) and, when one
+    request does not fit, the longest that would (None when none does)."""
+    needed = block * per_request
+    usable = kv_memory_bytes - block  # the null block the block pool holds back is not usable by requests
+    if usable <= 0:
+        return ["No available memory for the cache blocks. Try increasing "
+                "`gpu_memory_utilization` when initializing the engine."], None  # fmt: skip
+    if needed <= usable:
+        return [], None
+    estimate = _longest_fitting(groups, N, state_blocks, block, usable, L)
+    return [
+        f"To serve at least one request with the model's max seq len ({L}), "
+        f"({_gib(needed)} GiB KV cache is needed, which is larger than the available "
+        f"KV cache memory ({_gib(usable)} GiB). "
+        + (f"Based on the available memory, the estimated maximum model length is {estimate}." if estimate else "")
+    ], estimate
 
 
 def _longest_fitting(

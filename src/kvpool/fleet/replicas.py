@@ -86,9 +86,10 @@ def make_replica(
     reuse: bool,
     padding: bool = True,
     admission: str | None = None,
+    hash_lookahead: int = 0,
 ) -> StageReplica:
     """One replica of `plan` in a stage of `role` ("aggregated", "prefill",
     "decode"), named `name`, emitting KV events when `events` (a kv router reads them)."""
     steps = DecodeSteps.of(model) if role == "decode" else model
-    spec = ReplicaSpec(plan, steps, reuse=reuse, padding=padding, admission=admission)
+    spec = ReplicaSpec(plan, steps, reuse=reuse, padding=padding, admission=admission, hash_lookahead=hash_lookahead)
     return StageReplica(Replica(spec, name=name, events=events))

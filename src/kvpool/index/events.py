@@ -43,6 +43,7 @@ class Stored:
     group_idx: int | None = None
     kind: str | None = None
     sliding_window: int | None = None
+    lookahead: tuple[tuple[int, ...], ...] | None = None  # per block, the ids after it its hash covers (vLLM 0.33)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ def stored_of(raw: Any) -> Stored:
     _, f = fields(raw, STORED_ORDER)
     try:
         keys = f.get("extra_keys")
+        ahead = f.get("lookahead_token_ids")
         return Stored(
             tuple(map(block_hash, f["block_hashes"])),
             None if f.get("parent_block_hash") is None else block_hash(f["parent_block_hash"]),
@@ -101,6 +103,7 @@ def stored_of(raw: Any) -> Stored:
             f.get("group_idx"),
             f.get("kv_cache_spec_kind"),
             f.get("kv_cache_spec_sliding_window"),
+            None if ahead is None else tuple(tuple(map(int, a)) for a in ahead),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise EventFormatError(f"BlockStored without a valid {exc}") from None

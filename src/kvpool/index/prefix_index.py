@@ -8,6 +8,14 @@ block's token ids (kvpool's page digest, `cache/hashing.py`), the first block
 of a chain starting from its reuse scope (the LoRA name and the salt in block
 0's `extra_keys`). Engine hashes are opaque ids that map to those keys, so
 any engine's hash algorithm works and a query needs nothing but tokens.
+With lookahead hashes (vLLM 0.33's `lookahead_token_ids`, sent when an
+EAGLE-family drafter makes each block's hash cover the L ids after it) a key
+also covers those L ids, as the engine's hash does (kvpool's `LookaheadChain`),
+and a query keys each of its blocks with the L ids that follow it in the
+prompt: a block counts only where the prompt goes on with the ids it was
+stored with, and a prompt's last L ids complete no block (what the engine's
+own lookup finds; Dynamo keys SGLang's EAGLE blocks on their page and the
+next id in the same way). Each worker's L is learned from its stores.
 
 Unlike them it knows each worker's groups and their kinds (given with
 `add_worker`, or learned from `group_idx`, `kv_cache_spec_kind` and
@@ -24,8 +32,8 @@ least the one before). Media: GPU; CPU or CPU_PINNED; DISK or STORAGE.
 
 Stores the index cannot follow are counted in `refused` by reason and
 dropped: another block size, a span whose tokens do not cover its blocks
-densely (`len(token_ids) == block_size * len(block_hashes)`, llm-d's rule), an
-unknown medium, a parent the index never saw (the keys of the last 65,536
+densely (`len(token_ids) == block_size * len(block_hashes)`, llm-d's rule),
+lookahead ids that are not L per block (L the worker's, > 0), an unknown medium, a parent the index never saw (the keys of the last 65,536
 blocks that left a worker are kept for their children). Not thread-safe;
 `kvpool.index.subscriber` feeds it from ZMQ.
 """
@@ -38,7 +46,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpool.cache.hashing import ReuseScope, Salt, extend_hashes, published_scope, salt_seed
+from kvpool.cache.hashing import LookaheadChain, ReuseScope, Salt, extend_hashes, published_scope, salt_seed
 from kvpool.cache.prefix import TierHit
 from kvpool.errors import KvpoolError
 from kvpool.index.events import Cleared, Removed, Stored, parse_event
@@ -97,6 +105,11 @@ class WorkerBlocks:
     # parent first) still gets its key, and counts once the parent is stored again
     gone: OrderedDict[Any, int] = field(default_factory=OrderedDict)
     gpu_blocks: int = 0  # (key, group) pairs held on the GPU: how much the worker caches (a router's "tree size")
+    ahead: int | None = None  # the lookahead ids each block's hash covers (0: none), from its first store
+    # (key, group index, tier bit) -> copies held beyond the first: vLLM keeps a block that fills again
+    # with a hash it already caches (a fully cached prompt recomputes its last block), and removes each
+    # copy with its own BlockRemoved (`BlockHashToBlockMap`, "we don't de-duplicate the blocks")
+    copies: Counter[tuple[int, int, int]] = field(default_factory=Counter)
 
     def key_of(self, block: Any) -> int | None:
         entry = self.engine.get(block)
@@ -117,6 +130,8 @@ class WorkerBlocks:
         self.where.clear()
         self.gone.clear()
         self.gpu_blocks = 0
+        self.ahead = None
+        self.copies.clear()
 
     def holds(self, gi: int, key: int, mask: int) -> bool:
         slot = self.where.get(key)
@@ -142,12 +157,40 @@ def event_scope(lora: str | None, extra_keys: tuple[Any, ...] | None) -> tuple[s
     return (strings[-1] if strings else None), lora
 
 
-def chain_keys(token_ids: Sequence[int], block_size: int, root: int) -> list[int]:
+def chain_keys(token_ids: Sequence[int], block_size: int, root: int, ahead: int = 0) -> list[int]:
     """The keys of the whole blocks of `token_ids` after a block with key (or
-    a scope with seed) `root`."""
+    a scope with seed) `root`; with `ahead` > 0 each also covers the `ahead`
+    ids after its block, and only the blocks that many ids follow get one."""
     keys: list[int] = []
-    extend_hashes(keys, array("q", token_ids), block_size, root, len(token_ids) // block_size)
+    chain = LookaheadChain(None, ahead) if ahead else None
+    extend_hashes(keys, array("q", token_ids), block_size, root, len(token_ids) // block_size, chain)
     return keys
+
+
+def stored_keys(e: Stored, block_size: int, root: int) -> list[int]:
+    """The keys of a store's blocks after `root`: each block's ids, and with
+    lookahead ids the ones the store names after it (the engine's, which
+    need not be the next block's ids: the store may end a run)."""
+    if not e.lookahead:
+        return chain_keys(e.token_ids, block_size, root)
+    chain = LookaheadChain(None, len(e.lookahead[0]))
+    keys: list[int] = []
+    for i, after in enumerate(e.lookahead):
+        data = array("q", e.token_ids[i * block_size : (i + 1) * block_size] + after).tobytes()
+        root = chain(root, data, 8 * block_size)[0]
+        keys.append(root)
+    return keys
+
+
+def lookahead_of(e: Stored) -> int | None:
+    """The ids after each block a store's hashes cover (0 without
+    `lookahead_token_ids`), or None when they are not as many for each block."""
+    if e.lookahead is None:
+        return 0
+    widths = {len(a) for a in e.lookahead}
+    if len(e.lookahead) != len(e.block_hashes) or len(widths) != 1 or 0 in widths:
+        return None
+    return widths.pop()
 
 
 def drop_tier(ws: WorkerBlocks, key: int, gi: int, bit: int) -> bool:
@@ -240,6 +283,10 @@ class PrefixIndex:
         if len(e.token_ids) != bs * len(e.block_hashes):
             self.refused["sparse"] += 1
             return
+        ahead = lookahead_of(e)
+        if ahead is None or ahead != (ahead if ws.ahead is None else ws.ahead):
+            self.refused["lookahead"] += 1
+            return
         tier = MEDIUM_TIER.get(e.medium)
         if tier is None:
             self.refused["medium"] += 1
@@ -254,7 +301,8 @@ class PrefixIndex:
                 self.refused["orphan"] += 1
                 return
             parent = known
-        self._hold(ws, gi, tier, e.block_hashes, chain_keys(e.token_ids, bs, parent))
+        ws.ahead = ahead
+        self._hold(ws, gi, tier, e.block_hashes, stored_keys(e, bs, parent))
 
     def _hold(self, ws: WorkerBlocks, gi: int, tier: int, hashes: Sequence[int | bytes], keys: Sequence[int]) -> None:
         """Worker `ws` holds the blocks of engine `hashes` (token keys `keys`) of group `gi` in `tier`."""
@@ -269,10 +317,12 @@ class PrefixIndex:
                 entry[0], entry[1] = key, 0
             slot = ws.where.setdefault(key, {})
             old = slot.get(gi, 0)
-            if not old & bit:
+            if old & bit:
+                ws.copies[key, gi, bit] += 1
+            else:
                 slot[gi] = old | bit
-                entry[1] += 1
                 self._count_gpu(ws, tier, 1)
+            entry[1] += 1
 
     def _removed(self, ws: WorkerBlocks, e: Removed) -> None:
         tier = MEDIUM_TIER.get(e.medium)
@@ -285,10 +335,15 @@ class PrefixIndex:
             if entry is None:
                 continue  # a block this index never saw stored (it joined late): nothing to drop
             key = entry[0]
-            if not drop_tier(ws, key, gi, bit):
+            copies = ws.copies.pop((key, gi, bit), 0)
+            if copies:  # another copy still holds it
+                if copies > 1:
+                    ws.copies[key, gi, bit] = copies - 1
+            elif drop_tier(ws, key, gi, bit):
+                self._count_gpu(ws, tier, -1)
+            else:
                 continue
             entry[1] -= 1
-            self._count_gpu(ws, tier, -1)
             if entry[1] <= 0:
                 ws.forget(h, key)
 
@@ -311,12 +366,16 @@ class PrefixIndex:
         events publish it), per tier."""
         if not set(map(type, token_ids)) <= {int}:  # the check in C: a prompt is thousands of ids
             raise IndexUsageError("token_ids must be ints")
-        keys = chain_keys(token_ids, self.block_size, scope_root(*published_scope(salt)))
+        root = scope_root(*published_scope(salt))
         bs = self.block_size
-        return {
-            w: TierHit(*(bs * self.longest(ws, keys, (2 << t) - 1) for t in range(len(TIERS))))
-            for w, ws in self.workers.items()
-        }
+        keys: dict[int, list[int]] = {}  # per lookahead width: the workers' keys of the prompt
+        out = {}
+        for w, ws in self.workers.items():
+            ahead = ws.ahead or 0
+            if ahead not in keys:
+                keys[ahead] = chain_keys(token_ids, bs, root, ahead)
+            out[w] = TierHit(*(bs * self.longest(ws, keys[ahead], (2 << t) - 1) for t in range(len(TIERS))))
+        return out
 
     def longest(self, ws: WorkerBlocks, keys: Sequence[int], mask: int) -> int:
         """Largest k <= len(keys) such that every group of `ws` holds what a

@@ -67,7 +67,7 @@ def waits_through(sched: Scheduler, step: Step, limit: int) -> int:
     steps = limit
     for pool, groups in per_pool.items():  # every row of each group takes a page every tpb steps from `first` on
         takes = sorted(first * groups)  # (a batch's few rows: plain lists beat NumPy's calls here)
-        rounds, j = divmod(blocked.check.spare.get(pool, 0), len(takes))
+        rounds, j = divmod(blocked.spare.get(pool, 0), len(takes))
         steps = min(steps, takes[j] + rounds * tpb)  # the step that would take one page more than spared
     return max(steps, 1)
 

@@ -26,13 +26,22 @@ from kvpool.sched.step import Step
 
 class Blocked(NamedTuple):
     """The head of the queue that the last `schedule` found no pages for
-    (optimistic admission), and the manager's answer. It waits until running
-    requests free pages; decode steps that take no more than `check.spare`
+    (optimistic admission), and the manager's answer (None where a pool had
+    no page to give, so that the manager was not asked). It waits until running
+    requests free pages; decode steps that take no more than its `spare`
     pages leave its hit as it is and fewer pages free, so they leave it
     waiting (`sched.runs` runs them at once)."""
 
     seq: Sequence
-    check: CreateCheck
+    check: CreateCheck | None  # None: not asked, a pool it needs a page of has none (`Scheduler.no_room`)
+
+    @property
+    def spare(self) -> Mapping[str, int]:
+        """`check.spare`: pages per pool that allocations may take and leave
+        the head as short as it is. Empty when not asked: a pool of a group
+        whose pages grow had no page at all (it spares none, so the first page
+        a decode step takes there is one more than spared, whatever the others spare)."""
+        return {} if self.check is None else self.check.spare
 
 
 class Scheduler:
@@ -92,6 +101,11 @@ class Scheduler:
         self._rids: set[int] = set()
         self._known: dict[int, int] = {}  # tokens of each running request the manager has seen
         self.blocked: Blocked | None = None  # the head of the queue waits for pages (the last `schedule`)
+        # groups in which any request opens a page after its prefix hit (whole pages of the spec's size)
+        tpb = manager.spec.tokens_per_block
+        self._opening = tuple(
+            g.name for g in manager.spec.groups if not g.rule.per_request and tpb % g.tokens_per_block == 0
+        )
 
     # ------------------------------------------------------------------ queue
 
@@ -205,9 +219,13 @@ class Scheduler:
             if seq.rid in preempted:  # not recomputed in the step that evicted it
                 break
             tokens = seq.token_ids
-            check = self.manager.can_create(tokens if self.enable_reuse else None, seq.salt, 1 + extra)
-            fits = bool(check)
-            if fits and self.admission.reserves:
+            check = (
+                None
+                if self.no_room()
+                else self.manager.can_create(tokens if self.enable_reuse else None, seq.salt, 1 + extra)
+            )
+            fits = check is not None and bool(check)
+            if fits and check is not None and self.admission.reserves:
                 fits = self.admission.fits(
                     self.manager, self.running, seq, reused=check.hit, extra=extra, taken=check.taken
                 )
@@ -230,6 +248,15 @@ class Scheduler:
             self._step_prefills.append((seq, reused, n))
             budget -= n
         return budget
+
+    def no_room(self) -> bool:
+        """Whether no request can be created now, whatever it finds cached: a
+        hit is whole pages, so its first position after it opens a page in
+        every group whose pages grow, and a pool of such a group has no page
+        free or evictable. A cheap sufficient test, asked before the manager
+        digests the head's prompt (`can_create` would answer it short)."""
+        free = self.manager.free_pages
+        return any(free(g) == 0 for g in self._opening)
 
     def _largest_chunk(self, rid: int, history: int, tokens: int) -> int:
         """Resize `rid` for the longest prefill chunk of at most `tokens` tokens

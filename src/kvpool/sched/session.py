@@ -34,6 +34,7 @@ def session(
     tiers: Sequence[TierSpec] = (),
     admission: str = "optimistic",
     events: bool = True,
+    hash_lookahead: int = 0,
 ) -> Session:
     """A fresh manager and scheduler over `plan`.
 
@@ -44,8 +45,9 @@ def session(
     the scheduler asks for a fresh one in each padded step. `tiers`: cold
     tiers below the GPU pools (`cache/tiers.py`). `admission`: the scheduler's
     admission rule (`sched/admission.py`). `events=False`: the manager records
-    no KV events (nobody reads them: saves their time and memory)."""
-    manager = KVCacheManager(plan, enable_reuse=enable_reuse, tiers=tiers, events=events)
+    no KV events (nobody reads them: saves their time and memory).
+    `hash_lookahead`: the manager's lookahead digests (`KVCacheManager`)."""
+    manager = KVCacheManager(plan, enable_reuse=enable_reuse, tiers=tiers, events=events, hash_lookahead=hash_lookahead)
     report = None
     captured: list[tuple[int, int]] = []
     pads: dict[int, int] = {}

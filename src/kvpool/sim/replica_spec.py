@@ -34,7 +34,9 @@ class ReplicaSpec:
     each step's (`sim/transfers.py`; required with tiers). `preemption`:
     "recompute" or "suspend" (a victim's pages go to a cold tier and come
     back; needs tiers). `fast`: runs of identical decode-only steps advance in
-    one computation (`sched.advance_decodes`). Checked when built."""
+    one computation (`sched.advance_decodes`). `hash_lookahead`: each page's
+    digest also covers the L ids after it (`KVCacheManager`; vLLM 0.33 with an
+    EAGLE-family drafter). Checked when built."""
 
     plan: PoolPlan
     model: StepTimeModel
@@ -46,6 +48,7 @@ class ReplicaSpec:
     link: Link | None = None
     preemption: str = "recompute"
     fast: bool = True
+    hash_lookahead: int = 0
 
     def __post_init__(self) -> None:
         if self.preemption not in ("recompute", "suspend"):
@@ -96,7 +99,13 @@ def build_setup(spec: ReplicaSpec, *, events: bool = False) -> tuple[Setup, Copy
     plan = spec.plan
     rule = spec.admission or admission_of(plan.policy)
     manager, sched, report = session(
-        plan, enable_reuse=spec.reuse, padding=spec.padding, admission=rule, tiers=spec.tiers, events=events
+        plan,
+        enable_reuse=spec.reuse,
+        padding=spec.padding,
+        admission=rule,
+        tiers=spec.tiers,
+        events=events,
+        hash_lookahead=spec.hash_lookahead,
     )
     assert report is not None  # warmup ran
     groups, totals, used = reported_groups(plan, manager)

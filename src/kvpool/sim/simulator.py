@@ -47,11 +47,12 @@ def simulate(
     tiers: TierSpecs = (),
     link: Link | None = None,
     preemption: str = "recompute",
+    hash_lookahead: int = 0,
 ) -> SimResult:
     """Replay `trace` (arrival times already set, see `Trace.with_rate`)
     against `plan`: `replay` of one `Replica` of the `ReplicaSpec` these
     options make (see it for `policy`, `padding`, `admission`, `tiers`,
-    `link`, `preemption`, `fast`). `reuse` defaults to on when the trace has
+    `link`, `preemption`, `fast`, `hash_lookahead`). `reuse` defaults to on when the trace has
     prefix hash ids. Returns the run's metrics; the plan is not changed.
     `check` runs the manager's integrity check at the end (O(pages); for
     tests). `on_step` is called with the manager after each step, or each
@@ -71,6 +72,7 @@ def simulate(
         link=link,
         preemption=preemption,
         fast=fast,
+        hash_lookahead=hash_lookahead,
     )
     replica = Replica(spec, setup=setup, hook=hook, on_step=on_step, progress=progress, progress_every=progress_every)
     return replay(replica, trace, check=check)

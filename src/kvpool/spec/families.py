@@ -79,48 +79,99 @@ def attention_kv(heads: int, dim: int, ctx: Context) -> int:
 # --------------------------------------------------------------------------- attention
 
 
+def listed_types(config: Config, n: int) -> list[str] | None:
+    """The config's own `layer_types` (one per layer; extra entries ignored)."""
+    if not config.get("layer_types"):
+        return None
+    types = [str(t) for t in config["layer_types"]]
+    if len(types) < n:
+        raise SpecError(f"layer_types has {len(types)} entries for {n} layers")
+    return types[:n]
+
+
+def interval_types(config: Config, n: int) -> list[str] | None:
+    """Qwen3-Next: every `full_attention_interval`-th layer is full attention, the rest linear."""
+    if not config.get("full_attention_interval"):
+        return None
+    k = int(config["full_attention_interval"])
+    return ["full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(n)]
+
+
+def letter_pattern_types(config: Config, n: int) -> list[str] | None:
+    """EXAONE 4: `sliding_window_pattern` letters repeated from layer 0, L local
+    and G global, and the last layer global (transformers Exaone4Config)."""
+    letters = config.get("sliding_window_pattern")
+    if not isinstance(letters, str) or not config.get("sliding_window"):
+        return None
+    local = [letters[i % len(letters)] == "L" and i < n - 1 for i in range(n)]
+    return ["sliding_attention" if is_local else "full_attention" for is_local in local]
+
+
+def every_pth_global_types(config: Config, n: int) -> list[str] | None:
+    """Gemma 3 style: every `sliding_window_pattern`-th layer is global."""
+    if not (config.get("sliding_window_pattern") and config.get("sliding_window")):
+        return None
+    p = int(config["sliding_window_pattern"])
+    return ["full_attention" if (i + 1) % p == 0 else "sliding_attention" for i in range(n)]
+
+
+def chunked_types(config: Config, n: int) -> list[str] | None:
+    """Llama 4: layers with RoPE use chunked local attention, NoPE layers are global
+    (`no_rope_layers`, else every `no_rope_layer_interval`-th layer is NoPE)."""
+    if not config.get("attention_chunk_size"):
+        return None
+    rope = config.get("no_rope_layers") or [
+        int((i + 1) % int(config.get("no_rope_layer_interval", 4)) != 0) for i in range(n)
+    ]
+    if len(rope) < n:
+        raise SpecError(f"no_rope_layers has {len(rope)} entries for {n} layers")
+    return ["chunked_attention" if rope[i] else "full_attention" for i in range(n)]
+
+
+def windowless_types(config: Config, n: int) -> list[str] | None:
+    """No window (none given, or `use_sliding_window: false`): every layer full."""
+    if config.get("use_sliding_window") is False or not config.get("sliding_window"):
+        return ["full_attention"] * n
+    return None
+
+
+def alternating_types(config: Config, n: int) -> list[str] | None:
+    """Gemma 2, whose released config has no layer_types: transformers
+    alternates, even layers sliding and odd layers global."""
+    if config.get("model_type") != "gemma2" and config.get("cache_implementation") != "hybrid":
+        return None
+    return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+
+
+def max_window_layers_types(config: Config, n: int) -> list[str] | None:
+    """Qwen2/3 style: the layers from `max_window_layers` on use the window."""
+    if "max_window_layers" not in config or not config.get("use_sliding_window"):
+        return None
+    m = int(config["max_window_layers"])
+    return ["sliding_attention" if i >= m else "full_attention" for i in range(n)]
+
+
+# The conventions a config may follow, the most explicit first; none: Mistral's
+# one window on every layer.
+LAYER_TYPE_RULES = (
+    listed_types,
+    interval_types,
+    letter_pattern_types,
+    every_pth_global_types,
+    chunked_types,
+    windowless_types,
+    alternating_types,
+    max_window_layers_types,
+)
+
+
 def layer_types(config: Config) -> list[str]:
     """Per-layer attention type, from the most explicit field the config has."""
     n = int(need(config, "num_hidden_layers"))
-    if config.get("layer_types"):
-        types = [str(t) for t in config["layer_types"]]
-        if len(types) < n:
-            raise SpecError(f"layer_types has {len(types)} entries for {n} layers")
-        return types[:n]
-    if config.get("full_attention_interval"):
-        # Qwen3-Next: every `interval`-th layer is full attention, the rest linear.
-        k = int(config["full_attention_interval"])
-        return ["full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(n)]
-    if isinstance(config.get("sliding_window_pattern"), str) and config.get("sliding_window"):
-        # EXAONE 4: letters repeated from layer 0, L local and G global, and the
-        # last layer global (transformers Exaone4Config's sliding_window_pattern).
-        letters = str(config["sliding_window_pattern"])
-        return [
-            "sliding_attention" if letters[i % len(letters)] == "L" and i < n - 1 else "full_attention"
-            for i in range(n)
-        ]
-    if config.get("sliding_window_pattern") and config.get("sliding_window"):
-        # Gemma 3 style: every `pattern`-th layer is global.
-        p = int(config["sliding_window_pattern"])
-        return ["full_attention" if (i + 1) % p == 0 else "sliding_attention" for i in range(n)]
-    if config.get("attention_chunk_size"):
-        # Llama 4: layers with RoPE use chunked local attention, NoPE layers are global.
-        rope = config.get("no_rope_layers") or [
-            int((i + 1) % int(config.get("no_rope_layer_interval", 4)) != 0) for i in range(n)
-        ]
-        if len(rope) < n:
-            raise SpecError(f"no_rope_layers has {len(rope)} entries for {n} layers")
-        return ["chunked_attention" if rope[i] else "full_attention" for i in range(n)]
-    if config.get("use_sliding_window") is False or not config.get("sliding_window"):
-        return ["full_attention"] * n
-    if config.get("model_type") == "gemma2" or config.get("cache_implementation") == "hybrid":
-        # Gemma 2's released config has no layer_types: transformers alternates,
-        # even layers sliding and odd layers global.
-        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
-    if "max_window_layers" in config and config.get("use_sliding_window"):
-        # Qwen2/3 style: layers from `max_window_layers` on use the window.
-        m = int(config["max_window_layers"])
-        return ["sliding_attention" if i >= m else "full_attention" for i in range(n)]
+    for rule in LAYER_TYPE_RULES:
+        types = rule(config, n)
+        if types is not None:
+            return types
     return ["sliding_attention"] * n  # Mistral style: one window on every layer
 
 

@@ -136,13 +136,27 @@ def check_text_config(config: Mapping[str, Any], where: str) -> None:
 
 def validate_config(config: Mapping[str, Any], where: str) -> None:
     """Raise `SpecError` naming the field and `where` (the file or preset) for a
-    value that cannot describe a model."""
+    value that cannot describe a model (the first of the checks below, in order)."""
     model_type = str(config.get("model_type") or "")
+    check_modelled(model_type, where)
+    ints = checked_ints(config, where)
+    check_heads(ints, where)
+    check_dtypes(config, where)
+    check_required(config, model_type, where)
+    check_layer_types(config, ints.get("num_hidden_layers"), where)
+
+
+def check_modelled(model_type: str, where: str) -> None:
+    """A family kvpool cannot model yet is refused by name."""
     if model_type in UNMODELLED:
         raise SpecError(
             f"{where}: model_type {model_type!r} is {UNMODELLED[model_type]}, which kvpool "
             "cannot model yet; it is refused rather than planned as plain attention"
         )
+
+
+def checked_ints(config: Mapping[str, Any], where: str) -> dict[str, int]:
+    """The counts the config sets (`POSITIVE_INTS`, `NON_NEGATIVE_INTS`), each checked."""
     ints = {}
     for field in POSITIVE_INTS:
         if field == "sliding_window_pattern" and isinstance(config.get(field), str):
@@ -155,9 +169,18 @@ def validate_config(config: Mapping[str, Any], where: str) -> None:
     for field in NON_NEGATIVE_INTS:
         if config.get(field) is not None:
             ints[field] = _int(config[field], field, where, 0)
+    return ints
+
+
+def check_heads(ints: Mapping[str, int], where: str) -> None:
+    """The KV heads divide the query heads (GQA groups of equal size)."""
     q, kv = ints.get("num_attention_heads"), ints.get("num_key_value_heads")
     if q and kv and q % kv:
         raise SpecError(f"{where}: field 'num_key_value_heads' ({kv}) must divide num_attention_heads ({q})")
+
+
+def check_dtypes(config: Mapping[str, Any], where: str) -> None:
+    """`torch_dtype` and `dtype`, when set, name a torch dtype."""
     for field in ("torch_dtype", "dtype"):
         value = config.get(field)
         if value is not None and not isinstance(value, str):
@@ -166,15 +189,25 @@ def validate_config(config: Mapping[str, Any], where: str) -> None:
             raise SpecError(
                 f"{where}: field {field!r} is {value!r}, not a torch dtype (e.g. bfloat16, float16, float32)"
             )
+
+
+def check_required(config: Mapping[str, Any], model_type: str, where: str) -> None:
+    """The fields `model_type` cannot be planned without (`REQUIRED`; a nested
+    `linear_attention` object stands for Qwen3-Next's linear fields)."""
     for field in REQUIRED.get(model_type, ()):
         if config.get(field) is None and not isinstance(config.get("linear_attention"), Mapping):
             raise SpecError(f"{where}: model_type {model_type!r} needs field {field!r}, which the config lacks")
+
+
+def check_layer_types(config: Mapping[str, Any], layers: int | None, where: str) -> None:
+    """`layer_types`, when set, is a list of strings, one per decoder layer
+    (transformers' layer_types); more entries or none is a broken config."""
     types = config.get("layer_types")
-    if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
+    if types is None:
+        return
+    if not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
         raise SpecError(f"{where}: field 'layer_types' must be a list of strings")
-    layers = ints.get("num_hidden_layers")
-    if isinstance(types, list) and (not types or (layers is not None and len(types) > layers)):
-        # one entry per decoder layer (transformers' layer_types); more or none is a broken config
+    if not types or (layers is not None and len(types) > layers):
         raise SpecError(
             f"{where}: field 'layer_types' has {len(types)} entries for {layers} layers (num_hidden_layers); "
             "it needs one per layer"

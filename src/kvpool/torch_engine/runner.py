@@ -68,7 +68,8 @@ class Engine:
     padding dummies) unless `warmup=False`. `speculate=k` drafts up to k tokens
     per decode step with an n-gram drafter (greedy output unchanged).
     `host_memory` bytes add a host tier: committed pages the pools evict are
-    copied there and back on a prefix hit (`HostTier`).
+    copied there and back on a prefix hit (`HostTier`). `hash_lookahead` L:
+    each page's digest also covers the L ids after it (`KVCacheManager`).
     """
 
     def __init__(
@@ -82,6 +83,7 @@ class Engine:
         warmup: bool = True,
         cuda_graphs: bool | None = None,
         host_memory: int = 0,
+        hash_lookahead: int = 0,
     ):
         if speculate > plan.limits.max_draft_len:
             raise EngineError(f"speculate={speculate} exceeds the plan's max_draft_len {plan.limits.max_draft_len}")
@@ -95,6 +97,7 @@ class Engine:
             warmup=warmup,
             draft_lens=(0, speculate) if speculate else (0,),
             tiers=[TierSpec(Medium.CPU, host_memory)] if host_memory else (),
+            hash_lookahead=hash_lookahead,
         )
         self.host: HostTier | None = None
         if host_memory:  # evicted prefix pages go to host memory and come back on a hit
