@@ -297,6 +297,7 @@ class Simulation:
                 kv_memory_bytes=r.budget.kv_bytes,
                 fit=r.request.shrink_to_fit,
                 padding=self.padding,
+                admission=self.admission,
             )
             return result
         moves = self.tiers if tiers and self.tiers else None
@@ -442,7 +443,7 @@ def check_tiers(tiers: TierRuns | None, sweep: Sweep | None, policies: tuple[str
 def check_lookahead(ahead: object, policies: tuple[str, ...], sweep: Sweep | None, trace: Trace) -> int:
     """`hash_lookahead`: an int >= 0; above 0 it needs prefix reuse (a trace
     with hash ids) and runs on the static splits here (not in rebalance runs
-    or a sweep's Ray tasks, which build their own managers)."""
+    or online runs, or a sweep's Ray tasks, which build their own managers)."""
     if type(ahead) is not int or ahead < 0:
         raise KvpoolError(f"hash_lookahead (--hash-lookahead) must be an int >= 0 (0: off), got {ahead!r}")
     if not ahead:
@@ -452,9 +453,9 @@ def check_lookahead(ahead: object, policies: tuple[str, ...], sweep: Sweep | Non
             f"hash_lookahead (--hash-lookahead) hashes pages for prefix reuse, "
             f"which trace {trace.name!r} has no ids for: give a trace with hash ids"
         )
-    if "rebalance" in policies or (sweep is not None and (sweep.workers or sweep.ray_address)):
+    if {"rebalance", "online"} & set(policies) or (sweep is not None and (sweep.workers or sweep.ray_address)):
         raise KvpoolError(
-            "hash_lookahead (--hash-lookahead) runs on static splits here: drop rebalance / the sweep's --workers"
+            "hash_lookahead (--hash-lookahead) runs on static splits here: drop rebalance / online / the sweep's --workers"
         )
     return ahead
 

@@ -268,6 +268,7 @@ def simulate_online(
     segments: int = DEFAULT_SEGMENTS,
     fit: bool = False,
     padding: bool = True,
+    admission: str | None = None,
 ) -> tuple[SimResult, Online]:
     """`kvpool simulate --policy online` on one trace: `serve_online` serves the
     whole `trace` in `segments` parts, planning from its first part (segment 1
@@ -275,13 +276,14 @@ def simulate_online(
     each later segment runs the split tuned on the segment before it (the
     window is one segment). The served runs (one per restart and one more)
     are merged into one result (`merged_run`) whose `online` field is
-    `Online.to_json()`. Raises KvpoolError as `serve_online` does."""
+    `Online.to_json()`. Every run, the tunings' too, admits by `admission`
+    (`kvpool.sim.simulate`'s). Raises KvpoolError as `serve_online` does."""
     if len(trace) < segments:
         raise KvpoolError(f"policy online serves {segments} segments: it needs at least {segments} requests")
     runs: deque[SimResult] = deque(maxlen=segments)  # the served runs come last, at most one per segment
 
     def serve(plan: PoolPlan, part: Trace) -> tuple[int, float]:
-        r = simulate(plan, part, model, padding=padding, policy="online")
+        r = simulate(plan, part, model, padding=padding, policy="online", admission=admission)
         runs.append(r)
         return r.output_tokens, r.makespan_s
 
