@@ -54,6 +54,11 @@ def test_online_json_says_its_segments_shares_and_restarts(cli, tmp_path: Path) 
     for d, before, after in zip(o["decisions"], o["shares"][:-1], o["shares"][1:], strict=True):
         assert d["share"] == after and (d["switched"] or after == before)
         assert not d["switched"] or d["gain"] > 1 + o["margin"]
+    code, text, err = cli("simulate", "gemma-3-27b", *ARGS, "--trace", trace, "--compare", "reference,online")
+    line = next(x for x in text.splitlines() if x.startswith("online:"))
+    assert " / ".join(f"{s:.1%}" for s in o["shares"]) in line and f"{o['restarts']} restart(s)" in line
+    ratio = run["output_tokens_per_s"] / ref["output_tokens_per_s"]
+    assert f"= {ratio:.1%} of the best static run (reference)" in line
 
 
 @pytest.mark.parametrize(

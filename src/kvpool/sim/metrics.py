@@ -94,6 +94,11 @@ class SimResult:
     requests: tuple[RequestRecord, ...] = ()
 
     @property
+    def moved_split(self) -> bool:
+        """Whether the split changed while it ran (`rebalance`, `online`): no one static split."""
+        return self.rebalance is not None or self.online is not None
+
+    @property
     def output_tokens_per_s(self) -> float:
         return self.output_tokens / self.makespan_s if self.makespan_s > 0 else 0.0
 
