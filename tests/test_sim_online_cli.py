@@ -80,11 +80,15 @@ def test_online_with_hash_lookahead_is_one_line_exit_2(cli) -> None:  # type: ig
     assert code == 2 and "drop rebalance / online" in err and len(err.strip().splitlines()) == 1 and not out
 
 
-def test_online_in_a_sweep_grid_is_refused() -> None:
+def test_online_in_a_sweep_grid_is_refused(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     grid = {"model": "gemma-3-27b", "gpu": "h100", "trace": "azure-conv", "kv_memory": "2GiB"}
     with pytest.raises(GridError, match="drop policy online"):
         expand_grid({**grid, "policy": ["reference", "online"]})
     assert len(expand_grid({**grid, "policy": ["reference", "tuned"]})) == 2
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps({**grid, "policy": ["reference", "online"]}))
+    code, out, err = cli("sweep", str(path))
+    assert code == 2 and "drop policy online" in err and len(err.strip().splitlines()) == 1 and not out
 
 
 @pytest.mark.parametrize("admission", [None, "guaranteed"])

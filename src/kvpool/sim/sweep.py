@@ -4,7 +4,7 @@ expanded into points, each point one simulation, the table of all points.
 A grid (YAML or JSON) maps point fields to a value or a list of values; the
 points are the product of the lists. Fields (defaults in `Point`): `model`,
 `gpu`, `trace` and `kv_memory` are required; `policy` (or `policies`) names
-the sizing policies; an optional `sweep: {group: sliding, points: 10,
+the sizing policies (not `online`, whose split changes within a run); an optional `sweep: {group: sliding, points: 10,
 range: [0.05, 0.95]}` adds that many `ratio:GROUP=SHARE` points to every
 combination (`kvpool.sim.policies.sweep_shares`). Example:
 
