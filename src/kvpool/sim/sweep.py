@@ -4,9 +4,10 @@ expanded into points, each point one simulation, the table of all points.
 A grid (YAML or JSON) maps point fields to a value or a list of values; the
 points are the product of the lists. Fields (defaults in `Point`): `model`,
 `gpu`, `trace` and `kv_memory` are required; `policy` (or `policies`) names
-the sizing policies (not `online`, whose split changes within a run); an optional `sweep: {group: sliding, points: 10,
-range: [0.05, 0.95]}` adds that many `ratio:GROUP=SHARE` points to every
-combination (`kvpool.sim.policies.sweep_shares`). Example:
+the sizing policies (not `online`, whose split changes within a run); an
+optional `sweep: {group: sliding, points: 10, range: [0.05, 0.95]}` adds that
+many `ratio:GROUP=SHARE` points to every combination
+(`kvpool.sim.policies.sweep_shares`). Example:
 
     model: [gemma-3-27b, gpt-oss-20b]
     gpu: h100
