@@ -35,6 +35,10 @@ Costs: `segments` plans by `tune` (each 20 s to 5 minutes on 2 busy CPUs),
 up to three runs on each served segment but the last, and the served runs.
 docs/sim.md, "On traffic held out from tuning", says how it does on traces
 held out from the work that set these constants.
+
+`simulate_online` is `kvpool simulate --policy online`: one trace, planned
+from its first segment and served whole, the served runs merged into one
+`SimResult` (`merged_run`).
 """
 
 from __future__ import annotations
