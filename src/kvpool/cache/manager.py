@@ -211,7 +211,7 @@ class KVCacheManager:
         """What `create(rid, tokens, salt)` and then `resize(rid, hit +
         num_tokens, hit)` would answer now, changing nothing (the LRU order
         stays as it was): the tokens the prefix hit would reuse and, falsy,
-        the pages short per pool (`prefix.create_check`). A scheduler asks
+        the pages short per pool (`prefix_hit.create_check`). A scheduler asks
         this of the head of its queue before it registers it, as vLLM counts
         the blocks before it touches a cached one. Raises `CacheUsageError`
         for tokens that are not token ids or a bad `num_tokens`."""
