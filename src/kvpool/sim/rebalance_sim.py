@@ -98,9 +98,8 @@ def simulate_rebalanced(
     says what would have moved. `on_step` sees the pools after every step
     (tests check the invariants there)."""
     limits = plan.limits
-    use_reuse = trace.hash_ids is not None
     reb = rebalancer or Rebalancer(plan)
-    pools = BallastPools.build(plan, low=reb.low, high=reb.high, enable_reuse=use_reuse)
+    pools = BallastPools.build(plan, low=reb.low, high=reb.high, enable_reuse=True)  # as `simulate`'s default
     manager = pools.manager
     report = manager.warmup(limits.graph_batch_sizes, draft_lens=(0,))
     pads = {d: r for d, r in report.padding.items() if r is not None}
@@ -108,9 +107,7 @@ def simulate_rebalanced(
         for rid in pads.values():
             manager.free(rid)
         pads = {}
-    sched = Scheduler(
-        manager, limits, padding=padding, captured=report.captured, padding_rids=pads, enable_reuse=use_reuse
-    )
+    sched = Scheduler(manager, limits, padding=padding, captured=report.captured, padding_rids=pads, enable_reuse=True)
     log = RebalanceLog(pools.sliding)
     groups = [g.name for g in plan.spec.groups]
     hook = _RebalanceHook(pools, reb, Mover(plan, pools, reb, log, dry_run), groups, on_step)
