@@ -193,7 +193,7 @@ class FleetSimulation:
                     role,
                     f"{role}{i}",
                     events=events,
-                    reuse=True,  # as `simulate`: unique prompts without hash ids (sim/requests.py)
+                    reuse=sim.reuse,
                     padding=sim.padding,
                     admission=sim.admission,
                     hash_lookahead=sim.hash_lookahead,
