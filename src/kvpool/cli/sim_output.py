@@ -110,7 +110,7 @@ def results_table(runs: list[SimResult], groups: list[str]) -> str:
 def rebalance_lines(runs: list[SimResult]) -> list[str]:
     """One line per online rebalanced run: its moves, the pages moved, the
     split after each move, and its throughput against the best static run."""
-    best = max((r for r in runs if r.rebalance is None), key=lambda r: r.output_tokens_per_s, default=None)
+    best = best_static(runs)
     out = []
     for r in runs:
         if r.rebalance is None:
@@ -122,13 +122,33 @@ def rebalance_lines(runs: list[SimResult]) -> list[str]:
             f"{r.policy}: {log['moves']} moves{' (dry run: would move)' if log['dry_run'] else ''}, "
             f"pages moved {moved}; {log['group']} share {' -> '.join(shares)}"
         )
-        if best is not None:
-            line += (
-                f"; {r.output_tokens_per_s:,.0f} tok/s = {r.output_tokens_per_s / best.output_tokens_per_s:.1%} "
-                f"of the best static run ({best.policy})"
-            )
-        out.append(line)
+        out.append(line + against(r, best))
     return out
+
+
+def best_static(runs: list[SimResult]) -> SimResult | None:
+    """The fastest run on one static split, if any."""
+    return max((r for r in runs if not r.moved_split), key=lambda r: r.output_tokens_per_s, default=None)
+
+
+def against(r: SimResult, best: SimResult | None) -> str:
+    """`r`'s throughput against the best static run, for the end of its line."""
+    if best is None or best.output_tokens_per_s <= 0:
+        return ""
+    ratio = r.output_tokens_per_s / best.output_tokens_per_s
+    return f"; {r.output_tokens_per_s:,.0f} tok/s = {ratio:.1%} of the best static run ({best.policy})"
+
+
+def online_lines(runs: list[SimResult]) -> list[str]:
+    """One line per `online` run: each segment's share and the restarts."""
+    best = best_static(runs)
+    return [
+        f"{r.policy}: {o['group']} share {' / '.join(f'{s:.1%}' for s in o['shares'])} over "
+        f"{len(o['shares'])} segments (requests {', '.join(map(str, o['bounds'][1:-1]))} start the later ones), "
+        f"{o['restarts']} restart(s)" + against(r, best)
+        for r in runs
+        if (o := r.online) is not None
+    ]
 
 
 def host_label(size: str | None) -> str:

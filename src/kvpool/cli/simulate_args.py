@@ -32,7 +32,10 @@ def add_simulation_args(p: argparse.ArgumentParser) -> Any:
         "--policy",
         default=None,
         metavar="P",
-        help="reference (default), typical, workload, occupancy, tuned, rebalance (online) or ratio:GROUP=SHARE,...",
+        help=(
+            "reference (default), typical, workload, occupancy, tuned, rebalance (moves the split while it runs), "
+            "online (re-tunes between 4 segments, restarting on a new split) or ratio:GROUP=SHARE,..."
+        ),
     )
     s.add_argument(
         "--dry-run", action="store_true", help="rebalance only reports the moves it would make; the split stays"

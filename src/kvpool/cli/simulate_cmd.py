@@ -13,7 +13,14 @@ from kvpool.cli.files import check_input, check_output, write_output
 from kvpool.cli.fleet_output import RequestBar, add_fleet_args, render_run
 from kvpool.cli.kv_events_args import add_kv_events_args, open_publisher, step_publisher
 from kvpool.cli.plan_args import add_plan_args, plan_keywords
-from kvpool.cli.sim_output import ProgressBar, parse_rate, rebalance_lines, results_table, sweep_table
+from kvpool.cli.sim_output import (
+    ProgressBar,
+    online_lines,
+    parse_rate,
+    rebalance_lines,
+    results_table,
+    sweep_table,
+)
 from kvpool.cli.simulate_args import add_simulation_args, add_tier_sim_args
 from kvpool.deploy.fleets import FleetLayout, FleetSimulation
 from kvpool.deploy.simulation import Simulation, SimulationResult
@@ -170,7 +177,8 @@ def render(args: argparse.Namespace, result: SimulationResult) -> str:
             sweep_table(list(zip(result.host_sizes, result.runs, strict=True))),
         ]
     else:
-        lines += [*rebalance_lines(list(result.everything)), *best_split(result)]
+        runs = list(result.everything)
+        lines += [*rebalance_lines(runs), *online_lines(runs), *best_split(result)]
     lines += [f"note: {n}" for n in result.notes]
     if args.plot:
         lines.append(f"plot: {args.plot}")
@@ -183,7 +191,7 @@ def best_split(result: SimulationResult) -> list[str]:
     if not result.sweep or sweep is None:
         return []
     group = sweep.group
-    best = max((x for x in result.everything if x.rebalance is None), key=lambda x: x.output_tokens_per_s)
+    best = max((x for x in result.everything if not x.moved_split), key=lambda x: x.output_tokens_per_s)
     lines = [
         f"\nbest split: {best.policy} ({best.plan.share_of(group):.1%} to {group}), "
         f"{best.output_tokens_per_s:,.0f} tok/s"
@@ -192,7 +200,7 @@ def best_split(result: SimulationResult) -> list[str]:
         f"  {x.policy}: {x.plan.share_of(group):.1%} to {group}, {x.output_tokens_per_s:,.0f} tok/s = "
         f"{x.output_tokens_per_s / best.output_tokens_per_s:.1%} of the best"
         for x in result.runs
-        if x.rebalance is None
+        if not x.moved_split
     ]
 
 

@@ -149,8 +149,8 @@ class FleetSimulation:
         for key in ("compare", "sweep_ratio", "host_memory", "disk"):
             if options.get(key):
                 raise KvpoolError(f"a fleet runs one policy on GPU pools: drop --{key.replace('_', '-')}")
-        if options.get("policy") == "rebalance":
-            raise KvpoolError("a fleet runs static splits: drop --policy rebalance")
+        if options.get("policy") in ("rebalance", "online"):
+            raise KvpoolError(f"a fleet runs static splits: drop --policy {options.get('policy')}")
         one = Simulation.of(model, gpu=gpu, trace=trace, **options)
         layout = dataclasses.replace(layout, tp=one.resolved.request.model.tp)
         if layout.disaggregated:

@@ -242,9 +242,11 @@ class Simulation:
         reuse = values.get("reuse", True)
         if type(reuse) is not bool:
             raise KvpoolError(f"reuse (--no-reuse) must be True or False, got {reuse!r}")
-        if not reuse and (lookahead or (sweep is not None and (sweep.workers or sweep.ray_address))):
+        ray = sweep is not None and (sweep.workers or sweep.ray_address)
+        if not reuse and (lookahead or ray or "online" in policies):
             raise KvpoolError(
-                "reuse=False (--no-reuse) runs here only: drop --hash-lookahead (it needs reuse) / the sweep's --workers"
+                "reuse=False (--no-reuse) runs here only: drop --hash-lookahead (it needs reuse) / online / "
+                "the sweep's --workers (they build their own runs)"
             )
         return cls(
             resolved,
@@ -295,6 +297,21 @@ class Simulation:
 
             result, _ = simulate_rebalanced(
                 pp.plan, self.trace, self.model, dry_run=self.dry_run, padding=self.padding, reuse=self.reuse
+            )
+            return result
+        if pp.name == "online":
+            from kvpool.sim.online import simulate_online
+
+            r = self.resolved
+            result, _ = simulate_online(
+                r.spec,
+                r.limits,
+                self.trace,
+                self.model,
+                kv_memory_bytes=r.budget.kv_bytes,
+                fit=r.request.shrink_to_fit,
+                padding=self.padding,
+                admission=self.admission,
             )
             return result
         moves = self.tiers if tiers and self.tiers else None
@@ -432,8 +449,8 @@ def check_tiers(tiers: TierRuns | None, sweep: Sweep | None, policies: tuple[str
     """Cold tiers run static splits, and a list of host sizes one policy."""
     if tiers is None:
         return
-    if sweep is not None or "rebalance" in policies:
-        raise KvpoolError("cold tiers are simulated with static splits: drop --sweep-ratio / rebalance")
+    if sweep is not None or {"rebalance", "online"} & set(policies):
+        raise KvpoolError("cold tiers are simulated with static splits: drop --sweep-ratio / rebalance / online")
     if tiers.sweep and len(policies) > 1:
         raise KvpoolError("a list of --host-memory sizes sweeps one policy: give one, not several")
 
@@ -441,7 +458,7 @@ def check_tiers(tiers: TierRuns | None, sweep: Sweep | None, policies: tuple[str
 def check_lookahead(ahead: object, policies: tuple[str, ...], sweep: Sweep | None, trace: Trace) -> int:
     """`hash_lookahead`: an int >= 0; above 0 it needs prefix reuse (a trace
     with hash ids) and runs on the static splits here (not in rebalance runs
-    or a sweep's Ray tasks, which build their own managers)."""
+    or online runs, or a sweep's Ray tasks, which build their own managers)."""
     if type(ahead) is not int or ahead < 0:
         raise KvpoolError(f"hash_lookahead (--hash-lookahead) must be an int >= 0 (0: off), got {ahead!r}")
     if not ahead:
@@ -451,9 +468,9 @@ def check_lookahead(ahead: object, policies: tuple[str, ...], sweep: Sweep | Non
             f"hash_lookahead (--hash-lookahead) hashes pages for prefix reuse, "
             f"which trace {trace.name!r} has no ids for: give a trace with hash ids"
         )
-    if "rebalance" in policies or (sweep is not None and (sweep.workers or sweep.ray_address)):
+    if {"rebalance", "online"} & set(policies) or (sweep is not None and (sweep.workers or sweep.ray_address)):
         raise KvpoolError(
-            "hash_lookahead (--hash-lookahead) runs on static splits here: drop rebalance / the sweep's --workers"
+            "hash_lookahead (--hash-lookahead) runs on static splits here: drop rebalance / online / the sweep's --workers"
         )
     return ahead
 
@@ -473,7 +490,7 @@ def simulate(
     for each sizing policy asked for, and compare the throughput they buy.
 
     Policies: `policy` (one) or `compare` (several: reference, typical, workload,
-    occupancy, tuned, rebalance, engine:vllm|sglang|trtllm, ratio:GROUP=SHARE),
+    occupancy, tuned, rebalance, online, engine:vllm|sglang|trtllm, ratio:GROUP=SHARE),
     or `pool_ratio`; `sweep_ratio=GROUP` scans that group's share over
     `sweep_range` at `sweep_points` shares (on Ray with `workers` / `ray_address`).
     Trace: `rate` requests/s (inf: all at once; None: the trace's own times),

@@ -90,8 +90,14 @@ class SimResult:
     end_used: dict[str, int] = field(default_factory=dict)  # pages used after the last request
     reserved: dict[str, int] = field(default_factory=dict)  # of which padding reservations
     rebalance: dict[str, Any] | None = None  # moves and pages moved of an online rebalanced run
+    online: dict[str, Any] | None = None  # the `online` policy's segments, shares and restarts
     tiers: dict[str, Any] | None = None  # a run with cold tiers: pages moved, suspensions, copy time
     requests: tuple[RequestRecord, ...] = ()
+
+    @property
+    def moved_split(self) -> bool:
+        """Whether the split changed while it ran (`rebalance`, `online`): no one static split."""
+        return self.rebalance is not None or self.online is not None
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -122,6 +128,7 @@ class SimResult:
             "graph_step_share": self.graph_step_share,
             "pages": {name: {"total": u.total, "peak_used": u.peak_used} for name, u in self.pages.items()},
             **({"rebalance": self.rebalance} if self.rebalance is not None else {}),
+            **({"online": self.online} if self.online is not None else {}),
             **(
                 {"prompt_hit_rate": self.prompt_hit_rate, "reuse_hit_rate": self.reuse_hit_rate, "tiers": self.tiers}
                 if self.tiers is not None

@@ -35,18 +35,26 @@ Costs: `segments` plans by `tune` (each 20 s to 5 minutes on 2 busy CPUs),
 up to three runs on each served segment but the last, and the served runs.
 docs/sim.md, "On traffic held out from tuning", says how it does on traces
 held out from the work that set these constants.
+
+`simulate_online` is `kvpool simulate --policy online`: one trace, planned
+from its first segment and served whole, the served runs merged into one
+`SimResult` (`merged_run`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
+
+import numpy as np
 
 from kvpool.errors import KvpoolError
 from kvpool.plan import PoolPlan, ServingLimits, plan_pools
+from kvpool.sim.metrics import GroupUsage, SimResult
 from kvpool.sim.simulator import simulate
 from kvpool.sim.steptime import StepTimeModel
 from kvpool.sim.tuned import Tuned, tune, tuned_group, workload_shares
@@ -100,6 +108,18 @@ class Online:
     @property
     def output_tokens_per_s(self) -> float:
         return self.output_tokens / self.makespan_s if self.makespan_s > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """What `kvpool simulate --json` prints under `online`."""
+        return {
+            "group": self.group,
+            "reference": self.reference,
+            "bounds": list(self.bounds),
+            "shares": list(self.shares),
+            "restarts": self.restarts,
+            "margin": self.margin,
+            "decisions": [dataclasses.asdict(d) for d in self.decisions],
+        }
 
     def notes(self) -> tuple[str, ...]:
         moves = ", ".join(
@@ -239,4 +259,107 @@ def serve_online(
         makespan,
         margin,
         time.perf_counter() - t0,
+    )
+
+
+def simulate_online(
+    spec: ModelSpec,
+    limits: ServingLimits,
+    trace: Trace,
+    model: StepTimeModel,
+    *,
+    kv_memory_bytes: int,
+    segments: int = DEFAULT_SEGMENTS,
+    fit: bool = False,
+    padding: bool = True,
+    admission: str | None = None,
+) -> tuple[SimResult, Online]:
+    """`kvpool simulate --policy online` on one trace: `serve_online` serves the
+    whole `trace` in `segments` parts, planning from its first part (segment 1
+    runs the split tuned on itself, as `tuned` plans on the trace it serves);
+    each later segment runs the split tuned on the segment before it (the
+    window is one segment). The served runs (one per restart and one more)
+    are merged into one result (`merged_run`) whose `online` field is
+    `Online.to_json()`. Every run, the tunings' too, admits by `admission`
+    (`kvpool.sim.simulate`'s). Raises KvpoolError as `serve_online` does."""
+    if len(trace) < segments:
+        raise KvpoolError(f"policy online serves {segments} segments: it needs at least {segments} requests")
+    runs: deque[SimResult] = deque(maxlen=segments)  # the served runs come last, at most one per segment
+
+    def serve(plan: PoolPlan, part: Trace) -> tuple[int, float]:
+        r = simulate(plan, part, model, padding=padding, policy="online", admission=admission)
+        runs.append(r)
+        return r.output_tokens, r.makespan_s
+
+    seen = trace.span(0, round(len(trace) / segments))
+    o = serve_online(
+        spec,
+        limits,
+        seen,
+        trace,
+        model,
+        kv_memory_bytes=kv_memory_bytes,
+        segments=segments,
+        fit=fit,
+        padding=padding,
+        serve=serve,
+    )
+    served = list(runs)[-(o.restarts + 1) :]
+    return dataclasses.replace(merged_run(served), online=o.to_json()), o
+
+
+def merged_run(runs: list[SimResult]) -> SimResult:
+    """Runs served one after the other (an engine restarted between them) as one:
+    counts, tokens, makespans and latencies added up, request times shifted by
+    the makespans before them; the plan and warmup of the first run; page
+    totals and peaks the highest of any run (so a peak is never above its
+    total), mean pages weighted by makespan; hit rates
+    weighted by finished requests; the pages left used those of the last run."""
+    first, last = runs[0], runs[-1]
+    span = sum(r.makespan_s for r in runs)
+    done = sum(r.finished for r in runs)
+    offsets = np.cumsum([0.0] + [r.makespan_s for r in runs[:-1]])
+    pages = {
+        g: GroupUsage(
+            max(r.pages[g].total for r in runs if g in r.pages),
+            max(r.pages[g].peak_used for r in runs if g in r.pages),
+            sum(r.pages[g].mean_used * r.makespan_s for r in runs if g in r.pages) / span if span > 0 else 0.0,
+        )
+        for g in first.pages
+    }
+
+    def added(name: str) -> int:
+        return sum(int(getattr(r, name)) for r in runs)
+
+    def per_request(name: str) -> float:
+        return sum(getattr(r, name) * r.finished for r in runs) / done if done else 0.0
+
+    return dataclasses.replace(
+        first,
+        num_requests=added("num_requests"),
+        finished=done,
+        rejected=added("rejected"),
+        output_tokens=added("output_tokens"),
+        preemptions=added("preemptions"),
+        steps=added("steps"),
+        decode_steps=added("decode_steps"),
+        decode_only_steps=added("decode_only_steps"),
+        graph_steps=added("graph_steps"),
+        padding_failures=added("padding_failures"),
+        makespan_s=span,
+        ttft_s=np.concatenate([r.ttft_s for r in runs]),
+        tpot_s=np.concatenate([r.tpot_s for r in runs]),
+        pages=pages,
+        reuse_hit_rate=per_request("reuse_hit_rate"),
+        prompt_hit_rate=per_request("prompt_hit_rate"),
+        wall_s=sum(r.wall_s for r in runs),
+        end_used=dict(last.end_used),
+        reserved=dict(last.reserved),
+        requests=tuple(
+            dataclasses.replace(
+                q, arrival_s=q.arrival_s + t, first_token_s=q.first_token_s + t, finish_s=q.finish_s + t
+            )
+            for r, t in zip(runs, offsets, strict=True)
+            for q in r.requests
+        ),
     )

@@ -18,6 +18,11 @@
   (`kvpool.sim.tuned`); needs the trace and a step model.
 - `rebalance`: starts at the `reference` split and moves it online while the
   trace runs (`kvpool.sim.rebalance`; one sliding and one full group only).
+- `online`: the trace served in 4 segments, each on the split `tune` gives
+  on the segment before it (the first on itself), restarting where the split
+  changes by more than a margin (`kvpool.sim.online.simulate_online`); its plan
+  here is the reference split, the runs' splits are the simulation's; needs
+  the trace and a step model.
 - `ratio:GROUP=SHARE,...`: an explicit byte share per group (no constraints).
   Groups left out share the rest in the proportions of the reference split,
   so `ratio:full=0.3` is enough for a two-group model.
@@ -38,7 +43,7 @@ from kvpool.sim.steptime import StepTimeModel
 from kvpool.spec import ModelSpec
 from kvpool.trace import Trace
 
-POLICIES = ("reference", "typical", "workload", "occupancy", "tuned", "rebalance")
+POLICIES = ("reference", "typical", "workload", "occupancy", "tuned", "rebalance", "online")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +115,7 @@ def parse_ratio(spec: ModelSpec, text: str) -> dict[str, float]:
     return full_ratio(spec, shares)
 
 
-KVPOOL_POLICIES = ("reference", "rebalance", "typical", "workload")  # and ratio:..., planned by plan_pools alone
+KVPOOL_POLICIES = ("reference", "rebalance", "online", "typical", "workload")  # and ratio:..., by plan_pools alone
 
 
 def kvpool_plan(
@@ -141,6 +146,13 @@ def kvpool_plan(
 
         split_groups(spec)  # RebalanceError for models it cannot move
         notes.append("rebalance: starts at the reference split and moves it online (kvpool.sim.rebalance)")
+    if policy == "online":
+        if trace is None:
+            raise KvpoolError("policy online needs a trace")
+        notes.append(
+            "online: 4 segments of the trace, each on the split tuned on the segment before it (the first on itself), "
+            "restarting on a new split (kvpool.sim.online); the split shown is the first segment's"
+        )
     return plan_pools(spec, no_avg, kv_memory_bytes=kv_memory_bytes, fit=fit)
 
 

@@ -4,9 +4,10 @@ expanded into points, each point one simulation, the table of all points.
 A grid (YAML or JSON) maps point fields to a value or a list of values; the
 points are the product of the lists. Fields (defaults in `Point`): `model`,
 `gpu`, `trace` and `kv_memory` are required; `policy` (or `policies`) names
-the sizing policies; an optional `sweep: {group: sliding, points: 10,
-range: [0.05, 0.95]}` adds that many `ratio:GROUP=SHARE` points to every
-combination (`kvpool.sim.policies.sweep_shares`). Example:
+the sizing policies (not `online`, whose split changes within a run); an
+optional `sweep: {group: sliding, points: 10, range: [0.05, 0.95]}` adds that
+many `ratio:GROUP=SHARE` points to every combination
+(`kvpool.sim.policies.sweep_shares`). Example:
 
     model: [gemma-3-27b, gpt-oss-20b]
     gpu: h100
@@ -132,6 +133,8 @@ def expand_grid(grid: Mapping[str, Any]) -> list[Point]:
     if any(not v for v in axes.values()):
         raise GridError("a grid field has an empty list")
     policies = [str(p) for p in axes.pop("policy", ["reference"])] + swept_policies(sweep)
+    if "online" in policies:  # its served split changes between segments: no one plan for a row
+        raise GridError("a grid point runs one split: drop policy online (run it with kvpool simulate --policy online)")
     return grid_points(axes, policies)
 
 
