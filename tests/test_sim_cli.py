@@ -294,3 +294,5 @@ def test_no_reuse_flag_recomputes_preempted_requests_from_their_first_token(cli,
     hashed = ["--trace", "mooncake-conv", "--max-requests", "5"]
     code, _, err = cli("simulate", "qwen3-0.6b", *BASE, *hashed, "--no-reuse", "--hash-lookahead", "2")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--no-reuse" in err
+    code, _, err = cli("simulate", "qwen3-0.6b", *BASE, "--trace", small_trace, "--no-reuse", "--policy", "online")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "online" in err
