@@ -278,3 +278,21 @@ def test_help_names_the_calibrated_step_times_as_the_default(cli) -> None:  # ty
     assert text.count("roofline") == text.count("--calibration roofline") + text.count("FILE|roofline") + text.count(
         "'roofline' for the uncalibrated"
     )
+
+
+def test_no_reuse_flag_recomputes_preempted_requests_from_their_first_token(cli, small_trace: str) -> None:  # type: ignore[no-untyped-def]
+    tight = [a if a != "4GiB" else "160MiB" for a in BASE]  # ~1,400 tokens of qwen3-0.6b KV: preempts
+    runs = {}
+    for flag in ([], ["--no-reuse"]):
+        code, out, err = cli("simulate", "qwen3-0.6b", *tight, "--trace", small_trace, "--json", *flag)
+        assert code == 0, err
+        runs[bool(flag)] = json.loads(out)["runs"][0]
+    on, off = runs[False], runs[True]
+    assert on["preemptions"] > 0 and off["preemptions"] > 0
+    assert on["reuse_hit_rate"] > 0  # readmitted victims find their own pages (no prompt shares any)
+    assert on["prompt_hit_rate"] == off["reuse_hit_rate"] == 0
+    hashed = ["--trace", "mooncake-conv", "--max-requests", "5"]
+    code, _, err = cli("simulate", "qwen3-0.6b", *BASE, *hashed, "--no-reuse", "--hash-lookahead", "2")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--no-reuse" in err
+    code, _, err = cli("simulate", "qwen3-0.6b", *BASE, "--trace", small_trace, "--no-reuse", "--policy", "online")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "online" in err

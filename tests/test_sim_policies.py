@@ -92,8 +92,9 @@ def test_prompt_ids_follow_hash_blocks() -> None:
     assert a[512:] == list(range(512, 600))  # block 1: ids 512 + 0..87
     assert b[512:] == list(range(7 * 512, 7 * 512 + 8))  # block 7
     assert c == [5 * 512, 5 * 512 + 1, 5 * 512 + 2]
-    plain = Trace("p", np.array([4]), np.array([2]))
-    assert prompt_ids(plain, 0) == [0, 0, 0, 0]
+    plain = Trace("p", np.array([4, 4]), np.array([2, 2]))
+    d, e = prompt_ids(plain, 0), prompt_ids(plain, 1)  # no hash ids: each prompt its own id, no shared page
+    assert len(set(d)) == len(set(e)) == 1 and d != e and min(d + e) > max(a + b + c)
 
 
 def test_make_sequence_caps_output_and_rejects_long_prompts() -> None:

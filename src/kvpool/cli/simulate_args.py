@@ -108,6 +108,12 @@ def add_simulation_args(p: argparse.ArgumentParser) -> Any:
         help="active parameters per token (MoE), e.g. 3.8e9",
     )
     s.add_argument(
+        "--no-reuse",
+        action="store_true",
+        help="turn prefix reuse off: a preempted request recomputes its prompt from the first token "
+        "(default on, as in vLLM, SGLang and TensorRT-LLM; without hash ids each prompt is unique)",
+    )
+    s.add_argument(
         "--admission",
         choices=ADMISSIONS,
         default=None,

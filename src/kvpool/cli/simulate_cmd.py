@@ -91,6 +91,7 @@ def simulate_keywords(args: argparse.Namespace) -> dict[str, Any]:
         "padding_reservation": not args.no_padding_reservation,
         "calibration": calibration,
         "hash_lookahead": args.hash_lookahead,
+        "reuse": not args.no_reuse,
     }
 
 

@@ -193,7 +193,7 @@ class FleetSimulation:
                     role,
                     f"{role}{i}",
                     events=events,
-                    reuse=sim.trace.hash_ids is not None,
+                    reuse=sim.reuse,
                     padding=sim.padding,
                     admission=sim.admission,
                     hash_lookahead=sim.hash_lookahead,

@@ -80,6 +80,7 @@ class SimulateKeywords(PlanKeywords, total=False):
     disk_bandwidth: float | None
     transfer_overlap: bool
     hash_lookahead: int
+    reuse: bool
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,7 @@ class Simulation:
     dry_run: bool = False
     named_by: str | None = None  # the option that named the policies (--compare, --policy), if one did
     hash_lookahead: int = 0  # each page's digest covers the L ids after it (vLLM 0.33 with an EAGLE drafter)
+    reuse: bool = True  # prefix reuse, on in every engine simulated (off: a preempted request recomputes all)
 
     @classmethod
     def of(cls, model: str, *, gpu: str, trace: str | Trace, **options: Unpack[SimulateKeywords]) -> Simulation:
@@ -237,6 +239,15 @@ class Simulation:
         tiers = tier_runs(values, gpu_spec)
         check_tiers(tiers, sweep, policies)
         lookahead = check_lookahead(values.get("hash_lookahead", 0), policies, sweep, loaded)
+        reuse = values.get("reuse", True)
+        if type(reuse) is not bool:
+            raise KvpoolError(f"reuse (--no-reuse) must be True or False, got {reuse!r}")
+        ray = sweep is not None and (sweep.workers or sweep.ray_address)
+        if not reuse and (lookahead or ray or "online" in policies):
+            raise KvpoolError(
+                "reuse=False (--no-reuse) runs here only: drop --hash-lookahead (it needs reuse) / online / "
+                "the sweep's --workers (they build their own runs)"
+            )
         return cls(
             resolved,
             gpu_spec,
@@ -250,6 +261,7 @@ class Simulation:
             values.get("dry_run", False),
             named_by,
             lookahead,
+            reuse,
         )
 
     @property
@@ -283,7 +295,9 @@ class Simulation:
         if pp.name == "rebalance":
             from kvpool.sim.rebalance_sim import simulate_rebalanced
 
-            result, _ = simulate_rebalanced(pp.plan, self.trace, self.model, dry_run=self.dry_run, padding=self.padding)
+            result, _ = simulate_rebalanced(
+                pp.plan, self.trace, self.model, dry_run=self.dry_run, padding=self.padding, reuse=self.reuse
+            )
             return result
         if pp.name == "online":
             from kvpool.sim.online import simulate_online
@@ -314,6 +328,7 @@ class Simulation:
             link=moves.link if moves else None,
             preemption=moves.preemption if moves else "recompute",
             hash_lookahead=self.hash_lookahead,
+            reuse=self.reuse,
         )
 
     def run(
@@ -486,7 +501,8 @@ def simulate(
     `ranks_per_node`, `preemption` (recompute, suspend), `host_bandwidth` /
     `disk_bandwidth` (GB/s), `transfer_overlap`. `hash_lookahead` L: each page's
     digest also covers the L ids after it, as vLLM 0.33 hashes blocks with an
-    EAGLE-family drafter (a hit needs them equal too). `progress` is called with each
+    EAGLE-family drafter (a hit needs them equal too). `reuse=False` turns
+    prefix reuse off (a preempted request then recomputes from its first token). `progress` is called with each
     run's `Progress`; `on_step` with the manager after each step (to publish its
     events). `options` also take the `PlanKeywords`. Raises KvpoolError on bad
     input, before any run."""

@@ -84,6 +84,7 @@ class SimResult:
     captured: int = 0
     skipped: int = 0
     reuse_hit_rate: float = 0.0  # the manager's: reused / looked-up tokens over every lookup
+    prefill_tokens: int = 0  # prompt positions computed, recomputed ones (after a preemption) again
     prompt_hit_rate: float = 0.0  # of finished requests' prompt tokens, those a hit covered at their first admission
     wall_s: float = 0.0
     end_used: dict[str, int] = field(default_factory=dict)  # pages used after the last request

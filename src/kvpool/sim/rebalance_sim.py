@@ -91,16 +91,16 @@ def simulate_rebalanced(
     rebalancer: Rebalancer | None = None,
     dry_run: bool = False,
     padding: bool = True,
+    reuse: bool = True,
     on_step: Callable[[BallastPools], None] | None = None,
 ) -> tuple[SimResult, RebalanceLog]:
     """Replay `trace` starting from `plan`'s split, moving it online (see the
     module docstring). With `dry_run` the split never changes and the log
-    says what would have moved. `on_step` sees the pools after every step
+    says what would have moved. `reuse`: prefix reuse (as `simulate`'s). `on_step` sees the pools after every step
     (tests check the invariants there)."""
     limits = plan.limits
-    use_reuse = trace.hash_ids is not None
     reb = rebalancer or Rebalancer(plan)
-    pools = BallastPools.build(plan, low=reb.low, high=reb.high, enable_reuse=use_reuse)
+    pools = BallastPools.build(plan, low=reb.low, high=reb.high, enable_reuse=reuse)
     manager = pools.manager
     report = manager.warmup(limits.graph_batch_sizes, draft_lens=(0,))
     pads = {d: r for d, r in report.padding.items() if r is not None}
@@ -108,14 +108,12 @@ def simulate_rebalanced(
         for rid in pads.values():
             manager.free(rid)
         pads = {}
-    sched = Scheduler(
-        manager, limits, padding=padding, captured=report.captured, padding_rids=pads, enable_reuse=use_reuse
-    )
+    sched = Scheduler(manager, limits, padding=padding, captured=report.captured, padding_rids=pads, enable_reuse=reuse)
     log = RebalanceLog(pools.sliding)
     groups = [g.name for g in plan.spec.groups]
     hook = _RebalanceHook(pools, reb, Mover(plan, pools, reb, log, dry_run), groups, on_step)
     setup = Setup(manager, sched, report, groups, [pools.size(g) for g in groups], hook.used)
-    result = simulate(plan, trace, model, padding=padding, hook=hook, setup=setup)
+    result = simulate(plan, trace, model, padding=padding, reuse=reuse, hook=hook, setup=setup)
     usage = {g: replace(result.pages[g], total=hook.largest[g]) for g in groups}
     result = replace(
         result,

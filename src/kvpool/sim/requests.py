@@ -5,9 +5,12 @@ Token ids only matter for prefix reuse. A trace with Mooncake `hash_ids` gets
 the ids of its blocks: block id b covers tokens `b * B .. b * B + B - 1` (B =
 the trace's block size, 512), so two prompts that share leading block ids share
 leading tokens, and the manager's prefix reuse turns that into hits at its own
-page size. Without hash ids every prompt is unique: nothing can be reused, so
-the simulator then runs with reuse off and gives the scheduler zeros (only the
-length matters).
+page size. Without hash ids every prompt is unique: request r's prompt repeats
+one id of its own, `UNIQUE_BASE + r` (above any block's ids), so no page hits
+between requests, yet reuse stays on as in the engines (vLLM V1's prefix
+caching, SGLang's radix cache): a request preempted by recompute finds its own
+pages that were not evicted when it is readmitted, instead of recomputing its
+prompt from token 0. The digests are chained, so its pages still differ.
 """
 
 from __future__ import annotations
@@ -21,13 +24,14 @@ from kvpool.sched import Sequence
 from kvpool.trace import MOONCAKE_BLOCK_TOKENS, Trace
 
 OUTPUT_TOKEN = 1  # what every simulated decode step samples (no EOS: lengths come from the trace)
+UNIQUE_BASE = 1 << 62  # request r's prompt without hash ids: ids UNIQUE_BASE + r (blocks' ids stay far below)
 
 
 @dataclass(frozen=True, slots=True)
 class TraceRequest:
     """One row of a trace as a replica takes it: its id (`rid`, unique in the
     replica), prompt and output lengths, and its prompt's Mooncake block ids
-    (None: a unique prompt). Small: the token ids are built only when the
+    (None: a unique prompt, see the module docstring). Small: the token ids are built only when the
     replica admits it (`prompt_ids`)."""
 
     rid: int
@@ -50,7 +54,7 @@ class TraceRequest:
         """`prompt_ids` packed as int64 (`array("q")`), what a `Sequence` keeps."""
         out = array("q")
         if self.hash_ids is None:
-            out.frombytes(bytes(8 * self.prompt_len))
+            out.frombytes(np.full(self.prompt_len, UNIQUE_BASE + self.rid, dtype=np.int64).tobytes())
             return out
         block = self.hash_block_tokens
         ids = np.asarray(self.hash_ids, dtype=np.int64)

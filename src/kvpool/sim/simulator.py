@@ -35,7 +35,7 @@ def simulate(
     *,
     policy: str | None = None,
     padding: bool = True,
-    reuse: bool | None = None,
+    reuse: bool = True,
     progress: Callable[[Progress], None] | None = None,
     progress_every: int = 2000,
     fast: bool = True,
@@ -52,8 +52,10 @@ def simulate(
     """Replay `trace` (arrival times already set, see `Trace.with_rate`)
     against `plan`: `replay` of one `Replica` of the `ReplicaSpec` these
     options make (see it for `policy`, `padding`, `admission`, `tiers`,
-    `link`, `preemption`, `fast`, `hash_lookahead`). `reuse` defaults to on when the trace has
-    prefix hash ids. Returns the run's metrics; the plan is not changed.
+    `link`, `preemption`, `fast`, `hash_lookahead`). `reuse`: prefix reuse,
+    on by default as in every simulated engine (without hash ids each prompt
+    is unique, `sim/requests.py`: a preempted request finds only its own
+    pages); False recomputes a preempted request from token 0. Returns the run's metrics; the plan is not changed.
     `check` runs the manager's integrity check at the end (O(pages); for
     tests). `on_step` is called with the manager after each step, or each
     fast-forwarded run (e.g. to publish its events: the manager records them
@@ -65,7 +67,7 @@ def simulate(
         plan,
         model,
         policy=policy,
-        reuse=trace.hash_ids is not None if reuse is None else reuse,
+        reuse=reuse,
         padding=padding,
         admission=admission,
         tiers=tuple(tiers),

@@ -34,6 +34,7 @@ class Tally:
     hits: dict[int, int] = field(default_factory=dict)  # requests seen in a prefill: their first prefix hit
     prompt_tokens: int = 0  # the finished requests' prompt tokens, and those a hit covered at their first admission
     prompt_hits: int = 0
+    prefill_tokens: int = 0  # prompt positions computed, a preempted request's recomputed ones again
 
     def admit(self, step: Step) -> None:
         """Each request's first prefill chunk starts where its prefix hit ended
@@ -52,6 +53,7 @@ class Tally:
     def count(self, sched: Scheduler, step: Step, n: int = 1) -> None:
         """`n` steps shaped like `step` ran."""
         self.steps += n
+        self.prefill_tokens += n * sum(num for _, _, num in step.prefills)
         if not step.decodes:
             return
         self.decode_steps += n
@@ -115,6 +117,7 @@ def result_of(
         ttft_s=np.asarray(t.ttft),
         tpot_s=np.asarray(t.tpot),
         preemptions=sched.num_preemptions,
+        prefill_tokens=t.prefill_tokens,
         steps=t.steps,
         decode_steps=t.decode_steps,
         decode_only_steps=t.decode_only,
