@@ -224,8 +224,8 @@ class Scheduler:
                 if self.no_room()
                 else self.manager.can_create(tokens if self.enable_reuse else None, seq.salt, 1 + extra)
             )
-            fits = check is not None and bool(check)
-            if fits and check is not None and self.admission.reserves:
+            fits = bool(check)
+            if check and self.admission.reserves:
                 fits = self.admission.fits(
                     self.manager, self.running, seq, reused=check.hit, extra=extra, taken=check.taken
                 )
