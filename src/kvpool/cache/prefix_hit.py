@@ -22,6 +22,7 @@ The functions take the page tables, never the manager.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 from itertools import compress, count, islice, takewhile
 from operator import eq, not_, truth
@@ -140,6 +141,7 @@ def create_check(
     known: dict[int, KnownPages],
     tier: ColdStore | None,
     positions: int,
+    ids: array[int] | None = None,
 ) -> CreateCheck:
     """`KVCacheManager.can_create`: the longest hit of `hashes` (digested by
     `memo`, which gave `known`) and whether the pools hold it and
@@ -151,7 +153,8 @@ def create_check(
     fit): per store, the pages allocations can take (free ones, then the
     LRU's oldest) and leave the request as short of pages as it is
     (`_spare`). Changes no page; the memo remembers the hit's pages, so that
-    `create` of the same prompt looks none up again."""
+    `create` of the same prompt looks none up again. `ids`: the prompt's
+    checked ids, handed back in the answer."""
     k = longest_hit(t, hashes, known, tier) if hashes else 0
     tpb = t.tokens_per_block
     hit = k * tpb
@@ -183,7 +186,7 @@ def create_check(
     short = {p.store.name: n - p.num_free for p, n in zip(t.pools, need, strict=True) if n > p.num_free}
     if not short:  # (a request that does not fit is not created next: its pages are not remembered)
         memo.remember_hit({gi: KnownPages(p, np.array(p, dtype=np.int32)) for gi, p in found.items()}, t.pools)
-        return CreateCheck(hit, short, claimed)
+        return CreateCheck(hit, short, claimed, ids=ids)
     memo.remember_hit({}, t.pools)
     tail = k - 1 if len(t.pools) == 1 else -1  # one group: evicting its hit's last page keeps it as short
     by_store: dict[int, list[tuple[int, list[int], list[int]]]] = {}  # (first block, pages, refs) by group
@@ -194,7 +197,7 @@ def create_check(
         for si, p in enumerate(t.pools)
         if t.store_of[si] == si
     }
-    return CreateCheck(hit, short, claimed, spare)
+    return CreateCheck(hit, short, claimed, spare, ids)
 
 
 def _spare(pool: PagePool, hits: list[tuple[int, list[int], list[int]]], tail: int) -> int:
