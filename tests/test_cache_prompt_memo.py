@@ -208,7 +208,7 @@ def test_the_checked_ids_handed_back_are_the_prompt_and_stay_as_they_are(events:
         for m in (handed, plain):
             assert m.resize(rid, 12, 12)
             assert m.commit(rid, 12, out) == 12
-    assert list(check.ids) == prompt  # nobody appended to them
+    assert check.ids is not None and list(check.ids) == prompt  # nobody appended to them
     assert observed(handed) == observed(plain) and handed.take_events() == plain.take_events()
     assert manager(spec, {"full": 40}, reuse=False).can_create(prompt).ids is None
     handed.check_integrity()

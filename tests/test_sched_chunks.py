@@ -136,7 +136,12 @@ def test_a_chunk_past_the_capacity_is_probed(monkeypatch: Any) -> None:
     mgr, sched = build("full", 4, 0)
     mgr.create(1)
     assert mgr.resize(1, 10, 0)  # capacity 10 at history 0: 3 of the 4 pages
-    asked: list[int] = []
-    monkeypatch.setattr(sched, "_chunk_by_pages", lambda *a: asked.append(1) or 0)
+    asked: list[object] = []
+
+    def counting(*args: object) -> int:
+        asked.append(args)
+        return 0
+
+    monkeypatch.setattr(sched, "_chunk_by_pages", counting)
     assert sched._largest_chunk(1, 0, 40) == 16  # all 4 pages
     assert not asked and mgr.capacity(1) == 16

@@ -64,7 +64,8 @@ def longest_hit(
         if t.never_stale[gi] and not t.is_state[gi]:  # the leading cached run, counted in C
             skip = len(known[gi].pages) if known and gi in known else 0
             if runs is not None and tier is None:
-                run = runs[gi] = list(takewhile(_is_page, map(pools[gi].cached.get, islice(hashes, skip, None))))
+                got: list[int | None] = list(takewhile(_is_page, map(pools[gi].cached.get, islice(hashes, skip, None))))
+                run = runs[gi] = cast("list[int]", got)
                 k = min(k, skip + len(run))
             else:
                 k = min(k, skip + len(list(takewhile(holds(t, gi, tier, media), islice(hashes, skip, None)))))
