@@ -158,13 +158,15 @@ class PagePool:
     def evict(self, count: int) -> list[int]:
         """Unlink the `count` least recently used cached pages and drop their
         hashes (one `removed` record); they stay unowned for the caller."""
-        nxt, page_hash, cached, sentinel = self.nxt, self.page_hash, self.cached, self.num_pages
+        nxt, cached, sentinel = self.nxt, self.cached, self.num_pages
+        # every cached page has a hash (were one None, `del cached[None]` would raise: never a key)
+        page_hash: list[int] = self.page_hash  # type: ignore[assignment]
         pages, hashes = [], []
         page = nxt[sentinel]
-        for _ in range(count):  # `_unlink_oldest` and `_drop_hash` in one pass (a cached page has a hash:
-            block_hash = page_hash[page]  # None, never a key of `cached`, would raise KeyError)
+        for _ in range(count):  # `_unlink_oldest` and `_drop_hash` in one pass
+            block_hash = page_hash[page]
             del cached[block_hash]
-            page_hash[page] = None
+            page_hash[page] = None  # type: ignore[call-overload]
             pages.append(page)
             hashes.append(block_hash)
             page = nxt[page]
