@@ -237,7 +237,7 @@ def first_shared_fill(t: PageTables, req: Request, ids: Sequence[int], upto: int
             if holder is not None or page < 0 or page_hash[page] is not None:  # the walk stops here
                 break
             j -= 1
-    data = array("q", req.tokens[start:])
+    data = req.tokens[start:]  # (a new array)
     data.extend(ids)
     digests = req.hashes[first - 1 : first] if first else []  # the parent, then the pages' own
     extend_hashes(digests, data, tpb, req.seed, len(digests) + last - first, req.chain, len(digests) * tpb)
