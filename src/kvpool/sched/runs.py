@@ -38,7 +38,7 @@ def decode_run_limit(sched: Scheduler, step: Step) -> int:
     if sched.graphs.lazy_dummy is not None or step.preempted or step.rejected:
         return 0
     max_len = sched.limits.max_seq_len
-    limit = min(min(s.max_new_tokens - len(s.output_ids), max_len - s.num_tokens) for s, _ in step.decodes)
+    limit = min(min(s.max_new_tokens, max_len - s.prompt_len) - len(s.output_ids) for s, _ in step.decodes)
     return waits_through(sched, step, limit) if sched.waiting else limit
 
 

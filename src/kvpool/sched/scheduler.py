@@ -460,7 +460,7 @@ class Scheduler:
         sequence (ignored for other chunks); 1..k+1 accepted tokens for a decode
         row with k drafts. Returns the requests that finished."""
         finished: list[Sequence] = []
-        tpb = self.manager.spec.tokens_per_block
+        tpb, max_len = self.manager.spec.tokens_per_block, self.limits.max_seq_len
         for seq, start, n in step.prefills:
             seq.num_computed = start + n
             if self.enable_reuse:
@@ -471,7 +471,7 @@ class Scheduler:
                 if not tokens:
                     raise SchedulerError(f"request {seq.rid} finished its prefill but no token was sampled")
                 check_sampled(seq, tokens[:1])
-                if append_tokens(seq, tokens[:1], self.limits.max_seq_len):
+                if append_tokens(seq, tokens[:1], max_len):
                     finished.append(seq)
         for seq, k in step.decodes:
             tokens = sampled.get(seq.rid)
@@ -483,10 +483,10 @@ class Scheduler:
             if len(tokens) != 1 or type(t := tokens[0]) is not int or not 0 <= t <= INT64_MAX:
                 check_sampled(seq, tokens)  # (one plain id in range: checked above)
             before = seq.num_computed
-            seq.num_computed += len(tokens)
-            if append_tokens(seq, tokens, self.limits.max_seq_len):
+            seq.num_computed = now = before + len(tokens)
+            if append_tokens(seq, tokens, max_len):
                 finished.append(seq)  # `finish` commits its pages
-            elif seq.num_computed // tpb > before // tpb:
+            elif now // tpb > before // tpb:
                 self.commit_filled(seq)
         self.graphs.release()
         self.finish(finished)
