@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from kvpool.sched.scheduler import Scheduler
 from kvpool.cache.checks import INT64_MAX
+from kvpool.sched.scheduler import Scheduler
 from kvpool.sched.sequence import SchedulerError, Sequence, append_tokens, check_sampled
 from kvpool.sched.step import Step
 from kvpool.spec import LayerGroup, decode_worst_case_pages, pages_needed
