@@ -12,7 +12,7 @@ import pytest
 
 from kvpool.cache import KVCacheManager
 from kvpool.plan import PoolPlan, ServingLimits
-from kvpool.sched import Scheduler, Sequence, advance_decodes, decode_run_limit
+from kvpool.sched import Scheduler, SchedulerError, Sequence, advance_decodes, decode_run_limit
 from kvpool.spec import ModelSpec
 from sched_helpers import TPB, full_spec, hybrid_spec, run_step
 
@@ -138,3 +138,16 @@ def test_a_run_of_a_verbatim_repeat_stores_what_single_steps_store() -> None:
     (slow_cached, slow_lru, slow_hashes, _), (fast_cached, fast_lru, fast_hashes, runs) = results
     assert runs > 0  # the fast path ran
     assert (fast_cached, fast_lru, fast_hashes) == (slow_cached, slow_lru, slow_hashes)
+
+
+def test_a_run_sampling_no_token_id_is_refused_before_anything_changes() -> None:
+    mgr, sched = make({"full": 100})
+    sched.add(Sequence(rid=1, prompt_ids=list(range(100, 106)), max_new_tokens=30))
+    run_step(sched, sched.schedule(), GEN)  # type: ignore[arg-type]
+    step = sched.schedule()
+    assert step is not None
+    row = step.decodes[0][0]
+    before = (row.num_computed, list(row.output_ids), mgr.capacity(1), mgr.history(1))
+    with pytest.raises(SchedulerError, match="request 1: sampled ids"):
+        advance_decodes(sched, step, decode_run_limit(sched, step), -1)
+    assert (row.num_computed, row.output_ids, mgr.capacity(1), mgr.history(1)) == before

@@ -122,6 +122,32 @@ def test_decode_must_accept_between_one_and_k_plus_one_tokens() -> None:
         sched.update(step, {1: [1, 2, 3, 4]})
 
 
+@pytest.mark.parametrize("bad", [-1, 1 << 63, 2.0, True, "7"])
+def test_a_sampled_id_that_is_no_token_id_is_refused_before_its_row_changes(bad: object) -> None:
+    # sampled ids are checked where they come in (`update`): a decode row keeps its history and output
+    mgr, sched = make({"full": 100})
+    sched.add(seq(1, 4, 10))
+    run_step(sched, sched.schedule())  # type: ignore[arg-type]
+    step = sched.schedule()
+    assert step is not None and step.decodes
+    row = step.decodes[0][0]
+    before = (row.num_computed, list(row.output_ids))
+    with pytest.raises(SchedulerError, match="request 1: sampled ids"):
+        sched.update(step, {1: [bad]})  # type: ignore[list-item]
+    assert (row.num_computed, row.output_ids) == before
+    mgr.check_integrity()
+
+
+def test_a_prefill_sampling_no_token_id_is_refused() -> None:
+    _, sched = make({"full": 100})
+    sched.add(seq(1, 4, 10))
+    step = sched.schedule()
+    assert step is not None
+    with pytest.raises(SchedulerError, match="request 1: sampled ids"):
+        sched.update(step, {1: [-3]})
+    assert step.prefills[0][0].output_ids == []
+
+
 def trace_of_steps(sched: Scheduler, mgr: KVCacheManager, asked: list[bool] | None = None) -> list[tuple[Any, ...]]:
     """Drive `sched` to its end, one step at a time; each step as plain values
     with the decode steps it could run at once (and, where `asked` is given,

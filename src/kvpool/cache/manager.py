@@ -562,7 +562,10 @@ class KVCacheManager:
             req = self.requests.get(rid)  # raises
         if not self.enable_reuse or req.dummy:
             return 0
-        ids = None if tokens is None else check_few_tokens(tokens, f"request {rid}: commit's tokens")
+        ids = None
+        if tokens is not None:  # (packed ids are only read: `prefix.commit` appends them to the request's own)
+            what = f"request {rid}: commit's tokens"
+            ids = check_tokens(tokens, what, copy=False) if type(tokens) is array else check_few_tokens(tokens, what)
         count = as_position(num_tokens, "commit's num_tokens")
         return prefix.commit(self.tables, req, count, ids, state_snapshots=self.state_snapshots)
 

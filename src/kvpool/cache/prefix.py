@@ -181,8 +181,9 @@ def commit(
         hashes, slot = req.hashes, req.slot
         if req.ahead is not None:
             take_ahead(req, ids, tpb, k)
-        extend_hashes(hashes, ids, tpb, req.seed, k, req.chain, req.base)
-        ahead = lookahead(req)
+        if len(hashes) < k:  # (a run's digests came with `take_ahead`)
+            extend_hashes(hashes, ids, tpb, req.seed, k, req.chain, req.base)
+        ahead = 0 if req.chain is None else lookahead(req)
         if ahead:  # lookahead digests: only the pages whose following ids are known
             k = min(k, len(hashes))
     if k > done:
@@ -237,7 +238,7 @@ def first_shared_fill(t: PageTables, req: Request, ids: Sequence[int], upto: int
             if holder is not None or page < 0 or page_hash[page] is not None:  # the walk stops here
                 break
             j -= 1
-    data = array("q", req.tokens[start:])
+    data = req.tokens[start:]  # (a new array)
     data.extend(ids)
     digests = req.hashes[first - 1 : first] if first else []  # the parent, then the pages' own
     extend_hashes(digests, data, tpb, req.seed, len(digests) + last - first, req.chain, len(digests) * tpb)

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from kvpool.cache.checks import INT64_MAX
 from kvpool.sched.scheduler import Scheduler
-from kvpool.sched.sequence import SchedulerError, Sequence, append_tokens
+from kvpool.sched.sequence import SchedulerError, Sequence, append_tokens, check_sampled
 from kvpool.sched.step import Step
 from kvpool.spec import LayerGroup, decode_worst_case_pages, pages_needed
 
@@ -37,7 +38,7 @@ def decode_run_limit(sched: Scheduler, step: Step) -> int:
     if sched.graphs.lazy_dummy is not None or step.preempted or step.rejected:
         return 0
     max_len = sched.limits.max_seq_len
-    limit = min(min(s.max_new_tokens - len(s.output_ids), max_len - s.num_tokens) for s, _ in step.decodes)
+    limit = min(min(s.max_new_tokens, max_len - s.prompt_len) - len(s.output_ids) for s, _ in step.decodes)
     return waits_through(sched, step, limit) if sched.waiting else limit
 
 
@@ -154,6 +155,8 @@ def advance_decodes(
         return None
     if any(token in s.stop_ids for s, _ in step.decodes):
         return None
+    if type(token) is not int or not 0 <= token <= INT64_MAX:  # checked once: the pages take it as it is
+        check_sampled(step.decodes[0][0], [token])
     steps = shared_fill_limit(sched, step, steps, token)
     if steps < 2:
         return None
@@ -161,6 +164,7 @@ def advance_decodes(
     manager = sched.manager
     need: dict[str, int] = {}  # pages every intermediate state may take, per pool
     windows = False  # a group releases pages as the run moves
+    own: list[LayerGroup] = []  # growing groups in their own pools
     for g in manager.spec.groups:
         worst = decode_worst_case_pages(g, sched.limits.headroom)
         pool = manager.pool_of(g.name)
@@ -171,11 +175,12 @@ def advance_decodes(
             windows = True
         elif pool != g.name:  # a growing group in a shared pool: its growth meanwhile counts against the others
             need[pool] = need.get(pool, 0) + rows * -(-(steps - 1) // g.tokens_per_block)
-        else:  # a growing group in its own pool: exactly the pages the run adds
-            need[pool] = need.get(pool, 0) + sum(
-                pages_needed(g, cap + steps - 1) - pages_needed(g, cap)
-                for cap in (manager.capacity(s.rid) for s, _ in step.decodes)
-            )
+        else:
+            own.append(g)
+    if windows:  # (else the one `extend` below answers for these pools: the pages the run adds, all or none)
+        caps = [manager.capacity(s.rid) for s, _ in step.decodes]
+        for g in own:  # exactly the pages the run adds
+            need[g.name] = sum(pages_needed(g, cap + steps - 1) - pages_needed(g, cap) for cap in caps)
     for g in manager.spec.groups:
         if manager.free_pages(g.name) < need.get(manager.pool_of(g.name), 0):
             return None
@@ -215,7 +220,7 @@ def advance_decodes(
         if append_tokens(seq, run, sched.limits.max_seq_len):
             ended.add(seq.rid)
         if seq.num_computed // tpb > before // tpb:
-            sched.commit_filled(seq)
+            sched.commit_filled(seq, moved=True)  # (`extend` raised its history there)
     for seq in rows_:
         seq.num_computed += 1
         if seq.num_computed % tpb == 0 and seq.rid not in ended:

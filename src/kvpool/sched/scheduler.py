@@ -13,14 +13,14 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Literal, NamedTuple, cast
 
-from kvpool.cache.checks import check_few_tokens
+from kvpool.cache.checks import INT64_MAX, check_few_tokens
 from kvpool.cache.results import CreateCheck
 from kvpool.plan.feasibility import largest_fitting
 from kvpool.plan.limits import ServingLimits
 from kvpool.sched.admission import Admission
 from kvpool.sched.padding import GraphPadding
 from kvpool.sched.paged_cache import PagedCache, SuspendingCache
-from kvpool.sched.sequence import SchedulerError, Sequence, Status, append_tokens, check_request
+from kvpool.sched.sequence import SchedulerError, Sequence, Status, append_tokens, check_request, check_sampled
 from kvpool.sched.step import Step
 
 
@@ -191,23 +191,30 @@ class Scheduler:
         all at once through the manager's batch path, and only when that fails
         one by one, preempting from the back of the running list."""
         limits, extra = self.limits, self.limits.num_extra_kv_tokens
-        rows: list[tuple[Sequence, int]] = []
-        for seq in self.running:
-            if not seq.is_decoding:
-                continue
-            k = 0
-            if draft_lens:
-                room = seq.max_new_tokens - len(seq.output_ids) - 1
-                # drafts only take what the token budget leaves: fewer, not none
-                k = max(0, min(draft_lens.get(seq.rid, 0), limits.max_draft_len, room, budget - 1))
-            if 1 + k > budget:
-                continue
-            rows.append((seq, k))
-            budget -= 1 + k
-        if not rows:
+        decoding = [s for s in self.running if (out := len(s.output_ids)) and s.num_computed == s.prompt_len + out - 1]
+        if not decoding:
             return budget
-        hists = [s.num_computed for s, _ in rows]
-        caps = [h + 1 + k + extra for h, (_, k) in zip(hists, rows, strict=True)]
+        if not draft_lens and len(decoding) <= budget:  # a token each, all within the budget (no drafts)
+            rows = [(seq, 0) for seq in decoding]
+            hists = [seq.num_computed for seq in decoding]
+            caps = [h + 1 + extra for h in hists]
+            budget -= len(rows)
+        else:
+            rows = []
+            for seq in decoding:
+                k = 0
+                if draft_lens:
+                    room = seq.max_new_tokens - len(seq.output_ids) - 1
+                    # drafts only take what the token budget leaves: fewer, not none
+                    k = max(0, min(draft_lens.get(seq.rid, 0), limits.max_draft_len, room, budget - 1))
+                if 1 + k > budget:
+                    continue
+                rows.append((seq, k))
+                budget -= 1 + k
+            if not rows:
+                return budget
+            hists = [s.num_computed for s, _ in rows]
+            caps = [h + 1 + k + extra for h, (_, k) in zip(hists, rows, strict=True)]
         if self.manager.resize_many([s.rid for s, _ in rows], caps, hists):
             self._step_decodes.extend(rows)
             return budget
@@ -359,7 +366,7 @@ class Scheduler:
                 return False
         return True
 
-    def commit_filled(self, seq: Sequence, ahead: tuple[int, ...] = ()) -> None:
+    def commit_filled(self, seq: Sequence, ahead: tuple[int, ...] = (), *, moved: bool = False) -> None:
         """Offer every computed page of running `seq` for reuse: the ids the
         manager has not seen go first (so that the pages the history move then
         releases from a sliding window are stored, not dropped), then its
@@ -368,20 +375,37 @@ class Scheduler:
         step it completes: a router reading the events, and a request arriving
         meanwhile, see it at once. `ahead`: the ids a run of decode steps will
         append after the in-flight token (`sched.runs`), handed over before the
-        run's one move."""
+        run's one move. `moved`: the manager's history is `num_computed`
+        already (a run's move raised it), so the ids and the commit go in one
+        call."""
         if not self.enable_reuse or seq.num_computed == 0:
             return
-        known = self._known.get(seq.rid, 0)
-        upto = seq.num_computed + (len(ahead) + 1 if ahead else 0)  # the history the caller reaches
+        rid, n, manager = seq.rid, seq.num_computed, self.manager
+        known = self._known.get(rid, 0)
+        upto = n + (len(ahead) + 1 if ahead else 0)  # the history the caller reaches
+        fresh = None
         if upto > known:
-            fresh = seq.token_ids[known:]  # the unseen tail only (packed: the manager takes it as it is)
+            fresh = self._unseen(seq, known, upto - len(ahead))
             if ahead:
-                fresh.extend(check_few_tokens(ahead, f"request {seq.rid}: sampled ids"))
-            del fresh[upto - known :]
-            self.manager.commit(seq.rid, 0, fresh)  # ids only: a total of 0 offers no page
-            self._known[seq.rid] = upto
+                fresh.extend(check_few_tokens(ahead, f"request {rid}: sampled ids"))
+            self._known[rid] = upto
+        if moved:
+            manager.commit(rid, n, fresh)
+            return
+        if fresh is not None:
+            manager.commit(rid, 0, fresh)  # ids only: a total of 0 offers no page
         self._advance_history(seq)
-        self.manager.commit(seq.rid, seq.num_computed)
+        manager.commit(rid, n)
+
+    def _unseen(self, seq: Sequence, known: int, upto: int) -> array[int]:
+        """The ids of positions `known`..`upto` of `seq`, a new int64 array
+        (the manager takes it as it is). Those past the prompt are outputs,
+        checked where they came in (`update`, a run's token): read from the
+        output list, not repacked from `token_ids`."""
+        p = seq.prompt_len
+        if known < p:  # (the manager saw the whole prompt at admission: not met by the scheduler's own requests)
+            return seq.token_ids[known:upto]
+        return array("q", seq.output_ids[known - p : upto - p])
 
     def shared_fill_step(self, seq: Sequence, steps: int, token: int) -> int | None:
         """The first of `steps` decode steps of running `seq` (each computes
@@ -393,7 +417,7 @@ class Scheduler:
             return None
         n, tpb = seq.num_computed, self.manager.spec.tokens_per_block
         upto = (n + steps) // tpb * tpb  # where the last page the steps fill ends
-        ids = seq.token_ids[self._known.get(seq.rid, 0) :]  # the ids the manager has not seen (through n)
+        ids = self._unseen(seq, self._known.get(seq.rid, 0), n + 1)  # the ids the manager has not seen (through n)
         ids += array("q", (token,)) * (upto - n - 1)  # then the steps' up to there
         at = self.manager.first_shared_fill(seq.rid, ids, upto)
         return None if at is None else at - n
@@ -490,7 +514,7 @@ class Scheduler:
         sequence (ignored for other chunks); 1..k+1 accepted tokens for a decode
         row with k drafts. Returns the requests that finished."""
         finished: list[Sequence] = []
-        tpb = self.manager.spec.tokens_per_block
+        tpb, max_len = self.manager.spec.tokens_per_block, self.limits.max_seq_len
         for seq, start, n in step.prefills:
             seq.num_computed = start + n
             if self.enable_reuse:
@@ -500,7 +524,8 @@ class Scheduler:
                 tokens = sampled.get(seq.rid)
                 if not tokens:
                     raise SchedulerError(f"request {seq.rid} finished its prefill but no token was sampled")
-                if append_tokens(seq, tokens[:1], self.limits.max_seq_len):
+                check_sampled(seq, tokens[:1])
+                if append_tokens(seq, tokens[:1], max_len):
                     finished.append(seq)
         for seq, k in step.decodes:
             tokens = sampled.get(seq.rid)
@@ -509,11 +534,13 @@ class Scheduler:
                     f"request {seq.rid}: decode with {k} drafts must accept 1..{k + 1} tokens, "
                     f"got {0 if not tokens else len(tokens)}"
                 )
+            if len(tokens) != 1 or type(t := tokens[0]) is not int or not 0 <= t <= INT64_MAX:
+                check_sampled(seq, tokens)  # (one plain id in range: checked above)
             before = seq.num_computed
-            seq.num_computed += len(tokens)
-            if append_tokens(seq, tokens, self.limits.max_seq_len):
+            seq.num_computed = now = before + len(tokens)
+            if append_tokens(seq, tokens, max_len):
                 finished.append(seq)  # `finish` commits its pages
-            elif seq.num_computed // tpb > before // tpb:
+            elif now // tpb > before // tpb:
                 self.commit_filled(seq)
         self.graphs.release()
         self.finish(finished)

@@ -129,6 +129,16 @@ def append_tokens(seq: Sequence, tokens: list[int], max_seq_len: int) -> bool:
     return True
 
 
+def check_sampled(seq: Sequence, tokens: list[int]) -> None:
+    """SchedulerError, before `seq` changes, unless `tokens` (sampled for
+    `seq`) are token ids: ints in [0, 2**63). Checked here, where they come
+    in, so that the pages they fill take them as they are."""
+    try:
+        check_few_tokens(tokens, f"request {seq.rid}: sampled ids")
+    except CacheUsageError as e:
+        raise SchedulerError(str(e)) from None
+
+
 def check_request(seq: Sequence, max_seq_len: int) -> None:
     """SchedulerError for an empty prompt, a prompt of at least `max_seq_len`
     tokens (no room to generate) or `max_new_tokens` below 1."""
