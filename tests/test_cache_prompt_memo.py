@@ -190,6 +190,30 @@ def test_requests_of_one_prompt_asked_first_keep_their_own_ids(events: bool) -> 
     m.check_integrity()
 
 
+@pytest.mark.parametrize("events", [True, False])
+def test_the_checked_ids_handed_back_are_the_prompt_and_stay_as_they_are(events: bool) -> None:
+    """`can_create` hands back the ids it checked (`CreateCheck.ids`); passed
+    to `create` (or asked again) they are taken as they are, yet every
+    request still appends its outputs to ids of its own: the handed-back ids,
+    and the hits, stay as with the caller's own ids."""
+    spec = full_spec(tpb=TPB)
+    handed, plain = manager(spec, {"full": 40}, events=events), manager(spec, {"full": 40}, events=events)
+    prompt = list(range(100, 110))  # 2 whole pages and 2 ids
+    for rid, out in ((0, [7, 7]), (1, [8, 8])):
+        check = handed.can_create(prompt)
+        assert check.ids is not None and list(check.ids) == prompt
+        again = handed.can_create(check.ids)
+        assert again.ids is check.ids and again == check == plain.can_create(prompt)
+        assert handed.create(rid, check.ids) == plain.create(rid, prompt) == 8 * rid  # the second hits 2 pages
+        for m in (handed, plain):
+            assert m.resize(rid, 12, 12)
+            assert m.commit(rid, 12, out) == 12
+    assert check.ids is not None and list(check.ids) == prompt  # nobody appended to them
+    assert observed(handed) == observed(plain) and handed.take_events() == plain.take_events()
+    assert manager(spec, {"full": 40}, reuse=False).can_create(prompt).ids is None
+    handed.check_integrity()
+
+
 def test_same_ids_are_only_the_remembered_int64_ids() -> None:
     memo = PromptMemo()
     ids = check_tokens(list(range(40)))
@@ -199,6 +223,11 @@ def test_same_ids_are_only_the_remembered_int64_ids() -> None:
     assert memo.same_ids(array("i", range(40))) is None  # another type code
     assert memo.same_ids(ids[:-1]) is None and memo.same_ids(check_tokens([*range(39), 0])) is None
     assert PromptMemo().same_ids(array("q")) is None
+    assert memo.same_ids(memo.ids) is memo.ids
+    for at in (0, 17, 39):  # one id differs, anywhere
+        other = ids[:]
+        other[at] += 1
+        assert memo.same_ids(other) is None
 
 
 @settings(max_examples=150, deadline=None)

@@ -510,3 +510,41 @@ def test_a_prefill_chunk_is_the_longest_the_pages_hold(
             if start + n < s.num_tokens and used < budget:  # cut short by pages, not by the budget
                 assert not manager.can_resize(s.rid, start + n + 1, start)
         run_step(sched, step)
+
+
+def test_a_head_is_asked_again_and_created_with_the_ids_the_manager_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blocked head is asked again, and an admitted one created, with the
+    ids the manager's last answer about it handed back (`CreateCheck.ids`),
+    which it takes without comparing them with its own copy; the requests run
+    as with their own ids."""
+    mgr, sched = make({"full": 7}, reuse=True, max_num_tokens=64)
+    calls: dict[int, list[tuple[str, object, object]]] = {}  # rid -> (call, ids passed, ids handed back)
+    can_create, create = mgr.can_create, mgr.create
+
+    def asking(tokens: Any, salt: Any = None, num_tokens: int = 1) -> Any:
+        assert list(tokens) == list(sched.waiting[0].token_ids)  # the head's ids as they are now
+        check = can_create(tokens, salt, num_tokens)
+        calls.setdefault(sched.waiting[0].rid, []).append(("can_create", tokens, check.ids))
+        return check
+
+    def creating(rid: int, tokens: Any = None, salt: Any = None) -> int:
+        assert list(tokens) == list(sched.waiting[0].token_ids)
+        calls[rid].append(("create", tokens, None))
+        return create(rid, tokens, salt)
+
+    monkeypatch.setattr(mgr, "can_create", asking)
+    monkeypatch.setattr(mgr, "create", creating)
+    first, second = seq(1, 20, 6), seq(2, 9, 2)  # the second waits for the first's pages, or is preempted
+    sched.add(first)
+    sched.add(second)
+    assert sorted(s.rid for s in drain(sched)) == [1, 2]
+    assert sum(call == "can_create" for call, _, _ in calls[2]) > sum(call == "create" for call, _, _ in calls[2])
+    for s in (first, second):
+        last, kept = "create", None  # the call before, the ids the last answer handed back
+        for call, passed, handed in calls[s.rid]:
+            if last == "can_create":  # asked again, or created: with the ids the answer before handed back
+                assert passed is kept is not None
+            else:  # asked first with its own ids (once preempted, with those handed back if they still are its ids)
+                assert call == "can_create" and (passed is s.token_ids or passed is kept)
+            last, kept = call, handed or kept
+        assert last == "create"

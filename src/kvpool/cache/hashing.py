@@ -194,7 +194,8 @@ def extend_hashes(
         page = ids[first * tokens_per_block - base : num_blocks * tokens_per_block - base].tobytes()
         hashes.append(page_digest(page, hashes[-1] if hashes else seed & MASK64))
         return
-    data = ids[first * tokens_per_block - base : num_blocks * tokens_per_block - base].tobytes()  # only the new pages
+    with memoryview(ids) as view:  # only the new pages' bytes, copied once (a slice of `ids` would copy them twice)
+        data = view[first * tokens_per_block - base : num_blocks * tokens_per_block - base].tobytes()
     hashes += (page_chain if chain is None else chain)(hashes[-1] if hashes else seed, data, 8 * tokens_per_block)
 
 

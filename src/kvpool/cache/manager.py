@@ -218,6 +218,7 @@ class KVCacheManager:
         n = as_position(num_tokens, "can_create's num_tokens")
         hashes: list[int] = []
         known: dict[int, KnownPages] = {}
+        ids = None
         if self.enable_reuse and tokens is not None:
             items = tokens if type(tokens) is array else as_list(tokens, "can_create's tokens")
             if type(items) is not array and any(type(t) is bool for t in items):  # a scheduler passes an int64 array
@@ -229,7 +230,7 @@ class KVCacheManager:
                 hashes, known = self._prompts.digests(
                     ids, tpb, self._seed_of(salt), (len(ids) - 1) // tpb, self.pools, self._chain
                 )
-        return prefix_hit.create_check(self.tables, hashes, self._prompts, known, self.tier, n)
+        return prefix_hit.create_check(self.tables, hashes, self._prompts, known, self.tier, n, ids)
 
     def free(self, rid: int) -> None:
         """Release every page of `rid` (cached content stays reusable until

@@ -158,15 +158,20 @@ class PagePool:
     def evict(self, count: int) -> list[int]:
         """Unlink the `count` least recently used cached pages and drop their
         hashes (one `removed` record); they stay unowned for the caller."""
-        pages = self._unlink_oldest(count)
-        page_hash, cached = self.page_hash, self.cached
-        hashes = []
-        for page in pages:  # `_drop_hash`, inline
+        nxt, cached, sentinel = self.nxt, self.cached, self.num_pages
+        # every cached page has a hash (were one None, `del cached[None]` would raise: never a key)
+        page_hash: list[int] = self.page_hash  # type: ignore[assignment]
+        pages, hashes = [], []
+        page = nxt[sentinel]
+        for _ in range(count):  # `_unlink_oldest` and `_drop_hash` in one pass
             block_hash = page_hash[page]
-            assert block_hash is not None
             del cached[block_hash]
-            page_hash[page] = None
+            page_hash[page] = None  # type: ignore[call-overload]
+            pages.append(page)
             hashes.append(block_hash)
+            page = nxt[page]
+        nxt[sentinel], self.prev[page] = page, sentinel
+        self.store.lru_len -= count
         self.drops += count
         if self.spill is not None:  # the copy is stored in a tier before the page's removal: a router
             self.spill(hashes, pages)  # never sees the digest held nowhere (and drop what hangs off it)
@@ -208,9 +213,8 @@ class PagePool:
         prev, nxt, sentinel = self.prev, self.nxt, self.num_pages
         cached, last = 0, prev[sentinel]
         for page in pages:
-            left = ref[page] - 1
-            ref[page] = left
-            if left == 0:
+            left = ref[page] = ref[page] - 1
+            if not left:
                 if page_hash[page] is None:
                     free(page)
                 else:  # appended to the LRU, chained: the tail is closed once, after the loop
@@ -240,11 +244,11 @@ class PagePool:
         lookahead digests cover) and the `salt` they were hashed under go into
         the record."""
         page_hash, cached, record = self.page_hash, self.cached, self.record_events
-        if len(pages) == 1 and not record:  # a decode step's page, no event: one store, no run to track
-            page, h = pages[0], hashes[first]
-            if page >= 0 and page_hash[page] is None and h not in cached:
-                page_hash[page] = h
-                cached[h] = page
+        if not record:  # no event: no run to track, each page stored or skipped on its own
+            for page, h in zip(pages, hashes[first : first + len(pages)], strict=True):
+                if page >= 0 and page_hash[page] is None and h not in cached:
+                    page_hash[page] = h
+                    cached[h] = page
             return
         start = 0
         for i, page in enumerate(pages):

@@ -22,9 +22,11 @@ The functions take the page tables, never the manager.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
+from functools import partial
 from itertools import compress, count, islice, takewhile
-from operator import eq, not_, truth
+from operator import eq, is_not, not_, truth
 from typing import NamedTuple, cast
 
 import numpy as np
@@ -46,19 +48,27 @@ def longest_hit(
     *,
     media: frozenset[Medium] | None = None,
     fits: bool = True,
+    runs: dict[int, list[int]] | None = None,
 ) -> int:
     """Largest k <= len(hashes) such that a request can reuse k whole pages.
     `known[gi]`: leading pages of a never-stale group known to hold these
     digests (from `PromptMemo.digests`), not looked up again. With a cold
     `tier`, a digest it (or a tier below) holds counts too (only the tiers of
     `media`, when given), as long as the GPU pools have the pages to copy such
-    digests into (`onboard_fits`; not asked with `fits=False`)."""
+    digests into (`onboard_fits`; not asked with `fits=False`). Without a
+    tier, `runs[gi]` gets the pages of each never-stale group's leading cached
+    run after its known pages (as found: the caller need not look them up again)."""
     k = len(hashes)
     pools = t.pools
     for gi in range(len(pools)):
         if t.never_stale[gi] and not t.is_state[gi]:  # the leading cached run, counted in C
             skip = len(known[gi].pages) if known and gi in known else 0
-            k = min(k, skip + len(list(takewhile(holds(t, gi, tier, media), islice(hashes, skip, None)))))
+            if runs is not None and tier is None:
+                got: list[int | None] = list(takewhile(_is_page, map(pools[gi].cached.get, islice(hashes, skip, None))))
+                run = runs[gi] = cast("list[int]", got)
+                k = min(k, skip + len(run))
+            else:
+                k = min(k, skip + len(list(takewhile(holds(t, gi, tier, media), islice(hashes, skip, None)))))
     tpb = t.tokens_per_block
     checks = [gi for gi in range(len(pools)) if t.is_state[gi] or not t.never_stale[gi]]
     while k > 0:
@@ -72,6 +82,9 @@ def longest_hit(
                 return k
         k -= 1
     return 0
+
+
+_is_page = partial(is_not, None)  # a pool's `cached.get` found a page
 
 
 def holds(
@@ -140,6 +153,7 @@ def create_check(
     known: dict[int, KnownPages],
     tier: ColdStore | None,
     positions: int,
+    ids: array[int] | None = None,
 ) -> CreateCheck:
     """`KVCacheManager.can_create`: the longest hit of `hashes` (digested by
     `memo`, which gave `known`) and whether the pools hold it and
@@ -151,8 +165,10 @@ def create_check(
     fit): per store, the pages allocations can take (free ones, then the
     LRU's oldest) and leave the request as short of pages as it is
     (`_spare`). Changes no page; the memo remembers the hit's pages, so that
-    `create` of the same prompt looks none up again."""
-    k = longest_hit(t, hashes, known, tier) if hashes else 0
+    `create` of the same prompt looks none up again. `ids`: the prompt's
+    checked ids, handed back in the answer."""
+    runs: dict[int, list[int]] = {}  # never-stale groups: the pages of the hit past the known ones (no tier)
+    k = longest_hit(t, hashes, known, tier, runs=runs) if hashes else 0
     tpb = t.tokens_per_block
     hit = k * tpb
     need = [0] * len(t.pools)  # by the first group of each store
@@ -165,9 +181,10 @@ def create_check(
             first = k - 1 if t.is_state[gi] else stale_pages(t.groups[gi], hit)
             head = known.get(gi)  # (never-stale groups only: first is 0)
             h = 0 if head is None else min(k, len(head.pages))
+            run = runs.get(gi)
             pages: list[int | None] = [
                 *(head.pages[:h] if head is not None else ()),
-                *map(pool.cached.get, hashes[first + h : k]),
+                *(map(pool.cached.get, hashes[first + h : k]) if run is None else run[: k - h]),
             ]
             missing = pages.count(None)
             held_pages = [p for p in pages if p is not None] if missing else cast("list[int]", pages)
@@ -183,7 +200,7 @@ def create_check(
     short = {p.store.name: n - p.num_free for p, n in zip(t.pools, need, strict=True) if n > p.num_free}
     if not short:  # (a request that does not fit is not created next: its pages are not remembered)
         memo.remember_hit({gi: KnownPages(p, np.array(p, dtype=np.int32)) for gi, p in found.items()}, t.pools)
-        return CreateCheck(hit, short, claimed)
+        return CreateCheck(hit, short, claimed, ids=ids)
     memo.remember_hit({}, t.pools)
     tail = k - 1 if len(t.pools) == 1 else -1  # one group: evicting its hit's last page keeps it as short
     by_store: dict[int, list[tuple[int, list[int], list[int]]]] = {}  # (first block, pages, refs) by group
@@ -194,7 +211,7 @@ def create_check(
         for si, p in enumerate(t.pools)
         if t.store_of[si] == si
     }
-    return CreateCheck(hit, short, claimed, spare)
+    return CreateCheck(hit, short, claimed, spare, ids)
 
 
 def _spare(pool: PagePool, hits: list[tuple[int, list[int], list[int]]], tail: int) -> int:

@@ -114,9 +114,11 @@ class PromptMemo:
         again, then creating it), else None: equal ids need no second copy
         and check, and `digests` of them compares no page."""
         ids = self.ids
-        if type(tokens) is array and tokens.typecode == "q" and len(tokens) == len(ids) and ids and tokens == ids:
-            return ids
-        return None
+        if type(tokens) is not array or tokens.typecode != "q" or len(tokens) != len(ids) or not ids:
+            return None
+        # NumPy compares the buffers a vector at a time (an array's own == compares item by item)
+        same = tokens is ids or bool((np.frombuffer(tokens, np.int64) == np.frombuffer(ids, np.int64)).all())
+        return ids if same else None
 
     def remember_hit(self, pages: dict[int, KnownPages], pools: list[PagePool]) -> None:
         """The pages that the hit of the prompt last given to `digests`

@@ -8,6 +8,7 @@ allocation succeeded; on refusal nothing was changed (docs/design.md, rule 6).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -54,12 +55,17 @@ class CreateCheck:
     alone would take from each pool's free count (its evictable cached pages
     and the copies it brings in from a cold tier); `spare`, per pool, the
     pages allocations may take before they evict a page of the hit (so that
-    the hit stays as it is). Truthy when it fits."""
+    the hit stays as it is). `ids`: the prompt's token ids as the manager
+    checked and digested them (None without a prompt or with reuse off), for
+    the caller to pass back to `create` or `can_create` of the same prompt,
+    which then take them as they are, with no copy, check or comparison: read
+    them, never write them. Truthy when it fits."""
 
     hit: int
     short: Mapping[str, int] = field(default_factory=dict)
     taken: Mapping[str, int] = field(default_factory=dict)
     spare: Mapping[str, int] = field(default_factory=dict)
+    ids: array[int] | None = field(default=None, compare=False, repr=False)
 
     def __bool__(self) -> bool:
         return not self.short

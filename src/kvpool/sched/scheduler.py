@@ -44,6 +44,16 @@ class Blocked(NamedTuple):
         return {} if self.check is None else self.check.spare
 
 
+def checked_ids(check: CreateCheck | None, ids: array[int]) -> array[int]:
+    """The ids `check` answered about, as the manager checked them
+    (`CreateCheck.ids`), for asking about `ids` again: the manager takes its
+    own copy as it is, where it would compare `ids` with it first. `ids`
+    themselves when it kept none (or they differ in length: a request's ids
+    do not change while it waits, but a check of other ids is not taken)."""
+    kept = None if check is None else check.ids
+    return ids if kept is None or len(kept) != len(ids) else kept
+
+
 class Scheduler:
     """Decides each iteration's batch and keeps the manager's pages in step with it.
 
@@ -101,11 +111,18 @@ class Scheduler:
         self._rids: set[int] = set()
         self._known: dict[int, int] = {}  # tokens of each running request the manager has seen
         self.blocked: Blocked | None = None  # the head of the queue waits for pages (the last `schedule`)
+        self._asked: tuple[Sequence, CreateCheck] | None = None  # the last head asked of the manager, its answer
         # groups in which any request opens a page after its prefix hit (whole pages of the spec's size)
         tpb = manager.spec.tokens_per_block
         self._opening = tuple(
             g.name for g in manager.spec.groups if not g.rule.per_request and tpb % g.tokens_per_block == 0
         )
+        # groups whose pages grow with capacity, per pool: a chunk one page shorter spares one page of each
+        self._growing: dict[str, int] = {}
+        for g in manager.spec.groups:
+            if not g.rule.per_request:
+                pool = manager.pool_of(g.name)
+                self._growing[pool] = self._growing.get(pool, 0) + 1
 
     # ------------------------------------------------------------------ queue
 
@@ -219,11 +236,15 @@ class Scheduler:
             if seq.rid in preempted:  # not recomputed in the step that evicted it
                 break
             tokens = seq.token_ids
+            if self._asked is not None and self._asked[0] is seq:  # asked again: the ids as the manager checked them
+                tokens = checked_ids(self._asked[1], tokens)
             check = (
                 None
                 if self.no_room()
                 else self.manager.can_create(tokens if self.enable_reuse else None, seq.salt, 1 + extra)
             )
+            if check is not None:
+                self._asked = (seq, check)
             fits = bool(check)
             if check and self.admission.reserves:
                 fits = self.admission.fits(
@@ -237,6 +258,7 @@ class Scheduler:
                 if not self.admission.reserves:  # what a reservation needs changes as requests decode
                     self.blocked = Blocked(seq, check)
                 break  # head-of-line: wait until running requests free pages
+            tokens = checked_ids(check, tokens)
             reused = self.manager.create(seq.rid, tokens if self.enable_reuse else None, seq.salt)
             n = self._largest_chunk(seq.rid, reused, min(len(tokens) - reused, budget))
             if not n:  # pragma: no cover - `can_create` said that one position fits
@@ -267,6 +289,38 @@ class Scheduler:
         whole = self.manager.resize(rid, history + tokens + extra, history)
         if whole:
             return tokens
+        if self.manager.capacity(rid) <= history + 1 + extra:  # early return: the answer counted from `short`
+            n = self._chunk_by_pages(whole.short, history + extra, tokens)
+            if n == 0 or self.manager.resize(rid, history + n + extra, history):
+                return n
+        return self._probed_chunk(rid, history, tokens, whole.short)  # (a resumed request past its chunk's start)
+
+    def _chunk_by_pages(self, short: Mapping[str, int], start: int, tokens: int) -> int:
+        """The longest chunk below `tokens` whose pages fit, where the whole
+        `tokens` left each pool `short[pool]` pages short, for a request whose
+        capacity then grows from at most `start + 1` (so that no chunk of one
+        position or more releases a page, and the pages each takes from the
+        stale ones at its history on are the same): a chunk
+        ending at capacity c takes ceil(c / tpb) blocks in each of a pool's
+        growing groups (`spec.pages.table_blocks`; a state group takes its one
+        slot whatever c is), so a pool g growing groups short of s pages holds
+        a chunk whose blocks are ceil(s / g) fewer per group. Exactly what
+        asking `resize` chunk by chunk finds (tests/test_sched_chunks.py)."""
+        tpb = self.manager.spec.tokens_per_block
+        blocks = -(-(start + tokens) // tpb)  # per growing group, for the whole chunk
+        n = tokens - 1
+        for pool, missing in short.items():
+            growing = self._growing.get(pool, 0)
+            if not growing:  # only state slots lack pages: no chunk makes up for them
+                return 0
+            n = min(n, (blocks - -(-missing // growing)) * tpb - start)
+        return max(n, 0)
+
+    def _probed_chunk(self, rid: int, history: int, tokens: int, short: Mapping[str, int]) -> int:
+        """`_largest_chunk` by asking `resize` (whose refusal for the whole
+        chunk said `short`), bisecting on its answers: for a request whose
+        capacity may already be past the chunk's first position."""
+        extra = self.limits.num_extra_kv_tokens
 
         # pages needed grow with the chunk: bisect on the manager's own answer, from below by the chunk
         # shorter by the most pages a pool lacked (each group's live pages at a fixed history grow by one
@@ -275,7 +329,7 @@ class Scheduler:
             return bool(self.manager.resize(rid, history + m + extra, history))
 
         tpb = self.manager.spec.tokens_per_block
-        lo = tokens - max(whole.short.values()) * tpb
+        lo = tokens - max(short.values()) * tpb
         if lo > 0 and fits(lo):
             # the chunk that ends where lo's last page does takes no page more in a group of whole pages: try
             # it and the position after it first, which settles the usual case (one pool of such groups)
