@@ -185,3 +185,24 @@ def test_import_kvpool_stays_the_numpy_core() -> None:
     assert kvpool.deploy is deploy
     with pytest.raises(AttributeError):
         _ = kvpool.no_such_name  # type: ignore[attr-defined]
+
+
+def test_deploy_and_fleet_load_each_name_on_first_use() -> None:
+    """`kvpool simulate` of one replica loads the simulation's modules alone: no fit
+    search, fleet loop, calibration or KV index; every public name still resolves."""
+    code = (
+        "import sys, kvpool.cli.simulate_cmd; "
+        "heavy = [m for m in ('kvpool.deploy.fitting', 'kvpool.deploy.fleets', 'kvpool.deploy.calibrating', "
+        "'kvpool.fleet.loop', 'kvpool.fleet.metrics') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    import kvpool.fleet
+
+    for package in (deploy, kvpool.fleet):
+        for name in package.__all__:
+            value = getattr(package, name)
+            assert getattr(value, "__module__", package.__name__).startswith(package.__name__), name
+    assert kvpool.fleet.handoff.__module__ == "kvpool.fleet.handoff" and callable(kvpool.fleet.handoff)
+    with pytest.raises(AttributeError):
+        _ = deploy.no_such_name  # type: ignore[attr-defined]

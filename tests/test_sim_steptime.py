@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvpool.errors import KvpoolError
 from kvpool.sim.steptime import (
@@ -105,6 +109,38 @@ def test_decode_run_times_equal_single_steps(calibration: str | None) -> None:
     for j in range(5):
         single = model.time([(h + j, 0) for h in hist], [], graph=True, padded_batch=4)
         assert run[j] == pytest.approx(single, rel=1e-12), j
+
+
+STEPS = st.lists(
+    st.tuples(
+        st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 2)), max_size=4),  # decode rows (history, drafts)
+        st.lists(st.tuples(st.integers(0, 3000), st.integers(1, 6)), max_size=3),  # prefill chunks (start, n)
+        st.booleans(),  # graph
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(STEPS)
+def test_a_model_prices_each_step_as_a_fresh_one_does(steps: list[tuple[Any, Any, bool]]) -> None:
+    """The parts a model remembers per (tokens, sampled rows) pair change no
+    figure: a model that priced steps before gives each step, part by part,
+    exactly what a model that never priced one gives (MoE, so every part counts)."""
+    spec = toy_spec(num_local_experts=4, num_experts_per_tok=2, intermediate_size=128)
+    w = Weights(5e9, 2e9, 2.0, num_experts=4, experts_per_token=2)
+    warm = StepTimeModel.build(spec, GPU, w)
+    for decodes, prefills, graph in steps + steps:  # each step again, the memo now warm
+        fresh = StepTimeModel.build(spec, GPU, w)
+        padded = len(decodes) + 1 if graph and decodes else None
+        got = warm.cost(decodes, prefills, graph=graph, padded_batch=padded)
+        assert got == fresh.cost(decodes, prefills, graph=graph, padded_batch=padded)
+        assert list(map(float, got)) == list(
+            map(float, fresh.cost(decodes, prefills, graph=graph, padded_batch=padded))
+        )
+    assert got.experts > 0 and got.matmul > 0
+    assert warm == StepTimeModel.build(spec, GPU, w)  # the memo is no part of the value
 
 
 def test_moe_reads_the_experts_its_tokens_touch() -> None:

@@ -12,7 +12,6 @@ import contextlib
 import errno
 import os
 import stat
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
@@ -93,6 +92,8 @@ def check_output(text: str | Path) -> Path:
     if kind == "file":
         if real.exists() and not os.access(real, os.W_OK):
             raise KvpoolError(f"cannot write {text}: the file is read-only")
+        import tempfile  # loaded where a file is written, not on every start (it loads shutil, random, bz2)
+
         try:
             fd, probe = tempfile.mkstemp(prefix=f".{real.name}.", suffix=TMP_SUFFIX, dir=real.parent)
         except OSError as e:
@@ -210,6 +211,8 @@ def _naming(flag: str, target: str | Path, after: str) -> Iterator[None]:
 def _staged(real: Path, content: Content) -> Path:
     """`content` written whole to a new temporary file beside `real`, with the mode
     (and, as root, the owner) `real` has, or the umask's for a new file."""
+    import tempfile
+
     fd, name = tempfile.mkstemp(prefix=f".{real.name}.", suffix=TMP_SUFFIX, dir=real.parent)
     tmp = Path(name)
     try:

@@ -7,13 +7,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpool.cli.common import int_at_least, non_negative_float, positive_int, table
-from kvpool.deploy.fleet_fit import FleetFit
-from kvpool.deploy.fleets import FleetRun
-from kvpool.fleet import ROUTER_NAMES
-from kvpool.fleet.metrics import FleetResult
+from kvpool.fleet.registry import ROUTER_NAMES
+
+if TYPE_CHECKING:  # `kvpool simulate` of one replica loads no fleet
+    from kvpool.deploy.fleet_fit import FleetFit
+    from kvpool.deploy.fleets import FleetRun
+    from kvpool.fleet.metrics import FleetResult
 
 
 def add_fleet_args(p: argparse.ArgumentParser) -> None:

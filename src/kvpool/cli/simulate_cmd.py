@@ -6,7 +6,7 @@ publishes KV events, draws the plot and prints."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpool.cli.common import add_json_arg, print_json, say_fallback
 from kvpool.cli.files import check_input, check_output, write_output
@@ -22,11 +22,13 @@ from kvpool.cli.sim_output import (
     sweep_table,
 )
 from kvpool.cli.simulate_args import add_simulation_args, add_tier_sim_args
-from kvpool.deploy.fleets import FleetLayout, FleetSimulation
 from kvpool.deploy.simulation import Simulation, SimulationResult
 from kvpool.errors import KvpoolError, flagged
 from kvpool.media import Medium
 from kvpool.units import format_bytes
+
+if TYPE_CHECKING:  # one replica's run loads no fleet
+    from kvpool.deploy.fleets import FleetLayout
 
 
 def register(sub: Any) -> None:
@@ -102,6 +104,8 @@ def fleet_layout(args: argparse.Namespace) -> FleetLayout | None:
     """The fleet the options ask for, or None (one replica, no fleet option)."""
     if all(getattr(args, k) is None for k in FLEET_OPTIONS) and not args.event_lag_ms:
         return None
+    from kvpool.deploy.fleets import FleetLayout
+
     return FleetLayout(
         args.replicas or 1,
         args.router or "round-robin",
@@ -221,6 +225,8 @@ def run_fleet(args: argparse.Namespace, layout: FleetLayout) -> int:
     """`simulate` with fleet options: the fleet's run (`deploy.fleets`), its table or --json, its plot."""
     if args.kv_events is not None:
         raise KvpoolError("--kv-events publishes one replica's events; a fleet's go to its router: drop it")
+    from kvpool.deploy.fleets import FleetSimulation
+
     setup = FleetSimulation.of(args.model, layout=layout, slo=args.slo, **simulate_keywords(args))
     say_fallback(setup.simulation.spec)
     if args.plot:

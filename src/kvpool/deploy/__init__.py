@@ -20,16 +20,58 @@ result whose `to_dict()` is the matching command's `--json`. Bad input raises a
 `KvpoolError` naming the option as the command line spells it.
 """
 
-from kvpool.deploy.budget import Budget, kv_budget
-from kvpool.deploy.calibrating import CalibrationResult, calibrate
-from kvpool.deploy.engine_fit import EngineFit
-from kvpool.deploy.fitting import FitResult, Search, fit
-from kvpool.deploy.fleet_fit import FleetFit, fit_fleet
-from kvpool.deploy.fleets import FleetLayout, FleetRun, FleetSimulation, simulate_fleet
-from kvpool.deploy.options import PlanKeywords, PlanRequest
-from kvpool.deploy.planning import PlanResult, plan
-from kvpool.deploy.resolution import Resolved, resolve
-from kvpool.deploy.simulation import SimulateKeywords, Simulation, SimulationResult, simulate
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvpool.deploy.budget import Budget, kv_budget
+    from kvpool.deploy.calibrating import CalibrationResult, calibrate
+    from kvpool.deploy.engine_fit import EngineFit
+    from kvpool.deploy.fitting import FitResult, Search, fit
+    from kvpool.deploy.fleet_fit import FleetFit, fit_fleet
+    from kvpool.deploy.fleets import FleetLayout, FleetRun, FleetSimulation, simulate_fleet
+    from kvpool.deploy.options import PlanKeywords, PlanRequest
+    from kvpool.deploy.planning import PlanResult, plan
+    from kvpool.deploy.resolution import Resolved, resolve
+    from kvpool.deploy.simulation import SimulateKeywords, Simulation, SimulationResult, simulate
+
+# Each name loads its own module on first use: `kvpool simulate` imports the
+# simulation's modules alone, not the fit search, the fleets or the calibration.
+_WHERE = {
+    "Budget": "kvpool.deploy.budget",
+    "kv_budget": "kvpool.deploy.budget",
+    "CalibrationResult": "kvpool.deploy.calibrating",
+    "calibrate": "kvpool.deploy.calibrating",
+    "EngineFit": "kvpool.deploy.engine_fit",
+    "FitResult": "kvpool.deploy.fitting",
+    "Search": "kvpool.deploy.fitting",
+    "fit": "kvpool.deploy.fitting",
+    "FleetFit": "kvpool.deploy.fleet_fit",
+    "fit_fleet": "kvpool.deploy.fleet_fit",
+    "FleetLayout": "kvpool.deploy.fleets",
+    "FleetRun": "kvpool.deploy.fleets",
+    "FleetSimulation": "kvpool.deploy.fleets",
+    "simulate_fleet": "kvpool.deploy.fleets",
+    "PlanKeywords": "kvpool.deploy.options",
+    "PlanRequest": "kvpool.deploy.options",
+    "PlanResult": "kvpool.deploy.planning",
+    "plan": "kvpool.deploy.planning",
+    "Resolved": "kvpool.deploy.resolution",
+    "resolve": "kvpool.deploy.resolution",
+    "SimulateKeywords": "kvpool.deploy.simulation",
+    "Simulation": "kvpool.deploy.simulation",
+    "SimulationResult": "kvpool.deploy.simulation",
+    "simulate": "kvpool.deploy.simulation",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Budget",

@@ -13,7 +13,6 @@ config.json and `SMALL_FILES`, never weights.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -96,6 +95,8 @@ def check_reachable(name: str, cache: Path) -> None:
     """One TCP connect to the Hub's endpoint, before huggingface_hub's retry loop:
     a machine without a connection fails in at most PROBE_TIMEOUT_S with one line
     (HubUnreachableError), not after ~25 s of retries."""
+    import socket  # only a hub download needs it, not every start
+
     url = urlsplit(endpoint())
     host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
     try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from kvpool import jsonsafe
@@ -88,6 +87,8 @@ def _cached_tensors(cached: Path) -> list[TensorHeader] | None:
 
 def _cache_tensors(cached: Path, tensors: list[TensorHeader]) -> None:
     """Write `tensors` to `cached` whole (a unique temporary renamed: processes share the cache)."""
+    import tempfile  # loaded where the cache is written, not on every start
+
     cached.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{cached.name}.", dir=cached.parent)
     try:

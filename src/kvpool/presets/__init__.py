@@ -7,13 +7,14 @@ import difflib
 import json
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from kvpool.errors import SpecError, UnknownPresetError
 
-DATA = Path(str(resources.files("kvpool.presets") / "data"))
+# the package folder's own path, as `importlib.resources.files` gives it for an unzipped package
+# (whose import costs more than the rest of this module: it loads tempfile and zipfile)
+DATA = Path(__file__).parent / "data"
 
 # Short GPU names -> entries of data/gpus.json (matched by prefix of "name").
 GPU_ALIASES = {

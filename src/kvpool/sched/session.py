@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from kvpool.cache import KVCacheManager, TierSpec, WarmupReport
 from kvpool.plan import PoolPlan
+from kvpool.plan.plan_pages import plan_warmup
 from kvpool.sched.admission import Admission
 from kvpool.sched.scheduler import Scheduler
 
@@ -52,7 +53,7 @@ def session(
     captured: list[tuple[int, int]] = []
     pads: dict[int, int] = {}
     if warmup:
-        report = manager.warmup(plan.limits.graph_batch_sizes, draft_lens=draft_lens)
+        report = fresh_warmup(manager, plan, draft_lens)
         captured = list(report.captured)
         pads = {d: rid for d, rid in report.padding.items() if rid is not None}
         if not padding:  # the report then says nothing is reserved
@@ -72,3 +73,20 @@ def session(
         admission=Admission.named(admission, plan.spec.groups),
     )
     return Session(manager, scheduler, report)
+
+
+def fresh_warmup(manager: KVCacheManager, plan: PoolPlan, draft_lens: Iterable[int]) -> WarmupReport:
+    """`manager.warmup` of the fresh manager of `plan`, without allocating its dummies.
+
+    On an empty cache the dry run's answer is the plan's page arithmetic
+    (`plan_warmup`; tests/test_plan_capture.py checks that the two agree), and
+    what it leaves behind is its padding dummies, reserved here. The thousands
+    of dummies the dry run allocates and frees meanwhile change only which page
+    ids and table rows later requests get (the free lists' order), never how
+    many pages anything takes, and no result names a page id (KV events carry
+    hashes): a run is the same either way. Dummy ids agree too: a new dummy
+    takes the smallest free id either way."""
+    report = plan_warmup(plan, tuple(draft_lens))
+    padding = {d: None if rid is None else manager.reserve_padding_dummy(d) for d, rid in report.padding.items()}
+    assert [r is None for r in padding.values()] == [r is None for r in report.padding.values()]  # the same pages
+    return dataclasses.replace(report, padding=padding)

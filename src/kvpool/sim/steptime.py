@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -71,6 +71,9 @@ KERNELS_PER_LAYER = 10  # norms, QKV, RoPE, attention, O, residuals, gate/up, ac
 MOE_KERNELS_PER_LAYER = 4  # router, top-k, permute, un-permute
 KERNELS_PER_STEP = 6  # embedding, final norm, LM head, sampling, input copies
 REPLAY_S = 20e-6  # one cudaGraphLaunch of a whole decode step
+# The most (tokens, sampled rows) pairs a model remembers (`_token_parts`): steps
+# repeat a few thousand in any run; past it the memo starts again.
+TOKEN_MEMO_SIZE = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -381,13 +384,7 @@ class StepTimeModel:
         k = self.kernels
         if k is None:
             return self._roofline(tokens, requests, decode, prefill, graph)
-        sh = self.shapes
-        bpp, expert_bpp = self.storage or (self.weights.bytes_per_param, self.weights.bytes_per_param)
-        matmul: Any = sum(k.matmul(tokens, g, bpp) for g in sh.dense) + k.matmul(logits, sh.lm_head, bpp)
-        experts: Any = 0.0
-        if sh.moe_layers and sh.expert:
-            touched = sh.touched_experts(tokens)
-            experts = sh.moe_layers * k.experts(tokens, sh.expert, touched, expert_bpp, sh.top_k, sh.experts)
+        matmul, experts, elementwise, allreduce = self._token_parts(tokens, logits)
         attention: Any = 0.0
         for g, (pairs, read), chunk in zip(self.groups, decode, prefill, strict=True):
             layers = len(g.group.layers)
@@ -399,13 +396,40 @@ class StepTimeModel:
                 attention = attention + k.decode_attention(written, g.flops_per_pair * pairs, layers)
             if _some(chunk):
                 attention = attention + k.prefill_attention(g.flops_per_pair * chunk, layers)
-        elementwise = k.elementwise(tokens, sh.hidden, self.num_layers)
-        allreduce = k.allreduce(tokens, sh.hidden, self.tp, 2 * self.num_layers)
         gpu = matmul + experts + attention + elementwise + allreduce
         cal = k.cal
         floor = cal.step_floor_s + cal.row_s * requests
         busy = gpu if graph else np.maximum(gpu, cal.launch_s * self.eager_launches)
         return StepCost(matmul, experts, attention, elementwise, allreduce, busy - gpu + floor, busy + floor)
+
+    def _token_parts(self, tokens: float, logits: float) -> tuple[Any, Any, Any, Any]:
+        """(matmul, experts, elementwise, all-reduce): the parts of `_parts` that
+        depend on the step's tokens and sampled rows alone, remembered per pair
+        (a pure function of them; most steps repeat a pair: every decode batch of
+        one graph size)."""
+        key = (tokens, logits)
+        known = self._token_memo.get(key)
+        if known is not None:
+            return known
+        k, sh = self.kernels, self.shapes
+        assert k is not None  # the calibrated model's
+        bpp, expert_bpp = self.storage or (self.weights.bytes_per_param, self.weights.bytes_per_param)
+        matmul: Any = sum(k.matmul(tokens, g, bpp) for g in sh.dense) + k.matmul(logits, sh.lm_head, bpp)
+        experts: Any = 0.0
+        if sh.moe_layers and sh.expert:
+            touched = sh.touched_experts(tokens)
+            experts = sh.moe_layers * k.experts(tokens, sh.expert, touched, expert_bpp, sh.top_k, sh.experts)
+        elementwise = k.elementwise(tokens, sh.hidden, self.num_layers)
+        allreduce = k.allreduce(tokens, sh.hidden, self.tp, 2 * self.num_layers)
+        if len(self._token_memo) >= TOKEN_MEMO_SIZE:
+            self._token_memo.clear()
+        known = self._token_memo[key] = (matmul, experts, elementwise, allreduce)
+        return known
+
+    @cached_property
+    def _token_memo(self) -> dict[tuple[float, float], tuple[Any, Any, Any, Any]]:
+        # in the instance's __dict__, not a field: equality, hashing, fields() and replace() ignore it
+        return {}
 
 
 def _some(x: Any) -> bool:
