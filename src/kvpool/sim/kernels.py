@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from kvpool.errors import KvpoolError
-from kvpool.sim.fp4_experts import Fp4Experts
+from kvpool.sim.fp4_experts import Fp4Experts, expected_blocks
 from kvpool.sim.matmuls import Gemm
 from kvpool.sim.triton_prefill import TritonPrefill
 
@@ -168,7 +168,7 @@ class Kernels:
             rows, streams = float(math.ceil(per_expert / c.moe_tile) * c.moe_tile), 1.0
         else:
             block = fp4.block_rows(tokens, top_k, experts)
-            streams = fp4.blocks(per_expert, block)
+            streams = expected_blocks(round(float(tokens)), top_k, experts, block) / max(touched, 1e-9)
             rows, flops_peak = streams * block, flops_peak * fp4.mma_share
         total: Num = c.moe_floor_s
         for g in gemms:
