@@ -158,8 +158,9 @@ class Kernels:
         tokens: `touched` experts each stream their weights; the math runs in
         whole `moe_tile`-row tiles of the (expected) tokens each touched expert
         gets. 4-bit experts on a GPU with an `fp4` kernel run as that kernel
-        does: its blocks of rows (each streams the expert's weights again) at
-        its MMA's share of the peak (sim/fp4_experts.py)."""
+        does: its blocks of rows, as many as the experts' binomial row counts
+        pad to (each streams the expert's weights again), at its MMA's share
+        of the peak (sim/fp4_experts.py)."""
         c = self.cal
         per_expert = tokens * top_k / max(touched, 1e-9)
         fp4 = self.fp4 if bytes_per_param < 1 else None
