@@ -20,10 +20,19 @@ published measurement, none is fitted (docs/sim.md, "MXFP4 experts").
   experts / block < 0.9, else 64 (experts/marlin_moe.py, `fused_marlin_moe`);
   a block computes whole rows and streams its expert's weights again, so a
   large step reads each touched expert's weights once per 64 of its tokens.
+- **Its padding.** vLLM's `moe_align_block_size` pads every expert's rows to
+  a whole number of blocks, and the blocks run in full (the kernel's tile is
+  `moe_block_size` rows; `block_num_valid_tokens` masks only the loads and
+  stores of the padding rows, marlin_template.h). Tokens route
+  independently (the assumption `Shapes.touched_experts` already makes), so
+  an expert's rows are Binomial(tokens, top_k / experts), not the mean: a
+  step of 2,048 tokens of gpt-oss-120b (64 rows per expert on average, one
+  block of 64) runs 1.47 blocks per expert, not 1 (`expected_blocks`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -50,9 +59,27 @@ class Fp4Experts:
                 return block
         return MARLIN_BLOCKS[-1]
 
-    def blocks(self, rows: float, block: int) -> float:
-        """Blocks an expert that got `rows` rows runs (each streams its weights)."""
-        return float(math.ceil(rows / block)) if rows > 0 else 0.0
+
+@functools.lru_cache(maxsize=4096)
+def expected_blocks(tokens: int, top_k: int, experts: int, block: int) -> float:
+    """Expected blocks of `block` rows all `experts` experts run for a step of
+    `tokens` tokens, each token picking `top_k` experts independently: an
+    expert's rows X are Binomial(tokens, top_k / experts) and it runs
+    ceil(X / block) blocks, E[ceil(X / B)] = sum over j >= 0 of P(X > j B)."""
+    if tokens <= 0 or experts <= 0:
+        return 0.0
+    p = min(top_k / experts, 1.0)
+    if p >= 1.0:
+        return float(experts * math.ceil(tokens / block))
+    mean, sd = tokens * p, math.sqrt(tokens * p * (1.0 - p))
+    lo, hi = max(0, int(mean - 12 * sd) - 1), min(tokens, int(mean + 12 * sd) + 2)
+    log_norm = math.lgamma(tokens + 1)
+    per_expert = 0.0
+    for x in range(max(lo, 1), hi + 1):  # P(X = x) x ceil(x / B); beyond 12 sd the mass is below 1e-30
+        log_pmf = log_norm - math.lgamma(x + 1) - math.lgamma(tokens - x + 1)
+        log_pmf += x * math.log(p) + (tokens - x) * math.log1p(-p)
+        per_expert += math.exp(log_pmf) * math.ceil(x / block)
+    return experts * per_expert
 
 
 def fp4_experts(gpu: GpuSpec) -> Fp4Experts | None:

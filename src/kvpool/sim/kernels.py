@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from kvpool.errors import KvpoolError
-from kvpool.sim.fp4_experts import Fp4Experts
+from kvpool.sim.fp4_experts import Fp4Experts, expected_blocks
 from kvpool.sim.matmuls import Gemm
 from kvpool.sim.triton_prefill import TritonPrefill
 
@@ -158,8 +158,9 @@ class Kernels:
         tokens: `touched` experts each stream their weights; the math runs in
         whole `moe_tile`-row tiles of the (expected) tokens each touched expert
         gets. 4-bit experts on a GPU with an `fp4` kernel run as that kernel
-        does: its blocks of rows (each streams the expert's weights again) at
-        its MMA's share of the peak (sim/fp4_experts.py)."""
+        does: its blocks of rows, as many as the experts' binomial row counts
+        pad to (each streams the expert's weights again), at its MMA's share
+        of the peak (sim/fp4_experts.py)."""
         c = self.cal
         per_expert = tokens * top_k / max(touched, 1e-9)
         fp4 = self.fp4 if bytes_per_param < 1 else None
@@ -168,7 +169,7 @@ class Kernels:
             rows, streams = float(math.ceil(per_expert / c.moe_tile) * c.moe_tile), 1.0
         else:
             block = fp4.block_rows(tokens, top_k, experts)
-            streams = fp4.blocks(per_expert, block)
+            streams = expected_blocks(round(float(tokens)), top_k, experts, block) / max(touched, 1e-9)
             rows, flops_peak = streams * block, flops_peak * fp4.mma_share
         total: Num = c.moe_floor_s
         for g in gemms:

@@ -20,11 +20,15 @@ code and a published L2 bandwidth, not fitted:
 - **Where those bytes come from.** Every program re-reads its sequence's keys,
   so they come from L2 (Triton's pipelined 16-byte loads are `cp.async.cg`,
   which the PTX ISA caches at L2, not L1): the kernel runs at most at that
-  intensity x the L2 bandwidth. A100: 7,219 GB/s (5,120 bytes per clock at
-  1,410 MHz; Table 3 of Ultrason. Sonochem. 99 (2023) 106546, PMC10448217, and
-  NVIDIA's A100 whitepaper, "2.3x the L2 cache read bandwidth of V100", 2.3 x
-  V100's 3,133 GB/s in the same table). A GPU without a published figure keeps
-  the calibrated cost.
+  intensity x the L2 bandwidth it can get. A100 80GB: 5,411 GB/s, the median
+  of the L2-resident rows of a published measurement (te42kyfo/gpu-benches,
+  gpu-l2-cache on an A100 SXM4 80GB: many SMs reading one shared data set, as
+  the programs of one KV head here read its keys; data sets up to 20 MB, half
+  the 40 MB L2, since each of its two partitions caches the lines its own SMs
+  read), 75 % of the 7,219 GB/s the hardware's 5,120 bytes per clock at
+  1,410 MHz promise (NVIDIA's A100 whitepaper: "2.3x the L2 cache read
+  bandwidth of V100"). A GPU without a published figure keeps the calibrated
+  cost.
 
 The step-time model is not told the engine: like `sim/fp4_experts.py`, this
 prices gpt-oss on Ampere as vLLM runs it. vLLM also sends an FP8 KV cache on
@@ -40,8 +44,9 @@ from kvpool.spec import ModelSpec
 from kvpool.spec.dtypes import row_bytes
 
 SINK_MODEL_TYPES = frozenset({"gpt_oss"})  # attention layers with per-head sinks (vLLM models/gpt_oss.py)
-# L2 read bandwidth, bytes/s (module docstring for the sources)
-L2_BYTES_PER_S = {"a100": 7219e9}
+# L2 read bandwidth measured with many SMs sharing the data, bytes/s (module docstring for the source;
+# tests/data/gpu_l2_bandwidth/ holds the measurement)
+L2_BYTES_PER_S = {"a100": 5410.85e9}
 
 
 def picks_triton(gpu: GpuSpec, spec: ModelSpec) -> bool:
