@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import pytest
 
@@ -37,11 +38,11 @@ def test_kvpool_counts_what_vllms_dummy_sampler_holds() -> None:
         if os.environ.get("KVPOOL_ENGINES_REQUIRED") == "1":
             pytest.fail("the vllm@0.32 side venv is missing: run `make engines-venvs`")
         pytest.skip("no vllm@0.32 side venv (make engines-venvs)")
-    cases = [{"id": f"{m}-{r}", "rows": r, **_config(m)} for m in MODELS for r in ROWS]
+    cases: list[dict[str, Any]] = [{"id": f"{m}-{r}", "rows": r, **_config(m)} for m in MODELS for r in ROWS]
     theirs = run_engine("vllm@0.32", cases, HERE / "sampler_runner.py")
     for case in cases:
         got = theirs[case["id"]]
         assert "error" not in got, got
-        rows, vocab, hidden = case["rows"], case["vocab"], case["hidden"]
+        rows, vocab, hidden = int(case["rows"]), int(case["vocab"]), int(case["hidden"])
         counted = SAMPLER_BYTES * rows * vocab + ACTIVATION_BYTES * rows * hidden
         assert 0 <= got["peak"] - counted <= PER_ROW_METADATA * rows, (case, got["peak"] - counted)
