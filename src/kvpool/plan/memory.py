@@ -42,7 +42,9 @@
   (`gpu_worker.determine_available_memory`: requested memory - weights - profiling
   peak - non-torch growth - CUDA-graph estimate): the CUDA context and the cuBLAS
   warm-up come before vLLM's baseline snapshot (`init_snapshot`), so they come out of
-  the (1 - utilization) share, not the budget. `--reserved-memory` sets an allowance.
+  the (1 - utilization) share, not the budget. `--reserved-memory` sets an allowance,
+  e.g. for vLLM's non-torch growth during profiling (NCCL buffers, loaded kernels),
+  which vLLM measures and kvpool does not model. docs/engines.md tabulates each term's source.
 
 Each estimate can be replaced by a given figure; a budget that comes out at zero
 or below is refused by name with what to change.
