@@ -42,31 +42,35 @@ def would_fail(plan: PoolPlan) -> list[str]:
 # ----------------------------------------------------------------- the Gemma 3 case
 
 
-def test_gemma3_at_64k_on_one_h100_holds_a_max_length_request(cli: Any) -> None:
-    """The reference split of 17.77 GiB gave the full pool 2,001 pages of 32 tokens,
-    47 short of one request of 65,536 tokens (2,048 pages): now that request is a
-    floor, the ratio stays the reference one and the sliding pool gives up the
-    bytes."""
-    args = ["plan", "gemma-3-27b", "--gpu", "h100", "--max-seq-len", "65536"]
+def test_gemma3_at_71k_on_one_h100_holds_a_max_length_request(cli: Any) -> None:
+    """The reference split of gemma-3-27b's whole-H100 budget gives the full pool fewer
+    pages of 32 tokens than one request of 72,704 tokens takes (2,272): now that request
+    is a floor, the ratio stays the reference one and the sliding pool gives up the bytes.
+    (At 65,536 tokens the budget before it followed vLLM's formula was 47 pages short;
+    docs/plan.md.)"""
+    args = ["plan", "gemma-3-27b", "--gpu", "h100", "--max-seq-len", "72704"]
     code, out, err = cli(*args, "--json")
     assert code == 0, err
     plan = json.loads(out)
     pages = {g["name"]: g["pages"] for g in plan["groups"]}
-    assert plan["policy"] == "reference" and pages["full"] == 65536 // 32 == 2048
+    assert plan["policy"] == "reference" and pages["full"] == 72704 // 32 == 2272
     assert plan["max_concurrency"]["max_seq_len"] == 1
     assert plan["total_bytes"] <= plan["budget_bytes"]
     assert not [w for w in plan["warnings"] if "max_seq_len" in w or "would fail" in w]
-    assert any("guarantee max_seq_len holds group 'full' at 2,048 pages" in n for n in plan["notes"]), plan["notes"]
-    # the same ratio without the floor (an explicit ratio opts out) is the old split
-    ratio = ",".join(f"{g}={s!r}" for g, s in reference_shares(plan).items())
+    assert any("guarantee max_seq_len holds group 'full' at 2,272 pages" in n for n in plan["notes"]), plan["notes"]
+    # the same ratio without the floor (an explicit ratio opts out) is the old split: the full
+    # pool's share of the budget in whole pages, short of the request
+    shares = reference_shares(plan)
+    ratio = ",".join(f"{g}={s!r}" for g, s in shares.items())
     code, out, err = cli(*args, "--pool-ratio", ratio, "--json")
     old = {g["name"]: g["pages"] for g in json.loads(out)["groups"]}
-    assert old["full"] == 2001 and old["full"] < pages["full"], old
+    page = load_model_spec("gemma-3-27b", max_seq_len=72704).group("full").slot_bytes
+    assert old["full"] == int(plan["budget_bytes"] * shares["full"] // page) < pages["full"], old
 
 
 def reference_shares(plan: dict[str, Any]) -> dict[str, float]:
     # the reference request (2049, 2048): full 65 pages, sliding 65 - 32 = 33 pages
-    spec = load_model_spec("gemma-3-27b", max_seq_len=65536)
+    spec = load_model_spec("gemma-3-27b", max_seq_len=72704)
     raw = {"full": 65 * spec.group("full").slot_bytes, "sliding": 33 * spec.group("sliding").slot_bytes}
     return {k: v / sum(raw.values()) for k, v in raw.items()}
 

@@ -244,14 +244,20 @@ def test_vllm_at_0_90_holds_the_32k_run_of_qwen3_32b_on_one_h100() -> None:
     assert started["kv_cache_gib"] * GiB >= (long_run.isl + long_run.osl) * _kv_bytes_per_token(config)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kvpool's non-KV estimate for Qwen3-32B on one H100 is about 1.6 GiB above what vLLM took "
-    "(docs/sim.md: logits added to the forward pass's peak, a 1 GiB reserve vLLM's formula lacks)",
-)
-def test_kvpool_budget_reaches_what_vllm_allocated_for_qwen3_32b_on_one_h100(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+# H100 SXM5's streaming multiprocessors (NVIDIA H100 Tensor Core GPU datasheet: 132 SMs)
+H100_SMS = 132
+
+
+def test_kvpool_budget_is_vllms_formula_for_qwen3_32b_on_one_h100(capsys: pytest.CaptureFixture[str]) -> None:
+    """kvpool's budget for llm-d's launch against the 8.52 GiB vLLM 0.26.0 allocated.
+
+    vLLM: requested (GPU x 0.90) - weights - its profiling step's torch peak - non-torch
+    growth - its CUDA-graph estimate; kvpool: the same terms (plan/memory.py). The
+    tolerance is the sum of what the two are known to differ by at this launch, each from
+    vLLM's code, none from the published figure: the Triton top-k/top-p buffer vLLM's
+    sampler holds and kvpool leaves out (min(SMs, rows) x vocab float32), kvpool's own
+    CUDA-graph pool term (the published figures leave vLLM no room for one: docs/sim.md),
+    and the two printed roundings (weights and KV, 0.005 GiB each)."""
     from kvpool.cli.main import main
 
     started = STARTUPS["llmd-qwen3-32b-h100-v0.26-util0.90"]
@@ -260,5 +266,10 @@ def test_kvpool_budget_reaches_what_vllm_allocated_for_qwen3_32b_on_one_h100(
     argv += ["--max-seq-len", str(started["max_model_len"]), "--max-batch-size", str(started["max_num_seqs"])]
     argv += ["--max-num-tokens", str(started["max_num_batched_tokens"])]
     assert main(argv) == 0
-    kv = json.loads(capsys.readouterr().out)["memory"]["kv_bytes"]
-    assert kv >= (started["kv_cache_gib"] - 0.005) * GiB
+    memory = json.loads(capsys.readouterr().out)["memory"]
+    config = presets.load_model_config(started["model"])
+    rows = min(started["max_num_seqs"], started["max_num_batched_tokens"])
+    triton_buffer = min(H100_SMS, rows) * config["vocab_size"] * 4
+    tolerance = triton_buffer + memory["cuda_graph_bytes"] + 2 * 0.005 * GiB
+    assert memory["reserved_bytes"] == 0  # vLLM's formula has no reserve
+    assert abs(memory["kv_bytes"] - started["kv_cache_gib"] * GiB) <= tolerance

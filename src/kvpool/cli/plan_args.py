@@ -72,7 +72,7 @@ def add_plan_args(p: argparse.ArgumentParser, *, model: bool = True, workload: b
         ("--weights-memory", "weights per rank (default: safetensors headers, else the parameter count)"),
         ("--activation-memory", "activation peak per rank (default: estimate for --max-num-tokens)"),
         ("--cuda-graph-memory", "CUDA-graph pool per rank (default: estimate for the largest graph; 0 if eager)"),
-        ("--reserved-memory", "CUDA context, workspaces, fragmentation (default 1GiB)"),
+        ("--reserved-memory", "an allowance vLLM's formula has none of (default 0)"),
     ):
         b.add_argument(flag, type=size_or_zero_arg, metavar="SIZE", default=None, help=f"with --gpu: {what}")
     lim = p.add_argument_group("serving limits")

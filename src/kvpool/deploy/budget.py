@@ -14,15 +14,16 @@ options as the command line spells them (`kv_memory` is `--kv-memory`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from kvpool import presets
 from kvpool.deploy.options import BudgetOptions, ModelOptions, flag
 from kvpool.errors import KvpoolError
 from kvpool.models.params import ParameterCountError
 from kvpool.models.weight_dtype import WeightSchemeError
-from kvpool.models.weights import model_weights
+from kvpool.models.weights import Parallel, model_weights
 from kvpool.plan.limits import ServingLimits
 from kvpool.plan.memory import (
     DEFAULT_RESERVED,
@@ -30,6 +31,8 @@ from kvpool.plan.memory import (
     MemoryBudget,
     activation_bytes,
     cuda_graph_bytes,
+    forward_peak,
+    sampler_peak,
 )
 from kvpool.presets import GpuSpec
 from kvpool.spec import ModelSpec
@@ -179,6 +182,15 @@ def weights_per_rank(spec: ModelSpec, model: ModelOptions, draft_len: int = 0) -
     return weights.per_rank_bytes(model.parallel), weights.source
 
 
+def activation_how(config: Mapping[str, Any], limits: ServingLimits, par: Parallel) -> str:
+    """Which phase of vLLM's profiling step sets the activation estimate, in words."""
+    tokens = limits.max_num_tokens or limits.max_seq_len
+    rows = min(limits.max_batch_size, tokens)
+    if sampler_peak(config, limits) > forward_peak(config, limits, par):
+        return f"estimate: sampler of {rows} rows (> forward pass of {tokens} tokens)"
+    return f"estimate: forward pass of {tokens} tokens (>= sampler of {rows} rows)"
+
+
 def whole_gpu(
     options: BudgetOptions,
     model: ModelOptions,
@@ -201,12 +213,12 @@ def whole_gpu(
             values["weights_memory"], how["weights_memory"] = weights_per_rank(spec, model, limits.max_draft_len)
     if "activation_memory" not in values:
         values["activation_memory"] = activation_bytes(config, limits, par)
-        how["activation_memory"] = f"estimate: {limits.max_num_tokens or limits.max_seq_len} tokens + logits"
+        how["activation_memory"] = activation_how(config, limits, par)
     if "cuda_graph_memory" not in values:
         values["cuda_graph_memory"] = cuda_graph_bytes(config, limits, par)
         how["cuda_graph_memory"] = f"estimate: activations of batch {limits.largest_graph_batch}"
     if "reserved_memory" not in values:
-        values["reserved_memory"], how["reserved_memory"] = DEFAULT_RESERVED, "kvpool's default allowance"
+        values["reserved_memory"], how["reserved_memory"] = DEFAULT_RESERVED, "none in vLLM's formula"
     return MemoryBudget(
         gpu_bytes,
         utilization,

@@ -8,11 +8,11 @@
   `kv_cache_config.max_gpu_total_bytes: K`;
 - **by its own defaults** (`default_kv`): what each engine leaves for KV when
   launched with none of those flags:
-  - vLLM: `G x gpu_memory_utilization - weights - activation peak - CUDA graphs -
-    reserve`, at its default utilization 0.92 (vllm/config/cache.py
-    `CacheConfig.gpu_memory_utilization`, 0.32.0 and 0.33.0 alike; the rest is
-    kvpool's per-rank estimate of what vLLM's profiling run measures,
-    plan/memory.py);
+  - vLLM: `G x gpu_memory_utilization - weights - activation peak - CUDA graphs`
+    (`gpu_worker.determine_available_memory`; no reserve unless one is given), at its
+    default utilization 0.92 (vllm/config/cache.py `CacheConfig.gpu_memory_utilization`,
+    0.32.0 and 0.33.0 alike; the rest is kvpool's per-rank estimate of what vLLM's
+    profiling run measures, plan/memory.py);
   - SGLang 0.5.23: `G x F - W`, F from its `_handle_gpu_memory_settings`
     (arg_groups/memory_hook.py): `reserved = 512 + max(chunked_prefill_size, 2048)
     x 1.5 + tp x pp / 8 x 1024 + 2 x decode cuda_graph max_bs` MB, at least

@@ -8,26 +8,43 @@
   reports (`kvpool gpus`).
 - **weights**: the busiest rank's share (models/weights.py: safetensors headers or
   the parameter formula, split by tp / pp / ep / dp).
-- **activations** (estimate): the peak of one layer's forward pass over the
-  largest step, as vLLM measures it with a dummy forward at
-  `max_num_batched_tokens` (vllm/v1/worker/gpu_worker.py `determine_available_memory`).
-  Per token, in 2-byte activations: the residual stream and its normalised copy
-  (2H), the QKV output ((n + 2k) d / (tp/dp); MLA: n (2 nope + rope + v) / (tp/dp)
-  + kv_lora + rope), and the gated MLP's gate/up output and activation
-  (3 I' / tp, I' = intermediate_size, or for MoE top_k x moe_intermediate_size plus the shared
-  experts, plus top_k x H for the routed outputs before they are combined):
-  `N x 2 x (2H + qkv + 3 I'/tp [+ top_k H])`, N = max_num_tokens (max_seq_len
-  without a token budget); plus the sampler's float32 logits and probabilities of
-  `max_batch_size` rows over the whole vocabulary, `2 x B x V x 4`.
-- **CUDA graphs** (estimate): the graphs of all captured batch sizes share one
-  memory pool (vLLM captures them largest first into one `graph_pool_handle`,
-  PyTorch "CUDA Graphs" docs: graphs that share a pool reuse its memory), so the
-  pool holds the largest graph's intermediates: the per-token activation above x
-  the largest captured batch size. Kernel and workspace memory per graph are not
-  counted; pass --cuda-graph-memory for a measured figure.
-- **reserved**: `DEFAULT_RESERVED` = 1 GiB for what no formula here sees: the CUDA
-  context, cuBLAS / NCCL workspaces and allocator fragmentation (kvpool's allowance,
-  not a measurement; --reserved-memory sets it).
+- **activations** (estimate): the peak of vLLM's profiling step (`profile_run`,
+  vllm/v1/worker/gpu_model_runner.py, 0.26 to 0.33 alike), the larger of its two phases:
+  - the dummy forward pass at `max_num_batched_tokens` N (max_seq_len without a token
+    budget): one layer's peak per token, in 2-byte activations: the residual stream and
+    its normalised copy (2H), the QKV output ((n + 2k) d / (tp/dp); MLA: n (2 nope + rope
+    + v) / (tp/dp) + kv_lora + rope), and the gated MLP's gate/up output and activation
+    (3 I' / tp, I' = intermediate_size, or for MoE top_k x moe_intermediate_size plus the
+    shared experts, plus top_k x H for the routed outputs before they are combined):
+    `N x 2 x (2H + qkv + 3 I'/tp [+ top_k H])`;
+  - then the dummy sampler (`_dummy_sampler_run`) on R = min(max_num_seqs, N) rows, run
+    after the forward pass has freed its activations but while its output hidden states
+    (N x H) are still held: the R rows picked from them and their random stand-in
+    (2 R x H), and 14 bytes per row and vocabulary entry: the bf16 logits, their float32
+    copy, the probabilities and the exponential noise of the second, PyTorch-native
+    sampling pass that warms the per-request-generator path. Measured by running vLLM's
+    own `_dummy_sampler_run` on CPU (tests/test_vllm_profile_peak.py); the Triton
+    top-k/top-p kernel works on the logits in place (its cached min(SMs, R) x V float32
+    buffer is not counted).
+  vLLM takes the torch allocator's peak over the whole step, so the two phases' larger
+  counts, not their sum.
+- **CUDA graphs** (estimate): vLLM (0.21 and later, `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`
+  on by default) takes its graphs out of the budget before the KV cache
+  (`profile_cudagraph_memory`): per graph mode it captures the two largest sizes, counts
+  the first capture whole and the second once per remaining size, and adds the modes'
+  per-size parts to the largest first capture. That is a measurement on the GPU; kvpool
+  counts only the pool the graphs share (vLLM captures them largest first into one
+  `graph_pool_handle`, PyTorch "CUDA Graphs" docs: graphs that share a pool reuse its
+  memory): the per-token activation above x the largest captured batch size. The
+  graphs' own per-size memory (kernel parameters, piecewise pieces) is not counted;
+  pass --cuda-graph-memory with vLLM's "Estimated CUDA graph memory" line for a measured figure.
+- **reserved**: `DEFAULT_RESERVED` = 0, as in vLLM's formula
+  (`gpu_worker.determine_available_memory`: requested memory - weights - profiling
+  peak - non-torch growth - CUDA-graph estimate): the CUDA context and the cuBLAS
+  warm-up come before vLLM's baseline snapshot (`init_snapshot`), so they come out of
+  the (1 - utilization) share, not the budget. `--reserved-memory` sets an allowance,
+  e.g. for vLLM's non-torch growth during profiling (NCCL buffers, loaded kernels),
+  which vLLM measures and kvpool does not model. docs/engines.md tabulates each term's source.
 
 Each estimate can be replaced by a given figure; a budget that comes out at zero
 or below is refused by name with what to change.
@@ -45,9 +62,11 @@ from kvpool.plan.limits import ServingLimits
 from kvpool.units import format_bytes
 
 DEFAULT_UTILIZATION = 0.9
-DEFAULT_RESERVED = 2**30
+DEFAULT_RESERVED = 0  # vLLM's formula has no reserve (module docstring)
 ACTIVATION_BYTES = 2  # bf16 / fp16 activations
-LOGIT_BYTES = 4  # float32 logits and probabilities in the sampler
+# vLLM's dummy sampler per row and vocabulary entry: bf16 logits (2) + their float32 copy, the
+# probabilities and the exponential noise (4 each); tests/test_vllm_profile_peak.py runs vLLM's own
+SAMPLER_BYTES = 2 + 3 * 4
 
 
 def _field(config: Mapping[str, Any], key: str) -> int:
@@ -95,11 +114,22 @@ def activation_per_token(config: Mapping[str, Any], par: Parallel) -> int:
     return ACTIVATION_BYTES * (2 * h + qkv + -(-3 * mlp // par.tp) + routed_out)
 
 
-def activation_bytes(config: Mapping[str, Any], limits: ServingLimits, par: Parallel) -> int:
-    """The activation peak of the largest step plus the sampler's logits (module docstring)."""
+def forward_peak(config: Mapping[str, Any], limits: ServingLimits, par: Parallel) -> int:
+    """The dummy forward pass of the largest step (module docstring)."""
+    return (limits.max_num_tokens or limits.max_seq_len) * activation_per_token(config, par)
+
+
+def sampler_peak(config: Mapping[str, Any], limits: ServingLimits) -> int:
+    """The dummy sampler's peak with the forward pass's output still held (module docstring)."""
     tokens = limits.max_num_tokens or limits.max_seq_len
-    logits = 2 * limits.max_batch_size * _field(config, "vocab_size") * LOGIT_BYTES
-    return tokens * activation_per_token(config, par) + logits
+    rows = min(limits.max_batch_size, tokens)
+    hidden = ACTIVATION_BYTES * (tokens + 2 * rows) * _field(config, "hidden_size")
+    return hidden + SAMPLER_BYTES * rows * _field(config, "vocab_size")
+
+
+def activation_bytes(config: Mapping[str, Any], limits: ServingLimits, par: Parallel) -> int:
+    """The profiling step's peak: the larger of its forward pass and its sampler (module docstring)."""
+    return max(forward_peak(config, limits, par), sampler_peak(config, limits))
 
 
 def cuda_graph_bytes(config: Mapping[str, Any], limits: ServingLimits, par: Parallel) -> int:
