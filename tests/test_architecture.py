@@ -139,6 +139,7 @@ FLEET_IMPORTS = (
     "trace",
     "errors",
     "units",
+    "lazy",
 )
 
 

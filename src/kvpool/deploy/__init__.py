@@ -22,8 +22,9 @@ result whose `to_dict()` is the matching command's `--json`. Bad input raises a
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kvpool.lazy import lazy_names
 
 if TYPE_CHECKING:
     from kvpool.deploy.budget import Budget, kv_budget
@@ -39,38 +40,21 @@ if TYPE_CHECKING:
 
 # Each name loads its own module on first use: `kvpool simulate` imports the
 # simulation's modules alone, not the fit search, the fleets or the calibration.
-_WHERE = {
-    "Budget": "kvpool.deploy.budget",
-    "kv_budget": "kvpool.deploy.budget",
-    "CalibrationResult": "kvpool.deploy.calibrating",
-    "calibrate": "kvpool.deploy.calibrating",
-    "EngineFit": "kvpool.deploy.engine_fit",
-    "FitResult": "kvpool.deploy.fitting",
-    "Search": "kvpool.deploy.fitting",
-    "fit": "kvpool.deploy.fitting",
-    "FleetFit": "kvpool.deploy.fleet_fit",
-    "fit_fleet": "kvpool.deploy.fleet_fit",
-    "FleetLayout": "kvpool.deploy.fleets",
-    "FleetRun": "kvpool.deploy.fleets",
-    "FleetSimulation": "kvpool.deploy.fleets",
-    "simulate_fleet": "kvpool.deploy.fleets",
-    "PlanKeywords": "kvpool.deploy.options",
-    "PlanRequest": "kvpool.deploy.options",
-    "PlanResult": "kvpool.deploy.planning",
-    "plan": "kvpool.deploy.planning",
-    "Resolved": "kvpool.deploy.resolution",
-    "resolve": "kvpool.deploy.resolution",
-    "SimulateKeywords": "kvpool.deploy.simulation",
-    "Simulation": "kvpool.deploy.simulation",
-    "SimulationResult": "kvpool.deploy.simulation",
-    "simulate": "kvpool.deploy.simulation",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "kvpool.deploy.budget": ("Budget", "kv_budget"),
+        "kvpool.deploy.calibrating": ("CalibrationResult", "calibrate"),
+        "kvpool.deploy.engine_fit": ("EngineFit",),
+        "kvpool.deploy.fitting": ("FitResult", "Search", "fit"),
+        "kvpool.deploy.fleet_fit": ("FleetFit", "fit_fleet"),
+        "kvpool.deploy.fleets": ("FleetLayout", "FleetRun", "FleetSimulation", "simulate_fleet"),
+        "kvpool.deploy.options": ("PlanKeywords", "PlanRequest"),
+        "kvpool.deploy.planning": ("PlanResult", "plan"),
+        "kvpool.deploy.resolution": ("Resolved", "resolve"),
+        "kvpool.deploy.simulation": ("SimulateKeywords", "Simulation", "SimulationResult", "simulate"),
+    },
+)
 
 
 __all__ = [

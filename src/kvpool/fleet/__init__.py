@@ -5,8 +5,7 @@ what a fleet's run measured. See docs/fleet.md."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # `handoff` is both a module and its function: bound here, as the function, once
 # (a lazy name would lose to the module the import system binds on first load)
@@ -19,6 +18,7 @@ from kvpool.fleet.handoff import (
     handoff_link,
     handoff_seconds,
 )
+from kvpool.lazy import lazy_names
 
 if TYPE_CHECKING:
     from kvpool.fleet.kv_router import KvCost, KvRouter
@@ -31,38 +31,18 @@ if TYPE_CHECKING:
 
 # Each name loads its own module on first use: a single replica's run (and the
 # CLI's router names, `kvpool.fleet.registry`) need not load the fleet loop.
-_WHERE = {
-    "KvCost": "kvpool.fleet.kv_router",
-    "KvRouter": "kvpool.fleet.kv_router",
-    "RouteRequest": "kvpool.fleet.load",
-    "RouterError": "kvpool.fleet.load",
-    "WorkerLoads": "kvpool.fleet.load",
-    "FleetReplica": "kvpool.fleet.loop",
-    "Handoffs": "kvpool.fleet.loop",
-    "Stage": "kvpool.fleet.loop",
-    "Transfer": "kvpool.fleet.loop",
-    "run_fleet": "kvpool.fleet.loop",
-    "FleetRecord": "kvpool.fleet.metrics",
-    "FleetResult": "kvpool.fleet.metrics",
-    "ReplicaSummary": "kvpool.fleet.metrics",
-    "Slo": "kvpool.fleet.metrics",
-    "SloError": "kvpool.fleet.metrics",
-    "ApproxTree": "kvpool.fleet.prefix_router",
-    "PrefixRouter": "kvpool.fleet.prefix_router",
-    "ROUTER_NAMES": "kvpool.fleet.registry",
-    "ROUTERS": "kvpool.fleet.registry",
-    "make_router": "kvpool.fleet.registry",
-    "CacheAware": "kvpool.fleet.routers",
-    "LeastLoad": "kvpool.fleet.routers",
-    "RoundRobin": "kvpool.fleet.routers",
-    "Router": "kvpool.fleet.routers",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "kvpool.fleet.kv_router": ("KvCost", "KvRouter"),
+        "kvpool.fleet.load": ("RouteRequest", "RouterError", "WorkerLoads"),
+        "kvpool.fleet.loop": ("FleetReplica", "Handoffs", "Stage", "Transfer", "run_fleet"),
+        "kvpool.fleet.metrics": ("FleetRecord", "FleetResult", "ReplicaSummary", "Slo", "SloError"),
+        "kvpool.fleet.prefix_router": ("ApproxTree", "PrefixRouter"),
+        "kvpool.fleet.registry": ("ROUTER_NAMES", "ROUTERS", "make_router"),
+        "kvpool.fleet.routers": ("CacheAware", "LeastLoad", "RoundRobin", "Router"),
+    },
+)
 
 
 __all__ = [

@@ -7,9 +7,9 @@ scheduler; `load_folder(dir)` / `tiny_model(arch)` give it a `DecoderLM`."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from kvpool.lazy import lazy_names
 from kvpool.torch_engine.names import ARCHS
 
 if TYPE_CHECKING:
@@ -26,29 +26,18 @@ if TYPE_CHECKING:
         tiny_model,
     )
 
-_WHERE = {
-    "ArchConfig": "kvpool.torch_engine.arch",
-    "EngineError": "kvpool.torch_engine.arch",
-    "StalePageError": "kvpool.torch_engine.arch",
-    "NgramDrafter": "kvpool.torch_engine.drafter",
-    "KVStore": "kvpool.torch_engine.kv_store",
-    "DecoderLM": "kvpool.torch_engine.model",
-    "Engine": "kvpool.torch_engine.runner",
-    "EngineStats": "kvpool.torch_engine.runner",
-    "Output": "kvpool.torch_engine.runner",
-    "from_state_dict": "kvpool.torch_engine.weights",
-    "load_folder": "kvpool.torch_engine.weights",
-    "save_folder": "kvpool.torch_engine.weights",
-    "tiny_config": "kvpool.torch_engine.weights",
-    "tiny_model": "kvpool.torch_engine.weights",
-}
-
-
-def __getattr__(name: str) -> Any:
-    # torch loads on first use, so `kvpool.torch_engine.names` stays cheap for the CLI
-    if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# torch loads on first use, so `kvpool.torch_engine.names` stays cheap for the CLI
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "kvpool.torch_engine.arch": ("ArchConfig", "EngineError", "StalePageError"),
+        "kvpool.torch_engine.drafter": ("NgramDrafter",),
+        "kvpool.torch_engine.kv_store": ("KVStore",),
+        "kvpool.torch_engine.model": ("DecoderLM",),
+        "kvpool.torch_engine.runner": ("Engine", "EngineStats", "Output"),
+        "kvpool.torch_engine.weights": ("from_state_dict", "load_folder", "save_folder", "tiny_config", "tiny_model"),
+    },
+)
 
 
 __all__ = [
