@@ -191,13 +191,9 @@ class Scheduler:
         all at once through the manager's batch path, and only when that fails
         one by one, preempting from the back of the running list."""
         limits, extra = self.limits, self.limits.num_extra_kv_tokens
-        decoding = [s for s in self.running if (out := len(s.output_ids)) and s.num_computed == s.prompt_len + out - 1]
-        if not decoding:
-            return budget
+        decoding = [s for s in self.running if s.is_decoding]
         if not draft_lens and len(decoding) <= budget:  # a token each, all within the budget (no drafts)
             rows = [(seq, 0) for seq in decoding]
-            hists = [seq.num_computed for seq in decoding]
-            caps = [h + 1 + extra for h in hists]
             budget -= len(rows)
         else:
             rows = []
@@ -211,10 +207,10 @@ class Scheduler:
                     continue
                 rows.append((seq, k))
                 budget -= 1 + k
-            if not rows:
-                return budget
-            hists = [s.num_computed for s, _ in rows]
-            caps = [h + 1 + k + extra for h, (_, k) in zip(hists, rows, strict=True)]
+        if not rows:
+            return budget
+        hists = [s.num_computed for s, _ in rows]
+        caps = [h + 1 + k + extra for h, (_, k) in zip(hists, rows, strict=True)]
         if self.manager.resize_many([s.rid for s, _ in rows], caps, hists):
             self._step_decodes.extend(rows)
             return budget
