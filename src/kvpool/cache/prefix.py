@@ -183,7 +183,7 @@ def commit(
             take_ahead(req, ids, tpb, k)
         if len(hashes) < k:  # (a run's digests came with `take_ahead`)
             extend_hashes(hashes, ids, tpb, req.seed, k, req.chain, req.base)
-        ahead = 0 if req.chain is None else lookahead(req)
+        ahead = lookahead(req)
         if ahead:  # lookahead digests: only the pages whose following ids are known
             k = min(k, len(hashes))
     if k > done:
