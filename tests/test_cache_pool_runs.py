@@ -98,8 +98,10 @@ def test_runs_match_a_list(n: int, script: list[tuple[str, int]]) -> None:
             oldest = model.lru[:count]
             assert pool.evict(count) == oldest
             del model.lru[:count]
-            for p in oldest:
+            for p in oldest:  # handed out with one owner each, as `take` does
                 model.hashed[p] = False
+                model.ref[p] = 1
+            held.append(oldest)
         assert links_agree(pool) == model.lru
         assert pool.ref == model.ref
         assert [h is not None for h in pool.page_hash] == model.hashed

@@ -139,36 +139,38 @@ class PagePool:
         """Hand out `count` pages (ref 1): free ones first, then the least
         recently used cached pages (`evict`). The caller has checked
         `count <= num_free`."""
-        stack = self.free_stack
+        stack, ref = self.free_stack, self.ref
         if count == 1 and stack:  # the decode step's page: no slicing
             page = stack.pop()
-            self.ref[page] = 1
+            ref[page] = 1
             return [page]
         n_stack = min(count, len(stack))
         pages = stack[len(stack) - n_stack :]
         del stack[len(stack) - n_stack :]
         pages.reverse()
-        if count > n_stack:
-            pages += self.evict(count - n_stack)
-        ref = self.ref
         for page in pages:
             ref[page] = 1
+        if count > n_stack:  # (evicted pages get their owner in the eviction's own pass)
+            pages += self.evict(count - n_stack)
         return pages
 
     def evict(self, count: int) -> list[int]:
-        """Unlink the `count` least recently used cached pages and drop their
-        hashes (one `removed` record); they stay unowned for the caller."""
-        nxt, cached, sentinel = self.nxt, self.cached, self.num_pages
+        """Unlink the `count` least recently used cached pages, drop their
+        hashes (one `removed` record) and hand them out with one owner each."""
+        nxt, cached, ref, sentinel = self.nxt, self.cached, self.ref, self.num_pages
         # every cached page has a hash (were one None, `del cached[None]` would raise: never a key)
         page_hash: list[int] = self.page_hash  # type: ignore[assignment]
-        pages, hashes = [], []
+        keep = self.spill is not None or self.record_events  # the digests are read only by a tier or a record
+        pages, hashes = [0] * count, []
         page = nxt[sentinel]
-        for _ in range(count):  # `_unlink_oldest` and `_drop_hash` in one pass
+        for i in range(count):  # `_unlink_oldest`, `_drop_hash` and the owner in one pass
+            pages[i] = page
             block_hash = page_hash[page]
             del cached[block_hash]
             page_hash[page] = None  # type: ignore[call-overload]
-            pages.append(page)
-            hashes.append(block_hash)
+            ref[page] = 1
+            if keep:
+                hashes.append(block_hash)
             page = nxt[page]
         nxt[sentinel], self.prev[page] = page, sentinel
         self.store.lru_len -= count
@@ -206,23 +208,24 @@ class PagePool:
             nxt[p], prev[n] = n, p
         self.store.lru_len -= unlinked
 
-    def release(self, pages: Iterable[int]) -> None:
+    def release(self, pages: Sequence[int]) -> None:
         """Drop one owner of each page; an unowned page becomes cached (if it has
         a hash: appended to the LRU tail) or free."""
-        ref, page_hash, free = self.ref, self.page_hash, self.free_stack.append
+        ref, page_hash, free_stack = self.ref, self.page_hash, self.free_stack
+        free, n_free = free_stack.append, len(free_stack)
         prev, nxt, sentinel = self.prev, self.nxt, self.num_pages
-        cached, last = 0, prev[sentinel]
+        kept, last = 0, prev[sentinel]
         for page in pages:
             left = ref[page] = ref[page] - 1
-            if not left:
-                if page_hash[page] is None:
-                    free(page)
-                else:  # appended to the LRU, chained: the tail is closed once, after the loop
-                    prev[page] = last
-                    nxt[last] = last = page
-                    cached += 1
+            if left:  # counted, the rare case: a count of the cached pages (past 256) allocates an int per page
+                kept += 1
+            elif page_hash[page] is None:
+                free(page)
+            else:  # appended to the LRU, chained: the tail is closed once, after the loop
+                prev[page] = last
+                nxt[last] = last = page
         nxt[last], prev[sentinel] = sentinel, last
-        self.store.lru_len += cached
+        self.store.lru_len += len(pages) - kept - (len(free_stack) - n_free)
 
     def store_run(
         self,

@@ -61,8 +61,9 @@ class SharedPool(PagePool):
 
     def evict(self, count: int) -> list[int]:
         """`PagePool.evict`, each page's `removed` record under the group whose map held it."""
-        pages = self._unlink_oldest(count)
+        pages, ref = self._unlink_oldest(count), self.ref
         for page in pages:
+            ref[page] = 1
             holder = self.store.holder[page]
             block_hash = self._drop_hash(page)
             if holder is not None and holder.record_events:

@@ -102,7 +102,7 @@ class PageTables:
         held = self.live_pages(req)
         for gi, pages in enumerate(held):
             if pages:
-                self.pools[gi].release(reversed(pages))
+                self.pools[gi].release(pages[::-1])
                 self.tables[gi][req.slot, : req.nblk[gi]] = STALE
         return held
 
@@ -120,7 +120,7 @@ class PageTables:
         """Undo `take_pages`: its pages free again, on top of the free lists in the
         order they were taken from them (a cached page it evicted stays evicted)."""
         for pool, group_pages in zip(self.pools, pages, strict=True):
-            pool.release(reversed(group_pages))
+            pool.release(group_pages[::-1])
 
     def rebound(self, req: Request) -> None:
         """`req.lo`, `req.hi`, `req.next_stale` from its counts: the capacities
