@@ -165,12 +165,11 @@ class PagePool:
         page = nxt[sentinel]
         for i in range(count):  # `_unlink_oldest`, `_drop_hash` and the owner in one pass
             pages[i] = page
-            block_hash = page_hash[page]
-            del cached[block_hash]
+            if keep:
+                hashes.append(page_hash[page])
+            del cached[page_hash[page]]
             page_hash[page] = None  # type: ignore[call-overload]
             ref[page] = 1
-            if keep:
-                hashes.append(block_hash)
             page = nxt[page]
         nxt[sentinel], self.prev[page] = page, sentinel
         self.store.lru_len -= count
