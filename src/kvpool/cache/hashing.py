@@ -24,6 +24,7 @@ import hashlib
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from itertools import repeat
 from operator import getitem
 from typing import TypeAlias
@@ -70,6 +71,12 @@ def digest_function(name: str) -> Digest:
     raise ValueError(f"unknown page digest {name!r}")
 
 
+@cache
+def page_type(width: int) -> np.dtype[np.void]:
+    """NumPy's type of one page of `width` bytes (a new dtype costs microseconds: made once per width)."""
+    return np.dtype((np.void, width))
+
+
 def chain_function(name: str) -> Chain:
     """The page chain called `name` ("xxh3" or "blake2b"); raises ImportError
     for "xxh3" without the `xxhash` package."""
@@ -83,7 +90,7 @@ def chain_function(name: str) -> Chain:
             # a loop in C, not Python (a third of the instructions): NumPy splits the pages' bytes, and each
             # page's seed is read back from `out`, where `extend` has appended the digest before it
             out = [parent & MASK64]
-            pages = np.frombuffer(data, np.dtype((np.void, width))).tolist()
+            pages = np.frombuffer(data, page_type(width)).tolist()
             out.extend(map(xxh3_64_intdigest, pages, map(getitem, repeat(out), repeat(-1))))
             del out[0]
             return out
