@@ -58,7 +58,7 @@ class TraceRequest:
         ids = np.asarray(self.hash_ids, dtype=np.int64)
         tokens = np.add.outer(ids * block, np.arange(block, dtype=np.int64)).ravel()
         out = array("q")
-        out.frombytes(tokens[: self.prompt_len].view(np.uint8))  # NumPy's buffer read in place (no `tobytes` copy)
+        out.frombytes(tokens[: self.prompt_len].data.cast("B"))  # NumPy's buffer read in place (no `tobytes` copy)
         return out
 
     def sequence(self, arrival_s: float, max_seq_len: int) -> Sequence | None:
