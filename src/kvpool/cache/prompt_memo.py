@@ -29,6 +29,7 @@ and the shared part of the next hit needs no lookup at all.
 from __future__ import annotations
 
 from array import array
+from collections import OrderedDict
 from typing import NamedTuple
 
 import numpy as np
@@ -67,7 +68,7 @@ class PromptMemo:
         self.pages: dict[int, KnownPages] = {}  # group index -> the pages the last hit attached
         self.drops: dict[int, int] = {}  # group index -> its pool's `drops` when they were remembered
         # (parent digest or seed, first id) of a run -> (a prompt's ids, its digests, the run's first page)
-        self.runs: dict[tuple[int, int], tuple[array[int], list[int], int]] = {}
+        self.runs: OrderedDict[tuple[int, int], tuple[array[int], list[int], int]] = OrderedDict()
 
     def digests(
         self,
@@ -143,10 +144,10 @@ class PromptMemo:
         mine = out[:]  # (the caller's list grows on)
         for page in range(-(-first // RUN) * RUN, num_blocks, RUN):
             key = (out[page - 1] if page else seed, ids[page * tokens_per_block])
-            runs.pop(key, None)  # (re-inserted last: the dict's order is the runs' age)
             runs[key] = (ids, mine, page)
+            runs.move_to_end(key)  # (the order is the runs' age: a plain dict's first key is found by a scan)
             if len(runs) > RUNS:
-                del runs[next(iter(runs))]
+                runs.popitem(last=False)
 
     def common_pages(self, ids: array[int], tokens_per_block: int, num_blocks: int) -> int:
         """Leading whole pages (at most `num_blocks`) whose token ids equal the
