@@ -130,8 +130,8 @@ def test_with_short_runs_digests_and_managers_are_those_without_the_memo() -> No
 
 
 def test_a_turn_after_other_prompts_digests_only_its_new_pages(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A conversation's next turn, after another prompt: the pages of its last
-    turn are taken from the index of runs, only the new ones are digested."""
+    """A conversation's next turn, after another prompt: the runs of its last
+    turn are taken from the index, only the new pages are digested."""
     m = manager(full_spec(tpb=16), {"full": 400})
     calls: list[int] = []
     real = hashing.page_chain
@@ -141,12 +141,12 @@ def test_a_turn_after_other_prompts_digests_only_its_new_pages(monkeypatch: pyte
         return real(parent, data, width)
 
     monkeypatch.setattr(hashing, "page_chain", counted)
-    turn = list(range(1000, 1000 + 16 * 40))  # 40 pages; its digests: the 39 before its last token's page
-    other = list(range(9000, 9000 + 16 * 20))
-    later = [*turn, *range(50_000, 50_000 + 16 * 8 + 3)]  # 48 pages to digest
+    turn = list(range(1000, 1000 + 16 * 32 + 1))  # 32 pages to digest: two runs of 16
+    other = list(range(9000, 9000 + 16 * 20))  # 19 pages
+    later = [*turn, *range(50_000, 50_000 + 16 * 16 + 2)]  # 48 pages, the first 32 the turn's
     for prompt in (turn, other, later):
         assert not m.can_create(prompt).hit
-    assert calls[:2] == [39, 19] and sum(calls[2:]) == 48 - 39
+    assert calls[:2] == [32, 19] and sum(calls[2:]) == 48 - 32
     scratch: list[int] = []
     extend_hashes(scratch, check_tokens(later), 16, salt_seed(None), 48)
     assert m._prompts.hashes == scratch

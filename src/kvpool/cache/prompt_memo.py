@@ -13,11 +13,13 @@ keeps the pools' hash-map hits cheap (a key found by identity is not compared).
 Prompts come back too, whole or in part: a preempted request is admitted
 again, a conversation's next turn starts with the whole of its last one, an
 agent's calls share its tool descriptions. So the memo also indexes the
-recent prompts by their runs of `RUN` pages: a run is found by its parent's
-digest and its first token id, and taken once NumPy has compared its ids, as
-far as they agree; past that, the prompt's own pages are digested. A page's
-digest is a function of its parent's and its ids alone, so those taken are
-exactly those computed.
+recent prompts' runs of `RUN` pages by the run's parent digest and first
+token id, with a fingerprint of its ids (one XXH3, or BLAKE2b, digest of the
+run's bytes under the parent digest): a run whose fingerprint matches is
+taken whole, and past the last one taken the prompt's own pages are
+digested. A page's digest is a function of its parent's and its ids alone, so
+those taken are those computed (up to a 64-bit collision, as the digests
+themselves); the index holds no ids, only digests.
 
 The memo also keeps the pages the previous prompt's hit attached in each
 group whose pages never go stale. A pool's map sends a hash to one page until
@@ -35,7 +37,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from kvpool.cache.hashing import Chain, extend_hashes
+from kvpool.cache.hashing import MASK64, Chain, extend_hashes, page_digest
 from kvpool.cache.pool import PagePool
 
 __all__ = ["KnownPages", "PromptMemo"]
@@ -51,9 +53,7 @@ class KnownPages(NamedTuple):
 
 
 RUN = 16  # pages a run: the prompt's first page and each 16th one are indexed (a 12k-token prompt: 24 runs)
-# indexed runs: about the last 200 prompts of 10k tokens, whose ids the index holds (about 16 MiB; on 2,000
-# Mooncake requests 11 % fewer pages digested, 4x the runs 25 % for 5x the memory)
-RUNS = 4096
+RUNS = 16384  # indexed runs, the oldest dropped: about 300 bytes each (no ids: a fingerprint and 16 digests)
 
 
 class PromptMemo:
@@ -67,8 +67,8 @@ class PromptMemo:
         self.hashes: list[int] = []
         self.pages: dict[int, KnownPages] = {}  # group index -> the pages the last hit attached
         self.drops: dict[int, int] = {}  # group index -> its pool's `drops` when they were remembered
-        # (parent digest or seed, first id) of a run -> (a prompt's ids, its digests, the run's first page)
-        self.runs: OrderedDict[tuple[int, int], tuple[array[int], list[int], int]] = OrderedDict()
+        # (parent digest or seed, first id) of a run -> (its ids' digest under the parent, its pages' digests)
+        self.runs: OrderedDict[tuple[int, int], tuple[int, list[int]]] = OrderedDict()
 
     def digests(
         self,
@@ -126,28 +126,35 @@ class PromptMemo:
     def extend(
         self, out: list[int], ids: array[int], tokens_per_block: int, seed: int, num_blocks: int, chain: Chain | None
     ) -> None:
-        """`extend_hashes(out, ids, ...)`, taking each run of pages that an
-        indexed prompt holds under the same parent digest, as far as their ids
-        agree; then indexes this prompt's runs (the newest prompt wins a run)."""
-        first, runs = len(out), self.runs
-        while len(out) < num_blocks:
-            page, stop = len(out), num_blocks  # no run indexed here: no later one holds this prefix either
-            held = None if page % RUN else runs.get((out[-1] if page else seed, ids[page * tokens_per_block]))
-            if held is not None and held[2] == page:
-                end = first_differing_page(ids, held[0], tokens_per_block, page, min(num_blocks, len(held[1])))
-                out += held[1][page:end]
-                page = end
-            if page % RUN or held is not None:  # up to the next run: a prompt indexed there may share more
-                stop = min(num_blocks, (page // RUN + 1) * RUN)
-            if page < num_blocks:
-                extend_hashes(out, ids, tokens_per_block, seed, stop, chain)
-        mine = out[:]  # (the caller's list grows on)
-        for page in range(-(-first // RUN) * RUN, num_blocks, RUN):
-            key = (out[page - 1] if page else seed, ids[page * tokens_per_block])
-            runs[key] = (ids, mine, page)
-            runs.move_to_end(key)  # (the order is the runs' age: a plain dict's first key is found by a scan)
-            if len(runs) > RUNS:
-                runs.popitem(last=False)
+        """`extend_hashes(out, ids, ...)`, taking each run of pages that the
+        index holds under the same parent digest, first id and fingerprint;
+        then indexes the runs this prompt digested."""
+        tpb, runs = tokens_per_block, self.runs
+        digested: list[int] = []  # first pages of the runs digested here
+        with memoryview(ids) as view:  # runs fingerprinted in place
+            while len(out) < num_blocks:
+                page = len(out)
+                if page % RUN:  # up to the next run, where the index may hold more
+                    extend_hashes(out, ids, tpb, seed, min(num_blocks, page - page % RUN + RUN), chain)
+                    continue
+                key = (out[-1] if page else seed, ids[page * tpb])
+                held, stop = runs.get(key), min(num_blocks, page + RUN)
+                if held is None:  # no run indexed here: none later holds this prefix either
+                    stop = num_blocks
+                elif len(held[1]) == stop - page and held[0] == page_digest(
+                    view[page * tpb : stop * tpb], key[0] & MASK64
+                ):
+                    out += held[1]
+                    runs.move_to_end(key)
+                    continue
+                digested += range(page, stop, RUN)
+                extend_hashes(out, ids, tpb, seed, stop, chain)
+            for page in digested:
+                parent, stop = out[page - 1] if page else seed, min(num_blocks, page + RUN)
+                fingerprint = page_digest(view[page * tpb : stop * tpb], parent & MASK64)
+                runs[parent, ids[page * tpb]] = (fingerprint, out[page:stop])
+                if len(runs) > RUNS:
+                    runs.popitem(last=False)
 
     def common_pages(self, ids: array[int], tokens_per_block: int, num_blocks: int) -> int:
         """Leading whole pages (at most `num_blocks`) whose token ids equal the
