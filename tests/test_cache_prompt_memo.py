@@ -5,14 +5,13 @@ uses it is indistinguishable from one that does not, evictions included."""
 from __future__ import annotations
 
 from array import array
-from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cache_helpers import full_spec, manager, observed, twin_spec
-from kvpool.cache import KVCacheManager, hashing, prompt_memo
+from kvpool.cache import KVCacheManager, hashing
 from kvpool.cache.checks import check_tokens
 from kvpool.cache.hashing import Chain, extend_hashes, salt_seed
 from kvpool.cache.pool import PagePool
@@ -119,37 +118,6 @@ def test_a_shared_system_prompt_is_digested_once(monkeypatch: pytest.MonkeyPatch
     # the first prompt digests its 41 whole pages; the next ones only the page past the system prompt
     assert calls[0] == 41 and all(c == 1 for c in calls[1:] if c)
     m.check_integrity()
-
-
-def test_with_short_runs_digests_and_managers_are_those_without_the_memo() -> None:
-    """Runs of two pages and an index of five: prompts share runs with older
-    prompts, not only the last one, and runs are dropped from the index."""
-    with patch.object(prompt_memo, "RUN", 2), patch.object(prompt_memo, "RUNS", 5):
-        test_digests_are_those_from_scratch()
-        test_a_manager_with_the_memo_is_one_without()
-
-
-def test_a_turn_after_other_prompts_digests_only_its_new_pages(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A conversation's next turn, after another prompt: the runs of its last
-    turn are taken from the index, only the new pages are digested."""
-    m = manager(full_spec(tpb=16), {"full": 400})
-    calls: list[int] = []
-    real = hashing.page_chain
-
-    def counted(parent: int, data: bytes, width: int) -> list[int]:
-        calls.append(len(data) // width)
-        return real(parent, data, width)
-
-    monkeypatch.setattr(hashing, "page_chain", counted)
-    turn = list(range(1000, 1000 + 16 * 32 + 1))  # 32 pages to digest: two runs of 16
-    other = list(range(9000, 9000 + 16 * 20))  # 19 pages
-    later = [*turn, *range(50_000, 50_000 + 16 * 16 + 2)]  # 48 pages, the first 32 the turn's
-    for prompt in (turn, other, later):
-        assert not m.can_create(prompt).hit
-    assert calls[:2] == [32, 19] and sum(calls[2:]) == 48 - 32
-    scratch: list[int] = []
-    extend_hashes(scratch, check_tokens(later), 16, salt_seed(None), 48)
-    assert m._prompts.hashes == scratch
 
 
 def test_pages_evicted_since_the_last_hit_are_looked_up_again() -> None:

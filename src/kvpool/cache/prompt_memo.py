@@ -10,16 +10,10 @@ taken as they are, and only the rest is digested: the result is exactly
 `extend_hashes` from scratch. The digest objects are shared as well, which
 keeps the pools' hash-map hits cheap (a key found by identity is not compared).
 
-Prompts come back too, whole or in part: a preempted request is admitted
-again, a conversation's next turn starts with the whole of its last one, an
-agent's calls share its tool descriptions. So the memo also indexes the
-recent prompts' runs of `RUN` pages by the run's parent digest and first
-token id, with a fingerprint of its ids (one XXH3, or BLAKE2b, digest of the
-run's bytes under the parent digest): a run whose fingerprint matches is
-taken whole, and past the last one taken the prompt's own pages are
-digested. A page's digest is a function of its parent's and its ids alone, so
-those taken are those computed (up to a 64-bit collision, as the digests
-themselves); the index holds no ids, only digests.
+Prompts come back too: a preempted request is admitted again, a waiting
+one is asked about more than once. The digests of the last `RECENT` prompts
+are kept by one XXH3 (or BLAKE2b) digest of the prompt's bytes and its seed,
+so each prompt's pages are digested once while it is recent.
 
 The memo also keeps the pages the previous prompt's hit attached in each
 group whose pages never go stale. A pool's map sends a hash to one page until
@@ -52,14 +46,13 @@ class KnownPages(NamedTuple):
     row: npt.NDArray[np.int32]
 
 
-RUN = 16  # pages a run: the prompt's first page and each 16th one are indexed (a 12k-token prompt: 24 runs)
-RUNS = 16384  # indexed runs, the oldest dropped: about 300 bytes each (no ids: a fingerprint and 16 digests)
+RECENT = 256  # prompts whose digests are kept whole (about 3 KiB each for a 12k-token prompt)
 
 
 class PromptMemo:
     """Digests of the last prompt given to `digests`, and the pages its hit
-    found (`remember_hit`); the runs of the recent prompts (at most `RUNS`):
-    a bounded memory cost."""
+    found (`remember_hit`); the digests of the `RECENT` last prompts: a
+    bounded memory cost."""
 
     def __init__(self) -> None:
         self.seed = 0
@@ -67,8 +60,7 @@ class PromptMemo:
         self.hashes: list[int] = []
         self.pages: dict[int, KnownPages] = {}  # group index -> the pages the last hit attached
         self.drops: dict[int, int] = {}  # group index -> its pool's `drops` when they were remembered
-        # (parent digest or seed, first id) of a run -> (its ids' digest under the parent, its pages' digests)
-        self.runs: OrderedDict[tuple[int, int], tuple[int, list[int]]] = OrderedDict()
+        self.recent: OrderedDict[tuple[int, int, int], list[int]] = OrderedDict()  # (seed, pages, bytes' digest)
 
     def digests(
         self,
@@ -100,7 +92,17 @@ class PromptMemo:
         if len(out) < num_blocks and ahead:
             extend_hashes(out, ids, tokens_per_block, seed, num_blocks, chain)
         elif len(out) < num_blocks:
-            self.extend(out, ids, tokens_per_block, seed, num_blocks, chain)
+            with memoryview(ids) as view:  # the prompt's bytes digested in place, not copied twice
+                key = (seed, num_blocks, page_digest(view[: num_blocks * tokens_per_block], seed & MASK64))
+            whole = self.recent.get(key)
+            if whole is None:
+                extend_hashes(out, ids, tokens_per_block, seed, num_blocks, chain)
+                self.recent[key] = out[:]
+                if len(self.recent) > RECENT:
+                    self.recent.popitem(last=False)
+            else:
+                out = whole[:]
+                self.recent.move_to_end(key)
         if num_blocks:
             self.seed, self.ids, self.hashes = seed, ids, out[:]
         self.pages = {}
@@ -123,55 +125,15 @@ class PromptMemo:
         attached, by group (block i holds digest i; never-stale groups only)."""
         self.pages, self.drops = pages, {gi: pools[gi].drops for gi in pages}
 
-    def extend(
-        self, out: list[int], ids: array[int], tokens_per_block: int, seed: int, num_blocks: int, chain: Chain | None
-    ) -> None:
-        """`extend_hashes(out, ids, ...)`, taking each run of pages that the
-        index holds under the same parent digest, first id and fingerprint;
-        then indexes the runs this prompt digested."""
-        tpb, runs = tokens_per_block, self.runs
-        digested: list[int] = []  # first pages of the runs digested here
-        with memoryview(ids) as view:  # runs fingerprinted in place
-            while len(out) < num_blocks:
-                page = len(out)
-                if page % RUN:  # up to the next run, where the index may hold more
-                    extend_hashes(out, ids, tpb, seed, min(num_blocks, page - page % RUN + RUN), chain)
-                    continue
-                key = (out[-1] if page else seed, ids[page * tpb])
-                held, stop = runs.get(key), min(num_blocks, page + RUN)
-                if held is None:  # no run indexed here: none later holds this prefix either
-                    stop = num_blocks
-                elif len(held[1]) == stop - page and held[0] == page_digest(
-                    view[page * tpb : stop * tpb], key[0] & MASK64
-                ):
-                    out += held[1]
-                    runs.move_to_end(key)
-                    continue
-                digested += range(page, stop, RUN)
-                extend_hashes(out, ids, tpb, seed, stop, chain)
-            for page in digested:
-                parent, stop = out[page - 1] if page else seed, min(num_blocks, page + RUN)
-                fingerprint = page_digest(view[page * tpb : stop * tpb], parent & MASK64)
-                runs[parent, ids[page * tpb]] = (fingerprint, out[page:stop])
-                if len(runs) > RUNS:
-                    runs.popitem(last=False)
-
     def common_pages(self, ids: array[int], tokens_per_block: int, num_blocks: int) -> int:
         """Leading whole pages (at most `num_blocks`) whose token ids equal the
         remembered prompt's."""
+        n = min(num_blocks, len(self.hashes), len(self.ids) // tokens_per_block) * tokens_per_block
+        if n == 0 or ids[:tokens_per_block] != self.ids[:tokens_per_block]:  # unrelated prompts: no NumPy
+            return 0
         if ids is self.ids:  # the remembered prompt itself (`same_ids`)
-            return min(num_blocks, len(self.hashes), len(self.ids) // tokens_per_block)
-        return first_differing_page(ids, self.ids, tokens_per_block, 0, min(num_blocks, len(self.hashes)))
-
-
-def first_differing_page(ids: array[int], other: array[int], tokens_per_block: int, first: int, last: int) -> int:
-    """The first page from page `first` up to `last` (at most) whose token
-    ids differ between `ids` and `other`, or where either ends."""
-    start, n = first * tokens_per_block, min(last, len(ids) // tokens_per_block, len(other) // tokens_per_block)
-    n = n * tokens_per_block - start
-    if n <= 0 or ids[start : start + tokens_per_block] != other[start : start + tokens_per_block]:
-        return first  # unrelated prompts: no NumPy
-    new = np.frombuffer(ids, np.int64, count=n, offset=8 * start)  # a view: gone (and `ids` resizable again) on return
-    differ = new != np.frombuffer(other, np.int64, count=n, offset=8 * start)
-    at = int(differ.argmax())  # stops at the first difference (`flatnonzero` walks them all)
-    return first + (at if differ[at] else n) // tokens_per_block
+            return n // tokens_per_block
+        new = np.frombuffer(ids, np.int64, count=n)  # a view: gone (and `ids` resizable again) on return
+        differ = new != np.frombuffer(self.ids, np.int64, count=n)
+        first = int(differ.argmax())  # stops at the first difference (`flatnonzero` walks them all)
+        return (first if differ[first] else n) // tokens_per_block
