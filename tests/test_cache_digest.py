@@ -11,6 +11,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cache_helpers import full_spec, manager
 from kvpool.cache import hashing
@@ -56,6 +58,26 @@ def test_digest_is_the_documented_chain(name: str, salt: str | bytes | int | Non
     extend_hashes(step, TOKENS, TPB, salt_seed(salt), 2, chain_function(name))
     assert step == got
     assert all(0 <= x < 2**64 for x in got)  # unsigned inside the manager
+
+
+@pytest.mark.parametrize("name", DIGESTS)
+@settings(max_examples=60, deadline=None)
+@given(
+    tokens=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=120),
+    tpb=st.integers(1, 9),
+    parent=st.integers(0, 2**64 - 1),
+    first=st.integers(0, 5),
+)
+def test_long_chains_are_the_documented_chain(name: str, tokens: list[int], tpb: int, parent: int, first: int) -> None:
+    """Many pages at once, and a chain picked up after `first` pages, give
+    the page-by-page chain (the chain is one C-level pass over all pages)."""
+    if name == "xxh3":
+        pytest.importorskip("xxhash")
+    pages = len(tokens) // tpb
+    want = chain_by_hand(name, parent, tokens, pages, tpb)
+    got = want[:first] if first <= pages else []
+    extend_hashes(got, tokens, tpb, parent, pages, chain_function(name))
+    assert got == want
 
 
 @pytest.mark.parametrize("name", DIGESTS)

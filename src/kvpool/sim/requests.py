@@ -52,14 +52,13 @@ class TraceRequest:
 
     def prompt_array(self) -> array[int]:
         """`prompt_ids` packed as int64 (`array("q")`), what a `Sequence` keeps."""
-        out = array("q")
         if self.hash_ids is None:
-            out.frombytes(np.full(self.prompt_len, UNIQUE_BASE + self.rid, dtype=np.int64).tobytes())
-            return out
+            return array("q", (UNIQUE_BASE + self.rid,)) * self.prompt_len
         block = self.hash_block_tokens
         ids = np.asarray(self.hash_ids, dtype=np.int64)
-        tokens = (ids[:, None] * block + np.arange(block, dtype=np.int64)[None, :]).ravel()
-        out.frombytes(tokens[: self.prompt_len].tobytes())
+        tokens = np.add.outer(ids * block, np.arange(block, dtype=np.int64)).ravel()
+        out = array("q")
+        out.frombytes(tokens[: self.prompt_len].data.cast("B"))  # NumPy's buffer read in place (no `tobytes` copy)
         return out
 
     def sequence(self, arrival_s: float, max_seq_len: int) -> Sequence | None:
