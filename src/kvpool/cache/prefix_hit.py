@@ -22,6 +22,7 @@ The functions take the page tables, never the manager.
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -30,6 +31,7 @@ from operator import eq, is_not, itemgetter, not_, truth
 from typing import NamedTuple, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from kvpool.cache.cold import ColdStore
 from kvpool.cache.pool import PagePool
@@ -205,7 +207,7 @@ def create_check(
         need[t.store_of[gi]] += taken + table_blocks(g, hit + positions) - table_blocks(g, hit)
     short = {p.store.name: n - p.num_free for p, n in zip(t.pools, need, strict=True) if n > p.num_free}
     if not short:  # (a request that does not fit is not created next: its pages are not remembered)
-        memo.remember_hit({gi: KnownPages(p, np.fromiter(p, np.int32, len(p))) for gi, p in found.items()}, t.pools)
+        memo.remember_hit({gi: KnownPages(p, int32_row(p)) for gi, p in found.items()}, t.pools)
         return CreateCheck(hit, short, claimed, ids=ids)
     memo.remember_hit({}, t.pools)
     tail = k - 1 if len(t.pools) == 1 else -1  # one group: evicting its hit's last page keeps it as short
@@ -218,6 +220,12 @@ def create_check(
         if t.store_of[si] == si
     }
     return CreateCheck(hit, short, claimed, spare, ids)
+
+
+def int32_row(pages: list[int]) -> npt.NDArray[np.int32]:
+    """`pages` as a read-only int32 row: packed by `struct` in one call (about
+    half the instructions of NumPy's conversion of a list, item by item)."""
+    return np.frombuffer(struct.pack(f"{len(pages)}i", *pages), np.int32)
 
 
 def owners(ref: list[int], pages: list[int]) -> Sequence[int]:
@@ -240,9 +248,14 @@ def _spare(pool: PagePool, hits: list[tuple[int, list[int], Sequence[int]]], tai
         first, pages, _ = hits[0]
         run = pages[tail - first :: -1] if tail >= first else []
         if run and page == run[0]:  # each page of the run follows the one before it in the LRU
-            n = min(
-                1 + len(list(takewhile(truth, map(eq, map(nxt.__getitem__, run), islice(run, 1, None))))), SPARE_WALK
-            )
+            # the usual case, a whole LRU of the run (a blocked head's), compared at once: the chain of m
+            # pages breaks after m anyway when m is the LRU's length (its last page is followed by `end`)
+            m = min(len(run), pool.store.lru_len, SPARE_WALK)
+            if m > 2 and itemgetter(*run[: m - 1])(nxt) == tuple(run[1:m]):
+                n = m
+            else:
+                links = map(eq, map(nxt.__getitem__, run), islice(run, 1, None))
+                n = min(1 + len(list(takewhile(truth, links))), SPARE_WALK)
             page, tail = nxt[run[n - 1]], tail - n
     if page == end or n == SPARE_WALK:
         return n
