@@ -1,6 +1,6 @@
-"""The longest prefill chunk the pages hold: `Scheduler._largest_chunk` counts it
+"""The longest prefill chunk the pages hold: `ChunkSizer.largest` counts it
 from the pages the whole chunk lacked, and that count must be exactly what
-asking the manager chunk by chunk finds (`Scheduler._probed_chunk`, and a scan
+asking the manager chunk by chunk finds (`ChunkSizer.probed`, and a scan
 of `can_resize` over every length), leaving the pools exactly as the probing
 does, for every kind of group and for pools shared by groups."""
 
@@ -93,9 +93,9 @@ def test_the_counted_chunk_is_the_probed_one(
     expected = max(holds, default=0)
     assert holds == list(range(1, expected + 1))  # (monotone: the probing's bisection is exact)
 
-    n = counted._largest_chunk(rid, h, chunk)
+    n = counted.chunks.largest(rid, h, chunk)
     whole = probed_mgr.resize(rid, h + chunk + extra, h)
-    probed_n = chunk if whole else probed._probed_chunk(rid, h, chunk, whole.short)
+    probed_n = chunk if whole else probed.chunks.probed(rid, h, chunk, whole.short)
     assert n == probed_n == expected
     if n:
         assert counted_mgr.capacity(rid) == h + n + extra
@@ -126,7 +126,7 @@ def test_a_pool_short_of_state_slots_only_fits_no_chunk() -> None:
         mgr.create(rid)
         assert mgr.resize(rid, 1, 0)
     mgr.create(9)
-    assert sched._largest_chunk(9, 0, 4) == 0
+    assert sched.chunks.largest(9, 0, 4) == 0
     assert mgr.capacity(9) == 0
 
 
@@ -142,6 +142,6 @@ def test_a_chunk_past_the_capacity_is_probed(monkeypatch: Any) -> None:
         asked.append(args)
         return 0
 
-    monkeypatch.setattr(sched, "_chunk_by_pages", counting)
-    assert sched._largest_chunk(1, 0, 40) == 16  # all 4 pages
+    monkeypatch.setattr(sched.chunks, "by_pages", counting)
+    assert sched.chunks.largest(1, 0, 40) == 16  # all 4 pages
     assert not asked and mgr.capacity(1) == 16

@@ -22,14 +22,16 @@ The functions take the page tables, never the manager.
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import compress, count, islice, takewhile
-from operator import eq, is_not, not_, truth
+from operator import eq, is_not, itemgetter, not_, truth
 from typing import NamedTuple, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from kvpool.cache.cold import ColdStore
 from kvpool.cache.pool import PagePool
@@ -64,7 +66,8 @@ def longest_hit(
         if t.never_stale[gi] and not t.is_state[gi]:  # the leading cached run, counted in C
             skip = len(known[gi].pages) if known and gi in known else 0
             if runs is not None and tier is None:
-                got: list[int | None] = list(takewhile(_is_page, map(pools[gi].cached.get, islice(hashes, skip, None))))
+                rest = islice(hashes, skip, None) if skip else hashes  # (an islice costs a tenth of the walk)
+                got: list[int | None] = list(takewhile(_is_page, map(pools[gi].cached.get, rest)))
                 run = runs[gi] = cast("list[int]", got)
                 k = min(k, skip + len(run))
             else:
@@ -174,7 +177,7 @@ def create_check(
     need = [0] * len(t.pools)  # by the first group of each store
     claimed: dict[str, int] = {}
     found: dict[int, list[int]] = {}  # never-stale groups: the hit's pages, for `create`
-    hits: list[tuple[int, int, list[int | None], list[int]]] = []  # (store, first block, pages, refs) by group
+    hits: list[tuple[int, int, list[int | None], Sequence[int]]] = []  # (store, first block, pages, refs) by group
     for gi, pool in enumerate(t.pools):
         taken = 0
         if k and (tier is not None or pool.store.lru_len):  # (no LRU: every cached page has an owner, none taken)
@@ -182,13 +185,18 @@ def create_check(
             head = known.get(gi)  # (never-stale groups only: first is 0)
             h = 0 if head is None else min(k, len(head.pages))
             run = runs.get(gi)
-            pages: list[int | None] = [
-                *(head.pages[:h] if head is not None else ()),
-                *(map(pool.cached.get, hashes[first + h : k]) if run is None else run[: k - h]),
-            ]
-            missing = pages.count(None)
+            pages: list[int | None]
+            if head is None and run is not None:  # the walk's own list (no copy)
+                pages = cast("list[int | None]", run if len(run) == k else run[:k])
+            else:
+                pages = [
+                    *(head.pages[:h] if head is not None else ()),
+                    *(map(pool.cached.get, hashes[first + h : k]) if run is None else run[: k - h]),
+                ]
+            # without a tier `longest_hit` found every page (a count of None compares each page with it)
+            missing = 0 if tier is None else pages.count(None)
             held_pages = [p for p in pages if p is not None] if missing else cast("list[int]", pages)
-            refs = list(map(pool.ref.__getitem__, held_pages))
+            refs = owners(pool.ref, held_pages)
             hits.append((t.store_of[gi], first, pages, refs))
             taken = refs.count(0) + missing  # the hit's pages in the LRU, and those only a tier holds
             if t.never_stale[gi] and not t.is_state[gi] and not missing:
@@ -199,11 +207,11 @@ def create_check(
         need[t.store_of[gi]] += taken + table_blocks(g, hit + positions) - table_blocks(g, hit)
     short = {p.store.name: n - p.num_free for p, n in zip(t.pools, need, strict=True) if n > p.num_free}
     if not short:  # (a request that does not fit is not created next: its pages are not remembered)
-        memo.remember_hit({gi: KnownPages(p, np.array(p, dtype=np.int32)) for gi, p in found.items()}, t.pools)
+        memo.remember_hit({gi: KnownPages(p, int32_row(p)) for gi, p in found.items()}, t.pools)
         return CreateCheck(hit, short, claimed, ids=ids)
     memo.remember_hit({}, t.pools)
     tail = k - 1 if len(t.pools) == 1 else -1  # one group: evicting its hit's last page keeps it as short
-    by_store: dict[int, list[tuple[int, list[int], list[int]]]] = {}  # (first block, pages, refs) by group
+    by_store: dict[int, list[tuple[int, list[int], Sequence[int]]]] = {}  # (first block, pages, refs) by group
     for si, first, pages, refs in hits if tier is None else ():  # (no tier: the pools hold every page of the hit)
         by_store.setdefault(si, []).append((first, cast("list[int]", pages), refs))
     spare = {  # with a cold tier the hit depends on the free pages (`onboard_fits`): none spared
@@ -214,7 +222,19 @@ def create_check(
     return CreateCheck(hit, short, claimed, spare, ids)
 
 
-def _spare(pool: PagePool, hits: list[tuple[int, list[int], list[int]]], tail: int) -> int:
+def int32_row(pages: list[int]) -> npt.NDArray[np.int32]:
+    """`pages` as a read-only int32 row: packed by `struct` in one call (about
+    half the instructions of NumPy's conversion of a list, item by item)."""
+    return np.frombuffer(struct.pack(f"{len(pages)}i", *pages), np.int32)
+
+
+def owners(ref: list[int], pages: list[int]) -> Sequence[int]:
+    """`ref[p]` of each of `pages`: one `itemgetter` call indexes in C (a
+    map of `ref.__getitem__` calls a method per page, half again the cost)."""
+    return itemgetter(*pages)(ref) if len(pages) > 1 else [ref[p] for p in pages]  # (one index: no tuple)
+
+
+def _spare(pool: PagePool, hits: list[tuple[int, list[int], Sequence[int]]], tail: int) -> int:
     """The LRU's oldest pages (at most `SPARE_WALK`) up to the first page of
     the hit (`hits`: first block, pages and their owner counts, by group)
     whose eviction would shrink the hit by more than that page. Evicting a
@@ -228,9 +248,14 @@ def _spare(pool: PagePool, hits: list[tuple[int, list[int], list[int]]], tail: i
         first, pages, _ = hits[0]
         run = pages[tail - first :: -1] if tail >= first else []
         if run and page == run[0]:  # each page of the run follows the one before it in the LRU
-            n = min(
-                1 + len(list(takewhile(truth, map(eq, map(nxt.__getitem__, run), islice(run, 1, None))))), SPARE_WALK
-            )
+            # the usual case, a whole LRU of the run (a blocked head's), compared at once: the chain of m
+            # pages breaks after m anyway when m is the LRU's length (its last page is followed by `end`)
+            m = min(len(run), pool.store.lru_len, SPARE_WALK)
+            if m > 2 and itemgetter(*run[: m - 1])(nxt) == tuple(run[1:m]):
+                n = m
+            else:
+                links = map(eq, map(nxt.__getitem__, run), islice(run, 1, None))
+                n = min(1 + len(list(takewhile(truth, links))), SPARE_WALK)
             page, tail = nxt[run[n - 1]], tail - n
     if page == end or n == SPARE_WALK:
         return n

@@ -15,9 +15,9 @@ from typing import Literal, NamedTuple, cast
 
 from kvpool.cache.checks import INT64_MAX, check_few_tokens
 from kvpool.cache.results import CreateCheck
-from kvpool.plan.feasibility import largest_fitting
 from kvpool.plan.limits import ServingLimits
 from kvpool.sched.admission import Admission
+from kvpool.sched.chunks import ChunkSizer
 from kvpool.sched.padding import GraphPadding
 from kvpool.sched.paged_cache import PagedCache, SuspendingCache
 from kvpool.sched.sequence import SchedulerError, Sequence, Status, append_tokens, check_request, check_sampled
@@ -117,12 +117,7 @@ class Scheduler:
         self._opening = tuple(
             g.name for g in manager.spec.groups if not g.rule.per_request and tpb % g.tokens_per_block == 0
         )
-        # groups whose pages grow with capacity, per pool: a chunk one page shorter spares one page of each
-        self._growing: dict[str, int] = {}
-        for g in manager.spec.groups:
-            if not g.rule.per_request:
-                pool = manager.pool_of(g.name)
-                self._growing[pool] = self._growing.get(pool, 0) + 1
+        self.chunks = ChunkSizer(manager, limits.num_extra_kv_tokens)  # each prefill chunk's length
 
     # ------------------------------------------------------------------ queue
 
@@ -165,7 +160,7 @@ class Scheduler:
                 i += 1
                 continue
             h, chunk = seq.num_computed, min(seq.num_pending, budget)
-            n = self._largest_chunk(seq.rid, h, chunk)
+            n = self.chunks.largest(seq.rid, h, chunk)
             if not n and self._resize_or_preempt(seq, h + chunk + extra, h):
                 n = chunk  # room was made by preempting later requests
             if n:
@@ -263,7 +258,7 @@ class Scheduler:
                 break  # head-of-line: wait until running requests free pages
             tokens = checked_ids(check, tokens)
             reused = self.manager.create(seq.rid, tokens if self.enable_reuse else None, seq.salt)
-            n = self._largest_chunk(seq.rid, reused, min(len(tokens) - reused, budget))
+            n = self.chunks.largest(seq.rid, reused, min(len(tokens) - reused, budget))
             if not n:  # pragma: no cover - `can_create` said that one position fits
                 raise SchedulerError(f"request {seq.rid}: admitted by can_create, but no position fits")
             self.waiting.popleft()
@@ -282,72 +277,6 @@ class Scheduler:
         digests the head's prompt (`can_create` would answer it short)."""
         free = self.manager.free_pages
         return any(free(g) == 0 for g in self._opening)
-
-    def _largest_chunk(self, rid: int, history: int, tokens: int) -> int:
-        """Resize `rid` for the longest prefill chunk of at most `tokens` tokens
-        after `history` that the free pages hold, and return its length (0: not
-        even one token; nothing changed). Packing chunks this way fills the
-        pools the way engines that admit until the pages run out do."""
-        extra = self.limits.num_extra_kv_tokens
-        whole = self.manager.resize(rid, history + tokens + extra, history)
-        if whole:
-            return tokens
-        if self.manager.capacity(rid) <= history + 1 + extra:  # early return: the answer counted from `short`
-            n = self._chunk_by_pages(whole.short, history + extra, tokens)
-            if n == 0 or self.manager.resize(rid, history + n + extra, history):
-                return n
-        return self._probed_chunk(rid, history, tokens, whole.short)  # (a resumed request past its chunk's start)
-
-    def _chunk_by_pages(self, short: Mapping[str, int], start: int, tokens: int) -> int:
-        """The longest chunk below `tokens` whose pages fit, where the whole
-        `tokens` left each pool `short[pool]` pages short, for a request whose
-        capacity then grows from at most `start + 1` (so that no chunk of one
-        position or more releases a page, and the pages each takes from the
-        stale ones at its history on are the same): a chunk
-        ending at capacity c takes ceil(c / tpb) blocks in each of a pool's
-        growing groups (`spec.pages.table_blocks`; a state group takes its one
-        slot whatever c is), so a pool g growing groups short of s pages holds
-        a chunk whose blocks are ceil(s / g) fewer per group. Exactly what
-        asking `resize` chunk by chunk finds (tests/test_sched_chunks.py)."""
-        tpb = self.manager.spec.tokens_per_block
-        blocks = -(-(start + tokens) // tpb)  # per growing group, for the whole chunk
-        n = tokens - 1
-        for pool, missing in short.items():
-            growing = self._growing.get(pool, 0)
-            if not growing:  # only state slots lack pages: no chunk makes up for them
-                return 0
-            n = min(n, (blocks - -(-missing // growing)) * tpb - start)
-        return max(n, 0)
-
-    def _probed_chunk(self, rid: int, history: int, tokens: int, short: Mapping[str, int]) -> int:
-        """`_largest_chunk` by asking `resize` (whose refusal for the whole
-        chunk said `short`), bisecting on its answers: for a request whose
-        capacity may already be past the chunk's first position."""
-        extra = self.limits.num_extra_kv_tokens
-
-        # pages needed grow with the chunk: bisect on the manager's own answer, from below by the chunk
-        # shorter by the most pages a pool lacked (each group's live pages at a fixed history grow by one
-        # per tpb positions, so that one usually fits; where not, a state slot, from 1)
-        def fits(m: int) -> bool:
-            return bool(self.manager.resize(rid, history + m + extra, history))
-
-        tpb = self.manager.spec.tokens_per_block
-        lo = tokens - max(short.values()) * tpb
-        if lo > 0 and fits(lo):
-            # the chunk that ends where lo's last page does takes no page more in a group of whole pages: try
-            # it and the position after it first, which settles the usual case (one pool of such groups)
-            end = min(tokens - 1, lo + (-(history + lo + extra)) % tpb)
-            if end > lo and not fits(end):
-                n = largest_fitting(lo + 1, end - 1, fits)
-            elif end == tokens - 1 or not fits(end + 1):
-                n = end
-            else:
-                n = largest_fitting(end + 1, tokens - 1, fits)
-        else:
-            n = largest_fitting(1, (lo if lo > 0 else tokens) - 1, fits)
-        if n > 0 and not self.manager.resize(rid, history + n + extra, history):  # pragma: no cover
-            return 0
-        return max(n, 0)
 
     def _resize_or_preempt(self, seq: Sequence, capacity: int, history: int) -> bool:
         """Resize `seq`; while that fails, preempt the most recently admitted
