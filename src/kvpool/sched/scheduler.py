@@ -412,7 +412,10 @@ class Scheduler:
         p = seq.prompt_len
         if known < p:  # (the manager saw the whole prompt at admission: not met by the scheduler's own requests)
             return seq.token_ids[known:upto]
-        return array("q", seq.output_ids[known - p : upto - p])
+        ids = seq.output_ids[known - p : upto - p]
+        if len(ids) > 8 and ids.count(ids[0]) == len(ids):  # one id over and over (a run's): repeated in C
+            return array("q", ids[:1]) * len(ids)  # (`array` packs a list one id at a time)
+        return array("q", ids)
 
     def shared_fill_step(self, seq: Sequence, steps: int, token: int) -> int | None:
         """The first of `steps` decode steps of running `seq` (each computes
