@@ -167,12 +167,14 @@ class Scheduler:
         decodes, prefills = self._step_decodes, self._step_prefills
 
         decoding = decoding_of(self.running)
-        prefilling = len(decoding) < len(self.running)  # (preemptions only remove: then too, every one decodes)
+        # the running requests the scan below skips (none left to scan when every one decodes: preemptions
+        # only remove); a set of the list found, as no request starts or stops decoding meanwhile
+        skip = set(decoding) if len(decoding) < len(self.running) else None
         budget = self._schedule_decodes(decoding, draft_lens, budget)
         i = 0
-        while prefilling and i < len(self.running) and budget > 0:  # chunks of prompts already admitted
+        while skip is not None and i < len(self.running) and budget > 0:  # chunks of prompts already admitted
             seq = self.running[i]
-            if seq.is_decoding:
+            if seq in skip:
                 i += 1
                 continue
             h, chunk = seq.num_computed, min(seq.num_pending, budget)
