@@ -107,7 +107,7 @@ def test_check_tokens_copies_an_int64_array_unless_told_the_caller_only_reads_it
     st.integers(1, 300),
 )
 def test_the_sign_test_on_bytes_agrees_with_min(mixed: list[int], ids: list[int], times: int) -> None:
-    # short arrays are tested on their sign bytes, long ones (past 2,048 ids) by NumPy: both say what min() says
+    # short arrays are tested on their sign bytes, long ones (past 1,024 ids) by NumPy: both say what min() says
     for values in (mixed, ids * times, ids * times + mixed, mixed + ids * times):
         packed = array("q", values)
         assert non_negative(packed) == (not values or min(values) >= 0)

@@ -81,8 +81,8 @@ def non_negative(ids: array[int]) -> bool:
     """Whether every id of the int64 array `ids` is >= 0: no sign bit set,
     tested on the bytes in C (`min()` makes an int of each id, about 250
     instructions an id; NumPy's reduction costs about 14,000 a call, which
-    pays from a couple of thousand ids)."""
-    if len(ids) <= 2048:
+    pays past about a thousand ids: callgrind, 9,900 against 15,200 at 1,024)."""
+    if len(ids) <= 1024:
         return ids.tobytes()[SIGN_BYTE::8].isascii()
     return int(np.frombuffer(ids, np.int64).min()) >= 0
 
