@@ -24,6 +24,8 @@ from kvpool.fleet import (
     RouteRequest,
     RouterError,
     make_router,
+    registry,
+    router_names,
 )
 
 ops = st.lists(st.tuples(st.sampled_from(["route", "prefill", "finish"]), st.integers(0, 1000)), max_size=60)
@@ -228,3 +230,9 @@ def test_routing_a_request_twice_is_refused() -> None:
     r.route(RouteRequest("a", [1]))
     with pytest.raises(RouterError, match="already in flight"):
         r.route(RouteRequest("a", [1]))
+
+
+def test_the_clis_router_names_are_the_registrys() -> None:
+    """`router_names` spells out what `fleet.registry` derives from the router classes."""
+    assert router_names.ROUTER_NAMES == registry.ROUTER_NAMES
+    assert set(registry.ROUTERS) == {n.partition(":")[0] for n in router_names.ROUTER_NAMES}

@@ -9,11 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvpool.plan import PoolPlan, ServingLimits
 from kvpool.presets.traces import Trace, load_trace
 from kvpool.sched import Sequence, Step
 from kvpool.sim import Progress, SimResult, StepTimeModel, Weights, simulate
+from kvpool.sim.metrics import linear_percentile
 from kvpool.sim.steptime import KERNELS_PER_LAYER, KERNELS_PER_STEP, LAUNCH_S, REPLAY_S
 from kvpool.spec import ModelSpec
 from sim_helpers import toy_gpu, toy_spec
@@ -244,3 +247,21 @@ def test_progress_is_reported_every_n_steps() -> None:
     assert r.steps == 15 and len(seen) == 7
     assert seen[-1].total == 5 and seen[-1].done <= 5
     assert all(a.sim_time_s <= b.sim_time_s for a, b in zip(seen, seen[1:], strict=False))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(st.floats(0, 1e4), st.floats(-1e300, 1e300), st.sampled_from([0.0, 1.5, math.inf, math.nan])),
+        min_size=1,
+        max_size=40,
+    ),
+    q=st.one_of(st.sampled_from([0, 50, 99, 100, 99.9]), st.floats(0, 100), st.integers(0, 100)),
+)
+def test_the_results_percentile_is_numpys_to_the_bit(values: list[float], q: float) -> None:
+    """`linear_percentile` (SimResult's) gives np.percentile's float, bit for bit."""
+    arr = np.array(values)
+    with np.errstate(invalid="ignore"):
+        want = float(np.percentile(arr, q))
+    got = linear_percentile(arr, q)
+    assert (math.isnan(got) and math.isnan(want)) or np.float64(got).tobytes() == np.float64(want).tobytes()

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kvpool.cli.common import int_at_least, non_negative_float, positive_int, table
-from kvpool.fleet.registry import ROUTER_NAMES
+from kvpool.fleet.router_names import ROUTER_NAMES
 
 if TYPE_CHECKING:  # `kvpool simulate` of one replica loads no fleet
     from kvpool.deploy.fleet_fit import FleetFit

@@ -32,6 +32,7 @@ from typing import Any
 
 from kvpool.cache.prefix_hit import TierHit
 from kvpool.fleet.load import RouteRequest, RouterError
+from kvpool.fleet.router_names import KV_VARIANTS
 from kvpool.fleet.routers import CacheAware, Router, lowest
 from kvpool.index import PrefixIndex
 from kvpool.spec.groups import LayerGroup
@@ -72,7 +73,7 @@ class KvRouter(Router):
     `event_lag_s`: how long after its emission an event reaches the index."""
 
     name = "kv"
-    VARIANTS = ("dynamo", "sglang")
+    VARIANTS = KV_VARIANTS
 
     def __init__(
         self,

@@ -21,7 +21,7 @@ class PlanPages:
     def __init__(self, plan: PoolPlan) -> None:
         self._plan = plan
         self._free = plan.pool_pages()  # by pool: groups sharing a pool share its pages
-        self._live: dict[int, dict[str, int]] = {}
+        self._live: dict[int, tuple[dict[str, int], dict[str, int]]] = {}  # rid -> (pages by group, by pool)
         self._next = -1
         self._padding: dict[int, int] = {}
 
@@ -40,7 +40,7 @@ class PlanPages:
         return self._plan.pool_of(group)
 
     def live_pages(self, rid: int, group: str) -> int:
-        return self._live[rid][group]
+        return self._live[rid][0][group]
 
     def add_dummy_requests(self, batch_size: int, token_num: int, draft_len: int = 0, is_gen: bool = True) -> Rows:
         cap, hist = dummy_shape(token_num, draft_len, self.limits.num_extra_kv_tokens, is_gen)
@@ -51,14 +51,12 @@ class PlanPages:
         short = {k: batch_size * n - self._free[k] for k, n in pooled.items() if batch_size * n > self._free[k]}
         if short:
             return Rows(short=short)
-        ids = []
-        for _ in range(batch_size):
-            self._live[self._next] = dict(each)
-            ids.append(self._next)
-            self._next -= 1
+        ids = tuple(range(self._next, self._next - batch_size, -1))
+        self._live.update(dict.fromkeys(ids, (each, pooled)))  # shared: neither dict changes after this
+        self._next -= batch_size
         for k, n in pooled.items():
             self._free[k] -= batch_size * n
-        return Rows(tuple(ids))
+        return Rows(ids)
 
     def reserve_padding_dummy(self, draft_len: int = 0) -> int | None:
         if draft_len not in self._padding:
@@ -69,8 +67,8 @@ class PlanPages:
         return self._padding[draft_len]
 
     def free(self, rid: int) -> None:
-        for k, n in self._live.pop(rid).items():
-            self._free[self.pool_of(k)] += n
+        for k, n in self._live.pop(rid)[1].items():
+            self._free[k] += n
 
 
 def plan_warmup(plan: PoolPlan, draft_lens: Iterable[int] | None = None) -> WarmupReport:

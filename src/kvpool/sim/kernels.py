@@ -122,6 +122,22 @@ class Calibration:
         return dataclasses.asdict(self)
 
 
+def maximum(a: Num, b: Num) -> Num:
+    """`np.maximum(a, b)`; of two floats (one step, never NaN) the same value
+    without NumPy, whose ufunc call on scalars costs more than the rest of a
+    step's arithmetic."""
+    if type(a) is float and type(b) is float:
+        return a if a >= b else b
+    return np.maximum(a, b)
+
+
+def minimum(a: Num, b: Num) -> Num:
+    """`np.minimum(a, b)`, of two floats without NumPy (`maximum`)."""
+    if type(a) is float and type(b) is float:
+        return a if a <= b else b
+    return np.minimum(a, b)
+
+
 def soft_max(a: Num, b: Num, p: float) -> Num:
     """(a^p + b^p)^(1/p): between a + b (p = 1) and max(a, b) (p -> inf)."""
     if p == 1.0:
@@ -182,7 +198,7 @@ class Kernels:
     def decode_attention(self, kv_bytes: Num, flops: Num, layers: int) -> Num:
         """Attention of decode rows over `kv_bytes` of keys and values in `layers` layers."""
         c = self.cal
-        work = np.maximum(
+        work = maximum(
             kv_bytes / (c.decode_attn_bw_eff * self.hbm), flops / (c.prefill_attn_flops_eff * self.attention_flops)
         )
         return layers * c.decode_attn_floor_s + work
@@ -191,7 +207,7 @@ class Kernels:
         c = self.cal
         work = flops / (c.prefill_attn_flops_eff * self.attention_flops)
         if self.triton is not None:
-            work = np.maximum(work, flops / self.triton.flops_per_s)
+            work = maximum(work, flops / self.triton.flops_per_s)
         return layers * c.prefill_attn_floor_s + work
 
     def elementwise(self, tokens: Num, hidden: int, layers: int) -> Num:
@@ -206,4 +222,4 @@ class Kernels:
         size = 2.0 * tokens * hidden
         one_shot = c.allreduce_latency_s + size / c.allreduce_small_bytes_per_s
         ring = c.allreduce_latency_s + 2.0 * (ranks - 1) / ranks * size / c.allreduce_bus_bytes_per_s
-        return count * np.minimum(one_shot, ring)
+        return count * minimum(one_shot, ring)

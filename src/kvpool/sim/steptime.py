@@ -55,7 +55,7 @@ from kvpool.presets import DATA, GpuSpec
 from kvpool.sched import Step
 from kvpool.sim.calibration import for_gpu
 from kvpool.sim.fp4_experts import fp4_experts
-from kvpool.sim.kernels import Calibration, Kernels
+from kvpool.sim.kernels import Calibration, Kernels, maximum
 from kvpool.sim.matmuls import Shapes, model_shapes
 from kvpool.sim.triton_prefill import triton_prefill
 from kvpool.spec import LayerGroup, ModelSpec
@@ -280,12 +280,9 @@ class StepTimeModel:
 
     def step_time(self, step: Step) -> float:
         """Seconds that `step` takes (no side effects)."""
-        return self.time(
-            [(s.num_computed, k) for s, k in step.decodes],
-            [(start, n) for _, start, n in step.prefills],
-            graph=step.graph,
-            padded_batch=step.padded_batch_size,
-        )
+        decodes = [(s.num_computed, k) for s, k in step.decodes]
+        prefills = [(start, n) for _, start, n in step.prefills]
+        return float(self.cost(decodes, prefills, graph=step.graph, padded_batch=step.padded_batch_size).total)
 
     def decode_run_times(
         self, histories: Seq[int], steps: int, *, graph: bool = False, padded_batch: int | None = None
@@ -301,8 +298,11 @@ class StepTimeModel:
             for g in self.groups
         ]
         decode = [(k, k) for k in keys]  # (pairs, rows read) per group
-        total = self._parts(tokens, tokens, rows, decode, [0.0] * len(keys), graph).total
-        return np.broadcast_to(np.asarray(total, dtype=np.float64), (steps,)).copy()
+        out = np.empty(steps, dtype=np.float64)
+        out[:] = self._parts(
+            tokens, tokens, rows, decode, [0.0] * len(keys), graph
+        ).total  # a float when no group reads keys
+        return out
 
     def time(
         self,
@@ -326,26 +326,37 @@ class StepTimeModel:
     ) -> StepCost:
         """`time`, by part."""
         rows = len(decodes)
-        drafts = max((k for _, k in decodes), default=0)
-        decode_tokens = sum(1 + k for _, k in decodes)
+        drafts = [k for _, k in decodes]
+        most = max(drafts, default=0)
+        decode_tokens = rows + (sum(drafts) if most else 0)
         if graph and padded_batch:
-            decode_tokens += (padded_batch - rows) * (1 + drafts)
+            decode_tokens += (padded_batch - rows) * (1 + most)
         tokens = decode_tokens + sum(n for _, n in prefills)
+        ends = [h + k for h, k in decodes]  # the position of each decode row's last query
         decode, prefill = [], []
         for g in self.groups:
-            if g.group.rule.per_request:
+            group = g.group
+            rule = group.rule
+            if rule.per_request:
                 decode.append((0.0, 0.0))
                 prefill.append(0.0)
                 continue
-            pairs = read = 0.0
-            for h, k in decodes:
-                keys = self.keys(g, h + k)
-                pairs += keys * (1 + k)
-                read += keys
+            keys_read = rule.keys_read
+            read = 0.0
+            if most:
+                pairs = 0.0
+                for end, k in zip(ends, drafts, strict=True):
+                    keys = keys_read(group, end)
+                    pairs += keys * (1 + k)
+                    read += keys
+            else:  # one query per row: its pairs are the keys it reads
+                for end in ends:
+                    read += keys_read(group, end)
+                pairs = read
             chunk = 0.0
             for start, n in prefills:
-                chunk += self.chunk_pairs(g, start, n)
-                read += self.keys(g, start + n - 1)
+                chunk += rule.prefill_pairs(group, start, n)
+                read += keys_read(group, start + n - 1)
             decode.append((pairs, read))
             prefill.append(chunk)
         return self._parts(
@@ -399,7 +410,7 @@ class StepTimeModel:
         gpu = matmul + experts + attention + elementwise + allreduce
         cal = k.cal
         floor = cal.step_floor_s + cal.row_s * requests
-        busy = gpu if graph else np.maximum(gpu, cal.launch_s * self.eager_launches)
+        busy = gpu if graph else maximum(gpu, cal.launch_s * self.eager_launches)
         return StepCost(matmul, experts, attention, elementwise, allreduce, busy - gpu + floor, busy + floor)
 
     def _token_parts(self, tokens: float, logits: float) -> tuple[Any, Any, Any, Any]:
@@ -434,7 +445,7 @@ class StepTimeModel:
 
 def _some(x: Any) -> bool:
     """Whether a figure (a float, or an array over a run of steps) is not all zero."""
-    return bool(x) if type(x) is float else bool(np.any(x))
+    return bool(x) if type(x) is float else bool(x.any())
 
 
 def expert_storage(config: Any, shapes: Shapes) -> tuple[float, float] | None:
