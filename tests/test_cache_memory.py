@@ -11,10 +11,12 @@ import tracemalloc
 from array import array
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cache_helpers import full_spec, manager
 from kvpool.cache import CacheUsageError
-from kvpool.cache.checks import check_tokens
+from kvpool.cache.checks import INT64_MAX, check_tokens, non_negative
 from kvpool.cache.hashing import extend_hashes, salt_seed
 
 TPB = 16
@@ -96,3 +98,16 @@ def test_check_tokens_copies_an_int64_array_unless_told_the_caller_only_reads_it
     assert copied == ids and copied is not ids and read is ids
     with pytest.raises(CacheUsageError, match="negative"):
         check_tokens(array("q", [3, -1]), copy=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(-(2**63), INT64_MAX), max_size=40),
+    st.lists(st.integers(0, INT64_MAX), min_size=1, max_size=40),
+    st.integers(1, 300),
+)
+def test_the_sign_test_on_bytes_agrees_with_min(mixed: list[int], ids: list[int], times: int) -> None:
+    # short arrays are tested on their sign bytes, long ones (past 1,024 ids) by NumPy: both say what min() says
+    for values in (mixed, ids * times, ids * times + mixed, mixed + ids * times):
+        packed = array("q", values)
+        assert non_negative(packed) == (not values or min(values) >= 0)

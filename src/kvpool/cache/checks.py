@@ -6,6 +6,7 @@ per-step path."""
 from __future__ import annotations
 
 import struct
+import sys
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from functools import lru_cache
@@ -68,9 +69,22 @@ def check_tokens(tokens: Iterable[object], what: str = "tokens", *, copy: bool =
             raise CacheUsageError(f"{what} must be token ids (integers in [0, 2**63)): {e}") from None
         ids = array("q")
         ids.frombytes(data)
-    if ids and (min(ids) if len(ids) <= 64 else int(np.frombuffer(ids, np.int64).min())) < 0:
+    if ids and not non_negative(ids):
         raise CacheUsageError(f"{what}: token id {min(ids)} is negative")
     return ids
+
+
+SIGN_BYTE = 7 if sys.byteorder == "little" else 0  # the byte of an int64 that holds its sign bit
+
+
+def non_negative(ids: array[int]) -> bool:
+    """Whether every id of the int64 array `ids` is >= 0: no sign bit set,
+    tested on the bytes in C (`min()` makes an int of each id, about 250
+    instructions an id; NumPy's reduction costs about 14,000 a call, which
+    pays past about a thousand ids: callgrind, 9,900 against 15,200 at 1,024)."""
+    if len(ids) <= 1024:
+        return ids.tobytes()[SIGN_BYTE::8].isascii()
+    return int(np.frombuffer(ids, np.int64).min()) >= 0
 
 
 @lru_cache(maxsize=64)

@@ -252,7 +252,8 @@ class KVCacheManager:
         return rid in self.requests
 
     def capacity(self, rid: int) -> int:
-        return self.requests.record(rid).cap
+        req = self._by_id.get(rid) if type(rid) is int else None  # early return: a request on the GPU
+        return (req if req is not None else self.requests.record(rid)).cap
 
     def history(self, rid: int) -> int:
         return self.requests.record(rid).hist

@@ -11,6 +11,7 @@ scheduler are used (`finish`), so the two modules import one way.
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import NamedTuple
 
 from kvpool.cache.checks import INT64_MAX
@@ -38,7 +39,8 @@ def decode_run_limit(sched: Scheduler, step: Step) -> int:
     if sched.graphs.lazy_dummy is not None or step.preempted or step.rejected:
         return 0
     max_len = sched.limits.max_seq_len
-    limit = min(min(s.max_new_tokens, max_len - s.prompt_len) - len(s.output_ids) for s, _ in step.decodes)
+    # (a list, not a generator: min() would resume one per row)
+    limit = min([min(s.max_new_tokens, max_len - s.prompt_len) - len(s.output_ids) for s, _ in step.decodes])
     return waits_through(sched, step, limit) if sched.waiting else limit
 
 
@@ -153,7 +155,7 @@ def advance_decodes(
     finished requests free theirs (to measure peak usage)."""
     if steps < 2 or steps > (decode_run_limit(sched, step) if limit is None else limit):
         return None
-    if any(token in s.stop_ids for s, _ in step.decodes):
+    if any([token in s.stop_ids for s, _ in step.decodes]):
         return None
     if type(token) is not int or not 0 <= token <= INT64_MAX:  # checked once: the pages take it as it is
         check_sampled(step.decodes[0][0], [token])
@@ -214,7 +216,7 @@ def advance_decodes(
     run = [token] * steps
     tpb = manager.spec.tokens_per_block
     rows_ = [seq for seq, _ in step.decodes]
-    for seq in sorted(rows_, key=lambda s: -s.num_computed):  # (stable)
+    for seq in sorted(rows_, key=attrgetter("num_computed"), reverse=True):  # (stable, reverse too)
         before = seq.num_computed
         seq.num_computed += steps - 1
         if append_tokens(seq, run, sched.limits.max_seq_len):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Iterable, Mapping
+from operator import itemgetter
 from typing import Literal, NamedTuple, cast
 
 from kvpool.cache.checks import INT64_MAX, check_few_tokens
@@ -20,7 +21,15 @@ from kvpool.sched.admission import Admission
 from kvpool.sched.chunks import ChunkSizer
 from kvpool.sched.padding import GraphPadding
 from kvpool.sched.paged_cache import PagedCache, SuspendingCache
-from kvpool.sched.sequence import SchedulerError, Sequence, Status, append_tokens, check_request, check_sampled
+from kvpool.sched.sequence import (
+    SchedulerError,
+    Sequence,
+    Status,
+    append_tokens,
+    check_request,
+    check_sampled,
+    decoding_of,
+)
 from kvpool.sched.step import Step
 
 
@@ -152,11 +161,15 @@ class Scheduler:
         self._preempted, self._rejected = [], []
         decodes, prefills = self._step_decodes, self._step_prefills
 
-        budget = self._schedule_decodes(draft_lens, budget)
+        decoding = decoding_of(self.running)
+        # the running requests the scan below skips (none left to scan when every one decodes: preemptions
+        # only remove); a set of the list found, as no request starts or stops decoding meanwhile
+        skip = set(decoding) if len(decoding) < len(self.running) else None
+        budget = self._schedule_decodes(decoding, draft_lens, budget)
         i = 0
-        while i < len(self.running) and budget > 0:  # chunks of prompts already admitted
+        while skip is not None and i < len(self.running) and budget > 0:  # chunks of prompts already admitted
             seq = self.running[i]
-            if seq.is_decoding:
+            if seq in skip:
                 i += 1
                 continue
             h, chunk = seq.num_computed, min(seq.num_pending, budget)
@@ -181,12 +194,12 @@ class Scheduler:
         step = self._pad(decodes, prefills)
         return step
 
-    def _schedule_decodes(self, draft_lens: Mapping[int, int] | None, budget: int) -> int:
-        """Resize every decoding request for one more token (+ drafts + E): first
-        all at once through the manager's batch path, and only when that fails
-        one by one, preempting from the back of the running list."""
+    def _schedule_decodes(self, decoding: list[Sequence], draft_lens: Mapping[int, int] | None, budget: int) -> int:
+        """Resize every `decoding` request (the running ones that decode, in
+        order) for one more token (+ drafts + E): first all at once through the
+        manager's batch path, and only when that fails one by one, preempting
+        from the back of the running list."""
         limits, extra = self.limits, self.limits.num_extra_kv_tokens
-        decoding = [s for s in self.running if s.is_decoding]
         if not draft_lens and len(decoding) <= budget:  # a token each, all within the budget (no drafts)
             rows = [(seq, 0) for seq in decoding]
             budget -= len(rows)
@@ -330,7 +343,10 @@ class Scheduler:
         p = seq.prompt_len
         if known < p:  # (the manager saw the whole prompt at admission: not met by the scheduler's own requests)
             return seq.token_ids[known:upto]
-        return array("q", seq.output_ids[known - p : upto - p])
+        ids = seq.output_ids[known - p : upto - p]
+        if len(ids) > 8 and ids.count(ids[0]) == len(ids):  # one id over and over (a run's): repeated in C
+            return array("q", ids[:1]) * len(ids)  # (`array` packs a list one id at a time)
+        return array("q", ids)
 
     def shared_fill_step(self, seq: Sequence, steps: int, token: int) -> int | None:
         """The first of `steps` decode steps of running `seq` (each computes
@@ -412,7 +428,7 @@ class Scheduler:
     def _pad(self, decodes: list[tuple[Sequence, int]], prefills: list[tuple[Sequence, int, int]]) -> Step:
         """Pad a decode-only batch to the smallest captured size ≥ its size."""
         batch = len(decodes)
-        draft = max((k for _, k in decodes), default=0)
+        draft = max(map(itemgetter(1), decodes), default=0)  # (in C: a generator resumes once per row)
         padded = pad_rid = None
         if decodes and not prefills:
             padded, pad_rid = self.graphs.pad(batch, draft)

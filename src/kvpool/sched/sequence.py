@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -93,8 +94,15 @@ class Sequence:
 
     @property
     def is_decoding(self) -> bool:
-        out = len(self.output_ids)
-        return out > 0 and self.num_computed == self.prompt_len + out - 1
+        """Whether it is running a decode step: output so far and one pending token (`decoding_of`)."""
+        return bool(decoding_of((self,)))
+
+
+def decoding_of(seqs: Iterable[Sequence]) -> list[Sequence]:
+    """The requests of `seqs` that decode (`Sequence.is_decoding`, which asks
+    this), in order: one pass, for the scheduler's per-step scan of its
+    running requests (a property read per request costs a call from C)."""
+    return [s for s in seqs if (out := len(s.output_ids)) and s.num_computed == s.prompt_len + out - 1]
 
 
 def append_tokens(seq: Sequence, tokens: list[int], max_seq_len: int) -> bool:
@@ -107,7 +115,7 @@ def append_tokens(seq: Sequence, tokens: list[int], max_seq_len: int) -> bool:
         if n < seq.max_new_tokens and seq.prompt_len + n < max_seq_len:
             return False
         out.pop()
-    room = min(seq.max_new_tokens - len(out), max_seq_len - seq.num_tokens)
+    room = min(seq.max_new_tokens - len(out), max_seq_len - seq.prompt_len - len(out))  # (num_tokens, unread)
     reason = None
     taken = tokens[:room]
     if seq.stop_ids.isdisjoint(taken):  # a run of decode steps' tokens: appended at once
@@ -121,7 +129,7 @@ def append_tokens(seq: Sequence, tokens: list[int], max_seq_len: int) -> bool:
     if reason is None:
         if len(out) >= seq.max_new_tokens:
             reason = "length"
-        elif seq.num_tokens >= max_seq_len:
+        elif seq.prompt_len + len(out) >= max_seq_len:
             reason = "max_seq_len"
         else:
             return False
