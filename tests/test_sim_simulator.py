@@ -261,7 +261,7 @@ def test_progress_is_reported_every_n_steps() -> None:
 def test_the_results_percentile_is_numpys_to_the_bit(values: list[float], q: float) -> None:
     """`linear_percentile` (SimResult's) gives np.percentile's float, bit for bit."""
     arr = np.array(values)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"):  # inf - inf in NumPy's lerp, on both paths
         want = float(np.percentile(arr, q))
-    got = linear_percentile(arr, q)
+        got = linear_percentile(arr, q)
     assert (math.isnan(got) and math.isnan(want)) or np.float64(got).tobytes() == np.float64(want).tobytes()
