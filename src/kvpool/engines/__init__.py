@@ -3,8 +3,7 @@ deployment, and the flags that make them follow a kvpool plan (no engine is
 imported). The engines' modules load on first use (`kvpool simulate` of
 kvpool's own policies needs none: `registry`)."""
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvpool.engines.common import (
     EngineModel,
@@ -14,18 +13,13 @@ from kvpool.engines.common import (
     Sizing,
     allocate_with,
 )
+from kvpool.lazy import lazy_names
 
 if TYPE_CHECKING:
     from kvpool.engines import registry, sglang, trtllm, vllm
 
 MODULES = ("registry", "sglang", "trtllm", "vllm")
-
-
-def __getattr__(name: str) -> Any:
-    """`engines.vllm` and the other modules of `MODULES`, imported on first use."""
-    if name in MODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, {}, MODULES)  # `engines.vllm` and the others, imported on first use
 
 
 __all__ = [

@@ -26,11 +26,12 @@ if TYPE_CHECKING:
     from kvpool.fleet.loop import FleetReplica, Handoffs, Stage, Transfer, run_fleet
     from kvpool.fleet.metrics import FleetRecord, FleetResult, ReplicaSummary, Slo, SloError
     from kvpool.fleet.prefix_router import ApproxTree, PrefixRouter
-    from kvpool.fleet.registry import ROUTER_NAMES, ROUTERS, make_router
+    from kvpool.fleet.registry import ROUTERS, make_router
+    from kvpool.fleet.router_names import ROUTER_NAMES
     from kvpool.fleet.routers import CacheAware, LeastLoad, RoundRobin, Router
 
 # Each name loads its own module on first use: a single replica's run (and the
-# CLI's router names, `kvpool.fleet.registry`) need not load the fleet loop.
+# CLI's router names, `kvpool.fleet.router_names`) need not load the fleet loop.
 __getattr__ = lazy_names(
     __name__,
     {
@@ -39,7 +40,8 @@ __getattr__ = lazy_names(
         "kvpool.fleet.loop": ("FleetReplica", "Handoffs", "Stage", "Transfer", "run_fleet"),
         "kvpool.fleet.metrics": ("FleetRecord", "FleetResult", "ReplicaSummary", "Slo", "SloError"),
         "kvpool.fleet.prefix_router": ("ApproxTree", "PrefixRouter"),
-        "kvpool.fleet.registry": ("ROUTER_NAMES", "ROUTERS", "make_router"),
+        "kvpool.fleet.registry": ("ROUTERS", "make_router"),
+        "kvpool.fleet.router_names": ("ROUTER_NAMES",),
         "kvpool.fleet.routers": ("CacheAware", "LeastLoad", "RoundRobin", "Router"),
     },
 )

@@ -7,10 +7,10 @@ from typing import Any
 from kvpool.fleet.kv_router import KvRouter
 from kvpool.fleet.load import RouterError
 from kvpool.fleet.prefix_router import PrefixRouter
+from kvpool.fleet.router_names import ROUTER_NAMES  # the names alone (the CLI's), checked against ROUTERS by the tests
 from kvpool.fleet.routers import LeastLoad, RoundRobin, Router
 
 ROUTERS: dict[str, type[Router]] = {r.name: r for r in (RoundRobin, LeastLoad, PrefixRouter, KvRouter)}
-ROUTER_NAMES = (*ROUTERS, *(f"kv:{v}" for v in KvRouter.VARIANTS if v != KvRouter.VARIANTS[0]))
 
 
 def make_router(name: str, workers: int, **options: Any) -> Router:
