@@ -25,8 +25,6 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from itertools import repeat
-from operator import getitem
 from typing import TypeAlias
 
 import numpy as np
@@ -87,12 +85,12 @@ def chain_function(name: str) -> Chain:
 
         def xxh3_chain(parent: int, data: bytes, width: int) -> list[int]:
             """Page digests by XXH3-64 of the page's bytes, seeded with the parent digest (mod 2**64)."""
-            # a loop in C, not Python (a third of the instructions): NumPy splits the pages' bytes, and each
-            # page's seed is read back from `out`, where `extend` has appended the digest before it
-            out = [parent & MASK64]
-            pages = np.frombuffer(data, page_type(width)).tolist()
-            out.extend(map(xxh3_64_intdigest, pages, map(getitem, repeat(out), repeat(-1))))
-            del out[0]
+            out: list[int] = []
+            seed, append = parent & MASK64, out.append
+            # NumPy splits the pages' bytes in one call: a quarter less CPU a page than slicing each in the loop
+            for page in np.frombuffer(data, page_type(width)).tolist():
+                seed = xxh3_64_intdigest(page, seed)
+                append(seed)
             return out
 
         return xxh3_chain
