@@ -230,9 +230,15 @@ class PageTables:
                 req.hist = hist
             return True
         # one page per group for each growing row, in row order: a slice of each free stack, or where
-        # rows must evict, pages taken as `apply` takes them; the first group's are written in the pass
+        # rows must evict and the evictions are seen (a `removed` record or a cold-tier spill per eviction),
+        # pages taken as `apply` takes them; unseen, one eviction of many pages leaves each pool as many
+        # evictions of one do (pools are not shared here). The first group's are written in the pass
         # that moves the rows' shapes, the other groups' after it (`grow_others`)
-        evicts = growing > 1 and any(len(pool.free_stack) < growing for pool in pools)
+        evicts = (
+            growing > 1
+            and any(len(pool.free_stack) < growing for pool in pools)
+            and any(pool.record_events or pool.spill is not None for pool in pools)
+        )
         taken = self.take_evicting(growing) if evicts else None
         pages, views, k = pools[0].take(growing) if taken is None else taken[0], self.rows[0], 0
         others = len(pools) > 1
