@@ -144,7 +144,7 @@ class PagePool:
             page = stack.pop()
             ref[page] = 1
             return [page]
-        if not stack:  # every page from the LRU (a full pool's usual case): no empty slice to join
+        if count and not stack:  # every page from the LRU (a full pool's usual case): no empty slice to join
             return self.evict(count)
         n_stack = min(count, len(stack))
         pages = stack[len(stack) - n_stack :]
