@@ -190,3 +190,32 @@ def test_the_crossing_writes_through_tables_that_gained_rows_and_width() -> None
     assert fast.tables.tables[0].shape[0] > rows and fast.tables.tables[0].shape[1] > width
     assert observed(fast) == observed(slow)
     fast.check_integrity()
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_rows_that_cross_together_evict_the_pages_the_planner_evicts(events: bool) -> None:
+    # two rows cross at once with the free stack empty: the crossing evicts a page for each, one eviction
+    # per row where the evictions are seen (events), one for both rows where they are not
+    def build(crossable: bool) -> KVCacheManager:
+        m = manager(full_spec(tpb=TPB), {"full": 12}, events=events)  # three prompts of four pages
+        m.tables.crossable = crossable
+        prompt = list(range(4 * TPB))
+        admit_ids(m, 0, prompt)
+        assert m.commit(0, len(prompt), None) == len(prompt)
+        m.free(0)  # its 4 pages wait in the LRU
+        admit_ids(m, 1, [1_000 + i for i in prompt])
+        admit_ids(m, 2, [2_000 + i for i in prompt])  # the free stack is empty now
+        return m
+
+    fast, slow = build(True), build(False)
+    assert not fast.pools[0].free_stack and fast.pools[0].num_cached == 4
+    assert fast.extend([1, 2], 1) and slow.extend([1, 2], 1)
+    assert fast.pools[0].num_cached == 2
+    assert fast.take_events() == slow.take_events()
+    assert observed(fast) == observed(slow)
+    fast.check_integrity()
+
+
+def admit_ids(m: KVCacheManager, rid: int, prompt: list[int]) -> None:
+    m.create(rid, prompt)
+    assert m.resize(rid, len(prompt), len(prompt))

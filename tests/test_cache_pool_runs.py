@@ -10,6 +10,7 @@ from collections import deque
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvpool.cache.events import EventRecord
 from kvpool.cache.pool import PagePool, PageStore
 
 
@@ -106,3 +107,14 @@ def test_runs_match_a_list(n: int, script: list[tuple[str, int]]) -> None:
         assert pool.ref == model.ref
         assert [h is not None for h in pool.page_hash] == model.hashed
         assert pool.num_free == len(pool.free_stack) + len(model.lru)
+
+
+def test_taking_no_page_from_a_full_pool_changes_nothing() -> None:
+    events: deque[EventRecord] = deque()
+    pool = PagePool("g", PageStore("g", 3), events)
+    pages = pool.take(3)
+    pool.store_run(pages, [11, 12, 13], 0, 3)
+    pool.release(pages)  # every page cached: the free stack is empty
+    events.clear()
+    assert pool.take(0) == [] and not events
+    assert pool.num_cached == 3 and pool.lru_order() == pages

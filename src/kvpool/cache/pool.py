@@ -144,6 +144,8 @@ class PagePool:
             page = stack.pop()
             ref[page] = 1
             return [page]
+        if count and not stack:  # every page from the LRU (a full pool's usual case): no empty slice to join
+            return self.evict(count)
         n_stack = min(count, len(stack))
         pages = stack[len(stack) - n_stack :]
         del stack[len(stack) - n_stack :]
@@ -165,9 +167,10 @@ class PagePool:
         page = nxt[sentinel]
         for i in range(count):  # `_unlink_oldest`, `_drop_hash` and the owner in one pass
             pages[i] = page
+            block_hash = page_hash[page]
             if keep:
-                hashes.append(page_hash[page])
-            del cached[page_hash[page]]
+                hashes.append(block_hash)
+            del cached[block_hash]
             page_hash[page] = None  # type: ignore[call-overload]
             ref[page] = 1
             page = nxt[page]

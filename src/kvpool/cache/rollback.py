@@ -146,6 +146,8 @@ def attach_prefix_or_undo(
     """`prefix.attach_prefix` for fresh `req`; when a copy from a cold tier raises,
     the books as they were before it (`Books.restore`), `req`'s row given back to
     the free rows (the caller forgets the request), and the exception re-raised."""
+    if tier is None:  # early return: no copy, so nothing to undo (and no books or exit stack per request)
+        return prefix.attach_prefix(tables, req, memo)
     saved: list[Books] = []
     with contextlib.ExitStack() as watch:
 

@@ -95,16 +95,16 @@ class PageTables:
         """The live pages `req` holds, per group (its rows, read)."""
         return [self.tables[gi][req.slot, req.nstale[gi] : nblk].tolist() for gi, nblk in enumerate(req.nblk)]
 
-    def drop_pages(self, req: Request) -> list[list[int]]:
+    def drop_pages(self, req: Request) -> None:
         """Release `req`'s pages in every group (walking each table backwards,
         so that the tail is evicted before a shared prefix), leaving its counts
-        as they are and its row `STALE`; returns the live pages it held per group."""
-        held = self.live_pages(req)
-        for gi, pages in enumerate(held):
-            if pages:
-                self.pools[gi].release(pages[::-1])
-                self.tables[gi][req.slot, : req.nblk[gi]] = STALE
-        return held
+        as they are and its row `STALE`."""
+        for gi, nblk in enumerate(req.nblk):
+            nstale = req.nstale[gi]
+            if nblk > nstale:
+                row = self.tables[gi][req.slot]
+                self.pools[gi].release(row[nstale:nblk][::-1].tolist())  # reversed by NumPy: no second list
+                row[:nblk] = STALE
 
     def take_pages(self, req: Request) -> list[list[int]]:
         """Fresh pages for the live entries of `req`'s rows, per group (a suspended
@@ -230,9 +230,15 @@ class PageTables:
                 req.hist = hist
             return True
         # one page per group for each growing row, in row order: a slice of each free stack, or where
-        # rows must evict, pages taken as `apply` takes them; the first group's are written in the pass
+        # rows must evict and the evictions are seen (a `removed` record or a cold-tier spill per eviction),
+        # pages taken as `apply` takes them; unseen, one eviction of many pages leaves each pool as many
+        # evictions of one do (pools are not shared here). The first group's are written in the pass
         # that moves the rows' shapes, the other groups' after it (`grow_others`)
-        evicts = growing > 1 and any(len(pool.free_stack) < growing for pool in pools)
+        evicts = (
+            growing > 1
+            and any(len(pool.free_stack) < growing for pool in pools)
+            and any(pool.record_events or pool.spill is not None for pool in pools)
+        )
         taken = self.take_evicting(growing) if evicts else None
         pages, views, k = pools[0].take(growing) if taken is None else taken[0], self.rows[0], 0
         others = len(pools) > 1
@@ -354,7 +360,7 @@ class PageTables:
         pools = self.pools
         if len(moves) == 1 and not self.shared:  # early return: one request, a pool per group, pages to spare
             for gi, _, _, _, _, new in moves[0][3]:
-                if new > len(pools[gi].free_stack):
+                if new > pools[gi].num_free:
                     break
             else:
                 return {}
