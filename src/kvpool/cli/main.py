@@ -86,6 +86,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if refused:
         print(f"kvpool: error: {refused}", file=sys.stderr)
         return 2
+    # NumPy's OpenBLAS starts a worker thread per extra core as it loads, and
+    # each spins on its core for a while waiting for work (40-60 ms of CPU
+    # apiece, measured): the commands' arrays are far too small for threaded
+    # BLAS, so that spin is all the threads would add. Set before the
+    # subcommand's modules load NumPy (`kvpool` itself loads none); a user's own
+    # setting wins.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         args = build_parser(argv[0] if argv else None).parse_args(join_negative_values(argv))
     except SystemExit as e:
