@@ -4,6 +4,7 @@ prints; the library computes), and bad input is a typed exception, not an exit."
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -183,8 +184,25 @@ def test_import_kvpool_stays_the_numpy_core() -> None:
     )
     subprocess.run([sys.executable, "-c", code], check=True)
     assert kvpool.deploy is deploy
+    for name in kvpool.__all__:  # each public name resolves to its own module's object
+        value = getattr(kvpool, name)
+        assert getattr(importlib.import_module(value.__module__), name) is value, name
     with pytest.raises(AttributeError):
         _ = kvpool.no_such_name  # type: ignore[attr-defined]
+
+
+def test_the_command_loads_numpy_after_choosing_its_blas_threads() -> None:
+    """`kvpool` and `kvpool.cli.main` load no NumPy: the command sets OpenBLAS's
+    thread count (cli/main.py) before its subcommand loads NumPy, which reads it
+    once; the garbage collector it paused and froze is back as it was after it."""
+    code = (
+        "import sys, os, kvpool, kvpool.cli.main; assert 'numpy' not in sys.modules; "
+        "os.environ.pop('OPENBLAS_NUM_THREADS', None); "
+        "assert kvpool.cli.main.main(['gpus', '--json']) == 0; "
+        "assert 'numpy' in sys.modules and os.environ['OPENBLAS_NUM_THREADS'] == '1'; "
+        "import gc; assert gc.isenabled() and gc.get_freeze_count() == 0  # the collector back whole"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.DEVNULL)
 
 
 def test_deploy_and_fleet_load_each_name_on_first_use() -> None:
