@@ -284,7 +284,7 @@ class Replica:
         ).tolist()  # (a run's few steps: plain floats cost less than NumPy's calls)
         # an arrival ends the run, unless the head of the queue waits through it (an arrival then queues behind)
         stop = min(self.pending[0][1], horizon) if self.pending and not sched.waiting else horizon
-        ends = list(accumulate(times, initial=self.now))  # the clock after each step, added one by one
+        ends = list(accumulate(times, initial=self.now))  # ends[j]: the clock after j steps, added one by one
         limit = bisect_left(ends, stop, 1, limit)  # steps 2.. start where the one before ends
         if limit < 2:
             return False
@@ -299,7 +299,7 @@ class Replica:
         end = ends[limit]
         times = times[:limit]
         if self.copies is not None:  # the run waits for the copies made meanwhile (none: it ends as without tiers)
-            compute = float(np.sum(times))
+            compute = float(np.sum(times))  # (NumPy's pairwise sum, not `sum`'s one by one)
             end += self.copies.charge(compute) - compute
         growth: list[list[int] | None]
         if end == ends[limit]:

@@ -53,7 +53,7 @@ class PageUsage:
             g = growth[k]
             if g is None:
                 self.peak[k] = max(self.peak[k], after[k])
-                self.used_time[k] += (before[k] + after[k]) / 2 * float(np.sum(times))
+                self.used_time[k] += (before[k] + after[k]) / 2 * float(np.sum(times))  # (NumPy's pairwise sum)
                 continue
             first = before[k]
             self.peak[k] = max(self.peak[k], first + g[-1])
