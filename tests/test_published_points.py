@@ -240,7 +240,7 @@ def test_vllm_at_0_90_holds_the_32k_run_of_qwen3_32b_on_one_h100() -> None:
     # GPUStack 32K runs (32,000 prompt tokens and the answer), so that run needs no more than the defaults
     config = presets.load_model_config("qwen3-32b")
     started = STARTUPS["llmd-qwen3-32b-h100-v0.26-util0.90"]
-    long_run = BY_ID["gpustack-qwen3-32b-a100-32k"]  # the same requests the lab sent on the H100
+    long_run = BY_ID["gpustack-qwen3-32b-h100-32k"]
     assert started["kv_cache_gib"] * GiB >= (long_run.isl + long_run.osl) * _kv_bytes_per_token(config)
 
 
