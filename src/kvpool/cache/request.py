@@ -162,7 +162,10 @@ class Requests:
         last = self.last_batch
         if last is not None and type(rids) is type(last[0]) and rids == last[0]:  # (a list or tuple)
             return last[1]
-        key: list[int] | tuple[int, ...] = rids if type(rids) is tuple else list(as_list(rids, "a batch's request ids"))
+        # a copy (a tuple is its own); the scheduler's list without `as_list`'s abstract-class checks
+        key: list[int] | tuple[int, ...] = (
+            rids[:] if type(rids) is tuple or type(rids) is list else list(as_list(rids, "a batch's request ids"))
+        )
         if set(map(type, key)) - {int}:  # (the tests of a batch run in C: it changes most steps)
             bad = next(r for r in key if type(r) is not int)
             raise CacheUsageError(f"request ids are ints, got {bad!r} ({type(bad).__name__})")

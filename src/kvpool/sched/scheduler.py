@@ -154,8 +154,7 @@ class Scheduler:
         self._resume()
         if not self.has_work():
             return None
-        limits = self.limits
-        extra = limits.num_extra_kv_tokens
+        limits, extra = self.limits, self.limits.num_extra_kv_tokens
         budget = limits.max_num_tokens if limits.max_num_tokens is not None else 1 << 62
         self._step_prefills, self._step_decodes = [], []
         self._preempted, self._rejected = [], []
@@ -191,8 +190,7 @@ class Scheduler:
             gone = {s.rid for s in self._preempted}
             decodes[:] = [d for d in decodes if d[0].rid not in gone]
             prefills[:] = [p for p in prefills if p[0].rid not in gone]
-        step = self._pad(decodes, prefills)
-        return step
+        return self._pad(decodes, prefills, bool(draft_lens))
 
     def _schedule_decodes(self, decoding: list[Sequence], draft_lens: Mapping[int, int] | None, budget: int) -> int:
         """Resize every `decoding` request (the running ones that decode, in
@@ -425,10 +423,12 @@ class Scheduler:
         self._rids.discard(seq.rid)
         self._rejected.append(seq)
 
-    def _pad(self, decodes: list[tuple[Sequence, int]], prefills: list[tuple[Sequence, int, int]]) -> Step:
-        """Pad a decode-only batch to the smallest captured size ≥ its size."""
+    def _pad(
+        self, decodes: list[tuple[Sequence, int]], prefills: list[tuple[Sequence, int, int]], drafts: bool
+    ) -> Step:
+        """Pad a decode-only batch to the smallest captured size ≥ its size (`drafts`: whether any were asked for)."""
         batch = len(decodes)
-        draft = max(map(itemgetter(1), decodes), default=0)  # (in C: a generator resumes once per row)
+        draft = max(map(itemgetter(1), decodes), default=0) if drafts else 0  # (in C: a generator resumes once per row)
         padded = pad_rid = None
         if decodes and not prefills:
             padded, pad_rid = self.graphs.pad(batch, draft)

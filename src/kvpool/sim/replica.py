@@ -16,7 +16,7 @@ finish, page shortage, preemption or admission before it ends) runs with the
 identical steps after it in one computation (`sched.advance_decodes`), up to
 the first finish, the next arrival (unless the queue's head waits through
 the run) and `t`. The clock adds the step times one by one
-(`np.cumsum`), so a run cut anywhere gives the same times as one run.
+(`itertools.accumulate`), so a run cut anywhere gives the same times as one run.
 
 No randomness: a replica fed the same requests at the same times gives the
 same result however its caller slices time (`kvpool.sim.simulate` is one
@@ -26,9 +26,11 @@ replica fed a whole trace).
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Protocol
 
 import numpy as np
@@ -40,7 +42,7 @@ from kvpool.sim.metrics import SimResult
 from kvpool.sim.replica_spec import ReplicaSpec, Setup, build_setup
 from kvpool.sim.requests import OUTPUT_TOKEN, TraceRequest
 from kvpool.sim.tally import Tally, result_of
-from kvpool.sim.usage import PageUsage, run_growth
+from kvpool.sim.usage import PageUsage, growing_pages, run_growth
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ class Replica:
         self._idle_steps = 0
         self._wall0 = 0.0  # when the current `run_until` began
         self._cap = 2 * spec.plan.limits.max_batch_size
+        self._growing = growing_pages(spec.plan, setup.groups)  # (`run_growth`)
 
     # ------------------------------------------------------------------ the interface
 
@@ -278,14 +281,14 @@ class Replica:
             return False
         times = self.spec.model.decode_run_times(
             [s.num_computed for s, _ in step.decodes], limit, graph=step.graph, padded_batch=step.padded_batch_size
-        )
+        ).tolist()  # (a run's few steps: plain floats cost less than NumPy's calls)
         # an arrival ends the run, unless the head of the queue waits through it (an arrival then queues behind)
         stop = min(self.pending[0][1], horizon) if self.pending and not sched.waiting else horizon
-        ends = np.cumsum(np.concatenate(([self.now], times)))[1:]  # the clock after each step, added one by one
-        limit = 1 + int(np.searchsorted(ends[:-1], stop, side="left"))  # steps 2.. start where the one before ends
+        ends = list(accumulate(times, initial=self.now))  # ends[j]: the clock after j steps, added one by one
+        limit = bisect_left(ends, stop, 1, limit)  # steps 2.. start where the one before ends
         if limit < 2:
             return False
-        caps = np.array([self.manager.capacity(s.rid) for s, _ in step.decodes], dtype=np.int64)
+        caps = [self.manager.capacity(s.rid) for s, _ in step.decodes]
         used_after: list[int] = []
         run = advance_decodes(
             sched, step, limit, OUTPUT_TOKEN, limit=most, on_extended=lambda: used_after.extend(self.setup.used())
@@ -293,15 +296,16 @@ class Replica:
         if run is None:
             return False
         limit, done = run  # (a run ends early where a verbatim repeat fills its twin's page: `shared_fill_limit`)
-        end = float(ends[limit - 1])
+        end = ends[limit]
         times = times[:limit]
         if self.copies is not None:  # the run waits for the copies made meanwhile (none: it ends as without tiers)
-            compute = float(times.sum())
+            compute = float(np.sum(times))  # (NumPy's pairwise sum, not `sum`'s one by one)
             end += self.copies.charge(compute) - compute
-        if end == ends[limit - 1]:
-            growth = run_growth(self.spec.plan, self.setup.groups, caps, limit)
+        growth: list[list[int] | None]
+        if end == ends[limit]:
+            growth = run_growth(self._growing, caps, limit)
         else:  # the copies' time is the run's, not its steps'
-            growth, times = [None] * len(used_now), np.array([end - self.now])
+            growth, times = [None] * len(used_now), [end - self.now]
         self.usage.run(used_now, used_after, times, growth)
         self.now = end
         self.tally.count(sched, step, limit)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import numpy as np
-import numpy.typing as npt
 
 from kvpool.cache import KVCacheManager
 from kvpool.errors import KvpoolError
@@ -41,8 +41,8 @@ class PageUsage:
         self,
         before: list[int],
         after: list[int],
-        times: npt.NDArray[np.float64],
-        growth: Sequence[npt.NDArray[np.int64] | None],
+        times: list[float],
+        growth: Sequence[list[int] | None],
     ) -> None:
         """A run of decode steps of `times` seconds, `before` pages used in the
         first and `after` in the last. A group whose pages the steps only add
@@ -53,36 +53,51 @@ class PageUsage:
             g = growth[k]
             if g is None:
                 self.peak[k] = max(self.peak[k], after[k])
-                self.used_time[k] += (before[k] + after[k]) / 2 * float(times.sum())
+                self.used_time[k] += (before[k] + after[k]) / 2 * float(np.sum(times))  # (NumPy's pairwise sum)
                 continue
-            used = before[k] + g
-            self.peak[k] = max(self.peak[k], int(used[-1]))
-            # added one by one, from the total so far: the sum single steps make
-            self.used_time[k] = float(np.cumsum(np.concatenate(([self.used_time[k]], used * times)))[-1])
+            first = before[k]
+            self.peak[k] = max(self.peak[k], first + g[-1])
+            total = self.used_time[k]
+            for grown, dt in zip(g, times, strict=True):  # added one by one, from the total so far, as single steps add
+                total += (first + grown) * dt
+            self.used_time[k] = total
 
 
-def run_growth(
-    plan: PoolPlan, names: list[str], caps: npt.NDArray[np.int64], steps: int
-) -> list[npt.NDArray[np.int64] | None]:
-    """Per reported group (`names`), the pages rows of capacities `caps` in
-    the first of `steps` decode steps add in each step, for a group of its
-    own pool whose pages only grow (each row takes a page as its capacity
-    crosses a page boundary; none for a state group); None for the others."""
+def growing_pages(plan: PoolPlan, names: list[str]) -> list[int | None]:
+    """Per reported group (`names`), what `run_growth` needs of it: the
+    tokens per page of a group of its own pool whose pages only grow, 0 for
+    a state group (no page of positions), None for the others. Fixed for a
+    plan: a replica asks once."""
     if plan.shared:
         return [None] * len(names)
     members = group_members(plan)
-    out: list[npt.NDArray[np.int64] | None] = []
+    out: list[int | None] = []
     for name in names:
         (g, *more) = [plan.spec.group(m) for m in members[name]]
         if more or decode_worst_case_pages(g, plan.limits.headroom) is not None:
             out.append(None)
-        elif g.rule.per_request:
-            out.append(np.zeros(steps, dtype=np.int64))
         else:
-            tpb = g.tokens_per_block
-            first = -(-caps // tpb) * tpb + 1 - caps  # the step (from 0) at which each row takes its next page
-            takes = (first[None, :] + tpb * np.arange((steps - 1) // tpb + 1)[:, None]).ravel()
-            out.append(np.searchsorted(np.sort(takes), np.arange(steps), side="right").astype(np.int64))
+            out.append(0 if g.rule.per_request else g.tokens_per_block)
+    return out
+
+
+def run_growth(growing: list[int | None], caps: list[int], steps: int) -> list[list[int] | None]:
+    """Per reported group (`growing`, from `growing_pages`), the pages rows of
+    capacities `caps` in the first of `steps` decode steps add in each step,
+    for a group of its own pool whose pages only grow (each row takes a page
+    as its capacity crosses a page boundary; none for a state group); None
+    for the others. (Plain lists: a run's few rows and steps cost less than
+    NumPy's calls.)"""
+    out: list[list[int] | None] = []
+    for tpb in growing:
+        if not tpb:
+            out.append(None if tpb is None else [0] * steps)
+            continue
+        takes = [0] * steps  # the pages taken at each step (from 0)
+        for cap in caps:  # a row takes its next page at step -(-cap // tpb) * tpb + 1 - cap, then every tpb steps
+            for t in range(-(-cap // tpb) * tpb + 1 - cap, steps, tpb):
+                takes[t] += 1
+        out.append(list(accumulate(takes)))
     return out
 
 
