@@ -82,7 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run `kvpool ARGV...` and return its exit code (a usage error, --help and
     --version too: argparse's exit is caught here, so a caller in the same
     process gets the code back as for any other error). Without `argv`, the
-    process's own command line, and the process ends with the command."""
+    process's own command line, and the process ends with the command. Sets
+    `OPENBLAS_NUM_THREADS=1` in `os.environ` unless it is set (below), so
+    processes started after it inherit it."""
     in_process = argv is not None  # a caller's own list, not this process's command line
     argv = sys.argv[1:] if argv is None else list(argv)
     refused = unreadable(argv)
