@@ -164,7 +164,7 @@ class Requests:
             return last[1]
         # a copy (a tuple is its own); the scheduler's list without `as_list`'s abstract-class checks
         key: list[int] | tuple[int, ...] = (
-            rids[:] if type(rids) is tuple or type(rids) is list else list(as_list(rids, "a batch's request ids"))
+            rids[:] if isinstance(rids, (list, tuple)) else list(as_list(rids, "a batch's request ids"))
         )
         if set(map(type, key)) - {int}:  # (the tests of a batch run in C: it changes most steps)
             bad = next(r for r in key if type(r) is not int)
