@@ -105,6 +105,12 @@ class PagePool:
         return len(self.free_stack) + self.store.lru_len
 
     @property
+    def evictions_seen(self) -> bool:
+        """Whether anything reads what an eviction drops: an event record per
+        eviction, or a cold tier's copy of the pages (`spill`)."""
+        return self.record_events or self.spill is not None
+
+    @property
     def num_cached(self) -> int:
         """Unowned pages that still hold reusable content (evictable)."""
         return self.store.lru_len
@@ -162,7 +168,7 @@ class PagePool:
         nxt, cached, ref, sentinel = self.nxt, self.cached, self.ref, self.num_pages
         # every cached page has a hash (were one None, `del cached[None]` would raise: never a key)
         page_hash: list[int] = self.page_hash  # type: ignore[assignment]
-        keep = self.spill is not None or self.record_events  # the digests are read only by a tier or a record
+        keep = self.evictions_seen  # the digests are read only by a tier or a record
         pages, hashes = [0] * count, []
         page = nxt[sentinel]
         for i in range(count):  # `_unlink_oldest`, `_drop_hash` and the owner in one pass

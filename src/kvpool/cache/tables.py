@@ -237,7 +237,7 @@ class PageTables:
         evicts = (
             growing > 1
             and any(len(pool.free_stack) < growing for pool in pools)
-            and any(pool.record_events or pool.spill is not None for pool in pools)
+            and any(pool.evictions_seen for pool in pools)
         )
         taken = self.take_evicting(growing) if evicts else None
         pages, views, k = pools[0].take(growing) if taken is None else taken[0], self.rows[0], 0

@@ -328,7 +328,7 @@ class StepTimeModel:
         rows = len(decodes)
         drafts = [k for _, k in decodes]
         most = max(drafts, default=0)
-        decode_tokens = rows + (sum(drafts) if most else 0)
+        decode_tokens = rows + sum(drafts)
         if graph and padded_batch:
             decode_tokens += (padded_batch - rows) * (1 + most)
         tokens = decode_tokens + sum(n for _, n in prefills)
@@ -342,17 +342,11 @@ class StepTimeModel:
                 prefill.append(0.0)
                 continue
             keys_read = rule.keys_read
-            read = 0.0
-            if most:
-                pairs = 0.0
-                for end, k in zip(ends, drafts, strict=True):
-                    keys = keys_read(group, end)
-                    pairs += keys * (1 + k)
-                    read += keys
-            else:  # one query per row: its pairs are the keys it reads
-                for end in ends:
-                    read += keys_read(group, end)
-                pairs = read
+            pairs = read = 0.0
+            for end, k in zip(ends, drafts, strict=True):
+                keys = keys_read(group, end)
+                pairs += keys * (1 + k)
+                read += keys
             chunk = 0.0
             for start, n in prefills:
                 chunk += rule.prefill_pairs(group, start, n)
