@@ -76,14 +76,20 @@ class Sequence:
         write it): the prompt is packed and checked once, on the first call
         (`Scheduler.add` makes it); later calls extend the same array by the
         outputs appended since, so a step costs what it adds, not the
-        request's length. Raises `CacheUsageError` for ids that are not
-        integers in [0, 2**63)."""
+        request's length. A prompt given packed (`array("q")`) is that array
+        itself until outputs extend it: copied then, so that the prompt stays
+        the prompt (a long prompt's copy is most of what packing costs, and
+        most requests are not asked for their ids again once they have
+        output). Raises `CacheUsageError` for ids that are not integers in
+        [0, 2**63)."""
         ids, out = self._ids, self.output_ids
         if ids is None or self._ids_of is not out or len(ids) > self.prompt_len + len(out):  # first, or output reset
-            ids = self._ids = check_tokens(self.prompt_ids, f"request {self.rid}: prompt ids")
+            ids = self._ids = check_tokens(self.prompt_ids, f"request {self.rid}: prompt ids", copy=False)
             self._ids_of = out
         done = len(ids) - self.prompt_len
         if done < len(out):
+            if ids is self.prompt_ids:  # the caller's packed prompt: extended in a copy
+                ids = self._ids = ids[:]
             ids.extend(check_few_tokens(out[done:], f"request {self.rid}: output ids"))
         return ids
 
