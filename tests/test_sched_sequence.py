@@ -60,3 +60,27 @@ def test_packed_prompt_is_still_checked() -> None:
     seq = Sequence(rid=1, prompt_ids=array("q", [1, -2, 3]), max_new_tokens=10)
     with pytest.raises(CacheUsageError, match="negative"):
         seq.token_ids  # noqa: B018
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    run=st.lists(st.integers(0, 5), min_size=1, max_size=30),
+    eos=st.one_of(st.none(), st.integers(0, 5), st.tuples(st.integers(0, 5), st.integers(0, 5))),
+    max_new=st.integers(1, 40),
+    max_len=st.integers(5, 60),
+)
+def test_a_run_of_tokens_appends_as_one_at_a_time(
+    run: list[int], eos: int | tuple[int, int] | None, max_new: int, max_len: int
+) -> None:
+    # a fast-forwarded run hands a row all its tokens at once: the same output and ending as step by step
+    at_once = Sequence(rid=1, prompt_ids=[7, 7, 7, 7], max_new_tokens=max_new, eos_token_id=eos)
+    one_by_one = Sequence(rid=2, prompt_ids=[7, 7, 7, 7], max_new_tokens=max_new, eos_token_id=eos)
+    ended = append_tokens(at_once, run, max_len)
+    ended_alone = False
+    for t in run:
+        if append_tokens(one_by_one, [t], max_len):
+            ended_alone = True
+            break
+    assert ended == ended_alone
+    assert at_once.output_ids == one_by_one.output_ids
+    assert (at_once.status, at_once.finish_reason) == (one_by_one.status, one_by_one.finish_reason)

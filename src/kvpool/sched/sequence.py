@@ -124,7 +124,9 @@ def append_tokens(seq: Sequence, tokens: list[int], max_seq_len: int) -> bool:
     room = min(seq.max_new_tokens - len(out), max_seq_len - seq.prompt_len - len(out))  # (num_tokens, unread)
     reason = None
     taken = tokens[:room]
-    if seq.stop_ids.isdisjoint(taken):  # a run of decode steps' tokens: appended at once
+    stop = seq.stop_ids
+    # a run of decode steps' tokens is appended at once (`isdisjoint` reads every token, even against no stop id)
+    if not stop or stop.isdisjoint(taken):
         out += taken
     else:
         for t in taken:
