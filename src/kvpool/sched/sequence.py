@@ -35,7 +35,7 @@ class Sequence:
     """
 
     rid: int
-    prompt_ids: list[int] | array[int]  # a list, or int64 ids the caller packed (`array("q")`, not changed after)
+    prompt_ids: list[int] | array[int]  # a list, or int64 ids packed (`array("q")`) and never changed after
     max_new_tokens: int
     eos_token_id: int | tuple[int, ...] | None = None  # one stop id or several (Llama 3 lists 3)
     arrival_s: float = 0.0
