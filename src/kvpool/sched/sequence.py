@@ -35,7 +35,7 @@ class Sequence:
     """
 
     rid: int
-    prompt_ids: list[int] | array[int]  # a list, or int64 ids the caller packed (`array("q")`, not changed after)
+    prompt_ids: list[int] | array[int]  # a list, or int64 ids packed (`array("q")`) and never changed after
     max_new_tokens: int
     eos_token_id: int | tuple[int, ...] | None = None  # one stop id or several (Llama 3 lists 3)
     arrival_s: float = 0.0
@@ -76,14 +76,20 @@ class Sequence:
         write it): the prompt is packed and checked once, on the first call
         (`Scheduler.add` makes it); later calls extend the same array by the
         outputs appended since, so a step costs what it adds, not the
-        request's length. Raises `CacheUsageError` for ids that are not
-        integers in [0, 2**63)."""
+        request's length. A prompt given packed (`array("q")`) is that array
+        itself until outputs extend it: copied then, so that the prompt stays
+        the prompt (a long prompt's copy is most of what packing costs, and
+        most requests are not asked for their ids again once they have
+        output). Raises `CacheUsageError` for ids that are not integers in
+        [0, 2**63)."""
         ids, out = self._ids, self.output_ids
         if ids is None or self._ids_of is not out or len(ids) > self.prompt_len + len(out):  # first, or output reset
-            ids = self._ids = check_tokens(self.prompt_ids, f"request {self.rid}: prompt ids")
+            ids = self._ids = check_tokens(self.prompt_ids, f"request {self.rid}: prompt ids", copy=False)
             self._ids_of = out
         done = len(ids) - self.prompt_len
         if done < len(out):
+            if ids is self.prompt_ids:  # the caller's packed prompt: extended in a copy
+                ids = self._ids = ids[:]
             ids.extend(check_few_tokens(out[done:], f"request {self.rid}: output ids"))
         return ids
 
@@ -118,7 +124,9 @@ def append_tokens(seq: Sequence, tokens: list[int], max_seq_len: int) -> bool:
     room = min(seq.max_new_tokens - len(out), max_seq_len - seq.prompt_len - len(out))  # (num_tokens, unread)
     reason = None
     taken = tokens[:room]
-    if seq.stop_ids.isdisjoint(taken):  # a run of decode steps' tokens: appended at once
+    stop = seq.stop_ids
+    # a run of decode steps' tokens is appended at once (`isdisjoint` reads every token, even against no stop id)
+    if not stop or stop.isdisjoint(taken):
         out += taken
     else:
         for t in taken:
