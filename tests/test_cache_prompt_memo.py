@@ -98,23 +98,6 @@ def test_a_manager_with_the_memo_is_one_without(
     memo.check_integrity()
 
 
-class CopyingMemo(PromptMemo):
-    """A memo that is never handed the ids it remembers (a copy of them each
-    time): `digests` always takes its general path, never the early return for
-    the prompt just digested."""
-
-    def digests(
-        self,
-        ids: array[int],
-        tokens_per_block: int,
-        seed: int,
-        num_blocks: int,
-        pools: list[PagePool],
-        chain: Chain | None = None,
-    ) -> tuple[list[int], dict[int, KnownPages]]:
-        return super().digests(ids[:], tokens_per_block, seed, num_blocks, pools, chain)
-
-
 @settings(max_examples=200, deadline=None)
 @given(
     ops=st.lists(st.tuples(st.sampled_from("aacfg"), st.integers(0, 3), prompts, st.integers(1, 16)), max_size=40),
@@ -125,11 +108,12 @@ def test_asking_then_creating_a_prompt_is_as_the_general_path(
     ops: list[tuple[str, int, tuple[int, int, list[int], str | None], int]], sliding: bool, full_pages: int
 ) -> None:
     # a scheduler's admission: the head asked (`can_create`), maybe again, then created with the ids it
-    # was handed back (the memo's early return), against a memo that always takes its general path
+    # was handed back (the memo's early return, the hit's pages known), against a manager that digests
+    # every prompt from scratch and looks every page up
     spec = twin_spec(tpb=TPB, window=10) if sliding else full_spec(tpb=TPB)
     pages = {"full": full_pages, "sliding": 12} if sliding else {"full": full_pages}
     fast, general = manager(spec, pages), manager(spec, pages)
-    general._prompts = CopyingMemo()
+    general._prompts = ScratchMemo()
     for kind, rid, (base, cut, tail, salt), n in ops:
         if kind == "g":
             if rid in fast and fast.capacity(rid) + n <= fast.max_capacity:
@@ -170,7 +154,7 @@ def test_a_prompt_asked_again_after_its_hit_was_evicted_is_looked_up_again() -> 
     # must not hand over the evicted pages
     spec, pages = full_spec(tpb=TPB), {"full": 12}
     fast, general = manager(spec, pages), manager(spec, pages)
-    general._prompts = CopyingMemo()
+    general._prompts = ScratchMemo()
     a = check_tokens(BASES[0])  # 40 tokens: 10 pages
     for m in (fast, general):
         m.create(2, [1, 2, 3])
