@@ -19,7 +19,9 @@ The memo also keeps the pages the previous prompt's hit attached in each
 group whose pages never go stale. A pool's map sends a hash to one page until
 the pair is dropped (`PagePool.drops` counts drops; `store` never remaps a
 hash), so while no pool's count moved those pages still hold those digests,
-and the shared part of the next hit needs no lookup at all.
+and the shared part of the next hit needs no lookup at all. The ids just
+digested, given again (a scheduler's `create` of the head `can_create`
+answered, or the head asked again), are answered as they were: no compare.
 """
 
 from __future__ import annotations
