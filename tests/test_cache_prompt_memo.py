@@ -7,7 +7,7 @@ from __future__ import annotations
 from array import array
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cache_helpers import full_spec, manager, observed, twin_spec
@@ -96,6 +96,82 @@ def test_a_manager_with_the_memo_is_one_without(
         assert observed(memo) == observed(scratch)
     assert memo.stats() == scratch.stats()
     memo.check_integrity()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(st.tuples(st.sampled_from("aacfg"), st.integers(0, 3), prompts, st.integers(1, 16)), max_size=40),
+    sliding=st.booleans(),
+    full_pages=st.integers(12, 30),
+)
+def test_asking_then_creating_a_prompt_is_as_the_general_path(
+    ops: list[tuple[str, int, tuple[int, int, list[int], str | None], int]], sliding: bool, full_pages: int
+) -> None:
+    # a scheduler's admission: the head asked (`can_create`), maybe again, then created with the ids it
+    # was handed back (the memo's early return, the hit's pages known), against a manager that digests
+    # every prompt from scratch and looks every page up
+    spec = twin_spec(tpb=TPB, window=10) if sliding else full_spec(tpb=TPB)
+    pages = {"full": full_pages, "sliding": 12} if sliding else {"full": full_pages}
+    fast, general = manager(spec, pages), manager(spec, pages)
+    general._prompts = ScratchMemo()
+    for kind, rid, (base, cut, tail, salt), n in ops:
+        if kind == "g":
+            if rid in fast and fast.capacity(rid) + n <= fast.max_capacity:
+                assert bool(fast.resize(rid, fast.capacity(rid) + n)) == bool(
+                    general.resize(rid, general.capacity(rid) + n)
+                )
+        elif rid in fast:
+            fast.free(rid)
+            general.free(rid)
+        if kind in "ac":
+            prompt = check_tokens(prompt_of(base, cut, tail) or [5])
+            checks = [m.can_create(prompt, salt, n) for m in (fast, general)]
+            assert checks[0] == checks[1]
+            if kind == "c":  # another request grows (evicting cached pages), then it is asked again
+                other = (rid + 1) % 4
+                if other in fast and fast.capacity(other) + 4 * n <= fast.max_capacity:
+                    assert bool(fast.resize(other, fast.capacity(other) + 4 * n)) == bool(
+                        general.resize(other, general.capacity(other) + 4 * n)
+                    )
+                checks = [m.can_create(c.ids, salt, n) for m, c in zip((fast, general), checks, strict=True)]
+                assert checks[0] == checks[1]
+            if checks[0]:
+                hits = [m.create(rid, c.ids, salt) for m, c in zip((fast, general), checks, strict=True)]
+                assert hits[0] == hits[1] == checks[0].hit
+                ok = [bool(m.resize(rid, len(prompt), len(prompt))) for m in (fast, general)]  # prefilled
+                assert ok[0] == ok[1]
+                if ok[0]:
+                    assert fast.commit(rid, len(prompt)) == general.commit(rid, len(prompt))
+        assert fast.take_events() == general.take_events()
+        assert observed(fast) == observed(general)
+    assert fast.stats() == general.stats()
+    fast.check_integrity()
+
+
+def test_a_prompt_asked_again_after_its_hit_was_evicted_is_looked_up_again() -> None:
+    # the head's hit is remembered when it fits; before it is created another request grows over
+    # those pages (evicting them); asked again with the ids handed back, the memo's early return
+    # must not hand over the evicted pages
+    spec, pages = full_spec(tpb=TPB), {"full": 12}
+    fast, general = manager(spec, pages), manager(spec, pages)
+    general._prompts = ScratchMemo()
+    a = check_tokens(BASES[0])  # 40 tokens: 10 pages
+    for m in (fast, general):
+        m.create(2, [1, 2, 3])
+        assert m.resize(2, 3, 3)
+        m.create(0, a)
+        assert m.resize(0, 40, 40)
+        m.commit(0, 40)
+        m.free(0)  # 10 pages cached
+    checks = [m.can_create(a) for m in (fast, general)]
+    assert checks[0] == checks[1] and checks[0].hit == 36  # fits: the hit's 9 pages remembered
+    for m in (fast, general):
+        assert m.resize(2, 44, 3)  # 11 pages: 9 of the 10 cached pages of `a` are evicted
+    again = [m.can_create(c.ids) for m, c in zip((fast, general), checks, strict=True)]
+    assert again[0] == again[1] and again[0].hit == TPB  # a free walks tables backwards: block 0 stays
+    assert fast.create(3, again[0].ids) == general.create(3, again[1].ids) == TPB
+    assert observed(fast) == observed(general)
+    fast.check_integrity()
 
 
 def test_a_shared_system_prompt_is_digested_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -212,6 +288,33 @@ def test_the_checked_ids_handed_back_are_the_prompt_and_stay_as_they_are(events:
     assert observed(handed) == observed(plain) and handed.take_events() == plain.take_events()
     assert manager(spec, {"full": 40}, reuse=False).can_create(prompt).ids is None
     handed.check_integrity()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    length=st.integers(0, 1200),
+    differ=st.lists(st.integers(0, 1300), max_size=2),
+    num_blocks=st.integers(0, 320),
+    extra=st.integers(-5, 5),
+)
+@example(length=1200, differ=[132], num_blocks=320, extra=0)  # the first position of the second stretch
+@example(length=1200, differ=[131], num_blocks=320, extra=0)  # the last of the first
+@example(length=1200, differ=[644], num_blocks=320, extra=0)  # (TPB 4: stretches of 128, 512, ... ids from 4)
+def test_common_pages_are_the_pages_before_the_first_difference(
+    length: int, differ: list[int], num_blocks: int, extra: int
+) -> None:
+    # long prompts too: past the first stretches that `common_pages` compares (`GALLOP` pages, then more)
+    old = check_tokens(list(range(length)))
+    new = check_tokens([(-i if i in differ else i) % 50_000 + (7 if i in differ else 0) for i in range(length + extra)])
+    memo = PromptMemo()
+    remembered = (len(old) - 1) // TPB if old else 0
+    memo.digests(old, TPB, salt_seed(None), remembered, [])
+    asked = min(num_blocks, len(new) // TPB)
+    n = min(asked, len(memo.hashes), len(old) // TPB)
+    same = 0
+    while same < n and new[same * TPB : (same + 1) * TPB] == old[same * TPB : (same + 1) * TPB]:
+        same += 1
+    assert memo.common_pages(new, TPB, asked) == same
 
 
 def test_same_ids_are_only_the_remembered_int64_ids() -> None:

@@ -116,11 +116,14 @@ def attach_prefix(
             if head is not None:
                 pool.take_cached(held)  # (a list: an islice of it costs a tenth more per page)
                 row[first : first + h] = head.row[:h]
-            rest = claim(t, gi, req, stale + h, k, tier)
-            row[first + h : nblk] = rest
-            if t.never_stale[gi]:
-                pages = rest if head is None else held + rest
-                attached[gi] = KnownPages(pages, row[first:nblk].copy())
+            if head is not None and h == len(head.pages) == k:  # known pages are the whole hit: kept as they are
+                attached[gi] = head  # (create after can_create: its row holds what the table now holds)
+            else:
+                rest = claim(t, gi, req, stale + h, k, tier)
+                row[first + h : nblk] = rest
+                if t.never_stale[gi]:
+                    pages = rest if head is None else held + rest
+                    attached[gi] = KnownPages(pages, row[first:nblk].copy())
         t.set_counts(req, gi, nblk, stale, n)
     req.cap = req.hist = n
     t.rebound(req)

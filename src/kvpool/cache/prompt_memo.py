@@ -19,7 +19,9 @@ The memo also keeps the pages the previous prompt's hit attached in each
 group whose pages never go stale. A pool's map sends a hash to one page until
 the pair is dropped (`PagePool.drops` counts drops; `store` never remaps a
 hash), so while no pool's count moved those pages still hold those digests,
-and the shared part of the next hit needs no lookup at all.
+and the shared part of the next hit needs no lookup at all. The ids just
+digested, given again (a scheduler's `create` of the head `can_create`
+answered, or the head asked again), are answered as they were: no compare.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class KnownPages(NamedTuple):
     row: npt.NDArray[np.int32]
 
 
+GALLOP = 32  # pages `common_pages` compares first (past page 0), then 4 times as many each time
 RECENT = 256  # prompts whose digests are kept whole (about 3 KiB each for a 12k-token prompt)
 
 
@@ -80,7 +83,14 @@ class PromptMemo:
         forgets the hit (`remember_hit` gives the new one)."""
         out: list[int] = []
         known: dict[int, KnownPages] = {}
+        kept: list[int] | None = None  # a list of the digests the memo holds already
         ahead: int = getattr(chain, "ahead", 0)  # lookahead digests read ids past their pages
+        if ids is self.ids and seed == self.seed and num_blocks == len(self.hashes) and num_blocks and not ahead:
+            # early return: the prompt just digested (`can_create`, then `create` of it), whole: its digests
+            # and the hit's pages as they are (what the general path's slices of them would copy)
+            known = {gi: held for gi, held in self.pages.items() if pools[gi].drops == self.drops[gi]}
+            self.pages = {}
+            return self.hashes[:], known
         if seed == self.seed and self.hashes and not ahead:
             same = self.common_pages(ids, tokens_per_block, num_blocks)
             out = self.hashes[:same]
@@ -97,14 +107,15 @@ class PromptMemo:
             whole = self.recent.get(key)
             if whole is None:
                 extend_hashes(out, ids, tokens_per_block, seed, num_blocks, chain)
-                self.recent[key] = out[:]
+                whole = self.recent[key] = out[:]
                 if len(self.recent) > RECENT:
                     self.recent.popitem(last=False)
             else:
                 out = whole[:]
                 self.recent.move_to_end(key)
+            kept = whole  # (lists the memo only reads: `recent`'s serves as `hashes` too, no third copy)
         if num_blocks:
-            self.seed, self.ids, self.hashes = seed, ids, out[:]
+            self.seed, self.ids, self.hashes = seed, ids, out[:] if kept is None else kept
         self.pages = {}
         return out, known
 
@@ -133,7 +144,16 @@ class PromptMemo:
             return 0
         if ids is self.ids:  # the remembered prompt itself (`same_ids`)
             return n // tokens_per_block
-        new = np.frombuffer(ids, np.int64, count=n)  # a view: gone (and `ids` resizable again) on return
-        differ = new != np.frombuffer(self.ids, np.int64, count=n)
-        first = int(differ.argmax())  # stops at the first difference (`flatnonzero` walks them all)
-        return (first if differ[first] else n) // tokens_per_block
+        new = np.frombuffer(ids, np.int64, count=n)  # views: gone (and `ids` resizable again) on return
+        old = np.frombuffer(self.ids, np.int64, count=n)
+        # compared a stretch at a time, each 4 times the one before: prompts that share a system prompt
+        # differ just past it, and a whole long prompt's compare (and its mask) costs more than a few stretches
+        start, width = tokens_per_block, GALLOP * tokens_per_block  # (page 0 is equal)
+        while start < n:
+            end = min(n, start + width)
+            differ = new[start:end] != old[start:end]
+            first = int(differ.argmax())  # stops at the first difference (`flatnonzero` walks them all)
+            if differ[first]:
+                return (start + first) // tokens_per_block
+            start, width = end, 4 * width
+        return n // tokens_per_block
