@@ -11,6 +11,9 @@ ratio simulated / measured (> 1: the simulator is slower than the GPU was).
 
 The only departure from `kvpool simulate`: the weights are the checkpoint's real bytes per
 parameter (FP8 = 1, NVFP4 = 0.5625, the library's `weights=`), which `--weights-bytes` cannot say.
+A source whose client sent chat requests (`chat_templates.json` beside the points) reported the
+dataset's prompt lengths, while the engine prefilled them inside the model's chat template: such a
+point's requests carry the template's tokens on top of ISL (`template_tokens`).
 
     .venv/bin/python benchmarks/published_points.py            # table + median + worst
     .venv/bin/python benchmarks/published_points.py --markdown # the table for docs/sim.md
@@ -27,6 +30,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,7 @@ from kvpool.trace import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 POINTS = ROOT / "tests" / "data" / "published_points" / "points.csv"
+CHAT_TEMPLATES = POINTS.parent / "chat_templates.json"
 CONFIGS = ROOT / "tests" / "data" / "configs"
 
 # NVFP4: 4 bits + one FP8 scale per 16; MXFP4 (gpt-oss): None, the checkpoint as kvpool sizes it from the
@@ -186,6 +191,28 @@ def load_points(path: Path = POINTS) -> list[Point]:
     return points
 
 
+@cache
+def chat_templates(path: Path = CHAT_TEMPLATES) -> tuple[frozenset[str], dict[str, int]]:
+    """(sources whose client sent chat requests, template tokens by published checkpoint)."""
+    body = json.loads(path.read_text())
+    tokens = {m: int(t["tokens"]) for t in body["templates"] for m in t["published_models"]}
+    return frozenset(body["chat_sources"]), tokens
+
+
+def template_tokens(p: Point) -> int:
+    """Tokens the engine prefilled on top of the point's ISL: its model's chat template
+    when the source sent chat requests, else none. PointError for a chat source's model
+    whose template is not in the file (its ISL alone would undercount every prompt)."""
+    sources, tokens = chat_templates()
+    if p.source not in sources:
+        return 0
+    if p.published_model not in tokens:
+        raise PointError(
+            f"{p.id}: {p.source} sent chat requests; {CHAT_TEMPLATES.name} has no template for {p.published_model}"
+        )
+    return tokens[p.published_model]
+
+
 def requests_per_rank(p: Point, waves: int) -> int:
     """Requests one rank runs: one batch for a latency point; else `waves` full waves
     of the rank's concurrency, no more than the source ran."""
@@ -203,9 +230,10 @@ def requests_per_rank(p: Point, waves: int) -> int:
 
 def simulation(p: Point, calibration: str | None, waves: int = 2) -> Simulation:
     """What `kvpool simulate` sets up for the point (`kvpool.deploy`), its requests the
-    trace: `requests_per_rank(p, waves)` requests of ISL + OSL, all arriving at t=0."""
-    n = requests_per_rank(p, waves)
-    trace = Trace(p.id, np.full(n, p.isl, dtype=np.int64), np.full(n, p.osl, dtype=np.int64), arrival_s=np.zeros(n))
+    trace: `requests_per_rank(p, waves)` requests of ISL (+ the chat template's tokens,
+    `template_tokens`) prompt and OSL answer tokens, all arriving at t=0."""
+    n, prompt = requests_per_rank(p, waves), p.isl + template_tokens(p)
+    trace = Trace(p.id, np.full(n, prompt, dtype=np.int64), np.full(n, p.osl, dtype=np.int64), arrival_s=np.zeros(n))
     return Simulation.of(
         p.model_arg,
         gpu=p.gpu,
@@ -216,7 +244,7 @@ def simulation(p: Point, calibration: str | None, waves: int = 2) -> Simulation:
         kv_dtype=p.kv_dtype,
         max_batch_size=p.concurrency // p.dp,
         max_num_tokens=p.max_num_tokens,
-        max_seq_len=p.isl + p.osl,
+        max_seq_len=prompt + p.osl,
         policy=ENGINE_POLICY[p.engine],
         # the budget's weights, and one rank's share of them for the steps; MXFP4 checkpoints are
         # sized from their config's quantization_config, as `kvpool simulate` sizes them
@@ -275,6 +303,7 @@ def replay(p: Point, *, waves: int = 2, calibration: str | None = None) -> dict[
         "engine": p.engine,
         "policy": policy,
         "isl": p.isl,
+        "template_tokens": template_tokens(p),
         "osl": p.osl,
         "concurrency": p.concurrency,
         "requests_per_rank": n,
@@ -317,7 +346,7 @@ def table(rows: list[dict[str, Any]], *, markdown: bool) -> str:
             r["gpu"],
             f"{r['tp']}/{r['ep']}/{r['dp']}",
             r["engine"],
-            f"{r['isl']}/{r['osl']}",
+            f"{r['isl']}{'+' + str(r['template_tokens']) if r['template_tokens'] else ''}/{r['osl']}",
             str(r["concurrency"]),
             _value(r["metric"], r["measured"]),
             _value(r["metric"], r["simulated"]),

@@ -7,6 +7,7 @@ model's business (docs/sim.md), not this file's."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib.util
 import json
 import math
@@ -205,6 +206,46 @@ def test_no_one_front_end_rate_fits_the_short_gpustack_runs() -> None:
     tightest_other = min(per_request[i] for i in others)
     assert tightest_other > per_request["gpustack-oss20b-h100-128"]
     assert tightest_other == pytest.approx(8.83 / 984)  # Qwen3-235B on 8 H100: 984 requests in 8.83 s
+
+
+TEMPLATES = json.loads((DATA / "chat_templates.json").read_text())
+
+
+def test_gpt_oss_chat_template_is_its_rendered_harmony_tokens() -> None:
+    # vLLM renders a gpt-oss chat request with openai-harmony (chat_templates.json, "how"): the count is
+    # the rendered ids around the prompt, and those ids are the rendered text's messages, role by role
+    (oss,) = [t for t in TEMPLATES["templates"] if "openai/gpt-oss-20b" in t["published_models"]]
+    before, after, special = oss["ids_before_prompt"], oss["ids_after_prompt"], oss["special_ids"]
+    assert len(before) + len(after) == oss["tokens"] == 69
+    ids = [*before, *after]
+    for name, token in special.items():
+        assert ids.count(token) == oss["rendered"].count(name), name
+    starts = [i for i, t in enumerate(ids) if t == special["<|start|>"]]
+    # each <|start|> is followed by its role: system, developer, user, then assistant (the id
+    # openai/harmony's docs/format.md prints after <|start|> in its example response)
+    assert [ids[i + 1] for i in starts] == [17360, 77944, 1428, 173781]
+    assert oss["rendered"].index("{prompt}") > oss["rendered"].index("<|start|>user<|message|>")
+
+
+def test_chat_sources_replay_their_models_template_on_top_of_isl() -> None:
+    chat = set(TEMPLATES["chat_sources"])
+    assert chat == {"gpustack-lab"}
+    for p in POINTS:
+        extra = pp.template_tokens(p)
+        assert (extra > 0) == (p.source in chat), p.id
+        if p.model.startswith("gpt-oss"):
+            assert extra == 69, p.id
+    p = BY_ID["gpustack-oss20b-h100-128"]
+    trace = pp.simulation(p, None).trace
+    assert set(trace.prompt_len.tolist()) == {p.isl + 69}
+    q = BY_ID["trt-8b-h100-128-2048"]
+    assert set(pp.simulation(q, None, waves=1).trace.prompt_len.tolist()) == {q.isl}
+
+
+def test_a_chat_source_point_without_a_template_is_refused() -> None:
+    p = dataclasses.replace(BY_ID["gpustack-qwen3-32b-h100-128"], published_model="Qwen/Qwen3-8B")
+    with pytest.raises(pp.PointError, match="no template for Qwen/Qwen3-8B"):
+        pp.template_tokens(p)
 
 
 GiB = 2**30
