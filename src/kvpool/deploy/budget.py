@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvpool import presets
 from kvpool.deploy.options import BudgetOptions, ModelOptions, flag
 from kvpool.errors import KvpoolError
 from kvpool.models.params import ParameterCountError
 from kvpool.models.weight_dtype import WeightSchemeError
-from kvpool.models.weights import Parallel, model_weights
 from kvpool.plan.limits import ServingLimits
 from kvpool.plan.memory import (
     DEFAULT_RESERVED,
@@ -37,6 +36,9 @@ from kvpool.plan.memory import (
 from kvpool.presets import GpuSpec
 from kvpool.spec import ModelSpec
 from kvpool.units import format_bytes, parse_size, size_or_zero
+
+if TYPE_CHECKING:  # loaded where the weights are counted (`weights_facts`, `weights_per_rank`)
+    from kvpool.models.weights import Parallel
 
 DEFAULT_MEMORY_FRACTION = DEFAULT_UTILIZATION
 
@@ -146,6 +148,8 @@ def weights_source(spec: ModelSpec, model: str) -> str | Path:
 def weights_facts(spec: ModelSpec, model: ModelOptions) -> tuple[int | None, int | None]:
     """(parameters, weight bytes per rank at the model's layout) of the model `spec`
     was loaded from, None where kvpool has no formula for its family."""
+    from kvpool.models.weights import model_weights  # here: a given --kv-memory needs no weights
+
     try:
         weights = model_weights(spec.config, weights_source(spec, model.model))
     except (ParameterCountError, WeightSchemeError):
@@ -161,6 +165,8 @@ def weights_per_rank(spec: ModelSpec, model: ModelOptions, draft_len: int = 0) -
     parameter (data/model_params.json, each with its source) split evenly over tp x pp ranks."""
     config = spec.config
     mtp = int(config.get("num_nextn_predict_layers") or config.get("mtp_num_hidden_layers") or 0)
+    from kvpool.models.weights import model_weights  # here: a given --kv-memory needs no weights
+
     try:
         weights = model_weights(config, weights_source(spec, model.model))
         if draft_len and mtp:

@@ -13,13 +13,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from kvpool.deploy.gpus import split_gpu
 from kvpool.errors import KvpoolError, LimitsError
-from kvpool.models.weights import Parallel
 from kvpool.plan.families import Phase
 from kvpool.plan.sizing import parse_shares
+
+if TYPE_CHECKING:  # loaded where a layout is built (`ModelOptions.parallel`)
+    from kvpool.models.weights import Parallel
 
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_SEQ_LEN = 8192
@@ -104,6 +106,8 @@ class ModelOptions:
     @property
     def parallel(self) -> Parallel:
         """The --tp / --pp / --ep / --dp layout the weights are split by."""
+        from kvpool.models.weights import Parallel  # here: most runs read no weights' layout
+
         return Parallel(tp=self.tp, pp=self.pp, ep=self.ep, dp=self.dp)
 
     @property

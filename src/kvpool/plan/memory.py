@@ -54,12 +54,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpool.errors import KvpoolError
-from kvpool.models.weights import Parallel
 from kvpool.plan.limits import ServingLimits
 from kvpool.units import format_bytes
+
+if TYPE_CHECKING:  # annotations only: `kvpool simulate` reads no checkpoint's weights
+    from kvpool.models.weights import Parallel
 
 DEFAULT_UTILIZATION = 0.9
 DEFAULT_RESERVED = 0  # vLLM's formula has no reserve (module docstring)

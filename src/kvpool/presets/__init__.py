@@ -3,7 +3,6 @@ for where each value comes from)."""
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import dataclass
 from functools import cache
@@ -38,6 +37,8 @@ TRACES = {
 
 
 def _unknown(kind: str, name: str, names: list[str]) -> UnknownPresetError:
+    import difflib  # here: only a misspelt name pays for it (about 1 ms of every start)
+
     close = difflib.get_close_matches(name.lower(), names, n=3, cutoff=0.4)
     if not close:
         close = [n for n in names if name.lower() in n or n in name.lower()][:3]

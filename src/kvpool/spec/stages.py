@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvpool.models.weights import stage_layers
 from kvpool.spec.families import LayerCache
 from kvpool.spec.groups import LayerGroup
 from kvpool.spec.pages import REFERENCE_REQUEST, pages_needed
@@ -23,6 +22,8 @@ def busiest_stage(
     need the most bytes for the reference request; stages split the decoder
     layers as vLLM's `get_pp_indices` does (`models.weights.stage_layers`).
     The first such stage wins a tie."""
+    from kvpool.models.weights import stage_layers  # here: one stage (no --pp) loads no weights' module
+
     best: tuple[int, int, list[LayerCache]] | None = None
     for index, layers in enumerate(stage_layers(num_layers, pp_size)):
         mine = [c for c in caches if c.layer in layers]
