@@ -163,10 +163,10 @@ def weights_per_rank(spec: ModelSpec, model: ModelOptions, draft_len: int = 0) -
     multi-token-prediction layers when they draft (`draft_len` > 0); for a bundled
     preset whose family has no formula, its published parameter count x bytes per
     parameter (data/model_params.json, each with its source) split evenly over tp x pp ranks."""
-    config = spec.config
-    mtp = int(config.get("num_nextn_predict_layers") or config.get("mtp_num_hidden_layers") or 0)
     from kvpool.models.weights import model_weights  # here: a given --kv-memory needs no weights
 
+    config = spec.config
+    mtp = int(config.get("num_nextn_predict_layers") or config.get("mtp_num_hidden_layers") or 0)
     try:
         weights = model_weights(config, weights_source(spec, model.model))
         if draft_len and mtp:
