@@ -118,3 +118,46 @@ def test_taking_no_page_from_a_full_pool_changes_nothing() -> None:
     events.clear()
     assert pool.take(0) == [] and not events
     assert pool.num_cached == 3 and pool.lru_order() == pages
+
+
+store_ops = st.lists(
+    st.tuples(st.sampled_from(["take", "store", "release", "evict"]), st.integers(0, 10**6)), max_size=60
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 16), script=store_ops)
+def test_events_off_store_and_evict_as_the_recording_pool(n: int, script: list[tuple[str, int]]) -> None:
+    """The pool without events (`store_run`'s loop that tracks no run, `evict`
+    keeping no digests) ends every step in the state of the pool that records
+    each run: pages already hashed, hashes another page holds and entries < 0
+    skipped alike."""
+    on, off = PagePool("g", PageStore("g", n), deque()), PagePool("g", PageStore("g", n), deque())
+    off.record_events = False
+    held: list[list[int]] = []
+    for op, x in script:
+        if op == "take" and on.num_free:
+            count = 1 + x % on.num_free
+            pages = on.take(count)
+            assert off.take(count) == pages
+            held.append(pages)
+        elif op == "store" and held:
+            pages = list(held[x % len(held)])
+            if x % 5 == 0:
+                pages[x % len(pages)] = -1  # an entry without a page
+            first = x % 3
+            hashes = [(x >> 2) % 7 + i % 4 for i in range(first + len(pages))]  # repeats: held elsewhere, or twice
+            on.store_run(pages, hashes, first, len(pages))
+            off.store_run(pages, hashes, first, len(pages))
+        elif op == "release" and held:
+            pages = held.pop(x % len(held))[::-1]
+            on.release(pages)
+            off.release(pages)
+        elif op == "evict" and on.num_cached:
+            count = 1 + x % on.num_cached
+            pages = on.evict(count)
+            assert off.evict(count) == pages
+            held.append(pages)
+        assert off.page_hash == on.page_hash and off.cached == on.cached
+        assert off.ref == on.ref and off.lru_order() == on.lru_order() and off.drops == on.drops
+    assert not off.events
