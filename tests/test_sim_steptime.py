@@ -232,10 +232,13 @@ def test_keys_read_sum_is_the_rows_added_one_by_one(histories: list[int]) -> Non
 
 
 def row_model(kind: str) -> StepTimeModel:
-    """The calibrated model of a 2-layer toy whose one group is of `kind` (full attention's keys)."""
+    """The calibrated model of a 2-layer toy whose one group is of `kind` (full attention's keys; a state)."""
     register_kind(ROW_BY_ROW)
     try:
-        group = LayerGroup("g", kind, (0, 1), 4, row_bytes=256)
+        if kind == "state":
+            group = LayerGroup("g", "state", (0, 1), 4, state_bytes=512)
+        else:
+            group = LayerGroup("g", kind, (0, 1), 4, row_bytes=256)
     finally:
         RULES.pop(ROW_BY_ROW.name)
     config = {"num_attention_heads": 4, "head_dim": 16, "hidden_size": 64}
@@ -266,3 +269,13 @@ def test_full_attention_prices_as_row_by_row(
     assert run == slow.decode_run_times(histories, steps, graph=graph, padded_batch=padded).tolist()
     if len(decodes) == 1 and histories[0] < 2**40:  # and each step of the run is the step priced alone
         assert run == [fast.time([(histories[0] + j, 0)], [], graph=graph, padded_batch=padded) for j in range(steps)]
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_a_run_reading_no_keys_times_each_step(graph: bool) -> None:
+    """A model whose groups read no keys (state only) prices a run's steps as
+    floats alike: an array of the single step's time, one per step."""
+    model = row_model("state")
+    run = model.decode_run_times([5, 40], 4, graph=graph, padded_batch=2)
+    assert isinstance(run, np.ndarray) and run.dtype == np.float64
+    assert run.tolist() == [model.time([(5 + j, 0), (40 + j, 0)], [], graph=graph, padded_batch=2) for j in range(4)]

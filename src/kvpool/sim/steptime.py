@@ -249,8 +249,9 @@ class StepTimeModel:
     def eager_overhead_s(self) -> float:
         return self.launch_s * self.eager_launches
 
-    @property
+    @cached_property
     def eager_launches(self) -> int:
+        # (cached: every eager step asks; in the instance's __dict__, as `_token_memo`)
         per_layer = KERNELS_PER_LAYER + (MOE_KERNELS_PER_LAYER if self.weights.num_experts else 0)
         return per_layer * self.num_layers + KERNELS_PER_STEP
 
@@ -297,11 +298,8 @@ class StepTimeModel:
             np.zeros(steps) if g.group.rule.per_request else _run_keys(g.group, histories, steps) for g in self.groups
         ]
         decode = [(k, k) for k in keys]  # (pairs, rows read) per group
-        out = np.empty(steps, dtype=np.float64)
-        out[:] = self._parts(
-            tokens, tokens, rows, decode, [0.0] * len(keys), graph
-        ).total  # a float when no group reads keys
-        return out
+        total = self._parts(tokens, tokens, rows, decode, [0.0] * len(keys), graph).total
+        return np.full(steps, total) if type(total) is float else total  # a float when no group reads keys
 
     def time(
         self,
