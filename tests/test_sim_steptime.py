@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvpool.errors import KvpoolError
@@ -19,7 +19,8 @@ from kvpool.sim.steptime import (
     Weights,
     load_weights,
 )
-from kvpool.spec import ModelSpec, load_model_spec
+from kvpool.spec import RULES, LayerGroup, ModelSpec, load_model_spec, register_kind
+from kvpool.spec.kinds import Full, Life
 from sim_helpers import toy_gpu
 
 GPU = toy_gpu(fp8_flops=2e14)
@@ -176,3 +177,105 @@ def test_every_bundled_model_with_params_builds() -> None:
         model = StepTimeModel.build(load_model_spec(name), load_gpu("h100"), load_weights(name))
         t = model.decode_run_times([100, 2000], 3)
         assert np.all(t > 0) and np.all(np.diff(t) >= 0), name
+
+
+class FullRowByRow(Full):
+    """Full attention's keys (h + 1) from a `keys_read` of its own: the
+    rule's sums take the general path, one row at a time."""
+
+    name = "full_row_by_row"
+
+    def keys_read(self, g: Life, history: Any) -> Any:
+        return history + 1
+
+
+ROW_BY_ROW = FullRowByRow()
+# histories up to and past the closed forms' bound (2**53), a few out of range (negative) or not ints
+HISTORY = st.one_of(
+    st.integers(0, 5000),
+    st.integers(2**52, 2**53 + 8),
+    st.integers(2**53 - 8, 2**53 + 8),
+    st.integers(-12, -1),
+    st.floats(0, 1e4, allow_nan=False),
+)
+
+
+def rule_groups() -> list[LayerGroup]:
+    """One group of each shipped kind and of `FullRowByRow`."""
+    register_kind(ROW_BY_ROW)
+    try:
+        return [
+            LayerGroup("f", "full", (0,), 4, row_bytes=8),
+            LayerGroup("s", "sliding", (0,), 4, row_bytes=8, window=8),
+            LayerGroup("c", "chunked", (0,), 4, row_bytes=8, window=8),
+            LayerGroup("z", "compressed", (0,), 4, row_bytes=8, ratio=4),
+            LayerGroup("r", "state", (0,), 4, state_bytes=8),
+            LayerGroup("b", ROW_BY_ROW.name, (0,), 4, row_bytes=8),
+        ]
+    finally:
+        RULES.pop(ROW_BY_ROW.name)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(HISTORY, max_size=8))
+@example([2**53 + 2, -10])  # a partial sum past 2**53 rounds, the total is under it
+@example([2**52 + 1, 2**52 + 2, 1])  # partial sums past 2**53 round
+def test_keys_read_sum_is_the_rows_added_one_by_one(histories: list[int]) -> None:
+    """Every rule's sum is the float a loop over the rows adds from 0.0 (full
+    attention's ints summed in C only where that float is exact)."""
+    for group in rule_groups():
+        loop = 0.0
+        for h in histories:
+            loop += group.rule.keys_read(group, h)
+        got = group.rule.keys_read_sum(group, histories)
+        assert type(got) is float and got == loop, (group.kind, histories)
+
+
+def row_model(kind: str) -> StepTimeModel:
+    """The calibrated model of a 2-layer toy whose one group is of `kind` (full attention's keys; a state)."""
+    register_kind(ROW_BY_ROW)
+    try:
+        if kind == "state":
+            group = LayerGroup("g", "state", (0, 1), 4, state_bytes=512)
+        else:
+            group = LayerGroup("g", kind, (0, 1), 4, row_bytes=256)
+    finally:
+        RULES.pop(ROW_BY_ROW.name)
+    config = {"num_attention_heads": 4, "head_dim": 16, "hidden_size": 64}
+    spec = ModelSpec("toy", "test", (group,), 4, "bf16", 1, 2, config=config)
+    return StepTimeModel.build(spec, GPU, Weights(1e9, 1e9, 2.0))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.one_of(st.integers(0, 5000), st.integers(2**50, 2**53)), st.integers(0, 2)), max_size=5),
+    st.lists(st.tuples(st.integers(0, 3000), st.integers(1, 6)), max_size=2),
+    st.booleans(),
+    st.integers(1, 40),
+)
+def test_full_attention_prices_as_row_by_row(
+    decodes: list[tuple[int, int]], prefills: list[tuple[int, int]], graph: bool, steps: int
+) -> None:
+    """Full attention's closed-form key sums (a step's rows; a run's steps)
+    give every part of a step and every step of a run bit for bit what the
+    same keys asked row by row give."""
+    fast, slow = row_model("full"), row_model(ROW_BY_ROW.name)
+    padded = len(decodes) + 1 if graph and decodes else None
+    assert fast.cost(decodes, prefills, graph=graph, padded_batch=padded) == slow.cost(
+        decodes, prefills, graph=graph, padded_batch=padded
+    )
+    histories = [h for h, _ in decodes]
+    run = fast.decode_run_times(histories, steps, graph=graph, padded_batch=padded).tolist()
+    assert run == slow.decode_run_times(histories, steps, graph=graph, padded_batch=padded).tolist()
+    if len(decodes) == 1 and histories[0] < 2**40:  # and each step of the run is the step priced alone
+        assert run == [fast.time([(histories[0] + j, 0)], [], graph=graph, padded_batch=padded) for j in range(steps)]
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_a_run_reading_no_keys_times_each_step(graph: bool) -> None:
+    """A model whose groups read no keys (state only) prices a run's steps as
+    floats alike: an array of the single step's time, one per step."""
+    model = row_model("state")
+    run = model.decode_run_times([5, 40], 4, graph=graph, padded_batch=2)
+    assert isinstance(run, np.ndarray) and run.dtype == np.float64
+    assert run.tolist() == [model.time([(5 + j, 0), (40 + j, 0)], [], graph=graph, padded_batch=2) for j in range(4)]

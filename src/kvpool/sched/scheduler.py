@@ -201,6 +201,8 @@ class Scheduler:
         if not draft_lens and len(decoding) <= budget:  # a token each, all within the budget (no drafts)
             rows = [(seq, 0) for seq in decoding]
             budget -= len(rows)
+            hists = [s.num_computed for s in decoding]
+            caps = [h + 1 + extra for h in hists]
         else:
             rows = []
             for seq in decoding:
@@ -213,10 +215,10 @@ class Scheduler:
                     continue
                 rows.append((seq, k))
                 budget -= 1 + k
+            hists = [s.num_computed for s, _ in rows]
+            caps = [h + 1 + k + extra for h, (_, k) in zip(hists, rows, strict=True)]
         if not rows:
             return budget
-        hists = [s.num_computed for s, _ in rows]
-        caps = [h + 1 + k + extra for h, (_, k) in zip(hists, rows, strict=True)]
         if self.manager.resize_many([s.rid for s, _ in rows], caps, hists):
             self._step_decodes.extend(rows)
             return budget

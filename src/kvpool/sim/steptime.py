@@ -58,7 +58,7 @@ from kvpool.sim.fp4_experts import fp4_experts
 from kvpool.sim.kernels import Calibration, Kernels, maximum
 from kvpool.sim.matmuls import Shapes, model_shapes
 from kvpool.sim.triton_prefill import triton_prefill
-from kvpool.spec import LayerGroup, ModelSpec
+from kvpool.spec import KindRule, LayerGroup, ModelSpec
 from kvpool.spec.families import head_dim, split_heads
 
 # The roofline's overheads (calibration="roofline"). One cudaLaunchKernel costs
@@ -249,8 +249,9 @@ class StepTimeModel:
     def eager_overhead_s(self) -> float:
         return self.launch_s * self.eager_launches
 
-    @property
+    @cached_property
     def eager_launches(self) -> int:
+        # (cached: every eager step asks; in the instance's __dict__, as `_token_memo`)
         per_layer = KERNELS_PER_LAYER + (MOE_KERNELS_PER_LAYER if self.weights.num_experts else 0)
         return per_layer * self.num_layers + KERNELS_PER_STEP
 
@@ -280,9 +281,10 @@ class StepTimeModel:
 
     def step_time(self, step: Step) -> float:
         """Seconds that `step` takes (no side effects)."""
-        decodes = [(s.num_computed, k) for s, k in step.decodes]
+        histories = [s.num_computed for s, _ in step.decodes]
+        drafts = [k for _, k in step.decodes]
         prefills = [(start, n) for _, start, n in step.prefills]
-        return float(self.cost(decodes, prefills, graph=step.graph, padded_batch=step.padded_batch_size).total)
+        return float(self._cost(histories, drafts, prefills, step.graph, step.padded_batch_size).total)
 
     def decode_run_times(
         self, histories: Seq[int], steps: int, *, graph: bool = False, padded_batch: int | None = None
@@ -290,19 +292,14 @@ class StepTimeModel:
         """Seconds of each of `steps` decode-only steps in a row (no drafts), the
         rows starting at `histories` and each step adding one position: the
         same arithmetic as `time`, vectorised over the steps."""
-        h = np.asarray(histories, dtype=np.float64)[None, :] + np.arange(steps, dtype=np.float64)[:, None]
-        rows = h.shape[1]
+        rows = len(histories)
         tokens = float(padded_batch if graph and padded_batch else rows)
         keys = [
-            np.zeros(steps) if g.group.rule.per_request else g.group.rule.keys_read(g.group, h).sum(axis=1)
-            for g in self.groups
+            np.zeros(steps) if g.group.rule.per_request else _run_keys(g.group, histories, steps) for g in self.groups
         ]
         decode = [(k, k) for k in keys]  # (pairs, rows read) per group
-        out = np.empty(steps, dtype=np.float64)
-        out[:] = self._parts(
-            tokens, tokens, rows, decode, [0.0] * len(keys), graph
-        ).total  # a float when no group reads keys
-        return out
+        total = self._parts(tokens, tokens, rows, decode, [0.0] * len(keys), graph).total
+        return np.full(steps, total) if type(total) is float else total  # a float when no group reads keys
 
     def time(
         self,
@@ -325,14 +322,25 @@ class StepTimeModel:
         padded_batch: int | None = None,
     ) -> StepCost:
         """`time`, by part."""
-        rows = len(decodes)
-        drafts = [k for _, k in decodes]
-        most = max(drafts, default=0)
+        return self._cost([h for h, _ in decodes], [k for _, k in decodes], prefills, graph, padded_batch)
+
+    def _cost(
+        self,
+        histories: list[int],
+        drafts: list[int],
+        prefills: Seq[tuple[int, int]],
+        graph: bool,
+        padded_batch: int | None,
+    ) -> StepCost:
+        """`cost` of decode rows given as their histories and drafts."""
+        rows = len(histories)
+        most, drafted = max(drafts, default=0), any(drafts)
         decode_tokens = rows + sum(drafts)
         if graph and padded_batch:
             decode_tokens += (padded_batch - rows) * (1 + most)
-        tokens = decode_tokens + sum(n for _, n in prefills)
-        ends = [h + k for h, k in decodes]  # the position of each decode row's last query
+        tokens = decode_tokens + sum([n for _, n in prefills])
+        # the position of each decode row's last query
+        ends = [h + k for h, k in zip(histories, drafts, strict=True)] if drafted else histories
         decode, prefill = [], []
         for g in self.groups:
             group = g.group
@@ -342,11 +350,14 @@ class StepTimeModel:
                 prefill.append(0.0)
                 continue
             keys_read = rule.keys_read
-            pairs = read = 0.0
-            for end, k in zip(ends, drafts, strict=True):
-                keys = keys_read(group, end)
-                pairs += keys * (1 + k)
-                read += keys
+            if drafted:
+                pairs = read = 0.0
+                for end, k in zip(ends, drafts, strict=True):
+                    keys = keys_read(group, end)
+                    pairs += keys * (1 + k)
+                    read += keys
+            else:  # no drafts: a row's one query reads its keys once (the rows' sum, as the loop adds it)
+                pairs = read = rule.keys_read_sum(group, ends)
             chunk = 0.0
             for start, n in prefills:
                 chunk += rule.prefill_pairs(group, start, n)
@@ -437,9 +448,28 @@ class StepTimeModel:
         return {}
 
 
+def _run_keys(group: LayerGroup, histories: Seq[int], steps: int) -> npt.NDArray[np.float64]:
+    """Per step of a run of decode steps (`decode_run_times`), the key rows
+    the rows read in `group`: `keys_read` at h + t summed over the rows at
+    histories h, step t. Where the rule's `keys_read` is h + 1 (full
+    attention) each step reads `rows` more than the one before: the ints in
+    closed form, the same floats as NumPy's sums of the grid while every sum
+    is an integer float holds exactly (histories >= 0, totals up to 2**53)."""
+    rule, rows = group.rule, len(histories)
+    if type(rule).keys_read is KindRule.keys_read and rows:
+        first = sum(histories) + rows
+        last = first + rows * (steps - 1)
+        if type(first) is int and last <= 1 << 53 and min(histories) >= 0:
+            return np.arange(first, last + 1, rows, dtype=np.int64).astype(np.float64)
+    h = np.asarray(histories, dtype=np.float64)[None, :] + np.arange(steps, dtype=np.float64)[:, None]
+    keys: npt.NDArray[np.float64] = rule.keys_read(group, h).sum(axis=1)
+    return keys
+
+
 def _some(x: Any) -> bool:
     """Whether a figure (a float, or an array over a run of steps) is not all zero."""
-    return bool(x) if type(x) is float else bool(x.any())
+    # (`count_nonzero`: the same answer as `any()` without its Python-level wrapper)
+    return bool(x) if type(x) is float else bool(np.count_nonzero(x))
 
 
 def expert_storage(config: Any, shapes: Shapes) -> tuple[float, float] | None:

@@ -88,6 +88,21 @@ class KindRule:
         """Key rows a query at position `history` reads (ints or arrays)."""
         return history + 1
 
+    def keys_read_sum(self, g: Life, histories: list[int]) -> float:
+        """`keys_read` summed over queries at `histories`, added one by one to
+        0.0 (the key rows a step's decode rows read). Where `keys_read` is this
+        class's h + 1 (full attention) the ints are summed in C: the same float
+        while every partial sum is an integer float holds exactly (histories
+        >= 0, a total up to 2**53)."""
+        if type(self).keys_read is KindRule.keys_read and histories:
+            total = sum(histories) + len(histories)
+            if type(total) is int and total <= 1 << 53 and min(histories) >= 0:
+                return float(total)
+        out = 0.0
+        for h in histories:
+            out += self.keys_read(g, h)
+        return out
+
     def prefill_pairs(self, g: Life, start: int, n: int) -> float:
         """(query, key-row) pairs of a causal prefill chunk of `n` tokens after `start`."""
         a, b = start + 1, start + n
