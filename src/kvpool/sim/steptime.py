@@ -58,7 +58,7 @@ from kvpool.sim.fp4_experts import fp4_experts
 from kvpool.sim.kernels import Calibration, Kernels, maximum
 from kvpool.sim.matmuls import Shapes, model_shapes
 from kvpool.sim.triton_prefill import triton_prefill
-from kvpool.spec import KindRule, LayerGroup, ModelSpec
+from kvpool.spec import LayerGroup, ModelSpec
 from kvpool.spec.families import head_dim, split_heads
 
 # The roofline's overheads (calibration="roofline"). One cudaLaunchKernel costs
@@ -453,14 +453,12 @@ def _run_keys(group: LayerGroup, histories: Seq[int], steps: int) -> npt.NDArray
     the rows read in `group`: `keys_read` at h + t summed over the rows at
     histories h, step t. Where the rule's `keys_read` is h + 1 (full
     attention) each step reads `rows` more than the one before: the ints in
-    closed form, the same floats as NumPy's sums of the grid while every sum
-    is an integer float holds exactly (histories >= 0, totals up to 2**53)."""
+    closed form, the same floats as NumPy's sums of the grid where
+    `KindRule.exact_keys_sum` says floats hold every sum exactly."""
     rule, rows = group.rule, len(histories)
-    if type(rule).keys_read is KindRule.keys_read and rows:
-        first = sum(histories) + rows
-        last = first + rows * (steps - 1)
-        if type(first) is int and last <= 1 << 53 and min(histories) >= 0:
-            return np.arange(first, last + 1, rows, dtype=np.int64).astype(np.float64)
+    first = rule.exact_keys_sum(histories, steps)
+    if first is not None:
+        return np.arange(first, first + rows * steps, rows, dtype=np.int64).astype(np.float64)
     h = np.asarray(histories, dtype=np.float64)[None, :] + np.arange(steps, dtype=np.float64)[:, None]
     keys: npt.NDArray[np.float64] = rule.keys_read(group, h).sum(axis=1)
     return keys

@@ -17,6 +17,7 @@ of kvpool's.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
 from kvpool.errors import SpecError
@@ -88,16 +89,27 @@ class KindRule:
         """Key rows a query at position `history` reads (ints or arrays)."""
         return history + 1
 
+    def exact_keys_sum(self, histories: Sequence[int], steps: int = 1) -> int | None:
+        """The int sum of `keys_read` over queries at `histories` when this
+        class's h + 1 (full attention) is the rule and floats add it exactly,
+        else None. `steps` > 1 asks about the last of that many steps, each
+        one position further: the sum then grows by len(histories) a step.
+        Floats hold every partial sum exactly while the histories are ints
+        >= 0 and the total is at most 2**53: then any order of float additions
+        gives this sum (`keys_read_sum`, the step-time model's decode runs)."""
+        if type(self).keys_read is not KindRule.keys_read or not histories:
+            return None
+        total = sum(histories) + len(histories)
+        last = total + len(histories) * (steps - 1)
+        return total if type(total) is int and last <= 1 << 53 and min(histories) >= 0 else None
+
     def keys_read_sum(self, g: Life, histories: list[int]) -> float:
         """`keys_read` summed over queries at `histories`, added one by one to
-        0.0 (the key rows a step's decode rows read). Where `keys_read` is this
-        class's h + 1 (full attention) the ints are summed in C: the same float
-        while every partial sum is an integer float holds exactly (histories
-        >= 0, a total up to 2**53)."""
-        if type(self).keys_read is KindRule.keys_read and histories:
-            total = sum(histories) + len(histories)
-            if type(total) is int and total <= 1 << 53 and min(histories) >= 0:
-                return float(total)
+        0.0 (the key rows a step's decode rows read): summed in C where
+        `exact_keys_sum` says the float is the same."""
+        total = self.exact_keys_sum(histories)
+        if total is not None:
+            return float(total)
         out = 0.0
         for h in histories:
             out += self.keys_read(g, h)
