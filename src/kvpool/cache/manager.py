@@ -565,7 +565,7 @@ class KVCacheManager:
                     known.append(x)
                     return req.committed * self.tokens_per_block
             elif type(tokens) is array and num_tokens <= req.base + len(known) + len(tokens):
-                known.extend(check_tokens(tokens, f"request {rid}: commit's tokens", copy=False))
+                known.extend(check_tokens(tokens, "commit's tokens", copy=False, rid=rid))
                 return req.committed * self.tokens_per_block
         if req is None:
             req = self.requests.get(rid)  # raises
@@ -573,8 +573,12 @@ class KVCacheManager:
             return 0
         ids = None
         if tokens is not None:  # (packed ids are only read: `prefix.commit` appends them to the request's own)
-            what = f"request {rid}: commit's tokens"
-            ids = check_tokens(tokens, what, copy=False) if type(tokens) is array else check_few_tokens(tokens, what)
+            what = "commit's tokens"
+            ids = (
+                check_tokens(tokens, what, copy=False, rid=rid)
+                if type(tokens) is array
+                else check_few_tokens(tokens, what, rid=rid)
+            )
         count = as_position(num_tokens, "commit's num_tokens")
         return prefix.commit(self.tables, req, count, ids, state_snapshots=self.state_snapshots)
 
@@ -589,7 +593,7 @@ class KVCacheManager:
         the step that fills it, or it may store what single steps do not.
         None when no such page fills (or reuse is off); changes nothing."""
         req = self.requests.get(rid)
-        ids = check_tokens(tokens, f"request {rid}: first_shared_fill's tokens", copy=False)  # only read
+        ids = check_tokens(tokens, "first_shared_fill's tokens", copy=False, rid=rid)  # only read
         count = as_position(upto, "first_shared_fill's upto")
         if not self.enable_reuse or req.dummy:
             return None
