@@ -308,12 +308,13 @@ def test_frozen_ids_are_kept_and_other_ids_are_copied(events: bool) -> None:
     for m_ in (m, plain):
         assert m_.create(0, prompt) == 0 and m_.resize(0, 10, 10)
         m_.commit(0, 10)  # 2 pages cached
-    mine = check_tokens(prompt)
+    # (ids other than those the memo keeps each time: ids equal to them would be taken as they are)
+    mine = check_tokens([*prompt, 60])
     check = m.can_create(mine)
-    assert check.hit == 8 and check.ids is not mine
-    mine[0] = 1  # the caller's write: no page of the kept copy changes
-    assert m.can_create(check.ids).hit == 8 and list(check.ids) == list(prompt)
-    longer = [*prompt, 50]  # (other ids than those kept: the kept ones would be taken as they are)
+    assert check.hit == 8 and check.ids is not None and check.ids is not mine  # a copy
+    mine[0] = 1  # the caller's write: the kept copy is as it was
+    assert m.can_create(check.ids).hit == 8 and list(check.ids) == [*prompt, 60]
+    longer = [*prompt, 50]
     frozen = check_tokens(longer)
     check = m.can_create(frozen, frozen=True)
     assert check.hit == 8 and check.ids is frozen  # kept, not copied
