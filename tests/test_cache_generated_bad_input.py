@@ -56,7 +56,8 @@ VALID: dict[str, Any] = {
 # parameters whose ints are request ids, and those whose ints may not be negative or huge
 RID_PARAMS = {"rid"}
 COUNT_PARAMS = {"capacity", "history", "num_tokens", "upto", "batch_size", "token_num", "draft_len"}
-SKIP = {"is_gen", "frozen", "salt", "copies"}  # bools, any hashable salt, an engine object: nothing generic to get wrong
+# bools, any hashable salt, an engine object: nothing generic to get wrong
+SKIP = {"is_gen", "frozen", "salt", "copies"}
 
 
 def kind(name: str, hint: Any) -> list[str]:

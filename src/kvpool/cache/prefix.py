@@ -229,9 +229,8 @@ def first_shared_fill(t: PageTables, req: Request, ids: Sequence[int], upto: int
     start = first * tpb - req.base
     if lookahead(req) or start < 0 or len(req.hashes) < first:  # (not met by runs of decode steps): be safe
         return at
-    for gi, pool in (
-        enumerate(t.pools) if first else ()
-    ):  # `adopt`'s walk back from the parent, as the first commit makes it
+    # `adopt`'s walk back from the parent, as the first commit makes it
+    for gi, pool in enumerate(t.pools) if first else ():
         if not t.never_stale[gi] or t.is_state[gi]:
             continue
         cached, row, page_hash, j = pool.cached, t.rows[gi][req.slot], pool.page_hash, first - 1
