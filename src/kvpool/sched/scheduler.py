@@ -324,7 +324,7 @@ class Scheduler:
         if upto > known:
             fresh = self._unseen(seq, known, upto - len(ahead))
             if ahead:
-                fresh.extend(check_few_tokens(ahead, f"request {rid}: sampled ids"))
+                fresh.extend(check_few_tokens(ahead, "sampled ids", rid=rid))
             self._known[rid] = upto
         if moved:
             manager.commit(rid, n, fresh)
