@@ -4,6 +4,7 @@ result) and nothing changed, however large the input says the work is."""
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -73,3 +74,23 @@ def test_a_huge_refused_dummy_batch_is_answered_at_once_and_changes_nothing() ->
     assert not done and dict(done.short) == {g: 10**7 - free[g] for g in free}
     assert_unchanged(before, snapshot(m))
     assert m.num_requests == 2
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda m: m.commit(1, 9, array("q", [-3])),  # packed (a scheduler's): the early return's check
+        lambda m: m.commit(1, 8, array("q", [5, -3])),
+        lambda m: m.commit(1, 9, [-3]),
+        lambda m: m.commit(1, 9, ["a"]),
+        lambda m: m.first_shared_fill(1, array("q", [-3]), 12),
+        lambda m: m.first_shared_fill(1, [1.5], 12),
+    ],
+)
+def test_bad_ids_of_a_request_are_refused_naming_it(call: Callable[[KVCacheManager], object]) -> None:
+    # (the per-step checks build their message only when they fail: it still names the request)
+    m = admitted()
+    before = snapshot(m)
+    with pytest.raises(CacheUsageError, match=r"^request 1: (commit|first_shared_fill)'s tokens"):
+        call(m)
+    assert_unchanged(before, snapshot(m))

@@ -47,6 +47,7 @@ VALID: dict[str, Any] = {
     "token_num": 1,
     "draft_len": 0,
     "is_gen": True,
+    "frozen": False,
     "salt": "tenant",
     "batch_sizes": [1],
     "draft_lens": [0],
@@ -55,7 +56,8 @@ VALID: dict[str, Any] = {
 # parameters whose ints are request ids, and those whose ints may not be negative or huge
 RID_PARAMS = {"rid"}
 COUNT_PARAMS = {"capacity", "history", "num_tokens", "upto", "batch_size", "token_num", "draft_len"}
-SKIP = {"is_gen", "salt", "copies"}  # a bool, any hashable salt, an engine object: nothing generic to get wrong
+# bools, any hashable salt, an engine object: nothing generic to get wrong
+SKIP = {"is_gen", "frozen", "salt", "copies"}
 
 
 def kind(name: str, hint: Any) -> list[str]:

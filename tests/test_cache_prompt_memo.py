@@ -103,13 +103,17 @@ def test_a_manager_with_the_memo_is_one_without(
     ops=st.lists(st.tuples(st.sampled_from("aacfg"), st.integers(0, 3), prompts, st.integers(1, 16)), max_size=40),
     sliding=st.booleans(),
     full_pages=st.integers(12, 30),
+    frozen=st.booleans(),
 )
 def test_asking_then_creating_a_prompt_is_as_the_general_path(
-    ops: list[tuple[str, int, tuple[int, int, list[int], str | None], int]], sliding: bool, full_pages: int
+    ops: list[tuple[str, int, tuple[int, int, list[int], str | None], int]],
+    sliding: bool,
+    full_pages: int,
+    frozen: bool,
 ) -> None:
-    # a scheduler's admission: the head asked (`can_create`), maybe again, then created with the ids it
-    # was handed back (the memo's early return, the hit's pages known), against a manager that digests
-    # every prompt from scratch and looks every page up
+    # a scheduler's admission: the head asked (`can_create`, maybe `frozen`: its packed ids kept, not
+    # copied), maybe again, then created with the ids it was handed back (the memo's early return, the
+    # hit's pages known), against a manager that digests every prompt from scratch and looks every page up
     spec = twin_spec(tpb=TPB, window=10) if sliding else full_spec(tpb=TPB)
     pages = {"full": full_pages, "sliding": 12} if sliding else {"full": full_pages}
     fast, general = manager(spec, pages), manager(spec, pages)
@@ -125,8 +129,9 @@ def test_asking_then_creating_a_prompt_is_as_the_general_path(
             general.free(rid)
         if kind in "ac":
             prompt = check_tokens(prompt_of(base, cut, tail) or [5])
-            checks = [m.can_create(prompt, salt, n) for m in (fast, general)]
+            checks = [fast.can_create(prompt, salt, n, frozen=frozen), general.can_create(prompt, salt, n)]
             assert checks[0] == checks[1]
+            assert frozen or checks[0].ids is not prompt  # a copy unless frozen
             if kind == "c":  # another request grows (evicting cached pages), then it is asked again
                 other = (rid + 1) % 4
                 if other in fast and fast.capacity(other) + 4 * n <= fast.max_capacity:
@@ -288,6 +293,37 @@ def test_the_checked_ids_handed_back_are_the_prompt_and_stay_as_they_are(events:
     assert observed(handed) == observed(plain) and handed.take_events() == plain.take_events()
     assert manager(spec, {"full": 40}, reuse=False).can_create(prompt).ids is None
     handed.check_integrity()
+
+
+@pytest.mark.parametrize("events", [True, False])
+def test_frozen_ids_are_kept_and_other_ids_are_copied(events: bool) -> None:
+    """`can_create` keeps a copy of the ids it digests, so that a caller that
+    writes its own array afterwards changes no later answer; with `frozen`
+    (ids never written, only appended to) it keeps the caller's array itself,
+    and the requests created from it still append their outputs to ids of
+    their own."""
+    spec = full_spec(tpb=TPB)
+    m, plain = manager(spec, {"full": 40}, events=events), manager(spec, {"full": 40}, events=events)
+    prompt = check_tokens(list(range(100, 110)))  # 2 whole pages and 2 ids
+    for m_ in (m, plain):
+        assert m_.create(0, prompt) == 0 and m_.resize(0, 10, 10)
+        m_.commit(0, 10)  # 2 pages cached
+    # (ids other than those the memo keeps each time: ids equal to them would be taken as they are)
+    mine = check_tokens([*prompt, 60])
+    check = m.can_create(mine)
+    assert check.hit == 8 and check.ids is not None and check.ids is not mine  # a copy
+    mine[0] = 1  # the caller's write: the kept copy is as it was
+    assert m.can_create(check.ids).hit == 8 and list(check.ids) == [*prompt, 60]
+    longer = [*prompt, 50]
+    frozen = check_tokens(longer)
+    check = m.can_create(frozen, frozen=True)
+    assert check.hit == 8 and check.ids is frozen  # kept, not copied
+    assert m.create(1, check.ids) == plain.create(1, longer) == 8
+    for m_ in (m, plain):
+        assert m_.resize(1, 12, 12) and m_.commit(1, 12, [7]) == 12
+    assert list(frozen) == longer  # nobody appended to the caller's ids
+    assert observed(m) == observed(plain) and m.take_events() == plain.take_events()
+    m.check_integrity()
 
 
 @settings(max_examples=200, deadline=None)

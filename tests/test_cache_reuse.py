@@ -234,12 +234,19 @@ def stored_hashes(m: KVCacheManager) -> list[int]:
     return [e.block_hash for e in m.take_events() if e.kind == "stored"]
 
 
+@pytest.mark.parametrize("twin", [False, True])
 @pytest.mark.parametrize("ahead", [[7] * 40, [8] * 40, [7] * 20 + [8] * 20, [7] * 20 + [9] * 20])
-def test_first_shared_fill_finds_a_twins_page_and_its_digests_are_those_commit_makes(ahead: list[int]) -> None:
+def test_first_shared_fill_finds_a_twins_page_and_its_digests_are_those_commit_makes(
+    ahead: list[int], twin: bool
+) -> None:
     # a finished twin (prompt + 40 sevens) leaves its pages cached: a repeat asked about the ids it will
     # append finds its first decode page (positions 96..111, history 112) cached where they are sevens.
-    # Whatever it was asked about, its commit (20 sevens, 20 nines) stores what a manager never asked stores
-    asked, plain = (manager(full_spec(tpb=16), {"full": 40}) for _ in range(2))
+    # Whatever it was asked about, its commit (20 sevens, 20 nines) stores what a manager never asked stores.
+    # (`twin`: a full and a sliding group, each pool looked up)
+    spec, pages = (
+        (twin_spec(tpb=16, window=40), {"full": 40, "sliding": 40}) if twin else (full_spec(tpb=16), {"full": 40})
+    )
+    asked, plain = (manager(spec, pages) for _ in range(2))
     for m in (asked, plain):
         decoded(m, 1, PROMPT, [7] * 40)
         m.free(1)

@@ -547,9 +547,10 @@ def test_a_head_is_asked_again_and_created_with_the_ids_the_manager_checked(monk
     calls: dict[int, list[tuple[str, object, object]]] = {}  # rid -> (call, ids passed, ids handed back)
     can_create, create = mgr.can_create, mgr.create
 
-    def asking(tokens: Any, salt: Any = None, num_tokens: int = 1) -> Any:
+    def asking(tokens: Any, salt: Any = None, num_tokens: int = 1, *, frozen: bool = False) -> Any:
         assert list(tokens) == list(sched.waiting[0].token_ids)  # the head's ids as they are now
-        check = can_create(tokens, salt, num_tokens)
+        assert frozen  # `token_ids` is never written: kept by the manager, not copied
+        check = can_create(tokens, salt, num_tokens, frozen=frozen)
         calls.setdefault(sched.waiting[0].rid, []).append(("can_create", tokens, check.ids))
         return check
 

@@ -50,7 +50,9 @@ def as_list(values: object, what: str) -> list[Any]:
     return values if type(values) is list else list(values)
 
 
-def check_tokens(tokens: Iterable[object], what: str = "tokens", *, copy: bool = True) -> array[int]:
+def check_tokens(
+    tokens: Iterable[object], what: str = "tokens", *, copy: bool = True, rid: int | None = None
+) -> array[int]:
     """`tokens` as a new int64 array of token ids (ints in [0, 2**63));
     refuses strings, floats and ids past int64, which would hash but match no
     real prompt. An int64 array (a scheduler's `Sequence.token_ids`, packed once)
@@ -58,20 +60,26 @@ def check_tokens(tokens: Iterable[object], what: str = "tokens", *, copy: bool =
     `struct` in C (prompts are long; it is about twice as fast as building the
     array from the list). The array's bytes are what the page digests hash
     (`cache/hashing.py`). `copy=False` returns such an array itself, checked,
-    for a caller that only reads it."""
+    for a caller that only reads it. `rid`: the request the ids are of, named
+    in an error (the message is built only then: some callers are per-step)."""
     if type(tokens) is array and tokens.typecode == "q":  # already int64: copied, not packed again
         ids = tokens[:] if copy else tokens
     else:  # a list or tuple goes straight in; anything else is listed first (`array("q", b"..")` reads bytes)
-        items = tokens if type(tokens) is list or type(tokens) is tuple else as_list(tokens, what)
+        items = tokens if type(tokens) is list or type(tokens) is tuple else as_list(tokens, of(rid, what))
         try:
             data = int64_packer(len(items))(*items)
         except struct.error as e:
-            raise CacheUsageError(f"{what} must be token ids (integers in [0, 2**63)): {e}") from None
+            raise CacheUsageError(f"{of(rid, what)} must be token ids (integers in [0, 2**63)): {e}") from None
         ids = array("q")
         ids.frombytes(data)
     if ids and not non_negative(ids):
-        raise CacheUsageError(f"{what}: token id {min(ids)} is negative")
+        raise CacheUsageError(f"{of(rid, what)}: token id {min(ids)} is negative")
     return ids
+
+
+def of(rid: int | None, what: str) -> str:
+    """`what` of request `rid` (None: of no request), for an error message."""
+    return what if rid is None else f"request {rid}: {what}"
 
 
 SIGN_BYTE = 7 if sys.byteorder == "little" else 0  # the byte of an int64 that holds its sign bit
@@ -95,19 +103,19 @@ def int64_packer(count: int) -> Callable[..., bytes]:
     return struct.Struct(f"<{count}q").pack
 
 
-def check_few_tokens(tokens: Iterable[object], what: str = "tokens") -> Sequence[int]:
+def check_few_tokens(tokens: Iterable[object], what: str = "tokens", *, rid: int | None = None) -> Sequence[int]:
     """`check_tokens` for the few tokens a decode step commits: a short list
     or tuple of plain ints in range is returned as it is (a loop beats
     building an array for one token); anything else goes to `check_tokens`."""
     if (type(tokens) is tuple or type(tokens) is list) and len(tokens) <= 8:
         for x in tokens:
             if type(x) is bool:  # struct would pack it as 0 or 1
-                raise CacheUsageError(f"{what} must be token ids, got {x!r}")
+                raise CacheUsageError(f"{of(rid, what)} must be token ids, got {x!r}")
             if type(x) is not int or not 0 <= x <= INT64_MAX:
                 break
         else:
             return cast("Sequence[int]", tokens)
-    return check_tokens(tokens, what)
+    return check_tokens(tokens, what, rid=rid)
 
 
 def check_capacity(rid: int, capacity: int, limit: int) -> None:

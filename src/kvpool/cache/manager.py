@@ -207,14 +207,22 @@ class KVCacheManager:
             )
         return prefix_hit.cached_prefix(self.tables, hashes, self.tier)
 
-    def can_create(self, tokens: Sequence[int] | None = None, salt: Salt = None, num_tokens: int = 1) -> CreateCheck:
+    def can_create(
+        self, tokens: Sequence[int] | None = None, salt: Salt = None, num_tokens: int = 1, *, frozen: bool = False
+    ) -> CreateCheck:
         """What `create(rid, tokens, salt)` and then `resize(rid, hit +
         num_tokens, hit)` would answer now, changing nothing (the LRU order
         stays as it was): the tokens the prefix hit would reuse and, falsy,
         the pages short per pool (`prefix_hit.create_check`). A scheduler asks
         this of the head of its queue before it registers it, as vLLM counts
         the blocks before it touches a cached one. Raises `CacheUsageError`
-        for tokens that are not token ids or a bad `num_tokens`."""
+        for tokens that are not token ids or a bad `num_tokens`.
+
+        The manager keeps the ids it digests (`CreateCheck.ids`), a copy of
+        `tokens`. `frozen=True` promises that `tokens`, where it is an int64
+        array (`array("q")`), is never written again, only appended to (a
+        scheduler's `Sequence.token_ids`): the manager then keeps that array
+        itself, checked, and copies no prompt."""
         n = as_position(num_tokens, "can_create's num_tokens")
         hashes: list[int] = []
         known: dict[int, KnownPages] = {}
@@ -224,7 +232,7 @@ class KVCacheManager:
             if type(items) is not array and any(type(t) is bool for t in items):  # a scheduler passes an int64 array
                 raise CacheUsageError("can_create's tokens must be token ids, not bools")
             same = self._prompts.same_ids(items)  # the head of a queue, asked again: checked when first asked
-            ids = check_tokens(items, "can_create's tokens") if same is None else same
+            ids = check_tokens(items, "can_create's tokens", copy=not frozen) if same is None else same
             if ids:
                 tpb = self.tokens_per_block
                 hashes, known = self._prompts.digests(
@@ -557,7 +565,7 @@ class KVCacheManager:
                     known.append(x)
                     return req.committed * self.tokens_per_block
             elif type(tokens) is array and num_tokens <= req.base + len(known) + len(tokens):
-                known.extend(check_tokens(tokens, f"request {rid}: commit's tokens", copy=False))
+                known.extend(check_tokens(tokens, "commit's tokens", copy=False, rid=rid))
                 return req.committed * self.tokens_per_block
         if req is None:
             req = self.requests.get(rid)  # raises
@@ -565,8 +573,12 @@ class KVCacheManager:
             return 0
         ids = None
         if tokens is not None:  # (packed ids are only read: `prefix.commit` appends them to the request's own)
-            what = f"request {rid}: commit's tokens"
-            ids = check_tokens(tokens, what, copy=False) if type(tokens) is array else check_few_tokens(tokens, what)
+            what = "commit's tokens"
+            ids = (
+                check_tokens(tokens, what, copy=False, rid=rid)
+                if type(tokens) is array
+                else check_few_tokens(tokens, what, rid=rid)
+            )
         count = as_position(num_tokens, "commit's num_tokens")
         return prefix.commit(self.tables, req, count, ids, state_snapshots=self.state_snapshots)
 
@@ -581,7 +593,7 @@ class KVCacheManager:
         the step that fills it, or it may store what single steps do not.
         None when no such page fills (or reuse is off); changes nothing."""
         req = self.requests.get(rid)
-        ids = check_tokens(tokens, f"request {rid}: first_shared_fill's tokens", copy=False)  # only read
+        ids = check_tokens(tokens, "first_shared_fill's tokens", copy=False, rid=rid)  # only read
         count = as_position(upto, "first_shared_fill's upto")
         if not self.enable_reuse or req.dummy:
             return None

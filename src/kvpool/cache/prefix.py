@@ -229,11 +229,11 @@ def first_shared_fill(t: PageTables, req: Request, ids: Sequence[int], upto: int
     start = first * tpb - req.base
     if lookahead(req) or start < 0 or len(req.hashes) < first:  # (not met by runs of decode steps): be safe
         return at
-    pools = [(gi, pool.cached) for gi, pool in enumerate(t.pools) if not t.is_state[gi]]
-    for gi, cached in pools if first else ():  # `adopt`'s walk back from the parent, as the first commit makes it
-        if not t.never_stale[gi]:
+    # `adopt`'s walk back from the parent, as the first commit makes it
+    for gi, pool in enumerate(t.pools) if first else ():
+        if not t.never_stale[gi] or t.is_state[gi]:
             continue
-        row, page_hash, j = t.rows[gi][req.slot], t.pools[gi].page_hash, first - 1
+        cached, row, page_hash, j = pool.cached, t.rows[gi][req.slot], pool.page_hash, first - 1
         while j >= 0:
             page, holder = row[j], cached.get(req.hashes[j])
             if holder is not None and holder != page:  # another page's: where it is evicted first, the walk goes on
@@ -246,13 +246,16 @@ def first_shared_fill(t: PageTables, req: Request, ids: Sequence[int], upto: int
     digests = req.hashes[first - 1 : first] if first else []  # the parent, then the pages' own
     extend_hashes(digests, data, tpb, req.seed, len(digests) + last - first, req.chain, len(digests) * tpb)
     own = digests[1:] if first else digests
-    req.ahead = (first, digests[0] if first else 0, data[: len(own) * tpb], own)  # `commit` takes them
-    maps = [cached for _, cached in pools]
-    for j, h in enumerate(own):
-        for cached in maps:
-            if h in cached:
-                return max((first + j + 1) * tpb, at)
-    return None
+    req.ahead = (first, digests[0] if first else 0, data, own)  # `commit` takes them (`data` may run on past them)
+    filled = len(own)  # the first page whose digest a pool holds, of those found so far
+    for gi, pool in enumerate(t.pools):
+        if not t.is_state[gi]:
+            cached = pool.cached
+            for j in range(filled):
+                if own[j] in cached:
+                    filled = j
+                    break
+    return None if filled == len(own) else max((first + filled + 1) * tpb, at)
 
 
 def take_ahead(req: Request, ids: array[int], tpb: int, k: int) -> None:

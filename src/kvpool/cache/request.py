@@ -61,7 +61,7 @@ class Request:
     chain: Chain | None = None  # the page digest (None: kvpool's own; `cache/vllm_hashes.py`)
     hashes: list[int] = field(default_factory=list)
     # digests of pages past `hashes` computed ahead from ids to come (`prefix.first_shared_fill`):
-    # (their first page, its parent's digest, the pages' ids, the digests), for the commit that follows
+    # (their first page, its parent's digest, the pages' ids and maybe more, the digests), for the commit after
     ahead: tuple[int, int, array[int], list[int]] | None = None
 
     @property

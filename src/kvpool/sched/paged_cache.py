@@ -27,10 +27,13 @@ class PagedCache(Protocol):
         `tokens` attached (returns its length; capacity = history = it)."""
         ...
 
-    def can_create(self, tokens: Sequence[int] | None = None, salt: Salt = None, num_tokens: int = 1) -> CreateCheck:
+    def can_create(
+        self, tokens: Sequence[int] | None = None, salt: Salt = None, num_tokens: int = 1, *, frozen: bool = False
+    ) -> CreateCheck:
         """What `create(rid, tokens, salt)` then `resize(rid, hit + num_tokens,
         hit)` would answer: the hit, and the pages short per pool (falsy).
-        Changes nothing: the LRU order stays as it was."""
+        Changes nothing: the LRU order stays as it was. `frozen`: `tokens` is
+        never written again (only appended to), so it may be kept uncopied."""
         ...
 
     def resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:

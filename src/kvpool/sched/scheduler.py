@@ -55,8 +55,8 @@ class Blocked(NamedTuple):
 
 def checked_ids(check: CreateCheck | None, ids: array[int]) -> array[int]:
     """The ids `check` answered about, as the manager checked them
-    (`CreateCheck.ids`), for asking about `ids` again: the manager takes its
-    own copy as it is, where it would compare `ids` with it first. `ids`
+    (`CreateCheck.ids`), for asking about `ids` again: the manager takes the
+    ids it kept as they are, where it would compare `ids` with them first. `ids`
     themselves when it kept none (or they differ in length: a request's ids
     do not change while it waits, but a check of other ids is not taken)."""
     kept = None if check is None else check.ids
@@ -252,7 +252,8 @@ class Scheduler:
             check = (
                 None
                 if self.no_room()
-                else self.manager.can_create(tokens if self.enable_reuse else None, seq.salt, 1 + extra)
+                # (`token_ids` is never written, only appended to: the manager keeps it, not a copy)
+                else self.manager.can_create(tokens if self.enable_reuse else None, seq.salt, 1 + extra, frozen=True)
             )
             if check is not None:
                 self._asked = (seq, check)
@@ -325,7 +326,7 @@ class Scheduler:
         if upto > known:
             fresh = self._unseen(seq, known, upto - len(ahead))
             if ahead:
-                fresh.extend(check_few_tokens(ahead, f"request {rid}: sampled ids"))
+                fresh.extend(check_few_tokens(ahead, "sampled ids", rid=rid))
             self._known[rid] = upto
         if moved:
             manager.commit(rid, n, fresh)
