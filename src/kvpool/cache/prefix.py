@@ -101,35 +101,49 @@ def attach_prefix(
     if copies and any(h not in pool.cached for pool in t.pools for h in req.hashes[:k]):  # a page from a tier
         assert before_copies is not None
         before_copies()
-    for gi, (group, pool) in enumerate(zip(t.groups, t.pools, strict=True)):
-        nblk, stale = table_blocks(group, n), stale_pages(group, n)
-        row = t.fresh_row(req, gi, nblk)
-        if t.is_state[gi]:  # the snapshot becomes the request's own state slot
-            (page,) = claim(t, gi, req, k - 1, k, tier)
-            pool.forget(page)
-            row[0] = page
-        else:  # pages stale..k-1 at the row's end; only never-stale groups (stale 0) have known ones
-            first = nblk - (k - stale)
-            head = known.get(gi)
-            h = 0 if head is None else min(k, len(head.pages))
-            held = [] if head is None else head.pages if h == len(head.pages) else head.pages[:h]
-            if head is not None:
-                pool.take_cached(held)  # (a list: an islice of it costs a tenth more per page)
-                row[first : first + h] = head.row[:h]
-            if head is not None and h == len(head.pages) == k:  # known pages are the whole hit: kept as they are
-                attached[gi] = head  # (create after can_create: its row holds what the table now holds)
-            else:
-                rest = claim(t, gi, req, stale + h, k, tier)
-                row[first + h : nblk] = rest
-                if t.never_stale[gi]:
-                    pages = rest if head is None else held + rest
-                    attached[gi] = KnownPages(pages, row[first:nblk].copy())
-        t.set_counts(req, gi, nblk, stale, n)
+    for gi in range(len(t.pools)):
+        held = attach_group(t, req, gi, k, known.get(gi), tier)
+        if held is not None:
+            attached[gi] = held
     req.cap = req.hist = n
     t.rebound(req)
     req.committed = k
     memo.remember_hit(attached, t.pools)
     return n
+
+
+def attach_group(
+    t: PageTables, req: Request, gi: int, k: int, head: KnownPages | None, tier: ColdStore | None
+) -> KnownPages | None:
+    """Group `gi`'s part of `attach_prefix`: the pages of the hit's first `k`
+    blocks that the group keeps, written into `req`'s fresh row (`head`: its
+    leading pages known to hold them, `PromptMemo.digests`); returns the
+    pages a never-stale group's hit holds, for the memo (else None)."""
+    group, pool = t.groups[gi], t.pools[gi]
+    n = k * t.tokens_per_block
+    nblk, stale = table_blocks(group, n), stale_pages(group, n)
+    row = t.fresh_row(req, gi, nblk)
+    kept = None
+    if t.is_state[gi]:  # the snapshot becomes the request's own state slot
+        (page,) = claim(t, gi, req, k - 1, k, tier)
+        pool.forget(page)
+        row[0] = page
+    else:  # pages stale..k-1 at the row's end; only never-stale groups (stale 0) have known ones
+        first = nblk - (k - stale)
+        h = 0 if head is None else min(k, len(head.pages))
+        held = [] if head is None else head.pages if h == len(head.pages) else head.pages[:h]
+        if head is not None:
+            pool.take_cached(held)  # (a list: an islice of it costs a tenth more per page)
+            row[first : first + h] = head.row[:h]
+        if head is not None and h == len(head.pages) == k:  # known pages are the whole hit: kept as they are
+            kept = head  # (create after can_create: its row holds what the table now holds)
+        else:
+            rest = claim(t, gi, req, stale + h, k, tier)
+            row[first + h : nblk] = rest
+            if t.never_stale[gi]:
+                kept = KnownPages(rest if head is None else held + rest, row[first:nblk].copy())
+    t.set_counts(req, gi, nblk, stale, n)
+    return kept
 
 
 def store_before_release(t: PageTables, req: Request, history: int) -> None:

@@ -83,41 +83,45 @@ class PromptMemo:
         forgets the hit (`remember_hit` gives the new one)."""
         out: list[int] = []
         known: dict[int, KnownPages] = {}
-        kept: list[int] | None = None  # a list of the digests the memo holds already
+        kept: list[int] | None = None  # a list the memo holds already with exactly `out` (it only reads them)
         ahead: int = getattr(chain, "ahead", 0)  # lookahead digests read ids past their pages
-        if ids is self.ids and seed == self.seed and num_blocks == len(self.hashes) and num_blocks and not ahead:
-            # early return: the prompt just digested (`can_create`, then `create` of it), whole: its digests
-            # and the hit's pages as they are (what the general path's slices of them would copy)
-            known = {gi: held for gi, held in self.pages.items() if pools[gi].drops == self.drops[gi]}
-            self.pages = {}
-            return self.hashes[:], known
         if seed == self.seed and self.hashes and not ahead:
             same = self.common_pages(ids, tokens_per_block, num_blocks)
+            kept = self.hashes if same == len(self.hashes) else None  # (the prompt just digested: `create`)
             out = self.hashes[:same]
-            known = {
-                gi: KnownPages(held.pages[:same], held.row[:same])
+            known = {  # a hit's pages past `same` cut off, a whole one as it is
+                gi: held if len(held.pages) <= same else KnownPages(held.pages[:same], held.row[:same])
                 for gi, held in self.pages.items()
                 if pools[gi].drops == self.drops[gi]
             }
-        if len(out) < num_blocks and ahead:
-            extend_hashes(out, ids, tokens_per_block, seed, num_blocks, chain)
-        elif len(out) < num_blocks:
-            with memoryview(ids) as view:  # the prompt's bytes digested in place, not copied twice
-                key = (seed, num_blocks, page_digest(view[: num_blocks * tokens_per_block], seed & MASK64))
-            whole = self.recent.get(key)
-            if whole is None:
-                extend_hashes(out, ids, tokens_per_block, seed, num_blocks, chain)
-                whole = self.recent[key] = out[:]
-                if len(self.recent) > RECENT:
-                    self.recent.popitem(last=False)
-            else:
-                out = whole[:]
-                self.recent.move_to_end(key)
-            kept = whole  # (lists the memo only reads: `recent`'s serves as `hashes` too, no third copy)
+        if len(out) < num_blocks:
+            out, kept = self.digest_rest(out, ids, tokens_per_block, seed, num_blocks, chain)
         if num_blocks:
             self.seed, self.ids, self.hashes = seed, ids, out[:] if kept is None else kept
         self.pages = {}
         return out, known
+
+    def digest_rest(
+        self, out: list[int], ids: array[int], tokens_per_block: int, seed: int, num_blocks: int, chain: Chain | None
+    ) -> tuple[list[int], list[int] | None]:
+        """`out` (the leading digests known) extended to `num_blocks` pages of
+        `ids`, and a list the memo keeps with the same digests (None: none):
+        a recent prompt's are taken whole, by a digest of its bytes; a new
+        one's become recent."""
+        if getattr(chain, "ahead", 0):  # lookahead digests read ids past their pages: not kept by bytes
+            extend_hashes(out, ids, tokens_per_block, seed, num_blocks, chain)
+            return out, None
+        with memoryview(ids) as view:  # the prompt's bytes digested in place, not copied twice
+            key = (seed, num_blocks, page_digest(view[: num_blocks * tokens_per_block], seed & MASK64))
+        whole = self.recent.get(key)
+        if whole is None:
+            extend_hashes(out, ids, tokens_per_block, seed, num_blocks, chain)
+            whole = self.recent[key] = out[:]
+            if len(self.recent) > RECENT:
+                self.recent.popitem(last=False)
+            return out, whole
+        self.recent.move_to_end(key)
+        return whole[:], whole
 
     def same_ids(self, tokens: object) -> array[int] | None:
         """The remembered prompt's checked ids when `tokens` is an int64 array
@@ -140,10 +144,10 @@ class PromptMemo:
         """Leading whole pages (at most `num_blocks`) whose token ids equal the
         remembered prompt's."""
         n = min(num_blocks, len(self.hashes), len(self.ids) // tokens_per_block) * tokens_per_block
+        if ids is self.ids:  # the remembered prompt itself (`same_ids`, or `create` after `can_create`)
+            return n // tokens_per_block
         if n == 0 or ids[:tokens_per_block] != self.ids[:tokens_per_block]:  # unrelated prompts: no NumPy
             return 0
-        if ids is self.ids:  # the remembered prompt itself (`same_ids`)
-            return n // tokens_per_block
         new = np.frombuffer(ids, np.int64, count=n)  # views: gone (and `ids` resizable again) on return
         old = np.frombuffer(self.ids, np.int64, count=n)
         # compared a stretch at a time, each 4 times the one before: prompts that share a system prompt
