@@ -47,6 +47,36 @@ class ScratchMemo(PromptMemo):
         return out, {}
 
 
+def memo_and_scratch(sliding: bool, full_pages: int) -> tuple[KVCacheManager, KVCacheManager]:
+    """Two managers of one spec and pages: one with the prompt memo, one without (`ScratchMemo`)."""
+    spec = twin_spec(tpb=TPB, window=10) if sliding else full_spec(tpb=TPB)
+    pages = {"full": full_pages, "sliding": 12} if sliding else {"full": full_pages}
+    memo, scratch = manager(spec, pages), manager(spec, pages)
+    scratch._prompts = ScratchMemo()
+    return memo, scratch
+
+
+def grow_both(pair: tuple[KVCacheManager, KVCacheManager], rid: int, n: int) -> None:
+    """Grow `rid` by `n` positions in both managers (when it runs and fits): the same answer."""
+    if rid in pair[0] and pair[0].capacity(rid) + n <= pair[0].max_capacity:
+        grown = [bool(m.resize(rid, m.capacity(rid) + n)) for m in pair]
+        assert grown[0] == grown[1]
+
+
+def prefill_and_commit_both(pair: tuple[KVCacheManager, KVCacheManager], rid: int, length: int) -> None:
+    """Prefill created `rid` to `length` in both managers and commit it where it fits: the same answers."""
+    ok = [bool(m.resize(rid, length, length)) for m in pair]
+    assert ok[0] == ok[1]
+    if ok[0]:
+        assert pair[0].commit(rid, length) == pair[1].commit(rid, length)
+
+
+def assert_same_books(a: KVCacheManager, b: KVCacheManager) -> None:
+    """The events so far and everything a caller can observe equal."""
+    assert a.take_events() == b.take_events()
+    assert observed(a) == observed(b)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(prompts, st.integers(0, 12)), min_size=1, max_size=12))
 def test_digests_are_those_from_scratch(calls: list[tuple[tuple[int, int, list[int], str | None], int]]) -> None:
@@ -72,28 +102,19 @@ def test_a_manager_with_the_memo_is_one_without(
 ) -> None:
     # admissions (free if running, create, prefill, commit), frees, and growth that evicts the
     # pages a freed prompt left cached, before the next admission that shares its prefix
-    spec = twin_spec(tpb=TPB, window=10) if sliding else full_spec(tpb=TPB)
-    pages = {"full": full_pages, "sliding": 12} if sliding else {"full": full_pages}
-    memo, scratch = manager(spec, pages), manager(spec, pages)
-    scratch._prompts = ScratchMemo()  # the one without
+    pair = memo, scratch = memo_and_scratch(sliding, full_pages)
     for kind, rid, (base, cut, tail, salt), n in ops:
         if kind == "g":
-            if rid in memo and memo.capacity(rid) + n <= memo.max_capacity:
-                grown = [bool(m.resize(rid, m.capacity(rid) + n)) for m in (memo, scratch)]
-                assert grown[0] == grown[1]
+            grow_both(pair, rid, n)
         elif rid in memo:
             memo.free(rid)
             scratch.free(rid)
         if kind == "a":
             prompt = prompt_of(base, cut, tail) or [5]
-            hits = [m.create(rid, prompt, salt=salt) for m in (memo, scratch)]
+            hits = [m.create(rid, prompt, salt=salt) for m in pair]
             assert hits[0] == hits[1]
-            ok = [bool(m.resize(rid, len(prompt), len(prompt))) for m in (memo, scratch)]  # prefilled
-            assert ok[0] == ok[1]
-            if ok[0]:
-                assert memo.commit(rid, len(prompt)) == scratch.commit(rid, len(prompt))
-        assert memo.take_events() == scratch.take_events()
-        assert observed(memo) == observed(scratch)
+            prefill_and_commit_both(pair, rid, len(prompt))
+        assert_same_books(memo, scratch)
     assert memo.stats() == scratch.stats()
     memo.check_integrity()
 
@@ -114,16 +135,10 @@ def test_asking_then_creating_a_prompt_is_as_the_general_path(
     # a scheduler's admission: the head asked (`can_create`, maybe `frozen`: its packed ids kept, not
     # copied), maybe again, then created with the ids it was handed back (the memo's early return, the
     # hit's pages known), against a manager that digests every prompt from scratch and looks every page up
-    spec = twin_spec(tpb=TPB, window=10) if sliding else full_spec(tpb=TPB)
-    pages = {"full": full_pages, "sliding": 12} if sliding else {"full": full_pages}
-    fast, general = manager(spec, pages), manager(spec, pages)
-    general._prompts = ScratchMemo()
+    pair = fast, general = memo_and_scratch(sliding, full_pages)
     for kind, rid, (base, cut, tail, salt), n in ops:
         if kind == "g":
-            if rid in fast and fast.capacity(rid) + n <= fast.max_capacity:
-                assert bool(fast.resize(rid, fast.capacity(rid) + n)) == bool(
-                    general.resize(rid, general.capacity(rid) + n)
-                )
+            grow_both(pair, rid, n)
         elif rid in fast:
             fast.free(rid)
             general.free(rid)
@@ -133,22 +148,14 @@ def test_asking_then_creating_a_prompt_is_as_the_general_path(
             assert checks[0] == checks[1]
             assert frozen or checks[0].ids is not prompt  # a copy unless frozen
             if kind == "c":  # another request grows (evicting cached pages), then it is asked again
-                other = (rid + 1) % 4
-                if other in fast and fast.capacity(other) + 4 * n <= fast.max_capacity:
-                    assert bool(fast.resize(other, fast.capacity(other) + 4 * n)) == bool(
-                        general.resize(other, general.capacity(other) + 4 * n)
-                    )
-                checks = [m.can_create(c.ids, salt, n) for m, c in zip((fast, general), checks, strict=True)]
+                grow_both(pair, (rid + 1) % 4, 4 * n)
+                checks = [m.can_create(c.ids, salt, n) for m, c in zip(pair, checks, strict=True)]
                 assert checks[0] == checks[1]
             if checks[0]:
-                hits = [m.create(rid, c.ids, salt) for m, c in zip((fast, general), checks, strict=True)]
+                hits = [m.create(rid, c.ids, salt) for m, c in zip(pair, checks, strict=True)]
                 assert hits[0] == hits[1] == checks[0].hit
-                ok = [bool(m.resize(rid, len(prompt), len(prompt))) for m in (fast, general)]  # prefilled
-                assert ok[0] == ok[1]
-                if ok[0]:
-                    assert fast.commit(rid, len(prompt)) == general.commit(rid, len(prompt))
-        assert fast.take_events() == general.take_events()
-        assert observed(fast) == observed(general)
+                prefill_and_commit_both(pair, rid, len(prompt))
+        assert_same_books(fast, general)
     assert fast.stats() == general.stats()
     fast.check_integrity()
 
