@@ -139,16 +139,11 @@ def advance_decodes(
     One `manager.extend` call covers steps 2..the last (the
     first was resized by `schedule`); with reuse on and a group whose pages
     leave a window, one call per stretch that ends where some row releases
-    pages, so that the cache ends as single steps leave it (every decode page
-    offered as it fills, released pages in the same LRU order). Only when nothing else can happen
-    meanwhile: `steps <= decode_run_limit(step)`, `token` is no row's EOS, and
-    the pools hold every intermediate state: for groups whose need is not
-    monotone in length (sliding, chunked) the free pages must cover every row
-    at its worst-case decode pages (`spec.decode_worst_case_pages`); full and
-    compressed groups only grow, so the final state is the largest. In a pool
-    shared by several groups the free pages must cover those worst cases plus
-    the growing groups' growth over the run. Returns the steps run and the
-    finished requests (their pages freed), or None (nothing changed).
+    pages (`extend_run`), so that the cache ends as single steps leave it.
+    Only when nothing else can happen meanwhile: `steps <=
+    decode_run_limit(step)`, `token` is no row's EOS, and the pools hold every
+    intermediate state (`run_fits`). Returns the steps run and the finished
+    requests (their pages freed, `commit_run`), or None (nothing changed).
     `limit`: `decode_run_limit(sched, step)` when the caller has just asked
     it (nothing changed since), so that it is not worked out twice.
     `on_extended` is called once the last step's pages are allocated, before
@@ -162,10 +157,28 @@ def advance_decodes(
     steps = shared_fill_limit(sched, step, steps, token)
     if steps < 2:
         return None
-    rows = len(step.decodes)
-    manager = sched.manager
+    windows = run_fits(sched, step, steps)
+    if windows is None or not extend_run(sched, step, steps, token, windows):
+        return None
+    if on_extended is not None:
+        on_extended()
+    finished = commit_run(sched, step, steps, token)
+    sched.finish(finished)
+    return DecodeRun(steps, finished)
+
+
+def run_fits(sched: Scheduler, step: Step, steps: int) -> bool | None:
+    """Whether the pools hold every intermediate state of `steps` runs of the
+    decode-only `step`: None when they may not; else whether some group
+    releases pages as the run moves (a window). For groups whose need is not
+    monotone in length (sliding, chunked) the free pages must cover every row
+    at its worst-case decode pages (`spec.decode_worst_case_pages`); full and
+    compressed groups only grow, so the final state is the largest. In a pool
+    shared by several groups the free pages must cover those worst cases plus
+    the growing groups' growth over the run."""
+    manager, rows = sched.manager, len(step.decodes)
     need: dict[str, int] = {}  # pages every intermediate state may take, per pool
-    windows = False  # a group releases pages as the run moves
+    windows = False
     own: list[LayerGroup] = []  # growing groups in their own pools
     for g in manager.spec.groups:
         worst = decode_worst_case_pages(g, sched.limits.headroom)
@@ -179,54 +192,67 @@ def advance_decodes(
             need[pool] = need.get(pool, 0) + rows * -(-(steps - 1) // g.tokens_per_block)
         else:
             own.append(g)
-    if windows:  # (else the one `extend` below answers for these pools: the pages the run adds, all or none)
+    if windows:  # (else the one `extend` of `extend_run` answers for these pools: the pages the run adds, all or none)
         caps = [manager.capacity(s.rid) for s, _ in step.decodes]
         for g in own:  # exactly the pages the run adds
             need[g.name] = sum(pages_needed(g, cap + steps - 1) - pages_needed(g, cap) for cap in caps)
     for g in manager.spec.groups:
         if manager.free_pages(g.name) < need.get(manager.pool_of(g.name), 0):
             return None
+    return windows
+
+
+def extend_run(sched: Scheduler, step: Step, steps: int, token: int, windows: bool) -> bool:
+    """Allocate the pages of steps 2..`steps` of the decode-only `step` (the
+    first was resized by `schedule`); False when they do not fit (nothing
+    changed). `windows` (from `run_fits`): some group releases pages as the
+    run moves. With reuse on, those pages are stored as they leave: the run's
+    ids go first (every decode page offered as it fills), and the move stops
+    after each step at which some row releases pages, so that rows release
+    (and the LRU lists them) in the order single steps would."""
+    manager = sched.manager
     rids = [s.rid for s, _ in step.decodes]
-    if windows and sched.enable_reuse:
-        # pages leaving a window are stored as they leave: the run's ids go first, and the move stops
-        # after each step at which some row releases pages, so that rows release (and the LRU
-        # lists them) in the order single steps would
-        stops = release_steps(
-            [g for g in manager.spec.groups if decode_worst_case_pages(g, 1) is not None and not g.rule.per_request],
-            [s.num_computed for s, _ in step.decodes],
-            steps - 1,
-        )
-        for seq, _ in step.decodes:
-            sched.commit_filled(seq, (token,) * (steps - 1))
-        done = 0
-        for stop in (*stops, steps - 1):
-            if stop > done and not manager.extend(rids, stop - done):  # pragma: no cover - checked above
-                raise SchedulerError("a run of decode steps found fewer pages than its check counted")
-            done = stop
-    elif not manager.extend(rids, steps - 1):
-        return None
-    if on_extended is not None:
-        on_extended()
-    # the pages the run filled are offered in the order single steps fill them (pages of equal digests
-    # in two rows: the first to fill is stored, the other not): those of steps 1..steps-1 the row ahead
-    # first (it fills a shared page first), rows level in row order, finished rows too; then the last
-    # step's as `update` offers them: the rows that go on in row order, then `finish` the finished ones.
-    # A row that filled no page is left as `update` leaves it (its next page offers its ids)
+    if not (windows and sched.enable_reuse):
+        return manager.extend(rids, steps - 1).ok
+    stops = release_steps(
+        [g for g in manager.spec.groups if decode_worst_case_pages(g, 1) is not None and not g.rule.per_request],
+        [s.num_computed for s, _ in step.decodes],
+        steps - 1,
+    )
+    for seq, _ in step.decodes:
+        sched.commit_filled(seq, (token,) * (steps - 1))
+    done = 0
+    for stop in (*stops, steps - 1):
+        if stop > done and not manager.extend(rids, stop - done):  # pragma: no cover - checked by run_fits
+            raise SchedulerError("a run of decode steps found fewer pages than its check counted")
+        done = stop
+    return True
+
+
+def commit_run(sched: Scheduler, step: Step, steps: int, token: int) -> list[Sequence]:
+    """Append `steps` tokens `token` to every row of the decode-only `step`
+    (its pages allocated) and offer the pages the run filled in the order
+    single steps fill them (pages of equal digests in two rows: the first to
+    fill is stored, the other not): those of steps 1..steps-1 the row ahead
+    first (it fills a shared page first), rows level in row order, finished
+    rows too; then the last step's as `update` offers them, the rows that go
+    on in row order (the caller then `finish`es the finished ones). A row that
+    filled no page is left as `update` leaves it (its next page offers its
+    ids). Returns the finished rows, in row order (as `update` frees them)."""
     ended: set[int] = set()
     run = [token] * steps
-    tpb = manager.spec.tokens_per_block
-    rows_ = [seq for seq, _ in step.decodes]
-    for seq in sorted(rows_, key=attrgetter("num_computed"), reverse=True):  # (stable, reverse too)
+    tpb = sched.manager.spec.tokens_per_block
+    max_len = sched.limits.max_seq_len
+    rows = [seq for seq, _ in step.decodes]
+    for seq in sorted(rows, key=attrgetter("num_computed"), reverse=True):  # (stable, reverse too)
         before = seq.num_computed
         seq.num_computed += steps - 1
-        if append_tokens(seq, run, sched.limits.max_seq_len):
+        if append_tokens(seq, run, max_len):
             ended.add(seq.rid)
         if seq.num_computed // tpb > before // tpb:
             sched.commit_filled(seq, moved=True)  # (`extend` raised its history there)
-    for seq in rows_:
+    for seq in rows:
         seq.num_computed += 1
         if seq.num_computed % tpb == 0 and seq.rid not in ended:
             sched.commit_filled(seq)
-    finished = [seq for seq in rows_ if seq.rid in ended]  # freed in row order, as `update` frees them
-    sched.finish(finished)
-    return DecodeRun(steps, finished)
+    return [seq for seq in rows if seq.rid in ended]

@@ -197,24 +197,14 @@ class Scheduler:
         order) for one more token (+ drafts + E): first all at once through the
         manager's batch path, and only when that fails one by one, preempting
         from the back of the running list."""
-        limits, extra = self.limits, self.limits.num_extra_kv_tokens
+        extra = self.limits.num_extra_kv_tokens
         if not draft_lens and len(decoding) <= budget:  # a token each, all within the budget (no drafts)
             rows = [(seq, 0) for seq in decoding]
             budget -= len(rows)
             hists = [s.num_computed for s in decoding]
             caps = [h + 1 + extra for h in hists]
         else:
-            rows = []
-            for seq in decoding:
-                k = 0
-                if draft_lens:
-                    room = seq.max_new_tokens - len(seq.output_ids) - 1
-                    # drafts only take what the token budget leaves: fewer, not none
-                    k = max(0, min(draft_lens.get(seq.rid, 0), limits.max_draft_len, room, budget - 1))
-                if 1 + k > budget:
-                    continue
-                rows.append((seq, k))
-                budget -= 1 + k
+            rows, budget = self._decode_rows(decoding, draft_lens, budget)
             hists = [s.num_computed for s, _ in rows]
             caps = [h + 1 + k + extra for h, (_, k) in zip(hists, rows, strict=True)]
         if not rows:
@@ -222,6 +212,32 @@ class Scheduler:
         if self.manager.resize_many([s.rid for s, _ in rows], caps, hists):
             self._step_decodes.extend(rows)
             return budget
+        return self._decode_one_by_one(rows, budget)
+
+    def _decode_rows(
+        self, decoding: list[Sequence], draft_lens: Mapping[int, int] | None, budget: int
+    ) -> tuple[list[tuple[Sequence, int]], int]:
+        """The decode rows (request, draft tokens) that fit the token `budget`,
+        in order, and the budget they leave: a token each plus its drafts,
+        which only take what the budget leaves (fewer, not none)."""
+        rows: list[tuple[Sequence, int]] = []
+        for seq in decoding:
+            k = 0
+            if draft_lens:
+                room = seq.max_new_tokens - len(seq.output_ids) - 1
+                k = max(0, min(draft_lens.get(seq.rid, 0), self.limits.max_draft_len, room, budget - 1))
+            if 1 + k > budget:
+                continue
+            rows.append((seq, k))
+            budget -= 1 + k
+        return rows, budget
+
+    def _decode_one_by_one(self, rows: list[tuple[Sequence, int]], budget: int) -> int:
+        """Resize the decode `rows` (their tokens already taken from `budget`)
+        one by one, preempting from the back of the running list (a row
+        preempted or left without pages gives its tokens back); the budget
+        left."""
+        extra = self.limits.num_extra_kv_tokens
         for seq, k in rows:
             if seq.status is not Status.RUNNING:  # preempted for an earlier row
                 budget += 1 + k
