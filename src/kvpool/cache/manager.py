@@ -9,14 +9,15 @@ CUDA-graph warmup dry run are page arithmetic in `plan.capture`.
 Every move, single or batched, is the same: requests whose pages stay as they
 are only take the new shape (the early return, the common decode step); the
 others are planned, checked against the pools together, and applied all or
-none (docs/design.md, rule 6).
+none (docs/design.md, rule 6; `cache/moves.py`).
 """
 
 from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +27,6 @@ from kvpool.cache.checks import (
     INT64_MAX,
     as_list,
     as_position,
-    check_capacity,
     check_dummy_args,
     check_few_tokens,
     check_rid,
@@ -46,6 +46,7 @@ from kvpool.cache.events import (
     expand,
 )
 from kvpool.cache.hashing import LookaheadChain, Salt, extend_hashes
+from kvpool.cache.moves import count_lookups, move, move_rows
 from kvpool.cache.prefix_hit import TierHit
 from kvpool.cache.prompt_memo import KnownPages, PromptMemo
 from kvpool.cache.request import Request, Requests
@@ -129,9 +130,8 @@ class KVCacheManager:
         self.max_capacity = self.limits.max_seq_len + self.limits.headroom  # what the pools were sized for
         self.tables = PageTables(self.groups, self.pools, max(8, self.limits.max_batch_size + 8), self.max_capacity)
         # with reuse on, pages that leave a sliding window or a finished chunk are stored before they are released
-        self._keeps_stale = enable_reuse and not all(self.tables.never_stale)
-        if self._keeps_stale:
-            self.tables.before_release = self._store_leaving
+        if enable_reuse and not all(self.tables.never_stale):
+            self.tables.before_release = partial(prefix.store_leaving, self.tables)
         # a commit may snapshot a state group even when no page completes (`prefix.commit`)
         self._snapshots = state_snapshots and any(self.tables.is_state)
         self.requests = Requests()
@@ -342,11 +342,11 @@ class KVCacheManager:
                     req.cap = capacity  # early return: no page moves
                     req.hist = hist
                     return RESIZED
-                return self._move(((req, capacity, hist),))
+                return move(self, ((req, capacity, hist),))
         if req is None:
             req = self.requests.get(rid)  # raises
         cap, hist = checked_shape(rid, capacity, history, req.hist, None if req.dummy else self.max_capacity)
-        return self._move(((req, cap, hist),))
+        return move(self, ((req, cap, hist),))
 
     def advance(self, rid: int, token: int | None = None) -> Resize:
         """One decode step of `rid`: the token in flight (at position
@@ -389,14 +389,14 @@ class KVCacheManager:
                 req.hist = hist
                 return RESIZED
         if token is None:  # the move alone (a capacity past the limit raises there)
-            return self._move(((req, cap, hist),))
+            return move(self, ((req, cap, hist),))
         return self._advance(req, token)
 
     def _advance(self, req: Request, token: int | None) -> Resize:
         """`advance` where a page may move or complete: the move, then (reuse on,
         no dummy, a token given) the checks before it and the commit after."""
         if token is None or not self.enable_reuse or req.dummy:
-            return self._move(((req, req.cap + 1, req.hist + 1),))  # (a capacity past the limit raises there)
+            return move(self, ((req, req.cap + 1, req.hist + 1),))  # (a capacity past the limit raises there)
         if type(token) is not int or not 0 <= token <= INT64_MAX:  # (the message is built for a bad id only)
             check_few_tokens((token,), f"request {req.rid}: advance's token")
         known = req.tokens
@@ -409,7 +409,7 @@ class KVCacheManager:
         if cap <= req.hi and hist < req.next_stale and req.lookup is None:  # no page moves: a page completes
             req.cap, req.hist = cap, hist
         else:
-            done = self._move(((req, cap, hist),))
+            done = move(self, ((req, cap, hist),))
             if not done:
                 return done
             known = req.tokens  # (a commit on the way may have dropped committed ids: a new array)
@@ -434,14 +434,14 @@ class KVCacheManager:
             if not (req.lo < cap <= req.hi and hist < req.next_stale):
                 rows.append((req, cap, hist))  # pages move
         if rows:
-            done = self._move(rows)  # (a capacity past the limit raises there, before any change)
+            done = move(self, rows)  # (a capacity past the limit raises there, before any change)
             if not done:
                 return done
         for req, cap, hist in zip(reqs, caps, hists, strict=True):  # the others: the early return
             req.cap = cap
             req.hist = hist
         if self.requests.pending_lookups:
-            self._count_lookups(reqs)
+            count_lookups(self, reqs)
         return RESIZED
 
     def extend(self, rids: Sequence[int], num_tokens: int = 1) -> Resize:
@@ -458,7 +458,7 @@ class KVCacheManager:
                 req.hist = hist
             else:
                 rows.append((req, cap, hist))
-        return self._move_rows(reqs, rows, lambda j: (reqs[j].cap - n, reqs[j].hist - n))
+        return move_rows(self, reqs, rows, lambda j: (reqs[j].cap - n, reqs[j].hist - n))
 
     def can_resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
         """What `resize(rid, capacity, history)` would answer now; changes nothing."""
@@ -466,79 +466,6 @@ class KVCacheManager:
         cap, hist = checked_shape(rid, capacity, history, req.hist, None if req.dummy else self.max_capacity)
         short = self.tables.shortfall([self.tables.plan(req, cap, hist)])
         return Resize(short) if short else RESIZED
-
-    def _move_rows(
-        self, reqs: list[Request], rows: list[tuple[Request, int, int]], old: Callable[[int], tuple[int, int]]
-    ) -> Resize:
-        """Move the `rows` of batch `reqs` (validated shapes but for the
-        capacity limit) whose pages move, all or none: the other requests took
-        their early return already, and `old(j)` gives request j's shape back
-        when the rows are refused (a capacity past the limit raises). A batch
-        that moved counts the prefix lookups of all its requests."""
-        if rows:
-            try:
-                done = self._move(rows)
-            except CacheUsageError:
-                self._undo(reqs, rows, old)
-                raise
-            if not done:
-                self._undo(reqs, rows, old)
-                return done
-        if self.requests.pending_lookups:
-            self._count_lookups(reqs)
-        return RESIZED
-
-    @staticmethod
-    def _undo(reqs: list[Request], rows: list[tuple[Request, int, int]], old: Callable[[int], tuple[int, int]]) -> None:
-        """Give back their old shapes to the rows of a refused batch that took
-        the early return (every row not among the moving `rows`)."""
-        planned = {id(row[0]) for row in rows}
-        for j, req in enumerate(reqs):
-            if id(req) not in planned:
-                req.cap, req.hist = old(j)
-
-    def _move(self, rows: Sequence[tuple[Request, int, int]]) -> Resize:
-        """Move each (request, cap, hist) of `rows` (shapes valid but for the
-        capacity limit: CacheUsageError past it) if the pools hold them all;
-        else change nothing. The decode step's crossing
-        takes its early return (`PageTables.cross`); the rest are planned,
-        checked together and applied. With reuse on, the pages about to leave a
-        window are stored first; a request's first successful move counts its
-        prefix lookup."""
-        t = self.tables
-        if t.cross(rows):
-            if self.requests.pending_lookups:
-                self._count_lookups(req for req, _, _ in rows)
-            return RESIZED
-        for req, cap, _ in rows:
-            if cap > req.limit:
-                check_capacity(req.rid, cap, req.limit)  # raises
-        moves = [t.plan(req, cap, hist) for req, cap, hist in rows]
-        short = t.shortfall(moves)
-        if short:
-            return Resize(short)
-        if self._keeps_stale:
-            self._store_leaving(rows)
-        t.apply(moves)
-        if self.requests.pending_lookups:
-            self._count_lookups(req for req, _, _ in rows)
-        return RESIZED
-
-    def _count_lookups(self, reqs: Iterable[Request]) -> None:
-        """Count the prefix lookups of `reqs`, whose move succeeded (once each)."""
-        for req in reqs:
-            if req.lookup is not None:
-                self.reuse_queried_tokens += req.lookup[0]
-                self.reuse_hit_tokens += req.lookup[1]
-                req.lookup = None
-                self.requests.pending_lookups -= 1
-
-    def _store_leaving(self, rows: Sequence[tuple[Request, int, int]]) -> None:
-        """Store the known whole pages of requests whose history reaches a
-        window's edge before their move releases them (reuse on)."""
-        for req, _, hist in rows:
-            if hist >= req.next_stale and req.tokens is not None:
-                prefix.store_before_release(self.tables, req, hist)  # hashes only: the move stays valid
 
     def commit(self, rid: int, num_tokens: int, tokens: Sequence[int] | None = None) -> int:
         """Offer the whole pages among the first `num_tokens` positions of `rid`
@@ -627,7 +554,7 @@ class KVCacheManager:
         registry = self.requests
         next_dummy, free_ids = registry.next_dummy, list(registry.free_dummy_ids)
         reqs = [self._new_request(registry.dummy_id(), dummy=True) for _ in range(batch_size)]
-        done = self._move([(r, cap, hist) for r in reqs])
+        done = move(self, [(r, cap, hist) for r in reqs])
         if done:
             return Dummies(tuple(r.rid for r in reqs))
         for r in reversed(reqs):  # rows go back in the order they came
