@@ -4,7 +4,8 @@ One pool per group (`cache/pool.py`, `cache/shared_pool.py`), a record per
 request (`cache/request.py`), block tables and the one move of a request's
 pages (`cache/tables.py`) and the prefix cache (which hit a prompt has,
 `cache/prefix_hit.py`; its pages, `cache/prefix.py`); dummy requests and the
-CUDA-graph warmup dry run are page arithmetic in `plan.capture`.
+CUDA-graph warmup dry run are page arithmetic in `plan.capture`, registered
+here by `cache/dummies.py`.
 
 Every move, single or batched, is the same: requests whose pages stay as they
 are only take the new shape (the early return, the common decode step); the
@@ -22,7 +23,7 @@ from functools import partial
 import numpy as np
 import numpy.typing as npt
 
-from kvpool.cache import integrity, prefix, prefix_hit, suspension
+from kvpool.cache import dummies, integrity, prefix, prefix_hit, suspension
 from kvpool.cache.checks import (
     INT64_MAX,
     as_list,
@@ -35,6 +36,7 @@ from kvpool.cache.checks import (
     checked_shape,
     int_positions,
 )
+from kvpool.cache.dummies import PaddingDummies
 from kvpool.cache.events import (
     BlockBook,
     CacheEvent,
@@ -42,7 +44,6 @@ from kvpool.cache.events import (
     CacheStats,
     CacheUsageError,
     EventRecord,
-    GroupStats,
     expand,
 )
 from kvpool.cache.hashing import LookaheadChain, Salt, extend_hashes
@@ -53,6 +54,7 @@ from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, CreateCheck, Dummies, Resize
 from kvpool.cache.rollback import attach_prefix_or_undo
 from kvpool.cache.shared_pool import build_pools
+from kvpool.cache.stats import cache_stats
 from kvpool.cache.suspension import Suspension
 from kvpool.cache.tables import STALE, PageTables
 from kvpool.cache.tiers import TierCopies, TierSpec, checked_copies, checked_tiers, tiers_below
@@ -60,7 +62,6 @@ from kvpool.cache.vllm_hashes import block_hasher
 from kvpool.plan import capture
 from kvpool.plan.capture import WarmupReport
 from kvpool.plan.result import PoolPlan
-from kvpool.spec.kinds import NEVER
 
 __all__ = ["STALE", "KVCacheManager"]
 
@@ -139,7 +140,7 @@ class KVCacheManager:
         self.reuse_queried_tokens = 0
         self.reuse_hit_tokens = 0
         self._prompts = PromptMemo()  # the last prompt's digests, for the next that shares its start
-        self._padding: dict[int, int] = {}  # draft length -> persistent padding dummy id
+        self._padding = PaddingDummies()  # draft length -> persistent padding dummy id
         # the warmest cold tier (None: the GPU alone)
         self.tier = tiers_below(
             self.pools,
@@ -173,7 +174,7 @@ class KVCacheManager:
             same = None if self.pools[0].record_events else self._prompts.same_ids(tokens)
             ids = check_tokens(tokens, f"request {rid}: tokens") if same is None else same
         seed = self._seed_of(salt) if self.enable_reuse else 0  # also for ids that come later, with `commit`
-        req = self._new_request(rid, dummy=False)
+        req = self._new_request(rid)
         req.seed, req.salt, req.chain = seed, salt, self._chain
         if ids is None:
             return 0
@@ -252,9 +253,7 @@ class KVCacheManager:
             self.tables.free_slots.append(req.slot)
         self.requests.remove(rid)
         if req.dummy:
-            for d, pad in list(self._padding.items()):
-                if pad == rid:
-                    del self._padding[d]
+            self._padding.forget(rid)
 
     def __contains__(self, rid: object) -> bool:
         return rid in self.requests
@@ -530,10 +529,10 @@ class KVCacheManager:
         """Pages of `group` an allocation can take without evicting a cached one."""
         return len(self.pools[self._group(group)].free_stack)
 
-    def _new_request(self, rid: int, *, dummy: bool) -> Request:
+    def _new_request(self, rid: int) -> Request:
         if rid in self.requests:  # checked before a row is taken
             raise CacheUsageError(f"request id {rid!r} already exists")
-        req = self.tables.new_request(rid, dummy=dummy, limit=NEVER if dummy else self.max_capacity)
+        req = self.tables.new_request(rid, dummy=False, limit=self.max_capacity)
         self.requests.add(req)
         return req
 
@@ -546,21 +545,7 @@ class KVCacheManager:
         window), a context dummy capacity `token_num + E` and history 0. The
         result holds their (negative) ids, each released with `free`; falsy
         (nothing changed, the pages short named) when they do not fit."""
-        check_dummy_args(batch_size, token_num, draft_len)
-        cap, hist = capture.dummy_shape(token_num, draft_len, self.limits.num_extra_kv_tokens, is_gen)
-        short = capture.shortfall(self, [(cap, hist)], copies=batch_size)
-        if short:  # answered by the page arithmetic, before any request exists: O(groups) for any batch_size
-            return Dummies(short=short)
-        registry = self.requests
-        next_dummy, free_ids = registry.next_dummy, list(registry.free_dummy_ids)
-        reqs = [self._new_request(registry.dummy_id(), dummy=True) for _ in range(batch_size)]
-        done = move(self, [(r, cap, hist) for r in reqs])
-        if done:
-            return Dummies(tuple(r.rid for r in reqs))
-        for r in reversed(reqs):  # rows go back in the order they came
-            self.free(r.rid)
-        registry.next_dummy, registry.free_dummy_ids = next_dummy, free_ids
-        return Dummies(short=done.short)
+        return dummies.add_dummies(self, batch_size, token_num, draft_len, is_gen)
 
     def max_generation_length(self, batch_size: int, draft_len: int = 0) -> int:
         """Largest token_num (history + current input) the longest row of a
@@ -574,25 +559,14 @@ class KVCacheManager:
         """Dry-run CUDA-graph warmup for every (batch size, draft length)
         (default batch sizes: `limits.graph_batch_sizes`), then reserve one
         persistent padding dummy per draft length (see `padding_dummy`)."""
-        sizes = tuple(self.limits.graph_batch_sizes if batch_sizes is None else as_list(batch_sizes, "batch_sizes"))
-        drafts = tuple(as_list(draft_lens, "draft_lens"))
-        for b in sizes:
-            for d in drafts:
-                check_dummy_args(b, 1, d)
-        return capture.warmup(self, sizes, drafts)
+        return dummies.warmup(self, batch_sizes, draft_lens)
 
     def reserve_padding_dummy(self, draft_len: int = 0) -> int | None:
         """The persistent padding dummy for `draft_len` (a minimal generation
         dummy kept allocated so padded decode batches always have pages),
         reserving it now if needed; None if the pages are not there."""
         check_dummy_args(1, 1, draft_len)
-        if draft_len in self._padding:
-            return self._padding[draft_len]
-        dummy = self.add_dummy_requests(1, 1, draft_len)
-        if not dummy:
-            return None
-        self._padding[draft_len] = dummy.ids[0]
-        return dummy.ids[0]
+        return self._padding.reserve(self, draft_len)
 
     def padding_dummy(self, draft_len: int = 0) -> int | None:
         """Id of the reserved padding dummy for `draft_len`, or None."""
@@ -674,21 +648,6 @@ class KVCacheManager:
         """Pages per group (total, free, used, cached, dummy, reserved) and
         cumulative reuse counters; groups that share a pool report its total,
         free, used and cached pages."""
-        padding = set(self._padding.values())
-        groups = {}
-        for gi, pool in enumerate(self.pools):
-            groups[pool.name] = GroupStats(
-                total=pool.num_pages,
-                free=pool.num_free,
-                used=pool.num_pages - pool.num_free,
-                cached=pool.num_cached,
-                dummy=sum(r.live(gi) for r in self.requests if r.dummy and r.rid not in padding),
-                reserved=sum(self.requests.get(r).live(gi) for r in padding),
-            )
-        dummy_count = sum(1 for r in self.requests if r.dummy)
-        stats = CacheStats(
-            groups, self.reuse_queried_tokens, self.reuse_hit_tokens, len(self.requests) - dummy_count, dummy_count
+        return cache_stats(
+            self.pools, self.requests, self._padding.ids(), self.reuse_queried_tokens, self.reuse_hit_tokens, self.tier
         )
-        if self.tier is not None:  # offloads whose copy failed (`TierCopies`)
-            stats.extra["failed_tier_copies"] = sum(t.failed_copies for t in self.tier.levels())
-        return stats
