@@ -40,7 +40,6 @@ from kvpool.cache.dummies import PaddingDummies
 from kvpool.cache.events import (
     BlockBook,
     CacheEvent,
-    CacheIntegrityError,
     CacheStats,
     CacheUsageError,
     EventRecord,
@@ -55,7 +54,7 @@ from kvpool.cache.results import RESIZED, CreateCheck, Dummies, Resize
 from kvpool.cache.rollback import attach_prefix_or_undo
 from kvpool.cache.shared_pool import build_pools
 from kvpool.cache.stats import cache_stats
-from kvpool.cache.suspension import Suspension
+from kvpool.cache.suspension import Suspended, Suspension
 from kvpool.cache.tables import STALE, PageTables
 from kvpool.cache.tiers import TierCopies, TierSpec, checked_copies, checked_tiers, tiers_below
 from kvpool.cache.vllm_hashes import block_hasher
@@ -153,7 +152,7 @@ class KVCacheManager:
             events,
         )
         self.max_util_for_resume = max_util_for_resume
-        self._suspended: dict[int, Suspension] = {}
+        self._suspended = Suspended()  # request id -> where its pages are
 
     # ------------------------------------------------------------------ requests
 
@@ -245,7 +244,7 @@ class KVCacheManager:
         """Release every page of `rid` (cached content stays reusable until
         evicted) and forget the request; a padding dummy stops being reserved."""
         req = self.requests.record(rid)
-        parked = self._suspended.pop(rid, None)
+        parked = self._suspended.by_id.pop(rid, None)
         if parked is None or self.tier is None:
             self.tables.release(req)
         else:  # its pages are in a cold tier, its row is empty
@@ -287,12 +286,7 @@ class KVCacheManager:
         req = self.requests.get(rid)
         if self.tier is None or req.dummy:
             raise CacheUsageError(f"request {rid}: suspend needs a cold tier (tiers=...) and a real request")
-        done = suspension.suspend(self.tables, req, self.tier)  # a copy that raises leaves it on the GPU
-        if not isinstance(done, Suspension):
-            return Resize(done)
-        self._suspended[rid] = done
-        self.requests.suspend(rid)
-        return RESIZED
+        return self._suspended.suspend(self.tables, self.requests, req, self.tier)
 
     def resume(self, rid: int) -> Resize:
         """Bring suspended `rid`'s pages back into fresh GPU pages (the engine
@@ -300,21 +294,11 @@ class KVCacheManager:
         Falsy, nothing changed, when a pool lacks the pages or would be used
         past `max_util_for_resume` of its pages afterwards (TensorRT-LLM V2's
         rule, keeping room for the running requests to grow)."""
-        parked = self._suspended.get(self.requests.record(rid).rid)
-        if parked is None or self.tier is None:
-            raise CacheUsageError(f"request {rid!r} is not suspended")
-        req = self.requests.suspended[rid]
-        short = suspension.resume_shortfall(self.tables, req, self.max_util_for_resume)
-        if short:
-            return Resize(short)
-        suspension.resume(self.tables, req, parked, self.tier)  # a copy that raises leaves it suspended
-        del self._suspended[rid]
-        self.requests.resume(rid)
-        return RESIZED
+        return self._suspended.resume(self.tables, self.requests, rid, self.tier, self.max_util_for_resume)
 
     def suspension(self, rid: int) -> Suspension | None:
         """Where suspended `rid`'s pages are (None: it is not suspended)."""
-        return self._suspended.get(self.requests.record(rid).rid)
+        return self._suspended.by_id.get(self.requests.record(rid).rid)
 
     def set_tier_copies(self, copies: TierCopies) -> None:
         """Have `copies` (an engine's) move the bytes whenever pages move
@@ -635,14 +619,9 @@ class KVCacheManager:
         digest in two tiers, and the registry counts the pending prefix
         lookups it holds. O(pages); for tests and debugging."""
         integrity.check_integrity(self.tables, self.requests)
-        registry = self.requests
-        pending = sum(r.lookup is not None for r in (*registry.by_id.values(), *registry.suspended.values()))
-        if pending != registry.pending_lookups:
-            raise CacheIntegrityError(
-                f"{pending} prefix lookups pending, the registry counts {registry.pending_lookups}", {}
-            )
+        integrity.check_lookups(self.requests)
         if self.tier is not None:
-            integrity.check_tiers(self.tier, self.tables, self.requests.suspended.values(), self._suspended)
+            integrity.check_tiers(self.tier, self.tables, self.requests.suspended.values(), self._suspended.by_id)
 
     def stats(self) -> CacheStats:
         """Pages per group (total, free, used, cached, dummy, reserved) and
