@@ -9,7 +9,7 @@ import numpy.typing as npt
 
 from kvpool.cache.events import CacheIntegrityError
 from kvpool.cache.pool import PagePool
-from kvpool.cache.request import Request
+from kvpool.cache.request import Request, Requests
 from kvpool.cache.suspension import Suspension
 from kvpool.cache.tables import PageTables
 from kvpool.cache.tiers import ColdTier
@@ -210,6 +210,16 @@ def _maps_agree(pool: PagePool, maps: list[dict[int, int]]) -> Finding:
 def _maps_naming(maps: list[dict[int, int]], block_hash: int | None, page: int) -> int:
     """How many of the groups' maps map `block_hash` to `page`."""
     return sum(m.get(block_hash or 0) == page for m in maps)
+
+
+def check_lookups(registry: Requests) -> None:
+    """Raise `CacheIntegrityError` unless the registry counts the pending
+    prefix lookups (not yet counted in the reuse counters) its requests hold."""
+    pending = sum(r.lookup is not None for r in (*registry.by_id.values(), *registry.suspended.values()))
+    if pending != registry.pending_lookups:
+        raise CacheIntegrityError(
+            f"{pending} prefix lookups pending, the registry counts {registry.pending_lookups}", {}
+        )
 
 
 def check_tiers(

@@ -4,29 +4,30 @@ One pool per group (`cache/pool.py`, `cache/shared_pool.py`), a record per
 request (`cache/request.py`), block tables and the one move of a request's
 pages (`cache/tables.py`) and the prefix cache (which hit a prompt has,
 `cache/prefix_hit.py`; its pages, `cache/prefix.py`); dummy requests and the
-CUDA-graph warmup dry run are page arithmetic in `plan.capture`.
+CUDA-graph warmup dry run are page arithmetic in `plan.capture`, registered
+here by `cache/dummies.py`.
 
 Every move, single or batched, is the same: requests whose pages stay as they
 are only take the new shape (the early return, the common decode step); the
 others are planned, checked against the pools together, and applied all or
-none (docs/design.md, rule 6).
+none (docs/design.md, rule 6; `cache/moves.py`).
 """
 
 from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
 
-from kvpool.cache import integrity, prefix, prefix_hit, suspension
+from kvpool.cache import dummies, integrity, prefix, prefix_hit, suspension
 from kvpool.cache.checks import (
     INT64_MAX,
     as_list,
     as_position,
-    check_capacity,
     check_dummy_args,
     check_few_tokens,
     check_rid,
@@ -35,31 +36,31 @@ from kvpool.cache.checks import (
     checked_shape,
     int_positions,
 )
+from kvpool.cache.dummies import PaddingDummies
 from kvpool.cache.events import (
     BlockBook,
     CacheEvent,
-    CacheIntegrityError,
     CacheStats,
     CacheUsageError,
     EventRecord,
-    GroupStats,
     expand,
 )
 from kvpool.cache.hashing import LookaheadChain, Salt, extend_hashes
+from kvpool.cache.moves import count_lookups, move, move_rows
 from kvpool.cache.prefix_hit import TierHit
 from kvpool.cache.prompt_memo import KnownPages, PromptMemo
 from kvpool.cache.request import Request, Requests
 from kvpool.cache.results import RESIZED, CreateCheck, Dummies, Resize
 from kvpool.cache.rollback import attach_prefix_or_undo
 from kvpool.cache.shared_pool import build_pools
-from kvpool.cache.suspension import Suspension
+from kvpool.cache.stats import cache_stats
+from kvpool.cache.suspension import Suspended, Suspension
 from kvpool.cache.tables import STALE, PageTables
 from kvpool.cache.tiers import TierCopies, TierSpec, checked_copies, checked_tiers, tiers_below
 from kvpool.cache.vllm_hashes import block_hasher
 from kvpool.plan import capture
 from kvpool.plan.capture import WarmupReport
 from kvpool.plan.result import PoolPlan
-from kvpool.spec.kinds import NEVER
 
 __all__ = ["STALE", "KVCacheManager"]
 
@@ -129,9 +130,8 @@ class KVCacheManager:
         self.max_capacity = self.limits.max_seq_len + self.limits.headroom  # what the pools were sized for
         self.tables = PageTables(self.groups, self.pools, max(8, self.limits.max_batch_size + 8), self.max_capacity)
         # with reuse on, pages that leave a sliding window or a finished chunk are stored before they are released
-        self._keeps_stale = enable_reuse and not all(self.tables.never_stale)
-        if self._keeps_stale:
-            self.tables.before_release = self._store_leaving
+        if enable_reuse and not all(self.tables.never_stale):
+            self.tables.before_release = partial(prefix.store_leaving, self.tables)
         # a commit may snapshot a state group even when no page completes (`prefix.commit`)
         self._snapshots = state_snapshots and any(self.tables.is_state)
         self.requests = Requests()
@@ -139,7 +139,7 @@ class KVCacheManager:
         self.reuse_queried_tokens = 0
         self.reuse_hit_tokens = 0
         self._prompts = PromptMemo()  # the last prompt's digests, for the next that shares its start
-        self._padding: dict[int, int] = {}  # draft length -> persistent padding dummy id
+        self._padding = PaddingDummies()  # draft length -> persistent padding dummy id
         # the warmest cold tier (None: the GPU alone)
         self.tier = tiers_below(
             self.pools,
@@ -152,7 +152,7 @@ class KVCacheManager:
             events,
         )
         self.max_util_for_resume = max_util_for_resume
-        self._suspended: dict[int, Suspension] = {}
+        self._suspended = Suspended()  # request id -> where its pages are
 
     # ------------------------------------------------------------------ requests
 
@@ -173,7 +173,7 @@ class KVCacheManager:
             same = None if self.pools[0].record_events else self._prompts.same_ids(tokens)
             ids = check_tokens(tokens, f"request {rid}: tokens") if same is None else same
         seed = self._seed_of(salt) if self.enable_reuse else 0  # also for ids that come later, with `commit`
-        req = self._new_request(rid, dummy=False)
+        req = self._new_request(rid)
         req.seed, req.salt, req.chain = seed, salt, self._chain
         if ids is None:
             return 0
@@ -244,7 +244,7 @@ class KVCacheManager:
         """Release every page of `rid` (cached content stays reusable until
         evicted) and forget the request; a padding dummy stops being reserved."""
         req = self.requests.record(rid)
-        parked = self._suspended.pop(rid, None)
+        parked = self._suspended.by_id.pop(rid, None)
         if parked is None or self.tier is None:
             self.tables.release(req)
         else:  # its pages are in a cold tier, its row is empty
@@ -252,9 +252,7 @@ class KVCacheManager:
             self.tables.free_slots.append(req.slot)
         self.requests.remove(rid)
         if req.dummy:
-            for d, pad in list(self._padding.items()):
-                if pad == rid:
-                    del self._padding[d]
+            self._padding.forget(rid)
 
     def __contains__(self, rid: object) -> bool:
         return rid in self.requests
@@ -288,12 +286,7 @@ class KVCacheManager:
         req = self.requests.get(rid)
         if self.tier is None or req.dummy:
             raise CacheUsageError(f"request {rid}: suspend needs a cold tier (tiers=...) and a real request")
-        done = suspension.suspend(self.tables, req, self.tier)  # a copy that raises leaves it on the GPU
-        if not isinstance(done, Suspension):
-            return Resize(done)
-        self._suspended[rid] = done
-        self.requests.suspend(rid)
-        return RESIZED
+        return self._suspended.suspend(self.tables, self.requests, req, self.tier)
 
     def resume(self, rid: int) -> Resize:
         """Bring suspended `rid`'s pages back into fresh GPU pages (the engine
@@ -301,21 +294,11 @@ class KVCacheManager:
         Falsy, nothing changed, when a pool lacks the pages or would be used
         past `max_util_for_resume` of its pages afterwards (TensorRT-LLM V2's
         rule, keeping room for the running requests to grow)."""
-        parked = self._suspended.get(self.requests.record(rid).rid)
-        if parked is None or self.tier is None:
-            raise CacheUsageError(f"request {rid!r} is not suspended")
-        req = self.requests.suspended[rid]
-        short = suspension.resume_shortfall(self.tables, req, self.max_util_for_resume)
-        if short:
-            return Resize(short)
-        suspension.resume(self.tables, req, parked, self.tier)  # a copy that raises leaves it suspended
-        del self._suspended[rid]
-        self.requests.resume(rid)
-        return RESIZED
+        return self._suspended.resume(self.tables, self.requests, rid, self.tier, self.max_util_for_resume)
 
     def suspension(self, rid: int) -> Suspension | None:
         """Where suspended `rid`'s pages are (None: it is not suspended)."""
-        return self._suspended.get(self.requests.record(rid).rid)
+        return self._suspended.by_id.get(self.requests.record(rid).rid)
 
     def set_tier_copies(self, copies: TierCopies) -> None:
         """Have `copies` (an engine's) move the bytes whenever pages move
@@ -342,11 +325,11 @@ class KVCacheManager:
                     req.cap = capacity  # early return: no page moves
                     req.hist = hist
                     return RESIZED
-                return self._move(((req, capacity, hist),))
+                return move(self, ((req, capacity, hist),))
         if req is None:
             req = self.requests.get(rid)  # raises
         cap, hist = checked_shape(rid, capacity, history, req.hist, None if req.dummy else self.max_capacity)
-        return self._move(((req, cap, hist),))
+        return move(self, ((req, cap, hist),))
 
     def advance(self, rid: int, token: int | None = None) -> Resize:
         """One decode step of `rid`: the token in flight (at position
@@ -389,14 +372,14 @@ class KVCacheManager:
                 req.hist = hist
                 return RESIZED
         if token is None:  # the move alone (a capacity past the limit raises there)
-            return self._move(((req, cap, hist),))
+            return move(self, ((req, cap, hist),))
         return self._advance(req, token)
 
     def _advance(self, req: Request, token: int | None) -> Resize:
         """`advance` where a page may move or complete: the move, then (reuse on,
         no dummy, a token given) the checks before it and the commit after."""
         if token is None or not self.enable_reuse or req.dummy:
-            return self._move(((req, req.cap + 1, req.hist + 1),))  # (a capacity past the limit raises there)
+            return move(self, ((req, req.cap + 1, req.hist + 1),))  # (a capacity past the limit raises there)
         if type(token) is not int or not 0 <= token <= INT64_MAX:  # (the message is built for a bad id only)
             check_few_tokens((token,), f"request {req.rid}: advance's token")
         known = req.tokens
@@ -409,7 +392,7 @@ class KVCacheManager:
         if cap <= req.hi and hist < req.next_stale and req.lookup is None:  # no page moves: a page completes
             req.cap, req.hist = cap, hist
         else:
-            done = self._move(((req, cap, hist),))
+            done = move(self, ((req, cap, hist),))
             if not done:
                 return done
             known = req.tokens  # (a commit on the way may have dropped committed ids: a new array)
@@ -434,14 +417,14 @@ class KVCacheManager:
             if not (req.lo < cap <= req.hi and hist < req.next_stale):
                 rows.append((req, cap, hist))  # pages move
         if rows:
-            done = self._move(rows)  # (a capacity past the limit raises there, before any change)
+            done = move(self, rows)  # (a capacity past the limit raises there, before any change)
             if not done:
                 return done
         for req, cap, hist in zip(reqs, caps, hists, strict=True):  # the others: the early return
             req.cap = cap
             req.hist = hist
         if self.requests.pending_lookups:
-            self._count_lookups(reqs)
+            count_lookups(self, reqs)
         return RESIZED
 
     def extend(self, rids: Sequence[int], num_tokens: int = 1) -> Resize:
@@ -458,7 +441,7 @@ class KVCacheManager:
                 req.hist = hist
             else:
                 rows.append((req, cap, hist))
-        return self._move_rows(reqs, rows, lambda j: (reqs[j].cap - n, reqs[j].hist - n))
+        return move_rows(self, reqs, rows, lambda j: (reqs[j].cap - n, reqs[j].hist - n))
 
     def can_resize(self, rid: int, capacity: int, history: int | None = None) -> Resize:
         """What `resize(rid, capacity, history)` would answer now; changes nothing."""
@@ -466,79 +449,6 @@ class KVCacheManager:
         cap, hist = checked_shape(rid, capacity, history, req.hist, None if req.dummy else self.max_capacity)
         short = self.tables.shortfall([self.tables.plan(req, cap, hist)])
         return Resize(short) if short else RESIZED
-
-    def _move_rows(
-        self, reqs: list[Request], rows: list[tuple[Request, int, int]], old: Callable[[int], tuple[int, int]]
-    ) -> Resize:
-        """Move the `rows` of batch `reqs` (validated shapes but for the
-        capacity limit) whose pages move, all or none: the other requests took
-        their early return already, and `old(j)` gives request j's shape back
-        when the rows are refused (a capacity past the limit raises). A batch
-        that moved counts the prefix lookups of all its requests."""
-        if rows:
-            try:
-                done = self._move(rows)
-            except CacheUsageError:
-                self._undo(reqs, rows, old)
-                raise
-            if not done:
-                self._undo(reqs, rows, old)
-                return done
-        if self.requests.pending_lookups:
-            self._count_lookups(reqs)
-        return RESIZED
-
-    @staticmethod
-    def _undo(reqs: list[Request], rows: list[tuple[Request, int, int]], old: Callable[[int], tuple[int, int]]) -> None:
-        """Give back their old shapes to the rows of a refused batch that took
-        the early return (every row not among the moving `rows`)."""
-        planned = {id(row[0]) for row in rows}
-        for j, req in enumerate(reqs):
-            if id(req) not in planned:
-                req.cap, req.hist = old(j)
-
-    def _move(self, rows: Sequence[tuple[Request, int, int]]) -> Resize:
-        """Move each (request, cap, hist) of `rows` (shapes valid but for the
-        capacity limit: CacheUsageError past it) if the pools hold them all;
-        else change nothing. The decode step's crossing
-        takes its early return (`PageTables.cross`); the rest are planned,
-        checked together and applied. With reuse on, the pages about to leave a
-        window are stored first; a request's first successful move counts its
-        prefix lookup."""
-        t = self.tables
-        if t.cross(rows):
-            if self.requests.pending_lookups:
-                self._count_lookups(req for req, _, _ in rows)
-            return RESIZED
-        for req, cap, _ in rows:
-            if cap > req.limit:
-                check_capacity(req.rid, cap, req.limit)  # raises
-        moves = [t.plan(req, cap, hist) for req, cap, hist in rows]
-        short = t.shortfall(moves)
-        if short:
-            return Resize(short)
-        if self._keeps_stale:
-            self._store_leaving(rows)
-        t.apply(moves)
-        if self.requests.pending_lookups:
-            self._count_lookups(req for req, _, _ in rows)
-        return RESIZED
-
-    def _count_lookups(self, reqs: Iterable[Request]) -> None:
-        """Count the prefix lookups of `reqs`, whose move succeeded (once each)."""
-        for req in reqs:
-            if req.lookup is not None:
-                self.reuse_queried_tokens += req.lookup[0]
-                self.reuse_hit_tokens += req.lookup[1]
-                req.lookup = None
-                self.requests.pending_lookups -= 1
-
-    def _store_leaving(self, rows: Sequence[tuple[Request, int, int]]) -> None:
-        """Store the known whole pages of requests whose history reaches a
-        window's edge before their move releases them (reuse on)."""
-        for req, _, hist in rows:
-            if hist >= req.next_stale and req.tokens is not None:
-                prefix.store_before_release(self.tables, req, hist)  # hashes only: the move stays valid
 
     def commit(self, rid: int, num_tokens: int, tokens: Sequence[int] | None = None) -> int:
         """Offer the whole pages among the first `num_tokens` positions of `rid`
@@ -603,10 +513,10 @@ class KVCacheManager:
         """Pages of `group` an allocation can take without evicting a cached one."""
         return len(self.pools[self._group(group)].free_stack)
 
-    def _new_request(self, rid: int, *, dummy: bool) -> Request:
+    def _new_request(self, rid: int) -> Request:
         if rid in self.requests:  # checked before a row is taken
             raise CacheUsageError(f"request id {rid!r} already exists")
-        req = self.tables.new_request(rid, dummy=dummy, limit=NEVER if dummy else self.max_capacity)
+        req = self.tables.new_request(rid, dummy=False, limit=self.max_capacity)
         self.requests.add(req)
         return req
 
@@ -619,21 +529,7 @@ class KVCacheManager:
         window), a context dummy capacity `token_num + E` and history 0. The
         result holds their (negative) ids, each released with `free`; falsy
         (nothing changed, the pages short named) when they do not fit."""
-        check_dummy_args(batch_size, token_num, draft_len)
-        cap, hist = capture.dummy_shape(token_num, draft_len, self.limits.num_extra_kv_tokens, is_gen)
-        short = capture.shortfall(self, [(cap, hist)], copies=batch_size)
-        if short:  # answered by the page arithmetic, before any request exists: O(groups) for any batch_size
-            return Dummies(short=short)
-        registry = self.requests
-        next_dummy, free_ids = registry.next_dummy, list(registry.free_dummy_ids)
-        reqs = [self._new_request(registry.dummy_id(), dummy=True) for _ in range(batch_size)]
-        done = self._move([(r, cap, hist) for r in reqs])
-        if done:
-            return Dummies(tuple(r.rid for r in reqs))
-        for r in reversed(reqs):  # rows go back in the order they came
-            self.free(r.rid)
-        registry.next_dummy, registry.free_dummy_ids = next_dummy, free_ids
-        return Dummies(short=done.short)
+        return dummies.add_dummies(self, batch_size, token_num, draft_len, is_gen)
 
     def max_generation_length(self, batch_size: int, draft_len: int = 0) -> int:
         """Largest token_num (history + current input) the longest row of a
@@ -647,25 +543,14 @@ class KVCacheManager:
         """Dry-run CUDA-graph warmup for every (batch size, draft length)
         (default batch sizes: `limits.graph_batch_sizes`), then reserve one
         persistent padding dummy per draft length (see `padding_dummy`)."""
-        sizes = tuple(self.limits.graph_batch_sizes if batch_sizes is None else as_list(batch_sizes, "batch_sizes"))
-        drafts = tuple(as_list(draft_lens, "draft_lens"))
-        for b in sizes:
-            for d in drafts:
-                check_dummy_args(b, 1, d)
-        return capture.warmup(self, sizes, drafts)
+        return dummies.warmup(self, batch_sizes, draft_lens)
 
     def reserve_padding_dummy(self, draft_len: int = 0) -> int | None:
         """The persistent padding dummy for `draft_len` (a minimal generation
         dummy kept allocated so padded decode batches always have pages),
         reserving it now if needed; None if the pages are not there."""
         check_dummy_args(1, 1, draft_len)
-        if draft_len in self._padding:
-            return self._padding[draft_len]
-        dummy = self.add_dummy_requests(1, 1, draft_len)
-        if not dummy:
-            return None
-        self._padding[draft_len] = dummy.ids[0]
-        return dummy.ids[0]
+        return self._padding.reserve(self, draft_len)
 
     def padding_dummy(self, draft_len: int = 0) -> int | None:
         """Id of the reserved padding dummy for `draft_len`, or None."""
@@ -734,34 +619,14 @@ class KVCacheManager:
         digest in two tiers, and the registry counts the pending prefix
         lookups it holds. O(pages); for tests and debugging."""
         integrity.check_integrity(self.tables, self.requests)
-        registry = self.requests
-        pending = sum(r.lookup is not None for r in (*registry.by_id.values(), *registry.suspended.values()))
-        if pending != registry.pending_lookups:
-            raise CacheIntegrityError(
-                f"{pending} prefix lookups pending, the registry counts {registry.pending_lookups}", {}
-            )
+        integrity.check_lookups(self.requests)
         if self.tier is not None:
-            integrity.check_tiers(self.tier, self.tables, self.requests.suspended.values(), self._suspended)
+            integrity.check_tiers(self.tier, self.tables, self.requests.suspended.values(), self._suspended.by_id)
 
     def stats(self) -> CacheStats:
         """Pages per group (total, free, used, cached, dummy, reserved) and
         cumulative reuse counters; groups that share a pool report its total,
         free, used and cached pages."""
-        padding = set(self._padding.values())
-        groups = {}
-        for gi, pool in enumerate(self.pools):
-            groups[pool.name] = GroupStats(
-                total=pool.num_pages,
-                free=pool.num_free,
-                used=pool.num_pages - pool.num_free,
-                cached=pool.num_cached,
-                dummy=sum(r.live(gi) for r in self.requests if r.dummy and r.rid not in padding),
-                reserved=sum(self.requests.get(r).live(gi) for r in padding),
-            )
-        dummy_count = sum(1 for r in self.requests if r.dummy)
-        stats = CacheStats(
-            groups, self.reuse_queried_tokens, self.reuse_hit_tokens, len(self.requests) - dummy_count, dummy_count
+        return cache_stats(
+            self.pools, self.requests, self._padding.ids(), self.reuse_queried_tokens, self.reuse_hit_tokens, self.tier
         )
-        if self.tier is not None:  # offloads whose copy failed (`TierCopies`)
-            stats.extra["failed_tier_copies"] = sum(t.failed_copies for t in self.tier.levels())
-        return stats

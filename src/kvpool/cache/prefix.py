@@ -1,7 +1,7 @@
 """The prefix cache's pages: attaching a hit's pages to a fresh request
 (`attach_prefix`, which claims them, copying in from a cold tier what only it
 holds), and offering a request's computed pages for reuse (`commit`,
-`store_before_release`, state snapshots). Which hit a prompt has, and whether
+`store_before_release`, `store_leaving`, state snapshots). Which hit a prompt has, and whether
 it fits, is `cache/prefix_hit.py`, with each group's rule for a hit.
 
 Page digests are chained (`cache/hashing.py`); the last prompt's are
@@ -160,6 +160,15 @@ def store_before_release(t: PageTables, req: Request, history: int) -> None:
     n = min(req.num_known, history, req.cap)
     if n // t.tokens_per_block > req.committed:
         commit(t, req, n, None, computed=history)
+
+
+def store_leaving(t: PageTables, rows: Sequence[tuple[Request, int, int]]) -> None:
+    """Store the known whole pages of requests whose history reaches a
+    window's edge before their move releases them (reuse on): the tables'
+    `before_release` hook."""
+    for req, _, hist in rows:
+        if hist >= req.next_stale and req.tokens is not None:
+            store_before_release(t, req, hist)  # hashes only: the move stays valid
 
 
 def commit(

@@ -3,7 +3,8 @@ back on resume (TensorRT-LLM V2's `suspend()` / `resume()`; docs/cache.md).
 
 The functions take the page tables, the request record and the cold tiers
 (through `cache/cold.py`'s interface), never the manager; they change nothing
-when they refuse.
+when they refuse. `Suspended` keeps each suspended request's `Suspension` and
+moves the request between the registry's GPU and suspended records with it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import math
 from dataclasses import dataclass
 
 from kvpool.cache.cold import ColdStore
-from kvpool.cache.request import Request
+from kvpool.cache.events import CacheUsageError
+from kvpool.cache.request import Request, Requests
+from kvpool.cache.results import RESIZED, Resize
 from kvpool.cache.tables import PageTables
 from kvpool.media import Medium
 
@@ -81,3 +84,36 @@ def resume(t: PageTables, req: Request, suspension: Suspension, tier: ColdStore)
 def release(parked: Suspension, tier: ColdStore) -> None:
     """Unpin a suspended request's slots (it is being freed)."""
     tier.unpark(parked.medium, parked.slots)
+
+
+class Suspended:
+    """Request id -> `Suspension` of each suspended request (its record is
+    among the registry's `suspended` ones exactly while it is here)."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, Suspension] = {}
+
+    def suspend(self, t: PageTables, registry: Requests, req: Request, tier: ColdStore) -> Resize:
+        """`suspend` registered `req` (no dummy); falsy, nothing changed, with
+        the slots short per group."""
+        done = suspend(t, req, tier)  # a copy that raises leaves it on the GPU
+        if not isinstance(done, Suspension):
+            return Resize(done)
+        self.by_id[req.rid] = done
+        registry.suspend(req.rid)
+        return RESIZED
+
+    def resume(self, t: PageTables, registry: Requests, rid: int, tier: ColdStore | None, max_util: float) -> Resize:
+        """`resume` `rid` unless `resume_shortfall` names pages (falsy, nothing
+        changed); CacheUsageError when it is not suspended."""
+        parked = self.by_id.get(registry.record(rid).rid)
+        if parked is None or tier is None:
+            raise CacheUsageError(f"request {rid!r} is not suspended")
+        req = registry.suspended[rid]
+        short = resume_shortfall(t, req, max_util)
+        if short:
+            return Resize(short)
+        resume(t, req, parked, tier)  # a copy that raises leaves it suspended
+        del self.by_id[rid]
+        registry.resume(rid)
+        return RESIZED
