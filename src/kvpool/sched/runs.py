@@ -102,7 +102,7 @@ def shared_fill_limit(sched: Scheduler, step: Step, steps: int, token: int) -> i
     evictions made before it comes at the run's last step, after all of them,
     as it does with single steps: a page whose digest another page holds (a
     prompt repeated verbatim fills its twin's decode pages, every output
-    being `token`), `Scheduler.shared_fill_step`. All of them (nothing hashed)
+    being `token`), `PageCommits.shared_fill_step`. All of them (nothing hashed)
     when the run cannot evict a cached page: its rows' new pages, at most one
     per row and page of positions, fit the pages nobody caches."""
     if not sched.enable_reuse:
@@ -118,7 +118,7 @@ def shared_fill_limit(sched: Scheduler, step: Step, steps: int, token: int) -> i
     tpb = manager.spec.tokens_per_block
     for seq, _ in step.decodes:  # a row that fills a page; only those before the cut the rows before it found
         n = seq.num_computed
-        if (n + steps) // tpb > n // tpb and (at := sched.shared_fill_step(seq, steps, token)) is not None:
+        if (n + steps) // tpb > n // tpb and (at := sched.commits.shared_fill_step(seq, steps, token)) is not None:
             steps = at
     return steps
 
@@ -220,7 +220,7 @@ def extend_run(sched: Scheduler, step: Step, steps: int, token: int, windows: bo
         steps - 1,
     )
     for seq, _ in step.decodes:
-        sched.commit_filled(seq, (token,) * (steps - 1))
+        sched.commits.commit_filled(seq, (token,) * (steps - 1))
     done = 0
     for stop in (*stops, steps - 1):
         if stop > done and not manager.extend(rids, stop - done):  # pragma: no cover - checked by run_fits
@@ -250,9 +250,9 @@ def commit_run(sched: Scheduler, step: Step, steps: int, token: int) -> list[Seq
         if append_tokens(seq, run, max_len):
             ended.add(seq.rid)
         if seq.num_computed // tpb > before // tpb:
-            sched.commit_filled(seq, moved=True)  # (`extend` raised its history there)
+            sched.commits.commit_filled(seq, moved=True)  # (`extend` raised its history there)
     for seq in rows:
         seq.num_computed += 1
         if seq.num_computed % tpb == 0 and seq.rid not in ended:
-            sched.commit_filled(seq)
+            sched.commits.commit_filled(seq)
     return [seq for seq in rows if seq.rid in ended]

@@ -14,11 +14,12 @@ from collections.abc import Iterable, Mapping
 from operator import itemgetter
 from typing import Literal, NamedTuple, cast
 
-from kvpool.cache.checks import INT64_MAX, check_few_tokens
+from kvpool.cache.checks import INT64_MAX
 from kvpool.cache.results import CreateCheck
 from kvpool.plan.limits import ServingLimits
 from kvpool.sched.admission import Admission
 from kvpool.sched.chunks import ChunkSizer
+from kvpool.sched.commits import PageCommits
 from kvpool.sched.padding import GraphPadding
 from kvpool.sched.paged_cache import PagedCache, SuspendingCache
 from kvpool.sched.sequence import (
@@ -118,7 +119,7 @@ class Scheduler:
         self._preempted: list[Sequence] = []
         self._rejected: list[Sequence] = []
         self._rids: set[int] = set()
-        self._known: dict[int, int] = {}  # tokens of each running request the manager has seen
+        self.commits = PageCommits(manager, enable_reuse)  # the ids handed to the manager, its pages offered
         self.blocked: Blocked | None = None  # the head of the queue waits for pages (the last `schedule`)
         self._asked: tuple[Sequence, CreateCheck] | None = None  # the last head asked of the manager, its answer
         # groups in which any request opens a page after its prefix hit (whole pages of the spec's size)
@@ -292,7 +293,7 @@ class Scheduler:
             if not n:  # pragma: no cover - `can_create` said that one position fits
                 raise SchedulerError(f"request {seq.rid}: admitted by can_create, but no position fits")
             self.waiting.popleft()
-            self._known[seq.rid] = len(tokens)
+            self.commits.known[seq.rid] = len(tokens)
             seq.status, seq.num_computed, seq.num_cached = Status.RUNNING, reused, reused
             self.running.append(seq)
             self._step_prefills.append((seq, reused, n))
@@ -320,72 +321,6 @@ class Scheduler:
             if victim is seq:
                 return False
         return True
-
-    def commit_filled(self, seq: Sequence, ahead: tuple[int, ...] = (), *, moved: bool = False) -> None:
-        """Offer every computed page of running `seq` for reuse: the ids the
-        manager has not seen go first (so that the pages the history move then
-        releases from a sliding window are stored, not dropped), then its
-        history moves up to `num_computed`, then the pages are committed. A
-        decode page is so offered the step it fills, as vLLM caches a block the
-        step it completes: a router reading the events, and a request arriving
-        meanwhile, see it at once. `ahead`: the ids a run of decode steps will
-        append after the in-flight token (`sched.runs`), handed over before the
-        run's one move. `moved`: the manager's history is `num_computed`
-        already (a run's move raised it), so the ids and the commit go in one
-        call."""
-        if not self.enable_reuse or seq.num_computed == 0:
-            return
-        rid, n, manager = seq.rid, seq.num_computed, self.manager
-        known = self._known.get(rid, 0)
-        upto = n + (len(ahead) + 1 if ahead else 0)  # the history the caller reaches
-        fresh = None
-        if upto > known:
-            fresh = self._unseen(seq, known, upto - len(ahead))
-            if ahead:
-                fresh.extend(check_few_tokens(ahead, "sampled ids", rid=rid))
-            self._known[rid] = upto
-        if moved:
-            manager.commit(rid, n, fresh)
-            return
-        if fresh is not None:
-            manager.commit(rid, 0, fresh)  # ids only: a total of 0 offers no page
-        self._advance_history(seq)
-        manager.commit(rid, n)
-
-    def _unseen(self, seq: Sequence, known: int, upto: int) -> array[int]:
-        """The ids of positions `known`..`upto` of `seq`, a new int64 array
-        (the manager takes it as it is). Those past the prompt are outputs,
-        checked where they came in (`update`, a run's token): read from the
-        output list, not repacked from `token_ids`."""
-        p = seq.prompt_len
-        if known < p:  # (the manager saw the whole prompt at admission: not met by the scheduler's own requests)
-            return seq.token_ids[known:upto]
-        ids = seq.output_ids[known - p : upto - p]
-        if len(ids) > 8 and ids.count(ids[0]) == len(ids):  # one id over and over (a run's): repeated in C
-            return array("q", ids[:1]) * len(ids)  # (`array` packs a list one id at a time)
-        return array("q", ids)
-
-    def shared_fill_step(self, seq: Sequence, steps: int, token: int) -> int | None:
-        """The first of `steps` decode steps of running `seq` (each computes
-        one position and samples `token`) after which `seq` commits a page
-        whose commit depends on the evictions made before it
-        (`KVCacheManager.first_shared_fill`: a page another page holds the
-        digest of, a verbatim repeat's); None when none does (or reuse is off)."""
-        if not self.enable_reuse:
-            return None
-        n, tpb = seq.num_computed, self.manager.spec.tokens_per_block
-        upto = (n + steps) // tpb * tpb  # where the last page the steps fill ends
-        ids = self._unseen(seq, self._known.get(seq.rid, 0), n + 1)  # the ids the manager has not seen (through n)
-        ids += array("q", (token,)) * (upto - n - 1)  # then the steps' up to there
-        at = self.manager.first_shared_fill(seq.rid, ids, upto)
-        return None if at is None else at - n
-
-    def _advance_history(self, seq: Sequence) -> None:
-        """Tell the manager the positions `seq` has computed (commit may not run
-        ahead of history); keeps the capacity, so no page is allocated."""
-        cap = max(self.manager.capacity(seq.rid), seq.num_computed)
-        if not self.manager.resize(seq.rid, cap, seq.num_computed):  # pragma: no cover
-            raise SchedulerError(f"request {seq.rid}: raising history needed pages")
 
     def _resume(self) -> None:
         tiered = self.tiered
@@ -425,7 +360,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         if self._suspend(seq):
             return
-        self.commit_filled(seq)
+        self.commits.commit_filled(seq)
         self.manager.free(seq.rid)
         self.running.remove(seq)
         seq.status, seq.num_computed, seq.num_cached = Status.WAITING, 0, 0
@@ -478,7 +413,7 @@ class Scheduler:
         for seq, start, n in step.prefills:
             seq.num_computed = start + n
             if self.enable_reuse:
-                self._advance_history(seq)
+                self.commits.advance_history(seq)
                 self.manager.commit(seq.rid, seq.num_computed)
             if seq.num_computed == seq.num_tokens:
                 tokens = sampled.get(seq.rid)
@@ -501,7 +436,7 @@ class Scheduler:
             if append_tokens(seq, tokens, max_len):
                 finished.append(seq)  # `finish` commits its pages
             elif now // tpb > before // tpb:
-                self.commit_filled(seq)
+                self.commits.commit_filled(seq)
         self.graphs.release()
         self.finish(finished)
         return finished
@@ -513,7 +448,7 @@ class Scheduler:
             done = {s.rid for s in finished}
             self.running = [s for s in self.running if s.rid not in done]
             for seq in finished:
-                self.commit_filled(seq)
-                self._known.pop(seq.rid, None)
+                self.commits.commit_filled(seq)
+                self.commits.forget(seq.rid)
                 self.manager.free(seq.rid)
                 self._rids.discard(seq.rid)
