@@ -10,12 +10,11 @@ the dummies that fit on the real manager.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from kvpool.cache.checks import as_list, check_dummy_args
-from kvpool.cache.events import CacheUsageError
 from kvpool.cache.moves import move
-from kvpool.cache.request import Request
 from kvpool.cache.results import Dummies
 from kvpool.plan import capture
 from kvpool.plan.capture import WarmupReport
@@ -35,7 +34,8 @@ def add_dummies(mgr: KVCacheManager, batch_size: int, token_num: int, draft_len:
         return Dummies(short=short)
     registry = mgr.requests
     next_dummy, free_ids = registry.next_dummy, list(registry.free_dummy_ids)
-    reqs = [_new_dummy(mgr) for _ in range(batch_size)]
+    new_dummy = partial(mgr.tables.new_request, dummy=True, limit=NEVER)  # capacity 0, a fresh negative id
+    reqs = [registry.register(registry.dummy_id(), new_dummy) for _ in range(batch_size)]
     done = move(mgr, [(r, cap, hist) for r in reqs])
     if done:
         return Dummies(tuple(r.rid for r in reqs))
@@ -43,16 +43,6 @@ def add_dummies(mgr: KVCacheManager, batch_size: int, token_num: int, draft_len:
         mgr.free(r.rid)
     registry.next_dummy, registry.free_dummy_ids = next_dummy, free_ids
     return Dummies(short=done.short)
-
-
-def _new_dummy(mgr: KVCacheManager) -> Request:
-    """A registered dummy of capacity 0 under a fresh negative id."""
-    rid = mgr.requests.dummy_id()
-    if rid in mgr.requests:  # (a suspended request of that id) checked before a row is taken
-        raise CacheUsageError(f"request id {rid!r} already exists")
-    req = mgr.tables.new_request(rid, dummy=True, limit=NEVER)
-    mgr.requests.add(req)
-    return req
 
 
 def warmup(mgr: KVCacheManager, batch_sizes: Iterable[int] | None, draft_lens: Iterable[int]) -> WarmupReport:

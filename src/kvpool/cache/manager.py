@@ -135,6 +135,7 @@ class KVCacheManager:
         # a commit may snapshot a state group even when no page completes (`prefix.commit`)
         self._snapshots = state_snapshots and any(self.tables.is_state)
         self.requests = Requests()
+        self._new_row = partial(self.tables.new_request, dummy=False, limit=self.max_capacity)  # a real request's
         self._by_id = self.requests.by_id  # the per-step lookup (no method call)
         self.reuse_queried_tokens = 0
         self.reuse_hit_tokens = 0
@@ -171,9 +172,9 @@ class KVCacheManager:
             # the ids `can_create` just checked are taken as they are, unless events are recorded: the
             # request then keeps its ids (and appends to them), which must be its own
             same = None if self.pools[0].record_events else self._prompts.same_ids(tokens)
-            ids = check_tokens(tokens, f"request {rid}: tokens") if same is None else same
+            ids = check_tokens(tokens, "tokens", rid=rid) if same is None else same
         seed = self._seed_of(salt) if self.enable_reuse else 0  # also for ids that come later, with `commit`
-        req = self._new_request(rid)
+        req = self.requests.register(rid, self._new_row)
         req.seed, req.salt, req.chain = seed, salt, self._chain
         if ids is None:
             return 0
@@ -512,13 +513,6 @@ class KVCacheManager:
     def unused_pages(self, group: str) -> int:
         """Pages of `group` an allocation can take without evicting a cached one."""
         return len(self.pools[self._group(group)].free_stack)
-
-    def _new_request(self, rid: int) -> Request:
-        if rid in self.requests:  # checked before a row is taken
-            raise CacheUsageError(f"request id {rid!r} already exists")
-        req = self.tables.new_request(rid, dummy=False, limit=self.max_capacity)
-        self.requests.add(req)
-        return req
 
     # ------------------------------------------------------------------ dummies and warmup
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 
 from kvpool.cache.checks import as_list
@@ -127,12 +127,15 @@ class Requests:
         self.by_id[rid] = self.suspended.pop(rid)
         self.last_batch = None
 
-    def add(self, req: Request) -> None:
-        """Register `req`; CacheUsageError for a duplicate id."""
-        if req.rid in self:
-            raise CacheUsageError(f"request id {req.rid!r} already exists")
+    def register(self, rid: int, make: Callable[[int], Request]) -> Request:
+        """Register the request `make(rid)` makes (a fresh table row) and return
+        it; CacheUsageError for an id registered already (suspended ones too),
+        raised before `make` runs, so that no row is taken."""
+        if rid in self:
+            raise CacheUsageError(f"request id {rid!r} already exists")
+        req = self.by_id[rid] = make(rid)
         self.last_batch = None
-        self.by_id[req.rid] = req
+        return req
 
     def remove(self, rid: int) -> Request:
         """Forget `rid` (its id becomes reusable if it was a dummy's)."""

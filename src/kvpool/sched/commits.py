@@ -19,16 +19,21 @@ from kvpool.sched.sequence import SchedulerError, Sequence
 
 class PageCommits:
     """The scheduler's commits to `manager` (none when `enable_reuse` is
-    off). Every method but `unseen` mutates the manager (ids handed over,
-    a history move, a commit) and `known`, the one record of the ids each
-    running request has handed it: the scheduler sets a request's entry
-    when it admits it and drops it when the request leaves (`forget`)."""
+    off). The commits mutate the manager (ids handed over, a history move,
+    pages offered) and `known`, the one record of the ids each running
+    request has handed it: the scheduler sets a request's entry when it
+    admits it (`admit`) and drops it when the request leaves (`forget`);
+    `shared_fill_step` only asks."""
 
     __slots__ = ("manager", "enable_reuse", "known")
 
     def __init__(self, manager: PagedCache, enable_reuse: bool) -> None:
         self.manager, self.enable_reuse = manager, enable_reuse
         self.known: dict[int, int] = {}  # tokens of each running request the manager has seen
+
+    def admit(self, rid: int, num_ids: int) -> None:
+        """`rid` was created with its first `num_ids` ids (its prompt) handed over."""
+        self.known[rid] = num_ids
 
     def forget(self, rid: int) -> None:
         """`rid` left the manager: nothing of it is known any more."""
@@ -61,6 +66,14 @@ class PageCommits:
             manager.commit(rid, 0, fresh)  # ids only: a total of 0 offers no page
         self.advance_history(seq)
         manager.commit(rid, n)
+
+    def commit_prefilled(self, seq: Sequence) -> None:
+        """Offer the whole pages of running `seq` that its prefill computed so
+        far (its prompt's ids were handed over at admission): its history
+        moves up to `num_computed`, then the pages are committed."""
+        if self.enable_reuse:
+            self.advance_history(seq)
+            self.manager.commit(seq.rid, seq.num_computed)
 
     def shared_fill_step(self, seq: Sequence, steps: int, token: int) -> int | None:
         """The first of `steps` decode steps of running `seq` (each computes

@@ -108,7 +108,6 @@ class Scheduler:
         self.suspended_pages = 0
         self.resumed_pages = 0
         self.admission = admission or Admission.named("optimistic", ())
-        self.enable_reuse = enable_reuse
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the last one is preempted first
         shapes = captured if captured is not None else [(b, 0) for b in limits.graph_batch_sizes]
@@ -128,6 +127,11 @@ class Scheduler:
             g.name for g in manager.spec.groups if not g.rule.per_request and tpb % g.tokens_per_block == 0
         )
         self.chunks = ChunkSizer(manager, limits.num_extra_kv_tokens)  # each prefill chunk's length
+
+    @property
+    def enable_reuse(self) -> bool:
+        """Whether requests reuse cached prefixes and offer their pages (`PageCommits`)."""
+        return self.commits.enable_reuse
 
     # ------------------------------------------------------------------ queue
 
@@ -202,14 +206,12 @@ class Scheduler:
         if not draft_lens and len(decoding) <= budget:  # a token each, all within the budget (no drafts)
             rows = [(seq, 0) for seq in decoding]
             budget -= len(rows)
-            hists = [s.num_computed for s in decoding]
-            caps = [h + 1 + extra for h in hists]
         else:
             rows, budget = self._decode_rows(decoding, draft_lens, budget)
-            hists = [s.num_computed for s, _ in rows]
-            caps = [h + 1 + k + extra for h, (_, k) in zip(hists, rows, strict=True)]
         if not rows:
             return budget
+        hists = [s.num_computed for s, _ in rows]
+        caps = [h + 1 + k + extra for h, (_, k) in zip(hists, rows, strict=True)]
         if self.manager.resize_many([s.rid for s, _ in rows], caps, hists):
             self._step_decodes.extend(rows)
             return budget
@@ -293,7 +295,7 @@ class Scheduler:
             if not n:  # pragma: no cover - `can_create` said that one position fits
                 raise SchedulerError(f"request {seq.rid}: admitted by can_create, but no position fits")
             self.waiting.popleft()
-            self.commits.known[seq.rid] = len(tokens)
+            self.commits.admit(seq.rid, len(tokens))
             seq.status, seq.num_computed, seq.num_cached = Status.RUNNING, reused, reused
             self.running.append(seq)
             self._step_prefills.append((seq, reused, n))
@@ -412,9 +414,7 @@ class Scheduler:
         tpb, max_len = self.manager.spec.tokens_per_block, self.limits.max_seq_len
         for seq, start, n in step.prefills:
             seq.num_computed = start + n
-            if self.enable_reuse:
-                self.commits.advance_history(seq)
-                self.manager.commit(seq.rid, seq.num_computed)
+            self.commits.commit_prefilled(seq)
             if seq.num_computed == seq.num_tokens:
                 tokens = sampled.get(seq.rid)
                 if not tokens:

@@ -84,13 +84,13 @@ class Sequence:
         [0, 2**63)."""
         ids, out = self._ids, self.output_ids
         if ids is None or self._ids_of is not out or len(ids) > self.prompt_len + len(out):  # first, or output reset
-            ids = self._ids = check_tokens(self.prompt_ids, f"request {self.rid}: prompt ids", copy=False)
+            ids = self._ids = check_tokens(self.prompt_ids, "prompt ids", copy=False, rid=self.rid)
             self._ids_of = out
         done = len(ids) - self.prompt_len
         if done < len(out):
             if ids is self.prompt_ids:  # the caller's packed prompt: extended in a copy
                 ids = self._ids = ids[:]
-            ids.extend(check_few_tokens(out[done:], f"request {self.rid}: output ids"))
+            ids.extend(check_few_tokens(out[done:], "output ids", rid=self.rid))
         return ids
 
     @property
@@ -150,7 +150,7 @@ def check_sampled(seq: Sequence, tokens: list[int]) -> None:
     `seq`) are token ids: ints in [0, 2**63). Checked here, where they come
     in, so that the pages they fill take them as they are."""
     try:
-        check_few_tokens(tokens, f"request {seq.rid}: sampled ids")
+        check_few_tokens(tokens, "sampled ids", rid=seq.rid)
     except CacheUsageError as e:
         raise SchedulerError(str(e)) from None
 
